@@ -1,0 +1,20 @@
+#include "pagedlm/core/parallel.h"
+
+#include <omp.h>
+
+#include <thread>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace pagedlm {
+
+void set_num_threads(int n) {
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int num_threads() { return omp_get_max_threads(); }
+
+}  // namespace pagedlm

@@ -1,0 +1,39 @@
+// A checkpoint as the model sees it: a ModelConfig plus CPU tensors under Hugging Face names
+// with HF shapes ([out, in] for projections), whatever the file format.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/model_config.h"
+
+namespace pagedlm {
+
+// Called as loading advances: bytes (or tensors) done out of total.
+using LoadProgress = std::function<void(size_t done, size_t total)>;
+
+struct Checkpoint {
+  ModelConfig config;
+  // F32, F16 or BF16. Safetensors tensors are views of the mapped files; GGUF tensors are
+  // dequantized to F32 (and attn_q/attn_k un-permuted back to HF's rope layout).
+  std::map<std::string, Tensor> tensors;
+
+  bool has(const std::string& name) const { return tensors.count(name) != 0; }
+  // Throws pagedlm::Error naming the tensor if it is missing or its shape differs.
+  const Tensor& get(const std::string& name, const Shape& expected_shape) const;
+};
+
+// Parses an HF config.json (both the Hub's top-level rope_theta/rope_scaling style and
+// transformers 5's rope_parameters). Throws for unsupported architectures, naming them.
+ModelConfig parse_hf_config(const nlohmann::json& config);
+
+// `path` is an HF folder (config.json + model.safetensors or a sharded index) or a .gguf file.
+Checkpoint load_checkpoint(const std::string& path, const LoadProgress& progress = {});
+Checkpoint load_hf_checkpoint(const std::string& dir, const LoadProgress& progress = {});
+Checkpoint load_gguf_checkpoint(const std::string& path, const LoadProgress& progress = {});
+
+}  // namespace pagedlm

@@ -1,0 +1,92 @@
+// Continuous-batching scheduler: FCFS admission under a token budget and a sequence limit,
+// chunked prefill mixed with decode, preemption by recompute when pages run out.
+// Host only: it never touches device memory; its output is a StepPlan.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedlm/kv/block_pool.h"
+#include "pagedlm/kv/prefix_cache.h"
+#include "pagedlm/sched/request.h"
+#include "pagedlm/sched/step_plan.h"
+
+namespace pagedlm {
+
+struct SchedulerConfig {
+  int32_t page_size = 16;
+  int32_t num_pages = 4096;
+  int32_t max_num_batched_tokens = 8192;
+  int32_t max_num_seqs = 256;
+  int32_t max_model_len = 8192;  // prompt + output tokens of one sequence
+  bool enable_prefix_cache = true;
+  std::vector<int32_t> eos_token_ids;
+};
+
+// What one step did to one sequence.
+struct SeqUpdate {
+  int64_t request_id = 0;
+  int32_t token = -1;  // the token appended this step, -1 if none (mid-prefill)
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct SchedulerStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t pages_total = 0;
+  int32_t pages_used = 0;    // ref count > 0
+  int32_t pages_free = 0;    // ref count == 0 (cached or empty)
+  int32_t pages_cached = 0;  // ref count == 0 and still findable by hash
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t preemptions = 0;
+};
+
+// One sequence's page table, as the seed's cache.sequence_map shows it.
+struct SequenceView {
+  int64_t request_id = 0;
+  int32_t num_tokens = 0;         // prompt + generated so far
+  int32_t num_computed = 0;       // tokens whose K/V are in the cache
+  int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache at admission
+  std::vector<int32_t> pages;
+  std::vector<uint8_t> page_shared;  // per page: 1 if another sequence holds it too
+};
+
+struct Sequence;  // defined in scheduler.cc
+
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerConfig config);
+  ~Scheduler();
+
+  // Throws pagedlm::Error for an empty prompt, a duplicate id, a prompt that cannot fit
+  // max_model_len or the whole page pool.
+  void add(Request request);
+  // Frees the request's pages at once. False if unknown or already finished.
+  bool cancel(int64_t request_id);
+  bool has_unfinished() const;
+
+  StepPlan schedule();
+  // sampled[b] is sequence b's new token where plan.samples[b]; other entries are ignored.
+  std::vector<SeqUpdate> update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+
+  SchedulerStats stats() const;
+  std::vector<SequenceView> sequence_map() const;
+  const SchedulerConfig& config() const { return config_; }
+  // Tokens generated so far by a live request (empty if unknown).
+  std::vector<int32_t> output_tokens(int64_t request_id) const;
+  // Prompt tokens served from the prefix cache at the request's (last) admission.
+  int32_t num_cached_tokens(int64_t request_id) const;
+
+ private:
+  SchedulerConfig config_;
+  // Implementation state belongs to the implementer; keep it private.
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagedlm

@@ -1,0 +1,41 @@
+// StepPlan: the one contract between the scheduler and the kernels, built on the host once
+// per step (FlashInfer's CSR page table). All index arrays are int32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagedlm {
+
+struct StepPlan {
+  int32_t page_size = 16;
+
+  // The packed stream: L tokens of B sequences back to back.
+  std::vector<int32_t> token_ids;  // [L]
+  std::vector<int32_t> positions;  // [L] position of each token within its sequence
+  std::vector<int32_t> q_indptr;   // [B+1] tokens of sequence b: rows q_indptr[b]..q_indptr[b+1]
+
+  // KV pages of sequence b after this step's tokens are appended:
+  // kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]], the last one holding kv_last_page_len[b]
+  // tokens, so its KV length is (num_pages - 1) * page_size + kv_last_page_len[b].
+  std::vector<int32_t> kv_indptr;         // [B+1]
+  std::vector<int32_t> kv_page_indices;   // [kv_indptr[B]]
+  std::vector<int32_t> kv_last_page_len;  // [B]
+  std::vector<int32_t> slot_mapping;      // [L] page * page_size + offset where each K/V goes
+
+  // Rows of the stream that produce logits. Sequence b's rows are
+  // logits_rows[logits_indptr[b] .. logits_indptr[b+1]]; if samples[b], the last of them
+  // is sampled to extend the sequence.
+  std::vector<int32_t> logits_rows;    // [S]
+  std::vector<int32_t> logits_indptr;  // [B+1]
+
+  // Host-side bookkeeping, never read by kernels.
+  std::vector<int64_t> request_ids;  // [B]
+  std::vector<uint8_t> samples;      // [B] 1 if this step ends the sequence's pending tokens
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const { return static_cast<int32_t>(request_ids.size()); }
+  bool empty() const { return token_ids.empty(); }
+};
+
+}  // namespace pagedlm
