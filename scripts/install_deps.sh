@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pagedlm builds against, only those that are missing.
+set -euo pipefail
+
+packages=(cmake g++ pkg-config libopenblas-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
+          libcli11-dev libcpp-httplib-dev libgtest-dev libbenchmark-dev python3 python3-pip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

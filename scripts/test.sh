@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds everything (warnings are errors) and runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/fetch_model.sh >/dev/null
+PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
+ctest --test-dir build --output-on-failure -j"$(nproc)"

@@ -1,0 +1,24 @@
+// The pagedlm command line: one function per subcommand, sharing the engine options.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "pagedlm/engine/engine.h"
+
+namespace pagedlm::cli {
+
+// Flags every command that runs the engine accepts.
+struct EngineFlags {
+  EngineOptions options;
+  bool no_prefix_cache = false;
+  std::string device = "auto";
+  // Applies the parsed flags (device choice, prefix cache) and returns the options.
+  EngineOptions resolve() const;
+};
+void add_engine_flags(CLI::App& app, EngineFlags& flags);
+
+void register_logits(CLI::App& app);
+void register_generate(CLI::App& app);
+
+}  // namespace pagedlm::cli

@@ -1,0 +1,54 @@
+#include "pagedlm/cli/model_path.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "pagedlm/core/error.h"
+
+namespace pagedlm::cli {
+
+namespace {
+constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string default_model_path() {
+  if (const char* cache = std::getenv("PAGEDLM_CACHE"); cache && *cache) {
+    return std::string(cache) + "/" + kDefaultModelFile;
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/pagedlm/" + kDefaultModelFile;
+}
+
+std::string resolve_model_path(const std::string& path) {
+  if (!path.empty()) {
+    PAGEDLM_CHECK(std::filesystem::exists(path), "model not found: ", path);
+    return path;
+  }
+  const std::string def = default_model_path();
+  PAGEDLM_CHECK(std::filesystem::exists(def), "the default model is not downloaded yet (", def,
+                "); run: scripts/fetch_model.sh");
+  return def;
+}
+
+Checkpoint load_with_progress(const std::string& path) {
+  const bool tty = isatty(fileno(stderr));
+  int last_percent = -1;
+  auto progress = [&](size_t done, size_t total) {
+    if (total == 0) return;
+    const int percent = static_cast<int>(100 * done / total);
+    if (percent == last_percent) return;
+    last_percent = percent;
+    if (!tty && percent != 100) return;
+    const int width = 30, filled = percent * width / 100;
+    std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled,
+                 "##############################", width - filled, "", percent);
+    if (percent == 100) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+  return load_checkpoint(path, progress);
+}
+
+}  // namespace pagedlm::cli

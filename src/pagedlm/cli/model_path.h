@@ -1,0 +1,17 @@
+// Where models come from: an explicit path, or the default model in the model cache.
+#pragma once
+
+#include <string>
+
+#include "pagedlm/io/checkpoint.h"
+
+namespace pagedlm::cli {
+
+// The default model's path in the cache ($PAGEDLM_CACHE, else ~/.cache/pagedlm).
+std::string default_model_path();
+// `path`, or the default model when empty; throws with the command to run when it is missing.
+std::string resolve_model_path(const std::string& path);
+// Loads with a progress bar on stderr.
+Checkpoint load_with_progress(const std::string& path);
+
+}  // namespace pagedlm::cli

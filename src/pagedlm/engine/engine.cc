@@ -1,0 +1,171 @@
+#include "pagedlm/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "pagedlm/core/parallel.h"
+#include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/model/model.h"
+#include "pagedlm/ops/sampling.h"
+
+namespace pagedlm {
+
+namespace {
+
+void validate_sampling(const SamplingParams& p) {
+  PAGEDLM_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.f,
+                "temperature must be >= 0, got ", p.temperature);
+  PAGEDLM_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
+  PAGEDLM_CHECK(p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ", p.top_p);
+  PAGEDLM_CHECK(p.min_p >= 0.f && p.min_p <= 1.f, "min_p must be in [0, 1], got ", p.min_p);
+  PAGEDLM_CHECK(p.max_tokens >= 0, "max_tokens must be >= 0, got ", p.max_tokens);
+}
+
+}  // namespace
+
+Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
+    : options_(options), seed_counter_(std::random_device{}()) {
+  set_num_threads(options_.threads);
+  model_ = create_model(checkpoint, options_.device);
+  const ModelConfig& c = model_->config();
+  PAGEDLM_CHECK(options_.page_size >= 1 && (options_.page_size & (options_.page_size - 1)) == 0,
+                "page size must be a power of two, got ", options_.page_size);
+  PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
+  PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
+  const int64_t page_bytes =
+      PagedKvCache::bytes_per_page(c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim);
+  if (options_.num_pages <= 0) {
+    options_.num_pages = static_cast<int32_t>(
+        std::clamp<int64_t>(options_.kv_cache_bytes / page_bytes, 1, int64_t{1} << 30));
+  }
+  kv_cache_ = std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size,
+                                             c.num_kv_heads, c.head_dim, options_.device);
+  SchedulerConfig sc;
+  sc.page_size = options_.page_size;
+  sc.num_pages = options_.num_pages;
+  sc.max_num_batched_tokens = options_.max_num_batched_tokens;
+  sc.max_num_seqs = options_.max_num_seqs;
+  sc.max_model_len = static_cast<int32_t>(c.max_position_embeddings);
+  sc.enable_prefix_cache = options_.enable_prefix_cache;
+  sc.eos_token_ids = c.eos_token_ids;
+  scheduler_ = std::make_unique<Scheduler>(sc);
+}
+
+Engine::~Engine() = default;
+
+const ModelConfig& Engine::config() const { return model_->config(); }
+
+int64_t Engine::add_request(Request request) {
+  const int64_t vocab = model_->config().vocab_size;
+  PAGEDLM_CHECK(!request.prompt.empty(), "the prompt is empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t t = request.prompt[i];
+    PAGEDLM_CHECK(t >= 0 && t < vocab, "token id ", t, " at prompt position ", i,
+                  " is out of range for a vocabulary of ", vocab);
+  }
+  validate_sampling(request.sampling);
+  request.id = next_request_id_++;
+  const int64_t id = request.id;
+  RequestOutput out;
+  out.request_id = id;
+  out.prompt = request.prompt;
+  if (request.want_prompt_logits) {
+    out.prompt_logits =
+        Tensor::zeros(DType::kF32, {static_cast<int64_t>(request.prompt.size()), vocab});
+  }
+  const uint64_t seed = request.sampling.seed.value_or(seed_counter_++ * 0x9e3779b97f4a7c15ULL);
+  const SamplingParams sampling = request.sampling;
+  scheduler_->add(std::move(request));  // validates lengths; nothing recorded if it throws
+  outputs_.emplace(id, std::move(out));
+  sampling_.emplace(id, sampling);
+  seeds_.emplace(id, seed);
+  return id;
+}
+
+bool Engine::cancel(int64_t request_id) {
+  if (!scheduler_->cancel(request_id)) return false;
+  auto it = outputs_.find(request_id);
+  if (it != outputs_.end()) it->second.reason = FinishReason::kCancelled;
+  return true;
+}
+
+bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
+
+std::vector<RequestEvent> Engine::step() {
+  const StepPlan plan = scheduler_->schedule();
+  if (plan.empty()) return {};
+  ++num_steps_;
+  const Device device = options_.device;
+  auto to_device = [&](const std::vector<int32_t>& v) {
+    Tensor t = Tensor::from_i32(v, {static_cast<int64_t>(v.size())});
+    return device == Device::kCpu ? t : t.to(device);
+  };
+  ForwardInputs inputs{to_device(plan.token_ids), to_device(plan.positions),
+                       to_device(plan.logits_rows)};
+  const int64_t vocab = model_->config().vocab_size;
+  Tensor logits =
+      Tensor::empty(DType::kF32, {static_cast<int64_t>(plan.logits_rows.size()), vocab}, device);
+  kv_cache_->bind(plan);
+  model_->forward(inputs, *kv_cache_, logits);
+  if (device != Device::kCpu) logits = logits.to(Device::kCpu);
+
+  std::vector<int32_t> sampled(plan.num_seqs(), -1);
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    const int64_t id = plan.request_ids[b];
+    RequestOutput& out = outputs_.at(id);
+    out.num_cached_tokens = scheduler_->num_cached_tokens(id);
+    const int32_t first = plan.logits_indptr[b], last = plan.logits_indptr[b + 1];
+    if (out.prompt_logits.defined() && out.prompt_logits.numel() > 0) {
+      const int64_t prompt_len = out.prompt_logits.dim(0);
+      for (int32_t j = first; j < last; ++j) {
+        const int32_t pos = plan.positions[plan.logits_rows[j]];
+        if (pos < prompt_len) {
+          std::memcpy(out.prompt_logits.data<float>() + pos * vocab,
+                      logits.data<float>() + j * vocab, vocab * sizeof(float));
+        }
+      }
+    }
+    if (plan.samples[b] && last > first) {
+      sampled[b] = ops::sample_token(logits.data<float>() + (last - 1) * vocab, vocab,
+                                     sampling_.at(id), seeds_.at(id), out.tokens.size());
+    }
+  }
+
+  std::vector<RequestEvent> events;
+  for (const SeqUpdate& u : scheduler_->update(plan, sampled)) {
+    RequestOutput& out = outputs_.at(u.request_id);
+    if (u.token >= 0) out.tokens.push_back(u.token);
+    if (u.finished) out.reason = u.reason;
+    events.push_back({u.request_id, u.token, u.finished, u.reason});
+  }
+  return events;
+}
+
+std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
+  std::vector<int64_t> ids;
+  for (Request& r : requests) ids.push_back(add_request(std::move(r)));
+  while (has_unfinished()) step();
+  std::vector<RequestOutput> outputs;
+  for (int64_t id : ids) outputs.push_back(take_output(id));
+  return outputs;
+}
+
+RequestOutput Engine::take_output(int64_t request_id) {
+  auto it = outputs_.find(request_id);
+  PAGEDLM_CHECK(it != outputs_.end(), "unknown request id ", request_id);
+  PAGEDLM_CHECK(it->second.reason != FinishReason::kNone, "request ", request_id,
+                " has not finished");
+  RequestOutput out = std::move(it->second);
+  outputs_.erase(it);
+  sampling_.erase(request_id);
+  seeds_.erase(request_id);
+  return out;
+}
+
+SchedulerStats Engine::stats() const { return scheduler_->stats(); }
+
+std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
+
+}  // namespace pagedlm

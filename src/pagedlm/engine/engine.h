@@ -1,0 +1,91 @@
+// The engine loop: schedule -> forward -> sample -> append, one packed step at a time,
+// plus an offline API that runs a batch of requests to completion.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/sched/request.h"
+#include "pagedlm/sched/scheduler.h"
+
+namespace pagedlm {
+
+class CausalLM;
+class PagedKvCache;
+
+struct EngineOptions {
+  int32_t page_size = 16;
+  int32_t num_pages = 0;  // 0: sized from kv_cache_bytes
+  int64_t kv_cache_bytes = int64_t{2} << 30;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_num_seqs = 256;
+  bool enable_prefix_cache = true;
+  int32_t threads = 0;  // 0: all hardware threads
+  Device device = Device::kCpu;
+};
+
+// What one step produced for one request.
+struct RequestEvent {
+  int64_t request_id = 0;
+  int32_t token = -1;  // -1 when the step produced no token for it
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct RequestOutput {
+  int64_t request_id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kNone;
+  int32_t num_cached_tokens = 0;
+  Tensor prompt_logits;  // [prompt_len, vocab] f32 when asked for (rows served by the cache stay 0)
+};
+
+class Engine {
+ public:
+  Engine(const Checkpoint& checkpoint, EngineOptions options);
+  ~Engine();
+
+  const ModelConfig& config() const;
+  const EngineOptions& options() const { return options_; }
+
+  // Validates the request (token ids in range, lengths) and queues it; returns its id.
+  // request.id is ignored: the engine assigns ids.
+  int64_t add_request(Request request);
+  bool cancel(int64_t request_id);
+  bool has_unfinished() const;
+
+  // Runs one step; returns what happened to each request in it.
+  std::vector<RequestEvent> step();
+
+  // Runs the given requests (and anything already queued) to completion; outputs in the
+  // order of `requests`.
+  std::vector<RequestOutput> generate(std::vector<Request> requests);
+
+  // Output of a finished request (moves it out); throws if unknown or not finished.
+  RequestOutput take_output(int64_t request_id);
+
+  SchedulerStats stats() const;
+  std::vector<SequenceView> sequence_map() const;
+  int64_t num_steps() const { return num_steps_; }
+
+ private:
+  EngineOptions options_;
+  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<PagedKvCache> kv_cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<int64_t, RequestOutput> outputs_;
+  std::map<int64_t, SamplingParams> sampling_;
+  std::map<int64_t, uint64_t> seeds_;
+  int64_t next_request_id_ = 1;
+  int64_t num_steps_ = 0;
+  uint64_t seed_counter_;
+};
+
+}  // namespace pagedlm

@@ -1,0 +1,42 @@
+// The model interface: a causal LM that runs one packed token stream per call.
+// Model code knows nothing about pages or caching: attention goes through an Attention
+// object supplied by the engine (which writes K/V into its paged cache and reads them back).
+#pragma once
+
+#include <memory>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/model_config.h"
+
+namespace pagedlm {
+
+// The engine's side of attention for one step.
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  // q: [L, Hq, d], k/v: [L, Hk, d] (rope already applied) -> out: [L, Hq, d]
+  virtual void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                      Tensor& out) = 0;
+};
+
+struct ForwardInputs {
+  Tensor token_ids;    // [L] i32
+  Tensor positions;    // [L] i32
+  Tensor logits_rows;  // [S] i32: rows of the stream whose logits are wanted
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Device device() const = 0;
+  // logits: [S, vocab] f32 on the model's device.
+  virtual void forward(const ForwardInputs& inputs, Attention& attention, Tensor& logits) = 0;
+};
+
+// Builds the model for the checkpoint's architecture on `device`; throws pagedlm::Error
+// naming an unsupported architecture or a missing / mis-shaped tensor.
+std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device);
+
+}  // namespace pagedlm
