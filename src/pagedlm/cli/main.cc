@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   pagedlm::cli::register_generate(app);
   pagedlm::cli::register_logits(app);
+  pagedlm::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

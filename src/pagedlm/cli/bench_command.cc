@@ -1,0 +1,112 @@
+// pagedlm bench: offline throughput through the real engine, as a table or JSON.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/model_path.h"
+#include "pagedlm/engine/benchmark.h"
+#include "pagedlm/io/dummy_checkpoint.h"
+
+namespace pagedlm::cli {
+
+namespace {
+
+nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
+  return {{"workload", w.kind},
+          {"requests", r.num_requests},
+          {"prompt_tokens", r.prompt_tokens},
+          {"generated_tokens", r.generated_tokens},
+          {"wall_s", r.wall_s},
+          {"output_tok_s", r.output_tok_s},
+          {"total_tok_s", r.total_tok_s},
+          {"ttft_p50_ms", r.ttft_p50_ms},
+          {"ttft_p99_ms", r.ttft_p99_ms},
+          {"itl_p50_ms", r.itl_p50_ms},
+          {"itl_p99_ms", r.itl_p99_ms},
+          {"prefix_hit_rate", r.prefix_hit_rate},
+          {"peak_pages_used", r.peak_pages_used},
+          {"preemptions", r.preemptions},
+          {"steps", r.steps}};
+}
+
+void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
+  std::printf("%-22s %s\n", "workload", w.kind.c_str());
+  std::printf("%-22s %lld\n", "requests", static_cast<long long>(r.num_requests));
+  std::printf("%-22s %lld\n", "prompt tokens", static_cast<long long>(r.prompt_tokens));
+  std::printf("%-22s %lld\n", "generated tokens", static_cast<long long>(r.generated_tokens));
+  std::printf("%-22s %.3f\n", "wall time (s)", r.wall_s);
+  std::printf("%-22s %.1f\n", "output tok/s", r.output_tok_s);
+  std::printf("%-22s %.1f\n", "total tok/s", r.total_tok_s);
+  std::printf("%-22s %.2f / %.2f\n", "TTFT p50/p99 (ms)", r.ttft_p50_ms, r.ttft_p99_ms);
+  std::printf("%-22s %.2f / %.2f\n", "ITL p50/p99 (ms)", r.itl_p50_ms, r.itl_p99_ms);
+  std::printf("%-22s %.1f%%\n", "prefix-cache hit rate", 100 * r.prefix_hit_rate);
+  std::printf("%-22s %d\n", "peak pages used", r.peak_pages_used);
+  std::printf("%-22s %lld\n", "preemptions", static_cast<long long>(r.preemptions));
+  std::printf("%-22s %lld\n", "steps", static_cast<long long>(r.steps));
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "offline throughput benchmark through the engine");
+  struct Args {
+    std::string model, dummy;
+    WorkloadSpec spec;
+    std::string output_range;
+    bool json = false;
+    double min_tok_s = 0;
+    EngineFlags flags;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("--model", args->model, "HF folder or .gguf file (default: SmolLM2 GGUF)");
+  cmd->add_option("--dummy", args->dummy, "config.json: benchmark random weights of that shape");
+  cmd->add_option("--workload", args->spec.kind, "random | shared-prefix | chat")
+      ->check(CLI::IsMember({"random", "shared-prefix", "chat"}))
+      ->capture_default_str();
+  cmd->add_option("--num-requests", args->spec.num_requests, "requests (chat: conversations)")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->spec.seed, "workload seed")->capture_default_str();
+  cmd->add_option("--prompt-min", args->spec.prompt_min, "shortest prompt")->capture_default_str();
+  cmd->add_option("--prompt-max", args->spec.prompt_max, "longest prompt")->capture_default_str();
+  cmd->add_option("--output-min", args->spec.output_min, "fewest output tokens")
+      ->capture_default_str();
+  cmd->add_option("--output-max", args->spec.output_max, "most output tokens")
+      ->capture_default_str();
+  cmd->add_option("--prefix-len", args->spec.prefix_len, "shared-prefix: shared tokens")
+      ->capture_default_str();
+  cmd->add_option("--unique-len", args->spec.unique_len,
+                  "shared-prefix: unique tokens per request; chat: user tokens per turn")
+      ->capture_default_str();
+  cmd->add_option("--turns", args->spec.turns, "chat: turns per conversation")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print the result as JSON");
+  cmd->add_option("--min-tok-s", args->min_tok_s,
+                  "fail (exit 2) when output tok/s falls below this");
+  add_engine_flags(*cmd, args->flags);
+  cmd->callback([args] {
+    Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
+                                          : make_dummy_checkpoint(args->dummy, args->spec.seed);
+    Engine engine(ckpt, args->flags.resolve());
+    const bool tty = isatty(fileno(stderr));
+    auto progress = [tty](int64_t done, int64_t total) {
+      if (!tty && done != total) return;
+      std::fprintf(stderr, "\rbench: %lld/%lld requests done", static_cast<long long>(done),
+                   static_cast<long long>(total));
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+    const BenchmarkResult r = run_benchmark(engine, args->spec, progress);
+    if (args->json) {
+      std::printf("%s\n", to_json(r, args->spec).dump(2).c_str());
+    } else {
+      print_table(r, args->spec);
+    }
+    if (r.output_tok_s < args->min_tok_s) {
+      std::fprintf(stderr, "error: %.1f output tok/s is below --min-tok-s %.1f\n", r.output_tok_s,
+                   args->min_tok_s);
+      std::exit(2);
+    }
+  });
+}
+
+}  // namespace pagedlm::cli

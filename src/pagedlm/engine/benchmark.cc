@@ -1,0 +1,166 @@
+#include "pagedlm/engine/benchmark.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+namespace pagedlm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(idx), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+// Token ids away from the specials at the start and end of the vocabulary.
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t vocab, int32_t n) {
+  std::uniform_int_distribution<int32_t> dist(10, static_cast<int32_t>(vocab) - 10);
+  std::vector<int32_t> ids(n);
+  for (int32_t& t : ids) t = dist(rng);
+  return ids;
+}
+
+int32_t uniform(std::mt19937_64& rng, int32_t lo, int32_t hi) {
+  return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
+}
+
+Request make_request(std::vector<int32_t> prompt, int32_t max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+}  // namespace
+
+BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
+                              const std::function<void(int64_t, int64_t)>& progress) {
+  PAGEDLM_CHECK(spec.kind == "random" || spec.kind == "shared-prefix" || spec.kind == "chat",
+                "unknown workload '", spec.kind, "' (random, shared-prefix, chat)");
+  PAGEDLM_CHECK(spec.num_requests > 0, "the workload needs at least one request");
+  const int64_t vocab = engine.config().vocab_size;
+  std::mt19937_64 rng(spec.seed);
+
+  // Chat conversations submit their next turn when the previous one finishes.
+  struct Conversation {
+    std::vector<int32_t> history;
+    int32_t turns_left = 0;
+  };
+  std::map<int64_t, int64_t> conversation_of;  // request id -> conversation
+  std::vector<Conversation> conversations;
+
+  std::vector<Request> initial;
+  if (spec.kind == "random") {
+    for (int32_t i = 0; i < spec.num_requests; ++i) {
+      const int32_t len = uniform(rng, spec.prompt_min, spec.prompt_max);
+      initial.push_back(make_request(random_tokens(rng, vocab, len),
+                                     uniform(rng, spec.output_min, spec.output_max)));
+    }
+  } else if (spec.kind == "shared-prefix") {
+    const std::vector<int32_t> prefix = random_tokens(rng, vocab, spec.prefix_len);
+    for (int32_t i = 0; i < spec.num_requests; ++i) {
+      std::vector<int32_t> prompt = prefix;
+      const auto unique = random_tokens(rng, vocab, spec.unique_len);
+      prompt.insert(prompt.end(), unique.begin(), unique.end());
+      initial.push_back(make_request(std::move(prompt),
+                                     uniform(rng, spec.output_min, spec.output_max)));
+    }
+  } else {
+    PAGEDLM_CHECK(spec.turns >= 1, "chat needs at least one turn");
+    conversations.resize(spec.num_requests);
+    for (Conversation& c : conversations) {
+      c.history = random_tokens(rng, vocab, uniform(rng, spec.prompt_min, spec.prompt_max));
+      c.turns_left = spec.turns;
+    }
+  }
+
+  const int64_t total_requests =
+      spec.kind == "chat" ? int64_t{spec.num_requests} * spec.turns : spec.num_requests;
+  BenchmarkResult result;
+  const SchedulerStats stats_before = engine.stats();
+  const int64_t steps_before = engine.num_steps();
+  std::map<int64_t, Clock::time_point> submitted, last_token;
+  std::vector<double> ttft_ms, itl_ms;
+  const Clock::time_point start = Clock::now();
+
+  auto submit = [&](Request r) {
+    result.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    const int64_t id = engine.add_request(std::move(r));
+    submitted[id] = Clock::now();
+    return id;
+  };
+  auto next_turn = [&](int64_t conv) {
+    Conversation& c = conversations[conv];
+    const auto user = random_tokens(rng, vocab, spec.unique_len);
+    c.history.insert(c.history.end(), user.begin(), user.end());
+    --c.turns_left;
+    conversation_of[submit(make_request(c.history, uniform(rng, spec.output_min,
+                                                           spec.output_max)))] = conv;
+  };
+
+  for (Request& r : initial) submit(std::move(r));
+  for (size_t c = 0; c < conversations.size(); ++c) next_turn(static_cast<int64_t>(c));
+
+  int64_t done = 0;
+  while (engine.has_unfinished()) {
+    const auto events = engine.step();
+    const Clock::time_point now = Clock::now();
+    result.peak_pages_used = std::max(result.peak_pages_used, engine.stats().pages_used);
+    for (const RequestEvent& e : events) {
+      if (e.token >= 0) {
+        ++result.generated_tokens;
+        auto it = last_token.find(e.request_id);
+        const auto ms = [](auto d) {
+          return std::chrono::duration<double, std::milli>(d).count();
+        };
+        if (it == last_token.end()) {
+          ttft_ms.push_back(ms(now - submitted[e.request_id]));
+          last_token[e.request_id] = now;
+        } else {
+          itl_ms.push_back(ms(now - it->second));
+          it->second = now;
+        }
+      }
+      if (!e.finished) continue;
+      ++done;
+      RequestOutput out = engine.take_output(e.request_id);
+      last_token.erase(e.request_id);
+      submitted.erase(e.request_id);
+      auto conv = conversation_of.find(e.request_id);
+      if (conv != conversation_of.end()) {
+        Conversation& c = conversations[conv->second];
+        c.history.insert(c.history.end(), out.tokens.begin(), out.tokens.end());
+        if (c.turns_left > 0) next_turn(conv->second);
+        conversation_of.erase(conv);
+      }
+    }
+    if (progress) progress(done, total_requests);
+  }
+
+  result.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const SchedulerStats stats = engine.stats();
+  result.num_requests = total_requests;
+  result.steps = engine.num_steps() - steps_before;
+  result.output_tok_s = static_cast<double>(result.generated_tokens) / result.wall_s;
+  result.total_tok_s =
+      static_cast<double>(result.generated_tokens + result.prompt_tokens) / result.wall_s;
+  result.ttft_p50_ms = percentile(ttft_ms, 50);
+  result.ttft_p99_ms = percentile(ttft_ms, 99);
+  result.itl_p50_ms = percentile(itl_ms, 50);
+  result.itl_p99_ms = percentile(itl_ms, 99);
+  const int64_t queries = stats.prefix_query_tokens - stats_before.prefix_query_tokens;
+  const int64_t hits = stats.prefix_hit_tokens - stats_before.prefix_hit_tokens;
+  result.prefix_hit_rate = queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
+  result.preemptions = stats.preemptions - stats_before.preemptions;
+  return result;
+}
+
+}  // namespace pagedlm

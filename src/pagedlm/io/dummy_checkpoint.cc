@@ -1,0 +1,57 @@
+#include "pagedlm/io/dummy_checkpoint.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace pagedlm {
+
+namespace {
+
+// A cheap counter-based generator: any element can be drawn independently, so the fill is
+// parallel and the same for any thread count.
+float uniform_at(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 2.f - 1.f;
+}
+
+}  // namespace
+
+Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
+  Checkpoint ckpt;
+  ckpt.config = config;
+  uint64_t tensor_seed = seed;
+  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    Tensor t = Tensor::empty(DType::kF32, shape);
+    const bool is_norm = name.find("norm") != std::string::npos;
+    // Projections scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
+    const float scale = is_norm ? 0.1f : 1.f / std::sqrt(static_cast<float>(shape.back()));
+    const float offset = is_norm ? 1.f : 0.f;
+    float* data = t.data<float>();
+    const int64_t n = t.numel();
+    const uint64_t s = ++tensor_seed * 0x2545f4914f6cdd1dULL;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) data[i] = offset + scale * uniform_at(s, i);
+    ckpt.tensors.emplace(name, std::move(t));
+  }
+  return ckpt;
+}
+
+Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed) {
+  std::ifstream in(config_json_path);
+  PAGEDLM_CHECK(in.good(), "cannot read config ", config_json_path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("config ", config_json_path, " is not valid JSON: ", e.what());
+  }
+  return make_dummy_checkpoint(parse_hf_config(j), seed);
+}
+
+}  // namespace pagedlm
