@@ -2,10 +2,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "io_test_util.h"
 #include "pagedlm/io/checkpoint.h"
@@ -126,27 +125,28 @@ TEST_P(FixtureLoads, ConfigAndEveryTensor) {
   EXPECT_EQ(progress.back().second, fs::file_size(fixture(want.name) + "/model.safetensors"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, FixtureLoads,
-    ::testing::Values(
-        // 1 embedding + 2 layers x 9 + final norm; tied, so no lm_head.
-        FixtureCase{"llama-gqa", "LlamaForCausalLM", "llama", 64, true, false, false, 1e4f,
-                    RopeScaling::kNone, DType::kF32, 20},
-        FixtureCase{"llama3-rope", "LlamaForCausalLM", "llama", 64, false, false, false, 5e5f,
-                    RopeScaling::kLlama3, DType::kBF16, 21},
-        // + q/k/v biases per layer.
-        FixtureCase{"qwen2-bias", "Qwen2ForCausalLM", "qwen2", 64, true, true, false, 1e6f,
-                    RopeScaling::kNone, DType::kBF16, 26},
-        // + q_norm/k_norm per layer; head_dim 128 is not hidden/heads.
-        FixtureCase{"qwen3-qknorm", "Qwen3ForCausalLM", "qwen3", 128, true, false, true, 1e6f,
-                    RopeScaling::kNone, DType::kBF16, 24},
-        FixtureCase{"mistral", "MistralForCausalLM", "mistral", 64, false, false, false, 1e4f,
-                    RopeScaling::kNone, DType::kBF16, 21}),
-    [](const auto& info) {
-      std::string name = info.param.name;
-      for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
+                         ::testing::Values(
+                             // 1 embedding + 2 layers x 9 + final norm; tied, so no lm_head.
+                             FixtureCase{"llama-gqa", "LlamaForCausalLM", "llama", 64, true, false,
+                                         false, 1e4f, RopeScaling::kNone, DType::kF32, 20},
+                             FixtureCase{"llama3-rope", "LlamaForCausalLM", "llama", 64, false,
+                                         false, false, 5e5f, RopeScaling::kLlama3, DType::kBF16,
+                                         21},
+                             // + q/k/v biases per layer.
+                             FixtureCase{"qwen2-bias", "Qwen2ForCausalLM", "qwen2", 64, true, true,
+                                         false, 1e6f, RopeScaling::kNone, DType::kBF16, 26},
+                             // + q_norm/k_norm per layer; head_dim 128 is not hidden/heads.
+                             FixtureCase{"qwen3-qknorm", "Qwen3ForCausalLM", "qwen3", 128, true,
+                                         false, true, 1e6f, RopeScaling::kNone, DType::kBF16, 24},
+                             FixtureCase{"mistral", "MistralForCausalLM", "mistral", 64, false,
+                                         false, false, 1e4f, RopeScaling::kNone, DType::kBF16, 21}),
+                         [](const auto& info) {
+                           std::string name = info.param.name;
+                           for (char& ch : name)
+                             ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
 
 TEST(Checkpoint, Llama3RopeParameters) {
   const ModelConfig c = load_hf_checkpoint(fixture("llama3-rope")).config;
@@ -251,7 +251,8 @@ TEST(Checkpoint, GenerationConfigAddsStopTokens) {
   config["eos_token_id"] = {2, 3};
   config.erase("bos_token_id");
   write_json(dir.path() / "config.json", config);
-  write_json(dir.path() / "generation_config.json", {{"bos_token_id", 7}, {"eos_token_id", {3, 9}}});
+  write_json(dir.path() / "generation_config.json",
+             {{"bos_token_id", 7}, {"eos_token_id", {3, 9}}});
   const ModelConfig c = load_checkpoint(dir.path().string()).config;
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 3, 9}));
   EXPECT_EQ(c.bos_token_id, 7);
@@ -267,8 +268,8 @@ TEST(Checkpoint, ShardedLoadsIdenticalTensors) {
   for (const auto& [name, t] : whole.tensors) {
     const int shard = i++ % 2;
     shards[shard][name] = t;
-    weight_map[name] = shard == 0 ? "model-00001-of-00002.safetensors"
-                                  : "model-00002-of-00002.safetensors";
+    weight_map[name] =
+        shard == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   write_safetensors(dir.file("model-00001-of-00002.safetensors"), shards[0]);
   write_safetensors(dir.file("model-00002-of-00002.safetensors"), shards[1]);
@@ -289,10 +290,10 @@ TEST(Checkpoint, ShardedLoadsIdenticalTensors) {
   EXPECT_EQ(progress[1].first, progress[1].second);
 
   // Every tensor the index names must be in the shard it names.
-  weight_map["model.norm.weight"] = weight_map["model.norm.weight"] ==
-                                            "model-00001-of-00002.safetensors"
-                                        ? "model-00002-of-00002.safetensors"
-                                        : "model-00001-of-00002.safetensors";
+  weight_map["model.norm.weight"] =
+      weight_map["model.norm.weight"] == "model-00001-of-00002.safetensors"
+          ? "model-00002-of-00002.safetensors"
+          : "model-00001-of-00002.safetensors";
   write_json(dir.path() / "model.safetensors.index.json", {{"weight_map", weight_map}});
   const std::string misplaced = error_of([&] { load_hf_checkpoint(dir.path().string()); });
   EXPECT_CONTAINS(misplaced, "tensor model.norm.weight is listed");
@@ -337,12 +338,10 @@ TEST(Checkpoint, BadConfigsNameTheProblem) {
   EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"] = 5; }), "\"rope_parameters\"");
   EXPECT_CONTAINS(message_for([](json& j) { j["hidden_act"] = "gelu"; }),
                   "unsupported hidden_act \"gelu\"");
-  EXPECT_CONTAINS(message_for([](json& j) { j["attention_bias"] = true; }),
-                  "attention_bias=true");
+  EXPECT_CONTAINS(message_for([](json& j) { j["attention_bias"] = true; }), "attention_bias=true");
   EXPECT_CONTAINS(message_for([](json& j) { j["tie_word_embeddings"] = 1; }),
                   "\"tie_word_embeddings\" must be true or false");
-  EXPECT_CONTAINS(message_for([](json& j) { j["eos_token_id"] = {2, "x"}; }),
-                  "\"eos_token_id\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["eos_token_id"] = {2, "x"}; }), "\"eos_token_id\"");
   EXPECT_CONTAINS(message_for([](json& j) { j = json::array(); }), "not a JSON object");
 
   json mistral = fixture_config("mistral");
@@ -428,7 +427,9 @@ TEST(Checkpoint, GetNamesTensorAndBothShapes) {
   Checkpoint ckpt;
   ckpt.tensors["w"] = Tensor::zeros(DType::kF32, {2, 3});
   EXPECT_EQ(ckpt.get("w", {2, 3}).numel(), 6);
-  EXPECT_CONTAINS(error_of([&] { ckpt.get("w", {3, 2}); }),
+  EXPECT_CONTAINS(error_of([&] {
+                    ckpt.get("w", {3, 2});
+                  }),
                   "tensor w has shape [2, 3] but the config implies [3, 2]");
   EXPECT_CONTAINS(error_of([&] { ckpt.get("v", {1}); }), "no tensor v");
 }

@@ -6,10 +6,9 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/safetensors.h"
@@ -26,7 +25,8 @@ namespace fs = std::filesystem;
 // counts as absent, as HF's configs use null for "not set".
 class ConfigKeys {
  public:
-  ConfigKeys(const json& object, std::string prefix) : object_(object), prefix_(std::move(prefix)) {}
+  ConfigKeys(const json& object, std::string prefix)
+      : object_(object), prefix_(std::move(prefix)) {}
 
   const json* find(const std::string& key) const {
     const auto it = object_.find(key);
@@ -132,8 +132,8 @@ const ArchInfo& find_architecture(const json& config) {
     for (const ArchInfo& a : kArchitectures) {
       if (a.model_type == model_type) return a;
     }
-    fail("unsupported model_type \"", model_type, "\" (supported architectures: ",
-         supported_architectures(), ")");
+    fail("unsupported model_type \"", model_type,
+         "\" (supported architectures: ", supported_architectures(), ")");
   }
   for (const ArchInfo& a : kArchitectures) {
     if (a.architecture == name) return a;
@@ -159,8 +159,7 @@ void parse_rope(const ConfigKeys& top, ModelConfig& c) {
       scaling.emplace(*rope_scaling, "rope_scaling.");
     }
   }
-  PAGEDLM_CHECK(c.rope_theta > 0, "config key \"rope_theta\" must be positive, got ",
-                c.rope_theta);
+  PAGEDLM_CHECK(c.rope_theta > 0, "config key \"rope_theta\" must be positive, got ", c.rope_theta);
   if (!scaling) return;
 
   const std::string type = scaling->has("rope_type") ? scaling->get_string("rope_type")
@@ -234,8 +233,8 @@ std::vector<Shard> list_shards(const fs::path& dir) {
     PAGEDLM_CHECK(!file.empty() && fs::path(file).filename() == file && file != "..",
                   index_path.string(), ": shard name \"", file, "\" for tensor ", name,
                   " is not a plain file name");
-    auto it = std::find_if(shards.begin(), shards.end(),
-                           [&](const Shard& s) { return s.file == file; });
+    auto it =
+        std::find_if(shards.begin(), shards.end(), [&](const Shard& s) { return s.file == file; });
     if (it == shards.end()) it = shards.insert(shards.end(), Shard{file, {}, false});
     it->names.push_back(name);
   }
@@ -335,9 +334,9 @@ ModelConfig parse_hf_config(const json& config) {
   const bool sliding = arch.model_type == "mistral" || keys.get_bool("use_sliding_window", false);
   if (sliding && keys.has("sliding_window")) {
     const int64_t window = keys.get_int("sliding_window");
-    PAGEDLM_CHECK(window >= c.max_position_embeddings, "sliding window attention (sliding_window=",
-                  window, " < max_position_embeddings=", c.max_position_embeddings,
-                  ") is unsupported");
+    PAGEDLM_CHECK(window >= c.max_position_embeddings,
+                  "sliding window attention (sliding_window=", window,
+                  " < max_position_embeddings=", c.max_position_embeddings, ") is unsupported");
   }
 
   parse_rope(keys, c);

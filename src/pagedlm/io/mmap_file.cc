@@ -23,7 +23,8 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("cannot map ", path, ": ", S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
+    fail("cannot map ", path, ": ",
+         S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
   }
   const size_t size = static_cast<size_t>(st.st_size);
   void* data = nullptr;
@@ -38,8 +39,7 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   // The mapping stays valid after the descriptor is closed; holding no fd keeps many-shard
   // checkpoints clear of the descriptor limit.
   ::close(fd);
-  return std::shared_ptr<MappedFile>(
-      new MappedFile(path, static_cast<const uint8_t*>(data), size));
+  return std::shared_ptr<MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(data), size));
 }
 
 MappedFile::~MappedFile() {

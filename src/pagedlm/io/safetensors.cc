@@ -7,11 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/mmap_file.h"
@@ -90,8 +89,8 @@ Entry parse_entry(const std::string& name, const json& j, const std::string& whe
   const std::string& dtype_str = dtype_it->get_ref<const std::string&>();
   const std::optional<DType> dtype = parse_dtype(dtype_str);
   if (!dtype) {
-    fail(where, ": ", is_known_unsupported_dtype(dtype_str) ? "unsupported" : "unknown",
-         " dtype ", dtype_str, " (supported: F32, F16, BF16, I32, U8)");
+    fail(where, ": ", is_known_unsupported_dtype(dtype_str) ? "unsupported" : "unknown", " dtype ",
+         dtype_str, " (supported: F32, F16, BF16, I32, U8)");
   }
 
   Entry e{name, *dtype, {}, 0, 0};
@@ -163,8 +162,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   });
   uint64_t expected_begin = 0;
   for (const Entry& e : entries) {
-    PAGEDLM_CHECK(e.begin == expected_begin, path, ": tensor ", e.name, " data_offsets [",
-                  e.begin, ", ", e.end, "] ",
+    PAGEDLM_CHECK(e.begin == expected_begin, path, ": tensor ", e.name, " data_offsets [", e.begin,
+                  ", ", e.end, "] ",
                   e.begin < expected_begin ? "overlap the previous tensor"
                                            : "leave a gap after the previous tensor",
                   " (expected begin ", expected_begin, ")");
@@ -185,8 +184,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       std::memcpy(copy.raw(), bytes, copy.nbytes());
       result.tensors_.emplace(e.name, std::move(copy));
     } else {
-      result.tensors_.emplace(e.name, Tensor::wrap(const_cast<uint8_t*>(bytes), e.dtype, e.shape,
-                                                   Device::kCpu, file));
+      result.tensors_.emplace(
+          e.name, Tensor::wrap(const_cast<uint8_t*>(bytes), e.dtype, e.shape, Device::kCpu, file));
     }
   }
   return result;
