@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -26,6 +28,11 @@ struct Checkpoint {
   // Throws pagedlm::Error naming the tensor if it is missing or its shape differs.
   const Tensor& get(const std::string& name, const Shape& expected_shape) const;
 };
+
+// Every tensor the model reads, under its HF name with its HF shape, in load order:
+// embeddings, each layer's attention then MLP, the final norm, and lm_head unless tied.
+// The one list both the loader's checks and the model code's lookups are made from.
+std::vector<std::pair<std::string, Shape>> expected_tensor_shapes(const ModelConfig& config);
 
 // Parses an HF config.json (both the Hub's top-level rope_theta/rope_scaling style and
 // transformers 5's rope_parameters). Throws for unsupported architectures, naming them.

@@ -15,7 +15,8 @@ class SafetensorsFile {
   // offsets that do not tile the buffer, unsupported dtype, size/shape mismatch).
   static SafetensorsFile open(const std::string& path);
 
-  // Views into the mapping; they keep it alive.
+  // Views into the mapping; they keep it alive. The mapping is read-only: copy a tensor before
+  // writing to it.
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 

@@ -1,0 +1,451 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io_test_util.h"
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/safetensors.h"
+
+namespace pagedlm {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
+
+std::string fixture(const std::string& name) { return PAGEDLM_TESTDATA "/fixtures/" + name; }
+
+json fixture_config(const std::string& name) {
+  return json::parse(read_bytes(fixture(name) + "/config.json"));
+}
+
+void copy_fixture(const std::string& name, const TempDir& dir) {
+  for (const auto& entry : fs::directory_iterator(fixture(name))) {
+    fs::copy_file(entry.path(), dir.path() / entry.path().filename());
+  }
+}
+
+void write_json(const fs::path& path, const json& j) { write_bytes(path, j.dump(2)); }
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.model_type, b.model_type);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling, b.rope_scaling);
+  EXPECT_EQ(a.rope_factor, b.rope_factor);
+  EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
+  EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
+  EXPECT_EQ(a.rope_original_max_position, b.rope_original_max_position);
+  EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+}
+
+struct FixtureCase {
+  std::string name;
+  std::string architecture;
+  std::string model_type;
+  int64_t head_dim;
+  bool tied;
+  bool bias;
+  bool qk_norm;
+  float rope_theta;
+  RopeScaling rope_scaling;
+  DType weight_dtype;
+  size_t num_tensors;
+};
+
+class FixtureLoads : public ::testing::TestWithParam<FixtureCase> {};
+
+TEST_P(FixtureLoads, ConfigAndEveryTensor) {
+  const FixtureCase& want = GetParam();
+  std::vector<std::pair<size_t, size_t>> progress;
+  const Checkpoint ckpt = load_checkpoint(
+      fixture(want.name), [&](size_t done, size_t total) { progress.emplace_back(done, total); });
+  const ModelConfig& c = ckpt.config;
+  // Shared by every fixture (see testdata/fixtures/README.md and each config.json).
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 256);
+  EXPECT_EQ(c.intermediate_size, 512);
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.num_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.max_position_embeddings, 1024);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(c.bos_token_id, 1);
+
+  EXPECT_EQ(c.architecture, want.architecture);
+  EXPECT_EQ(c.model_type, want.model_type);
+  EXPECT_EQ(c.head_dim, want.head_dim);
+  EXPECT_EQ(c.tie_word_embeddings, want.tied);
+  EXPECT_EQ(c.attention_bias, want.bias);
+  EXPECT_EQ(c.qk_norm, want.qk_norm);
+  EXPECT_EQ(c.rope_theta, want.rope_theta);
+  EXPECT_EQ(c.rope_scaling, want.rope_scaling);
+
+  const auto expected = expected_tensor_shapes(c);
+  EXPECT_EQ(expected.size(), want.num_tensors);
+  for (const auto& [name, shape] : expected) {
+    const Tensor& t = ckpt.get(name, shape);
+    EXPECT_EQ(t.dtype(), want.weight_dtype) << name;
+    EXPECT_EQ(t.device(), Device::kCpu) << name;
+  }
+  EXPECT_EQ(ckpt.has("lm_head.weight"), !want.tied);
+
+  ASSERT_EQ(progress.size(), 1u);
+  EXPECT_EQ(progress.back().first, progress.back().second);
+  EXPECT_EQ(progress.back().second, fs::file_size(fixture(want.name) + "/model.safetensors"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
+                         ::testing::Values(
+                             // 1 embedding + 2 layers x 9 + final norm; tied, so no lm_head.
+                             FixtureCase{"llama-gqa", "LlamaForCausalLM", "llama", 64, true, false,
+                                         false, 1e4f, RopeScaling::kNone, DType::kF32, 20},
+                             FixtureCase{"llama3-rope", "LlamaForCausalLM", "llama", 64, false,
+                                         false, false, 5e5f, RopeScaling::kLlama3, DType::kBF16,
+                                         21},
+                             // + q/k/v biases per layer.
+                             FixtureCase{"qwen2-bias", "Qwen2ForCausalLM", "qwen2", 64, true, true,
+                                         false, 1e6f, RopeScaling::kNone, DType::kBF16, 26},
+                             // + q_norm/k_norm per layer; head_dim 128 is not hidden/heads.
+                             FixtureCase{"qwen3-qknorm", "Qwen3ForCausalLM", "qwen3", 128, true,
+                                         false, true, 1e6f, RopeScaling::kNone, DType::kBF16, 24},
+                             FixtureCase{"mistral", "MistralForCausalLM", "mistral", 64, false,
+                                         false, false, 1e4f, RopeScaling::kNone, DType::kBF16, 21}),
+                         [](const auto& info) {
+                           std::string name = info.param.name;
+                           for (char& ch : name)
+                             ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+TEST(Checkpoint, Llama3RopeParameters) {
+  const ModelConfig c = load_hf_checkpoint(fixture("llama3-rope")).config;
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kLlama3);
+  EXPECT_EQ(c.rope_factor, 8.f);
+  EXPECT_EQ(c.rope_low_freq_factor, 1.f);
+  EXPECT_EQ(c.rope_high_freq_factor, 4.f);
+  EXPECT_EQ(c.rope_original_max_position, 64);
+  EXPECT_EQ(c.rope_theta, 5e5f);
+}
+
+TEST(Checkpoint, Qwen3ShapesUseExplicitHeadDim) {
+  const Checkpoint ckpt = load_hf_checkpoint(fixture("qwen3-qknorm"));
+  EXPECT_EQ(ckpt.get("model.layers.1.self_attn.q_proj.weight", {512, 256}).dim(0), 512);
+  EXPECT_EQ(ckpt.get("model.layers.1.self_attn.o_proj.weight", {256, 512}).dim(1), 512);
+  EXPECT_EQ(ckpt.get("model.layers.0.self_attn.k_norm.weight", {128}).numel(), 128);
+  const Checkpoint qwen2 = load_hf_checkpoint(fixture("qwen2-bias"));
+  EXPECT_EQ(qwen2.get("model.layers.0.self_attn.k_proj.bias", {128}).dtype(), DType::kBF16);
+}
+
+// The tensor's bytes are the file's bytes, and BF16 widens by a 16-bit shift.
+TEST(Checkpoint, Bf16ValuesMatchTheFileBytes) {
+  const std::string path = fixture("llama3-rope") + "/model.safetensors";
+  const std::string name = "model.layers.1.post_attention_layernorm.weight";
+  const Checkpoint ckpt = load_hf_checkpoint(fixture("llama3-rope"));
+  const Tensor& t = ckpt.get(name, {256});
+  ASSERT_EQ(t.dtype(), DType::kBF16);
+
+  const std::string bytes = read_bytes(path);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const json header = json::parse(bytes.substr(8, header_len));
+  const size_t begin = 8 + header_len + header[name]["data_offsets"][0].get<size_t>();
+  ASSERT_EQ(std::memcmp(t.raw(), bytes.data() + begin, 512), 0);
+
+  const Tensor f32 = t.to_f32();
+  for (int i : {0, 17, 255}) {
+    const auto lo = static_cast<uint8_t>(bytes[begin + 2 * i]);
+    const auto hi = static_cast<uint8_t>(bytes[begin + 2 * i + 1]);
+    const uint32_t bits = (static_cast<uint32_t>(hi) << 24) | (static_cast<uint32_t>(lo) << 16);
+    float want;
+    std::memcpy(&want, &bits, 4);
+    EXPECT_EQ(f32.data<float>()[i], want) << i;
+    EXPECT_NEAR(want, 1.f, 0.5f) << "norm weights are 1 +/- 0.2 in the fixtures";
+  }
+}
+
+TEST(Checkpoint, HubStyleConfigParsesTheSame) {
+  const ModelConfig want = parse_hf_config(fixture_config("llama3-rope"));
+  json hub = fixture_config("llama3-rope");
+  json scaling = hub["rope_parameters"];
+  hub.erase("rope_parameters");
+  scaling.erase("rope_theta");
+  hub["rope_theta"] = 500000.0;
+  scaling.erase("rope_type");
+  scaling["type"] = "llama3";
+  hub["rope_scaling"] = scaling;
+  expect_same_config(parse_hf_config(hub), want);
+
+  scaling.erase("type");
+  scaling["rope_type"] = "llama3";
+  hub["rope_scaling"] = scaling;
+  expect_same_config(parse_hf_config(hub), want);
+
+  // Qwen2 the way the Hub writes it: no head_dim, top-level theta, rope_scaling null, a
+  // sliding_window that is present but switched off, eos as a list.
+  const ModelConfig qwen_want = parse_hf_config(fixture_config("qwen2-bias"));
+  json qwen = fixture_config("qwen2-bias");
+  qwen.erase("rope_parameters");
+  qwen["rope_theta"] = 1000000.0;
+  qwen["rope_scaling"] = nullptr;
+  qwen["sliding_window"] = 4;
+  qwen["eos_token_id"] = json::array({2});
+  qwen["head_dim"] = nullptr;
+  expect_same_config(parse_hf_config(qwen), qwen_want);
+
+  // Absent keys take HF's defaults.
+  json bare = fixture_config("mistral");
+  bare.erase("num_key_value_heads");
+  bare.erase("rope_parameters");
+  bare.erase("head_dim");
+  bare.erase("architectures");
+  const ModelConfig c = parse_hf_config(bare);
+  EXPECT_EQ(c.architecture, "MistralForCausalLM");
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rope_theta, 10000.f);
+}
+
+TEST(Checkpoint, LinearRopeScaling) {
+  json j = fixture_config("llama-gqa");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}};
+  const ModelConfig c = parse_hf_config(j);
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kLinear);
+  EXPECT_EQ(c.rope_factor, 2.f);
+}
+
+TEST(Checkpoint, GenerationConfigAddsStopTokens) {
+  TempDir dir;
+  copy_fixture("llama-gqa", dir);
+  json config = fixture_config("llama-gqa");
+  config["eos_token_id"] = {2, 3};
+  config.erase("bos_token_id");
+  write_json(dir.path() / "config.json", config);
+  write_json(dir.path() / "generation_config.json",
+             {{"bos_token_id", 7}, {"eos_token_id", {3, 9}}});
+  const ModelConfig c = load_checkpoint(dir.path().string()).config;
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 3, 9}));
+  EXPECT_EQ(c.bos_token_id, 7);
+}
+
+TEST(Checkpoint, ShardedLoadsIdenticalTensors) {
+  const Checkpoint whole = load_hf_checkpoint(fixture("llama3-rope"));
+  TempDir dir;
+  fs::copy_file(fixture("llama3-rope") + "/config.json", dir.path() / "config.json");
+  std::map<std::string, Tensor> shards[2];
+  json weight_map = json::object();
+  int i = 0;
+  for (const auto& [name, t] : whole.tensors) {
+    const int shard = i++ % 2;
+    shards[shard][name] = t;
+    weight_map[name] =
+        shard == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  write_safetensors(dir.file("model-00001-of-00002.safetensors"), shards[0]);
+  write_safetensors(dir.file("model-00002-of-00002.safetensors"), shards[1]);
+  write_json(dir.path() / "model.safetensors.index.json",
+             {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}});
+
+  std::vector<std::pair<size_t, size_t>> progress;
+  const Checkpoint sharded = load_hf_checkpoint(
+      dir.path().string(), [&](size_t done, size_t total) { progress.emplace_back(done, total); });
+  ASSERT_EQ(sharded.tensors.size(), whole.tensors.size());
+  for (const auto& [name, t] : whole.tensors) {
+    const Tensor& s = sharded.get(name, t.shape());
+    EXPECT_EQ(s.dtype(), t.dtype()) << name;
+    EXPECT_EQ(std::memcmp(s.raw(), t.raw(), t.nbytes()), 0) << name;
+  }
+  ASSERT_EQ(progress.size(), 2u);
+  EXPECT_LT(progress[0].first, progress[1].first);
+  EXPECT_EQ(progress[1].first, progress[1].second);
+
+  // Every tensor the index names must be in the shard it names.
+  weight_map["model.norm.weight"] =
+      weight_map["model.norm.weight"] == "model-00001-of-00002.safetensors"
+          ? "model-00002-of-00002.safetensors"
+          : "model-00001-of-00002.safetensors";
+  write_json(dir.path() / "model.safetensors.index.json", {{"weight_map", weight_map}});
+  const std::string misplaced = error_of([&] { load_hf_checkpoint(dir.path().string()); });
+  EXPECT_CONTAINS(misplaced, "tensor model.norm.weight is listed");
+
+  weight_map["model.norm.weight"] = "model-00003-of-00002.safetensors";
+  write_json(dir.path() / "model.safetensors.index.json", {{"weight_map", weight_map}});
+  const std::string missing_shard = error_of([&] { load_hf_checkpoint(dir.path().string()); });
+  EXPECT_CONTAINS(missing_shard, "lists shard model-00003-of-00002.safetensors");
+
+  weight_map["model.norm.weight"] = "../model.safetensors";
+  write_json(dir.path() / "model.safetensors.index.json", {{"weight_map", weight_map}});
+  EXPECT_CONTAINS(error_of([&] { load_hf_checkpoint(dir.path().string()); }),
+                  "not a plain file name");
+}
+
+// Each mutation of a valid config must fail with a message naming the culprit.
+TEST(Checkpoint, BadConfigsNameTheProblem) {
+  const json base = fixture_config("llama3-rope");
+  const auto message_for = [&](auto&& mutate) {
+    json j = base;
+    mutate(j);
+    return error_of([&] { parse_hf_config(j); });
+  };
+  EXPECT_CONTAINS(message_for([](json& j) { j.erase("hidden_size"); }),
+                  "\"hidden_size\" is missing");
+  EXPECT_CONTAINS(message_for([](json& j) { j["hidden_size"] = "256"; }),
+                  "\"hidden_size\" must be an integer");
+  EXPECT_CONTAINS(message_for([](json& j) { j["num_attention_heads"] = 0; }),
+                  "\"num_attention_heads\" must be positive");
+  EXPECT_CONTAINS(message_for([](json& j) { j["num_key_value_heads"] = 3; }),
+                  "num_key_value_heads (3)");
+  EXPECT_CONTAINS(message_for([](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; }),
+                  "unsupported architecture GPT2LMHeadModel");
+  EXPECT_CONTAINS(message_for([](json& j) { j["architectures"] = "LlamaForCausalLM"; }),
+                  "\"architectures\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"]["rope_type"] = "yarn"; }),
+                  "unsupported rope_type \"yarn\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"].erase("factor"); }),
+                  "\"rope_parameters.factor\" is missing");
+  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"]["low_freq_factor"] = "1"; }),
+                  "\"rope_parameters.low_freq_factor\" must be a number");
+  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"] = 5; }), "\"rope_parameters\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["hidden_act"] = "gelu"; }),
+                  "unsupported hidden_act \"gelu\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["attention_bias"] = true; }), "attention_bias=true");
+  EXPECT_CONTAINS(message_for([](json& j) { j["tie_word_embeddings"] = 1; }),
+                  "\"tie_word_embeddings\" must be true or false");
+  EXPECT_CONTAINS(message_for([](json& j) { j["eos_token_id"] = {2, "x"}; }), "\"eos_token_id\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j = json::array(); }), "not a JSON object");
+
+  json mistral = fixture_config("mistral");
+  mistral["sliding_window"] = 512;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(mistral); }),
+                  "sliding window attention (sliding_window=512 < max_position_embeddings=1024) "
+                  "is unsupported");
+  json qwen = fixture_config("qwen2-bias");
+  qwen["use_sliding_window"] = true;
+  qwen["sliding_window"] = 128;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(qwen); }), "sliding_window=128");
+}
+
+class BrokenCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override { copy_fixture("llama3-rope", dir_); }
+  std::string load_error() const {
+    return error_of([&] { load_checkpoint(dir_.path().string()); });
+  }
+  // Rewrites model.safetensors after `edit` changes its tensor map.
+  template <typename Fn>
+  void rewrite_weights(Fn&& edit) {
+    std::map<std::string, Tensor> tensors =
+        SafetensorsFile::open(fixture("llama3-rope") + "/model.safetensors").tensors();
+    edit(tensors);
+    write_safetensors(dir_.file("model.safetensors"), tensors);
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(BrokenCheckpoint, MalformedConfigJson) {
+  write_bytes(dir_.path() / "config.json", "{\"architectures\": [\"LlamaForCausalLM\",");
+  const std::string message = load_error();
+  EXPECT_CONTAINS(message, "config.json");
+  EXPECT_CONTAINS(message, "not valid JSON");
+}
+
+TEST_F(BrokenCheckpoint, ConfigErrorsNameTheFile) {
+  json config = fixture_config("llama3-rope");
+  config.erase("hidden_size");
+  write_json(dir_.path() / "config.json", config);
+  const std::string message = load_error();
+  EXPECT_CONTAINS(message, "config.json: config key \"hidden_size\" is missing");
+
+  fs::remove(dir_.path() / "config.json");
+  EXPECT_CONTAINS(load_error(), "has no config.json");
+}
+
+TEST_F(BrokenCheckpoint, MissingTensorIsNamed) {
+  rewrite_weights([](auto& t) { t.erase("model.layers.1.mlp.up_proj.weight"); });
+  EXPECT_CONTAINS(load_error(), "no tensor model.layers.1.mlp.up_proj.weight");
+}
+
+TEST_F(BrokenCheckpoint, UntiedWithoutLmHeadIsAnError) {
+  rewrite_weights([](auto& t) { t.erase("lm_head.weight"); });
+  EXPECT_CONTAINS(load_error(), "no tensor lm_head.weight");
+}
+
+TEST_F(BrokenCheckpoint, MisShapedTensorIsNamed) {
+  rewrite_weights([](auto& t) {
+    t["model.layers.0.self_attn.k_proj.weight"] = Tensor::zeros(DType::kBF16, {256, 256});
+  });
+  EXPECT_CONTAINS(load_error(),
+                  "tensor model.layers.0.self_attn.k_proj.weight has shape [256, 256] but the "
+                  "config implies [128, 256]");
+}
+
+TEST_F(BrokenCheckpoint, IntegerWeightsAreRejected) {
+  rewrite_weights([](auto& t) { t["model.norm.weight"] = Tensor::zeros(DType::kI32, {256}); });
+  EXPECT_CONTAINS(load_error(), "tensor model.norm.weight has dtype i32");
+}
+
+TEST_F(BrokenCheckpoint, CorruptWeightsFileIsNamed) {
+  const std::string bytes = read_bytes(dir_.path() / "model.safetensors");
+  write_bytes(dir_.path() / "model.safetensors", bytes.substr(0, bytes.size() / 2));
+  EXPECT_CONTAINS(load_error(), "model.safetensors");
+  fs::remove(dir_.path() / "model.safetensors");
+  EXPECT_CONTAINS(load_error(), "neither model.safetensors nor model.safetensors.index.json");
+}
+
+TEST(Checkpoint, GetNamesTensorAndBothShapes) {
+  Checkpoint ckpt;
+  ckpt.tensors["w"] = Tensor::zeros(DType::kF32, {2, 3});
+  EXPECT_EQ(ckpt.get("w", {2, 3}).numel(), 6);
+  EXPECT_CONTAINS(error_of([&] {
+                    ckpt.get("w", {3, 2});
+                  }),
+                  "tensor w has shape [2, 3] but the config implies [3, 2]");
+  EXPECT_CONTAINS(error_of([&] { ckpt.get("v", {1}); }), "no tensor v");
+}
+
+TEST(Checkpoint, LoadCheckpointDispatchesOnPath) {
+  TempDir dir;
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir.file("nowhere")); }),
+                  dir.file("nowhere") + " does not exist");
+  write_bytes(dir.file("model.gguf"), "GGUF\x03");
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir.file("model.gguf")); }), "GGUF");
+  write_bytes(dir.file("weights"), std::string("GGUF\x03\0\0\0", 8));
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir.file("weights")); }), "GGUF");
+  write_bytes(dir.file("notes.txt"), "hello");
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir.file("notes.txt")); }),
+                  "neither a Hugging Face checkpoint folder nor a GGUF file");
+}
+
+}  // namespace
+}  // namespace pagedlm
