@@ -25,8 +25,19 @@ namespace fs = std::filesystem;
 // ---- A tiny GGUF writer, so hostile files can be built byte by byte ----
 
 enum : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 class Bytes {
@@ -288,8 +299,7 @@ TEST_F(GgufReader, RejectsCorruptHeadersWithNamedErrors) {
   Built magic = v;
   magic.bytes[3] = 'G';
   expect_open_error(write(magic.bytes), {"magic"});
-  expect_open_error(write(v.patched("tensor_count", uint64_t{1} << 60).bytes),
-                    {"tensor count"});
+  expect_open_error(write(v.patched("tensor_count", uint64_t{1} << 60).bytes), {"tensor count"});
   expect_open_error(write(v.patched("kv_count", uint64_t{1} << 61).bytes), {"metadata count"});
   Built version1 = v;
   version1.bytes[4] = 1;
@@ -327,8 +337,7 @@ TEST_F(GgufReader, RejectsCorruptTensorInfosNamingTheTensor) {
   expect_open_error(write(v.patched("dims:b", uint64_t{16}).bytes),
                     {"'b'", "not a multiple of the Q8_0 block size"});
   Built overflow = v.patched("dims:a", uint64_t{1} << 32);
-  std::memcpy(overflow.bytes.data() + v.at.at("dims:a") + 8, &overflow.bytes[v.at.at("dims:a")],
-              8);
+  std::memcpy(overflow.bytes.data() + v.at.at("dims:a") + 8, &overflow.bytes[v.at.at("dims:a")], 8);
   expect_open_error(write(overflow.bytes), {"'a'", "overflow"});
   expect_open_error(write(v.patched("dims:a", ~uint64_t{0}).bytes), {"'a'", "overflow"});
 }
@@ -440,8 +449,7 @@ void expect_close(const float* got, const float* want, int64_t n, const std::str
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     // 1e-6 relative, on a scale of at least 1 so that Q4_1/Q5_1's x*d + m may be fused.
-    if (!(std::abs(got[i] - want[i]) <= 1e-6f * std::max(1.f, std::abs(want[i]))) &&
-        bad++ < 5) {
+    if (!(std::abs(got[i] - want[i]) <= 1e-6f * std::max(1.f, std::abs(want[i]))) && bad++ < 5) {
       ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << want[i];
     }
   }
@@ -473,8 +481,7 @@ TEST(GgufDequant, MatchesGgufPythonPackage) {
 
 using GgufCheckpoint = TempFiles;
 
-std::vector<Kv> arch_kvs(const std::string& arch, int64_t heads, int64_t kv_heads,
-                         int64_t hidden) {
+std::vector<Kv> arch_kvs(const std::string& arch, int64_t heads, int64_t kv_heads, int64_t hidden) {
   const std::string p = arch + ".";
   return {
       kv_str("general.architecture", arch),
@@ -529,11 +536,10 @@ TEST_F(GgufCheckpoint, LlamaUndoesTheQkPermutationOfWeightsAndBiases) {
   // 2 heads of head_dim 4 for q, 1 kv head for k: HF rows per head are GGUF rows 0, 2, 1, 3.
   std::vector<Kv> kvs = arch_kvs("llama", 2, 1, 32);
   kvs.push_back(kv("llama.rope.dimension_count", kU32, uint32_t{4}));
-  const Built b = build_gguf(kvs, {row_index_matrix("blk.0.attn_q.weight", 8),
-                                   row_index_matrix("blk.0.attn_k.weight", 4),
-                                   row_index_matrix("blk.0.attn_v.weight", 4),
-                                   row_index_vector("blk.0.attn_q.bias", 8),
-                                   row_index_vector("rope_freqs.weight", 2)});
+  const Built b = build_gguf(
+      kvs, {row_index_matrix("blk.0.attn_q.weight", 8), row_index_matrix("blk.0.attn_k.weight", 4),
+            row_index_matrix("blk.0.attn_v.weight", 4), row_index_vector("blk.0.attn_q.bias", 8),
+            row_index_vector("rope_freqs.weight", 2)});
   std::vector<std::pair<size_t, size_t>> calls;
   const Checkpoint c = load_gguf_checkpoint(
       write(b.bytes), [&](size_t done, size_t total) { calls.emplace_back(done, total); });
@@ -556,14 +562,14 @@ TEST_F(GgufCheckpoint, LlamaUndoesTheQkPermutationOfWeightsAndBiases) {
 }
 
 TEST_F(GgufCheckpoint, Qwen2IsNotPermutedAndHasBiases) {
-  const Built b = build_gguf(arch_kvs("qwen2", 2, 1, 32),
-                             {row_index_matrix("blk.0.attn_q.weight", 32),
-                              row_index_vector("blk.0.attn_q.bias", 32),
-                              row_index_matrix("output.weight", 5)});
+  const Built b =
+      build_gguf(arch_kvs("qwen2", 2, 1, 32),
+                 {row_index_matrix("blk.0.attn_q.weight", 32),
+                  row_index_vector("blk.0.attn_q.bias", 32), row_index_matrix("output.weight", 5)});
   const Checkpoint c = load_gguf_checkpoint(write(b.bytes));
   EXPECT_EQ(c.config.architecture, "Qwen2ForCausalLM");
   EXPECT_EQ(c.config.model_type, "qwen2");
-  EXPECT_EQ(c.config.head_dim, 16);  // embedding / heads
+  EXPECT_EQ(c.config.head_dim, 16);   // embedding / heads
   EXPECT_EQ(c.config.vocab_size, 5);  // from the token list
   EXPECT_EQ(c.config.num_kv_heads, 1);
   EXPECT_EQ(c.config.max_position_embeddings, 4096);
@@ -586,6 +592,8 @@ TEST_F(GgufCheckpoint, Qwen3HeadDimFromKeyLengthAndQkNorm) {
   std::vector<Kv> kvs = arch_kvs("qwen3", 4, 2, 32);
   kvs.push_back(kv("qwen3.attention.key_length", kU32, uint32_t{16}));
   kvs.push_back(kv("qwen3.vocab_size", kU32, uint32_t{7}));
+  kvs.push_back(kv("tokenizer.ggml.eot_token_id", kI32, int32_t{2}));
+  kvs.push_back(kv("tokenizer.ggml.eom_token_id", kU16, uint16_t{4}));  // same as eos
   const Built b = build_gguf(kvs, {row_index_vector("blk.0.attn_q_norm.weight", 16),
                                    row_index_vector("blk.0.attn_k_norm.weight", 16)});
   const Checkpoint c = load_gguf_checkpoint(write(b.bytes));
@@ -594,6 +602,7 @@ TEST_F(GgufCheckpoint, Qwen3HeadDimFromKeyLengthAndQkNorm) {
   EXPECT_EQ(c.config.vocab_size, 7);
   EXPECT_TRUE(c.config.qk_norm);
   EXPECT_FALSE(c.config.attention_bias);
+  EXPECT_EQ(c.config.eos_token_ids, (std::vector<int32_t>{4, 2}));
   EXPECT_TRUE(c.config.tie_word_embeddings);
   EXPECT_TRUE(c.has("model.layers.0.self_attn.q_norm.weight"));
   EXPECT_TRUE(c.has("model.layers.0.self_attn.k_norm.weight"));
@@ -608,8 +617,7 @@ TEST_F(GgufCheckpoint, RejectsUnsupportedArchitecturesAndUnknownTensors) {
   }
   try {
     load_gguf_checkpoint(
-        write(build_gguf(arch_kvs("llama", 2, 1, 32), {row_index_vector("blk.0.mystery.weight",
-                                                                        4)})
+        write(build_gguf(arch_kvs("llama", 2, 1, 32), {row_index_vector("blk.0.mystery.weight", 4)})
                   .bytes));
     ADD_FAILURE();
   } catch (const Error& e) {
@@ -634,8 +642,8 @@ std::string smollm2_path() {
   return (dir / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
 }
 
-#define SKIP_WITHOUT_SMOLLM2()                                                          \
-  if (!fs::exists(smollm2_path()))                                                      \
+#define SKIP_WITHOUT_SMOLLM2()     \
+  if (!fs::exists(smollm2_path())) \
   GTEST_SKIP() << smollm2_path() << " is absent; run scripts/fetch_model.sh to fetch it"
 
 TEST(GgufSmolLM2, Metadata) {
@@ -693,11 +701,10 @@ TEST(GgufSmolLM2, Config) {
 TEST(GgufSmolLM2, CheckpointMatchesReference) {
   SKIP_WITHOUT_SMOLLM2();
   size_t progress_calls = 0;
-  const Checkpoint c =
-      load_gguf_checkpoint(smollm2_path(), [&](size_t, size_t total) {
-        ++progress_calls;
-        EXPECT_EQ(total, 272u);
-      });
+  const Checkpoint c = load_gguf_checkpoint(smollm2_path(), [&](size_t, size_t total) {
+    ++progress_calls;
+    EXPECT_EQ(total, 272u);
+  });
   EXPECT_EQ(progress_calls, 272u);
   EXPECT_EQ(c.tensors.size(), 272u);
   EXPECT_FALSE(c.has("lm_head.weight"));

@@ -21,18 +21,42 @@ constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 16;
 
 enum ValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 // Smallest encoding of one value of `type`: bounds array counts by the bytes left in the file.
 uint64_t min_encoded_size(uint32_t type) {
   switch (type) {
-    case kU8: case kI8: case kBool: return 1;
-    case kU16: case kI16: return 2;
-    case kU32: case kI32: case kF32: return 4;
-    case kU64: case kI64: case kF64: case kString: return 8;
-    case kArray: return 12;
+    case kU8:
+    case kI8:
+    case kBool:
+      return 1;
+    case kU16:
+    case kI16:
+      return 2;
+    case kU32:
+    case kI32:
+    case kF32:
+      return 4;
+    case kU64:
+    case kI64:
+    case kF64:
+    case kString:
+      return 8;
+    case kArray:
+      return 12;
   }
   return 0;
 }
@@ -111,23 +135,45 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int dept
   GgufValue v;
   v.type = type;
   switch (type) {
-    case kU8: v.value = uint64_t{r.read<uint8_t>(what)}; break;
-    case kI8: v.value = int64_t{r.read<int8_t>(what)}; break;
-    case kU16: v.value = uint64_t{r.read<uint16_t>(what)}; break;
-    case kI16: v.value = int64_t{r.read<int16_t>(what)}; break;
-    case kU32: v.value = uint64_t{r.read<uint32_t>(what)}; break;
-    case kI32: v.value = int64_t{r.read<int32_t>(what)}; break;
-    case kU64: v.value = r.read<uint64_t>(what); break;
-    case kI64: v.value = r.read<int64_t>(what); break;
-    case kF32: v.value = double{r.read<float>(what)}; break;
-    case kF64: v.value = r.read<double>(what); break;
+    case kU8:
+      v.value = uint64_t{r.read<uint8_t>(what)};
+      break;
+    case kI8:
+      v.value = int64_t{r.read<int8_t>(what)};
+      break;
+    case kU16:
+      v.value = uint64_t{r.read<uint16_t>(what)};
+      break;
+    case kI16:
+      v.value = int64_t{r.read<int16_t>(what)};
+      break;
+    case kU32:
+      v.value = uint64_t{r.read<uint32_t>(what)};
+      break;
+    case kI32:
+      v.value = int64_t{r.read<int32_t>(what)};
+      break;
+    case kU64:
+      v.value = r.read<uint64_t>(what);
+      break;
+    case kI64:
+      v.value = r.read<int64_t>(what);
+      break;
+    case kF32:
+      v.value = double{r.read<float>(what)};
+      break;
+    case kF64:
+      v.value = r.read<double>(what);
+      break;
     case kBool: {
       const uint8_t b = r.read<uint8_t>(what);
       if (b > 1) r.error(what, " is a bool with the value ", int{b});
       v.value = b == 1;
       break;
     }
-    case kString: v.value = r.read_string(what); break;
+    case kString:
+      v.value = r.read_string(what);
+      break;
     case kArray: {
       if (depth >= kMaxArrayDepth) r.error(what, " nests arrays deeper than ", kMaxArrayDepth);
       const uint32_t elem_type = r.read<uint32_t>(what + " element type");
@@ -155,16 +201,23 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int dept
 
 bool known_ggml_type(uint32_t t) {
   switch (static_cast<GgmlType>(t)) {
-    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K: case GgmlType::kQ6_K:
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K:
       return true;
   }
   return false;
 }
 
 const char* value_type_name(uint32_t type) {
-  static constexpr const char* kNames[] = {"u8",  "i8",  "u16",    "i16",   "u32", "i32", "f32",
+  static constexpr const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                            "bool", "string", "array", "u64", "i64", "f64"};
   return type < std::size(kNames) ? kNames[type] : "unknown";
 }
@@ -178,8 +231,8 @@ bool GgufValue::is_int() const {
 int64_t GgufValue::as_int() const {
   if (const auto* i = std::get_if<int64_t>(&value)) return *i;
   if (const auto* u = std::get_if<uint64_t>(&value)) {
-    PAGEDLM_CHECK(*u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                  "GGUF value ", *u, " does not fit in int64");
+    PAGEDLM_CHECK(*u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "GGUF value ",
+                  *u, " does not fit in int64");
     return static_cast<int64_t>(*u);
   }
   fail("GGUF value of type ", value_type_name(type), " is not an integer");

@@ -1,5 +1,6 @@
 // GGUF -> Checkpoint: llama.cpp metadata to ModelConfig, GGUF tensor names to Hugging Face
 // names, dequantization to F32 and the undoing of the converter's Q/K row permutation.
+#include <algorithm>
 #include <regex>
 
 #include "pagedlm/core/error.h"
@@ -21,8 +22,7 @@ constexpr ArchInfo kArchs[] = {
 };
 
 int64_t positive(const GgufFile& f, const std::string& key, int64_t v) {
-  PAGEDLM_CHECK(v > 0, "GGUF file '", f.path(), "' metadata '", key, "' must be positive, got ",
-                v);
+  PAGEDLM_CHECK(v > 0, "GGUF file '", f.path(), "' metadata '", key, "' must be positive, got ", v);
   return v;
 }
 
@@ -33,16 +33,11 @@ int64_t get_positive(const GgufFile& f, const std::string& key) {
 // GGUF per-layer names (after "blk.N.") -> HF names (after "model.layers.N.").
 const std::map<std::string, std::string>& layer_names() {
   static const std::map<std::string, std::string> kNames = {
-      {"attn_norm", "input_layernorm"},
-      {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},
-      {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"},
-      {"attn_q_norm", "self_attn.q_norm"},
-      {"attn_k_norm", "self_attn.k_norm"},
-      {"ffn_norm", "post_attention_layernorm"},
-      {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},
+      {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
       {"ffn_down", "mlp.down_proj"},
   };
   return kNames;
@@ -96,9 +91,9 @@ Tensor dequantize(const GgufTensorInfo& t, int64_t n_heads, const std::string& p
   int64_t head_rows = 0;
   if (n_heads > 0) {
     head_rows = perm_rows / n_heads;
-    PAGEDLM_CHECK(perm_rows % n_heads == 0 && head_rows % 2 == 0, "GGUF file '", path,
-                  "' tensor '", t.name, "' has ", perm_rows, " rows, which do not split into ",
-                  n_heads, " heads of even size");
+    PAGEDLM_CHECK(perm_rows % n_heads == 0 && head_rows % 2 == 0, "GGUF file '", path, "' tensor '",
+                  t.name, "' has ", perm_rows, " rows, which do not split into ", n_heads,
+                  " heads of even size");
   }
   Tensor out = Tensor::empty(DType::kF32, shape);
   float* dst = out.data<float>();
@@ -161,9 +156,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
 
   if (f.find(p + "vocab_size")) {
     c.vocab_size = get_positive(f, p + "vocab_size");
-  } else if (const GgufValue* tokens = f.find("tokenizer.ggml.tokens")) {
-    c.vocab_size = positive(f, "tokenizer.ggml.tokens",
-                            static_cast<int64_t>(tokens->as_array().size()));
+  } else if (f.find("tokenizer.ggml.tokens")) {
+    c.vocab_size =
+        positive(f, "tokenizer.ggml.tokens",
+                 static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size()));
   } else {
     fail("GGUF file '", f.path(), "' has neither ", p, "vocab_size nor tokenizer.ggml.tokens");
   }
@@ -185,8 +181,15 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     }
   }
 
-  if (f.find("tokenizer.ggml.eos_token_id")) {
-    c.eos_token_ids.push_back(static_cast<int32_t>(f.get_int("tokenizer.ggml.eos_token_id")));
+  // Llama 3 instruct files name their end-of-turn tokens separately from eos; generation must
+  // stop on all of them, as HF's generation_config eos list does.
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.eom_token_id"}) {
+    if (!f.find(key)) continue;
+    const auto id = static_cast<int32_t>(f.get_int(key));
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(id);
+    }
   }
   if (f.find("tokenizer.ggml.bos_token_id")) {
     c.bos_token_id = static_cast<int32_t>(f.get_int("tokenizer.ggml.bos_token_id"));

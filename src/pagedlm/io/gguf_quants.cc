@@ -154,16 +154,26 @@ struct TypeTraits {
 
 TypeTraits traits(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: return {"F32", 1, 4, dequant_f32};
-    case GgmlType::kF16: return {"F16", 1, 2, dequant_f16};
-    case GgmlType::kBF16: return {"BF16", 1, 2, dequant_bf16};
-    case GgmlType::kQ4_0: return {"Q4_0", kQK, 18, dequant_q4_0};
-    case GgmlType::kQ4_1: return {"Q4_1", kQK, 20, dequant_q4_1};
-    case GgmlType::kQ5_0: return {"Q5_0", kQK, 22, dequant_q5_0};
-    case GgmlType::kQ5_1: return {"Q5_1", kQK, 24, dequant_q5_1};
-    case GgmlType::kQ8_0: return {"Q8_0", kQK, 34, dequant_q8_0};
-    case GgmlType::kQ4_K: return {"Q4_K", kQKK, 144, dequant_q4_k};
-    case GgmlType::kQ6_K: return {"Q6_K", kQKK, 210, dequant_q6_k};
+    case GgmlType::kF32:
+      return {"F32", 1, 4, dequant_f32};
+    case GgmlType::kF16:
+      return {"F16", 1, 2, dequant_f16};
+    case GgmlType::kBF16:
+      return {"BF16", 1, 2, dequant_bf16};
+    case GgmlType::kQ4_0:
+      return {"Q4_0", kQK, 18, dequant_q4_0};
+    case GgmlType::kQ4_1:
+      return {"Q4_1", kQK, 20, dequant_q4_1};
+    case GgmlType::kQ5_0:
+      return {"Q5_0", kQK, 22, dequant_q5_0};
+    case GgmlType::kQ5_1:
+      return {"Q5_1", kQK, 24, dequant_q5_1};
+    case GgmlType::kQ8_0:
+      return {"Q8_0", kQK, 34, dequant_q8_0};
+    case GgmlType::kQ4_K:
+      return {"Q4_K", kQKK, 144, dequant_q4_k};
+    case GgmlType::kQ6_K:
+      return {"Q6_K", kQKK, 210, dequant_q6_k};
   }
   fail("unsupported ggml type ", static_cast<uint32_t>(type));
 }
@@ -176,8 +186,8 @@ const char* ggml_type_name(GgmlType type) { return traits(type).name; }
 
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   const TypeTraits t = traits(type);
-  PAGEDLM_CHECK(n >= 0 && n % t.block_elems == 0, "cannot dequantize ", n, " elements of ",
-                t.name, ": not a multiple of the block size ", t.block_elems);
+  PAGEDLM_CHECK(n >= 0 && n % t.block_elems == 0, "cannot dequantize ", n, " elements of ", t.name,
+                ": not a multiple of the block size ", t.block_elems);
   if (type == GgmlType::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
