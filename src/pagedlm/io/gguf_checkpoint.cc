@@ -106,6 +106,8 @@ Tensor dequantize(const GgufTensorInfo& t, int64_t n_heads, const std::string& p
     }
     return out;
   }
+  // GgufFile::open checked ne0 against the block size, so nothing below throws: an exception
+  // escaping an OpenMP region would terminate the process.
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t src_row = head_rows > 0 ? gguf_row_of_hf_row(r, head_rows) : r;
