@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/io/model_config.h"
 
 namespace pagedlm {
 
@@ -40,6 +41,10 @@ struct GgufTensorInfo {
   uint64_t offset = 0;  // relative to the data section
   size_t nbytes = 0;
   const uint8_t* data = nullptr;  // into the mapping
+
+  int64_t numel() const;
+  // Bytes of one ne0 row; quant blocks never cross rows.
+  size_t row_bytes() const;
 };
 
 class GgufFile {
@@ -48,6 +53,9 @@ class GgufFile {
 
   uint32_t version() const { return version_; }
   const std::string& path() const { return path_; }
+  uint32_t alignment() const { return alignment_; }
+  // File offset of the data section (tensor offsets are relative to it).
+  uint64_t data_offset() const { return data_offset_; }
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   const GgufValue* find(const std::string& key) const;
   // Typed getters throw if the key is missing or has the wrong type.
@@ -63,6 +71,8 @@ class GgufFile {
  private:
   std::string path_;
   uint32_t version_ = 0;
+  uint32_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
   std::map<std::string, GgufValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t> tensor_index_;
@@ -73,7 +83,15 @@ class GgufFile {
 int64_t ggml_block_elems(GgmlType type);
 size_t ggml_block_bytes(GgmlType type);
 const char* ggml_type_name(GgmlType type);
-// Dequantizes `n` elements (a multiple of the block size) from `src` into float32.
+// Dequantizes `n` elements (a multiple of the block size) from `src` into float32, with the
+// arithmetic of ggml-quants.c.
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
+
+// Maps the metadata of a llama / qwen2 / qwen3 GGUF to a ModelConfig; throws naming any other
+// architecture or a missing key. tie_word_embeddings is true when output.weight is absent.
+// Llama 3.1 rope scaling is not expressed in the config: such files carry rope_freqs.weight,
+// which load_gguf_checkpoint stores as the tensor "rope_freqs" (F32 [head_dim/2]); when that
+// tensor is present the model divides inv_freq[i] by rope_freqs[i] and rope_scaling stays kNone.
+ModelConfig config_from_gguf(const GgufFile& file);
 
 }  // namespace pagedlm
