@@ -86,19 +86,16 @@ class LlamaFamilyModel final : public CausalLM {
 
   void forward(const ForwardInputs& in, Attention& attention, Tensor& logits) override {
     const ModelConfig& c = config_;
-    const int64_t L = in.token_ids.dim(0), D = c.hidden_size, F = c.intermediate_size;
+    const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
     const int64_t d = c.head_dim, Hq = c.num_heads, Hk = c.num_kv_heads;
     const float eps = c.rms_norm_eps;
-    // Activations: [L, ...] each.
-    Tensor residual = Tensor::empty(DType::kF32, {L, D}, device_);
-    Tensor hidden = Tensor::empty(DType::kF32, {L, D}, device_);
-    Tensor q = Tensor::empty(DType::kF32, {L, Hq, d}, device_);
-    Tensor k = Tensor::empty(DType::kF32, {L, Hk, d}, device_);
-    Tensor v = Tensor::empty(DType::kF32, {L, Hk, d}, device_);
-    Tensor attn_out = Tensor::empty(DType::kF32, {L, Hq, d}, device_);
-    Tensor proj_out = Tensor::empty(DType::kF32, {L, D}, device_);
-    Tensor gate_up = Tensor::empty(DType::kF32, {L, 2 * F}, device_);
-    Tensor act = Tensor::empty(DType::kF32, {L, F}, device_);
+    ensure_capacity(L);
+    // Views of the preallocated activations: nothing is allocated per step, which keeps the
+    // step capturable as a CUDA graph.
+    Tensor residual = buffers_.residual.rows(0, L), hidden = buffers_.hidden.rows(0, L);
+    Tensor q = buffers_.q.rows(0, L), k = buffers_.k.rows(0, L), v = buffers_.v.rows(0, L);
+    Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
+    Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
 
     ops::embedding(embed_, in.token_ids, residual);
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -126,10 +123,8 @@ class LlamaFamilyModel final : public CausalLM {
       ops::linear(act, w.down_proj, Tensor(), proj_out);
     }
     // Only the rows that need logits go through the final norm and the lm_head.
-    const int64_t S = in.logits_rows.dim(0);
-    Tensor last = Tensor::empty(DType::kF32, {S, D}, device_);
-    Tensor last_residual = Tensor::empty(DType::kF32, {S, D}, device_);
-    Tensor last_update = Tensor::empty(DType::kF32, {S, D}, device_);
+    Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
+    Tensor last_update = buffers_.last_update.rows(0, S);
     ops::gather_rows(residual, in.logits_rows, last_residual);
     ops::gather_rows(proj_out, in.logits_rows, last_update);
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last);
@@ -137,10 +132,39 @@ class LlamaFamilyModel final : public CausalLM {
   }
 
  private:
+  struct Activations {
+    int64_t capacity = 0;  // rows
+    Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
+    Tensor last, last_residual, last_update;                              // [rows, D]
+  };
+
+  // Grows the activations to hold `rows` stream rows; steps at or under the capacity reuse them.
+  void ensure_capacity(int64_t rows) {
+    if (rows <= buffers_.capacity) return;
+    const ModelConfig& c = config_;
+    const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
+    auto make = [&](Shape shape) { return Tensor::empty(DType::kF32, std::move(shape), device_); };
+    Activations& b = buffers_;
+    b.capacity = rows;
+    b.residual = make({rows, D});
+    b.hidden = make({rows, D});
+    b.q = make({rows, c.num_heads, d});
+    b.k = make({rows, c.num_kv_heads, d});
+    b.v = make({rows, c.num_kv_heads, d});
+    b.attn_out = make({rows, c.num_heads, d});
+    b.proj_out = make({rows, D});
+    b.gate_up = make({rows, 2 * F});
+    b.act = make({rows, F});
+    b.last = make({rows, D});
+    b.last_residual = make({rows, D});
+    b.last_update = make({rows, D});
+  }
+
   ModelConfig config_;
   Device device_;
   Tensor embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerWeights> layers_;
+  Activations buffers_;
 };
 
 }  // namespace
