@@ -1,0 +1,29 @@
+// Token embedding lookup.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/core/tensor.h"
+
+namespace pagedlm::ops {
+
+// table: [vocab, dim], ids: [n_tokens] i32 (same device), out: [n_tokens, dim] (table's dtype).
+// Throws an Error naming the first id outside [0, vocab) (checked on the CPU only).
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream = nullptr);
+
+namespace cpu {
+// table: [vocab, dim] f32, ids: [n_tokens], out: [n_tokens, dim] f32.
+void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens,
+               int64_t vocab, int64_t dim);
+}  // namespace cpu
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+// Same contract as cpu::embedding; table and out hold `dtype` elements. Ids were not checked.
+void embedding(const void* table, const int32_t* ids, void* out, int64_t n_tokens, int64_t vocab,
+               int64_t dim, DType dtype, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace pagedlm::ops

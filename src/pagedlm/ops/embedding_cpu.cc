@@ -1,0 +1,48 @@
+#include "pagedlm/ops/embedding.h"
+
+#include <cstring>
+
+#include "pagedlm/ops/op_check.h"
+
+namespace pagedlm::ops {
+
+namespace cpu {
+
+void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens,
+               int64_t vocab, int64_t dim) {
+  // Checked up front, outside the parallel loop, so the error is thrown on the calling thread.
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    PAGEDLM_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " at position ",
+                  t, " is outside the vocabulary [0, ", vocab, ")");
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, dim * sizeof(float));
+  }
+}
+
+}  // namespace cpu
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream) {
+  using detail::kAnyDim;
+  constexpr const char* kOp = "embedding";
+  const DType dt = detail::compute_dtype(table, kOp, "table");
+  detail::expect(table, kOp, "table", dt, {kAnyDim, kAnyDim});
+  detail::expect(ids, kOp, "ids", DType::kI32, {kAnyDim});
+  const int64_t vocab = table.dim(0), dim = table.dim(1), n_tokens = ids.dim(0);
+  detail::expect(out, kOp, "out", dt, {n_tokens, dim});
+  detail::expect_device(ids, table.device(), kOp, "ids");
+  detail::expect_device(out, table.device(), kOp, "out");
+  if (table.device() == Device::kCpu) {
+    cpu::embedding(table.data<float>(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab,
+                   dim);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::embedding(table.raw(), ids.data<int32_t>(), out.raw(), n_tokens, vocab, dim, dt, stream);
+#else
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+}  // namespace pagedlm::ops

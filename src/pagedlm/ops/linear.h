@@ -1,0 +1,34 @@
+// Dense projection y = x W^T + b, the only matmul the models need.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/core/tensor.h"
+
+namespace pagedlm::ops {
+
+// The CPU kernel always multiplies tiles of exactly this many rows (see linear_cpu.cc).
+inline constexpr int64_t kLinearRowTile = 16;
+
+// x: [n_tokens, in], weight: [out_features, in] (HF layout), bias: [out_features] or an
+// undefined Tensor, out: [n_tokens, out_features].
+// Batch invariant: each output row is bitwise the same whatever other rows share the call.
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+            void* stream = nullptr);
+
+namespace cpu {
+// bias may be null.
+void linear(const float* x, const float* weight, const float* bias, float* out, int64_t rows,
+            int64_t out_features, int64_t in_features);
+}  // namespace cpu
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+// Same contract as cpu::linear; x, weight, bias and out hold `dtype` elements.
+void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
+            int64_t out_features, int64_t in_features, DType dtype, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace pagedlm::ops

@@ -1,0 +1,39 @@
+// RMSNorm, plain and fused with the residual add that precedes it in every pre-norm block.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/core/tensor.h"
+
+namespace pagedlm::ops {
+
+// x: [rows, dim], weight: [dim], out: [rows, dim] (may alias x).
+// out = x / sqrt(mean(x^2) + eps) * weight. For Qwen3's per-head q/k norm the caller reshapes
+// [n_tokens, n_heads * head_dim] to [n_tokens * n_heads, head_dim].
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out,
+              void* stream = nullptr);
+
+// residual: [rows, dim] in/out, x: [rows, dim], weight: [dim], out: [rows, dim].
+// residual += x; out = rms_norm(residual). Fused so the residual stream is read once.
+void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  const Tensor& out, void* stream = nullptr);
+
+namespace cpu {
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+              float eps);
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                  int64_t dim, float eps);
+}  // namespace cpu
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+// Same contracts as the cpu:: functions; every pointer holds `dtype` elements.
+void rms_norm(const void* x, const void* weight, void* out, int64_t rows, int64_t dim, float eps,
+              DType dtype, void* stream);
+void add_rms_norm(void* residual, const void* x, const void* weight, void* out, int64_t rows,
+                  int64_t dim, float eps, DType dtype, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace pagedlm::ops

@@ -1,0 +1,93 @@
+#include "pagedlm/ops/rms_norm.h"
+
+#include <cmath>
+
+#include "pagedlm/ops/op_check.h"
+
+namespace pagedlm::ops {
+
+namespace cpu {
+namespace {
+
+// One row; the sum of squares is accumulated in double in index order, which makes the result
+// independent of the batch and keeps the error far below float32 resolution.
+inline void norm_row(const float* x, const float* weight, float* out, int64_t dim, float eps) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float inv_rms =
+      static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
+  for (int64_t i = 0; i < dim; ++i) out[i] = weight[i] * (x[i] * inv_rms);
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+              float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+}
+
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                  int64_t dim, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* res = residual + r * dim;
+    const float* xr = x + r * dim;
+    for (int64_t i = 0; i < dim; ++i) res[i] += xr[i];
+    norm_row(res, weight, out + r * dim, dim, eps);
+  }
+}
+
+}  // namespace cpu
+
+namespace {
+
+// Validates the tensors both entry points share and returns the compute dtype.
+DType check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& out) {
+  using detail::kAnyDim;
+  const DType dt = detail::compute_dtype(x, op, "x");
+  detail::expect(x, op, "x", dt, {kAnyDim, kAnyDim});
+  detail::expect(weight, op, "weight", dt, {x.dim(1)});
+  detail::expect(out, op, "out", dt, {x.dim(0), x.dim(1)});
+  detail::expect_device(weight, x.device(), op, "weight");
+  detail::expect_device(out, x.device(), op, "out");
+  return dt;
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, void* stream) {
+  const DType dt = check_norm_args("rms_norm", x, weight, out);
+  if (x.device() == Device::kCpu) {
+    cpu::rms_norm(x.data<float>(), weight.data<float>(), out.data<float>(), x.dim(0), x.dim(1),
+                  eps);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::rms_norm(x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt, stream);
+#else
+  (void)dt;
+  detail::fail_no_cuda("rms_norm");
+#endif
+}
+
+void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  const Tensor& out, void* stream) {
+  const DType dt = check_norm_args("add_rms_norm", x, weight, out);
+  detail::expect(residual, "add_rms_norm", "residual", dt, {x.dim(0), x.dim(1)});
+  detail::expect_device(residual, x.device(), "add_rms_norm", "residual");
+  if (x.device() == Device::kCpu) {
+    cpu::add_rms_norm(residual.data<float>(), x.data<float>(), weight.data<float>(),
+                      out.data<float>(), x.dim(0), x.dim(1), eps);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::add_rms_norm(residual.raw(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt,
+                     stream);
+#else
+  (void)dt;
+  detail::fail_no_cuda("add_rms_norm");
+#endif
+}
+
+}  // namespace pagedlm::ops

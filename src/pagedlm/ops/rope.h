@@ -1,0 +1,38 @@
+// Rotary position embedding, NEOX / HF rotate_half form: dimension i is paired with i + d/2.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/model_config.h"
+
+namespace pagedlm::ops {
+
+// The head_dim/2 rotation frequencies of a model, computed in float32 exactly as HF
+// transformers does: inv_freq[i] = 1 / theta^(2i/head_dim), then rescaled per
+// config.rope_scaling (llama3: `_compute_llama3_parameters`; linear: divided by the factor).
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+// q: [n_tokens, n_q_heads, head_dim], k: [n_tokens, n_kv_heads, head_dim], both rotated in place;
+// positions: [n_tokens] i32, inv_freq: [head_dim / 2] f32 (all on q's device).
+// For pair (x1, x2) = (x[i], x[i + d/2]) and angle = float(pos) * inv_freq[i] in float32:
+// x[i] = x1 cos - x2 sin, x[i + d/2] = x2 cos + x1 sin.
+void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq,
+          void* stream = nullptr);
+
+namespace cpu {
+void rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n_tokens,
+          int64_t n_q_heads, int64_t n_kv_heads, int64_t head_dim);
+}  // namespace cpu
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+// Same contract as cpu::rope; q and k hold `dtype` elements, inv_freq is always f32.
+void rope(void* q, void* k, const int32_t* positions, const float* inv_freq, int64_t n_tokens,
+          int64_t n_q_heads, int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace pagedlm::ops

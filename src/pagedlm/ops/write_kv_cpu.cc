@@ -1,0 +1,60 @@
+#include "pagedlm/ops/write_kv.h"
+
+#include <cstring>
+
+#include "pagedlm/ops/op_check.h"
+
+namespace pagedlm::ops {
+
+namespace cpu {
+
+void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float* k_cache,
+              float* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
+              int64_t num_slots) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    PAGEDLM_CHECK(slot_mapping[t] >= -1 && slot_mapping[t] < num_slots, "write_kv: slot ",
+                  slot_mapping[t], " of token ", t, " is outside [-1, ", num_slots, ")");
+  }
+  const int64_t row = n_kv_heads * head_dim;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    std::memcpy(k_cache + slot * row, k + t * row, row * sizeof(float));
+    std::memcpy(v_cache + slot * row, v + t * row, row * sizeof(float));
+  }
+}
+
+}  // namespace cpu
+
+void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, const Tensor& k_cache,
+              const Tensor& v_cache, void* stream) {
+  using detail::kAnyDim;
+  constexpr const char* kOp = "write_kv";
+  const DType dt = detail::compute_dtype(k, kOp, "k");
+  detail::expect(k, kOp, "k", dt, {kAnyDim, kAnyDim, kAnyDim});
+  const int64_t n_tokens = k.dim(0), n_kv_heads = k.dim(1), head_dim = k.dim(2);
+  detail::expect(v, kOp, "v", dt, {n_tokens, n_kv_heads, head_dim});
+  detail::expect(slot_mapping, kOp, "slot_mapping", DType::kI32, {n_tokens});
+  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, n_kv_heads, head_dim});
+  detail::expect(v_cache, kOp, "v_cache", dt,
+                 {k_cache.dim(0), k_cache.dim(1), n_kv_heads, head_dim});
+  detail::expect_devices(kOp, k.device(),
+                         {{&v, "v"}, {&slot_mapping, "slot_mapping"}, {&k_cache, "k_cache"},
+                          {&v_cache, "v_cache"}});
+  const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
+  if (k.device() == Device::kCpu) {
+    cpu::write_kv(k.data<float>(), v.data<float>(), slot_mapping.data<int32_t>(),
+                  k_cache.data<float>(), v_cache.data<float>(), n_tokens, n_kv_heads, head_dim,
+                  num_slots);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::write_kv(k.raw(), v.raw(), slot_mapping.data<int32_t>(), k_cache.raw(), v_cache.raw(),
+                 n_tokens, n_kv_heads, head_dim, num_slots, dt, stream);
+#else
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+}  // namespace pagedlm::ops

@@ -1,0 +1,462 @@
+#include "pagedlm/sched/scheduler.h"
+
+#include <algorithm>
+
+#include "pagedlm/core/error.h"
+
+namespace pagedlm {
+
+enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  Request request;
+  std::vector<int32_t> tokens;  // prompt, then the outputs
+  int32_t num_prompt = 0;
+  int32_t num_computed = 0;  // tokens whose K/V are written or in the plan being run
+  int32_t num_cached_tokens = 0;
+  std::vector<int32_t> pages;
+  // Hashes of the sequence's first full pages. Tokens never change once a page is full, so they
+  // survive preemption and serve both lookups and registration.
+  std::vector<BlockHash> page_hashes;
+  BlockHash extra_key;
+  SeqStatus status = SeqStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  bool in_flight = false;  // in the plan that update() has not seen yet
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_outputs() const { return num_tokens() - num_prompt; }
+  int32_t num_pending() const { return num_tokens() - num_computed; }
+};
+
+namespace {
+
+struct ScheduledSeq {
+  Sequence* seq;
+  int32_t num_new_tokens;
+};
+
+int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+bool contains(const std::vector<int32_t>& values, int32_t value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+}  // namespace
+
+struct Scheduler::State {
+  explicit State(const SchedulerConfig& config)
+      : config(config), pool(config.num_pages), cache(&pool, config.page_size) {}
+
+  const SchedulerConfig& config;
+  BlockPool pool;
+  PrefixCache cache;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences;
+  std::deque<Sequence*> waiting;
+  std::vector<Sequence*> running;       // in admission order: preemption takes the back
+  std::vector<ScheduledSeq> scheduled;  // the last plan's sequences, in plan order
+  std::vector<int32_t> hit_pages;       // scratch of admission
+  std::vector<Sequence*> finished;      // scratch of update
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t preemptions = 0;
+
+  const BlockHash& page_hash(Sequence& seq, int32_t page_index) {
+    const int32_t page_size = config.page_size;
+    while (static_cast<int32_t>(seq.page_hashes.size()) <= page_index) {
+      const int32_t index = static_cast<int32_t>(seq.page_hashes.size());
+      const BlockHash& parent = index == 0 ? PrefixCache::kRootHash : seq.page_hashes.back();
+      seq.page_hashes.push_back(PrefixCache::page_hash(
+          parent, seq.tokens.data() + static_cast<size_t>(index) * page_size, page_size,
+          seq.extra_key));
+    }
+    return seq.page_hashes[page_index];
+  }
+
+  const BlockHash& parent_hash(const Sequence& seq, int32_t page_index) const {
+    return page_index == 0 ? PrefixCache::kRootHash : seq.page_hashes[page_index - 1];
+  }
+
+  // Pages the sequence still needs to hold `num_tokens` tokens.
+  int32_t num_missing_pages(const Sequence& seq, int32_t num_tokens) const {
+    return std::max(0, ceil_div(num_tokens, config.page_size) -
+                           static_cast<int32_t>(seq.pages.size()));
+  }
+
+  void allocate_pages(Sequence& seq, int32_t num_tokens) {
+    for (int32_t i = num_missing_pages(seq, num_tokens); i > 0; --i) {
+      seq.pages.push_back(pool.allocate());
+    }
+  }
+
+  // Tail first, so the LRU free list evicts a sequence's tail before the prefix others share.
+  void free_pages(Sequence& seq) {
+    for (auto it = seq.pages.rbegin(); it != seq.pages.rend(); ++it) pool.release(*it);
+    seq.pages.clear();
+  }
+
+  // Makes the full pages among tokens [begin, end) findable; called once those tokens are in
+  // the plan, because every layer writes its new K/V before any attention reads them.
+  void register_full_pages(Sequence& seq, int32_t begin, int32_t end) {
+    if (!config.enable_prefix_cache) return;
+    const int32_t page_size = config.page_size;
+    for (int32_t index = begin / page_size; index < end / page_size; ++index) {
+      const int32_t page = seq.pages[index];
+      if (pool.has_hash(page)) continue;  // served by the cache: already indexed
+      const BlockHash& hash = page_hash(seq, index);
+      cache.insert(page, hash, parent_hash(seq, index),
+                   seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
+    }
+  }
+
+  // Frees the victim's pages and queues it first for recompute. Returns the tokens it had in
+  // this step's plan, now given back to the budget.
+  int32_t preempt(Sequence* victim) {
+    running.pop_back();
+    free_pages(*victim);
+    victim->num_computed = 0;
+    victim->status = SeqStatus::kWaiting;
+    waiting.push_front(victim);
+    ++preemptions;
+    const auto it = std::find_if(scheduled.begin(), scheduled.end(),
+                                 [victim](const ScheduledSeq& s) { return s.seq == victim; });
+    if (it == scheduled.end()) return 0;
+    const int32_t refund = it->num_new_tokens;
+    scheduled.erase(it);
+    return refund;
+  }
+
+  // Schedules running sequences whose pending length is (or is not) one token. Returns whether
+  // a sequence had to be preempted.
+  bool schedule_running(bool decodes, int32_t& budget) {
+    bool preempted = false;
+    for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+      Sequence* seq = running[i];
+      const int32_t num_pending = seq->num_pending();
+      if (num_pending <= 0 || (num_pending == 1) != decodes) continue;
+      const int32_t num_new_tokens = std::min(num_pending, budget);
+      const int32_t num_tokens = seq->num_computed + num_new_tokens;
+      bool was_preempted = false;
+      while (!pool.can_allocate(num_missing_pages(*seq, num_tokens))) {
+        Sequence* victim = running.back();
+        budget += preempt(victim);
+        preempted = true;
+        if (victim == seq) {
+          was_preempted = true;
+          break;
+        }
+      }
+      if (was_preempted) break;  // it was the last running sequence
+      allocate_pages(*seq, num_tokens);
+      scheduled.push_back({seq, num_new_tokens});
+      budget -= num_new_tokens;
+    }
+    return preempted;
+  }
+
+  // Admits the first waiting sequence if its next chunk fits; it never preempts anyone.
+  bool try_admit(Sequence& seq, int32_t& budget) {
+    const int32_t page_size = config.page_size;
+    hit_pages.clear();
+    const bool can_lookup = config.enable_prefix_cache && seq.request.use_prefix_cache;
+    if (can_lookup) {
+      // At least one token stays to compute: its logits extend the sequence.
+      const int32_t max_hit_pages = (seq.num_tokens() - 1) / page_size;
+      for (int32_t index = 0; index < max_hit_pages; ++index) {
+        const int32_t page =
+            cache.find(page_hash(seq, index), parent_hash(seq, index),
+                       seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
+        if (page < 0) break;
+        hit_pages.push_back(page);
+      }
+    }
+    const int32_t num_hit_tokens = static_cast<int32_t>(hit_pages.size()) * page_size;
+    const int32_t num_new_tokens = std::min(seq.num_tokens() - num_hit_tokens, budget);
+    const int32_t num_tokens = num_hit_tokens + num_new_tokens;
+    // Hits on free pages revive them, so they no longer count as allocatable.
+    const auto num_free_hits = std::count_if(hit_pages.begin(), hit_pages.end(),
+                                             [this](int32_t page) { return pool.ref_count(page) == 0; });
+    const int32_t num_new_pages =
+        ceil_div(num_tokens, page_size) - static_cast<int32_t>(hit_pages.size());
+    if (!pool.can_allocate(num_new_pages + static_cast<int32_t>(num_free_hits))) return false;
+
+    for (const int32_t page : hit_pages) {
+      pool.acquire(page);
+      seq.pages.push_back(page);
+    }
+    allocate_pages(seq, num_tokens);
+    if (can_lookup) {
+      prefix_query_tokens += seq.num_tokens();
+      prefix_hit_tokens += num_hit_tokens;
+    }
+    seq.num_computed = num_hit_tokens;
+    seq.num_cached_tokens = num_hit_tokens;
+    seq.status = SeqStatus::kRunning;
+    running.push_back(&seq);
+    // Admission never preempts, so this chunk is final and its pages can be shared at once.
+    register_full_pages(seq, num_hit_tokens, num_tokens);
+    scheduled.push_back({&seq, num_new_tokens});
+    budget -= num_new_tokens;
+    return true;
+  }
+
+  void finish(Sequence& seq, FinishReason reason) {
+    seq.status = SeqStatus::kFinished;
+    seq.finish_reason = reason;
+    free_pages(seq);
+  }
+
+  FinishReason finish_reason_after(const Sequence& seq, int32_t token) const {
+    const SamplingParams& sampling = seq.request.sampling;
+    if (!sampling.ignore_eos && contains(config.eos_token_ids, token)) return FinishReason::kStop;
+    if (contains(sampling.stop_token_ids, token)) return FinishReason::kStop;
+    if (seq.num_outputs() >= sampling.max_tokens) return FinishReason::kLength;
+    if (seq.num_tokens() >= config.max_model_len) return FinishReason::kLength;
+    return FinishReason::kNone;
+  }
+
+  void emit(StepPlan& plan) const;
+};
+
+void Scheduler::State::emit(StepPlan& plan) const {
+  const int32_t page_size = config.page_size;
+  size_t num_tokens = 0;
+  size_t num_kv_pages = 0;
+  size_t num_logits = 0;
+  for (const auto& [seq, num_new_tokens] : scheduled) {
+    num_tokens += num_new_tokens;
+    num_kv_pages += seq->pages.size();
+    num_logits += seq->request.want_prompt_logits ? num_new_tokens : 1;
+  }
+  const size_t num_seqs = scheduled.size();
+  plan.page_size = page_size;
+  plan.token_ids.reserve(num_tokens);
+  plan.positions.reserve(num_tokens);
+  plan.slot_mapping.reserve(num_tokens);
+  plan.q_indptr.reserve(num_seqs + 1);
+  plan.kv_indptr.reserve(num_seqs + 1);
+  plan.kv_page_indices.reserve(num_kv_pages);
+  plan.kv_last_page_len.reserve(num_seqs);
+  plan.logits_rows.reserve(num_logits);
+  plan.logits_indptr.reserve(num_seqs + 1);
+  plan.request_ids.reserve(num_seqs);
+  plan.samples.reserve(num_seqs);
+  plan.q_indptr.push_back(0);
+  plan.kv_indptr.push_back(0);
+  plan.logits_indptr.push_back(0);
+
+  for (const auto& [seq, num_new_tokens] : scheduled) {
+    const int32_t begin = seq->num_computed;
+    const int32_t end = begin + num_new_tokens;
+    const int32_t first_row = plan.num_tokens();
+    for (int32_t position = begin; position < end; ++position) {
+      plan.token_ids.push_back(seq->tokens[position]);
+      plan.positions.push_back(position);
+      plan.slot_mapping.push_back(seq->pages[position / page_size] * page_size +
+                                  position % page_size);
+    }
+    const int32_t end_row = plan.num_tokens();
+    plan.q_indptr.push_back(end_row);
+
+    plan.kv_page_indices.insert(plan.kv_page_indices.end(), seq->pages.begin(),
+                                seq->pages.end());
+    plan.kv_indptr.push_back(static_cast<int32_t>(plan.kv_page_indices.size()));
+    plan.kv_last_page_len.push_back(end -
+                                    (static_cast<int32_t>(seq->pages.size()) - 1) * page_size);
+
+    const bool samples = end == seq->num_tokens() && seq->request.sampling.max_tokens > 0;
+    if (seq->request.want_prompt_logits) {
+      for (int32_t row = first_row; row < end_row; ++row) plan.logits_rows.push_back(row);
+    } else if (samples) {
+      plan.logits_rows.push_back(end_row - 1);
+    }
+    plan.logits_indptr.push_back(static_cast<int32_t>(plan.logits_rows.size()));
+    plan.request_ids.push_back(seq->request.id);
+    plan.samples.push_back(samples ? 1 : 0);
+  }
+}
+
+Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
+  const int32_t page_size = config_.page_size;
+  PAGEDLM_CHECK(page_size > 0 && (page_size & (page_size - 1)) == 0,
+                "SchedulerConfig.page_size must be a power of two, got ", page_size);
+  PAGEDLM_CHECK(config_.num_pages > 0, "SchedulerConfig.num_pages must be positive, got ",
+                config_.num_pages);
+  PAGEDLM_CHECK(config_.max_num_batched_tokens > 0,
+                "SchedulerConfig.max_num_batched_tokens must be positive, got ",
+                config_.max_num_batched_tokens);
+  PAGEDLM_CHECK(config_.max_num_seqs > 0, "SchedulerConfig.max_num_seqs must be positive, got ",
+                config_.max_num_seqs);
+  PAGEDLM_CHECK(config_.max_model_len > 1, "SchedulerConfig.max_model_len must exceed 1, got ",
+                config_.max_model_len);
+  state_ = std::make_unique<State>(config_);
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::add(Request request) {
+  State& state = *state_;
+  const int64_t id = request.id;
+  const auto prompt_len = static_cast<int64_t>(request.prompt.size());
+  const int32_t max_tokens = request.sampling.max_tokens;
+  PAGEDLM_CHECK(prompt_len > 0, "request ", id, " has an empty prompt");
+  PAGEDLM_CHECK(!state.sequences.contains(id), "request id ", id, " is already in use");
+  PAGEDLM_CHECK(prompt_len < config_.max_model_len, "request ", id, " has a prompt of ",
+                prompt_len, " tokens, but max_model_len is ", config_.max_model_len,
+                " (prompt and output together)");
+  PAGEDLM_CHECK(max_tokens >= 0, "request ", id, " has negative max_tokens ", max_tokens);
+  const int64_t max_len = std::min<int64_t>(prompt_len + max_tokens, config_.max_model_len);
+  const int64_t pool_tokens = static_cast<int64_t>(config_.num_pages) * config_.page_size;
+  PAGEDLM_CHECK(max_len <= pool_tokens, "request ", id, " may reach ", max_len,
+                " tokens, more than the whole KV pool holds (", config_.num_pages, " pages of ",
+                config_.page_size, " = ", pool_tokens, " tokens)");
+
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = request.prompt;
+  seq->tokens.reserve(max_len);
+  seq->num_prompt = static_cast<int32_t>(prompt_len);
+  if (config_.enable_prefix_cache) seq->extra_key = PrefixCache::extra_key(request.cache_salt);
+  seq->request = std::move(request);
+  state.waiting.push_back(seq.get());
+  state.sequences.emplace(id, std::move(seq));
+}
+
+bool Scheduler::cancel(int64_t request_id) {
+  State& state = *state_;
+  const auto it = state.sequences.find(request_id);
+  if (it == state.sequences.end() || it->second->status == SeqStatus::kFinished) return false;
+  Sequence* seq = it->second.get();
+  if (seq->status == SeqStatus::kWaiting) {
+    state.waiting.erase(std::find(state.waiting.begin(), state.waiting.end(), seq));
+  } else {
+    state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
+  }
+  state.finish(*seq, FinishReason::kCancelled);
+  // A sequence in the pending plan lives on until update() reports it.
+  if (!seq->in_flight) state.sequences.erase(it);
+  return true;
+}
+
+bool Scheduler::has_unfinished() const {
+  return !state_->running.empty() || !state_->waiting.empty();
+}
+
+StepPlan Scheduler::schedule() {
+  State& state = *state_;
+  state.scheduled.clear();
+  int32_t budget = config_.max_num_batched_tokens;
+  bool preempted = state.schedule_running(/*decodes=*/true, budget);
+  preempted |= state.schedule_running(/*decodes=*/false, budget);
+  // Running sequences can be preempted until both passes are done; only then is their chunk
+  // final, and only then may others find its pages.
+  for (const auto& [seq, num_new_tokens] : state.scheduled) {
+    state.register_full_pages(*seq, seq->num_computed, seq->num_computed + num_new_tokens);
+  }
+  // Admitting right after a preemption would only thrash: the pool just proved too small.
+  if (!preempted) {
+    while (!state.waiting.empty() && budget > 0 &&
+           static_cast<int32_t>(state.running.size()) < config_.max_num_seqs &&
+           state.try_admit(*state.waiting.front(), budget)) {
+      state.waiting.pop_front();
+    }
+  }
+
+  StepPlan plan;
+  state.emit(plan);
+  for (const auto& [seq, num_new_tokens] : state.scheduled) {
+    seq->num_computed += num_new_tokens;
+    seq->in_flight = true;
+  }
+  return plan;
+}
+
+std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+  State& state = *state_;
+  const size_t num_seqs = state.scheduled.size();
+  PAGEDLM_CHECK(plan.request_ids.size() == num_seqs,
+                "update() needs the plan of the last schedule(): it has ", plan.request_ids.size(),
+                " sequences, the last plan had ", num_seqs);
+  PAGEDLM_CHECK(sampled.size() >= num_seqs, "update() got ", sampled.size(),
+                " sampled tokens for a plan of ", num_seqs, " sequences");
+  std::vector<SeqUpdate> updates;
+  updates.reserve(num_seqs);
+  state.finished.clear();
+  for (size_t b = 0; b < num_seqs; ++b) {
+    Sequence& seq = *state.scheduled[b].seq;
+    PAGEDLM_CHECK(plan.request_ids[b] == seq.request.id, "update() got a plan whose sequence ",
+                  b, " is request ", plan.request_ids[b], ", expected ", seq.request.id);
+    seq.in_flight = false;
+    SeqUpdate& update = updates.emplace_back();
+    update.request_id = seq.request.id;
+    if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran
+      state.finished.push_back(&seq);
+    } else if (seq.num_pending() == 0) {
+      FinishReason reason = FinishReason::kLength;  // max_tokens == 0: the prompt was all
+      if (seq.request.sampling.max_tokens > 0) {
+        update.token = sampled[b];
+        seq.tokens.push_back(update.token);
+        reason = state.finish_reason_after(seq, update.token);
+      }
+      if (reason != FinishReason::kNone) {
+        state.finish(seq, reason);
+        state.finished.push_back(&seq);
+      }
+    }
+    update.finished = seq.status == SeqStatus::kFinished;
+    update.reason = seq.finish_reason;
+  }
+  if (!state.finished.empty()) {
+    std::erase_if(state.running,
+                  [](const Sequence* seq) { return seq->status == SeqStatus::kFinished; });
+    for (const Sequence* seq : state.finished) state.sequences.erase(seq->request.id);
+  }
+  state.scheduled.clear();
+  return updates;
+}
+
+SchedulerStats Scheduler::stats() const {
+  const State& state = *state_;
+  SchedulerStats stats;
+  stats.num_running = static_cast<int32_t>(state.running.size());
+  stats.num_waiting = static_cast<int32_t>(state.waiting.size());
+  stats.pages_total = state.pool.num_pages();
+  stats.pages_used = state.pool.num_used();
+  stats.pages_free = state.pool.num_free();
+  stats.pages_cached = state.pool.num_cached();
+  stats.prefix_query_tokens = state.prefix_query_tokens;
+  stats.prefix_hit_tokens = state.prefix_hit_tokens;
+  stats.preemptions = state.preemptions;
+  return stats;
+}
+
+std::vector<SequenceView> Scheduler::sequence_map() const {
+  const State& state = *state_;
+  std::vector<SequenceView> views;
+  views.reserve(state.running.size());
+  for (const Sequence* seq : state.running) {
+    SequenceView& view = views.emplace_back();
+    view.request_id = seq->request.id;
+    view.num_tokens = seq->num_tokens();
+    view.num_computed = seq->num_computed;
+    view.num_cached_tokens = seq->num_cached_tokens;
+    view.pages = seq->pages;
+    view.page_shared.reserve(seq->pages.size());
+    for (const int32_t page : seq->pages) {
+      view.page_shared.push_back(state.pool.ref_count(page) > 1 ? 1 : 0);
+    }
+  }
+  return views;
+}
+
+std::vector<int32_t> Scheduler::output_tokens(int64_t request_id) const {
+  const auto it = state_->sequences.find(request_id);
+  if (it == state_->sequences.end()) return {};
+  const Sequence& seq = *it->second;
+  return {seq.tokens.begin() + seq.num_prompt, seq.tokens.end()};
+}
+
+int32_t Scheduler::num_cached_tokens(int64_t request_id) const {
+  const auto it = state_->sequences.find(request_id);
+  return it == state_->sequences.end() ? 0 : it->second->num_cached_tokens;
+}
+
+}  // namespace pagedlm

@@ -1,0 +1,151 @@
+#include "pagedlm/kv/block_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "pagedlm/core/error.h"
+
+namespace pagedlm {
+namespace {
+
+using Pages = std::vector<int32_t>;
+
+TEST(BlockPool, StartsWithEveryPageFreeInIndexOrder) {
+  BlockPool pool(4);
+  EXPECT_EQ(pool.num_pages(), 4);
+  EXPECT_EQ(pool.num_free(), 4);
+  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{0, 1, 2, 3}));
+}
+
+TEST(BlockPool, RejectsEmptyPool) { EXPECT_THROW(BlockPool(0), Error); }
+
+TEST(BlockPool, RefCountsFollowAcquireAndRelease) {
+  BlockPool pool(3);
+  const int32_t page = pool.allocate();
+  EXPECT_EQ(page, 0);
+  EXPECT_EQ(pool.ref_count(page), 1);
+  pool.acquire(page);
+  EXPECT_EQ(pool.ref_count(page), 2);
+  pool.release(page);
+  EXPECT_EQ(pool.ref_count(page), 1);
+  EXPECT_EQ(pool.num_free(), 2);
+  pool.release(page);
+  EXPECT_EQ(pool.ref_count(page), 0);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_THROW(pool.release(page), Error);
+}
+
+TEST(BlockPool, AllocateReturnsMinusOneWhenExhausted) {
+  BlockPool pool(2);
+  EXPECT_EQ(pool.allocate(), 0);
+  EXPECT_EQ(pool.allocate(), 1);
+  EXPECT_FALSE(pool.can_allocate(1));
+  EXPECT_EQ(pool.allocate(), -1);
+}
+
+TEST(BlockPool, EvictsLeastRecentlyFreedFirst) {
+  BlockPool pool(4);
+  for (int32_t i = 0; i < 4; ++i) pool.allocate();
+  pool.release(2);
+  pool.release(0);
+  pool.release(3);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{2, 0, 3}));
+  EXPECT_EQ(pool.allocate(), 2);
+  EXPECT_EQ(pool.allocate(), 0);
+  pool.release(1);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{3, 1}));
+}
+
+TEST(BlockPool, AcquiringAFreePageTakesItOffTheFreeList) {
+  BlockPool pool(3);
+  for (int32_t i = 0; i < 3; ++i) pool.allocate();
+  pool.release(0);
+  pool.release(1);
+  pool.release(2);
+  pool.acquire(1);  // a prefix-cache hit revives the page from the middle of the list
+  EXPECT_EQ(pool.ref_count(1), 1);
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{0, 2}));
+}
+
+TEST(BlockPool, FreedPageKeepsItsHashUntilReused) {
+  BlockPool pool(2);
+  const BlockHash hash{11, 22};
+  const int32_t page = pool.allocate();
+  ASSERT_TRUE(pool.set_hash(page, hash));
+  EXPECT_EQ(pool.find(hash), page);
+  EXPECT_EQ(pool.num_cached(), 0);  // held pages are not "cached"
+
+  pool.release(page);
+  EXPECT_EQ(pool.find(hash), page);
+  EXPECT_EQ(pool.num_cached(), 1);
+
+  pool.acquire(page);
+  EXPECT_EQ(pool.num_cached(), 0);
+  pool.release(page);
+  EXPECT_EQ(pool.num_cached(), 1);
+
+  // Page 1 is older on the free list, so it goes first; the cached page survives.
+  EXPECT_EQ(pool.allocate(), 1);
+  EXPECT_EQ(pool.find(hash), page);
+  EXPECT_EQ(pool.allocate(), page);
+  EXPECT_EQ(pool.find(hash), -1);
+  EXPECT_FALSE(pool.has_hash(page));
+  EXPECT_EQ(pool.num_cached(), 0);
+}
+
+TEST(BlockPool, FirstPageWithAHashStaysIndexed) {
+  BlockPool pool(2);
+  const BlockHash hash{1, 2};
+  const int32_t first = pool.allocate();
+  const int32_t second = pool.allocate();
+  EXPECT_TRUE(pool.set_hash(first, hash));
+  EXPECT_FALSE(pool.set_hash(second, hash));
+  EXPECT_FALSE(pool.set_hash(first, BlockHash{3, 4}));
+  EXPECT_EQ(pool.find(hash), first);
+  EXPECT_FALSE(pool.has_hash(second));
+}
+
+// Random operations against a plain model of ref counts and the LRU order.
+TEST(BlockPool, RandomOperationsMatchAModel) {
+  constexpr int32_t kNumPages = 16;
+  BlockPool pool(kNumPages);
+  std::vector<int32_t> model_refs(kNumPages, 0);
+  std::vector<int32_t> model_free = pool.free_pages_in_eviction_order();
+  std::mt19937 rng(7);
+  for (int32_t op = 0; op < 5000; ++op) {
+    const int32_t page = static_cast<int32_t>(rng() % kNumPages);
+    switch (rng() % 3) {
+      case 0: {
+        const int32_t got = pool.allocate();
+        if (model_free.empty()) {
+          EXPECT_EQ(got, -1);
+        } else {
+          EXPECT_EQ(got, model_free.front());
+          model_free.erase(model_free.begin());
+          model_refs[got] = 1;
+        }
+        break;
+      }
+      case 1:
+        if (model_refs[page]++ == 0) std::erase(model_free, page);
+        pool.acquire(page);
+        break;
+      default:
+        if (model_refs[page] == 0) break;
+        if (--model_refs[page] == 0) model_free.push_back(page);
+        pool.release(page);
+    }
+    ASSERT_EQ(pool.free_pages_in_eviction_order(), model_free);
+    ASSERT_EQ(pool.num_free(), static_cast<int32_t>(model_free.size()));
+    for (int32_t p = 0; p < kNumPages; ++p) ASSERT_EQ(pool.ref_count(p), model_refs[p]);
+  }
+}
+
+}  // namespace
+}  // namespace pagedlm

@@ -1,0 +1,345 @@
+// The dense CPU ops against plain double-precision references on random shapes and data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ops_test_util.h"
+#include "pagedlm/io/model_config.h"
+#include "pagedlm/ops/embedding.h"
+#include "pagedlm/ops/gather_rows.h"
+#include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/rms_norm.h"
+#include "pagedlm/ops/rope.h"
+#include "pagedlm/ops/silu_mul.h"
+
+namespace pagedlm {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::poisoned_f32;
+using testing::random_f32;
+
+std::vector<int32_t> random_ids(int64_t n, int32_t hi, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> dist(0, hi - 1);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = dist(rng);
+  return ids;
+}
+
+TEST(Embedding, CopiesTableRows) {
+  std::mt19937 rng(1);
+  const int64_t vocab = 97, dim = 48;
+  Tensor table = random_f32({vocab, dim}, rng);
+  std::vector<int32_t> id_values = random_ids(23, vocab, rng);
+  id_values[0] = 0;
+  id_values[1] = vocab - 1;
+  Tensor ids = Tensor::from_i32(id_values, {23});
+  Tensor out = poisoned_f32({23, dim});
+  ops::embedding(table, ids, out);
+  for (int64_t t = 0; t < 23; ++t) {
+    EXPECT_EQ(std::memcmp(out.data<float>() + t * dim, table.data<float>() + id_values[t] * dim,
+                          dim * sizeof(float)),
+              0)
+        << "token " << t;
+  }
+}
+
+TEST(Embedding, RejectsOutOfRangeIdsAndBadShapes) {
+  std::mt19937 rng(2);
+  Tensor table = random_f32({10, 4}, rng);
+  Tensor out = poisoned_f32({3, 4});
+  expect_error([&] { ops::embedding(table, Tensor::from_i32({1, 10, 2}, {3}), out); },
+               {"embedding", "id 10", "position 1"});
+  expect_error([&] { ops::embedding(table, Tensor::from_i32({-1, 0, 2}, {3}), out); },
+               {"embedding", "id -1"});
+  expect_error([&] { ops::embedding(table, Tensor::from_i32({1, 2, 3}, {3}), poisoned_f32({3, 5})); },
+               {"embedding", "out"});
+  expect_error([&] { ops::embedding(table, Tensor::from_f32({1, 2, 3}, {3}), out); },
+               {"embedding", "ids", "i32"});
+}
+
+std::vector<double> rms_norm_ref(const float* x, const float* w, int64_t rows, int64_t dim,
+                                 double eps) {
+  std::vector<double> out(rows * dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum_sq = 0;
+    for (int64_t i = 0; i < dim; ++i) sum_sq += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(sum_sq / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = x[r * dim + i] * inv * w[i];
+  }
+  return out;
+}
+
+TEST(RmsNorm, MatchesDoubleReference) {
+  std::mt19937 rng(3);
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 8}, {5, 64}, {37, 257}, {64, 128}}) {
+    Tensor x = random_f32({rows, dim}, rng, -3.f, 3.f);
+    Tensor w = random_f32({dim}, rng, 0.8f, 1.2f);
+    Tensor out = poisoned_f32({rows, dim});
+    ops::rms_norm(x, w, 1e-5f, out);
+    expect_close(out, rms_norm_ref(x.data<float>(), w.data<float>(), rows, dim, 1e-5), 1e-6,
+                 "rms_norm");
+  }
+}
+
+TEST(RmsNorm, FusedResidualAdd) {
+  std::mt19937 rng(4);
+  const int64_t rows = 19, dim = 96;
+  Tensor residual = random_f32({rows, dim}, rng);
+  Tensor x = random_f32({rows, dim}, rng);
+  Tensor w = random_f32({dim}, rng, 0.8f, 1.2f);
+  std::vector<float> sum(rows * dim);
+  std::vector<double> sum_ref(rows * dim);
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    sum[i] = residual.data<float>()[i] + x.data<float>()[i];
+    sum_ref[i] = sum[i];
+  }
+  Tensor out = poisoned_f32({rows, dim});
+  ops::add_rms_norm(residual, x, w, 1e-6f, out);
+  expect_close(residual, sum_ref, 1e-7, "add_rms_norm residual");
+  expect_close(out, rms_norm_ref(sum.data(), w.data<float>(), rows, dim, 1e-6), 1e-6,
+               "add_rms_norm out");
+}
+
+TEST(RmsNorm, ErrorsNameOpAndTensor) {
+  std::mt19937 rng(5);
+  Tensor x = random_f32({4, 8}, rng);
+  expect_error([&] { ops::rms_norm(x, random_f32({7}, rng), 1e-5f, poisoned_f32({4, 8})); },
+               {"rms_norm", "weight", "[8]", "[7]"});
+  expect_error(
+      [&] { ops::add_rms_norm(random_f32({3, 8}, rng), x, random_f32({8}, rng), 1e-5f, x); },
+      {"add_rms_norm", "residual"});
+  Tensor bf16 = Tensor::empty(DType::kBF16, {4, 8});
+  expect_error([&] { ops::rms_norm(bf16, random_f32({8}, rng), 1e-5f, x); },
+               {"rms_norm", "x", "bf16"});
+}
+
+std::vector<double> linear_ref(const Tensor& x, const Tensor& w, const float* bias) {
+  const int64_t rows = x.dim(0), k = x.dim(1), n = w.dim(0);
+  std::vector<double> out(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias ? bias[j] : 0.0;
+      for (int64_t i = 0; i < k; ++i) acc += double(x.data<float>()[r * k + i]) * w.data<float>()[j * k + i];
+      out[r * n + j] = acc;
+    }
+  }
+  return out;
+}
+
+TEST(Linear, MatchesDoubleReference) {
+  std::mt19937 rng(6);
+  for (int64_t rows : {1, 15, 16, 17, 40}) {
+    for (bool with_bias : {false, true}) {
+      std::uniform_int_distribution<int64_t> dim(1, 300);
+      const int64_t k = dim(rng), n = dim(rng);
+      Tensor x = random_f32({rows, k}, rng);
+      Tensor w = random_f32({n, k}, rng);
+      Tensor bias = with_bias ? random_f32({n}, rng) : Tensor();
+      Tensor out = poisoned_f32({rows, n});
+      ops::linear(x, w, bias, out);
+      expect_close(out, linear_ref(x, w, with_bias ? bias.data<float>() : nullptr), 1e-5,
+                   cat("linear rows=", rows, " k=", k, " n=", n, " bias=", with_bias));
+    }
+  }
+}
+
+// The requirement: a row's output bits do not depend on the batch around it.
+TEST(Linear, BatchInvariant) {
+  std::mt19937 rng(7);
+  const int64_t k = 576, n = 1536;
+  Tensor w = random_f32({n, k}, rng);
+  Tensor bias = random_f32({n}, rng);
+  Tensor row = random_f32({1, k}, rng);
+  Tensor alone = poisoned_f32({1, n});
+  ops::linear(row, w, bias, alone);
+  for (auto [batch, offset] : {std::pair<int64_t, int64_t>{1, 0}, {3, 2}, {17, 16}, {17, 5},
+                               {40, 23}, {40, 39}, {40, 0}}) {
+    Tensor x = random_f32({batch, k}, rng);
+    std::memcpy(x.data<float>() + offset * k, row.data<float>(), k * sizeof(float));
+    Tensor out = poisoned_f32({batch, n});
+    ops::linear(x, w, bias, out);
+    EXPECT_EQ(std::memcmp(out.data<float>() + offset * n, alone.data<float>(), n * sizeof(float)),
+              0)
+        << "batch " << batch << " offset " << offset;
+  }
+}
+
+TEST(Linear, ErrorsNameTensor) {
+  std::mt19937 rng(8);
+  Tensor x = random_f32({2, 8}, rng);
+  expect_error([&] { ops::linear(x, random_f32({4, 9}, rng), Tensor(), poisoned_f32({2, 4})); },
+               {"linear", "weight"});
+  expect_error(
+      [&] { ops::linear(x, random_f32({4, 8}, rng), random_f32({5}, rng), poisoned_f32({2, 4})); },
+      {"linear", "bias"});
+}
+
+// Reference rope: the angle is rounded to float32 exactly as HF (and the contract) do it, the
+// rest runs in double.
+void rope_ref(std::vector<double>& x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+              const std::vector<int32_t>& positions, const std::vector<float>& inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      double* v = x.data() + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<float>(positions[t]) * inv_freq[i];
+        const double x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+        v[i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+      }
+    }
+  }
+}
+
+TEST(Rope, MatchesDoubleReference) {
+  std::mt19937 rng(9);
+  for (auto [n_tokens, n_q, n_kv, head_dim] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4, 2, 64}, {13, 9, 3, 64},
+        {40, 16, 8, 128}, {7, 2, 1, 32}}) {
+    ModelConfig config;
+    config.head_dim = head_dim;
+    config.rope_theta = 10000.f;
+    const std::vector<float> inv_freq = ops::rope_inv_freq(config);
+    std::vector<int32_t> positions = random_ids(n_tokens, 5000, rng);
+    Tensor q = random_f32({n_tokens, n_q, head_dim}, rng);
+    Tensor k = random_f32({n_tokens, n_kv, head_dim}, rng);
+    std::vector<double> q_ref(q.data<float>(), q.data<float>() + q.numel());
+    std::vector<double> k_ref(k.data<float>(), k.data<float>() + k.numel());
+    rope_ref(q_ref, n_tokens, n_q, head_dim, positions, inv_freq);
+    rope_ref(k_ref, n_tokens, n_kv, head_dim, positions, inv_freq);
+    ops::rope(q, k, Tensor::from_i32(positions, {n_tokens}),
+              Tensor::from_f32(inv_freq, {head_dim / 2}));
+    expect_close(q, q_ref, 1e-6, "rope q");
+    expect_close(k, k_ref, 1e-6, "rope k");
+  }
+}
+
+TEST(Rope, PositionZeroIsIdentityAndErrors) {
+  std::mt19937 rng(10);
+  Tensor q = random_f32({1, 2, 8}, rng);
+  Tensor k = random_f32({1, 1, 8}, rng);
+  const std::vector<float> q0(q.data<float>(), q.data<float>() + q.numel());
+  ops::rope(q, k, Tensor::from_i32({0}, {1}), Tensor::from_f32({1.f, .1f, .01f, .001f}, {4}));
+  EXPECT_EQ(std::memcmp(q.data<float>(), q0.data(), q0.size() * sizeof(float)), 0);
+  expect_error([&] { ops::rope(q, k, Tensor::from_i32({0}, {1}), Tensor::from_f32({1.f}, {1})); },
+               {"rope", "inv_freq"});
+  expect_error(
+      [&] { ops::rope(q, random_f32({1, 1, 6}, rng), Tensor::from_i32({0}, {1}),
+                      Tensor::from_f32({1.f, .1f, .01f, .001f}, {4})); },
+      {"rope", "k"});
+}
+
+double default_inv_freq(double theta, int64_t i, int64_t head_dim) {
+  return std::pow(theta, -2.0 * i / head_dim);
+}
+
+TEST(RopeInvFreq, DefaultAndLinear) {
+  ModelConfig config;
+  config.head_dim = 128;
+  config.rope_theta = 1e6f;
+  const std::vector<float> plain = ops::rope_inv_freq(config);
+  config.rope_scaling = RopeScaling::kLinear;
+  config.rope_factor = 4.f;
+  const std::vector<float> linear = ops::rope_inv_freq(config);
+  ASSERT_EQ(plain.size(), 64u);
+  ASSERT_EQ(linear.size(), 64u);
+  for (int64_t i = 0; i < 64; ++i) {
+    const double want = default_inv_freq(1e6, i, 128);
+    EXPECT_NEAR(plain[i], want, want * 2e-6) << i;
+    EXPECT_NEAR(linear[i], want / 4, want / 4 * 2e-6) << i;
+  }
+}
+
+// Llama 3 scaling with the parameters of the llama3-rope fixture, against the formula of the
+// Llama 3.1 reference code evaluated in double.
+TEST(RopeInvFreq, Llama3MatchesFixtureConfig) {
+  std::ifstream file(PAGEDLM_TESTDATA "/fixtures/llama3-rope/config.json");
+  ASSERT_TRUE(file) << "missing llama3-rope fixture";
+  const nlohmann::json json = nlohmann::json::parse(file);
+  const nlohmann::json& rope = json.at("rope_parameters");
+  ASSERT_EQ(rope.at("rope_type"), "llama3");
+  ModelConfig config;
+  config.head_dim = json.at("head_dim");
+  config.rope_theta = rope.at("rope_theta");
+  config.rope_scaling = RopeScaling::kLlama3;
+  config.rope_factor = rope.at("factor");
+  config.rope_low_freq_factor = rope.at("low_freq_factor");
+  config.rope_high_freq_factor = rope.at("high_freq_factor");
+  config.rope_original_max_position = rope.at("original_max_position_embeddings");
+  const std::vector<float> got = ops::rope_inv_freq(config);
+  ASSERT_EQ(static_cast<int64_t>(got.size()), config.head_dim / 2);
+
+  const double theta = rope.at("rope_theta"), factor = rope.at("factor");
+  const double low = rope.at("low_freq_factor"), high = rope.at("high_freq_factor");
+  const double old_context = rope.at("original_max_position_embeddings");
+  int n_kept = 0, n_scaled = 0, n_smoothed = 0;
+  for (int64_t i = 0; i < config.head_dim / 2; ++i) {
+    const double f = default_inv_freq(theta, i, config.head_dim);
+    const double wavelen = 2 * std::numbers::pi / f;
+    double want;
+    if (wavelen < old_context / high) {
+      want = f;
+      ++n_kept;
+    } else if (wavelen > old_context / low) {
+      want = f / factor;
+      ++n_scaled;
+    } else {
+      const double s = (old_context / wavelen - low) / (high - low);
+      want = (1 - s) * f / factor + s * f;
+      ++n_smoothed;
+    }
+    EXPECT_NEAR(got[i], want, want * 2e-6) << "frequency " << i;
+  }
+  // The fixture (original context 64, head_dim 64) covers all three regimes.
+  EXPECT_GT(n_kept, 0);
+  EXPECT_GT(n_scaled, 0);
+  EXPECT_GT(n_smoothed, 0);
+}
+
+TEST(SiluMul, MatchesDoubleReference) {
+  std::mt19937 rng(11);
+  for (auto [n_tokens, ffn] : {std::pair<int64_t, int64_t>{1, 64}, {9, 333}, {33, 512}}) {
+    Tensor gate_up = random_f32({n_tokens, 2 * ffn}, rng, -6.f, 6.f);
+    Tensor out = poisoned_f32({n_tokens, ffn});
+    ops::silu_mul(gate_up, out);
+    std::vector<double> want(n_tokens * ffn);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t i = 0; i < ffn; ++i) {
+        const double g = gate_up.data<float>()[t * 2 * ffn + i];
+        const double u = gate_up.data<float>()[t * 2 * ffn + ffn + i];
+        want[t * ffn + i] = g / (1 + std::exp(-g)) * u;
+      }
+    }
+    expect_close(out, want, 1e-6, "silu_mul");
+  }
+  expect_error([&] { ops::silu_mul(random_f32({2, 7}, rng), poisoned_f32({2, 3})); },
+               {"silu_mul", "odd"});
+}
+
+TEST(GatherRows, CopiesRowsAndChecksIndices) {
+  std::mt19937 rng(12);
+  Tensor x = random_f32({30, 17}, rng);
+  const std::vector<int32_t> rows = {29, 0, 5, 5, 12};
+  Tensor out = poisoned_f32({5, 17});
+  ops::gather_rows(x, Tensor::from_i32(rows, {5}), out);
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(std::memcmp(out.data<float>() + i * 17, x.data<float>() + rows[i] * 17,
+                          17 * sizeof(float)),
+              0);
+  }
+  expect_error([&] { ops::gather_rows(x, Tensor::from_i32({3, 30}, {2}), poisoned_f32({2, 17})); },
+               {"gather_rows", "30"});
+}
+
+}  // namespace
+}  // namespace pagedlm
