@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "pagedlm/model/model.h"
-#include "pagedlm/ops/activation.h"
+#include "pagedlm/ops/gather_rows.h"
+#include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/rms_norm.h"
@@ -73,7 +74,7 @@ class LlamaFamilyModel final : public CausalLM {
       w.down_proj = upload(ckpt.get(p + "mlp.down_proj.weight", {D, F}), device);
       layers_.push_back(std::move(w));
     }
-    std::vector<float> inv_freq = rope_inv_freq(c);
+    std::vector<float> inv_freq = ops::rope_inv_freq(c);
     if (ckpt.has("rope_freqs")) {  // GGUF llama3: per-frequency divisors instead of a config
       Tensor divisors = ckpt.get("rope_freqs", {d / 2}).to_f32();
       for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] /= divisors.data<float>()[i];
