@@ -13,7 +13,7 @@ namespace cpu {
 namespace {
 
 // Output features per OpenBLAS call; the unit of work handed to the OpenMP threads.
-constexpr int64_t kLinearColChunk = 64;
+constexpr int64_t kLinearColChunk = 128;
 
 // tile_out[j * kLinearRowTile + i] = dot(x_tile row i, weight row j) for j < n_cols: column-major
 // [kLinearRowTile, n_cols], so the tile's rows are OpenBLAS's M dimension (the SIMD lanes of one
