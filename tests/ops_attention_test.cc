@@ -50,12 +50,14 @@ TEST(WriteKv, WritesMappedSlotsOnly) {
     EXPECT_EQ(std::memcmp(v_cache.data<float>() + s * row, v_want, row * sizeof(float)), 0) << s;
   }
   slots[0] = num_pages * page_size;
+  expect_error([&] { ops::write_kv(k, v, Tensor::from_i32(slots, {n_tokens}), k_cache, v_cache); },
+               {"write_kv", "slot 24", "token 0"});
   expect_error(
-      [&] { ops::write_kv(k, v, Tensor::from_i32(slots, {n_tokens}), k_cache, v_cache); },
-      {"write_kv", "slot 24", "token 0"});
-  expect_error([&] { ops::write_kv(k, random_f32({n_tokens, 1, head_dim}, rng),
-                                   Tensor::from_i32(slots, {n_tokens}), k_cache, v_cache); },
-               {"write_kv", "v"});
+      [&] {
+        ops::write_kv(k, random_f32({n_tokens, 1, head_dim}, rng),
+                      Tensor::from_i32(slots, {n_tokens}), k_cache, v_cache);
+      },
+      {"write_kv", "v"});
 }
 
 struct SeqSpec {
@@ -114,11 +116,11 @@ PagedBatch make_batch(int64_t page_size, int64_t n_q_heads, int64_t n_kv_heads, 
 Tensor run_paged(const PagedBatch& b, float scale) {
   const int64_t num_seqs = static_cast<int64_t>(b.seqs.size());
   Tensor out = poisoned_f32({b.q.dim(0), b.n_q_heads, b.head_dim});
-  ops::paged_attention(b.q, b.k_cache, b.v_cache, Tensor::from_i32(b.q_indptr, {num_seqs + 1}),
-                       Tensor::from_i32(b.kv_indptr, {num_seqs + 1}),
-                       Tensor::from_i32(b.kv_page_indices,
-                                        {static_cast<int64_t>(b.kv_page_indices.size())}),
-                       Tensor::from_i32(b.kv_last_page_len, {num_seqs}), scale, out);
+  ops::paged_attention(
+      b.q, b.k_cache, b.v_cache, Tensor::from_i32(b.q_indptr, {num_seqs + 1}),
+      Tensor::from_i32(b.kv_indptr, {num_seqs + 1}),
+      Tensor::from_i32(b.kv_page_indices, {static_cast<int64_t>(b.kv_page_indices.size())}),
+      Tensor::from_i32(b.kv_last_page_len, {num_seqs}), scale, out);
   return out;
 }
 
@@ -186,8 +188,8 @@ TEST(PagedAttention, MatchesContiguousReferenceSweep) {
                                     random_seqs(num_seqs, rng), rng);
           const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
           expect_close(run_paged(b, scale), reference(b, scale), 1e-5,
-                       cat("page_size ", page_size, " gqa ", gqa, " head_dim ", head_dim,
-                           " seqs ", num_seqs));
+                       cat("page_size ", page_size, " gqa ", gqa, " head_dim ", head_dim, " seqs ",
+                           num_seqs));
         }
       }
     }

@@ -16,8 +16,7 @@ namespace {
 
 using testing::expect_error;
 
-SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.f,
-                      float min_p = 0.f) {
+SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.f, float min_p = 0.f) {
   SamplingParams p;
   p.temperature = temperature;
   p.top_k = top_k;
@@ -116,7 +115,8 @@ std::vector<double> expected_distribution(const std::vector<float>& logits,
   normalize();
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prob[a] > prob[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return prob[a] > prob[b]; });
   if (p.top_k > 0) {
     for (size_t r = p.top_k; r < n; ++r) prob[order[r]] = 0;
     normalize();
@@ -144,9 +144,8 @@ TEST(Sampling, EmpiricalDistributionMatchesFilteredSoftmax) {
   const std::vector<float> logits = {2.f, 1.5f, 1.4f, 0.3f, -0.5f, 1.f, 0.9f, -1.2f, 0.1f, 1.45f};
   const int64_t vocab = static_cast<int64_t>(logits.size());
   const int draws = 20000;
-  for (const SamplingParams& p :
-       {params(1.f), params(0.7f), params(1.3f, 4), params(1.f, 0, 0.8f), params(1.f, 0, 1.f, 0.3f),
-        params(0.9f, 6, 0.9f, 0.1f)}) {
+  for (const SamplingParams& p : {params(1.f), params(0.7f), params(1.3f, 4), params(1.f, 0, 0.8f),
+                                  params(1.f, 0, 1.f, 0.3f), params(0.9f, 6, 0.9f, 0.1f)}) {
     const std::vector<double> want = expected_distribution(logits, p);
     std::vector<int> counts(vocab, 0);
     for (int i = 0; i < draws; ++i) {
@@ -166,10 +165,8 @@ TEST(Sampling, EmpiricalDistributionMatchesFilteredSoftmax) {
 
 TEST(Sampling, RejectsBadParams) {
   const std::vector<float> logits = {1.f, 2.f};
-  expect_error([&] { ops::sample_token(logits.data(), 2, params(-1.f), 0, 0); },
-               {"temperature"});
-  expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, 0, 0.f), 0, 0); },
-               {"top_p"});
+  expect_error([&] { ops::sample_token(logits.data(), 2, params(-1.f), 0, 0); }, {"temperature"});
+  expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, 0, 0.f), 0, 0); }, {"top_p"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, -2), 0, 0); }, {"top_k"});
 }
 

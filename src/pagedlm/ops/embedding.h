@@ -14,8 +14,8 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
 
 namespace cpu {
 // table: [vocab, dim] f32, ids: [n_tokens], out: [n_tokens, dim] f32.
-void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens,
-               int64_t vocab, int64_t dim);
+void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
+               int64_t dim);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

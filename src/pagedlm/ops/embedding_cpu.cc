@@ -1,19 +1,18 @@
-#include "pagedlm/ops/embedding.h"
-
 #include <cstring>
 
+#include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/op_check.h"
 
 namespace pagedlm::ops {
 
 namespace cpu {
 
-void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens,
-               int64_t vocab, int64_t dim) {
+void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
+               int64_t dim) {
   // Checked up front, outside the parallel loop, so the error is thrown on the calling thread.
   for (int64_t t = 0; t < n_tokens; ++t) {
-    PAGEDLM_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " at position ",
-                  t, " is outside the vocabulary [0, ", vocab, ")");
+    PAGEDLM_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " at position ", t,
+                  " is outside the vocabulary [0, ", vocab, ")");
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n_tokens; ++t) {

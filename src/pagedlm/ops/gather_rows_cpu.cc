@@ -1,7 +1,6 @@
-#include "pagedlm/ops/gather_rows.h"
-
 #include <cstring>
 
+#include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/op_check.h"
 
 namespace pagedlm::ops {

@@ -8,7 +8,7 @@
 
 namespace pagedlm::ops {
 
-// The CPU kernel always multiplies tiles of exactly this many rows (see linear_cpu.cc).
+// The CPU kernel always multiplies tiles of exactly this many rows (see linear_cpu.cc for why).
 inline constexpr int64_t kLinearRowTile = 16;
 
 // x: [n_tokens, in], weight: [out_features, in] (HF layout), bias: [out_features] or an

@@ -1,11 +1,10 @@
-#include "pagedlm/ops/linear.h"
-
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/op_check.h"
 
 namespace pagedlm::ops {
@@ -13,43 +12,66 @@ namespace pagedlm::ops {
 namespace cpu {
 namespace {
 
-// out[tile, n] = x[tile, k] * w[n, k]^T for one tile of exactly kLinearRowTile rows.
-void gemm_tile(const float* x, const float* weight, float* out, int64_t n, int64_t k) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(kLinearRowTile),
-              static_cast<blasint>(n), static_cast<blasint>(k), 1.f, x, static_cast<blasint>(k),
-              weight, static_cast<blasint>(k), 0.f, out, static_cast<blasint>(n));
+// Output features per OpenBLAS call; the unit of work handed to the OpenMP threads.
+constexpr int64_t kLinearColChunk = 128;
+
+// tile_out[j * kLinearRowTile + i] = dot(x_tile row i, weight row j) for j < n_cols: column-major
+// [kLinearRowTile, n_cols], so the tile's rows are OpenBLAS's M dimension (the SIMD lanes of one
+// micro-kernel) rather than its N dimension (register columns with edge kernels).
+void gemm_tile(const float* x_tile, const float* weight_chunk, float* tile_out, int64_t n_cols,
+               int64_t in_features) {
+  const auto k = static_cast<blasint>(in_features);
+  cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(kLinearRowTile),
+              static_cast<blasint>(n_cols), k, 1.f, x_tile, k, weight_chunk, k, 0.f, tile_out,
+              static_cast<blasint>(kLinearRowTile));
 }
 
 }  // namespace
 
-// Batch invariance: OpenBLAS picks kernels, blockings and the split of the K reduction from
-// (M, N, K), so a row's bits could change with the number of rows in the batch. Every sgemm call
-// here therefore has M == kLinearRowTile; a short last tile is zero-padded in scratch memory. A
-// row's result then depends only on its own data and the weights (rows never interact in a GEMM,
-// and the row's slot inside the tile does not change the per-element reduction order; the test
-// checks this). Decode steps, the case that pays for padding, are bound by streaming the weight
-// matrix from memory, and a 16-row tile reads the weights once just like a 1-row GEMV would.
+// Batch invariance: a row's output bits must not depend on how many rows share the call or where
+// the row sits. OpenBLAS chooses blockings, edge kernels and its thread split from (M, N, K), and
+// measured results do change with all three: a row differs between M = 1 and M = 16, and with
+// the row index inside a 16-row call when rows are OpenBLAS's N dimension (6-wide register
+// blocks plus a 4-wide edge kernel) or when OpenBLAS splits M across its threads. So:
+//   - every call has M == kLinearRowTile (a short last tile is zero-padded in scratch), and the
+//     rows are M, i.e. lanes of the same SIMD instructions, which treat every lane alike;
+//   - OpenBLAS runs single-threaded and the threads of core/parallel.h split the output features
+//     into fixed kLinearColChunk chunks, so a column's chunk, and with it its arithmetic, depends
+//     only on the weight's shape (the result is also independent of the thread count).
+// Decode steps, the case that pays for the padding, are bound by streaming the weights from
+// memory, and a 16-row tile reads each weight once just as a 1-row GEMV would.
 void linear(const float* x, const float* weight, const float* bias, float* out, int64_t rows,
             int64_t out_features, int64_t in_features) {
-  const int64_t full_rows = rows / kLinearRowTile * kLinearRowTile;
-  for (int64_t r = 0; r < full_rows; r += kLinearRowTile) {
-    gemm_tile(x + r * in_features, weight, out + r * out_features, out_features, in_features);
-  }
-  const int64_t tail = rows - full_rows;
-  if (tail > 0) {
-    thread_local std::vector<float> x_pad, out_pad;
+  if (rows == 0 || out_features == 0) return;
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const int64_t num_tiles = (rows + kLinearRowTile - 1) / kLinearRowTile;
+  const int64_t tail = rows - (num_tiles - 1) * kLinearRowTile;
+  thread_local std::vector<float> x_pad;
+  const float* last_tile = x + (num_tiles - 1) * kLinearRowTile * in_features;
+  if (tail < kLinearRowTile) {
     x_pad.assign(kLinearRowTile * in_features, 0.f);
-    out_pad.resize(kLinearRowTile * out_features);
-    std::memcpy(x_pad.data(), x + full_rows * in_features, tail * in_features * sizeof(float));
-    gemm_tile(x_pad.data(), weight, out_pad.data(), out_features, in_features);
-    std::memcpy(out + full_rows * out_features, out_pad.data(),
-                tail * out_features * sizeof(float));
+    std::memcpy(x_pad.data(), last_tile, tail * in_features * sizeof(float));
+    last_tile = x_pad.data();
   }
-  if (bias != nullptr) {
+  const int64_t num_chunks = (out_features + kLinearColChunk - 1) / kLinearColChunk;
+  // Chunk-major so a thread keeps its slice of the weights in cache across the row tiles.
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = out + r * out_features;
-      for (int64_t j = 0; j < out_features; ++j) row[j] += bias[j];
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    thread_local std::vector<float> tile_out;
+    tile_out.resize(kLinearRowTile * kLinearColChunk);
+    const int64_t col0 = chunk * kLinearColChunk;
+    const int64_t n_cols = std::min(kLinearColChunk, out_features - col0);
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+      const bool is_last = tile == num_tiles - 1;
+      const float* x_tile = is_last ? last_tile : x + tile * kLinearRowTile * in_features;
+      gemm_tile(x_tile, weight + col0 * in_features, tile_out.data(), n_cols, in_features);
+      const int64_t tile_rows = is_last ? tail : kLinearRowTile;
+      for (int64_t i = 0; i < tile_rows; ++i) {
+        float* dst = out + (tile * kLinearRowTile + i) * out_features + col0;
+        for (int64_t j = 0; j < n_cols; ++j) {
+          dst[j] = tile_out[j * kLinearRowTile + i] + (bias != nullptr ? bias[col0 + j] : 0.f);
+        }
+      }
     }
   }
 }

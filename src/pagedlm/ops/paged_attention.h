@@ -23,9 +23,9 @@ namespace pagedlm::ops {
 // Each row is batch invariant: it depends only on its own sequence's data.
 // The plan is validated on the CPU (an Error names the bad sequence), not on the GPU.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& q_indptr, const Tensor& kv_indptr,
-                     const Tensor& kv_page_indices, const Tensor& kv_last_page_len, float scale,
-                     const Tensor& out, void* stream = nullptr);
+                     const Tensor& q_indptr, const Tensor& kv_indptr, const Tensor& kv_page_indices,
+                     const Tensor& kv_last_page_len, float scale, const Tensor& out,
+                     void* stream = nullptr);
 
 // The sizes every backend's kernel needs besides the pointers.
 struct PagedAttentionDims {

@@ -1,11 +1,10 @@
-#include "pagedlm/ops/paged_attention.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "pagedlm/ops/op_check.h"
+#include "pagedlm/ops/paged_attention.h"
 
 namespace pagedlm::ops {
 
@@ -23,8 +22,8 @@ void validate_plan(const int32_t* q_indptr, const int32_t* kv_indptr,
   PAGEDLM_CHECK(q_indptr[0] == 0 && kv_indptr[0] == 0, kOp,
                 ": q_indptr[0] and kv_indptr[0] must be 0, got ", q_indptr[0], " and ",
                 kv_indptr[0]);
-  PAGEDLM_CHECK(q_indptr[d.num_seqs] == d.n_tokens, kOp, ": q_indptr[", d.num_seqs, "] = ",
-                q_indptr[d.num_seqs], " but q has ", d.n_tokens, " tokens");
+  PAGEDLM_CHECK(q_indptr[d.num_seqs] == d.n_tokens, kOp, ": q_indptr[", d.num_seqs,
+                "] = ", q_indptr[d.num_seqs], " but q has ", d.n_tokens, " tokens");
   PAGEDLM_CHECK(kv_indptr[d.num_seqs] <= d.num_page_indices, kOp, ": kv_indptr[", d.num_seqs,
                 "] = ", kv_indptr[d.num_seqs], " exceeds the ", d.num_page_indices,
                 " kv_page_indices");
@@ -39,12 +38,11 @@ void validate_plan(const int32_t* q_indptr, const int32_t* kv_indptr,
                   " has ", num_pages, " pages and last page length ", last, " (page size ",
                   d.page_size, ")");
     const int64_t n_kv = (num_pages - 1) * d.page_size + last;
-    PAGEDLM_CHECK(n_kv >= n_new, kOp, ": sequence ", b, " has ", n_new,
-                  " new tokens but only ", n_kv, " kv positions");
+    PAGEDLM_CHECK(n_kv >= n_new, kOp, ": sequence ", b, " has ", n_new, " new tokens but only ",
+                  n_kv, " kv positions");
     for (int64_t i = kv_indptr[b]; i < kv_indptr[b + 1]; ++i) {
-      PAGEDLM_CHECK(kv_page_indices[i] >= 0 && kv_page_indices[i] < d.num_pages, kOp,
-                    ": sequence ", b, " uses page ", kv_page_indices[i], ", outside [0, ",
-                    d.num_pages, ")");
+      PAGEDLM_CHECK(kv_page_indices[i] >= 0 && kv_page_indices[i] < d.num_pages, kOp, ": sequence ",
+                    b, " uses page ", kv_page_indices[i], ", outside [0, ", d.num_pages, ")");
     }
   }
 }
@@ -128,9 +126,8 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
 }  // namespace cpu
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& q_indptr, const Tensor& kv_indptr,
-                     const Tensor& kv_page_indices, const Tensor& kv_last_page_len, float scale,
-                     const Tensor& out, void* stream) {
+                     const Tensor& q_indptr, const Tensor& kv_indptr, const Tensor& kv_page_indices,
+                     const Tensor& kv_last_page_len, float scale, const Tensor& out, void* stream) {
   using detail::kAnyDim;
   constexpr const char* kOp = "paged_attention";
   const DType dt = detail::compute_dtype(q, kOp, "q");
@@ -157,9 +154,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   detail::expect(kv_last_page_len, kOp, "kv_last_page_len", DType::kI32, {dims.num_seqs});
   detail::expect(out, kOp, "out", dt, {dims.n_tokens, dims.n_q_heads, dims.head_dim});
   detail::expect_devices(kOp, q.device(),
-                         {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&q_indptr, "q_indptr"},
-                          {&kv_indptr, "kv_indptr"}, {&kv_page_indices, "kv_page_indices"},
-                          {&kv_last_page_len, "kv_last_page_len"}, {&out, "out"}});
+                         {{&k_cache, "k_cache"},
+                          {&v_cache, "v_cache"},
+                          {&q_indptr, "q_indptr"},
+                          {&kv_indptr, "kv_indptr"},
+                          {&kv_page_indices, "kv_page_indices"},
+                          {&kv_last_page_len, "kv_last_page_len"},
+                          {&out, "out"}});
   if (q.device() == Device::kCpu) {
     cpu::paged_attention(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
                          q_indptr.data<int32_t>(), kv_indptr.data<int32_t>(),

@@ -1,8 +1,7 @@
-#include "pagedlm/ops/rms_norm.h"
-
 #include <cmath>
 
 #include "pagedlm/ops/op_check.h"
+#include "pagedlm/ops/rms_norm.h"
 
 namespace pagedlm::ops {
 

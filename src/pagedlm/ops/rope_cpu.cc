@@ -92,8 +92,7 @@ void rope(float* q, float* k, const int32_t* positions, const float* inv_freq, i
         sin_v[i] = std::sin(angle);
       }
       rotate_heads(q + t * n_q_heads * head_dim, n_q_heads, head_dim, cos_v.data(), sin_v.data());
-      rotate_heads(k + t * n_kv_heads * head_dim, n_kv_heads, head_dim, cos_v.data(),
-                   sin_v.data());
+      rotate_heads(k + t * n_kv_heads * head_dim, n_kv_heads, head_dim, cos_v.data(), sin_v.data());
     }
   }
 }

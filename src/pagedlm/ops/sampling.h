@@ -29,7 +29,6 @@ double sampling_uniform(uint64_t seed, uint64_t step);
 
 // logits: [vocab]. The k most probable tokens (descending, ties toward the lower index) and their
 // log-probabilities under log_softmax(logits), for returned logprobs.
-std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab,
-                                                        int k);
+std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab, int k);
 
 }  // namespace pagedlm::ops

@@ -109,8 +109,7 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   return ids[kept - 1];
 }
 
-std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab,
-                                                        int k) {
+std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab, int k) {
   PAGEDLM_CHECK(vocab > 0 && k >= 0, "log_softmax_topk: vocab ", vocab, ", k ", k);
   const int64_t n = std::min<int64_t>(k, vocab);
   const float max_logit = logits[argmax(logits, vocab)];

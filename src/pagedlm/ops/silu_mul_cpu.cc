@@ -1,8 +1,7 @@
-#include "pagedlm/ops/silu_mul.h"
-
 #include <cmath>
 
 #include "pagedlm/ops/op_check.h"
+#include "pagedlm/ops/silu_mul.h"
 
 namespace pagedlm::ops {
 

@@ -1,8 +1,7 @@
-#include "pagedlm/ops/write_kv.h"
-
 #include <cstring>
 
 #include "pagedlm/ops/op_check.h"
+#include "pagedlm/ops/write_kv.h"
 
 namespace pagedlm::ops {
 
@@ -39,9 +38,9 @@ void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, cons
   detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, n_kv_heads, head_dim});
   detail::expect(v_cache, kOp, "v_cache", dt,
                  {k_cache.dim(0), k_cache.dim(1), n_kv_heads, head_dim});
-  detail::expect_devices(kOp, k.device(),
-                         {{&v, "v"}, {&slot_mapping, "slot_mapping"}, {&k_cache, "k_cache"},
-                          {&v_cache, "v_cache"}});
+  detail::expect_devices(
+      kOp, k.device(),
+      {{&v, "v"}, {&slot_mapping, "slot_mapping"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}});
   const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
   if (k.device() == Device::kCpu) {
     cpu::write_kv(k.data<float>(), v.data<float>(), slot_mapping.data<int32_t>(),
