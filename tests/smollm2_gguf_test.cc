@@ -1,0 +1,69 @@
+// The default model end to end: pagedlm's logits on the SmolLM2 Q4_1 GGUF against a float64
+// numpy forward over the same GGUF dequantized by llama.cpp's own `gguf` package
+// (scripts/make_smollm2_reference.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/safetensors.h"
+
+namespace pagedlm {
+namespace {
+
+std::string smollm2_path() {
+  const char* cache = std::getenv("PAGEDLM_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
+  const std::string path = smollm2_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
+  SafetensorsFile ref = SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) +
+                                              "/smollm2/reference.safetensors");
+  Checkpoint ckpt = load_checkpoint(path);
+  EngineOptions opts;
+  opts.num_pages = 64;
+  Engine engine(ckpt, opts);
+  std::vector<Request> requests;
+  std::vector<Tensor> expected;
+  for (int i = 0;; ++i) {
+    auto it = ref.tensors().find("case" + std::to_string(i) + ".prompt");
+    if (it == ref.tensors().end()) break;
+    Request r;
+    r.prompt.assign(it->second.data<int32_t>(), it->second.data<int32_t>() + it->second.numel());
+    r.sampling.max_tokens = 0;
+    r.want_prompt_logits = true;
+    r.use_prefix_cache = false;
+    requests.push_back(std::move(r));
+    expected.push_back(ref.tensors().at("case" + std::to_string(i) + ".logits"));
+  }
+  ASSERT_GE(requests.size(), 5u);
+  auto outputs = engine.generate(requests);
+  EXPECT_EQ(engine.num_steps(), 1);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& want = expected[i];
+    const int64_t vocab = want.dim(1), keep = want.dim(0);
+    const int64_t first = static_cast<int64_t>(requests[i].prompt.size()) - keep;
+    double diff = 0, norm = 0;
+    for (int64_t r = 0; r < keep; ++r) {
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double a = outputs[i].prompt_logits.data<float>()[(first + r) * vocab + v];
+        const double b = want.data<float>()[r * vocab + v];
+        diff += (a - b) * (a - b);
+        norm += b * b;
+      }
+    }
+    const double err = std::sqrt(diff / norm);
+    std::printf("case %zu: relative error %.2e\n", i, err);
+    EXPECT_LT(err, 1e-3) << "case " << i;
+  }
+}
+
+}  // namespace
+}  // namespace pagedlm
