@@ -9,6 +9,7 @@ and must agree on every case.
 
 Writes
   testdata/tokenizer/smollm2/tokenizer.json  the reference tokenizer (exercises our json loader)
+  testdata/tokenizer/smollm2/tokenizer_config.json  its bos/eos tokens (from the GGUF ids)
   testdata/tokenizer/smollm2_cases.json      seeded strings with reference ids, decodes and the
                                              Qwen2 / Llama 3 regex pre-tokenizer splits
 
@@ -358,6 +359,11 @@ def main():
     json_path = os.path.join(OUT_DIR, "smollm2", "tokenizer.json")
     tok.save(json_path, pretty=False)
     reloaded = Tokenizer.from_file(json_path)
+    # bos/eos are not part of tokenizer.json; HF keeps them in tokenizer_config.json.
+    with open(os.path.join(OUT_DIR, "smollm2", "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": info["tokens"][info["bos"]], "eos_token": info["tokens"][info["eos"]]},
+                  f, indent=2)
+        f.write("\n")
 
     out_cases = []
     tf_compared = 0
