@@ -12,6 +12,10 @@ Writes
   testdata/tokenizer/smollm2/tokenizer_config.json  its bos/eos tokens (from the GGUF ids)
   testdata/tokenizer/smollm2_cases.json      seeded strings with reference ids, decodes and the
                                              Qwen2 / Llama 3 regex pre-tokenizer splits
+  testdata/tokenizer/tiny/tokenizer.json     a small BPE trained here, shaped like Llama 3's
+                                             (Split regex, ignore_merges, BOS/EOS template) with
+                                             added tokens using lstrip/rstrip/single_word
+  testdata/tokenizer/tiny_cases.json         its reference ids and decodes
 
 Invalid UTF-8 inputs: HF tokenizers only sees Rust strings, so the reference is given
 `raw.decode("utf-8", "replace")`; the case stores the raw bytes (text_hex) and the replaced text
@@ -29,6 +33,7 @@ import unicodedata
 
 import gguf
 import tokenizers
+import tokenizers.trainers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -339,6 +344,62 @@ def make_cases():
     return cases
 
 
+TINY_EXTRA_TEXTS = [
+    "a <mask> b", "a<mask>b", "  <mask>  ", "<mask>", "<mask><mask>", " <mask>\n\nword",
+    "x \u3000<mask>\u3000 y", "hello world", "sayhello", "hello_", "hellohello", "hello",
+    "(hello)", "hello2", "élan hello", "<|end|>", "<|end|>!", "<|end|>!!", "<|end|>!!!",
+    "wor world", "sword", "<|begin|>hi<|end|>", "<|begin|> <|end|>", "<|end",
+    "I'M DON'T we'Re", "12345678 1234", "  \n\n  x\r\n\ty",
+]
+
+
+def build_tiny_reference(texts):
+    """A small BPE trained here, shaped like Llama 3's tokenizer.json: Split(regex) then
+    ByteLevel(use_regex=false), ignore_merges, TemplateProcessing with BOS/EOS, and added tokens
+    exercising lstrip/rstrip, single_word, normalized and leftmost-longest matching."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=800, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    doc = json.loads(tok.to_str())
+    doc["model"]["ignore_merges"] = True
+    tok = Tokenizer.from_str(json.dumps(doc))
+    tok.add_special_tokens([AddedToken("<|begin|>", special=True, normalized=False),
+                            AddedToken("<|end|>", special=True, normalized=False),
+                            AddedToken("<|end|>!!", special=True, normalized=False),
+                            AddedToken("<mask>", special=True, normalized=False, lstrip=True,
+                                       rstrip=True)])
+    tok.add_tokens([AddedToken("hello", special=False, normalized=False, single_word=True),
+                    AddedToken("wor", special=False, normalized=True)])
+    begin, end = tok.token_to_id("<|begin|>"), tok.token_to_id("<|end|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin|> $A <|end|>", special_tokens=[("<|begin|>", begin), ("<|end|>", end)])
+    return tok
+
+
+def tiny_cases(tok, texts):
+    out = []
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=True).ids
+        tok.encode_special_tokens = True
+        ids_no_special = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        out.append({
+            "text": text,
+            "ids": ids,
+            "ids_no_add": tok.encode(text, add_special_tokens=False).ids,
+            "ids_no_special": ids_no_special,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+        })
+    return out
+
+
 def split_pieces(pre, text):
     return [piece for piece, _ in pre.pre_tokenize_str(text)]
 
@@ -410,6 +471,20 @@ def main():
         },
         "cases": out_cases,
     }
+    valid_texts = [raw.decode("utf-8") for category, raw in make_cases()
+                   if category != "invalid_utf8" and raw.decode("utf-8", "replace").encode() == raw]
+    tiny = build_tiny_reference(valid_texts)
+    os.makedirs(os.path.join(OUT_DIR, "tiny"), exist_ok=True)
+    tiny.save(os.path.join(OUT_DIR, "tiny", "tokenizer.json"), pretty=False)
+    tiny_doc = {
+        "provenance": {"script": "scripts/make_tokenizer_reference.py",
+                       "tokenizers_version": tokenizers.__version__, "seed": SEED},
+        "cases": tiny_cases(tiny, valid_texts[::4] + TINY_EXTRA_TEXTS),
+    }
+    with open(os.path.join(OUT_DIR, "tiny_cases.json"), "w", encoding="utf-8") as f:
+        json.dump(tiny_doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
     cases_path = os.path.join(OUT_DIR, "smollm2_cases.json")
     with open(cases_path, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))

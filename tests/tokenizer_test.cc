@@ -325,6 +325,30 @@ TEST(Unicode, MaximalSubparts) {
   EXPECT_EQ(unicode::to_valid_utf8("a\xF0\x9F\x98"), "a\xEF\xBF\xBD");
 }
 
+// --- A Llama 3 shaped tokenizer.json with added-token flags ---------------------------------
+
+TEST(TokenizerJson, TinyLlama3ShapedMatchesReference) {
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(kTestdata + "/tiny/tokenizer.json");
+  EXPECT_EQ(tok.vocab_size(), 806);
+  EXPECT_EQ(tok.bos_id(), -1);  // no tokenizer_config.json beside it
+  const json doc = json::parse(read_file(kTestdata + "/tiny_cases.json"));
+  ASSERT_GE(doc.at("cases").size(), 400u);
+  for (const json& c : doc.at("cases")) {
+    const std::string text = c.at("text");
+    const auto ids = c.at("ids").get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(text), ids) << json(text).dump();
+    EXPECT_EQ(tok.encode(text, /*add_special_tokens=*/false),
+              c.at("ids_no_add").get<std::vector<int32_t>>())
+        << json(text).dump();
+    EXPECT_EQ(tok.encode(text, /*add_special_tokens=*/false, /*parse_special=*/false),
+              c.at("ids_no_special").get<std::vector<int32_t>>())
+        << json(text).dump();
+    EXPECT_EQ(tok.decode(ids), c.at("decoded").get<std::string>()) << json(text).dump();
+    EXPECT_EQ(tok.decode(ids, true), c.at("decoded_skip_special").get<std::string>())
+        << json(text).dump();
+  }
+}
+
 // --- Malformed tokenizer.json ---------------------------------------------------------------
 
 // A small valid byte-level BPE tokenizer.json to break in various ways.
