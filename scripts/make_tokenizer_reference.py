@@ -51,7 +51,8 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 def find_model():
     if len(sys.argv) > 1:
         return sys.argv[1]
-    cache = os.environ.get("PAGEDLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "pagedlm"))
+    default_cache = os.path.join(os.path.expanduser("~"), ".cache", "pagedlm")
+    cache = os.environ.get("PAGEDLM_CACHE", default_cache)
     path = os.path.join(cache, MODEL_FILE)
     if not os.path.exists(path):
         sys.exit(f"{path} not found; run scripts/fetch_model.sh first")
@@ -145,7 +146,8 @@ PUNCT = list(".,;:!?-—–()[]{}\"'`~@#$%^&*_+=|\\/<>…«»“”‘’")
 CODE_SNIPPETS = [
     'def {f}(x, y=2):\n    """Doc."""\n    if x > {n}:\n        return x * y\n    return None\n',
     'class {F}:\n\tdef __init__(self):\n\t\tself.{f} = [{n}, {n}]\n',
-    '#include <vector>\nint {f}(const std::vector<int>& v) {{\n  int s = 0;\n  for (int x : v) s += x;\n'
+    '#include <vector>\nint {f}(const std::vector<int>& v) {{\n  int s = 0;\n'
+    '  for (int x : v) s += x;\n'
     '  return s + {n};\n}}\n',
     'template <typename T>\nT {f}(T a, T b) {{ return a < b ? b : a; }}  // max\n',
     '{{\n  "{f}": {n},\n  "items": [1, 2.5, null, true],\n  "nested": {{"k": "v\\n"}}\n}}\n',
@@ -224,7 +226,8 @@ def gen_numbers(rng):
 
 
 def gen_emoji(rng):
-    return "".join(rng.choice(EMOJI + [" ", " ", "wow", "!", "\n"]) for _ in range(rng.randint(1, 10)))
+    pool = EMOJI + [" ", " ", "wow", "!", "\n"]
+    return "".join(rng.choice(pool) for _ in range(rng.randint(1, 10)))
 
 
 def gen_script(rng):
@@ -422,8 +425,9 @@ def main():
     reloaded = Tokenizer.from_file(json_path)
     # bos/eos are not part of tokenizer.json; HF keeps them in tokenizer_config.json.
     with open(os.path.join(OUT_DIR, "smollm2", "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": info["tokens"][info["bos"]], "eos_token": info["tokens"][info["eos"]]},
-                  f, indent=2)
+        config = {"bos_token": info["tokens"][info["bos"]],
+                  "eos_token": info["tokens"][info["eos"]]}
+        json.dump(config, f, indent=2)
         f.write("\n")
 
     out_cases = []

@@ -25,8 +25,8 @@ const std::string kTestdata = std::string(PAGEDLM_TESTDATA) + "/tokenizer";
 fs::path model_path() {
   const char* cache = std::getenv("PAGEDLM_CACHE");
   const char* home = std::getenv("HOME");
-  const fs::path dir = cache != nullptr ? fs::path(cache)
-                                        : fs::path(home != nullptr ? home : "") / ".cache/pagedlm";
+  const fs::path dir =
+      cache != nullptr ? fs::path(cache) : fs::path(home != nullptr ? home : "") / ".cache/pagedlm";
   return dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
@@ -42,8 +42,7 @@ TEST(TokenizerGguf, SmolLM2MatchesTokenizerJsonOnAllCases) {
   if (!fs::exists(model_path())) GTEST_SKIP() << model_path() << " missing: scripts/fetch_model.sh";
   const GgufFile gguf = GgufFile::open(model_path().string());
   const Tokenizer from_gguf = Tokenizer::from_gguf(gguf);
-  const Tokenizer from_json =
-      Tokenizer::from_tokenizer_json(kTestdata + "/smollm2/tokenizer.json");
+  const Tokenizer from_json = Tokenizer::from_tokenizer_json(kTestdata + "/smollm2/tokenizer.json");
 
   EXPECT_EQ(from_gguf.vocab_size(), from_json.vocab_size());
   EXPECT_EQ(from_gguf.bos_id(), 1);

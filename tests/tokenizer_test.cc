@@ -1,6 +1,8 @@
 // Parity of the tokenizer with the HF `tokenizers` library on the SmolLM2 vocabulary
 // (testdata/tokenizer, written by scripts/make_tokenizer_reference.py), the streaming decoder,
 // and the errors of the tokenizer.json loader.
+#include "pagedlm/tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,7 +12,6 @@
 #include <sstream>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/tokenizer/tokenizer.h"
 #include "pagedlm/tokenizer/unicode.h"
 
 namespace pagedlm {
@@ -37,7 +38,9 @@ std::string from_hex(const std::string& hex) {
   return out;
 }
 
-std::string printable(const std::string& bytes) { return json(unicode::to_valid_utf8(bytes)).dump(); }
+std::string printable(const std::string& bytes) {
+  return json(unicode::to_valid_utf8(bytes)).dump();
+}
 
 struct Case {
   std::string category;
@@ -215,7 +218,9 @@ TEST(StreamDecoder, HoldsBackPartialCharacters) {
   EXPECT_EQ(stream.finish(), "\xEF\xBF\xBD");
   EXPECT_EQ(stream.push(ids[3]), "\xEF\xBF\xBD");
   EXPECT_EQ(stream.push(ids[2]), "");
-  EXPECT_EQ(stream.push(tok.encode("a")[0]), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(stream.push(tok.encode("a")[0]),
+            "\xEF\xBF\xBD"
+            "a");
 }
 
 TEST(StreamDecoder, RandomIdSequences) {
@@ -319,9 +324,9 @@ TEST(Unicode, MaximalSubparts) {
   EXPECT_EQ(unicode::next_utf8_char("\xE2\x82", 0).status, Utf8Status::kIncomplete);
   EXPECT_EQ(unicode::next_utf8_char("\xE2\x82x", 0).status, Utf8Status::kInvalid);
   EXPECT_EQ(unicode::next_utf8_char("\xE2\x82x", 0).length, 2u);
-  EXPECT_EQ(unicode::next_utf8_char("\xED\xA0\x80", 0).length, 1u);  // surrogate
+  EXPECT_EQ(unicode::next_utf8_char("\xED\xA0\x80", 0).length, 1u);      // surrogate
   EXPECT_EQ(unicode::next_utf8_char("\xF4\x90\x80\x80", 0).length, 1u);  // above U+10FFFF
-  EXPECT_EQ(unicode::next_utf8_char("\xC0\x80", 0).length, 1u);  // overlong
+  EXPECT_EQ(unicode::next_utf8_char("\xC0\x80", 0).length, 1u);          // overlong
   EXPECT_EQ(unicode::to_valid_utf8("a\xF0\x9F\x98"), "a\xEF\xBF\xBD");
 }
 
@@ -359,15 +364,21 @@ json tiny_tokenizer_json() {
   vocab["hel"] = 257;
   return {
       {"version", "1.0"},
-      {"added_tokens",
-       json::array({{{"id", 258}, {"content", "<eos>"}, {"special", true}, {"lstrip", false},
-                     {"rstrip", false}, {"single_word", false}, {"normalized", false}}})},
+      {"added_tokens", json::array({{{"id", 258},
+                                     {"content", "<eos>"},
+                                     {"special", true},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"single_word", false},
+                                     {"normalized", false}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",
-       {{"type", "BPE"}, {"unk_token", nullptr}, {"vocab", vocab},
+       {{"type", "BPE"},
+        {"unk_token", nullptr},
+        {"vocab", vocab},
         {"merges", json::array({"h e", json::array({"he", "l"})})}}},
   };
 }
@@ -433,17 +444,24 @@ TEST(TokenizerJson, MalformedFilesGiveErrorsNamingTheField) {
                       "pre_tokenizer.type");
   expect_error_naming(
       broken([](json& d) {
-        d["pre_tokenizer"] = {{"type", "Sequence"},
-                              {"pretokenizers", json::array({{{"type", "Split"},
-                                                              {"pattern", {{"Regex", "(("}}},
-                                                              {"behavior", "Isolated"}}})}};
+        d["pre_tokenizer"] = {
+            {"type", "Sequence"},
+            {"pretokenizers",
+             json::array(
+                 {{{"type", "Split"}, {"pattern", {{"Regex", "(("}}}, {"behavior", "Isolated"}}})}};
       }),
       "regex");
-  expect_error_naming(broken([](json& d) { d["normalizer"] = {{"type", "Lowercase"}}; }),
+  expect_error_naming(broken([](json& d) {
+                        d["normalizer"] = {{"type", "Lowercase"}};
+                      }),
                       "normalizer.type");
-  expect_error_naming(broken([](json& d) { d["decoder"] = {{"type", "WordPiece"}}; }),
+  expect_error_naming(broken([](json& d) {
+                        d["decoder"] = {{"type", "WordPiece"}};
+                      }),
                       "decoder.type");
-  expect_error_naming(broken([](json& d) { d["post_processor"] = {{"type", "BertProcessing"}}; }),
+  expect_error_naming(broken([](json& d) {
+                        d["post_processor"] = {{"type", "BertProcessing"}};
+                      }),
                       "post_processor.type");
   expect_error_naming("[1, 2]", "must be an object");
   expect_error_naming("", "not valid JSON");

@@ -37,12 +37,14 @@ BpeModel::BpeModel(std::vector<std::string> tokens,
     const auto& [left, right] = merges[rank];
     const int32_t left_id = find(left), right_id = find(right);
     const int32_t merged_id = find(left + right);
-    PAGEDLM_CHECK(left_id >= 0 && right_id >= 0 && merged_id >= 0, "merge ", rank, " '", left,
-                  " ", right, "': ", left_id < 0 ? left : right_id < 0 ? right : left + right,
+    PAGEDLM_CHECK(left_id >= 0 && right_id >= 0 && merged_id >= 0, "merge ", rank, " '", left, " ",
+                  right, "': ",
+                  left_id < 0    ? left
+                  : right_id < 0 ? right
+                                 : left + right,
                   " is not in the vocabulary");
     // A repeated merge keeps its first (best) rank, as HF does by building its map in order.
-    merges_.emplace(pair_key(left_id, right_id),
-                    Merge{static_cast<int32_t>(rank), merged_id});
+    merges_.emplace(pair_key(left_id, right_id), Merge{static_cast<int32_t>(rank), merged_id});
   }
 }
 

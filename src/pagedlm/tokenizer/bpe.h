@@ -48,7 +48,8 @@ class BpeModel {
   struct Cache;
 
   static uint64_t pair_key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   void merge_symbols(std::vector<int32_t>* symbols) const;
 

@@ -33,12 +33,12 @@ Regex::Regex(std::string pattern, bool literal) : pattern_(std::move(pattern)), 
   PAGEDLM_CHECK(unicode::is_valid_utf8(pattern_), "regex pattern is not valid UTF-8");
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(), options,
-                    &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
+                                   options, &error_code, &error_offset, nullptr);
   PAGEDLM_CHECK(code != nullptr, "cannot compile regex /", pattern_, "/ at offset ", error_offset,
                 ": ", pcre2_message(error_code));
-  code_ = std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
+  code_ =
+      std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
   // JIT is an optimisation only: without it (unsupported CPU or build) the interpreter is used.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
 }
@@ -52,8 +52,8 @@ void Regex::find_all(std::string_view subject,
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   size_t offset = 0;
   while (offset < subject.size()) {
-    const int rc = pcre2_match(code, s, subject.size(), offset, PCRE2_NO_UTF_CHECK, data.get(),
-                               nullptr);
+    const int rc =
+        pcre2_match(code, s, subject.size(), offset, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     PAGEDLM_CHECK(rc >= 0, "regex /", pattern_, "/ failed: ", pcre2_message(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
@@ -73,8 +73,8 @@ bool Regex::matches_at_start(std::string_view subject) const {
   std::unique_ptr<pcre2_match_data, MatchDataDeleter> data(
       pcre2_match_data_create_from_pattern(code, nullptr));
   PAGEDLM_CHECK(data != nullptr, "out of memory creating regex match data");
-  const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
-                             0, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+  const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0,
+                             PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, data.get(), nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   PAGEDLM_CHECK(rc >= 0, "regex /", pattern_, "/ failed: ", pcre2_message(rc));
   return true;

@@ -90,18 +90,16 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
 
   // HF matches added tokens leftmost-longest; sorting longest first makes the first hit at a
   // position the longest one.
-  std::stable_sort(added_tokens_.begin(), added_tokens_.end(),
-                   [](const AddedToken& a, const AddedToken& b) {
-                     return a.content.size() > b.content.size();
-                   });
+  std::stable_sort(
+      added_tokens_.begin(), added_tokens_.end(),
+      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
   for (size_t i = 0; i < added_tokens_.size(); ++i) {
     added_by_first_byte_[static_cast<uint8_t>(added_tokens_[i].content[0])].push_back(
         static_cast<int32_t>(i));
   }
 }
 
-int32_t Tokenizer::longest_added_at(std::string_view text, size_t pos,
-                                    bool normalized_pass) const {
+int32_t Tokenizer::longest_added_at(std::string_view text, size_t pos, bool normalized_pass) const {
   for (int32_t index : added_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
     const AddedToken& added = added_tokens_[index];
     if (added.normalized == normalized_pass &&
@@ -171,7 +169,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       ids.push_back(added_tokens_[segment.added_index].id);
       continue;
     }
-    for (std::string_view piece : pre_tokenizer_.split(segment.text)) bpe_.encode_piece(piece, &ids);
+    for (std::string_view piece : pre_tokenizer_.split(segment.text))
+      bpe_.encode_piece(piece, &ids);
   }
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
   return ids;

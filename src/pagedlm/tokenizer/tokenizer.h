@@ -45,7 +45,7 @@ struct AddedToken {
 
 // Everything a loader extracts; Tokenizer's constructor validates it.
 struct TokenizerSpec {
-  std::vector<std::string> tokens;  // id -> token in the byte-level alphabet; "" = unused id
+  std::vector<std::string> tokens;     // id -> token in the byte-level alphabet; "" = unused id
   std::vector<TokenType> token_types;  // empty, or one per id
   std::vector<std::pair<std::string, std::string>> merges;
   std::vector<AddedToken> added_tokens;  // ids may lie beyond `tokens`
@@ -105,12 +105,12 @@ class Tokenizer {
 
   BpeModel bpe_;
   PreTokenizer pre_tokenizer_;
-  std::vector<AddedToken> added_tokens_;  // sorted by content length, longest first
+  std::vector<AddedToken> added_tokens_;           // sorted by content length, longest first
   std::vector<int32_t> added_by_first_byte_[256];  // indices into added_tokens_, longest first
-  std::vector<std::string> pieces_;        // id -> token_to_piece
-  std::vector<std::string> bytes_;         // id -> token_to_bytes
-  std::vector<TokenType> token_types_;     // id -> type
-  std::vector<bool> special_;              // id -> is_special
+  std::vector<std::string> pieces_;                // id -> token_to_piece
+  std::vector<std::string> bytes_;                 // id -> token_to_bytes
+  std::vector<TokenType> token_types_;             // id -> type
+  std::vector<bool> special_;                      // id -> is_special
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
   std::vector<int32_t> prefix_ids_;

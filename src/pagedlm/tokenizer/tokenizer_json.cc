@@ -44,7 +44,8 @@ class JsonFields {
     return value.get_ref<const std::string&>();
   }
   int64_t integer(const json& value, const std::string& where) const {
-    if (!value.is_number_integer()) error(where, cat("must be an integer, got ", value.type_name()));
+    if (!value.is_number_integer())
+      error(where, cat("must be an integer, got ", value.type_name()));
     return value.get<int64_t>();
   }
   int32_t id(const json& value, const std::string& where) const {
@@ -77,9 +78,7 @@ class JsonFields {
   static std::string join(const std::string& where, const std::string& key) {
     return where.empty() ? key : where + "." + key;
   }
-  static std::string index(const std::string& where, size_t i) {
-    return cat(where, "[", i, "]");
-  }
+  static std::string index(const std::string& where, size_t i) { return cat(where, "[", i, "]"); }
 
  private:
   std::string source_;
@@ -112,8 +111,8 @@ void parse_model(const JsonFields& f, const json& root, TokenizerSpec* spec) {
     const int32_t id = f.id(value, cat("model.vocab[\"", token, "\"]"));
     if (id >= static_cast<int32_t>(spec->tokens.size())) spec->tokens.resize(id + 1);
     if (!spec->tokens[id].empty()) {
-      f.error("model.vocab", cat("gives id ", id, " to both '", spec->tokens[id], "' and '", token,
-                                 "'"));
+      f.error("model.vocab",
+              cat("gives id ", id, " to both '", spec->tokens[id], "' and '", token, "'"));
     }
     if (token.empty()) f.error("model.vocab", cat("has an empty token (id ", id, ")"));
     spec->tokens[id] = token;
@@ -147,7 +146,8 @@ void parse_model(const JsonFields& f, const json& root, TokenizerSpec* spec) {
   spec->bpe.fuse_unk = f.flag(model, "fuse_unk", "model", false);
   if (const json* unk = f.find(model, "unk_token", "model")) {
     const std::string& token = f.string(*unk, "model.unk_token");
-    if (!vocab.contains(token)) f.error("model.unk_token", cat("'", token, "' is not in the vocab"));
+    if (!vocab.contains(token))
+      f.error("model.unk_token", cat("'", token, "' is not in the vocab"));
     spec->bpe.unk_id = vocab[token].get<int32_t>();
   }
 }
@@ -180,8 +180,8 @@ bool parse_pre_tokenizer(const JsonFields& f, const json& node, const std::strin
     const json& steps = f.array(f.get(node, "pretokenizers", where), where + ".pretokenizers");
     bool byte_level = false;
     for (size_t i = 0; i < steps.size(); ++i) {
-      byte_level |= parse_pre_tokenizer(f, steps[i], JsonFields::index(where + ".pretokenizers", i),
-                                        pre);
+      byte_level |=
+          parse_pre_tokenizer(f, steps[i], JsonFields::index(where + ".pretokenizers", i), pre);
     }
     return byte_level;
   }
@@ -194,13 +194,12 @@ bool parse_pre_tokenizer(const JsonFields& f, const json& node, const std::strin
   }
   if (type == "Digits") {
     pre->add_split(f.flag(node, "individual_digits", where, false) ? kDigitsPattern
-                                                                  : kDigitRunsPattern);
+                                                                   : kDigitRunsPattern);
     return false;
   }
   if (type == "Split") {
     const json& pattern = f.object(f.get(node, "pattern", where), where + ".pattern");
-    const std::string behavior =
-        f.string(f.get(node, "behavior", where), where + ".behavior");
+    const std::string behavior = f.string(f.get(node, "behavior", where), where + ".behavior");
     if (behavior != "Isolated") {
       f.error(where + ".behavior", cat("is '", behavior, "'; only Isolated is supported"));
     }
@@ -253,8 +252,7 @@ void parse_post_processor(const JsonFields& f, const json& node, const std::stri
     f.error(where + ".type", cat("'", type, "' is not a supported post-processor"));
   }
   const json& single = f.array(f.get(node, "single", where), where + ".single");
-  const json& specials =
-      f.object(f.get(node, "special_tokens", where), where + ".special_tokens");
+  const json& specials = f.object(f.get(node, "special_tokens", where), where + ".special_tokens");
   bool seen_sequence = false;
   for (size_t i = 0; i < single.size(); ++i) {
     const std::string item_where = JsonFields::index(where + ".single", i);
@@ -264,8 +262,8 @@ void parse_post_processor(const JsonFields& f, const json& node, const std::stri
       continue;
     }
     const json& special = f.get(item, "SpecialToken", item_where);
-    const std::string& name =
-        f.string(f.get(special, "id", item_where + ".SpecialToken"), item_where + ".SpecialToken.id");
+    const std::string& name = f.string(f.get(special, "id", item_where + ".SpecialToken"),
+                                       item_where + ".SpecialToken.id");
     const std::string special_where = cat(where, ".special_tokens[\"", name, "\"]");
     if (!specials.contains(name)) f.error(special_where, "is missing");
     const json& ids = f.array(f.get(specials[name], "ids", special_where), special_where + ".ids");
@@ -296,9 +294,9 @@ void read_tokenizer_config(const std::filesystem::path& path, TokenizerSpec* spe
   auto token_id = [&](const char* key) -> int32_t {
     const json* value = f.find(config, key, "");
     if (value == nullptr) return -1;
-    const std::string& content =
-        value->is_object() ? f.string(f.get(*value, "content", key), cat(key, ".content"))
-                           : f.string(*value, key);
+    const std::string& content = value->is_object()
+                                     ? f.string(f.get(*value, "content", key), cat(key, ".content"))
+                                     : f.string(*value, key);
     const int32_t id = find_token(*spec, content);
     if (id < 0) f.error(key, cat("'", content, "' is not a token of the tokenizer"));
     return id;
@@ -351,8 +349,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   text << in.rdbuf();
   TokenizerSpec spec = spec_from_json(text.str(), path);
 
-  read_tokenizer_config(std::filesystem::path(path).parent_path() / "tokenizer_config.json",
-                        &spec);
+  read_tokenizer_config(std::filesystem::path(path).parent_path() / "tokenizer_config.json", &spec);
   return build(std::move(spec), path);
 }
 

@@ -36,7 +36,7 @@ Utf8Char next_utf8_char(std::string_view text, size_t pos) {
   const uint8_t b0 = s[pos];
   if (b0 < 0x80) return {b0, 1, Utf8Status::kValid};
 
-  uint32_t need;  // continuation bytes after b0
+  uint32_t need;                 // continuation bytes after b0
   uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Table 3-7)
   char32_t cp;
   if (b0 >= 0xC2 && b0 <= 0xDF) {
