@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/tokenizer/unicode.h"
@@ -245,6 +247,22 @@ TEST(Tokenizer, RoundTripsValidText) {
     }
     if (all_bytes_known) EXPECT_EQ(tok.decode(tok.encode(c.text)), c.text) << printable(c.text);
   }
+}
+
+// encode() is const and shares its piece cache between threads.
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(kSmolTokenizer);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < cases().size(); i += 2) {
+        if (tok.encode(cases()[i].text) != cases()[i].ids) ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST(Tokenizer, LongInputs) {
