@@ -30,8 +30,8 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, bf
   }
 }
 
-// One warp per row (t, h): row at x + t * x_stride + h * dim. Rows are short (<= a few
-// thousand), so a warp keeps them in registers-free two-pass form: sum of squares, then scale.
+// One warp per row (t, h): row at x + t * x_stride + h * dim. Rows here are head_dim or a
+// model width, short enough that a warp's two passes (sum of squares, then scale) hit L1.
 // x: [num_tokens, (strided) num_heads * dim], weight: [dim]
 __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* weight, bf16* out,
                                 int64_t out_stride, int num_tokens, int num_heads, int dim,

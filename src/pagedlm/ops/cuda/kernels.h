@@ -43,6 +43,8 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
 // different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
 // max_q_len, num_splits), so a graph captured for a batch bucket replays for any lengths.
 // max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
+// The first call for each head_dim sets the kernel's shared-memory limit (a host-side
+// attribute); make it once outside stream capture, e.g. in the warm-up before capturing.
 // workspace: at least paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim,
 // num_splits) bytes (may be null when num_splits == 1).
 cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
