@@ -484,12 +484,16 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
 
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len,
                                       int num_sms) {
-  // Two decode blocks fit on an SM; aim for one full wave of them. More splits only add
-  // merge traffic and shorter streams per block: on the H200, (64 seqs x 8 kv heads) ran best
-  // unsplit, 8 x 8 best with 4 splits, 64 x 3 best with 2 (docs/KERNELS.md).
+  // Two decode blocks fit on an SM; fill at most one wave of them. A partial second wave is
+  // the costly case: on the H200, 8 seqs x 8 kv heads at 32k keys ran at 78% of copy
+  // bandwidth with 4 splits (256 blocks) and 50% with 5 (320 blocks); 64 x 8 ran best
+  // unsplit (docs/KERNELS.md).
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
-  const int64_t target = static_cast<int64_t>(std::max(num_sms, 1)) * 2;
-  int64_t splits = (target + blocks - 1) / blocks;
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * 2;
+  int64_t splits = slots / blocks;
+  // Under three quarters of the slots busy, many SMs hold one block and stream too little:
+  // 64 seqs x 3 kv heads (192 blocks) ran at 50% unsplit and 76% with 2 splits.
+  if (splits == 1 && blocks * 4 <= slots * 3) splits = 2;
   splits = std::min<int64_t>(splits, std::max(1, max_kv_len / 256));
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
 }
