@@ -54,7 +54,8 @@ double copy_bandwidth() {
   CK(cudaMalloc(&src, bytes));
   CK(cudaMalloc(&dst, bytes));
   CK(cudaMemset(src, 1, bytes));
-  const float ms = median_ms([&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  const float ms =
+      median_ms([&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
   CK(cudaFree(src));
   CK(cudaFree(dst));
   return 2.0 * bytes / (ms * 1e-3);  // read + written
@@ -79,14 +80,13 @@ int main() {
               prop.multiProcessorCount, copy_bw / 1e9);
 
   const std::vector<Config> configs = {
-      {64, 4096, 32, 8, 128, 16},   {64, 16384, 32, 8, 128, 16}, {64, 32768, 32, 8, 128, 16},
-      {128, 8192, 32, 8, 128, 16},  {256, 4096, 32, 8, 128, 16}, {256, 8192, 32, 8, 128, 64},
-      {32, 32768, 32, 8, 128, 32},  {64, 8192, 9, 3, 64, 16},    {256, 4096, 9, 3, 64, 16},
-      {128, 32768, 9, 3, 64, 16},   {8, 32768, 32, 8, 128, 16},
+      {64, 4096, 32, 8, 128, 16},  {64, 16384, 32, 8, 128, 16}, {64, 32768, 32, 8, 128, 16},
+      {128, 8192, 32, 8, 128, 16}, {256, 4096, 32, 8, 128, 16}, {256, 8192, 32, 8, 128, 64},
+      {32, 32768, 32, 8, 128, 32}, {64, 8192, 9, 3, 64, 16},    {256, 4096, 9, 3, 64, 16},
+      {128, 32768, 9, 3, 64, 16},  {8, 32768, 32, 8, 128, 16},
   };
-  std::printf("%-6s %-6s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch",
-              "ctx", "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s",
-              "%copy");
+  std::printf("%-6s %-6s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
+              "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
   std::mt19937 rng(1);
   for (const Config& c : configs) {
     const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
@@ -100,7 +100,8 @@ int main() {
     CK(cudaMalloc(&q, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMalloc(&out, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMemset(q, 0, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
-    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1), ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
+    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
+        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
     std::vector<int32_t> pages(num_pages);
     std::iota(qi.begin(), qi.end(), 0);
     for (int b = 0; b <= c.batch; ++b) ki[b] = b * pages_per_seq;
@@ -148,8 +149,8 @@ int main() {
   }
 
   // Prefill: causal self-attention over fresh prompts, reported as TFLOP/s (4 * n^2/2 * d * Hq).
-  std::printf("\nprefill (causal, no prefix)\n%-6s %-6s %-3s %-3s %-4s | %9s %8s\n", "batch",
-              "len", "Hq", "Hk", "d", "ms", "TFLOP/s");
+  std::printf("\nprefill (causal, no prefix)\n%-6s %-6s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
+              "Hq", "Hk", "d", "ms", "TFLOP/s");
   for (const Config& c : std::vector<Config>{{4, 4096, 32, 8, 128, 16}, {16, 1024, 9, 3, 64, 16}}) {
     const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
     const int num_pages = pages_per_seq * c.batch;
@@ -163,7 +164,8 @@ int main() {
     CK(cudaMemset(kc, 0, cache_elems * 2));
     CK(cudaMemset(vc, 0, cache_elems * 2));
     CK(cudaMemset(q, 0, q_elems * 2));
-    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1), ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
+    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
+        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
     std::vector<int32_t> pages(num_pages);
     for (int b = 0; b <= c.batch; ++b) {
       qi[b] = b * c.ctx;

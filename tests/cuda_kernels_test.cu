@@ -55,9 +55,7 @@ float round_bf(float f) { return bf2f(f2bf(f)); }
 template <typename T>
 class DevBuf {
  public:
-  explicit DevBuf(size_t n) : n_(n) {
-    CK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
-  }
+  explicit DevBuf(size_t n) : n_(n) { CK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
   explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { upload(v); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
@@ -108,7 +106,7 @@ struct AttnCase {
   std::vector<int> n_ctx;  // cached keys before the new tokens
   int num_q_heads = 8, num_kv_heads = 8, head_dim = 128, page_size = 16;
   bool decode = false;
-  int num_splits = 1;  // decode only; 0 = the heuristic
+  int num_splits = 1;        // decode only; 0 = the heuristic
   bool padded_tail = false;  // extra sequences with no rows and no pages
   std::string name() const {
     return "B=" + std::to_string(n_new.size()) + " Hq=" + std::to_string(num_q_heads) +
@@ -187,14 +185,14 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     DevBuf<char> ws(ws_bytes);
     ws.poison();
     CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
-                                     ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
-                                     Hq, Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
+                                     ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
+                                     Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
                                      nullptr));
     CK(cudaDeviceSynchronize());
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
-                                      ll.get(), out.get(), d.num_seqs, d.num_tokens,
-                                      d.max_q_len, Hq, Hk, D, c.page_size, scale, nullptr));
+                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
+                                      Hq, Hk, D, c.page_size, scale, nullptr));
     CK(cudaDeviceSynchronize());
   }
   const std::vector<uint16_t> got = out.download();
@@ -442,8 +440,8 @@ TEST(CudaAttention, DecodeGraphReplay) {
 
   for (int round = 0; round < 2; ++round) {
     // Round 0: lengths {1, 17, 300, 600}; round 1: {900, 1, 0 rows (padding), 33}.
-    std::vector<int> n_kv = round == 0 ? std::vector<int>{1, 17, 300, 600}
-                                       : std::vector<int>{900, 1, 0, 33};
+    std::vector<int> n_kv =
+        round == 0 ? std::vector<int>{1, 17, 300, 600} : std::vector<int>{900, 1, 0, 33};
     std::vector<int32_t> ki_h = {0}, pg_h, ll_h;
     std::vector<int32_t> qi_round = {0};
     int next = 0;
@@ -482,7 +480,8 @@ TEST(CudaAttention, DecodeGraphReplay) {
         for (int s = 0; s < n_kv[b]; ++s) sum += (p[s] = std::exp(p[s] - mx));
         for (int s = 0; s < n_kv[b]; ++s) {
           const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
-          for (int i = 0; i < D; ++i) acc[i] += p[s] * bf2f(vc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
+          for (int i = 0; i < D; ++i)
+            acc[i] += p[s] * bf2f(vc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
         }
         for (int i = 0; i < D; ++i) st.add(bf2f(got[(token * Hq + h) * D + i]), acc[i] / sum);
       }
@@ -622,15 +621,15 @@ TEST(CudaFused, RopeKvWrite) {
   for (int i = 0; i < d / 2; ++i) {
     inv_freq_h[i] = 1.f / std::pow(10000.f, 2.f * i / d);
   }
-  DevBuf<uint16_t> qkv(qkv_h), kc(static_cast<size_t>(num_slots) * Hk * d), vc(kc.download().size());
+  DevBuf<uint16_t> qkv(qkv_h), kc(static_cast<size_t>(num_slots) * Hk * d),
+      vc(kc.download().size());
   DevBuf<int32_t> pos(pos_h), slot(slot_h);
   DevBuf<float> inv_freq(inv_freq_h);
   kc.poison();
   vc.poison();
   uint16_t* base = qkv.get();
   CK(launch_rope_kv_write(base, row, base + Hq * d, row, base + (Hq + Hk) * d, row, pos.get(),
-                          inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d,
-                          nullptr));
+                          inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d, nullptr));
   auto got = qkv.download();
   auto kc_got = kc.download();
   auto vc_got = vc.download();

@@ -54,8 +54,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16-byte async copy; src_bytes == 0 zero-fills (keys past the end must be zeros, not garbage:
 // P is 0 there but 0 * NaN garbage in V would still poison O).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
   const int ctx = n_kv - n_new;  // keys before the first new token
   const int last_row = min(row0 + kRows, n_rows) - 1;
   const int kv_limit = max(ctx + last_row / group + 1, 0);
-  const int chunk = static_cast<int>(ceil_div(ceil_div(kv_limit, p.num_splits), kBlockKv)) *
-                    kBlockKv;
+  const int chunk =
+      static_cast<int>(ceil_div(ceil_div(kv_limit, p.num_splits), kBlockKv)) * kBlockKv;
   const int kv_begin = min(split * chunk, kv_limit);
   const int kv_end = min(kv_begin + chunk, kv_limit);
   const int num_kv_tiles = static_cast<int>(ceil_div(kv_end - kv_begin, kBlockKv));
@@ -149,8 +149,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
       size_t off = 0;
       if (valid) {
         const int page = pages[pos / page_size];
-        off = ((static_cast<size_t>(page) * page_size + pos % page_size) * p.num_kv_heads + hk) *
-                  D + c * 8;
+        off =
+            ((static_cast<size_t>(page) * page_size + pos % page_size) * p.num_kv_heads + hk) * D +
+            c * 8;
       }
       cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
       cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
@@ -171,8 +172,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
     if (gr < n_rows) {
       const int token = q_start + gr / group;
       const int head = hk * group + gr % group;
-      v = *reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(token) * p.num_q_heads +
-                                                 head) * D + c * 8);
+      v = *reinterpret_cast<const uint4*>(
+          p.q + (static_cast<size_t>(token) * p.num_q_heads + head) * D + c * 8);
     }
     *reinterpret_cast<uint4*>(q_s + r * kStride + c * 8) = v;
   }
@@ -186,8 +187,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
       qf[ks][0] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 2 * t);
       qf[ks][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 2 * t);
       qf[ks][2] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 8 + 2 * t);
-      qf[ks][3] =
-          *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
+      qf[ks][3] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
     }
   }
 
@@ -424,7 +424,7 @@ cudaError_t launch_attn(const AttnParams& params, int num_seqs, int max_q_len,
                         cudaStream_t stream) {
   constexpr size_t kSmem = attn_smem_bytes<D, WM, WN, STAGES>();
   static_assert(WN == 1 || kSmem >= (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) +
-                                         16 * WM * (D + 8) * sizeof(__nv_bfloat16),
+                                        16 * WM * (D + 8) * sizeof(__nv_bfloat16),
                 "merge buffers fit in the K/V stages");
   auto kernel = paged_attention_kernel<D, WM, WN, STAGES>;
   // Once per instantiation: the attribute is a host-side setting, not a stream operation.
@@ -482,8 +482,7 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
   return o_bytes + rows * sizeof(float);
 }
 
-int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len,
-                                      int num_sms) {
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms) {
   // Two decode blocks fit on an SM; fill at most one wave of them. A partial second wave is
   // the costly case: on the H200, 8 seqs x 8 kv heads at 32k keys ran at 78% of copy
   // bandwidth with 4 splits (256 blocks) and 50% with 5 (320 blocks); 64 x 8 ran best
@@ -501,15 +500,15 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv
 cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,
                                            const int32_t* q_indptr, const int32_t* kv_indptr,
                                            const int32_t* kv_page_indices,
-                                           const int32_t* kv_last_page_len, void* out,
-                                           int num_seqs, int num_tokens, int max_q_len,
-                                           int num_q_heads, int num_kv_heads, int head_dim,
-                                           int page_size, float scale, cudaStream_t stream) {
+                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                           int num_tokens, int max_q_len, int num_q_heads,
+                                           int num_kv_heads, int head_dim, int page_size,
+                                           float scale, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   const AttnParams params =
-      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len,
-                  out, num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
+                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
   if (head_dim == 64) return launch_attn<64, 4, 1, 2>(params, num_seqs, max_q_len, stream);
   return launch_attn<128, 4, 1, 2>(params, num_seqs, max_q_len, stream);
 }
@@ -517,18 +516,17 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
 cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
                                           const int32_t* q_indptr, const int32_t* kv_indptr,
                                           const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out,
-                                          int num_seqs, int num_tokens, int max_q_len,
-                                          int num_q_heads, int num_kv_heads, int head_dim,
-                                          int page_size, float scale, int num_splits,
-                                          void* workspace, size_t workspace_bytes,
-                                          cudaStream_t stream) {
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_splits < 1) return cudaErrorInvalidValue;
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   AttnParams params =
-      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len,
-                  out, num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
+                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
   params.num_splits = num_splits;
   if (num_splits > 1) {
     const size_t need =
@@ -547,13 +545,13 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
   if (num_splits == 1) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
   if (head_dim == 64) {
-    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(
-        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, num_splits,
-        params.out);
+    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
+                                                             num_seqs, num_tokens, num_q_heads,
+                                                             num_splits, params.out);
   } else {
-    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(
-        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, num_splits,
-        params.out);
+    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
+                                                              num_seqs, num_tokens, num_q_heads,
+                                                              num_splits, params.out);
   }
   return cudaGetLastError();
 }

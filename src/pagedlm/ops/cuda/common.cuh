@@ -14,7 +14,9 @@ namespace pagedlm::cuda::detail {
     if (err_ != cudaSuccess) return err_; \
   } while (0)
 
-__host__ __device__ inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+__host__ __device__ inline unsigned ceil_div(int64_t a, int64_t b) {
+  return static_cast<unsigned>((a + b - 1) / b);
+}
 
 __device__ __forceinline__ float bf16_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 

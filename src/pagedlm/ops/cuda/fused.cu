@@ -16,8 +16,7 @@ using detail::ceil_div;
 
 // Copies `dim` bf16 per row, 16 bytes at a time when dim % 8 == 0.
 // table: [vocab, dim], token_ids: [num_tokens], out: [num_tokens, dim]; grid: num_tokens blocks.
-__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, bf16* out,
-                                 int dim) {
+__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, bf16* out, int dim) {
   const int t = blockIdx.x;
   const bf16* src = table + static_cast<size_t>(token_ids[t]) * dim;
   bf16* dst = out + static_cast<size_t>(t) * dim;
@@ -72,8 +71,7 @@ __global__ void add_rms_norm_kernel(bf16* residual, const bf16* x, const bf16* w
   const float inv = rsqrtf(ss / dim + eps);
   // Each thread re-reads only the elements it wrote itself, so no barrier is needed.
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    out[base + i] =
-        __float2bfloat16(__bfloat162float(res[i]) * inv * __bfloat162float(weight[i]));
+    out[base + i] = __float2bfloat16(__bfloat162float(res[i]) * inv * __bfloat162float(weight[i]));
   }
 }
 
@@ -105,8 +103,8 @@ __global__ void rope_kv_write_kernel(bf16* q, int64_t q_stride, bf16* k, int64_t
     x[i] = y1;
     x[i + half] = y2;
     if (!is_q && slot >= 0) {
-      bf16* dst = k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) *
-                                head_dim;
+      bf16* dst =
+          k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim;
       dst[i] = y1;
       dst[i + half] = y2;
     }
@@ -150,11 +148,11 @@ __global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {
 
 }  // namespace
 
-cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out,
-                             int num_tokens, int dim, cudaStream_t stream) {
+cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out, int num_tokens,
+                             int dim, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids,
-                                                    static_cast<bf16*>(out), dim);
+                                                   static_cast<bf16*>(out), dim);
   return cudaGetLastError();
 }
 
@@ -172,18 +170,17 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
 cudaError_t launch_add_rms_norm(void* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(static_cast<bf16*>(residual),
-                                                static_cast<const bf16*>(x),
-                                                static_cast<const bf16*>(weight),
-                                                static_cast<bf16*>(out), dim, eps);
+  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(
+      static_cast<bf16*>(residual), static_cast<const bf16*>(x), static_cast<const bf16*>(weight),
+      static_cast<bf16*>(out), dim, eps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64_t k_token_stride,
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
-                                 const float* inv_freq, const int32_t* slot_mapping,
-                                 void* k_cache, void* v_cache, int num_tokens, int num_q_heads,
-                                 int num_kv_heads, int head_dim, cudaStream_t stream) {
+                                 const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
+                                 void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
+                                 int head_dim, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
   rope_kv_write_kernel<<<num_tokens, 256, 0, stream>>>(

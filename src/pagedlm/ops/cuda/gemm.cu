@@ -34,10 +34,10 @@ cudaError_t fail(GemmHandle* h, cublasStatus_t status) {
   return cudaErrorUnknown;
 }
 
-#define PAGEDLM_LT_TRY(h, expr)                                \
-  do {                                                         \
-    cublasStatus_t st_ = (expr);                               \
-    if (st_ != CUBLAS_STATUS_SUCCESS) return fail((h), st_);   \
+#define PAGEDLM_LT_TRY(h, expr)                              \
+  do {                                                       \
+    cublasStatus_t st_ = (expr);                             \
+    if (st_ != CUBLAS_STATUS_SUCCESS) return fail((h), st_); \
   } while (0)
 
 void destroy_plan(GemmHandle::Plan& p) {
@@ -57,11 +57,9 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, GemmHan
   cublasStatus_t st = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                      sizeof(trans_a));
+  st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
-  st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                      sizeof(trans_b));
+  st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   if (has_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -89,8 +87,7 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, GemmHan
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result,
-                                        &found);
+    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
@@ -132,8 +129,8 @@ void gemm_destroy(GemmHandle* handle) {
 
 int gemm_last_status(const GemmHandle* handle) { return handle ? handle->last_status : 0; }
 
-cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const void* bias,
-                             void* y, int m, int n, int k, cudaStream_t stream) {
+cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const void* bias, void* y,
+                             int m, int n, int k, cudaStream_t stream) {
   if (h == nullptr || m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
   const auto key = std::make_tuple(m, n, k, bias != nullptr);
@@ -146,8 +143,8 @@ cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const 
   }
   GemmHandle::Plan& p = it->second;
   if (bias != nullptr) {
-    PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &bias, sizeof(bias)));
+    PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                     sizeof(bias)));
   }
   const float alpha = 1.f, beta = 0.f;
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,

@@ -34,10 +34,10 @@ namespace pagedlm::cuda {
 cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,
                                            const int32_t* q_indptr, const int32_t* kv_indptr,
                                            const int32_t* kv_page_indices,
-                                           const int32_t* kv_last_page_len, void* out,
-                                           int num_seqs, int num_tokens, int max_q_len,
-                                           int num_q_heads, int num_kv_heads, int head_dim,
-                                           int page_size, float scale, cudaStream_t stream);
+                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                           int num_tokens, int max_q_len, int num_q_heads,
+                                           int num_kv_heads, int head_dim, int page_size,
+                                           float scale, cudaStream_t stream);
 
 // Decode (flash-decoding): each sequence's keys are cut into num_splits parts handled by
 // different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
@@ -50,12 +50,11 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
 cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
                                           const int32_t* q_indptr, const int32_t* kv_indptr,
                                           const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out,
-                                          int num_seqs, int num_tokens, int max_q_len,
-                                          int num_q_heads, int num_kv_heads, int head_dim,
-                                          int page_size, float scale, int num_splits,
-                                          void* workspace, size_t workspace_bytes,
-                                          cudaStream_t stream);
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, cudaStream_t stream);
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
@@ -63,16 +62,15 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
 
 // A split count that fills the GPU: enough (sequence, kv head, split) blocks for a few waves,
 // no split shorter than 256 keys. num_sms from cudaDeviceProp::multiProcessorCount.
-int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len,
-                                      int num_sms);
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms);
 
 // ---------------------------------------------------------------------------------------------
 // Small fused kernels.
 // ---------------------------------------------------------------------------------------------
 
 // table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] bf16.
-cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out,
-                             int num_tokens, int dim, cudaStream_t stream);
+cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out, int num_tokens,
+                             int dim, cudaStream_t stream);
 
 // RMSNorm over rows (t, h): x row at x + t * x_token_stride + h * dim (elements), same for out
 // with out_token_stride (out may alias x). Plain norm: num_heads = 1, strides = dim. Qwen3's
@@ -97,13 +95,12 @@ cudaError_t launch_add_rms_norm(void* residual, const void* x, const void* weigh
 // k_cache, v_cache: [num_slots, num_kv_heads, head_dim] bf16 (num_slots = num_pages*page_size)
 cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64_t k_token_stride,
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
-                                 const float* inv_freq, const int32_t* slot_mapping,
-                                 void* k_cache, void* v_cache, int num_tokens, int num_q_heads,
-                                 int num_kv_heads, int head_dim, cudaStream_t stream);
+                                 const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
+                                 void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
+                                 int head_dim, cudaStream_t stream);
 
 // gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] = silu(gate) * up.
-cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim,
-                            cudaStream_t stream);
+cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream);
 
 // in: [*, dim] bf16, rows: [num_rows], out: [num_rows, dim] = in[rows[i]].
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,

@@ -42,8 +42,8 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 // logits: [num_rows, vocab] f32; out_tokens: [num_rows]; grid: num_rows blocks of kThreads.
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int vocab, const float* temperature, const int32_t* top_k,
-                  const float* top_p, const float* min_p, const uint64_t* seed,
-                  const int64_t* step, int32_t* out_tokens) {
+                  const float* top_p, const float* min_p, const uint64_t* seed, const int64_t* step,
+                  int32_t* out_tokens) {
   __shared__ float scratch[32];
   __shared__ float hist_mass[kBins];
   __shared__ int hist_count[kBins];
@@ -248,8 +248,8 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
                           cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
-  sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p,
-                                                   min_p, seed, step, out_tokens);
+  sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p, min_p,
+                                                   seed, step, out_tokens);
   return cudaGetLastError();
 }
 
