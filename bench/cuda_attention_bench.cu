@@ -1,0 +1,196 @@
+// Decode attention bandwidth on long contexts, against the device's measured copy bandwidth.
+// Each configuration reads far more K/V than the L2 holds (60 MB on an H200), so repeated
+// launches stream from HBM. Pages are shuffled so reads are scattered as in a live cache.
+// Times: CUDA events, 3 warm-ups, median of 20 runs. Prints one table to stdout.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "pagedlm/ops/cuda/kernels.h"
+
+namespace {
+
+using namespace pagedlm::cuda;
+
+void check(cudaError_t err, const char* what, int line) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s (line %d): %s\n", what, line, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+#define CK(expr) check((expr), #expr, __LINE__)
+
+template <typename F>
+float median_ms(F&& fn, int warmup = 3, int iters = 20) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double copy_bandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *src, *dst;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&dst, bytes));
+  CK(cudaMemset(src, 1, bytes));
+  const float ms =
+      median_ms([&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  return 2.0 * bytes / (ms * 1e-3);  // read + written
+}
+
+struct Config {
+  int batch, ctx, hq, hk, d, page_size;
+};
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const double copy_bw = copy_bandwidth();
+  std::printf("device %s, %d SMs; D2D copy %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, copy_bw / 1e9);
+
+  const std::vector<Config> configs = {
+      {64, 4096, 32, 8, 128, 16},  {64, 16384, 32, 8, 128, 16}, {64, 32768, 32, 8, 128, 16},
+      {128, 8192, 32, 8, 128, 16}, {256, 4096, 32, 8, 128, 16}, {256, 8192, 32, 8, 128, 64},
+      {32, 32768, 32, 8, 128, 32}, {64, 8192, 9, 3, 64, 16},    {256, 4096, 9, 3, 64, 16},
+      {128, 32768, 9, 3, 64, 16},  {8, 32768, 32, 8, 128, 16},
+  };
+  std::printf("%-6s %-6s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
+              "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
+  std::mt19937 rng(1);
+  for (const Config& c : configs) {
+    const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
+    const int num_pages = pages_per_seq * c.batch;
+    const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
+    void *kc, *vc, *q, *out;
+    CK(cudaMalloc(&kc, cache_elems * 2));
+    CK(cudaMalloc(&vc, cache_elems * 2));
+    CK(cudaMemset(kc, 0, cache_elems * 2));
+    CK(cudaMemset(vc, 0, cache_elems * 2));
+    CK(cudaMalloc(&q, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
+    CK(cudaMalloc(&out, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
+    CK(cudaMemset(q, 0, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
+    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
+        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
+    std::vector<int32_t> pages(num_pages);
+    std::iota(qi.begin(), qi.end(), 0);
+    for (int b = 0; b <= c.batch; ++b) ki[b] = b * pages_per_seq;
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    int32_t *qi_d, *ki_d, *pg_d, *ll_d;
+    CK(cudaMalloc(&qi_d, qi.size() * 4));
+    CK(cudaMalloc(&ki_d, ki.size() * 4));
+    CK(cudaMalloc(&pg_d, pages.size() * 4));
+    CK(cudaMalloc(&ll_d, ll.size() * 4));
+    CK(cudaMemcpy(qi_d, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ki_d, ki.data(), ki.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pg_d, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ll_d, ll.data(), ll.size() * 4, cudaMemcpyHostToDevice));
+    const int max_splits = 64;
+    const size_t ws_bytes = paged_attention_workspace_bytes(c.batch, c.hq, c.d, max_splits);
+    void* ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    const double kv_bytes = 2.0 * c.batch * static_cast<double>(c.ctx) * c.hk * c.d * 2;
+    auto run = [&](int splits) {
+      return median_ms([&] {
+        CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
+                                         1, c.hq, c.hk, c.d, c.page_size, 0.088f, splits, ws,
+                                         ws_bytes, nullptr));
+      });
+    };
+    const int heur =
+        paged_attention_decode_num_splits(c.batch, c.hk, c.ctx, prop.multiProcessorCount);
+    const float t_heur = run(heur);
+    int best_s = heur;
+    float best_t = t_heur;
+    for (int s : {1, 2, 4, 8, 16, 32}) {
+      const float t = run(s);
+      if (t < best_t) {
+        best_t = t;
+        best_s = s;
+      }
+    }
+    const double bw_h = kv_bytes / (t_heur * 1e-3), bw_b = kv_bytes / (best_t * 1e-3);
+    std::printf("%-6d %-6d %-3d %-3d %-4d %-3d | %-7d %9.1f %8.0f %5.1f%% | %-7d %9.0f %5.1f%%\n",
+                c.batch, c.ctx, c.hq, c.hk, c.d, c.page_size, heur, t_heur * 1e3, bw_h / 1e9,
+                100 * bw_h / copy_bw, best_s, bw_b / 1e9, 100 * bw_b / copy_bw);
+    for (void* p : {kc, vc, q, out, ws}) CK(cudaFree(p));
+    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
+  }
+
+  // Prefill: causal self-attention over fresh prompts, reported as TFLOP/s (4 * n^2/2 * d * Hq).
+  std::printf("\nprefill (causal, no prefix)\n%-6s %-6s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
+              "Hq", "Hk", "d", "ms", "TFLOP/s");
+  for (const Config& c : std::vector<Config>{{4, 4096, 32, 8, 128, 16}, {16, 1024, 9, 3, 64, 16}}) {
+    const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
+    const int num_pages = pages_per_seq * c.batch;
+    const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
+    const size_t q_elems = static_cast<size_t>(c.batch) * c.ctx * c.hq * c.d;
+    void *kc, *vc, *q, *out;
+    CK(cudaMalloc(&kc, cache_elems * 2));
+    CK(cudaMalloc(&vc, cache_elems * 2));
+    CK(cudaMalloc(&q, q_elems * 2));
+    CK(cudaMalloc(&out, q_elems * 2));
+    CK(cudaMemset(kc, 0, cache_elems * 2));
+    CK(cudaMemset(vc, 0, cache_elems * 2));
+    CK(cudaMemset(q, 0, q_elems * 2));
+    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
+        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
+    std::vector<int32_t> pages(num_pages);
+    for (int b = 0; b <= c.batch; ++b) {
+      qi[b] = b * c.ctx;
+      ki[b] = b * pages_per_seq;
+    }
+    std::iota(pages.begin(), pages.end(), 0);
+    int32_t *qi_d, *ki_d, *pg_d, *ll_d;
+    CK(cudaMalloc(&qi_d, qi.size() * 4));
+    CK(cudaMalloc(&ki_d, ki.size() * 4));
+    CK(cudaMalloc(&pg_d, pages.size() * 4));
+    CK(cudaMalloc(&ll_d, ll.size() * 4));
+    CK(cudaMemcpy(qi_d, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ki_d, ki.data(), ki.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pg_d, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ll_d, ll.data(), ll.size() * 4, cudaMemcpyHostToDevice));
+    const float ms = median_ms([&] {
+      CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch,
+                                        c.batch * c.ctx, c.ctx, c.hq, c.hk, c.d, c.page_size,
+                                        0.088f, nullptr));
+    });
+    const double flops = 4.0 * c.batch * (static_cast<double>(c.ctx) * c.ctx / 2) * c.d * c.hq;
+    std::printf("%-6d %-6d %-3d %-3d %-4d | %9.3f %8.1f\n", c.batch, c.ctx, c.hq, c.hk, c.d, ms,
+                flops / (ms * 1e-3) / 1e12);
+    for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
+    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
+  }
+  return 0;
+}

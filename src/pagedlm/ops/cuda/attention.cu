@@ -1,0 +1,559 @@
+// Paged attention over the packed token stream, FlashAttention-2 style: K/V tiles of 64 keys
+// stream through shared memory (cp.async, multi-stage), S = Q K^T and O += P V run on tensor
+// cores (mma.sync m16n8k16 bf16 -> fp32), softmax is online, S never leaves registers.
+//
+// Rows of a tile are (token, q head) pairs of one kv head's group, so all q heads that share a
+// kv head read each K/V tile once (GQA packing, as FlashInfer does). Two instantiations:
+//   prefill: 4 warps x 16 rows each, every warp sees all 64 keys of a tile;
+//   decode:  1 x 16 rows, the 4 warps split the 64 keys of a tile (more bytes in flight per
+//            row), merged through shared memory; across blocks the keys are split again
+//            (flash-decoding) and a small kernel merges the per-split (lse, out) pairs.
+// See docs/KERNELS.md for the variants and their timings.
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "pagedlm/ops/cuda/common.cuh"
+#include "pagedlm/ops/cuda/kernels.h"
+
+namespace pagedlm::cuda {
+namespace {
+
+using detail::ceil_div;
+
+constexpr int kThreads = 128;
+constexpr int kBlockKv = 64;  // keys per pipeline stage
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttnParams {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* k_cache;
+  const __nv_bfloat16* v_cache;
+  const int32_t* q_indptr;
+  const int32_t* kv_indptr;
+  const int32_t* kv_page_indices;
+  const int32_t* kv_last_page_len;
+  __nv_bfloat16* out;
+  float* ws_o;    // [num_splits, num_tokens, num_q_heads, head_dim], used when num_splits > 1
+  float* ws_lse;  // [num_splits, num_tokens, num_q_heads] (log2 domain)
+  int num_tokens;
+  int num_q_heads;
+  int num_kv_heads;
+  int group;
+  int page_size;
+  int num_splits;
+  float scale_log2;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes == 0 zero-fills (keys past the end must be zeros, not garbage:
+// P is 0 there but 0 * NaN garbage in V would still poison O).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int D, int WM, int WN, int STAGES>
+constexpr size_t attn_smem_bytes() {
+  return static_cast<size_t>(16 * WM + 2 * STAGES * kBlockKv) * (D + 8) * sizeof(__nv_bfloat16);
+}
+
+// q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages, page_size, num_kv_heads, D]
+// grid: (row tiles * num_splits, num_seqs, num_kv_heads), block: 128 threads.
+template <int D, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p) {
+  static_assert(WM * WN == kThreads / 32, "4 warps");
+  constexpr int kRows = 16 * WM;
+  constexpr int kStride = D + 8;  // padded smem row: conflict-free fragment loads
+  constexpr int kWarpKv = kBlockKv / WN;
+  constexpr int kNt = kWarpKv / 8;  // n8 tiles of S per warp
+  constexpr int kDt = D / 8;        // n8 tiles of O per warp
+  static_assert(kWarpKv % 16 == 0, "P.V steps over 16 keys");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* k_s = q_s + kRows * kStride;
+  __nv_bfloat16* v_s = k_s + STAGES * kBlockKv * kStride;
+
+  const int split = blockIdx.x % p.num_splits;
+  const int tile = blockIdx.x / p.num_splits;
+  const int b = blockIdx.y;
+  const int hk = blockIdx.z;
+  const int group = p.group;
+
+  const int q_start = p.q_indptr[b];
+  const int n_new = p.q_indptr[b + 1] - q_start;
+  const int n_rows = n_new * group;
+  const int row0 = tile * kRows;
+  if (row0 >= n_rows) return;  // padding sequence or a tile past this sequence's rows
+
+  const int page_begin = p.kv_indptr[b];
+  const int num_pages = p.kv_indptr[b + 1] - page_begin;
+  const int page_size = p.page_size;
+  const int n_kv = num_pages > 0 ? (num_pages - 1) * page_size + p.kv_last_page_len[b] : 0;
+  const int ctx = n_kv - n_new;  // keys before the first new token
+  const int last_row = min(row0 + kRows, n_rows) - 1;
+  const int kv_limit = max(ctx + last_row / group + 1, 0);
+  const int chunk =
+      static_cast<int>(ceil_div(ceil_div(kv_limit, p.num_splits), kBlockKv)) * kBlockKv;
+  const int kv_begin = min(split * chunk, kv_limit);
+  const int kv_end = min(kv_begin + chunk, kv_limit);
+  const int num_kv_tiles = static_cast<int>(ceil_div(kv_end - kv_begin, kBlockKv));
+  const int32_t* pages = p.kv_page_indices + page_begin;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm = warp / WN, wn = warp % WN;
+
+  auto load_kv = [&](int kv_tile, int stage) {
+    constexpr int kChunks = D / 8;
+    const int kv0 = kv_begin + kv_tile * kBlockKv;
+    __nv_bfloat16* ks = k_s + stage * kBlockKv * kStride;
+    __nv_bfloat16* vs = v_s + stage * kBlockKv * kStride;
+#pragma unroll
+    for (int i = 0; i < kBlockKv * kChunks / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int pos = kv0 + r;
+      const bool valid = pos < kv_end;
+      size_t off = 0;
+      if (valid) {
+        const int page = pages[pos / page_size];
+        off =
+            ((static_cast<size_t>(page) * page_size + pos % page_size) * p.num_kv_heads + hk) * D +
+            c * 8;
+      }
+      cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
+      cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
+    }
+  };
+
+  // Start the K/V pipeline first so its latency overlaps the Q load.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < num_kv_tiles) load_kv(s, s);
+    cp_async_commit();
+  }
+
+  for (int idx = tid; idx < kRows * (D / 8); idx += kThreads) {
+    const int r = idx / (D / 8), c = idx % (D / 8);
+    const int gr = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (gr < n_rows) {
+      const int token = q_start + gr / group;
+      const int head = hk * group + gr % group;
+      v = *reinterpret_cast<const uint4*>(
+          p.q + (static_cast<size_t>(token) * p.num_q_heads + head) * D + c * 8);
+    }
+    *reinterpret_cast<uint4*>(q_s + r * kStride + c * 8) = v;
+  }
+  __syncthreads();
+
+  uint32_t qf[D / 16][4];
+  {
+    const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      qf[ks][0] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 2 * t);
+      qf[ks][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 2 * t);
+      qf[ks][2] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 8 + 2 * t);
+      qf[ks][3] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
+    }
+  }
+
+  // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see.
+  int lim[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int gr = row0 + wm * 16 + g + 8 * h;
+    lim[h] = gr < n_rows ? min(ctx + gr / group + 1, kv_end) : kv_begin;
+  }
+
+  float o[kDt][4];
+#pragma unroll
+  for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  for (int it = 0; it < num_kv_tiles; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile `it` visible to all; stage (it - 1) % STAGES free for reuse
+    if (it + STAGES - 1 < num_kv_tiles) load_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+
+    const int stage = it % STAGES;
+    const __nv_bfloat16* ks = k_s + (stage * kBlockKv + wn * kWarpKv) * kStride;
+    const __nv_bfloat16* vs = v_s + (stage * kBlockKv + wn * kWarpKv) * kStride;
+
+    float s[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const __nv_bfloat16* kr = ks + (nt * 8 + g) * kStride + kk * 16 + 2 * t;
+        mma_16816(s[nt], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
+                  *reinterpret_cast<const uint32_t*>(kr + 8));
+      }
+    }
+
+    const int col0 = kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = col0 + nt * 8 + (e & 1);
+        const int h = e >> 1;
+        s[nt][e] = col < lim[h] ? s[nt][e] * p.scale_log2 : -INFINITY;
+        mx[h] = fmaxf(mx[h], s[nt][e]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = exp2f(m[h] - base);
+      m[h] = m_new;
+      mx[h] = base;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
+        rs[e >> 1] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1];
+      o[dt][3] *= alpha[1];
+    }
+
+    // The S accumulator layout is the A-operand layout of P, so P stays in registers.
+#pragma unroll
+    for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const __nv_bfloat16* vrow =
+          vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vrow + dn * 16);
+        mma_16816(o[2 * dn], a, bv[0], bv[1]);
+        mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+
+  const bool split_out = p.num_splits > 1;
+  auto store = [&](int r, int col, float v0, float v1, float lse) {
+    const int gr = row0 + r;
+    if (gr >= n_rows) return;
+    const int token = q_start + gr / group;
+    const int head = hk * group + gr % group;
+    const size_t row = static_cast<size_t>(token) * p.num_q_heads + head;
+    if (!split_out) {
+      *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
+    } else {
+      const size_t srow = static_cast<size_t>(split) * p.num_tokens * p.num_q_heads + row;
+      *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
+      if (col == 0) p.ws_lse[srow] = lse;
+    }
+  };
+
+  if constexpr (WN == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      const float lse = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
+      const int r = wm * 16 + g + 8 * h;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        store(r, dt * 8 + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, lse);
+      }
+    }
+  } else {
+    // Merge the WN warps' partial softmax states of the same 16 rows through shared memory
+    // (the K/V stages are free now).
+    __syncthreads();
+    float* o_s = reinterpret_cast<float*>(k_s);  // [WN][16][D]
+    float* m_s = o_s + WN * 16 * D;              // [WN][16]
+    float* l_s = m_s + WN * 16;                  // [WN][16]
+    float* f_s = l_s + WN * 16;                  // [WN][16] per-warp factors
+    float* lse_s = f_s + WN * 16;                // [16]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      if (t == 0) {
+        m_s[wn * 16 + r] = m[h];
+        l_s[wn * 16 + r] = l[h];
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
+            make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+      }
+    }
+    __syncthreads();
+    if (tid < 16) {
+      float mm = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) mm = fmaxf(mm, m_s[w * 16 + tid]);
+      const float base = mm == -INFINITY ? 0.f : mm;
+      float ll = 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) ll += l_s[w * 16 + tid] * exp2f(m_s[w * 16 + tid] - base);
+      const float inv = ll > 0.f ? 1.f / ll : 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) f_s[w * 16 + tid] = exp2f(m_s[w * 16 + tid] - base) * inv;
+      lse_s[tid] = ll > 0.f ? base + log2f(ll) : -INFINITY;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < 16 * D / 2; idx += kThreads) {
+      const int r = idx / (D / 2), col = (idx % (D / 2)) * 2;
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) {
+        const float f = f_s[w * 16 + r];
+        const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
+        v0 += f * ov.x;
+        v1 += f * ov.y;
+      }
+      store(r, col, v0, v1, lse_s[r]);
+    }
+  }
+}
+
+// ws_o: [num_splits, num_tokens, num_q_heads, D] f32, ws_lse: [num_splits, num_tokens,
+// num_q_heads]; out: [num_tokens, num_q_heads, D] bf16. One warp per (token, head).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    merge_splits_kernel(const float* ws_o, const float* ws_lse, const int32_t* q_indptr,
+                        int num_seqs, int num_tokens, int num_q_heads, int num_splits,
+                        __nv_bfloat16* out) {
+  const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= num_tokens * num_q_heads) return;
+  const int token = row / num_q_heads;
+  // Rows outside every sequence (padding of the stream) were never computed.
+  if (token < q_indptr[0] || token >= q_indptr[num_seqs]) return;
+  const size_t stride = static_cast<size_t>(num_tokens) * num_q_heads;
+  float mx = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_lse[s * stride + row]);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  constexpr int kPer = D / 32;
+  float acc[kPer] = {};
+  float wsum = 0.f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float lse = ws_lse[s * stride + row];
+    if (lse == -INFINITY) continue;  // an empty split
+    const float w = exp2f(lse - base);
+    wsum += w;
+    const float* src = ws_o + (s * stride + row) * D + lane * kPer;
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src + i);
+      acc[i] += w * v.x;
+      acc[i + 1] += w * v.y;
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  __nv_bfloat16* dst = out + static_cast<size_t>(row) * D + lane * kPer;
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) {
+    *reinterpret_cast<__nv_bfloat162*>(dst + i) =
+        __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
+  }
+}
+
+template <int D, int WM, int WN, int STAGES>
+cudaError_t launch_attn(const AttnParams& params, int num_seqs, int max_q_len,
+                        cudaStream_t stream) {
+  constexpr size_t kSmem = attn_smem_bytes<D, WM, WN, STAGES>();
+  static_assert(WN == 1 || kSmem >= (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) +
+                                        16 * WM * (D + 8) * sizeof(__nv_bfloat16),
+                "merge buffers fit in the K/V stages");
+  auto kernel = paged_attention_kernel<D, WM, WN, STAGES>;
+  // Once per instantiation: the attribute is a host-side setting, not a stream operation.
+  static const cudaError_t attr_err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  PAGEDLM_CUDA_TRY(attr_err);
+  const int64_t rows = static_cast<int64_t>(max_q_len) * params.group;
+  const unsigned tiles = std::max(1u, ceil_div(rows, 16 * WM));
+  dim3 grid(tiles * params.num_splits, num_seqs, params.num_kv_heads);
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int page_size) {
+  if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
+  const int group = num_q_heads / num_kv_heads;
+  if (group < 1 || group > 8) return cudaErrorInvalidValue;
+  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
+  if (page_size < 1) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+AttnParams make_params(const void* q, const void* k_cache, const void* v_cache,
+                       const int32_t* q_indptr, const int32_t* kv_indptr,
+                       const int32_t* kv_page_indices, const int32_t* kv_last_page_len, void* out,
+                       int num_tokens, int num_q_heads, int num_kv_heads, int page_size,
+                       float scale) {
+  AttnParams p{};
+  p.q = static_cast<const __nv_bfloat16*>(q);
+  p.k_cache = static_cast<const __nv_bfloat16*>(k_cache);
+  p.v_cache = static_cast<const __nv_bfloat16*>(v_cache);
+  p.q_indptr = q_indptr;
+  p.kv_indptr = kv_indptr;
+  p.kv_page_indices = kv_page_indices;
+  p.kv_last_page_len = kv_last_page_len;
+  p.out = static_cast<__nv_bfloat16*>(out);
+  p.num_tokens = num_tokens;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.group = num_q_heads / num_kv_heads;
+  p.page_size = page_size;
+  p.num_splits = 1;
+  p.scale_log2 = scale * kLog2e;
+  return p;
+}
+
+}  // namespace
+
+size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
+                                       int max_num_splits) {
+  if (max_num_splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(max_num_splits) * max_num_tokens * num_q_heads;
+  // Output block first, 256-byte aligned, then the lse block.
+  const size_t o_bytes = (rows * head_dim * sizeof(float) + 255) / 256 * 256;
+  return o_bytes + rows * sizeof(float);
+}
+
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms) {
+  // Two decode blocks fit on an SM; fill at most one wave of them. A partial second wave is
+  // the costly case: on the H200, 8 seqs x 8 kv heads at 32k keys ran at 78% of copy
+  // bandwidth with 4 splits (256 blocks) and 50% with 5 (320 blocks); 64 x 8 ran best
+  // unsplit (docs/KERNELS.md).
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * 2;
+  int64_t splits = slots / blocks;
+  // Under three quarters of the slots busy, many SMs hold one block and stream too little:
+  // 64 seqs x 3 kv heads (192 blocks) ran at 50% unsplit and 76% with 2 splits.
+  if (splits == 1 && blocks * 4 <= slots * 3) splits = 2;
+  splits = std::min<int64_t>(splits, std::max(1, max_kv_len / 256));
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
+}
+
+cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,
+                                           const int32_t* q_indptr, const int32_t* kv_indptr,
+                                           const int32_t* kv_page_indices,
+                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                           int num_tokens, int max_q_len, int num_q_heads,
+                                           int num_kv_heads, int head_dim, int page_size,
+                                           float scale, cudaStream_t stream) {
+  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
+  if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
+  const AttnParams params =
+      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
+                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+  if (head_dim == 64) return launch_attn<64, 4, 1, 2>(params, num_seqs, max_q_len, stream);
+  return launch_attn<128, 4, 1, 2>(params, num_seqs, max_q_len, stream);
+}
+
+cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
+                                          const int32_t* q_indptr, const int32_t* kv_indptr,
+                                          const int32_t* kv_page_indices,
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, cudaStream_t stream) {
+  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
+  if (num_splits < 1) return cudaErrorInvalidValue;
+  if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
+  AttnParams params =
+      make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
+                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+  params.num_splits = num_splits;
+  if (num_splits > 1) {
+    const size_t need =
+        paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, num_splits);
+    if (workspace == nullptr || workspace_bytes < need) return cudaErrorInvalidValue;
+    const size_t rows = static_cast<size_t>(num_splits) * num_tokens * num_q_heads;
+    params.ws_o = static_cast<float*>(workspace);
+    params.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                             (rows * head_dim * sizeof(float) + 255) / 256 * 256);
+  }
+  if (head_dim == 64) {
+    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, 3>(params, num_seqs, max_q_len, stream)));
+  } else {
+    PAGEDLM_CUDA_TRY((launch_attn<128, 1, 4, 3>(params, num_seqs, max_q_len, stream)));
+  }
+  if (num_splits == 1) return cudaSuccess;
+  const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
+  if (head_dim == 64) {
+    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
+                                                             num_seqs, num_tokens, num_q_heads,
+                                                             num_splits, params.out);
+  } else {
+    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
+                                                              num_seqs, num_tokens, num_q_heads,
+                                                              num_splits, params.out);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace pagedlm::cuda

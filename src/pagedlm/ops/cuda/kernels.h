@@ -1,0 +1,150 @@
+// Raw CUDA kernels of pagedlm: bf16 storage, fp32 accumulation. Every launcher takes device
+// pointers, sizes and a stream, enqueues its work and returns the launch error (never
+// synchronizes, never allocates), so all of them can be captured in a CUDA graph.
+// This header includes no engine header on purpose: the ops layer wraps these launchers.
+// All index arrays are int32 and live on the device. "bf16" pointers hold __nv_bfloat16 values;
+// they are typed void* here so this header stays plain C++.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedlm::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention over the packed token stream (FlashInfer CSR page table, see StepPlan).
+//
+// q:          [num_tokens, num_q_heads, head_dim] bf16
+// k/v_cache:  [num_pages, page_size, num_kv_heads, head_dim] bf16
+// q_indptr:   [num_seqs + 1]  rows of sequence b are q_indptr[b] .. q_indptr[b+1]
+// kv_indptr:  [num_seqs + 1]  pages of b are kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]]
+// kv_last_page_len: [num_seqs]
+// out:        [num_tokens, num_q_heads, head_dim] bf16
+// Sequence b holds n_kv = (pages - 1) * page_size + last_len keys (0 when it has no page); its
+// n_new query rows are its last n_new positions: query j sees keys 0 .. n_kv - n_new + j.
+// Sequences with no query rows (padding) are skipped; rows outside every sequence are not
+// written. head_dim is 64 or 128, num_q_heads / num_kv_heads is 1..8 (Hq % Hk == 0), any
+// page_size >= 1 works (16/32/64 are the tuned ones).
+// ---------------------------------------------------------------------------------------------
+
+// Prefill / mixed batches: tiles of 64 (token, q head) rows per (sequence, kv head).
+// max_q_len bounds q_indptr[b+1] - q_indptr[b] over b (the grid is sized from it).
+cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,
+                                           const int32_t* q_indptr, const int32_t* kv_indptr,
+                                           const int32_t* kv_page_indices,
+                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                           int num_tokens, int max_q_len, int num_q_heads,
+                                           int num_kv_heads, int head_dim, int page_size,
+                                           float scale, cudaStream_t stream);
+
+// Decode (flash-decoding): each sequence's keys are cut into num_splits parts handled by
+// different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
+// max_q_len, num_splits), so a graph captured for a batch bucket replays for any lengths.
+// max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
+// The first call for each head_dim sets the kernel's shared-memory limit (a host-side
+// attribute); make it once outside stream capture, e.g. in the warm-up before capturing.
+// workspace: at least paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim,
+// num_splits) bytes (may be null when num_splits == 1).
+cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
+                                          const int32_t* q_indptr, const int32_t* kv_indptr,
+                                          const int32_t* kv_page_indices,
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, cudaStream_t stream);
+
+// Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
+size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
+                                       int max_num_splits);
+
+// A split count that fills the GPU: enough (sequence, kv head, split) blocks for a few waves,
+// no split shorter than 256 keys. num_sms from cudaDeviceProp::multiProcessorCount.
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms);
+
+// ---------------------------------------------------------------------------------------------
+// Small fused kernels.
+// ---------------------------------------------------------------------------------------------
+
+// table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] bf16.
+cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out, int num_tokens,
+                             int dim, cudaStream_t stream);
+
+// RMSNorm over rows (t, h): x row at x + t * x_token_stride + h * dim (elements), same for out
+// with out_token_stride (out may alias x). Plain norm: num_heads = 1, strides = dim. Qwen3's
+// per-head q/k norm: num_heads = heads, dim = head_dim, strides = the fused qkv row length.
+// out = x * rsqrt(mean(x^2) + eps) * weight; weight: [dim] bf16.
+cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* weight, void* out,
+                            int64_t out_token_stride, int num_tokens, int num_heads, int dim,
+                            float eps, cudaStream_t stream);
+
+// residual: [rows, dim] bf16 in/out, x: [rows, dim], weight: [dim], out: [rows, dim].
+// residual = bf16(residual + x); out = rms_norm(residual) * weight, computed from the rounded
+// residual so it matches a CPU path that stores the residual stream in bf16.
+cudaError_t launch_add_rms_norm(void* residual, const void* x, const void* weight, void* out,
+                                int rows, int dim, float eps, cudaStream_t stream);
+
+// Rotary embedding (NEOX rotate_half: pair i with i + d/2, angle = float(pos) * inv_freq[i] in
+// fp32) on q and k in place, then k and v are written into the paged cache at slot_mapping
+// (slot = page * page_size + offset; -1 skips the token: padding).
+// q: [num_tokens, num_q_heads, head_dim] at q + t * q_token_stride (+ h * head_dim)
+// k, v: [num_tokens, num_kv_heads, head_dim] with k_token_stride / v_token_stride
+// positions, slot_mapping: [num_tokens]; inv_freq: [head_dim / 2] f32
+// k_cache, v_cache: [num_slots, num_kv_heads, head_dim] bf16 (num_slots = num_pages*page_size)
+cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64_t k_token_stride,
+                                 const void* v, int64_t v_token_stride, const int32_t* positions,
+                                 const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
+                                 void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
+                                 int head_dim, cudaStream_t stream);
+
+// gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] = silu(gate) * up.
+cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream);
+
+// in: [*, dim] bf16, rows: [num_rows], out: [num_rows, dim] = in[rows[i]].
+cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
+                               int dim, cudaStream_t stream);
+
+// in: [n] bf16 -> out: [n] f32.
+cudaError_t launch_bf16_to_f32(const void* in, float* out, int64_t n, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Sampling, one row of logits per request.
+// logits: [num_rows, vocab] f32; per-row parameters (device arrays of num_rows):
+// temperature, top_k, top_p, min_p, seed, step; out_tokens: [num_rows].
+// Semantics (a CPU implementation must follow the same order to match):
+//  1. temperature <= 0 or top_k == 1: argmax, lowest index on ties.
+//  2. x = logits / temperature; p = softmax(x).
+//  3. top_k > 0: keep tokens with x >= the k-th largest x (ties at the cut are all kept).
+//  4. top_p < 1: among kept tokens, keep those with x >= T where T is the largest value such
+//     that the kept mass with x >= T is >= top_p * (kept mass).
+//  5. min_p > 0: keep tokens with p >= min_p * max(p).
+//  6. u = splitmix64(seed ^ (step * 0x9E3779B97F4A7C15)) >> 11, times 2^-53 (a double in
+//     [0, 1)); return the first kept index i (ascending) where the running kept mass exceeds
+//     u * (total kept mass).
+// ---------------------------------------------------------------------------------------------
+cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const float* temperature,
+                          const int32_t* top_k, const float* top_p, const float* min_p,
+                          const uint64_t* seed, const int64_t* step, int32_t* out_tokens,
+                          cudaStream_t stream);
+
+// The counter-based uniform of step 6, for host code and tests.
+double sampling_uniform(uint64_t seed, int64_t step);
+
+// ---------------------------------------------------------------------------------------------
+// GEMM through cuBLASLt: y[M, N] = x[M, K] . W[N, K]^T (+ bias[N]); bf16 in/out, fp32
+// accumulation. A handle owns the cuBLASLt context, a fixed workspace and a per-shape cache of
+// algorithms, so calls allocate nothing (capturable once a shape has been seen). A handle is
+// not thread safe.
+// ---------------------------------------------------------------------------------------------
+struct GemmHandle;
+cudaError_t gemm_create(GemmHandle** handle, size_t workspace_bytes);
+void gemm_destroy(GemmHandle* handle);
+// bias may be null.
+cudaError_t launch_gemm_bf16(GemmHandle* handle, const void* x, const void* w, const void* bias,
+                             void* y, int m, int n, int k, cudaStream_t stream);
+// The cuBLAS status of the handle's last failed call (0 when none), for error messages.
+int gemm_last_status(const GemmHandle* handle);
+
+}  // namespace pagedlm::cuda

@@ -1,0 +1,861 @@
+// Every CUDA kernel against a plain double-precision CPU loop on the same bf16 data. Paged
+// attention is checked against attention over contiguous K/V gathered from the same pages,
+// sweeping page sizes, odd lengths, batch sizes, GQA ratios, head dims, cached prefixes and
+// split counts. Outputs are poisoned (NaN) first, so an unwritten element fails the test.
+// Skips cleanly on machines without a GPU.
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pagedlm/ops/cuda/kernels.h"
+
+// A named namespace: gtest's registration statics in an unnamed one trip nvcc warning 177.
+namespace pagedlm::cuda::kernels_test {
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device"
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+#define CK(expr) check((expr), #expr)
+
+uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf2f(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float round_bf(float f) { return bf2f(f2bf(f)); }
+
+template <typename T>
+class DevBuf {
+ public:
+  explicit DevBuf(size_t n) : n_(n) { CK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { upload(v); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() { cudaFree(p_); }
+  T* get() const { return p_; }
+  void upload(const std::vector<T>& v) {
+    CK(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    CK(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  void poison() { CK(cudaMemset(p_, 0xFF, n_ * sizeof(T))); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f2bf(dist(rng));
+  return v;
+}
+
+struct ErrStats {
+  double diff2 = 0, ref2 = 0;
+  int64_t non_finite = 0;
+  void add(double got, double ref) {
+    if (!std::isfinite(got)) {
+      ++non_finite;
+      return;
+    }
+    diff2 += (got - ref) * (got - ref);
+    ref2 += ref * ref;
+  }
+  double rel() const { return std::sqrt(diff2 / std::max(ref2, 1e-30)); }
+};
+
+// ------------------------------------------------------------------------------------------
+// Paged attention.
+// ------------------------------------------------------------------------------------------
+
+struct AttnCase {
+  std::vector<int> n_new;  // query rows per sequence (0 = padding sequence)
+  std::vector<int> n_ctx;  // cached keys before the new tokens
+  int num_q_heads = 8, num_kv_heads = 8, head_dim = 128, page_size = 16;
+  bool decode = false;
+  int num_splits = 1;        // decode only; 0 = the heuristic
+  bool padded_tail = false;  // extra sequences with no rows and no pages
+  std::string name() const {
+    return "B=" + std::to_string(n_new.size()) + " Hq=" + std::to_string(num_q_heads) +
+           " Hk=" + std::to_string(num_kv_heads) + " d=" + std::to_string(head_dim) +
+           " ps=" + std::to_string(page_size) + (decode ? " decode splits=" : " prefill") +
+           (decode ? std::to_string(num_splits) : "");
+  }
+};
+
+struct AttnData {
+  std::vector<uint16_t> q, k_cache, v_cache;
+  std::vector<int32_t> q_indptr, kv_indptr, pages, last_len;
+  int num_tokens = 0, num_seqs = 0, max_q_len = 0, max_kv = 0, num_pages = 0;
+};
+
+AttnData build(const AttnCase& c, std::mt19937& rng) {
+  AttnData d;
+  const int B = static_cast<int>(c.n_new.size());
+  d.num_seqs = B + (c.padded_tail ? 3 : 0);
+  d.q_indptr = {0};
+  d.kv_indptr = {0};
+  int total_pages = 0;
+  std::vector<int> pages_per_seq;
+  for (int b = 0; b < B; ++b) {
+    const int n_kv = c.n_new[b] + c.n_ctx[b];
+    const int np = n_kv > 0 ? (n_kv + c.page_size - 1) / c.page_size : 0;
+    pages_per_seq.push_back(np);
+    total_pages += np;
+  }
+  d.num_pages = total_pages + 5;  // spare pages hold garbage that must never be read
+  std::vector<int32_t> perm(d.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int n_kv = c.n_new[b] + c.n_ctx[b];
+    for (int i = 0; i < pages_per_seq[b]; ++i) d.pages.push_back(perm[next++]);
+    d.kv_indptr.push_back(static_cast<int32_t>(d.pages.size()));
+    d.last_len.push_back(n_kv > 0 ? n_kv - (pages_per_seq[b] - 1) * c.page_size : 0);
+    d.q_indptr.push_back(d.q_indptr.back() + c.n_new[b]);
+    d.max_q_len = std::max(d.max_q_len, c.n_new[b]);
+    d.max_kv = std::max(d.max_kv, n_kv);
+  }
+  for (int b = B; b < d.num_seqs; ++b) {
+    d.kv_indptr.push_back(d.kv_indptr.back());
+    d.last_len.push_back(0);
+    d.q_indptr.push_back(d.q_indptr.back());
+  }
+  d.num_tokens = d.q_indptr.back();
+  const size_t slot = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  d.q = random_bf16(static_cast<size_t>(d.num_tokens) * c.num_q_heads * c.head_dim, rng, -2, 2);
+  d.k_cache = random_bf16(static_cast<size_t>(d.num_pages) * c.page_size * slot, rng);
+  d.v_cache = random_bf16(static_cast<size_t>(d.num_pages) * c.page_size * slot, rng);
+  return d;
+}
+
+// Returns the relative Frobenius error over the checked rows; counts non-finite outputs over
+// all rows (every row of every sequence must be written).
+ErrStats run_attention(const AttnCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  AttnData d = build(c, rng);
+  const int D = c.head_dim, Hq = c.num_q_heads, Hk = c.num_kv_heads, G = Hq / Hk;
+  DevBuf<uint16_t> q(d.q), kc(d.k_cache), vc(d.v_cache);
+  DevBuf<int32_t> qi(d.q_indptr), ki(d.kv_indptr), pg(d.pages), ll(d.last_len);
+  DevBuf<uint16_t> out(static_cast<size_t>(d.num_tokens) * Hq * D);
+  out.poison();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  if (c.decode) {
+    int splits = c.num_splits;
+    if (splits == 0) {
+      int sms = 0;
+      CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      splits = paged_attention_decode_num_splits(d.num_seqs, Hk, d.max_kv, sms);
+    }
+    const size_t ws_bytes = paged_attention_workspace_bytes(d.num_tokens, Hq, D, splits);
+    DevBuf<char> ws(ws_bytes);
+    ws.poison();
+    CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
+                                     ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
+                                     Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
+                                     nullptr));
+    CK(cudaDeviceSynchronize());
+  } else {
+    CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
+                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
+                                      Hq, Hk, D, c.page_size, scale, nullptr));
+    CK(cudaDeviceSynchronize());
+  }
+  const std::vector<uint16_t> got = out.download();
+
+  ErrStats st;
+  for (uint16_t v : got) {
+    if (!std::isfinite(bf2f(v))) ++st.non_finite;
+  }
+  // Reference on contiguous K/V; long sequences check a sample of rows to bound CPU time.
+  std::vector<float> kf, vf;
+  std::vector<double> p, acc(D);
+  for (size_t b = 0; b < c.n_new.size(); ++b) {
+    const int n_new = c.n_new[b], n_kv = n_new + c.n_ctx[b];
+    kf.assign(static_cast<size_t>(n_kv) * Hk * D, 0.f);
+    vf.assign(kf.size(), 0.f);
+    for (int pos = 0; pos < n_kv; ++pos) {
+      const int page = d.pages[d.kv_indptr[b] + pos / c.page_size];
+      const size_t src = (static_cast<size_t>(page) * c.page_size + pos % c.page_size) * Hk * D;
+      for (size_t i = 0; i < static_cast<size_t>(Hk) * D; ++i) {
+        kf[pos * Hk * D + i] = bf2f(d.k_cache[src + i]);
+        vf[pos * Hk * D + i] = bf2f(d.v_cache[src + i]);
+      }
+    }
+    const int step = n_new > 64 ? 13 : 1;
+    for (int j = 0; j < n_new; ++j) {
+      if (j % step != 0 && j < n_new - 3) continue;
+      const int token = d.q_indptr[b] + j;
+      const int visible = n_kv - n_new + j + 1;
+      for (int h = 0; h < Hq; ++h) {
+        const int hk = h / G;
+        const uint16_t* qr = &d.q[(static_cast<size_t>(token) * Hq + h) * D];
+        p.assign(visible, 0.0);
+        double mx = -1e300;
+        for (int s = 0; s < visible; ++s) {
+          double dot = 0;
+          const float* kr = &kf[(static_cast<size_t>(s) * Hk + hk) * D];
+          for (int i = 0; i < D; ++i) dot += static_cast<double>(bf2f(qr[i])) * kr[i];
+          p[s] = dot * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int s = 0; s < visible; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int s = 0; s < visible; ++s) {
+          const float* vr = &vf[(static_cast<size_t>(s) * Hk + hk) * D];
+          for (int i = 0; i < D; ++i) acc[i] += p[s] * vr[i];
+        }
+        for (int i = 0; i < D; ++i) {
+          st.add(bf2f(got[(static_cast<size_t>(token) * Hq + h) * D + i]), acc[i] / sum);
+        }
+      }
+    }
+  }
+  return st;
+}
+
+void expect_attention(const AttnCase& c, uint32_t seed = 1) {
+  const ErrStats st = run_attention(c, seed);
+  EXPECT_EQ(st.non_finite, 0) << c.name();
+  EXPECT_LE(st.rel(), 1e-2) << c.name();
+  std::printf("  %-60s rel_err=%.2e\n", c.name().c_str(), st.rel());
+}
+
+std::vector<int> repeat(int n, int v) { return std::vector<int>(n, v); }
+
+TEST(CudaAttention, PrefillSmall) {
+  SKIP_WITHOUT_GPU();
+  for (int ps : {16, 32, 64}) {
+    for (int d : {64, 128}) {
+      AttnCase c;
+      c.n_new = {1, 7, 33, 5};
+      c.n_ctx = {0, 40, 0, 100};
+      c.num_q_heads = 8;
+      c.num_kv_heads = d == 64 ? 2 : 8;
+      c.head_dim = d;
+      c.page_size = ps;
+      expect_attention(c, ps + d);
+    }
+  }
+  AttnCase c;  // padding sequences at the end of the batch
+  c.n_new = {3, 1};
+  c.n_ctx = {17, 0};
+  c.num_q_heads = 9;
+  c.num_kv_heads = 3;
+  c.head_dim = 64;
+  c.padded_tail = true;
+  expect_attention(c);
+}
+
+TEST(CudaAttention, PrefillLong) {
+  SKIP_WITHOUT_GPU();
+  {
+    AttnCase c;
+    c.n_new = {1000};
+    c.n_ctx = {0};
+    c.num_q_heads = 8;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+    c.page_size = 64;
+    expect_attention(c);
+  }
+  {
+    AttnCase c;
+    c.n_new = {4097, 33, 7};
+    c.n_ctx = {0, 4097, 1000};
+    c.num_q_heads = 4;
+    c.num_kv_heads = 1;
+    c.head_dim = 128;
+    c.page_size = 16;
+    expect_attention(c);
+  }
+}
+
+TEST(CudaAttention, PrefillBatch300) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  AttnCase c;
+  for (int b = 0; b < 300; ++b) {
+    c.n_new.push_back(static_cast<int>(rng() % 40));  // includes zero-row sequences
+    c.n_ctx.push_back(static_cast<int>(rng() % 300));
+  }
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.page_size = 32;
+  expect_attention(c);
+}
+
+TEST(CudaAttention, PageSize1Small) {
+  SKIP_WITHOUT_GPU();
+  AttnCase c;
+  c.n_new = {7, 33, 1, 5};
+  c.n_ctx = {3, 0, 100, 1000};
+  c.num_q_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 128;
+  c.page_size = 1;
+  expect_attention(c);
+  c.decode = true;
+  c.n_new = {1, 1, 1, 1, 1};
+  c.n_ctx = {0, 6, 32, 999, 4096};
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.num_splits = 3;
+  expect_attention(c);
+}
+
+TEST(CudaAttention, DecodeSmall) {
+  SKIP_WITHOUT_GPU();
+  for (int splits : {1, 4}) {
+    for (int ps : {16, 32, 64}) {
+      AttnCase c;
+      c.decode = true;
+      c.n_new = repeat(7, 1);
+      c.n_ctx = {0, 6, 32, 999, 63, 64, 200};
+      c.num_q_heads = ps == 32 ? 32 : 9;
+      c.num_kv_heads = ps == 32 ? 8 : 3;
+      c.head_dim = ps == 32 ? 128 : 64;
+      c.page_size = ps;
+      c.num_splits = splits;
+      c.padded_tail = ps == 16;
+      expect_attention(c, splits * 100 + ps);
+    }
+  }
+  AttnCase c;  // a few new tokens per sequence through the decode kernel
+  c.decode = true;
+  c.n_new = {1, 2, 3, 1};
+  c.n_ctx = {100, 7, 4000, 0};
+  c.num_q_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 128;
+  c.num_splits = 5;
+  expect_attention(c);
+}
+
+TEST(CudaAttention, DecodeLarge) {
+  SKIP_WITHOUT_GPU();
+  {
+    AttnCase c;
+    c.decode = true;
+    c.n_new = repeat(64, 1);
+    c.n_ctx = repeat(64, 4096);
+    c.num_q_heads = 8;
+    c.num_kv_heads = 1;
+    c.head_dim = 128;
+    c.page_size = 64;
+    c.num_splits = 16;
+    expect_attention(c);
+  }
+  {
+    std::mt19937 rng(3);
+    AttnCase c;
+    c.decode = true;
+    for (int b = 0; b < 300; ++b) {
+      c.n_new.push_back(1);
+      c.n_ctx.push_back(static_cast<int>(rng() % 2000));
+    }
+    c.num_q_heads = 9;
+    c.num_kv_heads = 3;
+    c.head_dim = 64;
+    c.page_size = 16;
+    c.num_splits = 0;
+    expect_attention(c);
+  }
+  {
+    AttnCase c;
+    c.decode = true;
+    c.n_new = repeat(5, 1);
+    c.n_ctx = {0, 6, 32, 999, 4096};
+    c.num_q_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.page_size = 32;
+    c.num_splits = 0;
+    expect_attention(c);
+  }
+}
+
+// The decode launch is captured once and replayed after the page table changes on the device.
+TEST(CudaAttention, DecodeGraphReplay) {
+  SKIP_WITHOUT_GPU();
+  const int B = 4, Hq = 8, Hk = 2, D = 128, ps = 16, splits = 8, num_pages = 64;
+  std::mt19937 rng(11);
+  auto kc_h = random_bf16(static_cast<size_t>(num_pages) * ps * Hk * D, rng);
+  auto vc_h = random_bf16(kc_h.size(), rng);
+  auto q_h = random_bf16(static_cast<size_t>(B) * Hq * D, rng);
+  DevBuf<uint16_t> kc(kc_h), vc(vc_h), q(q_h), out(static_cast<size_t>(B) * Hq * D);
+  std::vector<int32_t> qi_h = {0, 1, 2, 3, 4};
+  DevBuf<int32_t> qi(qi_h), ki(B + 1), pg(num_pages), ll(B);
+  const size_t ws_bytes = paged_attention_workspace_bytes(B, Hq, D, splits);
+  DevBuf<char> ws(ws_bytes);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
+                                   ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, scale, splits,
+                                   ws.get(), ws_bytes, stream));
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int round = 0; round < 2; ++round) {
+    // Round 0: lengths {1, 17, 300, 600}; round 1: {900, 1, 0 rows (padding), 33}.
+    std::vector<int> n_kv =
+        round == 0 ? std::vector<int>{1, 17, 300, 600} : std::vector<int>{900, 1, 0, 33};
+    std::vector<int32_t> ki_h = {0}, pg_h, ll_h;
+    std::vector<int32_t> qi_round = {0};
+    int next = 0;
+    for (int b = 0; b < B; ++b) {
+      const int np = (n_kv[b] + ps - 1) / ps;
+      for (int i = 0; i < np; ++i) pg_h.push_back((next++ * 7 + round) % num_pages);
+      ki_h.push_back(static_cast<int32_t>(pg_h.size()));
+      ll_h.push_back(n_kv[b] - (np > 0 ? (np - 1) * ps : 0));
+      qi_round.push_back(qi_round.back() + (n_kv[b] > 0 ? 1 : 0));
+    }
+    pg_h.resize(num_pages, 0);
+    ki.upload(ki_h);
+    pg.upload(pg_h);
+    ll.upload(ll_h);
+    qi.upload(qi_round);
+    out.poison();
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    const auto got = out.download();
+    ErrStats st;
+    for (int b = 0; b < B; ++b) {
+      if (n_kv[b] == 0) continue;
+      const int token = qi_round[b];
+      for (int h = 0; h < Hq; ++h) {
+        std::vector<double> p(n_kv[b]), acc(D, 0.0);
+        double mx = -1e300, sum = 0;
+        for (int s = 0; s < n_kv[b]; ++s) {
+          const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
+          double dot = 0;
+          for (int i = 0; i < D; ++i) {
+            dot += static_cast<double>(bf2f(q_h[(token * Hq + h) * D + i])) *
+                   bf2f(kc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
+          }
+          mx = std::max(mx, p[s] = dot * scale);
+        }
+        for (int s = 0; s < n_kv[b]; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int s = 0; s < n_kv[b]; ++s) {
+          const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
+          for (int i = 0; i < D; ++i)
+            acc[i] += p[s] * bf2f(vc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
+        }
+        for (int i = 0; i < D; ++i) st.add(bf2f(got[(token * Hq + h) * D + i]), acc[i] / sum);
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0) << "round " << round;
+    EXPECT_LE(st.rel(), 1e-2) << "round " << round;
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(stream));
+}
+
+// ------------------------------------------------------------------------------------------
+// Fused kernels.
+// ------------------------------------------------------------------------------------------
+
+TEST(CudaFused, EmbeddingGatherConvert) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (int dim : {576, 100}) {
+    const int vocab = 1000, L = 37;
+    auto table_h = random_bf16(static_cast<size_t>(vocab) * dim, rng);
+    std::vector<int32_t> ids_h(L);
+    for (auto& id : ids_h) id = static_cast<int32_t>(rng() % vocab);
+    DevBuf<uint16_t> table(table_h), out(static_cast<size_t>(L) * dim);
+    DevBuf<int32_t> ids(ids_h);
+    out.poison();
+    CK(launch_embedding(table.get(), ids.get(), out.get(), L, dim, nullptr));
+    auto got = out.download();
+    for (int t = 0; t < L; ++t) {
+      for (int i = 0; i < dim; ++i) {
+        ASSERT_EQ(got[t * dim + i], table_h[static_cast<size_t>(ids_h[t]) * dim + i]);
+      }
+    }
+    const int S = 5;
+    std::vector<int32_t> rows_h = {36, 0, 5, 5, 17};
+    DevBuf<int32_t> rows(rows_h);
+    DevBuf<uint16_t> g(static_cast<size_t>(S) * dim);
+    DevBuf<float> f(static_cast<size_t>(S) * dim);
+    g.poison();
+    f.poison();
+    CK(launch_gather_rows(out.get(), rows.get(), g.get(), S, dim, nullptr));
+    CK(launch_bf16_to_f32(g.get(), f.get(), static_cast<int64_t>(S) * dim, nullptr));
+    auto gf = f.download();
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < dim; ++i) ASSERT_EQ(gf[s * dim + i], bf2f(got[rows_h[s] * dim + i]));
+    }
+  }
+}
+
+TEST(CudaFused, RmsNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  const float eps = 1e-6f;
+  {  // plain, and per head inside a fused qkv row, in place
+    const int L = 37, dim = 576;
+    auto x_h = random_bf16(static_cast<size_t>(L) * dim, rng, -3, 3);
+    auto w_h = random_bf16(dim, rng, 0.5, 1.5);
+    DevBuf<uint16_t> x(x_h), w(w_h), out(x_h.size());
+    out.poison();
+    CK(launch_rms_norm(x.get(), dim, w.get(), out.get(), dim, L, 1, dim, eps, nullptr));
+    auto got = out.download();
+    ErrStats st;
+    for (int r = 0; r < L; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += std::pow(bf2f(x_h[r * dim + i]), 2);
+      const double inv = 1.0 / std::sqrt(ss / dim + eps);
+      for (int i = 0; i < dim; ++i) {
+        st.add(bf2f(got[r * dim + i]), bf2f(x_h[r * dim + i]) * inv * bf2f(w_h[i]));
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2);
+  }
+  {
+    const int L = 5, H = 4, d = 128, row = (H + 2 * 2) * d;
+    auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -3, 3);
+    auto w_h = random_bf16(d, rng, 0.5, 1.5);
+    DevBuf<uint16_t> qkv(qkv_h), w(w_h);
+    CK(launch_rms_norm(qkv.get(), row, w.get(), qkv.get(), row, L, H, d, eps, nullptr));
+    auto got = qkv.download();
+    ErrStats st;
+    for (int t = 0; t < L; ++t) {
+      for (int h = 0; h < H; ++h) {
+        const size_t base = static_cast<size_t>(t) * row + h * d;
+        double ss = 0;
+        for (int i = 0; i < d; ++i) ss += std::pow(bf2f(qkv_h[base + i]), 2);
+        const double inv = 1.0 / std::sqrt(ss / d + eps);
+        for (int i = 0; i < d; ++i) {
+          st.add(bf2f(got[base + i]), bf2f(qkv_h[base + i]) * inv * bf2f(w_h[i]));
+        }
+      }
+      for (int i = H * d; i < row; ++i) {  // k and v untouched
+        ASSERT_EQ(got[static_cast<size_t>(t) * row + i], qkv_h[static_cast<size_t>(t) * row + i]);
+      }
+    }
+    EXPECT_LE(st.rel(), 1e-2);
+  }
+  {  // fused residual add
+    const int L = 19, dim = 960;
+    auto res_h = random_bf16(static_cast<size_t>(L) * dim, rng, -3, 3);
+    auto x_h = random_bf16(res_h.size(), rng, -3, 3);
+    auto w_h = random_bf16(dim, rng, 0.5, 1.5);
+    DevBuf<uint16_t> res(res_h), x(x_h), w(w_h), out(res_h.size());
+    out.poison();
+    CK(launch_add_rms_norm(res.get(), x.get(), w.get(), out.get(), L, dim, eps, nullptr));
+    auto got_res = res.download();
+    auto got = out.download();
+    ErrStats st;
+    for (int r = 0; r < L; ++r) {
+      double ss = 0;
+      std::vector<float> sum(dim);
+      for (int i = 0; i < dim; ++i) {
+        sum[i] = round_bf(bf2f(res_h[r * dim + i]) + bf2f(x_h[r * dim + i]));
+        ASSERT_EQ(bf2f(got_res[r * dim + i]), sum[i]);
+        ss += static_cast<double>(sum[i]) * sum[i];
+      }
+      const double inv = 1.0 / std::sqrt(ss / dim + eps);
+      for (int i = 0; i < dim; ++i) st.add(bf2f(got[r * dim + i]), sum[i] * inv * bf2f(w_h[i]));
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2);
+  }
+}
+
+TEST(CudaFused, RopeKvWrite) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  const int L = 13, Hq = 4, Hk = 2, d = 64, row = (Hq + 2 * Hk) * d, num_slots = 64;
+  auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -2, 2);
+  std::vector<int32_t> pos_h(L), slot_h(L);
+  for (int t = 0; t < L; ++t) {
+    pos_h[t] = static_cast<int32_t>(rng() % 5000);
+    slot_h[t] = t % 4 == 3 ? -1 : (t * 5) % num_slots;
+  }
+  std::vector<float> inv_freq_h(d / 2);
+  for (int i = 0; i < d / 2; ++i) {
+    inv_freq_h[i] = 1.f / std::pow(10000.f, 2.f * i / d);
+  }
+  DevBuf<uint16_t> qkv(qkv_h), kc(static_cast<size_t>(num_slots) * Hk * d),
+      vc(kc.download().size());
+  DevBuf<int32_t> pos(pos_h), slot(slot_h);
+  DevBuf<float> inv_freq(inv_freq_h);
+  kc.poison();
+  vc.poison();
+  uint16_t* base = qkv.get();
+  CK(launch_rope_kv_write(base, row, base + Hq * d, row, base + (Hq + Hk) * d, row, pos.get(),
+                          inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d, nullptr));
+  auto got = qkv.download();
+  auto kc_got = kc.download();
+  auto vc_got = vc.download();
+  ErrStats st;
+  for (int t = 0; t < L; ++t) {
+    for (int h = 0; h < Hq + Hk; ++h) {
+      const size_t off = static_cast<size_t>(t) * row + h * d;
+      for (int i = 0; i < d / 2; ++i) {
+        const double ang = static_cast<double>(static_cast<float>(pos_h[t]) * inv_freq_h[i]);
+        const double x1 = bf2f(qkv_h[off + i]), x2 = bf2f(qkv_h[off + i + d / 2]);
+        st.add(bf2f(got[off + i]), x1 * std::cos(ang) - x2 * std::sin(ang));
+        st.add(bf2f(got[off + i + d / 2]), x2 * std::cos(ang) + x1 * std::sin(ang));
+      }
+    }
+    if (slot_h[t] < 0) continue;
+    for (int i = 0; i < Hk * d; ++i) {
+      ASSERT_EQ(kc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
+                got[static_cast<size_t>(t) * row + Hq * d + i]);
+      ASSERT_EQ(vc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
+                qkv_h[static_cast<size_t>(t) * row + (Hq + Hk) * d + i]);
+    }
+  }
+  EXPECT_EQ(st.non_finite, 0);
+  EXPECT_LE(st.rel(), 1e-2);
+  // Slots no token maps to stay untouched (poisoned).
+  std::vector<bool> used(num_slots, false);
+  for (int s : slot_h) {
+    if (s >= 0) used[s] = true;
+  }
+  for (int s = 0; s < num_slots; ++s) {
+    if (!used[s]) ASSERT_EQ(kc_got[static_cast<size_t>(s) * Hk * d], 0xFFFF);
+  }
+}
+
+TEST(CudaFused, SiluMul) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  for (int dim : {1536, 100}) {
+    const int L = 9;
+    auto gu_h = random_bf16(static_cast<size_t>(L) * 2 * dim, rng, -4, 4);
+    DevBuf<uint16_t> gu(gu_h), out(static_cast<size_t>(L) * dim);
+    out.poison();
+    CK(launch_silu_mul(gu.get(), out.get(), L, dim, nullptr));
+    auto got = out.download();
+    ErrStats st;
+    for (int r = 0; r < L; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        const double g = bf2f(gu_h[r * 2 * dim + i]), u = bf2f(gu_h[r * 2 * dim + dim + i]);
+        st.add(bf2f(got[r * dim + i]), g / (1 + std::exp(-g)) * u);
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Sampling.
+// ------------------------------------------------------------------------------------------
+
+struct SampleRow {
+  float temperature;
+  int32_t top_k;
+  float top_p, min_p;
+  uint64_t seed;
+  int64_t step;
+};
+
+// The documented semantics, in double where it matters.
+int cpu_sample(const float* logits, int vocab, const SampleRow& r, double* margin) {
+  *margin = 1.0;
+  if (r.temperature <= 0.f || r.top_k == 1) {
+    return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
+  }
+  const float inv_t = 1.f / r.temperature;
+  std::vector<float> x(vocab);
+  for (int i = 0; i < vocab; ++i) x[i] = logits[i] * inv_t;
+  const float mx = *std::max_element(x.begin(), x.end());
+  float thresh = -INFINITY;
+  if (r.top_k > 0 && r.top_k < vocab) {
+    std::vector<float> s = x;
+    std::nth_element(s.begin(), s.begin() + (r.top_k - 1), s.end(), std::greater<float>());
+    thresh = s[r.top_k - 1];
+  }
+  if (r.top_p < 1.f) {
+    std::vector<float> kept;
+    double total = 0;
+    for (float v : x) {
+      if (v >= thresh) {
+        kept.push_back(v);
+        total += std::exp(static_cast<double>(v) - mx);
+      }
+    }
+    std::sort(kept.begin(), kept.end(), std::greater<float>());
+    double cum = 0;
+    for (float v : kept) {
+      cum += std::exp(static_cast<double>(v) - mx);
+      if (cum >= r.top_p * total) {
+        thresh = std::max(thresh, v);
+        break;
+      }
+    }
+  }
+  std::vector<double> e(vocab, 0.0);
+  double total = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const double ei = std::exp(static_cast<double>(x[i]) - mx);
+    if (x[i] >= thresh && ei >= r.min_p) total += (e[i] = ei);
+  }
+  const double target = sampling_uniform(r.seed, r.step) * total;
+  double run = 0;
+  int last = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (e[i] == 0.0) continue;
+    last = i;
+    if (run + e[i] > target) {
+      *margin = std::min(target - run, run + e[i] - target) / total;
+      return i;
+    }
+    run += e[i];
+  }
+  return last;
+}
+
+TEST(CudaSampling, MatchesCpuSemantics) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  const int vocab = 50000;
+  std::vector<SampleRow> rows = {
+      {0.f, 0, 1.f, 0.f, 1, 0},      {0.7f, 1, 1.f, 0.f, 2, 0},     {1.f, 0, 1.f, 0.f, 3, 5},
+      {0.8f, 50, 1.f, 0.f, 4, 9},    {1.2f, 0, 0.9f, 0.f, 5, 1},    {1.f, 0, 1.f, 0.05f, 6, 2},
+      {0.9f, 40, 0.8f, 0.02f, 7, 3}, {2.f, 1000, 0.95f, 0.f, 8, 4}, {1.f, 0, 0.5f, 0.f, 9, 7},
+      {0.5f, 5, 0.3f, 0.f, 10, 8},
+  };
+  const int R = static_cast<int>(rows.size());
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> logits_h(static_cast<size_t>(R) * vocab);
+  for (auto& v : logits_h) v = nd(rng);
+  // A tie at the maximum: greedy must return the lower index.
+  logits_h[1234] = logits_h[777] = 100.f;
+  std::vector<float> temp_h, top_p_h, min_p_h;
+  std::vector<int32_t> top_k_h;
+  std::vector<uint64_t> seed_h;
+  std::vector<int64_t> step_h;
+  for (const auto& r : rows) {
+    temp_h.push_back(r.temperature);
+    top_k_h.push_back(r.top_k);
+    top_p_h.push_back(r.top_p);
+    min_p_h.push_back(r.min_p);
+    seed_h.push_back(r.seed);
+    step_h.push_back(r.step);
+  }
+  DevBuf<float> logits(logits_h), temp(temp_h), top_p(top_p_h), min_p(min_p_h);
+  DevBuf<int32_t> top_k(top_k_h), out(R);
+  DevBuf<uint64_t> seed(seed_h);
+  DevBuf<int64_t> step(step_h);
+  out.poison();
+  CK(launch_sample(logits.get(), R, vocab, temp.get(), top_k.get(), top_p.get(), min_p.get(),
+                   seed.get(), step.get(), out.get(), nullptr));
+  auto got = out.download();
+  for (int r = 0; r < R; ++r) {
+    double margin = 0;
+    const int want = cpu_sample(&logits_h[static_cast<size_t>(r) * vocab], vocab, rows[r], &margin);
+    // Float vs double sums may disagree only when the draw lands within rounding of a boundary.
+    if (margin > 1e-5) EXPECT_EQ(got[r], want) << "row " << r;
+  }
+  EXPECT_EQ(got[0], 777);
+  // Different steps of one seed give different draws over a flat distribution.
+  std::vector<float> flat(vocab, 0.f);
+  DevBuf<float> flat_d(flat);
+  std::vector<int64_t> steps2 = {0, 1};
+  std::vector<uint64_t> seeds2 = {42, 42};
+  std::vector<float> t2 = {1.f, 1.f}, p2 = {1.f, 1.f}, m2 = {0.f, 0.f};
+  std::vector<int32_t> k2 = {0, 0};
+  DevBuf<int64_t> s2(steps2);
+  DevBuf<uint64_t> sd2(seeds2);
+  DevBuf<float> td2(t2), pd2(p2), md2(m2);
+  DevBuf<int32_t> kd2(k2), o2(2);
+  std::vector<float> two_rows(2 * vocab, 0.f);
+  DevBuf<float> lg2(two_rows);
+  CK(launch_sample(lg2.get(), 2, vocab, td2.get(), kd2.get(), pd2.get(), md2.get(), sd2.get(),
+                   s2.get(), o2.get(), nullptr));
+  auto g2 = o2.download();
+  EXPECT_EQ(g2[0], static_cast<int>(sampling_uniform(42, 0) * vocab));
+  EXPECT_EQ(g2[1], static_cast<int>(sampling_uniform(42, 1) * vocab));
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMM.
+// ------------------------------------------------------------------------------------------
+
+TEST(CudaGemm, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  GemmHandle* h = nullptr;
+  CK(gemm_create(&h, 32 << 20));
+  std::mt19937 rng(12);
+  struct Shape {
+    int m, n, k;
+    bool bias;
+  };
+  for (const Shape s : {Shape{37, 300, 576, false}, Shape{1, 1536, 576, true},
+                        Shape{256, 960, 320, true}, Shape{37, 300, 576, false}}) {
+    auto x_h = random_bf16(static_cast<size_t>(s.m) * s.k, rng);
+    auto w_h = random_bf16(static_cast<size_t>(s.n) * s.k, rng);
+    auto b_h = random_bf16(s.n, rng);
+    DevBuf<uint16_t> x(x_h), w(w_h), b(b_h), y(static_cast<size_t>(s.m) * s.n);
+    y.poison();
+    const cudaError_t err = launch_gemm_bf16(h, x.get(), w.get(), s.bias ? b.get() : nullptr,
+                                             y.get(), s.m, s.n, s.k, nullptr);
+    ASSERT_EQ(err, cudaSuccess) << "cublas status " << gemm_last_status(h);
+    auto got = y.download();
+    ErrStats st;
+    for (int i = 0; i < s.m; ++i) {
+      for (int j = 0; j < s.n; ++j) {
+        double acc = s.bias ? bf2f(b_h[j]) : 0.0;
+        for (int kk = 0; kk < s.k; ++kk) {
+          acc += static_cast<double>(bf2f(x_h[static_cast<size_t>(i) * s.k + kk])) *
+                 bf2f(w_h[static_cast<size_t>(j) * s.k + kk]);
+        }
+        st.add(bf2f(got[static_cast<size_t>(i) * s.n + j]), acc);
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2) << s.m << "x" << s.n << "x" << s.k;
+  }
+  gemm_destroy(h);
+}
+
+}  // namespace pagedlm::cuda::kernels_test
