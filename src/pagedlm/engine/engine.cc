@@ -102,8 +102,7 @@ std::vector<RequestEvent> Engine::step() {
     Tensor t = Tensor::from_i32(v, {static_cast<int64_t>(v.size())});
     return device == Device::kCpu ? t : t.to(device);
   };
-  ForwardInputs inputs{to_device(plan.token_ids), to_device(plan.positions),
-                       to_device(plan.logits_rows)};
+  ForwardInputs inputs{to_device(plan.token_ids), to_device(plan.logits_rows)};
   const int64_t vocab = model_->config().vocab_size;
   Tensor logits =
       Tensor::empty(DType::kF32, {static_cast<int64_t>(plan.logits_rows.size()), vocab}, device);

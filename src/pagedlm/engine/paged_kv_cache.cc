@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pagedlm/ops/paged_attention.h"
+#include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/write_kv.h"
 
 namespace pagedlm {
@@ -34,6 +35,7 @@ int64_t PagedKvCache::bytes_per_page(int64_t num_layers, int32_t page_size, int6
 }
 
 void PagedKvCache::bind(const StepPlan& plan) {
+  positions_ = index_tensor(plan.positions, device_);
   slot_mapping_ = index_tensor(plan.slot_mapping, device_);
   q_indptr_ = index_tensor(plan.q_indptr, device_);
   kv_indptr_ = index_tensor(plan.kv_indptr, device_);
@@ -42,7 +44,8 @@ void PagedKvCache::bind(const StepPlan& plan) {
 }
 
 void PagedKvCache::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                          Tensor& out) {
+                          const Tensor& inv_freq, const Tensor& out) {
+  ops::rope(q, k, positions_, inv_freq);
   ops::write_kv(k, v, slot_mapping_, k_cache_[layer], v_cache_[layer]);
   ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_,
                        kv_page_indices_, kv_last_page_len_, scale_, out);

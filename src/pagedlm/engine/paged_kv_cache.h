@@ -23,13 +23,14 @@ class PagedKvCache final : public Attention {
   // Makes the step's page table current for the following attend() calls.
   void bind(const StepPlan& plan);
 
-  void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) override;
+  void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& inv_freq,
+              const Tensor& out) override;
 
  private:
   Device device_;
   float scale_;
   std::vector<Tensor> k_cache_, v_cache_;
-  Tensor slot_mapping_, q_indptr_, kv_indptr_, kv_page_indices_, kv_last_page_len_;
+  Tensor positions_, slot_mapping_, q_indptr_, kv_indptr_, kv_page_indices_, kv_last_page_len_;
 };
 
 }  // namespace pagedlm

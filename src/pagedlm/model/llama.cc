@@ -115,8 +115,7 @@ class LlamaFamilyModel final : public CausalLM {
         ops::rms_norm(qn, w.q_norm, eps, qn);
         ops::rms_norm(kn, w.k_norm, eps, kn);
       }
-      ops::rope(q, k, in.positions, inv_freq_);
-      attention.attend(static_cast<int>(i), q, k, v, attn_out);
+      attention.attend(static_cast<int>(i), q, k, v, inv_freq_, attn_out);
       ops::linear(attn_out.reshape({L, Hq * d}), w.o_proj, Tensor(), proj_out);
       ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden);
       ops::linear(hidden, w.gate_up_proj, Tensor(), gate_up);

@@ -11,18 +11,20 @@
 
 namespace pagedlm {
 
-// The engine's side of attention for one step.
+// The engine's side of attention for one step: rotary embedding at the stream's positions,
+// keeping K/V for later steps, and attention over everything the sequence has seen. Rope sits
+// here so a backend can fuse it with the cache write; the model only supplies its frequencies.
 class Attention {
  public:
   virtual ~Attention() = default;
-  // q: [L, Hq, d], k/v: [L, Hk, d] (rope already applied) -> out: [L, Hq, d]
+  // q: [L, Hq, d], k/v: [L, Hk, d] (before rope; q and k are rotated in place),
+  // inv_freq: [d/2] f32 -> out: [L, Hq, d]
   virtual void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                      Tensor& out) = 0;
+                      const Tensor& inv_freq, const Tensor& out) = 0;
 };
 
 struct ForwardInputs {
   Tensor token_ids;    // [L] i32
-  Tensor positions;    // [L] i32
   Tensor logits_rows;  // [S] i32: rows of the stream whose logits are wanted
 };
 
