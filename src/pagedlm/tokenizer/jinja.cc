@@ -228,7 +228,7 @@ int64_t length_of(const Value& v) {
 Value items_of(const Value& v) {
   std::vector<Value> pairs;
   for (const auto& [key, value] : v.as_dict().items) {
-    pairs.push_back(Value::list({Value::string(key), value}));
+    pairs.push_back(Value::tuple({Value::string(key), value}));
   }
   return Value::list(std::move(pairs));
 }
@@ -581,9 +581,11 @@ class Renderer {
         return e.value;
       case Expr::Kind::kName:
         return lookup(e.name);
-      case Expr::Kind::kList: {
+      case Expr::Kind::kList:
+      case Expr::Kind::kTuple: {
         std::vector<Value> items;
         for (const auto& a : e.args) items.push_back(eval(*a));
+        if (e.kind == Expr::Kind::kTuple) return Value::tuple(std::move(items));
         return Value::list(std::move(items));
       }
       case Expr::Kind::kDict: {

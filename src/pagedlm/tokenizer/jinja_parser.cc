@@ -699,10 +699,10 @@ class Parser {
       return lit;
     }
     if (skip_op("(")) {
-      if (skip_op(")")) return node(Expr::Kind::kList, line);  // an empty tuple
+      if (skip_op(")")) return node(Expr::Kind::kTuple, line);
       ExprPtr e = parse_expression();
       if (is_op(",")) {
-        auto tuple = node(Expr::Kind::kList, line);
+        auto tuple = node(Expr::Kind::kTuple, line);
         tuple->args.push_back(std::move(e));
         while (skip_op(",") && !is_op(")")) tuple->args.push_back(parse_expression());
         e = std::move(tuple);

@@ -20,6 +20,7 @@ struct Expr {
     kLiteral,  // value
     kName,     // name
     kList,     // args: items
+    kTuple,    // args: items
     kDict,     // args: key, value, key, value, ...
     kAttr,     // args[0].name
     kItem,     // args[0][args[1]]

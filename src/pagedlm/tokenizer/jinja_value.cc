@@ -14,6 +14,12 @@ Value Value::list(std::vector<Value> items) {
   return v;
 }
 
+Value Value::tuple(std::vector<Value> items) {
+  Value v = list(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
+
 Value Value::dict(std::shared_ptr<Dict> dict) {
   Value v(Kind::kDict);
   v.dict_ = std::move(dict);
@@ -224,11 +230,12 @@ std::string Value::repr() const {
     case Kind::kString:
       return repr_string(*str_);
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
         out += (*list_)[i].repr();
       }
+      if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict:
@@ -333,7 +340,7 @@ bool Value::equals(const Value& other) const {
     case Kind::kString:
       return *str_ == *other.str_;
     case Kind::kList: {
-      if (list_->size() != other.list_->size()) return false;
+      if (tuple_ != other.tuple_ || list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
         if (!(*list_)[i].equals((*other.list_)[i])) return false;
       }

@@ -59,6 +59,9 @@ class Value {
     return v;
   }
   static Value list(std::vector<Value> items);
+  // A Python tuple (from dict.items(), the items filter or a "(a, b)" literal): a list that
+  // prints as "(a, b)".
+  static Value tuple(std::vector<Value> items);
   static Value dict(std::shared_ptr<Dict> dict);
   // A namespace() object: the only value templates may change after creating it (`set ns.x`).
   static Value make_namespace(std::shared_ptr<Dict> attrs);
@@ -70,6 +73,7 @@ class Value {
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }
+  bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_number() const {
@@ -110,6 +114,7 @@ class Value {
   void append_json(std::string& out, bool ensure_ascii, int indent, int depth) const;
 
   Kind kind_ = Kind::kUndefined;
+  bool tuple_ = false;
   int64_t int_ = 0;
   double float_ = 0.0;
   std::shared_ptr<std::string> str_;
