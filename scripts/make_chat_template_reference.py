@@ -332,7 +332,8 @@ FEATURES = [
      "[{{ ' x '.strip() }}][{{ '\\n\\nx\\n'.strip('\\n') }}][{{ 'xxay'.lstrip('x') }}]"
      "[{{ 'ayyx'.rstrip('xy') }}][{{ ' a '.lstrip() }}][{{ ' a '.rstrip() }}]"
      "{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('x') }}{{ 'abc'.startswith(('x', 'a')) }}"
-     "{{ 'ab'.upper() }}{{ 'AB'.lower() }}{{ 'hello world-x'.title() }}{{ 'hi there'.capitalize() }}"
+     "{{ 'ab'.upper() }}{{ 'AB'.lower() }}{{ 'hello world-x'.title() }}"
+     "{{ 'hi there'.capitalize() }}"
      "{{ 'a.b.c'.replace('.', '/') }}{{ 'abcb'.find('b') }}{{ ', '.join(['x', 'y']) }}", {}),
     ("split", "{{ 'a<b>c<b>'.split('<b>') }}{{ ' a  b \\n c '.split() }}{{ 'x'.split(',') }}"
      "{{ 'a,b,c'.split(',', 1) }}{{ 'r</think>a'.split('</think>')[-1] }}"
@@ -342,6 +343,23 @@ FEATURES = [
     ("range", "{% for i in range(3) %}{{ i }}{% endfor %}{{ range(1, 8, 3) | list }}"
      "{{ range(3, -1, -1) | list }}{{ range(0) | list }}", {}),
     ("dict global", "{{ dict(a=1, b='x') }}{{ dict(a=1).a }}", {}),
+    ("lstrip at template start and after output tags",
+     "   {% if true %}a{% endif %}\n{{ 'b' }}   {% if true %}c{% endif %}\n\t {# x #}d", {}),
+    ("nested blocks on their own lines",
+     "{% for m in ms %}\n    {% if m %}\n        {{ m }}\n    {% endif %}\n{% endfor %}\nend",
+     {"ms": ["x", "", "y"]}),
+    ("set in a loop iteration does not reach the next",
+     "{% for i in [1, 2] %}{% if loop.first %}{% set y = 5 %}{% endif %}[{{ y }}]{% endfor %}"
+     "[{{ y }}]", {}),
+    ("macro sees template variables", "{% set sep = '|' %}{% macro wrap(x) %}{{ sep }}{{ x }}"
+     "{{ sep }}{% endmacro %}{% for v in [1, 2] %}{{ wrap(v) }}{% endfor %}", {}),
+    ("attributes of none and strings", "[{{ n.x }}][{{ s.content }}][{{ n.x is defined }}]"
+     "[{{ s.content is defined }}]", {"n": None, "s": "text"}),
+    ("negation and precedence", "{{ not x is none }}{{ x is not none and y }}{{ -2 ** 2 }}"
+     "{{ 1 + 2 * 3 }}{{ (1 + 2) * 3 }}{{ 'a' ~ 1 * 2 }}{{ 10 - 2 - 3 }}{{ 2 ** 3 ** 2 }}",
+     {"x": 1, "y": "yes"}),
+    ("json of unicode and control characters", "{{ s | tojson }}",
+     {"s": "tab\t nul\u0000 del\u007f é ☃ 🌍 \\ \" /"}),
     ("raise_exception", "{% if bad %}{{ raise_exception('Bad input: ' ~ bad) }}{% endif %}ok",
      {"bad": "yes"}),
     # Errors the template author makes; the C++ side reports their line.

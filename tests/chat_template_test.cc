@@ -110,8 +110,9 @@ TEST(Jinja, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(error_of("{% if x %}\n\nno end"),
             "chat template syntax error at line 3: unexpected end of template, expected one "
             "of: 'elif', 'else', 'endif'");
-  EXPECT_EQ(error_of("{{ 'open"), "chat template syntax error at line 1: unterminated string "
-                                  "literal");
+  EXPECT_EQ(error_of("{{ 'open"),
+            "chat template syntax error at line 1: unterminated string "
+            "literal");
   EXPECT_EQ(error_of("{% for x in %}{% endfor %}"),
             "chat template syntax error at line 1: expected an expression, got '%}'");
   // A broken template fails when it is loaded, not when the first request renders it.
@@ -135,18 +136,26 @@ TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
 }
 
 TEST(ChatTemplate, ToolsAndDocumentsAreNoneUnlessGiven) {
-  ChatTemplate tmpl("{{ tools is none }} {{ documents is none }} {{ bos_token }}{{ eos_token }}"
-                    " {{ messages | length }} {{ add_generation_prompt }} {{ custom }}",
-                    "<s>", "</s>");
+  ChatTemplate tmpl(
+      "{{ tools is none }} {{ documents is none }} {{ bos_token }}{{ eos_token }}"
+      " {{ messages | length }} {{ add_generation_prompt }} {{ custom }}",
+      "<s>", "</s>");
   EXPECT_EQ(tmpl.render(ojson::array(), false), "True True <s></s> 0 False ");
   EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", "x"}}}), true,
                         {{"tools", ojson::array()}, {"custom", "c"}}),
             "False True <s></s> 1 True c");
 }
 
+TEST(ChatTemplate, AcceptsPlainJsonWithSortedKeys) {
+  ChatTemplate tmpl("{% for m in messages %}{{ m | tojson }}{% endfor %}", "", "");
+  nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "x"}}});
+  EXPECT_EQ(tmpl.render(messages, false), R"({"content": "x", "role": "user"})");
+}
+
 TEST(ChatTemplate, TextPartsAreJoinedAndOtherPartsKept) {
   ChatTemplate tmpl("{% for m in messages %}[{{ m.content }}]{% endfor %}", "", "");
-  ojson parts = ojson::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}});
+  ojson parts =
+      ojson::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}});
   ojson image = ojson::array({{{"type", "image_url"}, {"image_url", "u"}}});
   EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", parts}},
                                       {{"role", "user"}, {"content", image}}}),
@@ -165,9 +174,9 @@ class LoadChatTemplate : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("pagedlm_chat_template_" + std::to_string(::testing::UnitTest::GetInstance()
-                                                          ->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("pagedlm_chat_template_" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -187,15 +196,14 @@ TEST_F(LoadChatTemplate, FromTokenizerConfigString) {
   ChatTemplate tmpl = load_chat_template(dir_.string());
   EXPECT_EQ(tmpl.bos_token(), "<s>");
   EXPECT_EQ(tmpl.eos_token(), "</s>");
-  EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", "hi"}}}), false),
-            "<s>hi</s>");
+  EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", "hi"}}}), false), "<s>hi</s>");
 }
 
 TEST_F(LoadChatTemplate, FromNamedListPicksDefault) {
-  write("tokenizer_config.json",
-        ojson({{"chat_template", {{{"name", "tool_use"}, {"template", "T"}},
-                                  {{"name", "default"}, {"template", "D"}}}}})
-            .dump());
+  write("tokenizer_config.json", ojson({{"chat_template",
+                                         {{{"name", "tool_use"}, {"template", "T"}},
+                                          {{"name", "default"}, {"template", "D"}}}}})
+                                     .dump());
   EXPECT_EQ(load_chat_template(dir_.string()).source(), "D");
 }
 

@@ -106,8 +106,8 @@ std::string select_chat_template(const ojson& value) {
   if (value.is_string()) return value.get<std::string>();
   PAGEDLM_CHECK(value.is_array(), "chat_template must be a string or a list of named templates");
   for (const auto& entry : value) {
-    if (entry.is_object() && entry.value("name", "") == "default" &&
-        entry.contains("template") && entry["template"].is_string()) {
+    if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+        entry["template"].is_string()) {
       return entry["template"].get<std::string>();
     }
   }

@@ -42,9 +42,7 @@ std::string strip_chars(const std::string& s, const Value& chars, bool left, boo
 
 char32_t ascii_upper(char32_t c) { return c >= U'a' && c <= U'z' ? c - 32 : c; }
 char32_t ascii_lower(char32_t c) { return c >= U'A' && c <= U'Z' ? c + 32 : c; }
-bool is_cased_letter(char32_t c) {
-  return (c >= U'a' && c <= U'z') || (c >= U'A' && c <= U'Z');
-}
+bool is_cased_letter(char32_t c) { return (c >= U'a' && c <= U'z') || (c >= U'A' && c <= U'Z'); }
 
 std::string map_chars(const std::string& s, char32_t (*fn)(char32_t)) {
   std::u32string u = utf8_decode(s);
@@ -245,8 +243,7 @@ bool less_than(const Value& a, const Value& b) {
     }
     return x.size() < y.size();
   }
-  fail("'<' not supported between instances of '", a.type_name(), "' and '", b.type_name(),
-       "'");
+  fail("'<' not supported between instances of '", a.type_name(), "' and '", b.type_name(), "'");
 }
 
 bool contains(const Value& container, const Value& item) {
@@ -483,8 +480,8 @@ class Renderer {
     }
     std::vector<Value> items = iterate(v);
     if (items.size() != targets.size()) {
-      runtime_error(line, cat("cannot unpack ", items.size(), " values into ", targets.size(),
-                              " names"));
+      runtime_error(line,
+                    cat("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
     }
     for (size_t i = 0; i < targets.size(); ++i) frames_.back()[targets[i]] = items[i];
   }
@@ -541,8 +538,8 @@ class Renderer {
 
   Value make_macro(const Stmt& s) {
     return Value::function(s.text, [this, &s](const CallArgs& a) {
-      PAGEDLM_CHECK(a.positional.size() <= s.targets.size(), "macro '", s.text,
-                    "' takes at most ", s.targets.size(), " arguments");
+      PAGEDLM_CHECK(a.positional.size() <= s.targets.size(), "macro '", s.text, "' takes at most ",
+                    s.targets.size(), " arguments");
       Frame frame;
       for (size_t i = 0; i < s.targets.size(); ++i) {
         Value v = i < a.positional.size() ? a.positional[i] : Value::undefined(s.targets[i]);
@@ -796,28 +793,31 @@ class Renderer {
     return !less_than(a, b);  // >=
   }
 
-  // Methods of strings, dicts and lists that templates call; Undefined if `name` is none.
+  // Methods of strings and dicts that templates call; Undefined when there is no such method.
   static Value bound_method(const Value& self, const std::string& name) {
     auto method = [&](Function fn) { return Value::function(name, std::move(fn)); };
     if (self.is_string()) {
-      const std::string s = self.as_string();
+      // Methods capture the string Value (shared, not copied) and read it when called.
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
         bool left = name != "rstrip", right = name != "lstrip";
-        return method([s, left, right](const CallArgs& a) {
+        return method([self, left, right](const CallArgs& a) {
+          const std::string& s = self.as_string();
           return Value::string(strip_chars(s, Args(a, "strip").get(0, "chars"), left, right));
         });
       }
       if (name == "split") {
-        return method([s](const CallArgs& a) {
+        return method([self](const CallArgs& a) {
+          const std::string& s = self.as_string();
           Args args(a, "split");
           Value sep = args.get(0, "sep");
-          return Value::list(python_split(s, sep, args.get(1, "maxsplit",
-                                                           Value::integer(-1)).as_int()));
+          return Value::list(
+              python_split(s, sep, args.get(1, "maxsplit", Value::integer(-1)).as_int()));
         });
       }
       if (name == "startswith" || name == "endswith") {
         bool starts = name == "startswith";
-        return method([s, starts](const CallArgs& a) {
+        return method([self, starts](const CallArgs& a) {
+          const std::string& s = self.as_string();
           Value arg = Args(a, "startswith").get(0, "prefix");
           std::vector<Value> options = arg.is_list() ? arg.as_list() : std::vector<Value>{arg};
           for (const auto& o : options) {
@@ -833,32 +833,38 @@ class Renderer {
       }
       if (name == "upper" || name == "lower") {
         bool upper = name == "upper";
-        return method([s, upper](const CallArgs&) {
+        return method([self, upper](const CallArgs&) {
+          const std::string& s = self.as_string();
           return Value::string(map_chars(s, upper ? ascii_upper : ascii_lower));
         });
       }
       if (name == "title") {
-        return method([s](const CallArgs&) { return Value::string(python_title(s)); });
+        return method(
+            [self](const CallArgs&) { return Value::string(python_title(self.as_string())); });
       }
       if (name == "capitalize") {
-        return method([s](const CallArgs&) { return Value::string(python_capitalize(s)); });
+        return method(
+            [self](const CallArgs&) { return Value::string(python_capitalize(self.as_string())); });
       }
       if (name == "replace") {
-        return method([s](const CallArgs& a) {
+        return method([self](const CallArgs& a) {
+          const std::string& s = self.as_string();
           Args args(a, "replace");
           return Value::string(python_replace(s, args.string(0, "old"), args.string(1, "new"),
                                               args.get(2, "count", Value::integer(-1)).as_int()));
         });
       }
       if (name == "find") {
-        return method([s](const CallArgs& a) {
+        return method([self](const CallArgs& a) {
+          const std::string& s = self.as_string();
           size_t hit = s.find(Args(a, "find").string(0, "sub"));
           if (hit == std::string::npos) return Value::integer(-1);
           return Value::integer(static_cast<int64_t>(utf8_decode(s.substr(0, hit)).size()));
         });
       }
       if (name == "join") {
-        return method([s](const CallArgs& a) {
+        return method([self](const CallArgs& a) {
+          const std::string& s = self.as_string();
           std::string out;
           bool first = true;
           for (const auto& v : iterate(Args(a, "join").get(0, "iterable"))) {
@@ -923,8 +929,8 @@ class Renderer {
       std::u32string u = utf8_decode(v.str());
       bool word_start = true;
       for (auto& c : u) {
-        bool boundary = is_python_space(c) || c == U'-' || c == U'(' || c == U'{' ||
-                        c == U'[' || c == U'<';
+        bool boundary =
+            is_python_space(c) || c == U'-' || c == U'(' || c == U'{' || c == U'[' || c == U'<';
         if (!boundary) c = word_start ? ascii_upper(c) : ascii_lower(c);
         word_start = boundary;
       }
@@ -1051,7 +1057,8 @@ class Renderer {
       Value attribute = args.get(0, "attribute");
       Value total = args.get(1, "start", Value::integer(0));
       for (const auto& item : iterate(v)) {
-        total = binary("+", total, attribute.is_undefined() ? item : attribute_path(item, attribute));
+        total =
+            binary("+", total, attribute.is_undefined() ? item : attribute_path(item, attribute));
       }
       return total;
     }

@@ -21,7 +21,8 @@ class Template {
   // Renders with `context` as the template's variables. Besides them the template sees
   // range, namespace, dict, raise_exception and strftime_now. Throws pagedlm::Error for
   // runtime errors ("chat template error at line N: ...") and with the bare message for
-  // raise_exception(message).
+  // raise_exception(message). Safe to call from several threads at once: the parsed template
+  // is never changed after construction.
   std::string render(const std::vector<std::pair<std::string, Value>>& context) const;
 
  private:

@@ -8,8 +8,19 @@
 namespace pagedlm::jinja {
 namespace {
 
-enum class Tok { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt,
-                 kFloat, kOp, kEof };
+enum class Tok {
+  kText,
+  kVarBegin,
+  kVarEnd,
+  kBlockBegin,
+  kBlockEnd,
+  kName,
+  kString,
+  kInt,
+  kFloat,
+  kOp,
+  kEof
+};
 
 struct Token {
   Tok kind;
@@ -23,8 +34,9 @@ struct Token {
   fail("chat template syntax error at line ", line, ": ", message);
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-                               c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 // Jinja normalizes every newline sequence to "\n" and drops one trailing newline
 // (keep_trailing_newline=False) before lexing.
@@ -230,8 +242,8 @@ class Lexer {
     size_t start = pos_;
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t p = pos_;
-      while (p < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[p])) ||
-                                 src_[p] == '_')) {
+      while (p < src_.size() &&
+             (std::isalnum(static_cast<unsigned char>(src_[p])) || src_[p] == '_')) {
         ++p;
       }
       tokens_.push_back({Tok::kName, line_, src_.substr(start, p - start)});
@@ -247,14 +259,14 @@ class Lexer {
       while (p < src_.size() && src_[p] != c) p += src_[p] == '\\' ? 2 : 1;
       if (p >= src_.size()) syntax_error(line_, "unterminated string literal");
       int line = line_;
-      tokens_.push_back({Tok::kString, line, unescape(src_.substr(start + 1, p - start - 1),
-                                                      line)});
+      tokens_.push_back(
+          {Tok::kString, line, unescape(src_.substr(start + 1, p - start - 1), line)});
       advance_to(p + 1);
       return;
     }
-    static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                 "~",  "<",  ">",  "(",  ")",  "[", "]", "{", "}", ",", ".",
-                                 ":",  "|",  "="};
+    static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                 "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
+                                 "{",  "}",  ",",  ".",  ":",  "|",  "="};
     for (const char* op : kOps) {
       size_t len = std::char_traits<char>::length(op);
       if (src_.compare(pos_, len, op) == 0) {
@@ -271,16 +283,16 @@ class Lexer {
   void lex_number() {
     size_t p = pos_;
     auto digits = [&] {
-      while (p < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[p])) ||
-                                 src_[p] == '_')) {
+      while (p < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[p])) || src_[p] == '_')) {
         ++p;
       }
     };
     digits();
     bool is_float = false;
     // "x.0.1" style attribute chains stay integers, as Jinja's (?<!\.) rule does.
-    bool after_dot = !tokens_.empty() && tokens_.back().kind == Tok::kOp &&
-                     tokens_.back().text == ".";
+    bool after_dot =
+        !tokens_.empty() && tokens_.back().kind == Tok::kOp && tokens_.back().text == ".";
     if (!after_dot && p + 1 < src_.size() && src_[p] == '.' &&
         std::isdigit(static_cast<unsigned char>(src_[p + 1]))) {
       ++p;
@@ -332,9 +344,7 @@ class Parser {
     return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
   }
   bool is_op(const char* op) const { return cur().kind == Tok::kOp && cur().text == op; }
-  bool is_name(const char* name) const {
-    return cur().kind == Tok::kName && cur().text == name;
-  }
+  bool is_name(const char* name) const { return cur().kind == Tok::kName && cur().text == name; }
   bool skip_op(const char* op) {
     if (!is_op(op)) return false;
     ++pos_;
@@ -571,8 +581,8 @@ class Parser {
     ExprPtr chain;
     while (true) {
       std::string op;
-      if (cur().kind == Tok::kOp && (is_op("==") || is_op("!=") || is_op("<") || is_op("<=") ||
-                                     is_op(">") || is_op(">="))) {
+      if (cur().kind == Tok::kOp &&
+          (is_op("==") || is_op("!=") || is_op("<") || is_op("<=") || is_op(">") || is_op(">="))) {
         op = cur().text;
         ++pos_;
       } else if (skip_name("in")) {
@@ -694,8 +704,7 @@ class Parser {
     if (t.kind == Tok::kInt || t.kind == Tok::kFloat) {
       ++pos_;
       auto lit = node(Expr::Kind::kLiteral, line);
-      lit->value = t.kind == Tok::kInt ? Value::integer(t.int_value)
-                                       : Value::number(t.float_value);
+      lit->value = t.kind == Tok::kInt ? Value::integer(t.int_value) : Value::number(t.float_value);
       return lit;
     }
     if (skip_op("(")) {
@@ -844,8 +853,6 @@ class Parser {
 
 }  // namespace
 
-Body parse_template(const std::string& source) {
-  return Parser(Lexer(source).run()).parse();
-}
+Body parse_template(const std::string& source) { return Parser(Lexer(source).run()).parse(); }
 
 }  // namespace pagedlm::jinja
