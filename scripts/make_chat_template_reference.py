@@ -32,7 +32,17 @@ TEMPLATES = {
     "llama3.1": {"file": "llama3.1.jinja", "bos_token": "<|begin_of_text|>",
                  "eos_token": "<|eot_id|>"},
     "mistral-v0.3": {"file": "mistral-v0.3.jinja", "bos_token": "<s>", "eos_token": "</s>"},
+    # More public templates, for breadth: macros, loop.previtem/nextitem, full-width tokens.
+    "gemma2": {"file": "gemma2.jinja", "bos_token": "<bos>", "eos_token": "<eos>"},
+    "phi3.5": {"file": "phi3.5.jinja", "bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "hermes3-tool-use": {"file": "hermes3-tool-use.jinja", "bos_token": "<|begin_of_text|>",
+                         "eos_token": "<|im_end|>"},
+    "deepseek-r1-distill-qwen": {"file": "deepseek-r1-distill-qwen.jinja",
+                                 "bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+                                 "eos_token": "<\uff5cend\u2581of\u2581sentence\uff5c>"},
 }
+# Variables a template cannot do without, added to each of its cases.
+TEMPLATE_EXTRA = {"hermes3-tool-use": {"tools": None}}
 
 
 def user(text):
@@ -123,9 +133,7 @@ def families():
     ]
     for name in TEMPLATES:
         for case_name, messages, gen, extra in common:
-            if name == "mistral-v0.3" and messages is EMPTY:
-                messages = [user(""), assistant(""), user("   ")]
-            yield name, case_name, messages, gen, extra
+            yield name, case_name, messages, gen, {**TEMPLATE_EXTRA.get(name, {}), **extra}
 
     yield "smollm2", "assistant first", [assistant("I start."), user("ok")], True, {}
     yield "smollm2", "roles do not need to alternate", NOT_ALTERNATING, True, {}
@@ -194,6 +202,37 @@ def families():
         assistant("21 degrees."),
         user("Thanks"),
     ], True, {"tools": TOOLS}
+    yield "hermes3-tool-use", "tool calls and responses", TOOL_CONVERSATION + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
+        {"role": "tool", "content": "12:00"},
+        {"role": "tool", "content": "again"},
+    ], True, {"tools": TOOLS + [{"type": "function", "function": {
+        "name": "plot", "description": "Plot values. ",
+        "parameters": {"type": "object", "properties": {
+            "values": {"type": "number", "description": " data "},
+            "style": {"type": ["string", "null"], "description": "line style"},
+            "opts": {"type": "object", "additionalProperties": {"type": "boolean"},
+                     "description": "flags"}}},
+        "return": {"type": "string", "description": "an image path"}}}]}
+    # The template's array branch calls itself on `json_spec|items` forever.
+    yield "hermes3-tool-use", "endless macro recursion raises", SINGLE, True, {
+        "tools": [{"type": "function", "function": {
+            "name": "f", "description": "d", "parameters": {"type": "object", "properties": {
+                "xs": {"type": "array", "items": {"type": "number"}, "description": "x"}}}}}]}
+    yield "deepseek-r1-distill-qwen", "thinking and tool calls", [
+        system("You are DeepSeek."),
+        user("Weather?"),
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather",
+                                              "arguments": "{\"city\": \"Paris\"}"}},
+            {"type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "noon"},
+        assistant("<think>\nok\n</think>\n\nSunny at noon."),
+        user("Thanks"),
+    ], True, {}
+
     yield "mistral-v0.3", "bad tool call id raises", [
         user("Weather?"),
         {"role": "assistant", "tool_calls": [dict(WEATHER_CALL, id="short")]},
@@ -408,7 +447,7 @@ def outcome(render):
         if kind == "TemplateError":  # raise_exception(message)
             return {"expected_error": str(e)}
         return {"expected_error": "chat template error"}
-    except TypeError:
+    except (TypeError, RecursionError):
         return {"expected_error": "chat template error"}
 
 

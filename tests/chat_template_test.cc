@@ -66,8 +66,9 @@ TEST(ChatTemplateReference, EveryTemplateCaseMatchesTransformers) {
     check_outcome(c, got);
     ++per_template[c["template"].get<std::string>()];
   }
-  ASSERT_EQ(per_template.size(), 5u);
-  for (const auto& [name, count] : per_template) EXPECT_GE(count, 8) << name;
+  for (const char* family : {"smollm2", "qwen2.5", "qwen3", "llama3.1", "mistral-v0.3"}) {
+    EXPECT_GE(per_template[family], 8) << family;
+  }
 }
 
 TEST(ChatTemplateReference, EveryFeatureCaseMatchesJinja2) {

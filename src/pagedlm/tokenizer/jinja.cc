@@ -549,10 +549,16 @@ class Renderer {
         if (v.is_undefined() && s.defaults[i]) v = eval(*s.defaults[i]);
         frame[s.targets[i]] = v;
       }
+      // A macro that calls itself without end must fail, not overflow the native stack.
+      constexpr int kMaxMacroDepth = 200;
+      PAGEDLM_CHECK(macro_depth_ < kMaxMacroDepth, "maximum recursion depth exceeded in macro '",
+                    s.text, "'");
+      ++macro_depth_;
       frames_.push_back(std::move(frame));
       std::string out;
       exec(s.bodies[0], out);
       frames_.pop_back();
+      --macro_depth_;
       return Value::string(std::move(out));
     });
   }
@@ -1075,6 +1081,7 @@ class Renderer {
   }
 
   std::vector<Frame> frames_;
+  int macro_depth_ = 0;
 };
 
 }  // namespace
