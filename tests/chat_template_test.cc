@@ -1,0 +1,229 @@
+// Chat templates render byte for byte what transformers renders (testdata/chat_templates/
+// cases.json, made by scripts/make_chat_template_reference.py), and the Jinja interpreter agrees
+// with Python Jinja2 on each feature case.
+#include "pagedlm/tokenizer/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "pagedlm/core/error.h"
+#include "pagedlm/tokenizer/jinja.h"
+
+namespace pagedlm {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+const fs::path kDir = fs::path(PAGEDLM_TESTDATA) / "chat_templates";
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const ojson& reference() {
+  static const ojson doc = ojson::parse(read_text(kDir / "cases.json"));
+  return doc;
+}
+
+// Renders and returns the output, or "ERROR: <message>" when rendering throws.
+template <typename Fn>
+std::string outcome(Fn&& render) {
+  try {
+    return render();
+  } catch (const Error& e) {
+    return std::string("ERROR: ") + e.what();
+  }
+}
+
+void check_outcome(const ojson& c, const std::string& got) {
+  if (c.contains("expected")) {
+    EXPECT_EQ(got, c["expected"].get<std::string>()) << "case: " << c["name"];
+  } else {
+    std::string want = c["expected_error"].get<std::string>();
+    EXPECT_EQ(got.rfind("ERROR: ", 0), 0u) << "case " << c["name"] << " rendered: " << got;
+    EXPECT_NE(got.find(want), std::string::npos) << "case " << c["name"] << ": " << got;
+  }
+}
+
+TEST(ChatTemplateReference, EveryTemplateCaseMatchesTransformers) {
+  const ojson& doc = reference();
+  std::map<std::string, int> per_template;
+  for (const auto& c : doc["cases"]) {
+    const ojson& info = doc["templates"][c["template"].get<std::string>()];
+    ChatTemplate tmpl(read_text(kDir / info["file"].get<std::string>()),
+                      info["bos_token"].get<std::string>(), info["eos_token"].get<std::string>());
+    std::string got = outcome([&] {
+      return tmpl.render(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]);
+    });
+    check_outcome(c, got);
+    ++per_template[c["template"].get<std::string>()];
+  }
+  for (const char* family : {"smollm2", "qwen2.5", "qwen3", "llama3.1", "mistral-v0.3"}) {
+    EXPECT_GE(per_template[family], 8) << family;
+  }
+}
+
+TEST(ChatTemplateReference, EveryFeatureCaseMatchesJinja2) {
+  const ojson& doc = reference();
+  ASSERT_GE(doc["features"].size(), 40u);
+  for (const auto& c : doc["features"]) {
+    std::string got = outcome([&] {
+      std::vector<std::pair<std::string, jinja::Value>> context;
+      for (const auto& [key, value] : c["context"].items()) {
+        context.emplace_back(key, jinja::Value::from_json(value));
+      }
+      return jinja::Template(c["source"].get<std::string>()).render(context);
+    });
+    check_outcome(c, got);
+  }
+}
+
+std::string render(const std::string& source, const ojson& context = ojson::object()) {
+  std::vector<std::pair<std::string, jinja::Value>> vars;
+  for (const auto& [key, value] : context.items()) {
+    vars.emplace_back(key, jinja::Value::from_json(value));
+  }
+  return jinja::Template(source).render(vars);
+}
+
+std::string error_of(const std::string& source, const ojson& context = ojson::object()) {
+  try {
+    render(source, context);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Jinja, SyntaxErrorsNameTheLine) {
+  EXPECT_EQ(error_of("a\nb\n{% frobnicate %}"),
+            "chat template syntax error at line 3: unknown tag 'frobnicate'");
+  EXPECT_EQ(error_of("x\n{{ 1 + }}"),
+            "chat template syntax error at line 2: expected an expression, got '}}'");
+  EXPECT_EQ(error_of("{% if x %}\n\nno end"),
+            "chat template syntax error at line 3: unexpected end of template, expected one "
+            "of: 'elif', 'else', 'endif'");
+  EXPECT_EQ(error_of("{{ 'open"),
+            "chat template syntax error at line 1: unterminated string "
+            "literal");
+  EXPECT_EQ(error_of("{% for x in %}{% endfor %}"),
+            "chat template syntax error at line 1: expected an expression, got '%}'");
+  // A broken template fails when it is loaded, not when the first request renders it.
+  EXPECT_THROW(ChatTemplate("{% if %}", "", ""), Error);
+}
+
+TEST(Jinja, RuntimeErrorsNameTheLine) {
+  EXPECT_EQ(error_of("ok\n\n{{ missing.attr }}"),
+            "chat template error at line 3: 'missing' is undefined (reading attribute 'attr')");
+  EXPECT_EQ(error_of("{{ 'a' + 1 }}"),
+            "chat template error at line 1: unsupported operand type(s) for +: 'str' and 'int'");
+  EXPECT_EQ(error_of("{{ x | nosuchfilter }}"),
+            "chat template error at line 1: no filter named 'nosuchfilter'");
+  EXPECT_EQ(error_of("{% set d = {} %}{% set d.a = 1 %}"),
+            "chat template error at line 1: cannot assign attribute on non-namespace object");
+}
+
+TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
+  EXPECT_EQ(error_of("\n{{ raise_exception('Roles must alternate ' ~ n) }}", {{"n", 2}}),
+            "Roles must alternate 2");
+}
+
+TEST(ChatTemplate, ToolsAndDocumentsAreNoneUnlessGiven) {
+  ChatTemplate tmpl(
+      "{{ tools is none }} {{ documents is none }} {{ bos_token }}{{ eos_token }}"
+      " {{ messages | length }} {{ add_generation_prompt }} {{ custom }}",
+      "<s>", "</s>");
+  EXPECT_EQ(tmpl.render(ojson::array(), false), "True True <s></s> 0 False ");
+  EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", "x"}}}), true,
+                        {{"tools", ojson::array()}, {"custom", "c"}}),
+            "False True <s></s> 1 True c");
+}
+
+TEST(ChatTemplate, AcceptsPlainJsonWithSortedKeys) {
+  ChatTemplate tmpl("{% for m in messages %}{{ m | tojson }}{% endfor %}", "", "");
+  nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "x"}}});
+  EXPECT_EQ(tmpl.render(messages, false), R"({"content": "x", "role": "user"})");
+}
+
+TEST(ChatTemplate, TextPartsAreJoinedAndOtherPartsKept) {
+  ChatTemplate tmpl("{% for m in messages %}[{{ m.content }}]{% endfor %}", "", "");
+  ojson parts =
+      ojson::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}});
+  ojson image = ojson::array({{{"type", "image_url"}, {"image_url", "u"}}});
+  EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", parts}},
+                                      {{"role", "user"}, {"content", image}}}),
+                        false),
+            "[a\nb][[{'type': 'image_url', 'image_url': 'u'}]]");
+}
+
+TEST(ChatTemplate, KeyOrderOfToolsIsKept) {
+  ChatTemplate tmpl("{{ tools[0] | tojson }}", "", "");
+  ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "a": 1}}])");
+  EXPECT_EQ(tmpl.render(ojson::array(), false, {{"tools", tools}}),
+            R"({"type": "function", "function": {"name": "f", "a": 1}})");
+}
+
+class LoadChatTemplate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pagedlm_chat_template_" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(LoadChatTemplate, FromTokenizerConfigString) {
+  write("tokenizer_config.json",
+        ojson({{"chat_template", "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"},
+               {"bos_token", "<s>"},
+               {"eos_token", {{"content", "</s>"}, {"lstrip", false}}}})
+            .dump());
+  ChatTemplate tmpl = load_chat_template(dir_.string());
+  EXPECT_EQ(tmpl.bos_token(), "<s>");
+  EXPECT_EQ(tmpl.eos_token(), "</s>");
+  EXPECT_EQ(tmpl.render(ojson::array({{{"role", "user"}, {"content", "hi"}}}), false), "<s>hi</s>");
+}
+
+TEST_F(LoadChatTemplate, FromNamedListPicksDefault) {
+  write("tokenizer_config.json", ojson({{"chat_template",
+                                         {{{"name", "tool_use"}, {"template", "T"}},
+                                          {{"name", "default"}, {"template", "D"}}}}})
+                                     .dump());
+  EXPECT_EQ(load_chat_template(dir_.string()).source(), "D");
+}
+
+TEST_F(LoadChatTemplate, ChatTemplateJinjaTakesPrecedence) {
+  write("tokenizer_config.json", ojson({{"chat_template", "old"}, {"bos_token", "B"}}).dump());
+  write("chat_template.jinja", "new {{ bos_token }}\n");
+  ChatTemplate tmpl = load_chat_template(dir_.string());
+  EXPECT_EQ(tmpl.render(ojson::array(), false), "new B");
+}
+
+TEST_F(LoadChatTemplate, MissingTemplateNamesTheFolder) {
+  write("tokenizer_config.json", "{}");
+  try {
+    load_chat_template(dir_.string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_.string()), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pagedlm
