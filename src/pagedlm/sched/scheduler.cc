@@ -162,8 +162,10 @@ struct Scheduler::State {
       // At least one token stays to compute: its logits extend the sequence.
       const int32_t max_hit_pages = (seq.num_tokens() - 1) / page_size;
       for (int32_t index = 0; index < max_hit_pages; ++index) {
+        // page_hash() may grow page_hashes, so it runs before parent_hash() takes a reference.
+        const BlockHash& hash = page_hash(seq, index);
         const int32_t page =
-            cache.find(page_hash(seq, index), parent_hash(seq, index),
+            cache.find(hash, parent_hash(seq, index),
                        seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
         if (page < 0) break;
         hit_pages.push_back(page);
