@@ -23,6 +23,20 @@ void validate_sampling(const SamplingParams& p) {
   PAGEDLM_CHECK(p.max_tokens >= 0, "max_tokens must be >= 0, got ", p.max_tokens);
 }
 
+// The sampled token's log-probability and the top_k best alternatives of one logits row.
+RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_k) {
+  RequestEvent e;
+  const auto best = ops::log_softmax_topk(row, vocab, std::max(top_k, 1));
+  // best[0] is logit - log_z for the top token, which gives log_z for any other token.
+  const float log_z = row[best[0].first] - best[0].second;
+  e.logprob = row[token] - log_z;
+  for (const auto& [id, logprob] : best) {
+    if (id == token) e.logprob = logprob;  // the same number wherever the client reads it
+  }
+  if (top_k > 0) e.top_logprobs = best;
+  return e;
+}
+
 }  // namespace
 
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
@@ -111,6 +125,7 @@ std::vector<RequestEvent> Engine::step() {
   if (device != Device::kCpu) logits = logits.to(Device::kCpu);
 
   std::vector<int32_t> sampled(plan.num_seqs(), -1);
+  std::map<int64_t, RequestEvent> logprob_events;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     const int64_t id = plan.request_ids[b];
     RequestOutput& out = outputs_.at(id);
@@ -129,6 +144,10 @@ std::vector<RequestEvent> Engine::step() {
     if (plan.samples[b] && last > first) {
       sampled[b] = ops::sample_token(logits.data<float>() + (last - 1) * vocab, vocab,
                                      sampling_.at(id), seeds_.at(id), out.tokens.size());
+      if (auto lp = logprobs_top_k_.find(id); lp != logprobs_top_k_.end()) {
+        logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
+                                              sampled[b], lp->second);
+      }
     }
   }
 
@@ -137,7 +156,15 @@ std::vector<RequestEvent> Engine::step() {
     RequestOutput& out = outputs_.at(u.request_id);
     if (u.token >= 0) out.tokens.push_back(u.token);
     if (u.finished) out.reason = u.reason;
-    events.push_back({u.request_id, u.token, u.finished, u.reason});
+    RequestEvent event;
+    if (auto lp = logprob_events.find(u.request_id); lp != logprob_events.end() && u.token >= 0) {
+      event = std::move(lp->second);
+    }
+    event.request_id = u.request_id;
+    event.token = u.token;
+    event.finished = u.finished;
+    event.reason = u.reason;
+    events.push_back(std::move(event));
   }
   return events;
 }
@@ -160,11 +187,18 @@ RequestOutput Engine::take_output(int64_t request_id) {
   outputs_.erase(it);
   sampling_.erase(request_id);
   seeds_.erase(request_id);
+  logprobs_top_k_.erase(request_id);
   return out;
 }
 
 SchedulerStats Engine::stats() const { return scheduler_->stats(); }
 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
+
+void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
+  PAGEDLM_CHECK(outputs_.count(request_id) != 0, "unknown request id ", request_id);
+  PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
+  logprobs_top_k_[request_id] = top_k;
+}
 
 }  // namespace pagedlm

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -36,6 +37,10 @@ struct RequestEvent {
   int32_t token = -1;  // -1 when the step produced no token for it
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
+  // Only for requests with enable_logprobs: the token's log-probability under the model's
+  // distribution (before temperature and filters) and the most likely alternatives.
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 struct RequestOutput {
@@ -75,6 +80,10 @@ class Engine {
   std::vector<SequenceView> sequence_map() const;
   int64_t num_steps() const { return num_steps_; }
 
+  // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
+  // every token this request samples from now on (the server's logprobs option).
+  void enable_logprobs(int64_t request_id, int32_t top_k);
+
  private:
   EngineOptions options_;
   std::unique_ptr<CausalLM> model_;
@@ -83,6 +92,7 @@ class Engine {
   std::map<int64_t, RequestOutput> outputs_;
   std::map<int64_t, SamplingParams> sampling_;
   std::map<int64_t, uint64_t> seeds_;
+  std::map<int64_t, int32_t> logprobs_top_k_;
   int64_t next_request_id_ = 1;
   int64_t num_steps_ = 0;
   uint64_t seed_counter_;

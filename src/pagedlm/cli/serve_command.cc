@@ -1,0 +1,72 @@
+// pagedlm serve: the OpenAI-compatible HTTP server.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/model_path.h"
+#include "pagedlm/engine/text_model.h"
+#include "pagedlm/server/http_server.h"
+
+namespace pagedlm::cli {
+
+void register_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "serve the OpenAI API (completions, chat) over HTTP");
+  struct Args {
+    std::string model;
+    server::ServerOptions server;
+    EngineFlags flags;
+  };
+  auto args = std::make_shared<Args>();
+  server::ServerOptions& s = args->server;
+  cmd->add_option("--model", args->model, "HF folder or .gguf file (default: SmolLM2 GGUF)");
+  cmd->add_option("--host", s.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", s.port, "port to listen on (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", s.api_keys,
+                  "accept only requests with this bearer token (repeatable; each key also "
+                  "salts the prefix cache)");
+  cmd->add_option("--max-waiting", s.max_waiting, "queued requests beyond which to answer 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--served-model-name", s.served_model_name,
+                  "model id clients use (default: the model file's name)");
+  add_engine_flags(*cmd, args->flags);
+  cmd->callback([args] {
+    // Every thread started from here inherits the blocked signals, so only the waiter below
+    // sees SIGINT and SIGTERM and can stop the server cleanly.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
+
+    const TextModel model = load_text_model(resolve_model_path(args->model));
+    Engine engine(model.checkpoint, args->flags.resolve());
+    server::HttpServer http(model, engine, args->server);
+    const int port = http.bind();
+    std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
+                 args->server.served_model_name.empty() ? model.name.c_str()
+                                                        : args->server.served_model_name.c_str(),
+                 args->server.host.c_str(), port);
+    std::fflush(stderr);
+    std::thread waiter([&http, signals] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      http.stop();
+    });
+    http.listen();
+    // listen() also returns on its own errors; wake the waiter so it can be joined.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+  });
+}
+
+}  // namespace pagedlm::cli

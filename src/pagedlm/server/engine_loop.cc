@@ -1,0 +1,221 @@
+#include "pagedlm/server/engine_loop.h"
+
+#include <cstdio>
+#include <exception>
+
+namespace pagedlm::server {
+
+void OutputChannel::push(TokenEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_one();
+}
+
+bool OutputChannel::wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  for (TokenEvent& e : events_) out->push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
+void OutputChannel::cancel(int32_t choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_.insert(choice);
+}
+
+void OutputChannel::cancel_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  all_cancelled_ = true;
+}
+
+bool OutputChannel::is_cancelled(int32_t choice) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_cancelled_ || cancelled_.count(choice) != 0;
+}
+
+EngineLoop::EngineLoop(Engine& engine, int32_t max_waiting)
+    : engine_(engine), max_waiting_(max_waiting), stats_(engine.stats()) {
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() { stop(); }
+
+void EngineLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool EngineLoop::submit(std::vector<GenerationJob> jobs, std::shared_ptr<OutputChannel> channel) {
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t waiting = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
+    if (stop_ || waiting + static_cast<int64_t>(jobs.size()) > max_waiting_) {
+      ++counters_.requests_rejected;
+      return false;
+    }
+    for (GenerationJob& job : jobs) inbox_.push_back({std::move(job), channel, now});
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void EngineLoop::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::string EngineLoop::prometheus_text() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return render_prometheus(stats_, static_cast<int32_t>(inbox_.size()), counters_, metrics_);
+}
+
+SchedulerStats EngineLoop::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void EngineLoop::run() {
+  while (true) {
+    std::vector<Pending> incoming;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || woken_ || !inbox_.empty() || !active_.empty(); });
+      if (stop_) break;
+      woken_ = false;
+      incoming.swap(inbox_);
+    }
+    admit(std::move(incoming));
+    drop_cancelled();
+    std::vector<RequestEvent> events;
+    if (engine_.has_unfinished()) {
+      try {
+        events = engine_.step();
+      } catch (const std::exception& e) {
+        // The step's state is unknown: end every request rather than serve wrong tokens.
+        std::fprintf(stderr, "engine step failed: %s\n", e.what());
+        fail_all(std::string("engine step failed: ") + e.what(), 500);
+      }
+    }
+    process(events);
+    const SchedulerStats stats = engine_.stats();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = stats;
+  }
+  fail_all("the server is shutting down", 503);
+  std::vector<Pending> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(inbox_);
+  }
+  for (Pending& p : left) {
+    TokenEvent event;
+    event.choice = p.job.choice;
+    event.finished = true;
+    event.error = "the server is shutting down";
+    event.error_status = 503;
+    p.channel->push(std::move(event));
+  }
+}
+
+void EngineLoop::admit(std::vector<Pending> incoming) {
+  for (Pending& p : incoming) {
+    const int32_t choice = p.job.choice;
+    if (p.channel->is_cancelled(choice)) continue;
+    const int64_t prompt_tokens = static_cast<int64_t>(p.job.request.prompt.size());
+    try {
+      const int64_t id = engine_.add_request(std::move(p.job.request));
+      if (p.job.top_logprobs >= 0) engine_.enable_logprobs(id, p.job.top_logprobs);
+      active_[id] = Active{p.channel, choice, p.arrival, p.arrival, false};
+      std::lock_guard<std::mutex> lock(mu_);
+      counters_.prompt_tokens += prompt_tokens;
+    } catch (const std::exception& e) {
+      TokenEvent event;
+      event.choice = choice;
+      event.finished = true;
+      event.error = e.what();
+      event.error_status = 400;
+      p.channel->push(std::move(event));
+    }
+  }
+}
+
+void EngineLoop::drop_cancelled() {
+  int64_t cancelled = 0;
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!it->second.channel->is_cancelled(it->second.choice)) {
+      ++it;
+      continue;
+    }
+    // Cancelling frees the pages at once; taking the output drops the engine's record of it.
+    if (engine_.cancel(it->first)) engine_.take_output(it->first);
+    it = active_.erase(it);
+    ++cancelled;
+  }
+  if (cancelled == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.requests_cancelled += cancelled;
+}
+
+void EngineLoop::process(const std::vector<RequestEvent>& events) {
+  const Clock::time_point now = Clock::now();
+  int64_t generated = 0, finished = 0;
+  for (const RequestEvent& e : events) {
+    auto it = active_.find(e.request_id);
+    if (it == active_.end()) continue;
+    Active& a = it->second;
+    TokenEvent out;
+    out.choice = a.choice;
+    out.token = e.token;
+    out.logprob = e.logprob;
+    out.top_logprobs = e.top_logprobs;
+    out.finished = e.finished;
+    out.reason = e.reason;
+    if (e.token >= 0) {
+      ++generated;
+      const double seconds =
+          std::chrono::duration<double>(now - (a.has_token ? a.last_token : a.arrival)).count();
+      (a.has_token ? metrics_.inter_token_latency : metrics_.time_to_first_token).observe(seconds);
+      a.has_token = true;
+      a.last_token = now;
+    }
+    if (e.finished) {
+      out.num_cached_tokens = engine_.take_output(e.request_id).num_cached_tokens;
+      ++finished;
+    }
+    a.channel->push(std::move(out));
+    if (e.finished) active_.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.generation_tokens += generated;
+  counters_.requests_finished += finished;
+}
+
+void EngineLoop::fail_all(const std::string& message, int status) {
+  for (auto& [id, a] : active_) {
+    try {
+      if (engine_.cancel(id)) engine_.take_output(id);
+    } catch (const std::exception&) {
+      // The request is being failed anyway; its record goes with the engine.
+    }
+    TokenEvent event;
+    event.choice = a.choice;
+    event.finished = true;
+    event.error = message;
+    event.error_status = status;
+    a.channel->push(std::move(event));
+  }
+  active_.clear();
+}
+
+}  // namespace pagedlm::server

@@ -1,0 +1,120 @@
+// The engine thread: the only thread that touches the Engine. HTTP workers hand it requests
+// through a bounded queue and read what each produced from a per-request OutputChannel; a
+// request joins the running batch at the next step.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/server/metrics.h"
+
+namespace pagedlm::server {
+
+using Clock = std::chrono::steady_clock;
+
+// What one engine step produced for one choice of an HTTP request.
+struct TokenEvent {
+  int32_t choice = 0;
+  int32_t token = -1;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  int32_t num_cached_tokens = 0;  // set when finished
+  std::string error;              // the request failed; finished is true
+  int error_status = 0;           // 400: the engine refused it; 500 / 503: the server failed
+};
+
+// The events of all choices of one HTTP request, engine thread -> HTTP worker.
+class OutputChannel {
+ public:
+  void push(TokenEvent event);
+  // Waits up to `timeout` for events and moves them all into `out`; false if none came.
+  bool wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout);
+
+  // HTTP side: the client no longer wants this choice (or, with cancel_all, any).
+  void cancel(int32_t choice);
+  void cancel_all();
+  bool is_cancelled(int32_t choice) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  std::set<int32_t> cancelled_;
+  bool all_cancelled_ = false;
+};
+
+struct GenerationJob {
+  Request request;
+  int32_t choice = 0;
+  int32_t top_logprobs = -1;  // -1: no logprobs; 0: only the sampled token's
+};
+
+class EngineLoop {
+ public:
+  // `max_waiting`: requests queued for admission (here and in the engine) beyond which submit
+  // refuses new ones.
+  EngineLoop(Engine& engine, int32_t max_waiting);
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Queues every job of one HTTP request (all or none); their events go to `channel`.
+  // False when the waiting queue is full.
+  bool submit(std::vector<GenerationJob> jobs, std::shared_ptr<OutputChannel> channel);
+  // Makes the engine thread look for cancelled channels now rather than after its next step.
+  void wake();
+  void stop();
+
+  std::string prometheus_text() const;
+  SchedulerStats stats() const;
+
+ private:
+  struct Pending {
+    GenerationJob job;
+    std::shared_ptr<OutputChannel> channel;
+    Clock::time_point arrival;
+  };
+  struct Active {
+    std::shared_ptr<OutputChannel> channel;
+    int32_t choice = 0;
+    Clock::time_point arrival;
+    Clock::time_point last_token;
+    bool has_token = false;
+  };
+
+  void run();
+  void admit(std::vector<Pending> incoming);
+  void drop_cancelled();
+  void process(const std::vector<RequestEvent>& events);
+  void fail_all(const std::string& message, int status);
+
+  Engine& engine_;
+  const int32_t max_waiting_;
+  std::map<int64_t, Active> active_;  // engine thread only
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::vector<Pending> inbox_;
+  bool stop_ = false;
+  bool woken_ = false;
+  SchedulerStats stats_;
+  ServingCounters counters_;
+
+  ServingMetrics metrics_;  // thread-safe itself
+  std::thread thread_;
+};
+
+}  // namespace pagedlm::server

@@ -1,0 +1,534 @@
+#include "pagedlm/server/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+
+#include "pagedlm/core/error.h"
+#include "pagedlm/engine/stop_strings.h"
+#include "pagedlm/server/chat_page.h"
+#include "pagedlm/server/engine_loop.h"
+#include "pagedlm/server/openai_api.h"
+
+namespace pagedlm::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// How long a streaming worker waits for tokens before probing the client with an SSE comment;
+// a write to a closed connection fails, which is how a silent disconnect is noticed.
+constexpr std::chrono::milliseconds kHeartbeat{1000};
+
+std::string dump(const json& j) {
+  // Token strings in logprobs may be partial UTF-8; replace rather than throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string random_id(const char* prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%s%016llx%08llx", prefix,
+                static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffULL));
+  return buf;
+}
+
+int64_t unix_time() { return static_cast<int64_t>(std::time(nullptr)); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& type = "invalid_request_error", const std::string& param = "") {
+  send_json(res, status, error_body(message, type, param, status));
+}
+
+std::string bearer_token(const httplib::Request& req) {
+  const std::string auth = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  return auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
+}
+
+// One token's logprobs as the engine reported them.
+struct LogprobEntry {
+  int32_t token = -1;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The output of one choice as it arrives: decoded incrementally, cut at stop strings.
+struct ChoiceState {
+  ChoiceState(const Tokenizer& tokenizer, std::vector<std::string> stop)
+      : decoder(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stop)) {}
+  StreamDecoder decoder;
+  StopStringMatcher stop;
+  std::string text;   // everything emitted so far
+  std::string delta;  // emitted since the last flush
+  std::vector<LogprobEntry> logprobs;  // since the last flush
+  int32_t completion_tokens = 0;
+  int32_t num_cached_tokens = 0;
+  std::optional<std::string> finish_reason;  // set once done
+  bool finish_sent = false;
+  std::string error;
+  int error_status = 0;
+};
+
+// One /v1/completions or /v1/chat/completions request in flight: its choices, its channel, and
+// how its output is rendered in OpenAI's shapes.
+class Generation {
+ public:
+  Generation(CompletionRequest request, const ModelInfo& model, std::string model_name,
+             EngineLoop& loop)
+      : request_(std::move(request)),
+        model_(model),
+        model_name_(std::move(model_name)),
+        loop_(loop),
+        id_(random_id(request_.chat ? "chatcmpl-" : "cmpl-")),
+        created_(unix_time()),
+        channel_(std::make_shared<OutputChannel>()) {
+    for (size_t i = 0; i < request_.prompts.size() * request_.n; ++i) {
+      choices_.emplace_back(*model.tokenizer, request_.stop);
+    }
+  }
+
+  // Queues every choice; false when the server is overloaded.
+  bool submit(const std::string& cache_salt) {
+    std::vector<GenerationJob> jobs;
+    for (size_t p = 0; p < request_.prompts.size(); ++p) {
+      for (int32_t j = 0; j < request_.n; ++j) {
+        GenerationJob job;
+        job.request.prompt = request_.prompts[p];
+        job.request.sampling = request_.sampling;
+        job.request.sampling.max_tokens = request_.max_tokens[p];
+        // n samples of one seeded request must differ, and still be reproducible.
+        if (job.request.sampling.seed) *job.request.sampling.seed += static_cast<uint64_t>(j);
+        job.request.cache_salt = cache_salt;
+        job.choice = static_cast<int32_t>(p * request_.n + j);
+        job.top_logprobs = request_.top_logprobs;
+        jobs.push_back(std::move(job));
+      }
+    }
+    return loop_.submit(std::move(jobs), channel_);
+  }
+
+  // Waits up to `timeout` for output; false if none came.
+  bool wait(std::chrono::milliseconds timeout) {
+    std::vector<TokenEvent> events;
+    if (!channel_->wait_pop(&events, timeout)) return false;
+    for (TokenEvent& e : events) handle(e);
+    return true;
+  }
+
+  // Every choice finished and the stream's closing events were rendered.
+  bool ended() const { return ended_; }
+
+  bool done() const {
+    return std::all_of(choices_.begin(), choices_.end(),
+                       [](const ChoiceState& c) { return c.finish_reason.has_value(); });
+  }
+
+  // The client is gone: every unfinished choice stops at the next step.
+  void cancel() {
+    channel_->cancel_all();
+    loop_.wake();
+  }
+
+  // The first error a choice met, as (status, message); status 0 when none.
+  std::pair<int, std::string> error() const {
+    for (const ChoiceState& c : choices_) {
+      if (!c.error.empty()) return {c.error_status, c.error};
+    }
+    return {0, {}};
+  }
+
+  json response() {
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      ChoiceState& c = choices_[i];
+      json choice = {{"index", i}};
+      if (request_.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        choice["text"] = c.text;
+      }
+      choice["logprobs"] = take_logprobs(c, 0);
+      choice["finish_reason"] = *c.finish_reason;
+      choices.push_back(std::move(choice));
+    }
+    return {{"id", id_},
+            {"object", request_.chat ? "chat.completion" : "text_completion"},
+            {"created", created_},
+            {"model", model_name_},
+            {"choices", std::move(choices)},
+            {"usage", usage()}};
+  }
+
+  // SSE events for what arrived since the last call; `first` adds the chat role deltas.
+  std::string stream_chunks(bool first) {
+    std::string out;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      ChoiceState& c = choices_[i];
+      if (first && request_.chat) {
+        out += sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, json(nullptr), nullptr));
+      }
+      if (!c.error.empty() && !c.finish_sent) {
+        out += sse(error_body(c.error, "invalid_request_error", "", c.error_status));
+      }
+      if (!c.delta.empty() || !c.logprobs.empty()) {
+        const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
+        json lp = take_logprobs(c, offset);
+        json delta = request_.chat ? json{{"content", c.delta}} : json(c.delta);
+        out += sse(chunk(i, std::move(delta), std::move(lp), nullptr));
+        c.delta.clear();
+      }
+      if (c.finish_reason && !c.finish_sent) {
+        out += sse(chunk(i, request_.chat ? json::object() : json(""), json(nullptr),
+                         c.finish_reason->c_str()));
+        c.finish_sent = true;
+      }
+    }
+    if (done() && !ended_) {
+      ended_ = true;
+      if (request_.include_usage) {
+        out += sse({{"id", id_},
+                    {"object", chunk_object()},
+                    {"created", created_},
+                    {"model", model_name_},
+                    {"choices", json::array()},
+                    {"usage", usage()}});
+      }
+      out += "data: [DONE]\n\n";
+    }
+    return out;
+  }
+
+ private:
+  void handle(const TokenEvent& e) {
+    ChoiceState& c = choices_.at(e.choice);
+    if (c.finish_reason) return;  // tokens the engine made before it saw a stop-string cancel
+    if (!e.error.empty()) {
+      c.error = e.error;
+      c.error_status = e.error_status;
+      c.finish_reason = "error";
+      return;
+    }
+    if (e.token >= 0) {
+      ++c.completion_tokens;
+      emit(c, c.stop.push(c.decoder.push(e.token)));
+      if (request_.top_logprobs >= 0) c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
+      if (c.stop.stopped()) {
+        c.finish_reason = "stop";
+        channel_->cancel(e.choice);
+        loop_.wake();
+        return;
+      }
+    }
+    if (e.finished) {
+      c.num_cached_tokens = e.num_cached_tokens;
+      emit(c, c.stop.push(c.decoder.finish()));
+      emit(c, c.stop.finish());
+      c.finish_reason = e.reason == FinishReason::kLength ? "length" : "stop";
+    }
+  }
+
+  static void emit(ChoiceState& c, const std::string& text) {
+    c.text += text;
+    c.delta += text;
+  }
+
+  // The pending logprobs of a choice in the API's shape (null when not asked for).
+  json take_logprobs(ChoiceState& c, int32_t text_offset) {
+    if (request_.top_logprobs < 0) return json(nullptr);
+    const Tokenizer& tok = *model_.tokenizer;
+    auto piece = [&](int32_t id) { return tok.decode(std::vector<int32_t>{id}); };
+    json out;
+    if (request_.chat) {
+      auto bytes = [&](int32_t id) {
+        json b = json::array();
+        for (unsigned char ch : tok.token_to_bytes(id)) b.push_back(ch);
+        return b;
+      };
+      json content = json::array();
+      for (const LogprobEntry& e : c.logprobs) {
+        json top = json::array();
+        for (const auto& [id, lp] : e.top) {
+          top.push_back({{"token", piece(id)}, {"logprob", lp}, {"bytes", bytes(id)}});
+        }
+        content.push_back({{"token", piece(e.token)},
+                           {"logprob", e.logprob},
+                           {"bytes", bytes(e.token)},
+                           {"top_logprobs", std::move(top)}});
+      }
+      out = {{"content", std::move(content)}};
+    } else {
+      json tokens = json::array(), token_logprobs = json::array(), tops = json::array(),
+           offsets = json::array();
+      for (const LogprobEntry& e : c.logprobs) {
+        const std::string text = piece(e.token);
+        tokens.push_back(text);
+        token_logprobs.push_back(e.logprob);
+        json top = json::object();
+        for (const auto& [id, lp] : e.top) top[piece(id)] = lp;
+        tops.push_back(std::move(top));
+        offsets.push_back(text_offset);
+        text_offset += static_cast<int32_t>(text.size());
+      }
+      out = {{"tokens", std::move(tokens)},
+             {"token_logprobs", std::move(token_logprobs)},
+             {"top_logprobs", std::move(tops)},
+             {"text_offset", std::move(offsets)}};
+    }
+    c.logprobs.clear();
+    return out;
+  }
+
+  json usage() const {
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    for (size_t p = 0; p < request_.prompts.size(); ++p) {
+      prompt_tokens += static_cast<int64_t>(request_.prompts[p].size());
+      int32_t cached = 0;
+      for (int32_t j = 0; j < request_.n; ++j) {
+        cached = std::max(cached, choices_[p * request_.n + j].num_cached_tokens);
+      }
+      cached_tokens += cached;
+    }
+    for (const ChoiceState& c : choices_) completion_tokens += c.completion_tokens;
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+  }
+
+  const char* chunk_object() const {
+    return request_.chat ? "chat.completion.chunk" : "text_completion";
+  }
+
+  json chunk(size_t index, json delta, json logprobs, const char* finish_reason) const {
+    json choice = {{"index", index}};
+    choice[request_.chat ? "delta" : "text"] = std::move(delta);
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
+    return {{"id", id_},
+            {"object", chunk_object()},
+            {"created", created_},
+            {"model", model_name_},
+            {"choices", json::array({std::move(choice)})}};
+  }
+
+  static std::string sse(const json& payload) { return "data: " + dump(payload) + "\n\n"; }
+
+  CompletionRequest request_;
+  const ModelInfo& model_;
+  std::string model_name_;
+  EngineLoop& loop_;
+  std::string id_;
+  int64_t created_;
+  std::shared_ptr<OutputChannel> channel_;
+  std::vector<ChoiceState> choices_;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const TextModel& model, Engine& engine, ServerOptions options)
+      : options(std::move(options)), loop(engine, this->options.max_waiting) {
+    info.name = this->options.served_model_name.empty() ? model.name
+                                                        : this->options.served_model_name;
+    info.tokenizer = &model.tokenizer;
+    info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
+    info.chat_template_error = model.chat_template_error;
+    info.vocab_size = engine.config().vocab_size;
+    info.max_model_len = engine.config().max_position_embeddings;
+    info.max_prompt_tokens =
+        static_cast<int64_t>(engine.options().num_pages) * engine.options().page_size;
+    setup_routes();
+  }
+
+  void setup_routes();
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  // Runs `handler` with OpenAI-shaped errors for everything it throws.
+  template <typename F>
+  void guarded(httplib::Response& res, F&& handler);
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_keys.empty()) return true;
+    const std::string token = bearer_token(req);
+    return std::find(options.api_keys.begin(), options.api_keys.end(), token) !=
+           options.api_keys.end();
+  }
+
+  ServerOptions options;
+  ModelInfo info;
+  EngineLoop loop;
+  httplib::Server http;
+};
+
+template <typename F>
+void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
+  try {
+    handler();
+  } catch (const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.type(), e.param());
+  } catch (const json::exception& e) {
+    send_error(res, 400, std::string("malformed JSON: ") + e.what());
+  } catch (const Error& e) {
+    send_error(res, 400, e.what());
+  } catch (const std::exception& e) {
+    send_error(res, 500, e.what(), "internal_server_error");
+  }
+}
+
+void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res,
+                                   bool chat) {
+  const json body = json::parse(req.body);
+  auto gen = std::make_shared<Generation>(parse_completion_request(body, chat, info), info,
+                                          info.name, loop);
+  // The api key salts the cache too, so tenants with different keys never share pages.
+  const std::string key = bearer_token(req);
+  const std::string request_salt = body.contains("cache_salt") && body["cache_salt"].is_string()
+                                       ? body["cache_salt"].get<std::string>()
+                                       : std::string();
+  const std::string salt =
+      options.api_keys.empty() ? request_salt : key + std::string(1, '\x1f') + request_salt;
+  if (!gen->submit(salt)) {
+    res.set_header("Retry-After", "1");
+    send_error(res, 503, "the server is overloaded; retry later", "server_overloaded");
+    return;
+  }
+  const bool stream = body.value("stream", false);
+  if (!stream) {
+    while (!gen->done()) gen->wait(kHeartbeat);
+    if (auto [status, message] = gen->error(); status != 0) {
+      send_error(res, status, message, status >= 500 ? "internal_server_error"
+                                                     : "invalid_request_error");
+      return;
+    }
+    send_json(res, 200, gen->response());
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto first = std::make_shared<bool>(true);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [gen, first](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (*first) {
+          out = gen->stream_chunks(true);
+          *first = false;
+        } else if (gen->wait(kHeartbeat)) {
+          out = gen->stream_chunks(false);
+        } else {
+          out = ": keep-alive\n\n";
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+        if (gen->ended()) sink.done();
+        return true;
+      },
+      [gen](bool) { gen->cancel(); });
+}
+
+void HttpServer::Impl::setup_routes() {
+  http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(n); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool open = req.path == "/" || req.path == "/health" || req.path == "/metrics";
+    if (open || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, 401, "missing or invalid API key (Authorization: Bearer <key>)",
+               "authentication_error");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      send_error(res, 404, "no route for " + req.method + " " + req.path, "not_found_error");
+    } else if (res.status == 413) {
+      send_error(res, 413, "the request body is too large");
+    } else {
+      send_error(res, res.status, "request failed", "invalid_request_error");
+    }
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          send_error(res, 500, e.what(), "internal_server_error");
+        } catch (...) {
+          send_error(res, 500, "unknown error", "internal_server_error");
+        }
+      });
+
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kChatPageHtml, "text/html; charset=utf-8");
+  });
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, json{{"status", "ok"}});
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(loop.prometheus_text(), "text/plain; version=0.0.4");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200,
+              json{{"object", "list"},
+                   {"data", json::array({{{"id", info.name},
+                                          {"object", "model"},
+                                          {"created", unix_time()},
+                                          {"owned_by", "pagedlm"},
+                                          {"max_model_len", info.max_model_len}}})}});
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { completions(req, res, /*chat=*/false); });
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { completions(req, res, /*chat=*/true); });
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] {
+      const std::vector<int32_t> ids = parse_tokenize_request(json::parse(req.body), info);
+      send_json(res, 200,
+                json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
+    });
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] {
+      const std::vector<int32_t> ids = parse_detokenize_request(json::parse(req.body), info);
+      send_json(res, 200, json{{"prompt", info.tokenizer->decode(ids)}});
+    });
+  });
+}
+
+HttpServer::HttpServer(const TextModel& model, Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  stop();
+  impl_->loop.stop();
+}
+
+int HttpServer::bind() {
+  const ServerOptions& o = impl_->options;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
+                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  PAGEDLM_CHECK(port > 0, "cannot listen on ", o.host, ":", o.port);
+  return port;
+}
+
+void HttpServer::listen() { impl_->http.listen_after_bind(); }
+
+void HttpServer::stop() { impl_->http.stop(); }
+
+}  // namespace pagedlm::server

@@ -1,0 +1,76 @@
+// The OpenAI request schema: parses and validates /v1/completions and /v1/chat/completions
+// bodies into native requests (prompt token ids + sampling), and builds the error bodies.
+// HTTP-independent so it can be tested without a socket.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/tokenizer/chat_template.h"
+#include "pagedlm/tokenizer/tokenizer.h"
+
+namespace pagedlm::server {
+
+// A request the server refuses, with its HTTP status and OpenAI error fields.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = "",
+           std::string type = "invalid_request_error");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& type() const { return type_; }
+
+ private:
+  int status_;
+  std::string param_;
+  std::string type_;
+};
+
+// {"error": {"message", "type", "param", "code"}}; param is null when empty.
+nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
+                          const std::string& param, int code);
+
+// What the parsers need to know about the served model.
+struct ModelInfo {
+  std::string name;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: chat is refused
+  std::string chat_template_error;
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  int64_t max_prompt_tokens = 0;  // what the KV page pool holds for one sequence
+};
+
+// The most choices one HTTP request may ask for (prompts x n), which bounds its memory.
+inline constexpr int32_t kMaxChoices = 128;
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+struct CompletionRequest {
+  bool chat = false;
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one entry per prompt
+  SamplingParams sampling;                    // max_tokens resolved per prompt below
+  std::vector<int32_t> max_tokens;            // per prompt
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::vector<std::string> stop;
+  int32_t top_logprobs = -1;  // -1: no logprobs
+  std::string cache_salt;
+  std::string model;
+};
+
+// Throws ApiError (400 for bad values and types, 404 for an unknown model).
+CompletionRequest parse_completion_request(const nlohmann::ordered_json& body, bool chat,
+                                           const ModelInfo& model);
+
+// /tokenize: {"prompt": ...} or {"messages": ...}; returns the token ids.
+std::vector<int32_t> parse_tokenize_request(const nlohmann::ordered_json& body, const ModelInfo& model);
+// /detokenize: {"tokens": [...]}; returns the ids, checked against the vocabulary.
+std::vector<int32_t> parse_detokenize_request(const nlohmann::ordered_json& body, const ModelInfo& model);
+
+}  // namespace pagedlm::server
