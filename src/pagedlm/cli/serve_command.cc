@@ -1,7 +1,8 @@
 // pagedlm serve: the OpenAI-compatible HTTP server.
-#include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -11,6 +12,15 @@
 #include "pagedlm/server/http_server.h"
 
 namespace pagedlm::cli {
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+void request_stop(int) { g_stop_requested = true; }
+
+}  // namespace
 
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the OpenAI API (completions, chat) over HTTP");
@@ -39,33 +49,31 @@ void register_serve(CLI::App& app) {
                   "model id clients use (default: the model file's name)");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
-    // Every thread started from here inherits the blocked signals, so only the waiter below
-    // sees SIGINT and SIGTERM and can stop the server cleanly.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
-
     const TextModel model = load_text_model(resolve_model_path(args->model));
     Engine engine(model.checkpoint, args->flags.resolve());
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
+    // Library threads (OpenBLAS, OpenMP) exist before main and may receive the signal, so the
+    // handler only sets a flag, which a watcher turns into a clean stop.
+    g_stop_requested = false;
+    signal(SIGINT, request_stop);
+    signal(SIGTERM, request_stop);
     std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
                  args->server.served_model_name.empty() ? model.name.c_str()
                                                         : args->server.served_model_name.c_str(),
                  args->server.host.c_str(), port);
     std::fflush(stderr);
-    std::thread waiter([&http, signals] {
-      int sig = 0;
-      sigwait(&signals, &sig);
+    std::atomic<bool> listening_done{false};
+    std::thread watcher([&] {
+      while (!g_stop_requested && !listening_done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
       http.stop();
     });
     http.listen();
-    // listen() also returns on its own errors; wake the waiter so it can be joined.
-    pthread_kill(waiter.native_handle(), SIGTERM);
-    waiter.join();
+    listening_done = true;
+    watcher.join();
   });
 }
 
