@@ -1,0 +1,141 @@
+"""Malformed and refused requests: each gets the right status and an OpenAI-shaped error naming
+the problem, and the server keeps serving; a full waiting queue answers 503 with Retry-After."""
+
+import json
+import threading
+
+from server_harness import Server, parse_args, post_json, request, run_checks
+
+KEY = "errors-test-key"
+AUTH = {"Authorization": "Bearer " + KEY}
+GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+# (name, path, body (dict, or bytes sent as is), expected status, text the message must hold)
+CASES = [
+    ("malformed JSON", "/v1/completions", b'{"prompt": ', 400, "malformed JSON"),
+    ("body not an object", "/v1/completions", [1, 2], 400, "JSON object"),
+    ("missing prompt", "/v1/completions", {"max_tokens": 2}, 400, "'prompt' is required"),
+    ("prompt of wrong type", "/v1/completions", {"prompt": 5}, 400, "'prompt' must be"),
+    ("empty prompt list", "/v1/completions", {"prompt": []}, 400, "empty list"),
+    ("mixed prompt list", "/v1/completions", {"prompt": ["a", 5]}, 400, "'prompt' must be"),
+    ("token id out of range", "/v1/completions", {"prompt": [1, 999999]}, 400, "out of range"),
+    ("negative token id", "/v1/completions", {"prompt": [-3]}, 400, "out of range"),
+    ("empty prompt string", "/v1/completions", {"prompt": ""}, 400, "prompt is empty"),
+    ("max_tokens not an int", "/v1/completions", {**GOOD, "max_tokens": "ten"}, 400,
+     "'max_tokens' must be an integer"),
+    ("max_tokens zero", "/v1/completions", {**GOOD, "max_tokens": 0}, 400, "at least 1"),
+    ("max_tokens past context", "/v1/completions", {**GOOD, "max_tokens": 1000000}, 400,
+     "maximum context length"),
+    ("prompt past context", "/v1/completions", {"prompt": "hello " * 9000, "max_tokens": 1},
+     400, "maximum context length"),
+    ("negative temperature", "/v1/completions", {**GOOD, "temperature": -1}, 400,
+     "'temperature' must be >= 0"),
+    ("temperature not a number", "/v1/completions", {**GOOD, "temperature": "hot"}, 400,
+     "'temperature' must be a number"),
+    ("top_p zero", "/v1/completions", {**GOOD, "top_p": 0}, 400, "'top_p' must be in (0, 1]"),
+    ("top_p above one", "/v1/completions", {**GOOD, "top_p": 1.5}, 400, "'top_p'"),
+    ("top_k negative", "/v1/completions", {**GOOD, "top_k": -5}, 400, "'top_k'"),
+    ("min_p above one", "/v1/completions", {**GOOD, "min_p": 2}, 400, "'min_p'"),
+    ("n zero", "/v1/completions", {**GOOD, "n": 0}, 400, "'n' must be in"),
+    ("n too large", "/v1/completions", {**GOOD, "n": 1000}, 400, "'n' must be in"),
+    ("presence_penalty", "/v1/completions", {**GOOD, "presence_penalty": 0.5}, 400,
+     "not supported"),
+    ("frequency_penalty", "/v1/chat/completions", {**CHAT, "frequency_penalty": 1}, 400,
+     "not supported"),
+    ("stop of wrong type", "/v1/completions", {**GOOD, "stop": 5}, 400, "'stop' must be"),
+    ("stop list of numbers", "/v1/completions", {**GOOD, "stop": [1]}, 400, "'stop' entries"),
+    ("logprobs too many", "/v1/completions", {**GOOD, "logprobs": 50}, 400, "'logprobs'"),
+    ("stream not a bool", "/v1/completions", {**GOOD, "stream": "yes"}, 400,
+     "'stream' must be a boolean"),
+    ("seed not an int", "/v1/completions", {**GOOD, "seed": "x"}, 400, "'seed'"),
+    ("echo", "/v1/completions", {**GOOD, "echo": True}, 400, "'echo' is not supported"),
+    ("unknown model", "/v1/completions", {**GOOD, "model": "gpt-4"}, 404,
+     "The model `gpt-4` does not exist"),
+    ("missing messages", "/v1/chat/completions", {"max_tokens": 2}, 400,
+     "'messages' is required"),
+    ("empty messages", "/v1/chat/completions", {"messages": []}, 400, "non-empty list"),
+    ("message not an object", "/v1/chat/completions", {"messages": ["hi"]}, 400,
+     "must be an object"),
+    ("message without role", "/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400,
+     "'role'"),
+    ("message content of wrong type", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": 7}]}, 400, "'content'"),
+    ("top_logprobs without logprobs", "/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400,
+     "needs 'logprobs'"),
+    ("detokenize bad tokens", "/detokenize", {"tokens": "abc"}, 400, "'tokens'"),
+    ("tokenize without prompt", "/tokenize", {}, 400, "'prompt'"),
+    ("unknown route", "/v1/embeddings", GOOD, 404, "no route"),
+    ("body too large", "/v1/completions", b"x" * 200000, 413, "too large"),
+]
+
+
+def main():
+    args = parse_args()
+    extra = ["--api-key", KEY, "--max-body-bytes", "100000", "--max-num-seqs", "1",
+             "--max-waiting", "2"]
+    with Server(args.pagedlm, args.model, extra) as server:
+
+        def still_serving():
+            status, body = post_json(server, "/v1/completions", GOOD, AUTH)
+            assert status == 200 and body["choices"][0]["text"], body
+
+        def check_table():
+            assert len(CASES) >= 20
+            for name, path, body, want_status, want_text in CASES:
+                raw = body if isinstance(body, bytes) else None
+                status, _, payload = request(server, "POST", path, None if raw else body, AUTH,
+                                             raw=raw)
+                err = json.loads(payload)["error"]
+                assert status == want_status, (name, status, err)
+                assert err["code"] == want_status and isinstance(err["type"], str), (name, err)
+                assert want_text in err["message"], (name, err["message"])
+                assert set(err) == {"message", "type", "param", "code"}, (name, err)
+                assert server.alive(), name
+            still_serving()
+
+        def check_auth():
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
+                status, body = post_json(server, "/v1/completions", GOOD, headers)
+                assert status == 401 and body["error"]["type"] == "authentication_error", body
+            status, _, _ = request(server, "GET", "/health")
+            assert status == 200, "health needs no key"
+            still_serving()
+
+        def check_overload():
+            # One running sequence and room for two waiting: of eight concurrent requests,
+            # some must be refused with 503 + Retry-After, and the rest succeed.
+            results = []
+            lock = threading.Lock()
+
+            def one():
+                status, headers, payload = request(
+                    server, "POST", "/v1/completions",
+                    {"prompt": "Count to ten:", "max_tokens": 24, "temperature": 0}, AUTH)
+                with lock:
+                    results.append((status, headers, json.loads(payload)))
+
+            threads = [threading.Thread(target=one) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            statuses = sorted(r[0] for r in results)
+            assert 503 in statuses and 200 in statuses, statuses
+            for status, headers, body in results:
+                if status == 503:
+                    assert headers.get("Retry-After") == "1", headers
+                    assert "overloaded" in body["error"]["message"], body
+                else:
+                    assert status == 200, body
+            still_serving()
+
+        run_checks([
+            (f"bad-input table ({len(CASES)} requests)", check_table),
+            ("auth", check_auth),
+            ("overload: 503 with Retry-After", check_overload),
+        ])
+
+
+if __name__ == "__main__":
+    main()
