@@ -1,9 +1,9 @@
-#include "pagedlm/engine/stop_strings.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "pagedlm/engine/stop_strings.h"
 
 namespace pagedlm {
 namespace {
@@ -71,7 +71,7 @@ TEST(StopStringMatcher, OneCharacterPieces) {
 
 TEST(StopStringMatcher, MultibyteStopString) {
   StopStringMatcher m({"\xc3\xa9t\xc3\xa9"});  // "été"
-  EXPECT_EQ(m.push("un \xc3\xa9"), "un ");      // held: a whole "é", a stop-string prefix
+  EXPECT_EQ(m.push("un \xc3\xa9"), "un ");     // held: a whole "é", a stop-string prefix
   EXPECT_EQ(m.push("t\xc3\xa9 chaud"), "");
   EXPECT_TRUE(m.stopped());
 }
@@ -79,7 +79,7 @@ TEST(StopStringMatcher, MultibyteStopString) {
 TEST(StopStringMatcher, RepeatedPrefixCharacters) {
   StopStringMatcher m({"aab"});
   EXPECT_EQ(m.push("aaa"), "a");  // "aa" may still become "aab"
-  EXPECT_EQ(m.push("ab"), "a");  // "aaaab": the stop string starts at index 2
+  EXPECT_EQ(m.push("ab"), "a");   // "aaaab": the stop string starts at index 2
   EXPECT_TRUE(m.stopped());
 }
 

@@ -36,8 +36,8 @@ TextModel load_text_model(const std::string& path, const LoadProgress& progress)
     tokenizer.emplace(Tokenizer::from_gguf(gguf));
     if (gguf.find("tokenizer.chat_template") != nullptr) {
       auto piece = [&](int32_t id) { return id >= 0 ? tokenizer->token_to_piece(id) : ""; };
-      chat_template.emplace(gguf.get_string("tokenizer.chat_template"),
-                            piece(tokenizer->bos_id()), piece(tokenizer->eos_id()));
+      chat_template.emplace(gguf.get_string("tokenizer.chat_template"), piece(tokenizer->bos_id()),
+                            piece(tokenizer->eos_id()));
     } else {
       chat_template_error = cat(path, " has no tokenizer.chat_template metadata");
     }

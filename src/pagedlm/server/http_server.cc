@@ -35,8 +35,7 @@ std::string dump(const json& j) {
 std::string random_id(const char* prefix) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   char buf[40];
-  std::snprintf(buf, sizeof(buf), "%s%016llx%08llx", prefix,
-                static_cast<unsigned long long>(rng()),
+  std::snprintf(buf, sizeof(buf), "%s%016llx%08llx", prefix, static_cast<unsigned long long>(rng()),
                 static_cast<unsigned long long>(rng() & 0xffffffffULL));
   return buf;
 }
@@ -72,8 +71,8 @@ struct ChoiceState {
       : decoder(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stop)) {}
   StreamDecoder decoder;
   StopStringMatcher stop;
-  std::string text;   // everything emitted so far
-  std::string delta;  // emitted since the last flush
+  std::string text;                    // everything emitted so far
+  std::string delta;                   // emitted since the last flush
   std::vector<LogprobEntry> logprobs;  // since the last flush
   int32_t completion_tokens = 0;
   int32_t num_cached_tokens = 0;
@@ -183,6 +182,7 @@ class Generation {
       }
       if (!c.error.empty() && !c.finish_sent) {
         out += sse(error_body(c.error, "invalid_request_error", "", c.error_status));
+        c.finish_sent = true;  // the error event ends this choice
       }
       if (!c.delta.empty() || !c.logprobs.empty()) {
         const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
@@ -343,8 +343,8 @@ class Generation {
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
       : options(std::move(options)), loop(engine, this->options.max_waiting) {
-    info.name = this->options.served_model_name.empty() ? model.name
-                                                        : this->options.served_model_name;
+    info.name =
+        this->options.served_model_name.empty() ? model.name : this->options.served_model_name;
     info.tokenizer = &model.tokenizer;
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
     info.chat_template_error = model.chat_template_error;
@@ -388,8 +388,7 @@ void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
   }
 }
 
-void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res,
-                                   bool chat) {
+void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   const json body = json::parse(req.body);
   auto gen = std::make_shared<Generation>(parse_completion_request(body, chat, info), info,
                                           info.name, loop);
@@ -409,8 +408,8 @@ void HttpServer::Impl::completions(const httplib::Request& req, httplib::Respons
   if (!stream) {
     while (!gen->done()) gen->wait(kHeartbeat);
     if (auto [status, message] = gen->error(); status != 0) {
-      send_error(res, status, message, status >= 500 ? "internal_server_error"
-                                                     : "invalid_request_error");
+      send_error(res, status, message,
+                 status >= 500 ? "internal_server_error" : "invalid_request_error");
       return;
     }
     send_json(res, 200, gen->response());
@@ -499,8 +498,9 @@ void HttpServer::Impl::setup_routes() {
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
       const std::vector<int32_t> ids = parse_tokenize_request(json::parse(req.body), info);
-      send_json(res, 200,
-                json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
+      send_json(
+          res, 200,
+          json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
     });
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {

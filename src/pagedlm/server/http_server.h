@@ -21,7 +21,7 @@ struct ServerOptions {
   std::vector<std::string> api_keys;
   int32_t max_waiting = 256;  // past it, 503 with Retry-After
   size_t max_body_bytes = size_t{8} << 20;
-  int32_t http_threads = 128;  // each streaming client holds one while it streams
+  int32_t http_threads = 128;     // each streaming client holds one while it streams
   std::string served_model_name;  // default: the model's name
 };
 

@@ -25,8 +25,7 @@ Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double value) {
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   std::lock_guard<std::mutex> lock(mu_);
   ++counts_[bucket];
   sum_ += value;
@@ -72,8 +71,8 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
              counters.prompt_tokens);
   add_metric(&out, "counter", "pagedlm_generation_tokens_total", "Tokens generated.",
              counters.generation_tokens);
-  add_metric(&out, "counter", "pagedlm_requests_finished_total",
-             "Requests that ran to completion.", counters.requests_finished);
+  add_metric(&out, "counter", "pagedlm_requests_finished_total", "Requests that ran to completion.",
+             counters.requests_finished);
   add_metric(&out, "counter", "pagedlm_requests_cancelled_total",
              "Requests cancelled (client gone or stop string matched).",
              counters.requests_cancelled);

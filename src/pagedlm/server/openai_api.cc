@@ -121,7 +121,8 @@ std::string render_chat(const json& body, const ModelInfo& model) {
   }
   json extra = json::object();
   if (const json* kwargs = field(body, "chat_template_kwargs")) {
-    if (!kwargs->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!kwargs->is_object())
+      bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     extra = *kwargs;
   }
   if (const json* tools = field(body, "tools")) extra["tools"] = *tools;
@@ -179,23 +180,25 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   r.chat = chat;
   r.model = get_string(body, "model");
   if (!r.model.empty() && r.model != model.name) {
-    throw ApiError(404, cat("The model `", r.model, "` does not exist."), "model",
-                   "NotFoundError");
+    throw ApiError(404, cat("The model `", r.model, "` does not exist."), "model", "NotFoundError");
   }
   reject_unsupported(body, chat);
 
   SamplingParams& s = r.sampling;
   s.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
-  if (s.temperature < 0.f) bad("temperature", cat("'temperature' must be >= 0, got ", s.temperature));
+  if (s.temperature < 0.f)
+    bad("temperature", cat("'temperature' must be >= 0, got ", s.temperature));
   s.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
   if (!(s.top_p > 0.f && s.top_p <= 1.f)) {
     bad("top_p", cat("'top_p' must be in (0, 1], got ", s.top_p));
   }
   const int64_t top_k = get_int(body, "top_k").value_or(0);
-  if (top_k < -1 || top_k > INT32_MAX) bad("top_k", cat("'top_k' must be -1, 0 or positive, got ", top_k));
+  if (top_k < -1 || top_k > INT32_MAX)
+    bad("top_k", cat("'top_k' must be -1, 0 or positive, got ", top_k));
   s.top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);
   s.min_p = static_cast<float>(get_number(body, "min_p", 0.0));
-  if (!(s.min_p >= 0.f && s.min_p <= 1.f)) bad("min_p", cat("'min_p' must be in [0, 1], got ", s.min_p));
+  if (!(s.min_p >= 0.f && s.min_p <= 1.f))
+    bad("min_p", cat("'min_p' must be in [0, 1], got ", s.min_p));
   if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
   s.ignore_eos = get_bool(body, "ignore_eos", false);
   if (const json* ids = field(body, "stop_token_ids")) {
@@ -269,9 +272,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
     const int64_t len = static_cast<int64_t>(prompt.size());
     if (len == 0) bad(chat ? "messages" : "prompt", "the prompt is empty");
     if (len >= limit) {
-      bad(chat ? "messages" : "prompt",
-          cat("This model's maximum context length is ", limit, " tokens. However, your prompt has ",
-              len, " tokens."));
+      bad(chat ? "messages" : "prompt", cat("This model's maximum context length is ", limit,
+                                            " tokens. However, your prompt has ", len, " tokens."));
     }
     if (max_tokens && len + *max_tokens > limit) {
       bad("max_tokens",
@@ -288,7 +290,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
 std::vector<int32_t> parse_tokenize_request(const json& body, const ModelInfo& model) {
   if (!body.is_object()) bad("", "the request body must be a JSON object");
   if (field(body, "messages") != nullptr) {
-    return model.tokenizer->encode(render_chat(body, model), get_bool(body, "add_special_tokens", false));
+    return model.tokenizer->encode(render_chat(body, model),
+                                   get_bool(body, "add_special_tokens", false));
   }
   if (field(body, "prompt") == nullptr || !body["prompt"].is_string()) {
     bad("prompt", "'prompt' must be a string (or give 'messages')");
@@ -300,7 +303,8 @@ std::vector<int32_t> parse_tokenize_request(const json& body, const ModelInfo& m
 std::vector<int32_t> parse_detokenize_request(const json& body, const ModelInfo& model) {
   if (!body.is_object()) bad("", "the request body must be a JSON object");
   const json* tokens = field(body, "tokens");
-  if (tokens == nullptr || !tokens->is_array()) bad("tokens", "'tokens' must be a list of token ids");
+  if (tokens == nullptr || !tokens->is_array())
+    bad("tokens", "'tokens' must be a list of token ids");
   return token_list(*tokens, model, "tokens");
 }
 

@@ -33,7 +33,7 @@ class ApiError : public std::runtime_error {
 
 // {"error": {"message", "type", "param", "code"}}; param is null when empty.
 nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
-                          const std::string& param, int code);
+                                  const std::string& param, int code);
 
 // What the parsers need to know about the served model.
 struct ModelInfo {
@@ -69,8 +69,10 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body, b
                                            const ModelInfo& model);
 
 // /tokenize: {"prompt": ...} or {"messages": ...}; returns the token ids.
-std::vector<int32_t> parse_tokenize_request(const nlohmann::ordered_json& body, const ModelInfo& model);
+std::vector<int32_t> parse_tokenize_request(const nlohmann::ordered_json& body,
+                                            const ModelInfo& model);
 // /detokenize: {"tokens": [...]}; returns the ids, checked against the vocabulary.
-std::vector<int32_t> parse_detokenize_request(const nlohmann::ordered_json& body, const ModelInfo& model);
+std::vector<int32_t> parse_detokenize_request(const nlohmann::ordered_json& body,
+                                              const ModelInfo& model);
 
 }  // namespace pagedlm::server
