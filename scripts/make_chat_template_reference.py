@@ -204,7 +204,8 @@ def families():
     ], True, {"tools": TOOLS}
     yield "hermes3-tool-use", "tool calls and responses", TOOL_CONVERSATION + [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
+            {"type": "function",
+             "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
         {"role": "tool", "content": "12:00"},
         {"role": "tool", "content": "again"},
     ], True, {"tools": TOOLS + [{"type": "function", "function": {
@@ -252,6 +253,8 @@ FEATURES = [
     ("comments vanish with their line", "a\n  {# note #}\nb{#- x -#}  c", {}),
     ("trailing newline dropped", "x\n", {}),
     ("crlf normalized", "a\r\nb{% if true %}\r\nc{% endif %}", {}),
+    ("raw blocks", "a {% raw %}\n{{ x }} {% if %}\n  {% endraw %}\nb"
+     "{%- raw -%}  {{ y }}  {%- endraw -%}  c\n  {% raw %}z{% endraw +%}\nd", {}),
     ("tag with text before on its line", "x {% if true %}\ny{% endif %}", {}),
     # Loops.
     ("loop variables",
