@@ -1,5 +1,6 @@
 #include "pagedlm/tokenizer/jinja_parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
