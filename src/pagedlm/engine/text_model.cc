@@ -1,0 +1,42 @@
+#include "pagedlm/engine/text_model.h"
+
+#include <filesystem>
+
+#include "pagedlm/io/gguf.h"
+
+namespace pagedlm {
+
+namespace {
+
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.token_to_bytes(id) : std::string();
+}
+
+}  // namespace
+
+TextModel load_text_model(const std::string& path, const LoadProgress& progress) {
+  TextModel model;
+  model.checkpoint = load_checkpoint(path, progress);
+  if (std::filesystem::is_directory(path)) {
+    const std::string tokenizer_json = path + "/tokenizer.json";
+    PAGEDLM_CHECK(std::filesystem::exists(tokenizer_json), "model folder ", path,
+                  " has no tokenizer.json");
+    model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_tokenizer_json(tokenizer_json));
+    try {
+      model.chat_template.emplace(load_chat_template(path));
+    } catch (const Error&) {
+      // A base model without a chat template still serves plain completions.
+    }
+    return model;
+  }
+  const GgufFile gguf = GgufFile::open(path);
+  model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(gguf));
+  if (const GgufValue* tmpl = gguf.find("tokenizer.chat_template")) {
+    const Tokenizer& tok = *model.tokenizer;
+    model.chat_template.emplace(tmpl->as_string(), token_text(tok, tok.bos_id()),
+                                token_text(tok, tok.eos_id()));
+  }
+  return model;
+}
+
+}  // namespace pagedlm

@@ -1,0 +1,23 @@
+// A model as text users see it: weights, tokenizer and (when the model has one) chat template,
+// loaded from an HF folder or a GGUF file.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/tokenizer/chat_template.h"
+#include "pagedlm/tokenizer/tokenizer.h"
+
+namespace pagedlm {
+
+struct TextModel {
+  Checkpoint checkpoint;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;  // empty when the model ships none
+};
+
+TextModel load_text_model(const std::string& path, const LoadProgress& progress = {});
+
+}  // namespace pagedlm
