@@ -2,6 +2,7 @@
 // prints what each produced; a single prompt streams.
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "pagedlm/cli/commands.h"
@@ -41,6 +42,12 @@ std::vector<std::string> read_lines(const std::string& path) {
   }
   PAGEDLM_CHECK(!lines.empty(), "prompts file ", path, " holds no prompts");
   return lines;
+}
+
+std::string token_ids_text(const std::vector<int32_t>& ids) {
+  std::string text = "tokens:";
+  for (int32_t t : ids) text += " " + std::to_string(t);
+  return text;
 }
 
 const char* reason_name(FinishReason r) {
@@ -93,6 +100,7 @@ std::vector<std::vector<int32_t>> build_prompts(const Args& args, const TextMode
   if (!args.prompts_file.empty()) {
     for (std::string& line : read_lines(args.prompts_file)) texts.push_back(std::move(line));
   }
+  PAGEDLM_CHECK(texts.empty() || model.tokenizer, "the model has no tokenizer: use --tokens");
   for (const std::string& text : texts) {
     labels->push_back(text);
     if (!args.chat) {
@@ -126,8 +134,10 @@ void run_generate(const Args& args) {
     if (args.seed != 0 || args.sampling.temperature > 0) r.sampling.seed = args.seed;
     ids.push_back(engine.add_request(std::move(r)));
   }
-  const bool stream = ids.size() == 1;
-  StreamDecoder decoder(*model.tokenizer, /*skip_special=*/true);
+  const Tokenizer* tokenizer = model.tokenizer.get();
+  const bool stream = ids.size() == 1 && tokenizer != nullptr;
+  std::optional<StreamDecoder> decoder;
+  if (stream) decoder.emplace(*tokenizer, /*skip_special=*/true);
   const auto start = std::chrono::steady_clock::now();
   int64_t generated = 0;
   bool cache_shown = false;
@@ -136,7 +146,7 @@ void run_generate(const Args& args) {
       if (e.token < 0) continue;
       ++generated;
       if (stream) {
-        std::fputs(decoder.push(e.token).c_str(), stdout);
+        std::fputs(decoder->push(e.token).c_str(), stdout);
         std::fflush(stdout);
       }
     }
@@ -149,12 +159,13 @@ void run_generate(const Args& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (stream) std::printf("%s\n", decoder.finish().c_str());
+  if (stream) std::printf("%s\n", decoder->finish().c_str());
   for (size_t i = 0; i < ids.size(); ++i) {
     RequestOutput out = engine.take_output(ids[i]);
     if (!stream) {
       std::printf("=== [%zu] %s\n%s\n", i + 1, labels[i].c_str(),
-                  model.tokenizer->decode(out.tokens, /*skip_special_tokens=*/true).c_str());
+                  tokenizer ? tokenizer->decode(out.tokens, /*skip_special_tokens=*/true).c_str()
+                            : token_ids_text(out.tokens).c_str());
     }
     std::printf("(finish: %s; %zu prompt tokens, %d from the prefix cache; %zu generated)\n",
                 reason_name(out.reason), out.prompt.size(), out.num_cached_tokens,

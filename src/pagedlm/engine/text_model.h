@@ -14,7 +14,7 @@ namespace pagedlm {
 
 struct TextModel {
   Checkpoint checkpoint;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;       // null for an HF folder without tokenizer.json
   std::optional<ChatTemplate> chat_template;  // empty when the model ships none
 };
 
