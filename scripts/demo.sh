@@ -8,7 +8,8 @@ scripts/install_deps.sh
 model=$(scripts/fetch_model.sh)
 scripts/build.sh
 build/pagedlm generate --model "$model" --chat --show-cache --max-tokens 64 \
-  --system "You are a concise assistant. Answer in one or two sentences, in plain English." \
+  --system "You are a concise and friendly assistant. Answer every question in one or two short
+sentences of plain English. If you are not sure of an answer, say so instead of guessing." \
   --prompt "What is the capital of France?" \
   --prompt "Name three primary colors." \
   --prompt "What is 12 times 12?" \

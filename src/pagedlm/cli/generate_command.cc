@@ -64,9 +64,9 @@ const char* reason_name(FinishReason r) {
   return "none";
 }
 
-void print_cache(const Engine& engine) {
-  std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
-  for (const SequenceView& s : engine.sequence_map()) {
+void print_cache(const Engine& engine, bool page_tables) {
+  if (page_tables) std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
+  for (const SequenceView& s : page_tables ? engine.sequence_map() : std::vector<SequenceView>{}) {
     std::printf("seq %lld: %d tokens, %d from the prefix cache, pages [",
                 static_cast<long long>(s.request_id), s.num_tokens, s.num_cached_tokens);
     for (size_t i = 0; i < s.pages.size(); ++i) {
@@ -153,7 +153,7 @@ void run_generate(const Args& args) {
     // Once every prompt is in the cache, the page tables show what is shared.
     if (args.show_cache && !cache_shown && engine.stats().num_waiting == 0) {
       if (stream) std::printf("\n");
-      print_cache(engine);
+      print_cache(engine, /*page_tables=*/true);
       cache_shown = true;
     }
   }
@@ -175,7 +175,7 @@ void run_generate(const Args& args) {
                ids.size(), static_cast<long long>(generated), seconds,
                static_cast<double>(generated) / seconds,
                static_cast<long long>(engine.num_steps()));
-  if (args.show_cache) print_cache(engine);
+  if (args.show_cache) print_cache(engine, /*page_tables=*/false);
 }
 
 }  // namespace
