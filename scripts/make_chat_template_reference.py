@@ -41,8 +41,6 @@ TEMPLATES = {
                                  "bos_token": "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
                                  "eos_token": "<\uff5cend\u2581of\u2581sentence\uff5c>"},
 }
-# Variables a template cannot do without, added to each of its cases.
-TEMPLATE_EXTRA = {"hermes3-tool-use": {"tools": None}}
 
 
 def user(text):
@@ -130,10 +128,14 @@ def families():
         ("unicode and newlines", UNICODE, True, {}),
         ("empty contents", EMPTY, True, {}),
         ("text content parts", PARTS, True, {}),
+        ("message without content", [{"role": "user"}], True, {}),
+        ("null content", [user("hi"), assistant(None), user("again")], True, {}),
     ]
+    # Variables a template cannot do without, added to each of its common cases.
+    template_extra = {"hermes3-tool-use": {"tools": TOOLS}}
     for name in TEMPLATES:
         for case_name, messages, gen, extra in common:
-            yield name, case_name, messages, gen, {**TEMPLATE_EXTRA.get(name, {}), **extra}
+            yield name, case_name, messages, gen, {**template_extra.get(name, {}), **extra}
 
     yield "smollm2", "assistant first", [assistant("I start."), user("ok")], True, {}
     yield "smollm2", "roles do not need to alternate", NOT_ALTERNATING, True, {}
@@ -204,22 +206,24 @@ def families():
     ], True, {"tools": TOOLS}
     yield "hermes3-tool-use", "tool calls and responses", TOOL_CONVERSATION + [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
+            {"type": "function",
+             "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
         {"role": "tool", "content": "12:00"},
         {"role": "tool", "content": "again"},
     ], True, {"tools": TOOLS + [{"type": "function", "function": {
         "name": "plot", "description": "Plot values. ",
         "parameters": {"type": "object", "properties": {
-            "values": {"type": "number", "description": " data "},
-            "style": {"type": ["string", "null"], "description": "line style"},
+            "values": {"type": "array", "items": {"type": "number"}, "description": " data "},
+            "style": {"type": ["string", "integer"], "description": "line style"},
             "opts": {"type": "object", "additionalProperties": {"type": "boolean"},
                      "description": "flags"}}},
         "return": {"type": "string", "description": "an image path"}}}]}
-    # The template's array branch calls itself on `json_spec|items` forever.
+    # A "null" in a type union makes the template's macro recurse on the string's characters
+    # forever (a string is iterable).
     yield "hermes3-tool-use", "endless macro recursion raises", SINGLE, True, {
         "tools": [{"type": "function", "function": {
             "name": "f", "description": "d", "parameters": {"type": "object", "properties": {
-                "xs": {"type": "array", "items": {"type": "number"}, "description": "x"}}}}}]}
+                "x": {"type": ["string", "null"], "description": "x"}}}}}]}
     yield "deepseek-r1-distill-qwen", "thinking and tool calls", [
         system("You are DeepSeek."),
         user("Weather?"),
@@ -252,6 +256,8 @@ FEATURES = [
     ("comments vanish with their line", "a\n  {# note #}\nb{#- x -#}  c", {}),
     ("trailing newline dropped", "x\n", {}),
     ("crlf normalized", "a\r\nb{% if true %}\r\nc{% endif %}", {}),
+    ("raw blocks", "a {% raw %}\n{{ x }} {% if %}\n  {% endraw %}\nb"
+     "{%- raw -%}  {{ y }}  {%- endraw -%}  c\n  {% raw %}z{% endraw +%}\nd", {}),
     ("tag with text before on its line", "x {% if true %}\ny{% endif %}", {}),
     # Loops.
     ("loop variables",

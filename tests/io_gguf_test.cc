@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -197,7 +198,9 @@ Built valid_tiny() {
 class TempFiles : public ::testing::Test {
  protected:
   std::string write(const std::string& bytes, const std::string& name = "t.gguf") {
-    const fs::path dir = fs::path(::testing::TempDir()) / "pagedlm_io_gguf_test";
+    // Per process: ctest runs each test in its own process, in parallel.
+    const fs::path dir = fs::path(::testing::TempDir()) /
+                         ("pagedlm_io_gguf_test_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     const std::string path = (dir / name).string();
     std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());

@@ -1,7 +1,9 @@
 """The official openai Python client against `pagedlm serve`: completions and chat, streaming
 and not, n=2, stop strings, logprobs, auth and cache salting; greedy outputs equal across
-streaming, repeated runs, and `pagedlm generate --tokens` on the same prompt ids."""
+streaming, repeated runs, and `pagedlm generate` on the same prompt (as text, as token ids,
+and through the chat template)."""
 
+import re
 import subprocess
 import sys
 
@@ -88,22 +90,41 @@ def main():
             assert usage.completion_tokens == 12 and usage.prompt_tokens == r.usage.prompt_tokens
             greedy["text"] = c.text
 
+        def generate_cmd(*flags):
+            cmd = [args.pagedlm, "generate", "--threads", "2", "--num-pages", "256", *flags]
+            return cmd + (["--model", args.model] if args.model else [])
+
+        def generated_texts(stdout):
+            """The texts `pagedlm generate` printed: each ends at its "(finish: ...)" line;
+            several prompts come in "=== [i] ..." sections."""
+            texts = []
+            for section in re.split(r"^=== \[\d+\] .*\n", stdout, flags=re.M):
+                if "\n(finish: " in section:
+                    texts.append(section.rsplit("\n(finish: ", 1)[0])
+            return texts
+
         def check_matches_offline_engine():
             status, tok = post_json(server, "/tokenize", {"prompt": PROMPT}, auth)
             assert status == 200 and tok["count"] == len(tok["tokens"]) > 0, tok
             ids = tok["tokens"]
-            cmd = [args.pagedlm, "generate", "--tokens", " ".join(map(str, ids)),
-                   "--max-tokens", "12", "--threads", "2"]
-            if args.model:
-                cmd += ["--model", args.model]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            line = next(l for l in out.splitlines() if l.startswith("["))
-            offline = [int(t) for t in line.split("tokens:")[1].split()]
-            status, detok = post_json(server, "/detokenize", {"tokens": offline}, auth)
-            assert status == 200
-            assert detok["prompt"] == greedy["text"], (detok["prompt"], greedy["text"])
-            by_ids = complete(prompt=ids, max_tokens=12, temperature=0)
-            assert by_ids.choices[0].text == greedy["text"]
+            system, user = CHAT[0]["content"], CHAT[1]["content"]
+            runs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True) for cmd in (
+                generate_cmd("--prompt", PROMPT, "--tokens", " ".join(map(str, ids)),
+                             "--max-tokens", "12"),
+                generate_cmd("--chat", "--system", system, "--prompt", user,
+                             "--max-tokens", "16"))]
+            outputs = [run.communicate(timeout=240)[0] for run in runs]
+            assert all(run.returncode == 0 for run in runs)
+            by_text, by_ids = generated_texts(outputs[0])
+            assert by_text == greedy["text"], (by_text, greedy["text"])
+            assert by_ids == greedy["text"], (by_ids, greedy["text"])
+            (chat_text,) = generated_texts(outputs[1])
+            r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=16,
+                                               temperature=0)
+            assert r.choices[0].message.content == chat_text, (r.choices[0].message, chat_text)
+            server_ids = complete(prompt=ids, max_tokens=12, temperature=0)
+            assert server_ids.choices[0].text == greedy["text"]
 
         def check_chat():
             r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=16,
@@ -222,7 +243,7 @@ def main():
             ("models", check_models),
             ("auth", check_auth),
             ("completion greedy: repeatable, streaming == non-streaming", check_completion_greedy),
-            ("completion == pagedlm generate --tokens", check_matches_offline_engine),
+            ("server == pagedlm generate (text, token ids, chat)", check_matches_offline_engine),
             ("chat: streaming == non-streaming, usage", check_chat),
             ("chat ends at end of turn", check_chat_ends_at_eos),
             ("n=2", check_n2),

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "pagedlm/engine/engine.h"
+#include "pagedlm/engine/text_model.h"
 #include "pagedlm/io/checkpoint.h"
 #include "pagedlm/io/safetensors.h"
 
@@ -63,6 +64,29 @@ TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
     std::printf("case %zu: relative error %.2e\n", i, err);
     EXPECT_LT(err, 1e-3) << "case " << i;
   }
+}
+
+TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
+  const std::string path = smollm2_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
+  TextModel model = load_text_model(path);
+  ASSERT_TRUE(model.chat_template.has_value());
+  const std::string prompt = model.chat_template->render(
+      nlohmann::ordered_json::array(
+          {{{"role", "user"}, {"content", "What is the capital of France?"}}}),
+      /*add_generation_prompt=*/true);
+  EXPECT_EQ(prompt,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  Engine engine(model.checkpoint, EngineOptions{});
+  Request r;
+  r.prompt = model.tokenizer->encode(prompt);
+  r.sampling.max_tokens = 32;
+  const RequestOutput out = engine.generate({r})[0];
+  const std::string answer = model.tokenizer->decode(out.tokens, /*skip_special_tokens=*/true);
+  EXPECT_NE(answer.find("Paris"), std::string::npos) << answer;
+  EXPECT_EQ(out.reason, FinishReason::kStop) << "the answer should end with <|im_end|>";
 }
 
 }  // namespace

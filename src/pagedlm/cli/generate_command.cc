@@ -1,8 +1,13 @@
-// pagedlm generate: runs prompts through one continuous batch and prints what each produced.
+// pagedlm generate: runs prompts (text, chat or token ids) through one continuous batch and
+// prints what each produced; a single prompt streams.
+#include <chrono>
+#include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
+#include "pagedlm/engine/text_model.h"
 
 namespace pagedlm::cli {
 
@@ -13,17 +18,36 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> ids;
   std::string word;
   while (in >> word) {
+    size_t used = 0;
+    long long v = -1;
     try {
-      size_t used = 0;
-      const long long v = std::stoll(word, &used);
-      PAGEDLM_CHECK(used == word.size() && v >= 0 && v <= INT32_MAX, "bad token id '", word, "'");
-      ids.push_back(static_cast<int32_t>(v));
+      v = std::stoll(word, &used);
     } catch (const std::logic_error&) {
-      fail("bad token id '", word, "' in --tokens");
+      used = 0;
     }
+    PAGEDLM_CHECK(used == word.size() && v >= 0 && v <= INT32_MAX, "bad token id '", word,
+                  "' in --tokens");
+    ids.push_back(static_cast<int32_t>(v));
   }
   PAGEDLM_CHECK(!ids.empty(), "--tokens holds no token ids");
   return ids;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  PAGEDLM_CHECK(in.good(), "cannot read prompts file ", path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  PAGEDLM_CHECK(!lines.empty(), "prompts file ", path, " holds no prompts");
+  return lines;
+}
+
+std::string token_ids_text(const std::vector<int32_t>& ids) {
+  std::string text = "tokens:";
+  for (int32_t t : ids) text += " " + std::to_string(t);
+  return text;
 }
 
 const char* reason_name(FinishReason r) {
@@ -40,9 +64,11 @@ const char* reason_name(FinishReason r) {
   return "none";
 }
 
-void print_cache(const Engine& engine) {
-  for (const SequenceView& s : engine.sequence_map()) {
-    std::printf("seq %lld: %d tokens, pages [", static_cast<long long>(s.request_id), s.num_tokens);
+void print_cache(const Engine& engine, bool page_tables) {
+  if (page_tables) std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
+  for (const SequenceView& s : page_tables ? engine.sequence_map() : std::vector<SequenceView>{}) {
+    std::printf("seq %lld: %d tokens, %d from the prefix cache, pages [",
+                static_cast<long long>(s.request_id), s.num_tokens, s.num_cached_tokens);
     for (size_t i = 0; i < s.pages.size(); ++i) {
       std::printf("%s%d%s", i ? " " : "", s.pages[i], s.page_shared[i] ? "*" : "");
     }
@@ -50,65 +76,131 @@ void print_cache(const Engine& engine) {
   }
   const SchedulerStats st = engine.stats();
   std::printf(
-      "cache: %d pages (%d used, %d free, %d cached); prefix cache: %lld of %lld prompt tokens "
+      "pages: %d total, %d used, %d free (%d cached); prefix cache: %lld of %lld prompt tokens "
       "hit; %lld preemptions\n",
       st.pages_total, st.pages_used, st.pages_free, st.pages_cached,
       static_cast<long long>(st.prefix_hit_tokens), static_cast<long long>(st.prefix_query_tokens),
       static_cast<long long>(st.preemptions));
 }
 
+struct Args {
+  std::string model, prompts_file, system;
+  std::vector<std::string> prompts, token_prompts;
+  bool chat = false, show_cache = false;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  EngineFlags flags;
+};
+
+// The prompt token ids, from text (optionally through the chat template) or given directly.
+std::vector<std::vector<int32_t>> build_prompts(const Args& args, const TextModel& model,
+                                                std::vector<std::string>* labels) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> texts = args.prompts;
+  if (!args.prompts_file.empty()) {
+    for (std::string& line : read_lines(args.prompts_file)) texts.push_back(std::move(line));
+  }
+  PAGEDLM_CHECK(texts.empty() || model.tokenizer, "the model has no tokenizer: use --tokens");
+  for (const std::string& text : texts) {
+    labels->push_back(text);
+    if (!args.chat) {
+      prompts.push_back(model.tokenizer->encode(text));
+      continue;
+    }
+    PAGEDLM_CHECK(model.chat_template.has_value(), "--chat: the model has no chat template");
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
+    messages.push_back({{"role", "user"}, {"content", text}});
+    prompts.push_back(model.tokenizer->encode(model.chat_template->render(messages, true)));
+  }
+  for (const std::string& ids : args.token_prompts) {
+    labels->push_back("tokens: " + ids);
+    prompts.push_back(parse_token_list(ids));
+  }
+  PAGEDLM_CHECK(!prompts.empty(), "give at least one --prompt, --prompts-file or --tokens");
+  return prompts;
+}
+
+void run_generate(const Args& args) {
+  TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
+  std::vector<std::string> labels;
+  const auto prompts = build_prompts(args, model, &labels);
+  Engine engine(model.checkpoint, args.flags.resolve());
+  std::vector<int64_t> ids;
+  for (const auto& prompt : prompts) {
+    Request r;
+    r.prompt = prompt;
+    r.sampling = args.sampling;
+    if (args.seed != 0 || args.sampling.temperature > 0) r.sampling.seed = args.seed;
+    ids.push_back(engine.add_request(std::move(r)));
+  }
+  const Tokenizer* tokenizer = model.tokenizer.get();
+  const bool stream = ids.size() == 1 && tokenizer != nullptr;
+  std::optional<StreamDecoder> decoder;
+  if (stream) decoder.emplace(*tokenizer, /*skip_special=*/true);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t generated = 0;
+  bool cache_shown = false;
+  while (engine.has_unfinished()) {
+    for (const RequestEvent& e : engine.step()) {
+      if (e.token < 0) continue;
+      ++generated;
+      if (stream) {
+        std::fputs(decoder->push(e.token).c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    // Once every prompt is in the cache, the page tables show what is shared.
+    if (args.show_cache && !cache_shown && engine.stats().num_waiting == 0) {
+      if (stream) std::printf("\n");
+      print_cache(engine, /*page_tables=*/true);
+      cache_shown = true;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (stream) std::printf("%s\n", decoder->finish().c_str());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    RequestOutput out = engine.take_output(ids[i]);
+    if (!stream) {
+      std::printf("=== [%zu] %s\n%s\n", i + 1, labels[i].c_str(),
+                  tokenizer ? tokenizer->decode(out.tokens, /*skip_special_tokens=*/true).c_str()
+                            : token_ids_text(out.tokens).c_str());
+    }
+    std::printf("(finish: %s; %zu prompt tokens, %d from the prefix cache; %zu generated)\n",
+                reason_name(out.reason), out.prompt.size(), out.num_cached_tokens,
+                out.tokens.size());
+  }
+  std::fprintf(stderr, "%zu sequences, %lld tokens generated in %.2f s (%.1f tok/s), %lld steps\n",
+               ids.size(), static_cast<long long>(generated), seconds,
+               static_cast<double>(generated) / seconds,
+               static_cast<long long>(engine.num_steps()));
+  if (args.show_cache) print_cache(engine, /*page_tables=*/false);
+}
+
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "generate text or tokens for one or more prompts");
-  struct Args {
-    std::string model;
-    std::vector<std::string> token_prompts;
-    SamplingParams sampling;
-    uint64_t seed = 0;
-    bool show_cache = false;
-    EngineFlags flags;
-  };
+  auto* cmd = app.add_subcommand("generate", "generate text for one or more prompts");
   auto args = std::make_shared<Args>();
-  args->sampling.max_tokens = 64;
+  args->sampling.max_tokens = 128;
   cmd->add_option("--model", args->model, "HF folder or .gguf file (default: SmolLM2 GGUF)");
-  cmd->add_option("--tokens", args->token_prompts, "a prompt as token ids, e.g. \"1 2 3\"")
-      ->required();
+  cmd->add_option("--prompt", args->prompts, "a text prompt (repeatable)");
+  cmd->add_option("--prompts-file", args->prompts_file, "a file of prompts, one per line");
+  cmd->add_option("--tokens", args->token_prompts, "a prompt as token ids, e.g. \"1 2 3\"");
+  cmd->add_flag("--chat", args->chat, "wrap each prompt in the model's chat template");
+  cmd->add_option("--system", args->system, "system message for --chat");
   cmd->add_option("--max-tokens", args->sampling.max_tokens, "tokens to generate at most")
       ->capture_default_str();
-  cmd->add_option("--temperature", args->sampling.temperature, "0 means greedy");
+  cmd->add_option("--temperature", args->sampling.temperature, "0 means greedy")
+      ->capture_default_str();
   cmd->add_option("--top-k", args->sampling.top_k, "keep the k most likely tokens (0: off)");
   cmd->add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (1: off)");
   cmd->add_option("--min-p", args->sampling.min_p, "drop tokens below min_p * max prob");
-  auto* seed_opt = cmd->add_option("--seed", args->seed, "seed for reproducible sampling");
+  cmd->add_option("--seed", args->seed, "seed for reproducible sampling");
   cmd->add_flag("--show-cache", args->show_cache, "print page tables and prefix-cache counters");
   add_engine_flags(*cmd, args->flags);
-  cmd->callback([args, seed_opt] {
-    std::vector<Request> requests;
-    for (const std::string& text : args->token_prompts) {
-      Request r;
-      r.prompt = parse_token_list(text);
-      r.sampling = args->sampling;
-      if (seed_opt->count() > 0) r.sampling.seed = args->seed;
-      requests.push_back(std::move(r));
-    }
-    Checkpoint ckpt = load_with_progress(resolve_model_path(args->model));
-    Engine engine(ckpt, args->flags.resolve());
-    std::vector<int64_t> ids;
-    for (Request& r : requests) ids.push_back(engine.add_request(std::move(r)));
-    while (engine.has_unfinished()) {
-      engine.step();
-      if (args->show_cache && engine.num_steps() == 1) print_cache(engine);
-    }
-    for (int64_t id : ids) {
-      RequestOutput out = engine.take_output(id);
-      std::printf("[%lld] finish=%s cached=%d tokens:", static_cast<long long>(id),
-                  reason_name(out.reason), out.num_cached_tokens);
-      for (int32_t t : out.tokens) std::printf(" %d", t);
-      std::printf("\n");
-    }
-    if (args->show_cache) print_cache(engine);
-  });
+  cmd->callback([args] { run_generate(*args); });
 }
 
 }  // namespace pagedlm::cli

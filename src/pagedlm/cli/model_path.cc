@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "pagedlm/core/error.h"
 
@@ -33,14 +34,14 @@ std::string resolve_model_path(const std::string& path) {
   return def;
 }
 
-Checkpoint load_with_progress(const std::string& path) {
+LoadProgress progress_bar() {
   const bool tty = isatty(fileno(stderr));
-  int last_percent = -1;
-  auto progress = [&](size_t done, size_t total) {
+  auto last_percent = std::make_shared<int>(-1);
+  return [tty, last_percent](size_t done, size_t total) {
     if (total == 0) return;
     const int percent = static_cast<int>(100 * done / total);
-    if (percent == last_percent) return;
-    last_percent = percent;
+    if (percent == *last_percent) return;
+    *last_percent = percent;
     if (!tty && percent != 100) return;
     const int width = 30, filled = percent * width / 100;
     std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled,
@@ -48,7 +49,8 @@ Checkpoint load_with_progress(const std::string& path) {
     if (percent == 100) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
-  return load_checkpoint(path, progress);
 }
+
+Checkpoint load_with_progress(const std::string& path) { return load_checkpoint(path, progress_bar()); }
 
 }  // namespace pagedlm::cli

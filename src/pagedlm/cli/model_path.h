@@ -11,6 +11,8 @@ namespace pagedlm::cli {
 std::string default_model_path();
 // `path`, or the default model when empty; throws with the command to run when it is missing.
 std::string resolve_model_path(const std::string& path);
+// A loading progress bar on stderr.
+LoadProgress progress_bar();
 // Loads with a progress bar on stderr.
 Checkpoint load_with_progress(const std::string& path);
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "pagedlm/cli/commands.h"
@@ -14,6 +15,13 @@
 namespace pagedlm::cli {
 
 namespace {
+
+// The file or folder name, without a .gguf suffix: what clients call the model by default.
+std::string model_name_from_path(const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.filename().empty()) p = p.parent_path();  // "dir/" names the folder
+  return p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+}
 
 std::atomic<bool> g_stop_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
@@ -46,11 +54,15 @@ void register_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--served-model-name", s.served_model_name,
-                  "model id clients use (default: the model file's name)");
+                  "model id clients use (default: the model file or folder name)");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
-    const TextModel model = load_text_model(resolve_model_path(args->model));
+    const std::string path = resolve_model_path(args->model);
+    if (args->server.served_model_name.empty()) {
+      args->server.served_model_name = model_name_from_path(path);
+    }
+    const TextModel model = load_text_model(path, progress_bar());
     Engine engine(model.checkpoint, args->flags.resolve());
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
@@ -60,9 +72,7 @@ void register_serve(CLI::App& app) {
     signal(SIGINT, request_stop);
     signal(SIGTERM, request_stop);
     std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
-                 args->server.served_model_name.empty() ? model.name.c_str()
-                                                        : args->server.served_model_name.c_str(),
-                 args->server.host.c_str(), port);
+                 args->server.served_model_name.c_str(), args->server.host.c_str(), port);
     std::fflush(stderr);
     std::atomic<bool> listening_done{false};
     std::thread watcher([&] {

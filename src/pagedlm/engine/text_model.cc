@@ -2,48 +2,41 @@
 
 #include <filesystem>
 
-#include "pagedlm/core/error.h"
 #include "pagedlm/io/gguf.h"
 
 namespace pagedlm {
 
 namespace {
 
-std::string model_name(const std::string& path) {
-  std::filesystem::path p(path);
-  if (p.filename().empty()) p = p.parent_path();  // "dir/" names the folder
-  std::string name = p.filename().string();
-  if (p.extension() == ".gguf") name = p.stem().string();
-  return name;
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.token_to_bytes(id) : std::string();
 }
 
 }  // namespace
 
 TextModel load_text_model(const std::string& path, const LoadProgress& progress) {
-  const bool is_dir = std::filesystem::is_directory(path);
-  std::optional<Tokenizer> tokenizer;
-  std::optional<ChatTemplate> chat_template;
-  std::string chat_template_error;
-  if (is_dir) {
-    tokenizer.emplace(Tokenizer::from_tokenizer_json(path + "/tokenizer.json"));
+  TextModel model;
+  model.checkpoint = load_checkpoint(path, progress);
+  if (std::filesystem::is_directory(path)) {
+    // Token-level use (tests, benchmarks) needs no tokenizer.
+    const std::string tokenizer_json = path + "/tokenizer.json";
+    if (!std::filesystem::exists(tokenizer_json)) return model;
+    model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_tokenizer_json(tokenizer_json));
     try {
-      chat_template.emplace(load_chat_template(path));
-    } catch (const Error& e) {
-      chat_template_error = e.what();
+      model.chat_template.emplace(load_chat_template(path));
+    } catch (const Error&) {
+      // A base model without a chat template still serves plain completions.
     }
-  } else {
-    const GgufFile gguf = GgufFile::open(path);
-    tokenizer.emplace(Tokenizer::from_gguf(gguf));
-    if (gguf.find("tokenizer.chat_template") != nullptr) {
-      auto piece = [&](int32_t id) { return id >= 0 ? tokenizer->token_to_piece(id) : ""; };
-      chat_template.emplace(gguf.get_string("tokenizer.chat_template"), piece(tokenizer->bos_id()),
-                            piece(tokenizer->eos_id()));
-    } else {
-      chat_template_error = cat(path, " has no tokenizer.chat_template metadata");
-    }
+    return model;
   }
-  return TextModel{model_name(path), load_checkpoint(path, progress), std::move(*tokenizer),
-                   std::move(chat_template), std::move(chat_template_error)};
+  const GgufFile gguf = GgufFile::open(path);
+  model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(gguf));
+  if (const GgufValue* tmpl = gguf.find("tokenizer.chat_template")) {
+    const Tokenizer& tok = *model.tokenizer;
+    model.chat_template.emplace(tmpl->as_string(), token_text(tok, tok.bos_id()),
+                                token_text(tok, tok.eos_id()));
+  }
+  return model;
 }
 
 }  // namespace pagedlm

@@ -343,11 +343,10 @@ class Generation {
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
       : options(std::move(options)), loop(engine, this->options.max_waiting) {
-    info.name =
-        this->options.served_model_name.empty() ? model.name : this->options.served_model_name;
-    info.tokenizer = &model.tokenizer;
+    PAGEDLM_CHECK(model.tokenizer != nullptr, "the server needs the model's tokenizer");
+    info.name = this->options.served_model_name;
+    info.tokenizer = model.tokenizer.get();
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
-    info.chat_template_error = model.chat_template_error;
     info.vocab_size = engine.config().vocab_size;
     info.max_model_len = engine.config().max_position_embeddings;
     info.max_prompt_tokens =

@@ -22,11 +22,12 @@ struct ServerOptions {
   int32_t max_waiting = 256;  // past it, 503 with Retry-After
   size_t max_body_bytes = size_t{8} << 20;
   int32_t http_threads = 128;     // each streaming client holds one while it streams
-  std::string served_model_name;  // default: the model's name
+  std::string served_model_name;  // the model id clients send and see
 };
 
 class HttpServer {
  public:
+  // Throws pagedlm::Error when the model has no tokenizer.
   HttpServer(const TextModel& model, Engine& engine, ServerOptions options);
   ~HttpServer();
 

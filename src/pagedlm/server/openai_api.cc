@@ -116,8 +116,7 @@ std::string render_chat(const json& body, const ModelInfo& model) {
     }
   }
   if (model.chat_template == nullptr) {
-    throw ApiError(400, "this model has no chat template: " + model.chat_template_error,
-                   "messages");
+    throw ApiError(400, "this model has no chat template; use /v1/completions", "messages");
   }
   json extra = json::object();
   if (const json* kwargs = field(body, "chat_template_kwargs")) {

@@ -40,7 +40,6 @@ struct ModelInfo {
   std::string name;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: chat is refused
-  std::string chat_template_error;
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t max_prompt_tokens = 0;  // what the KV page pool holds for one sequence

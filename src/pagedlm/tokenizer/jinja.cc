@@ -1,9 +1,9 @@
 #include "pagedlm/tokenizer/jinja.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <ctime>
-#include <map>
 #include <unordered_map>
 
 #include "pagedlm/core/error.h"
@@ -157,6 +157,9 @@ std::vector<size_t> slice_indices(int64_t size, const Value& start_v, const Valu
 
 class Args {
  public:
+  // Position of a parameter that can only be given by keyword.
+  static constexpr size_t kKeywordOnly = static_cast<size_t>(-1);
+
   Args(const CallArgs& args, std::string what) : args_(args), what_(std::move(what)) {}
 
   // The i-th parameter, given by position or by `name`; Undefined if absent.
@@ -177,8 +180,6 @@ class Args {
                   v.type_name());
     return v.as_string();
   }
-  size_t positional_count() const { return args_.positional.size(); }
-  const CallArgs& raw() const { return args_; }
 
  private:
   const CallArgs& args_;
@@ -613,7 +614,7 @@ class Renderer {
       case Expr::Kind::kCall: {
         Value callee = eval(*e.args[0]);
         CallArgs args = eval_args(e);
-        if (callee.is_undefined()) fail("'", callee.undefined_name(), "' is undefined");
+        if (callee.is_undefined()) undefined_error(callee, "called");
         PAGEDLM_CHECK(callee.kind() == Kind::kFunction, "'", callee.type_name(),
                       "' object is not callable");
         return callee.as_function()(args);
@@ -668,16 +669,19 @@ class Renderer {
     return args;
   }
 
+  // Jinja's default Undefined prints as nothing but fails when used as a value.
+  [[noreturn]] static void undefined_error(const Value& v, const std::string& doing) {
+    std::string what = v.undefined_name().empty() ? "undefined value"
+                                                  : "'" + v.undefined_name() + "' is undefined";
+    fail(what, doing.empty() ? "" : " (" + doing + ")");
+  }
+
   static void require_defined(const Value& v) {
-    if (v.is_undefined()) fail("'", v.undefined_name(), "' is undefined");
+    if (v.is_undefined()) undefined_error(v, "");
   }
 
   static Value get_attr(const Value& obj, const std::string& name) {
-    if (obj.is_undefined()) {
-      fail(obj.undefined_name().empty() ? std::string("undefined value")
-                                        : "'" + obj.undefined_name() + "' is undefined",
-           " (reading attribute '", name, "')");
-    }
+    if (obj.is_undefined()) undefined_error(obj, "reading attribute '" + name + "'");
     Value method = bound_method(obj, name);
     if (!method.is_undefined()) return method;
     if (obj.is_dict() || obj.is_namespace()) {
@@ -689,11 +693,7 @@ class Renderer {
 
   // Jinja's subscript: the item first, then an attribute of that name.
   static Value get_item(const Value& obj, const Value& key) {
-    if (obj.is_undefined()) {
-      fail(obj.undefined_name().empty() ? std::string("undefined value")
-                                        : "'" + obj.undefined_name() + "' is undefined",
-           " (reading item ", key.repr(), ")");
-    }
+    if (obj.is_undefined()) undefined_error(obj, "reading item " + key.repr());
     if ((obj.is_list() || obj.is_string()) && key.is_number() && key.kind() != Kind::kFloat) {
       int64_t size = length_of(obj);
       int64_t i = key.as_int();
@@ -1028,11 +1028,11 @@ class Renderer {
     }
     if (name == "map") {
       std::vector<Value> out;
-      Value attribute = args.get(99, "attribute");
+      Value attribute = args.get(Args::kKeywordOnly, "attribute");
       for (const auto& item : iterate(v)) {
         if (!attribute.is_undefined()) {
           Value got = attribute_path(item, attribute);
-          out.push_back(got.is_undefined() ? args.get(99, "default", got) : got);
+          out.push_back(got.is_undefined() ? args.get(Args::kKeywordOnly, "default", got) : got);
         } else {
           PAGEDLM_CHECK(!call.positional.empty(), "map needs a filter name or attribute=");
           CallArgs rest{{call.positional.begin() + 1, call.positional.end()}, call.keyword};

@@ -1,5 +1,6 @@
 #include "pagedlm/tokenizer/jinja_parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -153,27 +154,21 @@ class Lexer {
       }
       char type = src_[start + 1];
       char sign = start + 2 < src_.size() ? src_[start + 2] : '\0';
-      if (sign == '-') {
-        size_t end = text.size();
-        while (end > 0 && is_space(text[end - 1])) --end;
-        text.resize(end);
-      } else if (sign != '+' && type != '{') {
-        // lstrip_blocks: a block or comment tag alone on its line takes its indentation away.
-        size_t line_start = text.rfind('\n');
-        line_start = line_start == std::string::npos ? 0 : line_start + 1;
-        if ((line_start > 0 || line_starting) && line_start < text.size() &&
-            text.find_first_not_of(" \t\f\v\r", line_start) == std::string::npos) {
-          text.resize(line_start);
-        }
-      }
+      strip_before_tag(text, sign, type == '{', line_starting);
       emit_text(text);
       advance_to(start + 2 + (sign == '-' || sign == '+' ? 1 : 0));
+      char end_sign = '\0';
+      size_t raw_end = type == '%' ? match_block(pos_, "raw", &end_sign) : std::string::npos;
       if (type == '#') {
         size_t end = src_.find("#}", pos_);
         if (end == std::string::npos) syntax_error(line_, "missing end of comment tag");
-        char end_sign = end > pos_ ? src_[end - 1] : '\0';
+        end_sign = end > pos_ ? src_[end - 1] : '\0';
         advance_to(end + 2);
         line_starting = finish_tag(end_sign, /*is_block=*/true);
+      } else if (raw_end != std::string::npos) {
+        advance_to(raw_end);
+        // Jinja trims after "raw -%}" but keeps the newline after a plain "raw %}".
+        line_starting = lex_raw(finish_tag(end_sign, /*is_block=*/false));
       } else {
         line_starting = lex_tag(type == '{');
       }
@@ -195,6 +190,61 @@ class Lexer {
   void advance_to(size_t pos) {
     for (; pos_ < pos; ++pos_) {
       if (src_[pos_] == '\n') ++line_;
+    }
+  }
+
+  // Whitespace control before a tag: "-" strips all whitespace; otherwise lstrip_blocks takes
+  // the indentation of a block or comment tag that starts its line, unless "+".
+  static void strip_before_tag(std::string& text, char sign, bool is_var, bool line_starting) {
+    if (sign == '-') {
+      size_t end = text.size();
+      while (end > 0 && is_space(text[end - 1])) --end;
+      text.resize(end);
+    } else if (sign != '+' && !is_var) {
+      size_t line_start = text.rfind('\n');
+      line_start = line_start == std::string::npos ? 0 : line_start + 1;
+      if ((line_start > 0 || line_starting) && line_start < text.size() &&
+          text.find_first_not_of(" \t\f\v\r", line_start) == std::string::npos) {
+        text.resize(line_start);
+      }
+    }
+  }
+
+  // Matches "<spaces>word<spaces>[-+]%}" at p (just inside "{%" and its sign); returns the
+  // position after "%}" and the sign before it, or npos.
+  size_t match_block(size_t p, const char* word, char* end_sign) const {
+    while (p < src_.size() && is_space(src_[p])) ++p;
+    size_t len = std::char_traits<char>::length(word);
+    if (src_.compare(p, len, word) != 0) return std::string::npos;
+    p += len;
+    if (p < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[p])) || src_[p] == '_')) {
+      return std::string::npos;
+    }
+    while (p < src_.size() && is_space(src_[p])) ++p;
+    *end_sign = '\0';
+    if (p < src_.size() && (src_[p] == '-' || src_[p] == '+')) *end_sign = src_[p++];
+    if (src_.compare(p, 2, "%}") != 0) return std::string::npos;
+    return p + 2;
+  }
+
+  // The body of {% raw %}...{% endraw %}: text, with the endraw tag's whitespace control.
+  // Returns whether the text after it starts a line.
+  bool lex_raw(bool line_starting) {
+    for (size_t p = pos_;;) {
+      size_t tag = src_.find("{%", p);
+      if (tag == std::string::npos) syntax_error(line_, "missing '{% endraw %}'");
+      char sign = tag + 2 < src_.size() ? src_[tag + 2] : '\0';
+      char end_sign = '\0';
+      size_t end = match_block(tag + 2 + (sign == '-' || sign == '+' ? 1 : 0), "endraw", &end_sign);
+      if (end == std::string::npos) {
+        p = tag + 2;
+        continue;
+      }
+      std::string text = src_.substr(pos_, tag - pos_);
+      strip_before_tag(text, sign, /*is_var=*/false, line_starting);
+      emit_text(text);
+      advance_to(end);
+      return finish_tag(end_sign, /*is_block=*/true);
     }
   }
 

@@ -68,6 +68,11 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
   }
 }
 
+const std::string& Value::undefined_name() const {
+  static const std::string kUnnamed;
+  return kind_ == Kind::kUndefined && str_ ? *str_ : kUnnamed;
+}
+
 bool Value::truthy() const {
   switch (kind_) {
     case Kind::kUndefined:

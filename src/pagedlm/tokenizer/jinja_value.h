@@ -82,7 +82,6 @@ class Value {
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }
-  bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_number() const {
@@ -94,12 +93,11 @@ class Value {
   double as_double() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
   const std::string& as_string() const { return *str_; }
   // Name of the variable an Undefined came from, for error messages.
-  const std::string& undefined_name() const { return *str_; }
+  const std::string& undefined_name() const;
   const std::vector<Value>& as_list() const { return *list_; }
   const Dict& as_dict() const { return *dict_; }
   Dict& namespace_attrs() const { return *dict_; }
   const Function& as_function() const { return fn_->fn; }
-  const std::string& function_name() const { return fn_->name; }
 
   // Python truthiness: empty containers, 0, "", None and Undefined are false.
   bool truthy() const;

@@ -1,0 +1,173 @@
+// The command line as a user meets it: the logits command against the golden reference, and
+// bad input that must end in a clear message and a non-zero exit, never a crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "pagedlm/io/safetensors.h"
+
+namespace pagedlm {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  bool crashed = false;
+  std::string output;  // stdout and stderr
+};
+
+RunResult run(const std::string& args) {
+  const std::string cmd = std::string(PAGEDLM_BINARY) + " " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.crashed = WIFSIGNALED(status);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("pagedlm_cli_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()
+                                            ->current_test_info()
+                                            ->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& content) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << content;
+    return path;
+  }
+
+  // A copy of a fixture folder whose files the test may damage.
+  std::string copy_fixture(const std::string& name) {
+    const fs::path dst = dir_ / name;
+    fs::copy(fs::path(PAGEDLM_TESTDATA) / "fixtures" / name, dst);
+    return dst.string();
+  }
+
+  void expect_failure(const std::string& args, const std::string& needle) {
+    const RunResult r = run(args);
+    EXPECT_FALSE(r.crashed) << args << "\n" << r.output;
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos)
+        << "expected '" << needle << "' in the output of: " << args << "\n" << r.output;
+  }
+
+  fs::path dir_;
+};
+
+const std::string kFixture = std::string(PAGEDLM_TESTDATA) + "/fixtures/qwen2-bias";
+
+TEST_F(CliTest, LogitsCommandMatchesTheGoldenReference) {
+  SafetensorsFile expected = SafetensorsFile::open(kFixture + "/expected.safetensors");
+  std::string prompts = "[";
+  for (int i = 0; i < 6; ++i) {
+    const Tensor& p = expected.tensors().at("case" + std::to_string(i) + ".prompt");
+    prompts += i ? ",[" : "[";
+    for (int64_t j = 0; j < p.numel(); ++j) {
+      prompts += (j ? "," : "") + std::to_string(p.data<int32_t>()[j]);
+    }
+    prompts += "]";
+  }
+  prompts += "]";
+  const std::string out = (dir_ / "logits.safetensors").string();
+  const RunResult r = run("logits --model " + kFixture + " --input " +
+                          write("prompts.json", prompts) + " --output " + out +
+                          " --max-num-batched-tokens 64 --page-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  SafetensorsFile got = SafetensorsFile::open(out);
+  for (int i = 0; i < 6; ++i) {
+    const Tensor& ref = expected.tensors().at("case" + std::to_string(i) + ".logits");
+    const Tensor& mine = got.tensors().at("logits." + std::to_string(i));
+    ASSERT_EQ(mine.shape(), ref.shape());
+    double diff = 0, norm = 0;
+    for (int64_t j = 0; j < ref.numel(); ++j) {
+      const double a = mine.data<float>()[j], b = ref.data<float>()[j];
+      diff += (a - b) * (a - b);
+      norm += b * b;
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-4) << "case " << i;
+  }
+}
+
+TEST_F(CliTest, GenerateTokensRunsAndReportsFinish) {
+  const RunResult r = run("generate --model " + kFixture + " --tokens \"5 6 7\" --max-tokens 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("finish: length"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, BadPromptsFilesFailClearly) {
+  const std::string model = "--model " + kFixture + " --output " + (dir_ / "o").string();
+  expect_failure("logits " + model + " --input " + write("a.json", "[[1, 2"), "not valid JSON");
+  expect_failure("logits " + model + " --input " + write("b.json", "{}"), "list");
+  expect_failure("logits " + model + " --input " + write("c.json", "[[]]"), "prompt 0");
+  expect_failure("logits " + model + " --input " + write("d.json", "[[1, \"x\"]]"),
+                 "not a token id");
+  expect_failure("logits " + model + " --input " + write("e.json", "[[1, 512]]"),
+                 "token id 512");
+  expect_failure("logits " + model + " --input " + write("f.json", "[[1, -3]]"), "token id");
+  expect_failure("logits " + model + " --input " + (dir_ / "absent.json").string(),
+                 "cannot read");
+  std::string too_long = "[[";
+  for (int i = 0; i < 1100; ++i) too_long += (i ? ",5" : "5");
+  too_long += "]]";
+  expect_failure("logits " + model + " --input " + write("g.json", too_long), "1100");
+}
+
+TEST_F(CliTest, BadTokenPromptsFailClearly) {
+  expect_failure("generate --model " + kFixture + " --tokens \"1 x 3\"", "bad token id");
+  expect_failure("generate --model " + kFixture + " --tokens \"\"", "no token ids");
+  expect_failure("generate --model " + kFixture + " --tokens \"1 99999\"", "out of range");
+  expect_failure("generate --model " + kFixture + " --tokens \"1 2\" --page-size 3",
+                 "power of two");
+  expect_failure("generate --model " + kFixture + " --tokens \"1 2\" --temperature -1",
+                 "temperature");
+}
+
+TEST_F(CliTest, BrokenModelFilesFailClearly) {
+  const std::string prompts = " --input " + write("p.json", "[[1,2,3]]") + " --output " +
+                              (dir_ / "o").string();
+  expect_failure("logits --model " + (dir_ / "missing").string() + prompts, "not found");
+
+  const std::string truncated = copy_fixture("llama-gqa");
+  fs::resize_file(truncated + "/model.safetensors", 1000);
+  expect_failure("logits --model " + truncated + prompts, "model.safetensors");
+
+  const std::string bad_header = copy_fixture("qwen3-qknorm");
+  {
+    std::fstream f(bad_header + "/model.safetensors", std::ios::in | std::ios::out |
+                                                          std::ios::binary);
+    f.seekp(8);
+    f.write("!!!!", 4);
+  }
+  expect_failure("logits --model " + bad_header + prompts, "model.safetensors");
+
+  const std::string bad_config = copy_fixture("mistral");
+  write("mistral/config.json", "{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": ");
+  expect_failure("logits --model " + bad_config + prompts, "config.json");
+
+  const std::string unsupported = copy_fixture("llama3-rope");
+  write("llama3-rope/config.json", "{\"architectures\": [\"GPT2LMHeadModel\"]}");
+  expect_failure("logits --model " + unsupported + prompts, "GPT2LMHeadModel");
+
+  const std::string bad_gguf = write("broken.gguf", "GGUF\x03\x00\x00\x00garbage");
+  expect_failure("logits --model " + bad_gguf + prompts, "broken.gguf");
+}
+
+}  // namespace
+}  // namespace pagedlm
