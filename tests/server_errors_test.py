@@ -3,8 +3,10 @@ the problem, and the server keeps serving; a full waiting queue answers 503 with
 
 import json
 import threading
+import time
 
-from server_harness import Server, parse_args, post_json, request, run_checks
+from server_harness import (Server, metrics, parse_args, post_json, request, run_checks,
+                            sse_events)
 
 KEY = "errors-test-key"
 AUTH = {"Authorization": "Bearer " + KEY}
@@ -130,10 +132,35 @@ def main():
                     assert status == 200, body
             still_serving()
 
+        def check_shutdown_ends_streams():
+            # SIGTERM while a long reply streams: the client gets an error event and [DONE],
+            # and the server exits cleanly instead of finishing the reply.
+            tokens_before = metrics(server)["pagedlm_generation_tokens_total"]
+            events = []
+
+            def one():
+                events.extend(sse_events(server, "/v1/completions", {
+                    "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
+                    "stream": True}, AUTH))
+
+            t = threading.Thread(target=one)
+            t.start()
+            deadline = time.time() + 60
+            while metrics(server)["pagedlm_generation_tokens_total"] < tokens_before + 3:
+                assert time.time() < deadline, "the stream did not start"
+                time.sleep(0.1)
+            start = time.time()
+            server.stop()
+            t.join(timeout=30)
+            assert time.time() - start < 20, "shutdown waited for the stream to finish"
+            assert events[-1] == "[DONE]", events[-3:]
+            assert "shutting down" in events[-2]["error"]["message"], events[-2]
+
         run_checks([
             (f"bad-input table ({len(CASES)} requests)", check_table),
             ("auth", check_auth),
             ("overload: 503 with Retry-After", check_overload),
+            ("shutdown ends open streams", check_shutdown_ends_streams),
         ])
 
 

@@ -40,6 +40,10 @@ std::string random_id(const char* prefix) {
   return buf;
 }
 
+const char* error_type(int status) {
+  return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
 int64_t unix_time() { return static_cast<int64_t>(std::time(nullptr)); }
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -101,7 +105,7 @@ class Generation {
   }
 
   // Queues every choice; false when the server is overloaded.
-  bool submit(const std::string& cache_salt) {
+  bool submit() {
     std::vector<GenerationJob> jobs;
     for (size_t p = 0; p < request_.prompts.size(); ++p) {
       for (int32_t j = 0; j < request_.n; ++j) {
@@ -111,7 +115,7 @@ class Generation {
         job.request.sampling.max_tokens = request_.max_tokens[p];
         // n samples of one seeded request must differ, and still be reproducible.
         if (job.request.sampling.seed) *job.request.sampling.seed += static_cast<uint64_t>(j);
-        job.request.cache_salt = cache_salt;
+        job.request.cache_salt = request_.cache_salt;
         job.choice = static_cast<int32_t>(p * request_.n + j);
         job.top_logprobs = request_.top_logprobs;
         jobs.push_back(std::move(job));
@@ -180,16 +184,16 @@ class Generation {
       if (first && request_.chat) {
         out += sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, json(nullptr), nullptr));
       }
-      if (!c.error.empty() && !c.finish_sent) {
-        out += sse(error_body(c.error, "invalid_request_error", "", c.error_status));
-        c.finish_sent = true;  // the error event ends this choice
-      }
       if (!c.delta.empty() || !c.logprobs.empty()) {
         const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
         json lp = take_logprobs(c, offset);
         json delta = request_.chat ? json{{"content", c.delta}} : json(c.delta);
         out += sse(chunk(i, std::move(delta), std::move(lp), nullptr));
         c.delta.clear();
+      }
+      if (!c.error.empty() && !c.finish_sent) {
+        out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
+        c.finish_sent = true;  // the error event ends this choice
       }
       if (c.finish_reason && !c.finish_sent) {
         out += sse(chunk(i, request_.chat ? json::object() : json(""), json(nullptr),
@@ -383,32 +387,27 @@ void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
   } catch (const Error& e) {
     send_error(res, 400, e.what());
   } catch (const std::exception& e) {
-    send_error(res, 500, e.what(), "internal_server_error");
+    send_error(res, 500, e.what(), "server_error");
   }
 }
 
 void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-  const json body = json::parse(req.body);
-  auto gen = std::make_shared<Generation>(parse_completion_request(body, chat, info), info,
-                                          info.name, loop);
+  CompletionRequest request = parse_completion_request(json::parse(req.body), chat, info);
+  const bool stream = request.stream;
   // The api key salts the cache too, so tenants with different keys never share pages.
-  const std::string key = bearer_token(req);
-  const std::string request_salt = body.contains("cache_salt") && body["cache_salt"].is_string()
-                                       ? body["cache_salt"].get<std::string>()
-                                       : std::string();
-  const std::string salt =
-      options.api_keys.empty() ? request_salt : key + std::string(1, '\x1f') + request_salt;
-  if (!gen->submit(salt)) {
+  if (!options.api_keys.empty()) {
+    request.cache_salt = bearer_token(req) + '\x1f' + request.cache_salt;
+  }
+  auto gen = std::make_shared<Generation>(std::move(request), info, info.name, loop);
+  if (!gen->submit()) {
     res.set_header("Retry-After", "1");
     send_error(res, 503, "the server is overloaded; retry later", "server_overloaded");
     return;
   }
-  const bool stream = body.value("stream", false);
   if (!stream) {
     while (!gen->done()) gen->wait(kHeartbeat);
     if (auto [status, message] = gen->error(); status != 0) {
-      send_error(res, status, message,
-                 status >= 500 ? "internal_server_error" : "invalid_request_error");
+      send_error(res, status, message, error_type(status));
       return;
     }
     send_json(res, 200, gen->response());
@@ -464,9 +463,9 @@ void HttpServer::Impl::setup_routes() {
         try {
           if (ep) std::rethrow_exception(ep);
         } catch (const std::exception& e) {
-          send_error(res, 500, e.what(), "internal_server_error");
+          send_error(res, 500, e.what(), "server_error");
         } catch (...) {
-          send_error(res, 500, "unknown error", "internal_server_error");
+          send_error(res, 500, "unknown error", "server_error");
         }
       });
 
@@ -513,10 +512,7 @@ void HttpServer::Impl::setup_routes() {
 HttpServer::HttpServer(const TextModel& model, Engine& engine, ServerOptions options)
     : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {}
 
-HttpServer::~HttpServer() {
-  stop();
-  impl_->loop.stop();
-}
+HttpServer::~HttpServer() { stop(); }
 
 int HttpServer::bind() {
   const ServerOptions& o = impl_->options;
@@ -528,6 +524,11 @@ int HttpServer::bind() {
 
 void HttpServer::listen() { impl_->http.listen_after_bind(); }
 
-void HttpServer::stop() { impl_->http.stop(); }
+void HttpServer::stop() {
+  // The engine first: it ends every open stream with an error event, so the HTTP workers
+  // return and the listener can join them.
+  impl_->loop.stop();
+  impl_->http.stop();
+}
 
 }  // namespace pagedlm::server

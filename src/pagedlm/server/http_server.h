@@ -35,7 +35,7 @@ class HttpServer {
   int bind();
   // Serves until stop(); call bind() first.
   void listen();
-  // Callable from any thread.
+  // Ends open requests with an error and stops listening; callable from any thread.
   void stop();
 
  private:
