@@ -5,6 +5,7 @@ a pipe (--remote-debugging-pipe: NUL-separated JSON on fds 3 and 4), so no extra
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -40,7 +41,7 @@ class DevTools:
         self.proc = subprocess.Popen(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
-            preexec_fn=child_fds, pass_fds=(3, 4),
+            preexec_fn=child_fds, pass_fds=(3, 4), start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -67,7 +68,8 @@ class DevTools:
                 return reply["result"]
 
     def close(self):
-        self.proc.kill()
+        # Chromium's own children (renderer, zygote) share its new process group.
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 
@@ -76,7 +78,8 @@ def main():
     chromium = find_chromium()
     if not chromium:
         skip("chromium is not installed and could not be installed")
-    with Server(args.pagedlm, args.model) as server, tempfile.TemporaryDirectory() as profile:
+    with Server(args.pagedlm, args.model) as server, tempfile.TemporaryDirectory(
+            ignore_cleanup_errors=True) as profile:
 
         def check_page_streams_reply():
             status, body = post_json(server, "/v1/chat/completions", {
