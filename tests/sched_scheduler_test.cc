@@ -455,6 +455,22 @@ TEST(Scheduler, PreemptsTheNewestAndRecomputesItsOutputs) {
   EXPECT_EQ(scheduler.output_tokens(2), (Ints{7, 7, 7, 8}));
 }
 
+TEST(Scheduler, UpdateRejectsAPlanItDidNotMake) {
+  Scheduler scheduler(SchedulerConfig{});
+  scheduler.add(make_request(1, {5, 6}, 2));
+  scheduler.add(make_request(2, {5, 6}, 2));
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_THROW(scheduler.update(StepPlan{}, {}), Error);
+  StepPlan reordered = plan;
+  std::swap(reordered.request_ids[0], reordered.request_ids[1]);
+  EXPECT_THROW(scheduler.update(reordered, {7, 7}), Error);
+  EXPECT_THROW(scheduler.update(plan, {7}), Error);
+  // Nothing changed: the real plan still applies.
+  const std::vector<SeqUpdate> updates = scheduler.update(plan, {7, 8});
+  EXPECT_EQ(updates[1].token, 8);
+  EXPECT_EQ(scheduler.output_tokens(1), (Ints{7}));
+}
+
 TEST(Scheduler, AddRejectsInvalidRequests) {
   SchedulerConfig config;
   config.page_size = 16;

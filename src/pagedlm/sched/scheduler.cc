@@ -1,6 +1,7 @@
 #include "pagedlm/sched/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "pagedlm/core/error.h"
 
@@ -283,6 +284,11 @@ Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
                 "SchedulerConfig.page_size must be a power of two, got ", page_size);
   PAGEDLM_CHECK(config_.num_pages > 0, "SchedulerConfig.num_pages must be positive, got ",
                 config_.num_pages);
+  // Slots are int32 in the plan.
+  PAGEDLM_CHECK(
+      static_cast<int64_t>(config_.num_pages) * page_size <= std::numeric_limits<int32_t>::max(),
+      "SchedulerConfig: ", config_.num_pages, " pages of ", page_size,
+      " tokens overflow int32 slot indices");
   PAGEDLM_CHECK(config_.max_num_batched_tokens > 0,
                 "SchedulerConfig.max_num_batched_tokens must be positive, got ",
                 config_.max_num_batched_tokens);
@@ -383,10 +389,14 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
   std::vector<SeqUpdate> updates;
   updates.reserve(num_seqs);
   state.finished.clear();
+  // Checked up front so that a wrong plan changes nothing.
+  for (size_t b = 0; b < num_seqs; ++b) {
+    const int64_t expected_id = state.scheduled[b].seq->request.id;
+    PAGEDLM_CHECK(plan.request_ids[b] == expected_id, "update() got a plan whose sequence ", b,
+                  " is request ", plan.request_ids[b], ", expected ", expected_id);
+  }
   for (size_t b = 0; b < num_seqs; ++b) {
     Sequence& seq = *state.scheduled[b].seq;
-    PAGEDLM_CHECK(plan.request_ids[b] == seq.request.id, "update() got a plan whose sequence ", b,
-                  " is request ", plan.request_ids[b], ", expected ", seq.request.id);
     seq.in_flight = false;
     SeqUpdate& update = updates.emplace_back();
     update.request_id = seq.request.id;
