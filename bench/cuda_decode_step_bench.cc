@@ -7,8 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -98,8 +98,8 @@ int main(int argc, char** argv) {
   struct Shape {
     int n, k;
   };
-  const std::vector<Shape> shapes = {{Hq * d, D}, {Hk * d, D}, {Hk * d, D}, {D, Hq * d},
-                                     {2 * F, D}, {D, F}};
+  const std::vector<Shape> shapes = {{Hq * d, D}, {Hk * d, D}, {Hk * d, D},
+                                     {D, Hq * d}, {2 * F, D},  {D, F}};
   std::vector<void*> weights;
   size_t weight_bytes = 0;
   for (int l = 0; l < layers; ++l) {
@@ -165,9 +165,9 @@ int main(int argc, char** argv) {
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const double attn_ms = graph_ms(s, [&] {
     for (int l = 0; l < layers; ++l) {
-      cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out,
-                                                      batch, batch, 1, Hq, Hk, d, page_size,
-                                                      scale, splits, ws, ws_bytes, s),
+      cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
+                                                      batch, 1, Hq, Hk, d, page_size, scale, splits,
+                                                      ws, ws_bytes, s),
                   "attention");
     }
   });
@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
               splits);
   std::printf("  step (engine, graphs, wall)  %8.3f ms  %8.0f tok/s\n", step_ms,
               batch / step_ms * 1e3);
-  std::printf("  GEMMs alone                  %8.3f ms  (%.0f MB of weights: %.0f GB/s)\n",
-              gemm_ms, weight_bytes / 1e6, weight_bytes / gemm_ms / 1e6);
+  std::printf("  GEMMs alone                  %8.3f ms  (%.0f MB of weights: %.0f GB/s)\n", gemm_ms,
+              weight_bytes / 1e6, weight_bytes / gemm_ms / 1e6);
   std::printf("  attention alone              %8.3f ms  (%.0f MB of KV: %.0f GB/s)\n", attn_ms,
               kv_bytes / 1e6, kv_bytes / attn_ms / 1e6);
   std::printf("  rest (step - GEMM - attn)    %8.3f ms\n", step_ms - gemm_ms - attn_ms);

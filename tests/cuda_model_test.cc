@@ -91,8 +91,8 @@ class CudaModel : public ::testing::TestWithParam<const char*> {
     if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
     checkpoint_ = load_checkpoint(fixture_dir(GetParam()));
     expected_ = load_expected(GetParam());
-    tolerance_ = std::string(GetParam()) == "llama-gqa" ? kF32CheckpointTolerance
-                                                        : kLogitsTolerance;
+    tolerance_ =
+        std::string(GetParam()) == "llama-gqa" ? kF32CheckpointTolerance : kLogitsTolerance;
   }
   std::vector<RequestOutput> logits_run(int32_t max_num_batched_tokens) {
     EngineOptions o = cuda_options();
@@ -184,12 +184,11 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
   for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = std::isalnum(c) ? c : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n) c = std::isalnum(c) ? c : '_';
+  return n;
+});
 
 std::string smollm2_path() {
   const char* cache = std::getenv("PAGEDLM_CACHE");

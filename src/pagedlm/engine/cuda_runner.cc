@@ -46,9 +46,9 @@ struct CudaStepRunner::Impl {
   int num_sms = 1;
   cudaStream_t stream = nullptr;
 
-  int32_t max_tokens = 0;   // T
-  int32_t max_bucket = 0;   // largest decode bucket (B = max_bucket)
-  int64_t max_pages = 0;    // P
+  int32_t max_tokens = 0;  // T
+  int32_t max_bucket = 0;  // largest decode bucket (B = max_bucket)
+  int64_t max_pages = 0;   // P
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
          off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_pages = 0, total_bytes = 0;
@@ -88,8 +88,7 @@ struct CudaStepRunner::Impl {
       const int splits = cuda::paged_attention_decode_num_splits(
           b, num_kv_heads, static_cast<int>(max_model_len), num_sms);
       workspace_bytes = std::max(
-          workspace_bytes,
-          cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
+          workspace_bytes, cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
     }
     if (workspace_bytes > 0) cuda::check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
   }
@@ -172,10 +171,9 @@ struct CudaStepRunner::Impl {
     in.stream = stream;
     const Tensor step_logits = logits.rows(0, logit_rows);
     model.forward(in, *kv_cache, step_logits);
-    cuda::check(cuda::launch_sample(step_logits.data<float>(), logit_rows,
-                                    static_cast<int>(vocab), d<float>(off_temperature),
-                                    d<int32_t>(off_top_k), d<float>(off_top_p),
-                                    d<float>(off_min_p), d<uint64_t>(off_seed),
+    cuda::check(cuda::launch_sample(step_logits.data<float>(), logit_rows, static_cast<int>(vocab),
+                                    d<float>(off_temperature), d<int32_t>(off_top_k),
+                                    d<float>(off_top_p), d<float>(off_min_p), d<uint64_t>(off_seed),
                                     d<int64_t>(off_step), dev_tokens, stream),
                 "sampling");
   }
@@ -309,8 +307,7 @@ struct CudaStepRunner::Impl {
   }
 };
 
-CudaStepRunner::CudaStepRunner(CausalLM& model, const EngineOptions& options,
-                               int64_t max_model_len)
+CudaStepRunner::CudaStepRunner(CausalLM& model, const EngineOptions& options, int64_t max_model_len)
     : impl_(std::make_unique<Impl>(model, options, max_model_len)) {}
 
 CudaStepRunner::~CudaStepRunner() = default;

@@ -45,7 +45,8 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   model_ = create_model(checkpoint, options_.device);
   const ModelConfig& c = model_->config();
   // Weights, activations and step buffers first, so the KV cache takes what is left.
-  if (on_gpu) cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
+  if (on_gpu)
+    cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
   const int64_t page_bytes = PagedKvCache::bytes_per_page(
       c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim, model_->compute_dtype());
   if (options_.num_pages <= 0) {
@@ -137,8 +138,8 @@ std::vector<RequestEvent> Engine::step() {
     for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
       const int32_t pos = plan.positions[plan.logits_rows[j]];
       if (pos < prompt_len) {
-        std::memcpy(out.prompt_logits.data<float>() + pos * vocab,
-                    logits.data<float>() + j * vocab, vocab * sizeof(float));
+        std::memcpy(out.prompt_logits.data<float>() + pos * vocab, logits.data<float>() + j * vocab,
+                    vocab * sizeof(float));
       }
     }
   }
@@ -177,8 +178,9 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan, bool want_
     const int64_t id = plan.request_ids[b];
     const int32_t first = plan.logits_indptr[b], last = plan.logits_indptr[b + 1];
     if (plan.samples[b] && last > first) {
-      sampled[b] = ops::sample_token(logits->data<float>() + (last - 1) * vocab, vocab,
-                                     sampling_.at(id), seeds_.at(id), outputs_.at(id).tokens.size());
+      sampled[b] =
+          ops::sample_token(logits->data<float>() + (last - 1) * vocab, vocab, sampling_.at(id),
+                            seeds_.at(id), outputs_.at(id).tokens.size());
     }
   }
   return sampled;

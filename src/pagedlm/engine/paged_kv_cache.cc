@@ -20,8 +20,10 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_s
       scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
   // Zeroed so that never-written slots hold finite values.
   for (int64_t i = 0; i < num_layers; ++i) {
-    k_cache_.push_back(Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
-    v_cache_.push_back(Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
+    k_cache_.push_back(
+        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
+    v_cache_.push_back(
+        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
   }
 }
 
@@ -51,8 +53,8 @@ void PagedKvCache::attend(int layer, const Tensor& q, const Tensor& k, const Ten
   }
   ops::rope(q, k, positions_, inv_freq);
   ops::write_kv(k, v, slot_mapping_, k_cache_[layer], v_cache_[layer]);
-  ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_,
-                       kv_page_indices_, kv_last_page_len_, scale_, out);
+  ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_, kv_page_indices_,
+                       kv_last_page_len_, scale_, out);
 }
 
 // q: [L, Hq, d], k/v: [L, Hk, d] bf16 -> out: [L, Hq, d]. Rope and the cache write are one
@@ -67,22 +69,21 @@ void PagedKvCache::attend_cuda(int layer, const Tensor& q, const Tensor& k, cons
   const auto stream = static_cast<cudaStream_t>(p.stream);
   void* kc = k_cache_[layer].raw();
   void* vc = v_cache_[layer].raw();
-  cuda::check(cuda::launch_rope_kv_write(q.raw(), int64_t{Hq} * d, k.raw(), int64_t{Hk} * d,
-                                         v.raw(), int64_t{Hk} * d, p.positions,
-                                         inv_freq.data<float>(), p.slot_mapping, kc, vc, L, Hq, Hk,
-                                         d, stream),
-              "rope + KV cache write");
+  cuda::check(
+      cuda::launch_rope_kv_write(q.raw(), int64_t{Hq} * d, k.raw(), int64_t{Hk} * d, v.raw(),
+                                 int64_t{Hk} * d, p.positions, inv_freq.data<float>(),
+                                 p.slot_mapping, kc, vc, L, Hq, Hk, d, stream),
+      "rope + KV cache write");
   if (p.decode) {
     cuda::check(cuda::launch_paged_attention_decode(
-                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices,
-                    p.kv_last_page_len, out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d,
-                    page_size_, scale_, p.num_splits, p.workspace, p.workspace_bytes, stream),
+                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_,
+                    p.num_splits, p.workspace, p.workspace_bytes, stream),
                 "paged attention (decode)");
   } else {
     cuda::check(cuda::launch_paged_attention_prefill(
-                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices,
-                    p.kv_last_page_len, out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d,
-                    page_size_, scale_, stream),
+                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_, stream),
                 "paged attention (prefill)");
   }
 #else

@@ -30,7 +30,9 @@ struct LayerWeights {
   Tensor down_proj;                        // [D, F]
 };
 
-DType compute_dtype_of(Device device) { return device == Device::kCpu ? DType::kF32 : DType::kBF16; }
+DType compute_dtype_of(Device device) {
+  return device == Device::kCpu ? DType::kF32 : DType::kBF16;
+}
 
 // Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
 // f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
@@ -64,8 +66,9 @@ class LlamaFamilyModel final : public CausalLM {
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
     embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
-    lm_head_ = c.tie_word_embeddings ? embed_
-                                     : upload(ckpt.get("lm_head.weight", {c.vocab_size, D}), device);
+    lm_head_ = c.tie_word_embeddings
+                   ? embed_
+                   : upload(ckpt.get("lm_head.weight", {c.vocab_size, D}), device);
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       LayerWeights w;
@@ -189,9 +192,9 @@ class LlamaFamilyModel final : public CausalLM {
 
  private:
   struct Activations {
-    int64_t capacity = 0;  // rows
+    int64_t capacity = 0;                                                // rows
     Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
-    Tensor last, last_residual, last_update;                              // [rows, D]
+    Tensor last, last_residual, last_update;                             // [rows, D]
     Tensor logits;  // [rows, vocab] in the compute dtype; GPU only
   };
 

@@ -24,8 +24,8 @@ class Attention {
 };
 
 struct ForwardInputs {
-  Tensor token_ids;       // [L] i32
-  Tensor logits_rows;     // [S] i32: rows of the stream whose logits are wanted
+  Tensor token_ids;        // [L] i32
+  Tensor logits_rows;      // [S] i32: rows of the stream whose logits are wanted
   void* stream = nullptr;  // CUDA: the cudaStream_t every op of the step is issued on
 };
 

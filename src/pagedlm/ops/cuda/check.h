@@ -10,7 +10,8 @@
 namespace pagedlm::cuda {
 
 inline void check(cudaError_t err, std::string_view what) {
-  if (err != cudaSuccess) fail(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  if (err != cudaSuccess)
+    fail(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
 }
 
 }  // namespace pagedlm::cuda

@@ -86,10 +86,9 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
             int64_t out_features, int64_t in_features, DType dtype, void* stream) {
   require_bf16(dtype, "linear");
   raw::GemmHandle* h = gemm_handle();
-  const cudaError_t err =
-      raw::launch_gemm_bf16(h, x, weight, bias, out, static_cast<int>(rows),
-                            static_cast<int>(out_features), static_cast<int>(in_features),
-                            as_stream(stream));
+  const cudaError_t err = raw::launch_gemm_bf16(h, x, weight, bias, out, static_cast<int>(rows),
+                                                static_cast<int>(out_features),
+                                                static_cast<int>(in_features), as_stream(stream));
   PAGEDLM_CHECK(err == cudaSuccess, "linear [", rows, ", ", in_features, "] x [", out_features,
                 ", ", in_features, "]^T: ", cudaGetErrorString(err), " (cuBLAS status ",
                 raw::gemm_last_status(h), ")");
@@ -131,8 +130,8 @@ void rope(void* q, void* k, const int32_t* positions, const float* inv_freq, int
   raw::check(cudaMemsetAsync(no_slots, 0xff, n_tokens * sizeof(int32_t), s), "rope: slot buffer");
   const cudaError_t err = raw::launch_rope_kv_write(
       q, n_q_heads * head_dim, k, n_kv_heads * head_dim, k, n_kv_heads * head_dim, positions,
-      inv_freq, no_slots, nullptr, nullptr, static_cast<int>(n_tokens),
-      static_cast<int>(n_q_heads), static_cast<int>(n_kv_heads), static_cast<int>(head_dim), s);
+      inv_freq, no_slots, nullptr, nullptr, static_cast<int>(n_tokens), static_cast<int>(n_q_heads),
+      static_cast<int>(n_kv_heads), static_cast<int>(head_dim), s);
   raw::check(cudaFreeAsync(no_slots, s), "rope: slot buffer");
   raw::check(err, "rope");
 }
