@@ -31,8 +31,7 @@ TEST(Benchmark, RandomWorkloadCountsAddUp) {
   EXPECT_LE(a.generated_tokens, 12 * 9);
   EXPECT_GT(a.output_tok_s, 0);
   EXPECT_NEAR(a.total_tok_s / a.output_tok_s,
-              static_cast<double>(a.prompt_tokens + a.generated_tokens) / a.generated_tokens,
-              1e-6);
+              static_cast<double>(a.prompt_tokens + a.generated_tokens) / a.generated_tokens, 1e-6);
   EXPECT_LE(a.ttft_p50_ms, a.ttft_p99_ms);
   EXPECT_LE(a.itl_p50_ms, a.itl_p99_ms);
   EXPECT_GT(a.peak_pages_used, 0);

@@ -39,10 +39,9 @@ RunResult run(const std::string& args) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("pagedlm_cli_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()
-                                            ->current_test_info()
-                                            ->name());
+    dir_ = fs::temp_directory_path() /
+           ("pagedlm_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -65,7 +64,8 @@ class CliTest : public ::testing::Test {
     EXPECT_FALSE(r.crashed) << args << "\n" << r.output;
     EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos)
-        << "expected '" << needle << "' in the output of: " << args << "\n" << r.output;
+        << "expected '" << needle << "' in the output of: " << args << "\n"
+        << r.output;
   }
 
   fs::path dir_;
@@ -86,9 +86,9 @@ TEST_F(CliTest, LogitsCommandMatchesTheGoldenReference) {
   }
   prompts += "]";
   const std::string out = (dir_ / "logits.safetensors").string();
-  const RunResult r = run("logits --model " + kFixture + " --input " +
-                          write("prompts.json", prompts) + " --output " + out +
-                          " --max-num-batched-tokens 64 --page-size 8");
+  const RunResult r =
+      run("logits --model " + kFixture + " --input " + write("prompts.json", prompts) +
+          " --output " + out + " --max-num-batched-tokens 64 --page-size 8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   SafetensorsFile got = SafetensorsFile::open(out);
   for (int i = 0; i < 6; ++i) {
@@ -118,11 +118,9 @@ TEST_F(CliTest, BadPromptsFilesFailClearly) {
   expect_failure("logits " + model + " --input " + write("c.json", "[[]]"), "prompt 0");
   expect_failure("logits " + model + " --input " + write("d.json", "[[1, \"x\"]]"),
                  "not a token id");
-  expect_failure("logits " + model + " --input " + write("e.json", "[[1, 512]]"),
-                 "token id 512");
+  expect_failure("logits " + model + " --input " + write("e.json", "[[1, 512]]"), "token id 512");
   expect_failure("logits " + model + " --input " + write("f.json", "[[1, -3]]"), "token id");
-  expect_failure("logits " + model + " --input " + (dir_ / "absent.json").string(),
-                 "cannot read");
+  expect_failure("logits " + model + " --input " + (dir_ / "absent.json").string(), "cannot read");
   std::string too_long = "[[";
   for (int i = 0; i < 1100; ++i) too_long += (i ? ",5" : "5");
   too_long += "]]";
@@ -140,8 +138,8 @@ TEST_F(CliTest, BadTokenPromptsFailClearly) {
 }
 
 TEST_F(CliTest, BrokenModelFilesFailClearly) {
-  const std::string prompts = " --input " + write("p.json", "[[1,2,3]]") + " --output " +
-                              (dir_ / "o").string();
+  const std::string prompts =
+      " --input " + write("p.json", "[[1,2,3]]") + " --output " + (dir_ / "o").string();
   expect_failure("logits --model " + (dir_ / "missing").string() + prompts, "not found");
 
   const std::string truncated = copy_fixture("llama-gqa");
@@ -150,8 +148,8 @@ TEST_F(CliTest, BrokenModelFilesFailClearly) {
 
   const std::string bad_header = copy_fixture("qwen3-qknorm");
   {
-    std::fstream f(bad_header + "/model.safetensors", std::ios::in | std::ios::out |
-                                                          std::ios::binary);
+    std::fstream f(bad_header + "/model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(8);
     f.write("!!!!", 4);
   }

@@ -25,10 +25,9 @@ std::vector<int32_t> alone(const Checkpoint& ckpt, const Request& r) {
 }
 
 TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) {
-  const Checkpoint ckpt =
-      load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa");
-  const Scenario scenarios[] = {{1, 160, 16, 4}, {4, 40, 64, 8}, {16, 12, 32, 16},
-                                {16, 40, 256, 3}, {8, 20, 24, 32}};
+  const Checkpoint ckpt = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa");
+  const Scenario scenarios[] = {
+      {1, 160, 16, 4}, {4, 40, 64, 8}, {16, 12, 32, 16}, {16, 40, 256, 3}, {8, 20, 24, 32}};
   std::mt19937 rng(1234);
   std::map<std::vector<int32_t>, std::vector<int32_t>> alone_cache;
   int64_t total_preemptions = 0, total_hits = 0;

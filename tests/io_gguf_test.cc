@@ -199,8 +199,8 @@ class TempFiles : public ::testing::Test {
  protected:
   std::string write(const std::string& bytes, const std::string& name = "t.gguf") {
     // Per process: ctest runs each test in its own process, in parallel.
-    const fs::path dir = fs::path(::testing::TempDir()) /
-                         ("pagedlm_io_gguf_test_" + std::to_string(::getpid()));
+    const fs::path dir =
+        fs::path(::testing::TempDir()) / ("pagedlm_io_gguf_test_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     const std::string path = (dir / name).string();
     std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());

@@ -1,5 +1,3 @@
-#include "pagedlm/kv/block_pool.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,6 +5,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/kv/block_pool.h"
 
 namespace pagedlm {
 namespace {

@@ -1,11 +1,10 @@
-#include "pagedlm/kv/prefix_cache.h"
-
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/kv/prefix_cache.h"
 
 namespace pagedlm {
 namespace {
@@ -45,8 +44,8 @@ class PrefixCacheTest : public ::testing::TestWithParam<int32_t> {
     for (size_t i = 0; i < hashes.size(); ++i) {
       const int32_t page = pool_.allocate();
       const BlockHash& parent = i == 0 ? PrefixCache::kRootHash : hashes[i - 1];
-      EXPECT_TRUE(cache_.insert(page, hashes[i], parent, tokens.data() + i * page_size(),
-                                extra_key));
+      EXPECT_TRUE(
+          cache_.insert(page, hashes[i], parent, tokens.data() + i * page_size(), extra_key));
       pages.push_back(page);
     }
     return pages;
@@ -85,8 +84,8 @@ TEST_P(PrefixCacheTest, SamePageUnderADifferentPrefixDoesNotHit) {
   const std::vector<int32_t> other = concat(page_of(page_size(), 300), second);
   EXPECT_EQ(count_hits(other, no_salt), 0);
   const std::vector<BlockHash> hashes = chain(other, page_size(), no_salt);
-  const std::vector<BlockHash> stored = chain(concat(page_of(page_size(), 100), second),
-                                              page_size(), no_salt);
+  const std::vector<BlockHash> stored =
+      chain(concat(page_of(page_size(), 100), second), page_size(), no_salt);
   EXPECT_NE(hashes[1], stored[1]);
   // Even asked directly for the stored hash, a different parent is not served.
   EXPECT_EQ(cache_.find(stored[1], hashes[0], second.data(), no_salt), -1);
@@ -126,8 +125,8 @@ TEST_P(PrefixCacheTest, ReusedPageIsNoLongerFound) {
   PrefixCache cache(&small_pool, page_size());
   const BlockHash no_salt = PrefixCache::extra_key("");
   const std::vector<int32_t> tokens = page_of(page_size(), 5);
-  const BlockHash hash = PrefixCache::page_hash(PrefixCache::kRootHash, tokens.data(),
-                                                page_size(), no_salt);
+  const BlockHash hash =
+      PrefixCache::page_hash(PrefixCache::kRootHash, tokens.data(), page_size(), no_salt);
   const int32_t page = small_pool.allocate();
   ASSERT_TRUE(cache.insert(page, hash, PrefixCache::kRootHash, tokens.data(), no_salt));
   small_pool.release(page);

@@ -1,5 +1,3 @@
-#include "pagedlm/sched/scheduler.h"
-
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -7,6 +5,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/sched/scheduler.h"
 
 namespace pagedlm {
 namespace {
@@ -338,8 +337,8 @@ TEST(Scheduler, FinishReasons) {
   Request ignores_eos = make_request(2, {5, 5}, 5);
   ignores_eos.sampling.ignore_eos = true;
   ignores_eos.sampling.stop_token_ids = {9};
-  scheduler.add(ignores_eos);                    // ignores eos, stops at 9
-  scheduler.add(make_request(3, {5, 5}, 2));     // reaches max_tokens
+  scheduler.add(ignores_eos);                               // ignores eos, stops at 9
+  scheduler.add(make_request(3, {5, 5}, 2));                // reaches max_tokens
   scheduler.add(make_request(4, {5, 5, 5, 5, 5, 5}, 100));  // reaches max_model_len
 
   StepPlan plan = scheduler.schedule();
@@ -456,6 +455,22 @@ TEST(Scheduler, PreemptsTheNewestAndRecomputesItsOutputs) {
   EXPECT_EQ(scheduler.output_tokens(2), (Ints{7, 7, 7, 8}));
 }
 
+TEST(Scheduler, UpdateRejectsAPlanItDidNotMake) {
+  Scheduler scheduler(SchedulerConfig{});
+  scheduler.add(make_request(1, {5, 6}, 2));
+  scheduler.add(make_request(2, {5, 6}, 2));
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_THROW(scheduler.update(StepPlan{}, {}), Error);
+  StepPlan reordered = plan;
+  std::swap(reordered.request_ids[0], reordered.request_ids[1]);
+  EXPECT_THROW(scheduler.update(reordered, {7, 7}), Error);
+  EXPECT_THROW(scheduler.update(plan, {7}), Error);
+  // Nothing changed: the real plan still applies.
+  const std::vector<SeqUpdate> updates = scheduler.update(plan, {7, 8});
+  EXPECT_EQ(updates[1].token, 8);
+  EXPECT_EQ(scheduler.output_tokens(1), (Ints{7}));
+}
+
 TEST(Scheduler, AddRejectsInvalidRequests) {
   SchedulerConfig config;
   config.page_size = 16;
@@ -474,8 +489,7 @@ TEST(Scheduler, AddRejectsInvalidRequests) {
   EXPECT_NE(message_of(make_request(1, iota_tokens(100, 0), 4)).find("max_model_len"),
             std::string::npos);
   EXPECT_NE(message_of(make_request(1, {1}, -1)).find("negative max_tokens"), std::string::npos);
-  EXPECT_NE(message_of(make_request(1, iota_tokens(60, 0), 5)).find("KV pool"),
-            std::string::npos);
+  EXPECT_NE(message_of(make_request(1, iota_tokens(60, 0), 5)).find("KV pool"), std::string::npos);
   EXPECT_EQ(message_of(make_request(1, iota_tokens(60, 0), 4)), "");  // exactly 64 tokens
   EXPECT_NE(message_of(make_request(1, {1}, 1)).find("already in use"), std::string::npos);
 }

@@ -18,15 +18,17 @@ namespace {
 std::string smollm2_path() {
   const char* cache = std::getenv("PAGEDLM_CACHE");
   const char* home = std::getenv("HOME");
-  const std::string dir = cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
+  const std::string dir =
+      cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
   return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
   const std::string path = smollm2_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
-  SafetensorsFile ref = SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) +
-                                              "/smollm2/reference.safetensors");
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
+  SafetensorsFile ref =
+      SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   Checkpoint ckpt = load_checkpoint(path);
   EngineOptions opts;
   opts.num_pages = 64;
@@ -68,7 +70,8 @@ TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
 
 TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
   const std::string path = smollm2_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   TextModel model = load_text_model(path);
   ASSERT_TRUE(model.chat_template.has_value());
   const std::string prompt = model.chat_template->render(

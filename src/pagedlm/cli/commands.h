@@ -12,6 +12,7 @@ namespace pagedlm::cli {
 struct EngineFlags {
   EngineOptions options;
   bool no_prefix_cache = false;
+  bool no_cuda_graphs = false;
   std::string device = "auto";
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;

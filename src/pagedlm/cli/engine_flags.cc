@@ -1,3 +1,5 @@
+#include <cstdio>
+
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/core/error.h"
 
@@ -14,16 +16,34 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
-  app.add_option("--device", flags.device, "cpu, cuda or auto")
+  app.add_option("--device", flags.device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
+  app.add_option("--gpu-memory-fraction", o.gpu_memory_fraction,
+                 "CUDA: share of the free device memory the KV cache takes (without --num-pages)")
+      ->check(CLI::Range(0.01f, 1.f))
+      ->capture_default_str();
+  app.add_flag("--no-cuda-graphs", flags.no_cuda_graphs,
+               "CUDA: run decode steps eagerly instead of replaying graphs (debugging)");
 }
 
 EngineOptions EngineFlags::resolve() const {
   EngineOptions o = options;
   o.enable_prefix_cache = !no_prefix_cache;
-  if (device == "cuda") fail("this build of pagedlm has no CUDA model path yet");
+  o.use_cuda_graphs = !no_cuda_graphs;
   o.device = Device::kCpu;
+  if (device == "cpu") return o;
+#ifdef PAGEDLM_HAS_CUDA
+  if (cuda_device_available()) {
+    o.device = Device::kCuda;
+  } else if (device == "cuda") {
+    fail("--device cuda: no CUDA device found");
+  } else {
+    std::fprintf(stderr, "pagedlm: no CUDA device found; running on the CPU\n");
+  }
+#else
+  if (device == "cuda") fail("--device cuda: this build of pagedlm has no CUDA support");
+#endif
   return o;
 }
 

@@ -65,7 +65,8 @@ const char* reason_name(FinishReason r) {
 }
 
 void print_cache(const Engine& engine, bool page_tables) {
-  if (page_tables) std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
+  if (page_tables)
+    std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
   for (const SequenceView& s : page_tables ? engine.sequence_map() : std::vector<SequenceView>{}) {
     std::printf("seq %lld: %d tokens, %d from the prefix cache, pages [",
                 static_cast<long long>(s.request_id), s.num_tokens, s.num_cached_tokens);

@@ -28,8 +28,7 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path) {
     PAGEDLM_CHECK(j[i].is_array(), "prompt ", i, " in ", path, " is not a list of token ids");
     std::vector<int32_t> ids;
     for (const auto& t : j[i]) {
-      PAGEDLM_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 &&
-                        t.get<int64_t>() <= INT32_MAX,
+      PAGEDLM_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() <= INT32_MAX,
                     "prompt ", i, " in ", path, " holds ", t.dump(), ", not a token id");
       ids.push_back(t.get<int32_t>());
     }

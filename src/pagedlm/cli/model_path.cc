@@ -44,13 +44,15 @@ LoadProgress progress_bar() {
     *last_percent = percent;
     if (!tty && percent != 100) return;
     const int width = 30, filled = percent * width / 100;
-    std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled,
-                 "##############################", width - filled, "", percent);
+    std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled, "##############################",
+                 width - filled, "", percent);
     if (percent == 100) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
 }
 
-Checkpoint load_with_progress(const std::string& path) { return load_checkpoint(path, progress_bar()); }
+Checkpoint load_with_progress(const std::string& path) {
+  return load_checkpoint(path, progress_bar());
+}
 
 }  // namespace pagedlm::cli

@@ -28,7 +28,7 @@ template <typename... Args>
 }  // namespace pagedlm
 
 // Checks a condition that user input can violate; throws pagedlm::Error with the message.
-#define PAGEDLM_CHECK(cond, ...)                      \
-  do {                                                \
-    if (!(cond)) ::pagedlm::fail(__VA_ARGS__);        \
+#define PAGEDLM_CHECK(cond, ...)               \
+  do {                                         \
+    if (!(cond)) ::pagedlm::fail(__VA_ARGS__); \
   } while (0)

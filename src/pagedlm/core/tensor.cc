@@ -39,7 +39,8 @@ std::shared_ptr<void> allocate(size_t bytes, Device device) {
 #ifdef PAGEDLM_HAS_CUDA
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
-  PAGEDLM_CHECK(err == cudaSuccess, "cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(err));
+  PAGEDLM_CHECK(err == cudaSuccess, "cudaMalloc of ", bytes,
+                " bytes failed: ", cudaGetErrorString(err));
   return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 #else
   fail("this build of pagedlm has no CUDA support");
@@ -113,7 +114,8 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   const int64_t row_elems = shape_[0] == 0 ? 0 : numel() / shape_[0];
   Tensor t = *this;
   t.shape_[0] = end - begin;
-  t.data_ = static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_));
+  t.data_ =
+      static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_));
   return t;
 }
 

@@ -70,8 +70,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       std::vector<int32_t> prompt = prefix;
       const auto unique = random_tokens(rng, vocab, spec.unique_len);
       prompt.insert(prompt.end(), unique.begin(), unique.end());
-      initial.push_back(make_request(std::move(prompt),
-                                     uniform(rng, spec.output_min, spec.output_max)));
+      initial.push_back(
+          make_request(std::move(prompt), uniform(rng, spec.output_min, spec.output_max)));
     }
   } else {
     PAGEDLM_CHECK(spec.turns >= 1, "chat needs at least one turn");
@@ -102,8 +102,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     const auto user = random_tokens(rng, vocab, spec.unique_len);
     c.history.insert(c.history.end(), user.begin(), user.end());
     --c.turns_left;
-    conversation_of[submit(make_request(c.history, uniform(rng, spec.output_min,
-                                                           spec.output_max)))] = conv;
+    conversation_of[submit(
+        make_request(c.history, uniform(rng, spec.output_min, spec.output_max)))] = conv;
   };
 
   for (Request& r : initial) submit(std::move(r));
@@ -118,9 +118,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       if (e.token >= 0) {
         ++result.generated_tokens;
         auto it = last_token.find(e.request_id);
-        const auto ms = [](auto d) {
-          return std::chrono::duration<double, std::milli>(d).count();
-        };
+        const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
         if (it == last_token.end()) {
           ttft_ms.push_back(ms(now - submitted[e.request_id]));
           last_token[e.request_id] = now;
@@ -158,7 +156,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.itl_p99_ms = percentile(itl_ms, 99);
   const int64_t queries = stats.prefix_query_tokens - stats_before.prefix_query_tokens;
   const int64_t hits = stats.prefix_hit_tokens - stats_before.prefix_hit_tokens;
-  result.prefix_hit_rate = queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
+  result.prefix_hit_rate =
+      queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
   result.preemptions = stats.preemptions - stats_before.preemptions;
   return result;
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "pagedlm/core/parallel.h"
+#include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
@@ -39,23 +40,41 @@ RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, in
 
 }  // namespace
 
+bool cuda_device_available() { return CudaStepRunner::available(); }
+
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     : options_(options), seed_counter_(std::random_device{}()) {
   set_num_threads(options_.threads);
-  model_ = create_model(checkpoint, options_.device);
-  const ModelConfig& c = model_->config();
   PAGEDLM_CHECK(options_.page_size >= 1 && (options_.page_size & (options_.page_size - 1)) == 0,
                 "page size must be a power of two, got ", options_.page_size);
   PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
   PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
-  const int64_t page_bytes =
-      PagedKvCache::bytes_per_page(c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim);
+  const bool on_gpu = options_.device == Device::kCuda;
+  if (on_gpu) {
+    PAGEDLM_CHECK(cuda_device_available(), "the CUDA device was asked for but ",
+                  "this build has no CUDA support or the machine has no GPU");
+    PAGEDLM_CHECK(options_.gpu_memory_fraction > 0.f && options_.gpu_memory_fraction <= 1.f,
+                  "gpu_memory_fraction must be in (0, 1], got ", options_.gpu_memory_fraction);
+  }
+  model_ = create_model(checkpoint, options_.device);
+  const ModelConfig& c = model_->config();
+  // Weights, activations and step buffers first, so the KV cache takes what is left.
+  if (on_gpu)
+    cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
+  const int64_t page_bytes = PagedKvCache::bytes_per_page(
+      c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim, model_->compute_dtype());
   if (options_.num_pages <= 0) {
-    options_.num_pages = static_cast<int32_t>(
-        std::clamp<int64_t>(options_.kv_cache_bytes / page_bytes, 1, int64_t{1} << 30));
+    const int64_t kv_bytes =
+        on_gpu ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
+                                      options_.gpu_memory_fraction)
+               : options_.kv_cache_bytes;
+    options_.num_pages =
+        static_cast<int32_t>(std::clamp<int64_t>(kv_bytes / page_bytes, 1, int64_t{1} << 30));
   }
   kv_cache_ = std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size,
-                                             c.num_kv_heads, c.head_dim, options_.device);
+                                             c.num_kv_heads, c.head_dim, options_.device,
+                                             model_->compute_dtype());
+  if (cuda_) cuda_->set_kv_cache(kv_cache_.get());
   SchedulerConfig sc;
   sc.page_size = options_.page_size;
   sc.num_pages = options_.num_pages;
@@ -111,42 +130,40 @@ std::vector<RequestEvent> Engine::step() {
   const StepPlan plan = scheduler_->schedule();
   if (plan.empty()) return {};
   ++num_steps_;
-  const Device device = options_.device;
-  auto to_device = [&](const std::vector<int32_t>& v) {
-    Tensor t = Tensor::from_i32(v, {static_cast<int64_t>(v.size())});
-    return device == Device::kCpu ? t : t.to(device);
-  };
-  ForwardInputs inputs{to_device(plan.token_ids), to_device(plan.logits_rows)};
-  const int64_t vocab = model_->config().vocab_size;
-  Tensor logits =
-      Tensor::empty(DType::kF32, {static_cast<int64_t>(plan.logits_rows.size()), vocab}, device);
-  kv_cache_->bind(plan);
-  model_->forward(inputs, *kv_cache_, logits);
-  if (device != Device::kCpu) logits = logits.to(Device::kCpu);
+  // Logits leave the device only for steps that hold prompt positions someone asked for.
+  bool want_logits = false;
+  for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
+    const RequestOutput& out = outputs_.at(plan.request_ids[b]);
+    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
+    for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
+      want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
+    }
+  }
+  // ... and for sampled tokens whose request asked for logprobs.
+  for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
+    want_logits = plan.samples[b] && logprobs_top_k_.count(plan.request_ids[b]) != 0;
+  }
+  Tensor logits;
+  const std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
 
-  std::vector<int32_t> sampled(plan.num_seqs(), -1);
+  const int64_t vocab = model_->config().vocab_size;
   std::map<int64_t, RequestEvent> logprob_events;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     const int64_t id = plan.request_ids[b];
     RequestOutput& out = outputs_.at(id);
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
-    const int32_t first = plan.logits_indptr[b], last = plan.logits_indptr[b + 1];
-    if (out.prompt_logits.defined() && out.prompt_logits.numel() > 0) {
-      const int64_t prompt_len = out.prompt_logits.dim(0);
-      for (int32_t j = first; j < last; ++j) {
-        const int32_t pos = plan.positions[plan.logits_rows[j]];
-        if (pos < prompt_len) {
-          std::memcpy(out.prompt_logits.data<float>() + pos * vocab,
-                      logits.data<float>() + j * vocab, vocab * sizeof(float));
-        }
-      }
+    if (auto lp = logprobs_top_k_.find(id); lp != logprobs_top_k_.end() && sampled[b] >= 0) {
+      const int32_t last = plan.logits_indptr[b + 1];
+      logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
+                                            sampled[b], lp->second);
     }
-    if (plan.samples[b] && last > first) {
-      sampled[b] = ops::sample_token(logits.data<float>() + (last - 1) * vocab, vocab,
-                                     sampling_.at(id), seeds_.at(id), out.tokens.size());
-      if (auto lp = logprobs_top_k_.find(id); lp != logprobs_top_k_.end()) {
-        logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
-                                              sampled[b], lp->second);
+    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
+    const int64_t prompt_len = out.prompt_logits.dim(0);
+    for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
+      const int32_t pos = plan.positions[plan.logits_rows[j]];
+      if (pos < prompt_len) {
+        std::memcpy(out.prompt_logits.data<float>() + pos * vocab, logits.data<float>() + j * vocab,
+                    vocab * sizeof(float));
       }
     }
   }
@@ -167,6 +184,38 @@ std::vector<RequestEvent> Engine::step() {
     events.push_back(std::move(event));
   }
   return events;
+}
+
+std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan, bool want_logits,
+                                                Tensor* logits) {
+  const int32_t B = plan.num_seqs();
+  if (cuda_) {
+    std::vector<SeqSampling> sampling(B);
+    for (int32_t b = 0; b < B; ++b) {
+      const int64_t id = plan.request_ids[b];
+      sampling[b] = {sampling_.at(id), seeds_.at(id),
+                     static_cast<int64_t>(outputs_.at(id).tokens.size())};
+    }
+    return cuda_->run(plan, sampling, want_logits ? logits : nullptr);
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
+  ForwardInputs inputs{Tensor::from_i32(plan.token_ids, {plan.num_tokens()}),
+                       Tensor::from_i32(plan.logits_rows, {num_rows})};
+  *logits = Tensor::empty(DType::kF32, {num_rows, vocab});
+  kv_cache_->bind(plan);
+  model_->forward(inputs, *kv_cache_, *logits);
+  std::vector<int32_t> sampled(B, -1);
+  for (int32_t b = 0; b < B; ++b) {
+    const int64_t id = plan.request_ids[b];
+    const int32_t first = plan.logits_indptr[b], last = plan.logits_indptr[b + 1];
+    if (plan.samples[b] && last > first) {
+      sampled[b] =
+          ops::sample_token(logits->data<float>() + (last - 1) * vocab, vocab, sampling_.at(id),
+                            seeds_.at(id), outputs_.at(id).tokens.size());
+    }
+  }
+  return sampled;
 }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {

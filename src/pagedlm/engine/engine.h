@@ -18,12 +18,17 @@
 namespace pagedlm {
 
 class CausalLM;
+class CudaStepRunner;
 class PagedKvCache;
 
 struct EngineOptions {
   int32_t page_size = 16;
-  int32_t num_pages = 0;  // 0: sized from kv_cache_bytes
+  int32_t num_pages = 0;  // 0: sized from kv_cache_bytes (CPU) or gpu_memory_fraction (CUDA)
   int64_t kv_cache_bytes = int64_t{2} << 30;
+  // CUDA: the share of the device memory left free after weights and activations that the KV
+  // cache takes when num_pages is 0.
+  float gpu_memory_fraction = 0.9f;
+  bool use_cuda_graphs = true;  // CUDA: replay decode steps as graphs (off: every step eager)
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 256;
   bool enable_prefix_cache = true;
@@ -51,6 +56,9 @@ struct RequestOutput {
   int32_t num_cached_tokens = 0;
   Tensor prompt_logits;  // [prompt_len, vocab] f32 when asked for (rows served by the cache stay 0)
 };
+
+// Whether this build has CUDA support and the machine a GPU.
+bool cuda_device_available();
 
 class Engine {
  public:
@@ -85,8 +93,13 @@ class Engine {
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
  private:
+  // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
+  // *logits receives the step's logits [S, vocab] f32 on the host when want_logits.
+  std::vector<int32_t> forward_and_sample(const StepPlan& plan, bool want_logits, Tensor* logits);
+
   EngineOptions options_;
   std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<CudaStepRunner> cuda_;  // set when the engine runs on the GPU
   std::unique_ptr<PagedKvCache> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::map<int64_t, RequestOutput> outputs_;

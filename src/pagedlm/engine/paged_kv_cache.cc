@@ -6,49 +6,89 @@
 #include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/write_kv.h"
 
+#ifdef PAGEDLM_HAS_CUDA
+#include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/cuda/kernels.h"
+#endif
+
 namespace pagedlm {
 
-namespace {
-
-Tensor index_tensor(const std::vector<int32_t>& values, Device device) {
-  Tensor t = Tensor::from_i32(values, {static_cast<int64_t>(values.size())});
-  return device == Device::kCpu ? t : t.to(device);
-}
-
-}  // namespace
-
 PagedKvCache::PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_size,
-                           int64_t num_kv_heads, int64_t head_dim, Device device)
-    : device_(device), scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
+                           int64_t num_kv_heads, int64_t head_dim, Device device, DType dtype)
+    : device_(device),
+      page_size_(page_size),
+      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
+  // Zeroed so that never-written slots hold finite values.
   for (int64_t i = 0; i < num_layers; ++i) {
-    k_cache_.push_back(Tensor::zeros(DType::kF32, {num_pages, page_size, num_kv_heads, head_dim},
-                                     device));
-    v_cache_.push_back(Tensor::zeros(DType::kF32, {num_pages, page_size, num_kv_heads, head_dim},
-                                     device));
+    k_cache_.push_back(
+        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
+    v_cache_.push_back(
+        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
   }
 }
 
 int64_t PagedKvCache::bytes_per_page(int64_t num_layers, int32_t page_size, int64_t num_kv_heads,
-                                     int64_t head_dim) {
+                                     int64_t head_dim, DType dtype) {
   return 2 * num_layers * page_size * num_kv_heads * head_dim *
-         static_cast<int64_t>(sizeof(float));
+         static_cast<int64_t>(dtype_size(dtype));
 }
 
 void PagedKvCache::bind(const StepPlan& plan) {
-  positions_ = index_tensor(plan.positions, device_);
-  slot_mapping_ = index_tensor(plan.slot_mapping, device_);
-  q_indptr_ = index_tensor(plan.q_indptr, device_);
-  kv_indptr_ = index_tensor(plan.kv_indptr, device_);
-  kv_page_indices_ = index_tensor(plan.kv_page_indices, device_);
-  kv_last_page_len_ = index_tensor(plan.kv_last_page_len, device_);
+  auto index_tensor = [](const std::vector<int32_t>& values) {
+    return Tensor::from_i32(values, {static_cast<int64_t>(values.size())});
+  };
+  positions_ = index_tensor(plan.positions);
+  slot_mapping_ = index_tensor(plan.slot_mapping);
+  q_indptr_ = index_tensor(plan.q_indptr);
+  kv_indptr_ = index_tensor(plan.kv_indptr);
+  kv_page_indices_ = index_tensor(plan.kv_page_indices);
+  kv_last_page_len_ = index_tensor(plan.kv_last_page_len);
 }
 
 void PagedKvCache::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& inv_freq, const Tensor& out) {
+  if (device_ != Device::kCpu) {
+    attend_cuda(layer, q, k, v, inv_freq, out);
+    return;
+  }
   ops::rope(q, k, positions_, inv_freq);
   ops::write_kv(k, v, slot_mapping_, k_cache_[layer], v_cache_[layer]);
-  ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_,
-                       kv_page_indices_, kv_last_page_len_, scale_, out);
+  ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_, kv_page_indices_,
+                       kv_last_page_len_, scale_, out);
+}
+
+// q: [L, Hq, d], k/v: [L, Hk, d] bf16 -> out: [L, Hq, d]. Rope and the cache write are one
+// kernel; attention is the split-KV decode kernel when every sequence has one new token (its
+// launch shape is fixed per batch bucket, so the step can be a graph), else the prefill kernel.
+void PagedKvCache::attend_cuda(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& inv_freq, const Tensor& out) {
+#ifdef PAGEDLM_HAS_CUDA
+  const DeviceStepPlan& p = device_plan_;
+  const int L = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1));
+  const int Hk = static_cast<int>(k.dim(1)), d = static_cast<int>(q.dim(2));
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  void* kc = k_cache_[layer].raw();
+  void* vc = v_cache_[layer].raw();
+  cuda::check(
+      cuda::launch_rope_kv_write(q.raw(), int64_t{Hq} * d, k.raw(), int64_t{Hk} * d, v.raw(),
+                                 int64_t{Hk} * d, p.positions, inv_freq.data<float>(),
+                                 p.slot_mapping, kc, vc, L, Hq, Hk, d, stream),
+      "rope + KV cache write");
+  if (p.decode) {
+    cuda::check(cuda::launch_paged_attention_decode(
+                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_,
+                    p.num_splits, p.workspace, p.workspace_bytes, stream),
+                "paged attention (decode)");
+  } else {
+    cuda::check(cuda::launch_paged_attention_prefill(
+                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_, stream),
+                "paged attention (prefill)");
+  }
+#else
+  fail("PagedKvCache: the cache is on the GPU but this build of pagedlm has no CUDA support");
+#endif
 }
 
 }  // namespace pagedlm

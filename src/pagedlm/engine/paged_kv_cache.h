@@ -3,6 +3,8 @@
 // pages through the step's page table. This is the only place that knows about pages.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -11,26 +13,52 @@
 
 namespace pagedlm {
 
+// One step's page table already in device memory (the engine's fixed buffers, so a captured
+// decode graph sees the same pointers every replay), with the sizes the kernels launch with.
+struct DeviceStepPlan {
+  const int32_t* positions = nullptr;         // [num_tokens]
+  const int32_t* slot_mapping = nullptr;      // [num_tokens], -1 for padding
+  const int32_t* q_indptr = nullptr;          // [num_seqs + 1]
+  const int32_t* kv_indptr = nullptr;         // [num_seqs + 1]
+  const int32_t* kv_page_indices = nullptr;   // [kv_indptr[num_seqs]]
+  const int32_t* kv_last_page_len = nullptr;  // [num_seqs]
+  int32_t num_seqs = 0;                       // including padded (empty) sequences
+  int32_t max_q_len = 0;
+  bool decode = false;  // every sequence has at most one new token: the split-KV decode kernel
+  int32_t num_splits = 1;
+  void* workspace = nullptr;  // split-KV partial results
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;  // cudaStream_t
+};
+
 class PagedKvCache final : public Attention {
  public:
-  // k and v of each layer: [num_pages, page_size, num_kv_heads, head_dim]
+  // k and v of each layer: [num_pages, page_size, num_kv_heads, head_dim] in `dtype`
+  // (f32 on the CPU, bf16 on the GPU).
   PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_size, int64_t num_kv_heads,
-               int64_t head_dim, Device device);
+               int64_t head_dim, Device device, DType dtype);
 
   static int64_t bytes_per_page(int64_t num_layers, int32_t page_size, int64_t num_kv_heads,
-                                int64_t head_dim);
+                                int64_t head_dim, DType dtype);
 
-  // Makes the step's page table current for the following attend() calls.
+  // CPU: makes the step's page table current for the following attend() calls.
   void bind(const StepPlan& plan);
+  // GPU: the same, from arrays the engine has already copied to the device.
+  void bind(const DeviceStepPlan& plan) { device_plan_ = plan; }
 
   void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& inv_freq,
               const Tensor& out) override;
 
  private:
+  void attend_cuda(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& inv_freq, const Tensor& out);
+
   Device device_;
+  int32_t page_size_;
   float scale_;
   std::vector<Tensor> k_cache_, v_cache_;
   Tensor positions_, slot_mapping_, q_indptr_, kv_indptr_, kv_page_indices_, kv_last_page_len_;
+  DeviceStepPlan device_plan_;
 };
 
 }  // namespace pagedlm

@@ -4,11 +4,10 @@
 
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/io/model_config.h"

@@ -16,8 +16,16 @@
 namespace pagedlm {
 
 enum class GgmlType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
-  kQ4_K = 12, kQ6_K = 14, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30,
 };
 
 // A metadata value: scalars are widened (all integers to int64 or uint64, floats to double);
@@ -27,7 +35,7 @@ struct GgufValue {
   std::variant<int64_t, uint64_t, double, bool, std::string, Array> value;
   uint32_t type = 0;  // the GGUF value type id as stored
 
-  bool is_int() const;  // any integer type
+  bool is_int() const;      // any integer type
   int64_t as_int() const;   // throws if not an integer
   double as_float() const;  // integers convert too
   const std::string& as_string() const;

@@ -28,8 +28,8 @@ BlockHash PrefixCache::extra_key(std::string_view cache_salt) {
   return from_xxh(XXH3_128bits(cache_salt.data(), cache_salt.size()));
 }
 
-BlockHash PrefixCache::page_hash(const BlockHash& parent, const int32_t* tokens,
-                                 int32_t page_size, const BlockHash& extra_key) {
+BlockHash PrefixCache::page_hash(const BlockHash& parent, const int32_t* tokens, int32_t page_size,
+                                 const BlockHash& extra_key) {
   // One contiguous input keeps this on XXH3's one-shot path, much cheaper than its streaming
   // state for a page of a few dozen bytes; the buffer is reused across calls.
   thread_local std::vector<unsigned char> bytes;

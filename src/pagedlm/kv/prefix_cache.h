@@ -43,8 +43,8 @@ class PrefixCache {
   BlockPool* pool_;
   int32_t page_size_;
   // What each indexed page was hashed from, kept to confirm hits.
-  std::vector<int32_t> page_tokens_;  // [num_pages * page_size]
-  std::vector<BlockHash> parents_;    // [num_pages]
+  std::vector<int32_t> page_tokens_;   // [num_pages * page_size]
+  std::vector<BlockHash> parents_;     // [num_pages]
   std::vector<BlockHash> extra_keys_;  // [num_pages]
 };
 

@@ -6,12 +6,17 @@
 #include <vector>
 
 #include "pagedlm/model/model.h"
-#include "pagedlm/ops/gather_rows.h"
-#include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/embedding.h"
+#include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/rope.h"
+#include "pagedlm/ops/silu_mul.h"
+
+#ifdef PAGEDLM_HAS_CUDA
+#include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/cuda/kernels.h"
+#endif
 
 namespace pagedlm {
 namespace {
@@ -25,10 +30,20 @@ struct LayerWeights {
   Tensor down_proj;                        // [D, F]
 };
 
-// Weights in the compute dtype on the target device.
+DType compute_dtype_of(Device device) {
+  return device == Device::kCpu ? DType::kF32 : DType::kBF16;
+}
+
+// Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
+// f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
 Tensor upload(const Tensor& t, Device device) {
   Tensor f32 = t.to_f32();
-  return device == Device::kCpu ? f32 : f32.to(device);
+  if (device == Device::kCpu) return f32;
+  Tensor bf16 = Tensor::empty(DType::kBF16, f32.shape());
+  const float* src = f32.data<float>();
+  uint16_t* dst = bf16.data<uint16_t>();
+  for (int64_t i = 0; i < f32.numel(); ++i) dst[i] = f32_to_bf16(src[i]);
+  return bf16.to(device);
 }
 
 Tensor concat_rows(const Tensor& a, const Tensor& b) {
@@ -41,15 +56,19 @@ Tensor concat_rows(const Tensor& a, const Tensor& b) {
 
 class LlamaFamilyModel final : public CausalLM {
  public:
-  LlamaFamilyModel(const Checkpoint& ckpt, Device device) : config_(ckpt.config), device_(device) {
-    PAGEDLM_CHECK(device == Device::kCpu, "the CUDA model path is not built yet");
+  LlamaFamilyModel(const Checkpoint& ckpt, Device device)
+      : config_(ckpt.config), device_(device), dtype_(compute_dtype_of(device)) {
+#ifndef PAGEDLM_HAS_CUDA
+    PAGEDLM_CHECK(device == Device::kCpu, "this build of pagedlm has no CUDA support");
+#endif
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
     embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
-    lm_head_ = c.tie_word_embeddings ? embed_
-                                     : upload(ckpt.get("lm_head.weight", {c.vocab_size, D}), device);
+    lm_head_ = c.tie_word_embeddings
+                   ? embed_
+                   : upload(ckpt.get("lm_head.weight", {c.vocab_size, D}), device);
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       LayerWeights w;
@@ -79,72 +98,23 @@ class LlamaFamilyModel final : public CausalLM {
       Tensor divisors = ckpt.get("rope_freqs", {d / 2}).to_f32();
       for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] /= divisors.data<float>()[i];
     }
-    inv_freq_ = upload(Tensor::from_f32(inv_freq, {d / 2}), device);
+    // Rope runs in f32 on every backend (angle = float(pos) * inv_freq).
+    Tensor inv_freq_host = Tensor::from_f32(inv_freq, {d / 2});
+    inv_freq_ = device == Device::kCpu ? inv_freq_host : inv_freq_host.to(device);
   }
 
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return device_; }
+  DType compute_dtype() const override { return dtype_; }
 
-  void forward(const ForwardInputs& in, Attention& attention, Tensor& logits) override {
-    const ModelConfig& c = config_;
-    const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
-    const int64_t d = c.head_dim, Hq = c.num_heads, Hk = c.num_kv_heads;
-    const float eps = c.rms_norm_eps;
-    ensure_capacity(L);
-    // Views of the preallocated activations: nothing is allocated per step, which keeps the
-    // step capturable as a CUDA graph.
-    Tensor residual = buffers_.residual.rows(0, L), hidden = buffers_.hidden.rows(0, L);
-    Tensor q = buffers_.q.rows(0, L), k = buffers_.k.rows(0, L), v = buffers_.v.rows(0, L);
-    Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
-    Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
-
-    ops::embedding(embed_, in.token_ids, residual);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const LayerWeights& w = layers_[i];
-      if (i == 0) {
-        ops::rms_norm(residual, w.input_norm, eps, hidden);
-      } else {
-        ops::add_rms_norm(residual, proj_out, w.input_norm, eps, hidden);
-      }
-      Tensor q2 = q.reshape({L, Hq * d}), k2 = k.reshape({L, Hk * d}), v2 = v.reshape({L, Hk * d});
-      ops::linear(hidden, w.q_proj, w.q_bias, q2);
-      ops::linear(hidden, w.k_proj, w.k_bias, k2);
-      ops::linear(hidden, w.v_proj, w.v_bias, v2);
-      if (c.qk_norm) {
-        Tensor qn = q.reshape({L * Hq, d}), kn = k.reshape({L * Hk, d});
-        ops::rms_norm(qn, w.q_norm, eps, qn);
-        ops::rms_norm(kn, w.k_norm, eps, kn);
-      }
-      attention.attend(static_cast<int>(i), q, k, v, inv_freq_, attn_out);
-      ops::linear(attn_out.reshape({L, Hq * d}), w.o_proj, Tensor(), proj_out);
-      ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden);
-      ops::linear(hidden, w.gate_up_proj, Tensor(), gate_up);
-      ops::silu_mul(gate_up, act);
-      ops::linear(act, w.down_proj, Tensor(), proj_out);
-    }
-    // Only the rows that need logits go through the final norm and the lm_head.
-    Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
-    Tensor last_update = buffers_.last_update.rows(0, S);
-    ops::gather_rows(residual, in.logits_rows, last_residual);
-    ops::gather_rows(proj_out, in.logits_rows, last_update);
-    ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last);
-    ops::linear(last, lm_head_, Tensor(), logits);
-  }
-
- private:
-  struct Activations {
-    int64_t capacity = 0;  // rows
-    Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
-    Tensor last, last_residual, last_update;                              // [rows, D]
-  };
-
-  // Grows the activations to hold `rows` stream rows; steps at or under the capacity reuse them.
-  void ensure_capacity(int64_t rows) {
+  // Stream rows -> buffers; see CausalLM::reserve.
+  void reserve(int64_t rows) override {
     if (rows <= buffers_.capacity) return;
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
-    auto make = [&](Shape shape) { return Tensor::empty(DType::kF32, std::move(shape), device_); };
+    auto make = [&](Shape shape) { return Tensor::empty(dtype_, std::move(shape), device_); };
     Activations& b = buffers_;
+    b = Activations{};  // frees the old buffers first
     b.capacity = rows;
     b.residual = make({rows, D});
     b.hidden = make({rows, D});
@@ -158,10 +128,79 @@ class LlamaFamilyModel final : public CausalLM {
     b.last = make({rows, D});
     b.last_residual = make({rows, D});
     b.last_update = make({rows, D});
+    // The lm_head writes the compute dtype; the GPU converts its logits to f32 afterwards.
+    if (dtype_ != DType::kF32) b.logits = make({rows, c.vocab_size});
   }
+
+  // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
+  void forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
+    const ModelConfig& c = config_;
+    const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
+    const int64_t d = c.head_dim, Hq = c.num_heads, Hk = c.num_kv_heads;
+    const float eps = c.rms_norm_eps;
+    void* const stream = in.stream;
+    reserve(L);
+    // Views of the preallocated activations: nothing is allocated per step, which keeps the
+    // step capturable as a CUDA graph.
+    Tensor residual = buffers_.residual.rows(0, L), hidden = buffers_.hidden.rows(0, L);
+    Tensor q = buffers_.q.rows(0, L), k = buffers_.k.rows(0, L), v = buffers_.v.rows(0, L);
+    Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
+    Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
+
+    ops::embedding(embed_, in.token_ids, residual, stream);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const LayerWeights& w = layers_[i];
+      if (i == 0) {
+        ops::rms_norm(residual, w.input_norm, eps, hidden, stream);
+      } else {
+        ops::add_rms_norm(residual, proj_out, w.input_norm, eps, hidden, stream);
+      }
+      Tensor q2 = q.reshape({L, Hq * d}), k2 = k.reshape({L, Hk * d}), v2 = v.reshape({L, Hk * d});
+      ops::linear(hidden, w.q_proj, w.q_bias, q2, stream);
+      ops::linear(hidden, w.k_proj, w.k_bias, k2, stream);
+      ops::linear(hidden, w.v_proj, w.v_bias, v2, stream);
+      if (c.qk_norm) {
+        Tensor qn = q.reshape({L * Hq, d}), kn = k.reshape({L * Hk, d});
+        ops::rms_norm(qn, w.q_norm, eps, qn, stream);
+        ops::rms_norm(kn, w.k_norm, eps, kn, stream);
+      }
+      attention.attend(static_cast<int>(i), q, k, v, inv_freq_, attn_out);
+      ops::linear(attn_out.reshape({L, Hq * d}), w.o_proj, Tensor(), proj_out, stream);
+      ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden, stream);
+      ops::linear(hidden, w.gate_up_proj, Tensor(), gate_up, stream);
+      ops::silu_mul(gate_up, act, stream);
+      ops::linear(act, w.down_proj, Tensor(), proj_out, stream);
+    }
+    // Only the rows that need logits go through the final norm and the lm_head.
+    Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
+    Tensor last_update = buffers_.last_update.rows(0, S);
+    ops::gather_rows(residual, in.logits_rows, last_residual, stream);
+    ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
+    ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream);
+    if (dtype_ == DType::kF32) {
+      ops::linear(last, lm_head_, Tensor(), logits, stream);
+      return;
+    }
+    Tensor low = buffers_.logits.rows(0, S);
+    ops::linear(last, lm_head_, Tensor(), low, stream);
+#ifdef PAGEDLM_HAS_CUDA
+    cuda::check(cuda::launch_bf16_to_f32(low.raw(), logits.data<float>(), low.numel(),
+                                         static_cast<cudaStream_t>(stream)),
+                "logits to f32");
+#endif
+  }
+
+ private:
+  struct Activations {
+    int64_t capacity = 0;                                                // rows
+    Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
+    Tensor last, last_residual, last_update;                             // [rows, D]
+    Tensor logits;  // [rows, vocab] in the compute dtype; GPU only
+  };
 
   ModelConfig config_;
   Device device_;
+  DType dtype_;
   Tensor embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;

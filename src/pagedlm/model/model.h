@@ -24,8 +24,9 @@ class Attention {
 };
 
 struct ForwardInputs {
-  Tensor token_ids;    // [L] i32
-  Tensor logits_rows;  // [S] i32: rows of the stream whose logits are wanted
+  Tensor token_ids;        // [L] i32
+  Tensor logits_rows;      // [S] i32: rows of the stream whose logits are wanted
+  void* stream = nullptr;  // CUDA: the cudaStream_t every op of the step is issued on
 };
 
 class CausalLM {
@@ -33,11 +34,17 @@ class CausalLM {
   virtual ~CausalLM() = default;
   virtual const ModelConfig& config() const = 0;
   virtual Device device() const = 0;
+  // The dtype of activations and weights: f32 on the CPU, bf16 on the GPU.
+  virtual DType compute_dtype() const = 0;
+  // Allocates the activations for steps of up to `rows` stream rows. Forward calls within that
+  // size allocate nothing, which a captured CUDA graph requires; larger ones grow the buffers.
+  virtual void reserve(int64_t rows) = 0;
   // logits: [S, vocab] f32 on the model's device.
-  virtual void forward(const ForwardInputs& inputs, Attention& attention, Tensor& logits) = 0;
+  virtual void forward(const ForwardInputs& inputs, Attention& attention, const Tensor& logits) = 0;
 };
 
-// Builds the model for the checkpoint's architecture on `device`; throws pagedlm::Error
+// Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
+// bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
 // naming an unsupported architecture or a missing / mis-shaped tensor.
 std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device);
 

@@ -10,17 +10,17 @@
 
 namespace pagedlm::ops {
 
-// logits: [vocab]. temperature == 0 means greedy: the argmax, lowest index on ties.
-// Otherwise the filters run in the order of HF transformers' logits warpers (vLLM uses the same
-// order for temperature, top-k and top-p):
-//   1. temperature: logits / T;
-//   2. top-k (k > 0): keep the k largest (ties broken toward the lower index);
-//   3. top-p (< 1): keep the smallest most-probable set whose probability (renormalized after
-//      top-k) reaches top_p, always at least the top token;
-//   4. min-p (> 0): keep tokens whose probability is >= min_p * the largest probability;
-// then draw from the renormalized survivors with u = uniform(seed, step), a counter-based hash:
-// the same (logits, params, seed, step) gives the same token whatever else is in the batch and
-// across preemption and recomputation.
+// logits: [vocab]. The same rules as the GPU sampler (ops/cuda/kernels.h, launch_sample), so
+// both backends draw the same token from the same logits wherever rounding allows:
+//   1. temperature == 0 or top_k == 1: the argmax, lowest index on ties;
+//   2. x = logits / T, p = softmax(x);
+//   3. top-k (k > 0): keep tokens with x >= the k-th largest x (ties at the cut all kept);
+//   4. top-p (< 1): among those, keep x >= C, C the largest value whose kept mass reaches top_p
+//      of the mass left by top-k (so at least the top token survives);
+//   5. min-p (> 0): keep tokens with p >= min_p * max(p);
+// then the first kept token, in ascending id order, where the running kept mass exceeds
+// u * (kept mass), u = uniform(seed, step), a counter-based hash: the same (logits, params,
+// seed, step) gives the same token whatever else is in the batch and across preemption.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
                      uint64_t seed, uint64_t step);
 

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -51,7 +52,7 @@ std::vector<int32_t> sorted_candidates(const float* logits, int64_t vocab, int64
 }  // namespace
 
 double sampling_uniform(uint64_t seed, uint64_t step) {
-  const uint64_t bits = splitmix64(splitmix64(seed) ^ step);
+  const uint64_t bits = splitmix64(seed ^ (step * 0x9e3779b97f4a7c15ull));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
@@ -67,46 +68,58 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
                 " is outside [0, 1]");
   if (params.temperature == 0.f || params.top_k == 1) return argmax(logits, vocab);
 
-  // Candidates in descending probability; temperature does not change that order.
+  // Every filter is a logit threshold (ties at a cut are all kept), so the kept set is
+  // {i : logits[i] >= cut}; the sorted candidates only serve to find the cut.
   const std::vector<int32_t> ids = sorted_candidates(logits, vocab, params.top_k);
   const double inv_temp = 1.0 / static_cast<double>(params.temperature);
   const double max_logit = logits[ids[0]];
-  std::vector<double> weights(ids.size());
-  double total = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    weights[i] = std::exp((logits[ids[i]] - max_logit) * inv_temp);
-    total += weights[i];
-  }
-
-  size_t kept = ids.size();
+  auto weight = [&](int32_t id) { return std::exp((logits[id] - max_logit) * inv_temp); };
+  float cut = logits[ids.back()];
   if (params.top_p < 1.f) {
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (logits[i] >= cut) total += weight(static_cast<int32_t>(i));
+    }
+    // The largest cut whose kept mass (all tokens at or above it) reaches top_p of the total.
     const double target = static_cast<double>(params.top_p) * total;
     double cumulative = 0.0;
     for (size_t i = 0; i < ids.size(); ++i) {
-      cumulative += weights[i];
-      if (cumulative >= target) {
-        kept = i + 1;
+      cumulative += weight(ids[i]);
+      const bool last_of_value = i + 1 == ids.size() || logits[ids[i + 1]] != logits[ids[i]];
+      if (last_of_value && cumulative >= target) {
+        cut = logits[ids[i]];
         break;
       }
     }
   }
   if (params.min_p > 0.f) {
-    // weights[0] is the largest probability (unnormalized); renormalizing does not move the cut.
-    const double threshold = static_cast<double>(params.min_p) * weights[0];
-    size_t n = 1;
-    while (n < kept && weights[n] >= threshold) ++n;
-    kept = n;
+    // The top token has weight 1, so p >= min_p * max(p) is weight >= min_p.
+    const double min_weight = static_cast<double>(params.min_p);
+    for (int32_t id : ids) {
+      if (logits[id] < cut) break;
+      if (weight(id) < min_weight) {
+        cut = std::nextafter(logits[id], std::numeric_limits<float>::infinity());
+        break;
+      }
+    }
   }
 
-  const double kept_total = std::accumulate(weights.begin(), weights.begin() + kept, 0.0);
+  // Inverse-CDF walk in token order over the kept set.
+  double kept_total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (logits[i] >= cut) kept_total += weight(static_cast<int32_t>(i));
+  }
   const double target = sampling_uniform(seed, step) * kept_total;
   double cumulative = 0.0;
-  for (size_t i = 0; i < kept; ++i) {
-    cumulative += weights[i];
-    if (target < cumulative) return ids[i];
+  int32_t last_kept = ids[0];
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (logits[i] < cut) continue;
+    last_kept = static_cast<int32_t>(i);
+    cumulative += weight(last_kept);
+    if (target < cumulative) return last_kept;
   }
   // Only reachable through rounding when target lands on kept_total.
-  return ids[kept - 1];
+  return last_kept;
 }
 
 std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab, int k) {

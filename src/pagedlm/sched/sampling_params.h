@@ -8,10 +8,10 @@
 namespace pagedlm {
 
 struct SamplingParams {
-  float temperature = 0.f;  // 0 means greedy
-  int32_t top_k = 0;        // 0 means off
-  float top_p = 1.f;        // 1 means off
-  float min_p = 0.f;        // 0 means off
+  float temperature = 0.f;       // 0 means greedy
+  int32_t top_k = 0;             // 0 means off
+  float top_p = 1.f;             // 1 means off
+  float min_p = 0.f;             // 0 means off
   std::optional<uint64_t> seed;  // fixed seed: reproducible whatever else is in the batch
   int32_t max_tokens = 16;
   bool ignore_eos = false;

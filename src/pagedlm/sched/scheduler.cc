@@ -1,6 +1,7 @@
 #include "pagedlm/sched/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "pagedlm/core/error.h"
 
@@ -65,9 +66,9 @@ struct Scheduler::State {
     while (static_cast<int32_t>(seq.page_hashes.size()) <= page_index) {
       const int32_t index = static_cast<int32_t>(seq.page_hashes.size());
       const BlockHash& parent = index == 0 ? PrefixCache::kRootHash : seq.page_hashes.back();
-      seq.page_hashes.push_back(PrefixCache::page_hash(
-          parent, seq.tokens.data() + static_cast<size_t>(index) * page_size, page_size,
-          seq.extra_key));
+      seq.page_hashes.push_back(
+          PrefixCache::page_hash(parent, seq.tokens.data() + static_cast<size_t>(index) * page_size,
+                                 page_size, seq.extra_key));
     }
     return seq.page_hashes[page_index];
   }
@@ -78,8 +79,8 @@ struct Scheduler::State {
 
   // Pages the sequence still needs to hold `num_tokens` tokens.
   int32_t num_missing_pages(const Sequence& seq, int32_t num_tokens) const {
-    return std::max(0, ceil_div(num_tokens, config.page_size) -
-                           static_cast<int32_t>(seq.pages.size()));
+    return std::max(
+        0, ceil_div(num_tokens, config.page_size) - static_cast<int32_t>(seq.pages.size()));
   }
 
   void allocate_pages(Sequence& seq, int32_t num_tokens) {
@@ -175,8 +176,9 @@ struct Scheduler::State {
     const int32_t num_new_tokens = std::min(seq.num_tokens() - num_hit_tokens, budget);
     const int32_t num_tokens = num_hit_tokens + num_new_tokens;
     // Hits on free pages revive them, so they no longer count as allocatable.
-    const auto num_free_hits = std::count_if(hit_pages.begin(), hit_pages.end(),
-                                             [this](int32_t page) { return pool.ref_count(page) == 0; });
+    const auto num_free_hits =
+        std::count_if(hit_pages.begin(), hit_pages.end(),
+                      [this](int32_t page) { return pool.ref_count(page) == 0; });
     const int32_t num_new_pages =
         ceil_div(num_tokens, page_size) - static_cast<int32_t>(hit_pages.size());
     if (!pool.can_allocate(num_new_pages + static_cast<int32_t>(num_free_hits))) return false;
@@ -259,8 +261,7 @@ void Scheduler::State::emit(StepPlan& plan) const {
     const int32_t end_row = plan.num_tokens();
     plan.q_indptr.push_back(end_row);
 
-    plan.kv_page_indices.insert(plan.kv_page_indices.end(), seq->pages.begin(),
-                                seq->pages.end());
+    plan.kv_page_indices.insert(plan.kv_page_indices.end(), seq->pages.begin(), seq->pages.end());
     plan.kv_indptr.push_back(static_cast<int32_t>(plan.kv_page_indices.size()));
     plan.kv_last_page_len.push_back(end -
                                     (static_cast<int32_t>(seq->pages.size()) - 1) * page_size);
@@ -283,6 +284,11 @@ Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
                 "SchedulerConfig.page_size must be a power of two, got ", page_size);
   PAGEDLM_CHECK(config_.num_pages > 0, "SchedulerConfig.num_pages must be positive, got ",
                 config_.num_pages);
+  // Slots are int32 in the plan.
+  PAGEDLM_CHECK(
+      static_cast<int64_t>(config_.num_pages) * page_size <= std::numeric_limits<int32_t>::max(),
+      "SchedulerConfig: ", config_.num_pages, " pages of ", page_size,
+      " tokens overflow int32 slot indices");
   PAGEDLM_CHECK(config_.max_num_batched_tokens > 0,
                 "SchedulerConfig.max_num_batched_tokens must be positive, got ",
                 config_.max_num_batched_tokens);
@@ -302,8 +308,8 @@ void Scheduler::add(Request request) {
   const int32_t max_tokens = request.sampling.max_tokens;
   PAGEDLM_CHECK(prompt_len > 0, "request ", id, " has an empty prompt");
   PAGEDLM_CHECK(!state.sequences.contains(id), "request id ", id, " is already in use");
-  PAGEDLM_CHECK(prompt_len < config_.max_model_len, "request ", id, " has a prompt of ",
-                prompt_len, " tokens, but max_model_len is ", config_.max_model_len,
+  PAGEDLM_CHECK(prompt_len < config_.max_model_len, "request ", id, " has a prompt of ", prompt_len,
+                " tokens, but max_model_len is ", config_.max_model_len,
                 " (prompt and output together)");
   PAGEDLM_CHECK(max_tokens >= 0, "request ", id, " has negative max_tokens ", max_tokens);
   const int64_t max_len = std::min<int64_t>(prompt_len + max_tokens, config_.max_model_len);
@@ -371,7 +377,8 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
-std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
+                                         const std::vector<int32_t>& sampled) {
   State& state = *state_;
   const size_t num_seqs = state.scheduled.size();
   PAGEDLM_CHECK(plan.request_ids.size() == num_seqs,
@@ -382,10 +389,14 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const std::vector
   std::vector<SeqUpdate> updates;
   updates.reserve(num_seqs);
   state.finished.clear();
+  // Checked up front so that a wrong plan changes nothing.
+  for (size_t b = 0; b < num_seqs; ++b) {
+    const int64_t expected_id = state.scheduled[b].seq->request.id;
+    PAGEDLM_CHECK(plan.request_ids[b] == expected_id, "update() got a plan whose sequence ", b,
+                  " is request ", plan.request_ids[b], ", expected ", expected_id);
+  }
   for (size_t b = 0; b < num_seqs; ++b) {
     Sequence& seq = *state.scheduled[b].seq;
-    PAGEDLM_CHECK(plan.request_ids[b] == seq.request.id, "update() got a plan whose sequence ",
-                  b, " is request ", plan.request_ids[b], ", expected ", seq.request.id);
     seq.in_flight = false;
     SeqUpdate& update = updates.emplace_back();
     update.request_id = seq.request.id;

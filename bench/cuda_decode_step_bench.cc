@@ -1,0 +1,189 @@
+// One decode step of a real-shaped model at a fixed batch and context, through the engine with
+// CUDA graphs, split by timing variants: the step's GEMMs alone (replayed as one graph at the
+// step's shapes), its attention alone (the decode kernel over the same page table shape), and
+// the rest (norms, rope + cache write, embedding, sampling, plan upload, host scheduling) as the
+// difference. Prints the bandwidth lower bound: weights + KV read once at copy speed.
+// Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s]
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/cuda/kernels.h"
+
+using namespace pagedlm;
+
+namespace {
+
+// Mean milliseconds of `fn` replayed from a graph, `iters` times after a warm-up call.
+template <typename Fn>
+double graph_ms(cudaStream_t s, Fn fn, int iters = 50) {
+  fn();
+  cuda::check(cudaStreamSynchronize(s), "warm-up");
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  cuda::check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  fn();
+  cuda::check(cudaStreamEndCapture(s, &g), "capture");
+  cuda::check(cudaGraphInstantiate(&e, g, 0), "instantiate");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cuda::check(cudaGraphLaunch(e, s), "launch");
+  cudaEventRecord(a, s);
+  for (int i = 0; i < iters; ++i) cuda::check(cudaGraphLaunch(e, s), "launch");
+  cudaEventRecord(b, s);
+  cuda::check(cudaEventSynchronize(b), "sync");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  return ms / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s config.json [batch] [context] [copy GB/s]\n", argv[0]);
+    return 2;
+  }
+  const int batch = argc > 2 ? std::atoi(argv[2]) : 256;
+  const int context = argc > 3 ? std::atoi(argv[3]) : 1024;
+  const double copy_gbs = argc > 4 ? std::atof(argv[4]) : 4280;
+  const Checkpoint ckpt = make_dummy_checkpoint(argv[1]);
+  const ModelConfig& c = ckpt.config;
+  const int page_size = 16;
+
+  // 1. The engine's decode step: prefill `batch` prompts of `context` tokens, then time steps.
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.max_num_seqs = batch;
+  o.max_num_batched_tokens = 8192;
+  o.num_pages = batch * ((context + 64) / page_size + 2);
+  Engine engine(ckpt, o);
+  for (int i = 0; i < batch; ++i) {
+    Request r;
+    r.prompt.resize(context);
+    for (int t = 0; t < context; ++t) r.prompt[t] = (i * 7919 + t * 31) % (c.vocab_size - 10) + 5;
+    r.use_prefix_cache = false;
+    r.sampling.max_tokens = 400;
+    r.sampling.ignore_eos = true;
+    engine.add_request(r);
+  }
+  // Until every request decodes: prefill chunks share each step's budget with the decodes of
+  // the requests already prefilled; then a few decode steps capture the graph.
+  const int64_t prefill_steps = (int64_t{batch} * context + 8191 - batch) / (8192 - batch);
+  while (engine.num_steps() < prefill_steps + 4) engine.step();
+  const int timed = 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < timed; ++i) engine.step();
+  const double step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+      timed;
+
+  // 2. The same step's GEMMs and attention alone, on fresh buffers of the same shapes.
+  cudaStream_t s;
+  cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cuda::GemmHandle* gemm = nullptr;
+  cuda::check(cuda::gemm_create(&gemm, size_t{32} << 20), "gemm");
+  const int D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
+  const int Hq = c.num_heads, Hk = c.num_kv_heads, V = c.vocab_size, layers = c.num_layers;
+  struct Shape {
+    int n, k;
+  };
+  const std::vector<Shape> shapes = {{Hq * d, D}, {Hk * d, D}, {Hk * d, D},
+                                     {D, Hq * d}, {2 * F, D},  {D, F}};
+  std::vector<void*> weights;
+  size_t weight_bytes = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (const Shape& sh : shapes) {
+      void* w;
+      cuda::check(cudaMalloc(&w, size_t{2} * sh.n * sh.k), "malloc");
+      weights.push_back(w);
+      weight_bytes += size_t{2} * sh.n * sh.k;
+    }
+  }
+  void *lm_head, *x, *y;
+  cuda::check(cudaMalloc(&lm_head, size_t{2} * V * D), "malloc");
+  weight_bytes += size_t{2} * V * D;
+  cuda::check(cudaMalloc(&x, size_t{2} * batch * std::max(F, std::max(D, Hq * d))), "malloc");
+  cuda::check(cudaMalloc(&y, size_t{2} * batch * std::max(V, 2 * F)), "malloc");
+  cudaMemset(x, 0, size_t{2} * batch * std::max(F, std::max(D, Hq * d)));
+  for (void* w : weights) cudaMemset(w, 0, 2);
+  const double gemm_ms = graph_ms(s, [&] {
+    for (int l = 0; l < layers; ++l) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        cuda::check(cuda::launch_gemm_bf16(gemm, x, weights[l * shapes.size() + i], nullptr, y,
+                                           batch, shapes[i].n, shapes[i].k, s),
+                    "gemm");
+      }
+    }
+    cuda::check(cuda::launch_gemm_bf16(gemm, x, lm_head, nullptr, y, batch, V, D, s), "gemm");
+  });
+
+  // The average context mid-way through the timed steps (early requests decoded during the
+  // later prefill steps).
+  const int kv_len = context + static_cast<int>(prefill_steps / 2) + 4 + 15;
+  const int pages_per_seq = (kv_len + page_size - 1) / page_size;
+  std::vector<int32_t> q_indptr(batch + 1), kv_indptr(batch + 1), pages, last(batch);
+  for (int b = 0; b <= batch; ++b) {
+    q_indptr[b] = b;
+    kv_indptr[b] = b * pages_per_seq;
+  }
+  for (int i = 0; i < batch * pages_per_seq; ++i) pages.push_back(i);
+  for (int b = 0; b < batch; ++b) last[b] = kv_len - (pages_per_seq - 1) * page_size;
+  auto upload = [](const std::vector<int32_t>& v) {
+    int32_t* p;
+    cuda::check(cudaMalloc(&p, v.size() * 4), "malloc");
+    cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+    return p;
+  };
+  int32_t *dq = upload(q_indptr), *dkv = upload(kv_indptr), *dpages = upload(pages),
+          *dlast = upload(last);
+  const size_t cache_bytes = size_t{2} * batch * pages_per_seq * page_size * Hk * d;
+  void *kc, *vc, *q, *out, *ws = nullptr;
+  cuda::check(cudaMalloc(&kc, cache_bytes), "malloc");
+  cuda::check(cudaMalloc(&vc, cache_bytes), "malloc");
+  cudaMemset(kc, 0, cache_bytes);
+  cudaMemset(vc, 0, cache_bytes);
+  cuda::check(cudaMalloc(&q, size_t{2} * batch * Hq * d), "malloc");
+  cuda::check(cudaMalloc(&out, size_t{2} * batch * Hq * d), "malloc");
+  cudaMemset(q, 0, size_t{2} * batch * Hq * d);
+  int dev_id = 0, sms = 0;
+  cudaGetDevice(&dev_id);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id);
+  const int splits = cuda::paged_attention_decode_num_splits(batch, Hk, kv_len, sms);
+  const size_t ws_bytes = cuda::paged_attention_workspace_bytes(batch, Hq, d, splits);
+  if (ws_bytes) cuda::check(cudaMalloc(&ws, ws_bytes), "malloc");
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const double attn_ms = graph_ms(s, [&] {
+    for (int l = 0; l < layers; ++l) {
+      cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
+                                                      batch, 1, Hq, Hk, d, page_size, scale, splits,
+                                                      ws, ws_bytes, s),
+                  "attention");
+    }
+  });
+
+  const double kv_bytes = 2.0 * layers * batch * kv_len * Hk * d * 2;
+  const double bound_ms = (weight_bytes + kv_bytes) / (copy_gbs * 1e9) * 1e3;
+  std::printf("decode step: batch %d, context %d, %d layers, splits %d\n", batch, kv_len, layers,
+              splits);
+  std::printf("  step (engine, graphs, wall)  %8.3f ms  %8.0f tok/s\n", step_ms,
+              batch / step_ms * 1e3);
+  std::printf("  GEMMs alone                  %8.3f ms  (%.0f MB of weights: %.0f GB/s)\n", gemm_ms,
+              weight_bytes / 1e6, weight_bytes / gemm_ms / 1e6);
+  std::printf("  attention alone              %8.3f ms  (%.0f MB of KV: %.0f GB/s)\n", attn_ms,
+              kv_bytes / 1e6, kv_bytes / attn_ms / 1e6);
+  std::printf("  rest (step - GEMM - attn)    %8.3f ms\n", step_ms - gemm_ms - attn_ms);
+  std::printf("  bandwidth lower bound        %8.3f ms  (weights + KV at %.0f GB/s)\n", bound_ms,
+              copy_gbs);
+  return 0;
+}

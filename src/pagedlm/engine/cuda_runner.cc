@@ -1,0 +1,361 @@
+#include "pagedlm/engine/cuda_runner.h"
+
+#include "pagedlm/core/error.h"
+
+#ifdef PAGEDLM_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/model/model.h"
+#include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/cuda/kernels.h"
+#endif
+
+namespace pagedlm {
+
+#ifdef PAGEDLM_HAS_CUDA
+
+namespace {
+
+int32_t next_pow2(int32_t n) {
+  int32_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+// Staging layout: every array at a fixed offset of one pinned host block mirrored by one device
+// block, kv_page_indices last so that a step copies one prefix of the block. Capacities: T
+// stream rows (also logits rows), B sequences (padded decode buckets included), P page indices.
+struct CudaStepRunner::Impl {
+  CausalLM& model;
+  PagedKvCache* kv_cache = nullptr;
+  bool use_graphs;
+  int32_t page_size;
+  int32_t num_q_heads, num_kv_heads, head_dim;
+  int64_t vocab;
+  int num_sms = 1;
+  cudaStream_t stream = nullptr;
+
+  int32_t max_tokens = 0;  // T
+  int32_t max_bucket = 0;  // largest decode bucket (B = max_bucket)
+  int64_t max_pages = 0;   // P
+  size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
+         off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
+         off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_pages = 0, total_bytes = 0;
+  char* host = nullptr;
+  char* dev = nullptr;
+  int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
+  int32_t* dev_tokens = nullptr;   // [T]
+  Tensor logits;                   // [T, vocab] f32
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs;  // (bucket, splits)
+
+  Impl(CausalLM& m, const EngineOptions& o, int64_t max_model_len)
+      : model(m), use_graphs(o.use_cuda_graphs), page_size(o.page_size) {
+    const ModelConfig& c = m.config();
+    num_q_heads = static_cast<int32_t>(c.num_heads);
+    num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
+    head_dim = static_cast<int32_t>(c.head_dim);
+    vocab = c.vocab_size;
+    int device = 0;
+    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
+                "cudaDeviceGetAttribute");
+    cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    // A decode step holds at most min(max_num_seqs, token budget) sequences.
+    max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
+    max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
+    const int64_t pages_per_seq = (max_model_len + page_size - 1) / page_size + 1;
+    layout(int64_t{o.max_num_seqs} * pages_per_seq);
+    cuda::check(cudaMallocHost(&host_tokens, sizeof(int32_t) * max_tokens), "cudaMallocHost");
+    cuda::check(cudaMalloc(&dev_tokens, sizeof(int32_t) * max_tokens), "cudaMalloc");
+    logits = Tensor::empty(DType::kF32, {max_tokens, vocab}, Device::kCuda);
+    m.reserve(max_tokens);
+    // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
+    // so scan every batch size at the longest context.
+    for (int32_t b = 1; b <= max_bucket; ++b) {
+      const int splits = cuda::paged_attention_decode_num_splits(
+          b, num_kv_heads, static_cast<int>(max_model_len), num_sms);
+      workspace_bytes = std::max(
+          workspace_bytes, cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
+    }
+    if (workspace_bytes > 0) cuda::check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
+  }
+
+  ~Impl() {
+    drop_graphs();
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFree(dev);
+    if (host_tokens) cudaFreeHost(host_tokens);
+    if (dev_tokens) cudaFree(dev_tokens);
+    if (workspace) cudaFree(workspace);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void drop_graphs() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+  }
+
+  // (Re)allocates the staging blocks for `pages` page indices. Captured graphs hold the old
+  // device pointers, so they are dropped.
+  void layout(int64_t pages) {
+    drop_graphs();
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFree(dev);
+    host = dev = nullptr;
+    max_pages = pages;
+    const size_t T = static_cast<size_t>(max_tokens), B = static_cast<size_t>(max_bucket);
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      const size_t at = off;
+      off = align16(off + bytes);
+      return at;
+    };
+    off_token_ids = take(4 * T);
+    off_positions = take(4 * T);
+    off_slots = take(4 * T);
+    off_logits_rows = take(4 * T);
+    off_top_k = take(4 * T);
+    off_temperature = take(4 * T);
+    off_top_p = take(4 * T);
+    off_min_p = take(4 * T);
+    off_seed = take(8 * T);
+    off_step = take(8 * T);
+    off_q_indptr = take(4 * (B + 1));
+    off_kv_indptr = take(4 * (B + 1));
+    off_last_len = take(4 * B);
+    off_pages = take(4 * static_cast<size_t>(pages));
+    total_bytes = off;
+    cuda::check(cudaMallocHost(&host, total_bytes), "cudaMallocHost (step plan)");
+    cuda::check(cudaMalloc(&dev, total_bytes), "cudaMalloc (step plan)");
+  }
+
+  template <typename T>
+  T* h(size_t off) {
+    return reinterpret_cast<T*>(host + off);
+  }
+  template <typename T>
+  T* d(size_t off) {
+    return reinterpret_cast<T*>(dev + off);
+  }
+
+  // The split count for a decode batch, shrunk if the workspace cannot hold it.
+  int32_t decode_splits(int32_t num_seqs, int32_t max_kv_len) const {
+    int splits =
+        cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads, max_kv_len, num_sms);
+    while (splits > 1 && cuda::paged_attention_workspace_bytes(num_seqs, num_q_heads, head_dim,
+                                                               splits) > workspace_bytes) {
+      --splits;
+    }
+    return splits;
+  }
+
+  // The model and the sampler for a staged step of `rows` stream rows and `logit_rows` logits.
+  void forward_and_sample(int32_t rows, int32_t logit_rows) {
+    ForwardInputs in;
+    in.token_ids = Tensor::wrap(d<int32_t>(off_token_ids), DType::kI32, {rows}, Device::kCuda, {});
+    in.logits_rows =
+        Tensor::wrap(d<int32_t>(off_logits_rows), DType::kI32, {logit_rows}, Device::kCuda, {});
+    in.stream = stream;
+    const Tensor step_logits = logits.rows(0, logit_rows);
+    model.forward(in, *kv_cache, step_logits);
+    cuda::check(cuda::launch_sample(step_logits.data<float>(), logit_rows, static_cast<int>(vocab),
+                                    d<float>(off_temperature), d<int32_t>(off_top_k),
+                                    d<float>(off_top_p), d<float>(off_min_p), d<uint64_t>(off_seed),
+                                    d<int64_t>(off_step), dev_tokens, stream),
+                "sampling");
+  }
+
+  void capture(std::pair<int32_t, int32_t> key, int32_t rows) {
+    cudaGraph_t graph = nullptr;
+    cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                "cudaStreamBeginCapture");
+    try {
+      forward_and_sample(rows, rows);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    cuda::check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cuda::check(err, "cudaGraphInstantiate");
+    graphs.emplace(key, exec);
+  }
+
+  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                           Tensor* logits_out) {
+    const int32_t B = plan.num_seqs(), L = plan.num_tokens();
+    const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
+    PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
+                  " tokens exceeds the GPU buffers (", max_tokens, ")");
+    int32_t max_q_len = 0, max_kv_len = 0;
+    for (int32_t b = 0; b < B; ++b) {
+      max_q_len = std::max(max_q_len, plan.q_indptr[b + 1] - plan.q_indptr[b]);
+      const int32_t pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
+      if (pages > 0) {
+        max_kv_len = std::max(max_kv_len, (pages - 1) * page_size + plan.kv_last_page_len[b]);
+      }
+    }
+    const bool decode = max_q_len == 1 && B <= max_bucket;
+    // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
+    // with or without graphs, so that a replayed graph computes exactly what the eager step does.
+    bool bucketed = decode && S == B && logits_out == nullptr;
+    for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
+    const bool graph = use_graphs && bucketed;
+    const int32_t num_seqs = bucketed ? next_pow2(B) : B;
+    const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
+    const int64_t num_pages = static_cast<int64_t>(plan.kv_page_indices.size());
+    if (num_pages > max_pages) layout(std::max(num_pages, 2 * max_pages));
+
+    // Stage the plan, padded: padding rows have slot -1, padding sequences no tokens or pages,
+    // padding logits rows point at row 0 and are sampled greedily and ignored.
+    auto fill = [](int32_t* dst, const std::vector<int32_t>& src, int32_t n, int32_t pad) {
+      std::memcpy(dst, src.data(), src.size() * sizeof(int32_t));
+      std::fill(dst + src.size(), dst + n, pad);
+    };
+    fill(h<int32_t>(off_token_ids), plan.token_ids, rows, 0);
+    fill(h<int32_t>(off_positions), plan.positions, rows, 0);
+    fill(h<int32_t>(off_slots), plan.slot_mapping, rows, -1);
+    fill(h<int32_t>(off_logits_rows), plan.logits_rows, logit_rows, 0);
+    fill(h<int32_t>(off_q_indptr), plan.q_indptr, num_seqs + 1, L);
+    fill(h<int32_t>(off_kv_indptr), plan.kv_indptr, num_seqs + 1, plan.kv_indptr[B]);
+    fill(h<int32_t>(off_last_len), plan.kv_last_page_len, num_seqs, 0);
+    std::memcpy(h<int32_t>(off_pages), plan.kv_page_indices.data(), num_pages * sizeof(int32_t));
+    std::fill(h<float>(off_temperature), h<float>(off_temperature) + logit_rows, 0.f);
+    std::fill(h<int32_t>(off_top_k), h<int32_t>(off_top_k) + logit_rows, 0);
+    std::fill(h<float>(off_top_p), h<float>(off_top_p) + logit_rows, 1.f);
+    std::fill(h<float>(off_min_p), h<float>(off_min_p) + logit_rows, 0.f);
+    std::fill(h<uint64_t>(off_seed), h<uint64_t>(off_seed) + logit_rows, 0);
+    std::fill(h<int64_t>(off_step), h<int64_t>(off_step) + logit_rows, 0);
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t last = plan.logits_indptr[b + 1];
+      if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
+      const SeqSampling& s = sampling[b];
+      h<float>(off_temperature)[last - 1] = s.params.temperature;
+      h<int32_t>(off_top_k)[last - 1] = s.params.top_k;
+      h<float>(off_top_p)[last - 1] = s.params.top_p;
+      h<float>(off_min_p)[last - 1] = s.params.min_p;
+      h<uint64_t>(off_seed)[last - 1] = s.seed;
+      h<int64_t>(off_step)[last - 1] = s.step;
+    }
+    cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream),
+                "step plan upload");
+
+    DeviceStepPlan dp;
+    dp.positions = d<int32_t>(off_positions);
+    dp.slot_mapping = d<int32_t>(off_slots);
+    dp.q_indptr = d<int32_t>(off_q_indptr);
+    dp.kv_indptr = d<int32_t>(off_kv_indptr);
+    dp.kv_page_indices = d<int32_t>(off_pages);
+    dp.kv_last_page_len = d<int32_t>(off_last_len);
+    dp.num_seqs = num_seqs;
+    dp.max_q_len = max_q_len;
+    dp.decode = decode;
+    dp.num_splits = decode ? decode_splits(num_seqs, max_kv_len) : 1;
+    dp.workspace = workspace;
+    dp.workspace_bytes = workspace_bytes;
+    dp.stream = stream;
+    kv_cache->bind(dp);
+
+    if (graph) {
+      const std::pair<int32_t, int32_t> key{num_seqs, dp.num_splits};
+      auto it = graphs.find(key);
+      if (it != graphs.end()) {
+        cuda::check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
+      } else {
+        // This eager run is the warm-up: it sets the attention kernel's shared-memory limit and
+        // builds the cuBLASLt plans for this shape, so the capture below only records launches.
+        forward_and_sample(rows, logit_rows);
+        capture(key, rows);
+      }
+    } else {
+      forward_and_sample(rows, logit_rows);
+    }
+    cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
+                                cudaMemcpyDeviceToHost, stream),
+                "sampled tokens download");
+    if (logits_out != nullptr) {
+      *logits_out = Tensor::empty(DType::kF32, {S, vocab});
+      cuda::check(cudaMemcpyAsync(logits_out->raw(), logits.raw(), logits_out->nbytes(),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "logits download");
+    }
+    cuda::check(cudaStreamSynchronize(stream), "step");
+
+    std::vector<int32_t> sampled(B, -1);
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t last = plan.logits_indptr[b + 1];
+      if (plan.samples[b] && last > plan.logits_indptr[b]) sampled[b] = host_tokens[last - 1];
+    }
+    return sampled;
+  }
+};
+
+CudaStepRunner::CudaStepRunner(CausalLM& model, const EngineOptions& options, int64_t max_model_len)
+    : impl_(std::make_unique<Impl>(model, options, max_model_len)) {}
+
+CudaStepRunner::~CudaStepRunner() = default;
+
+bool CudaStepRunner::available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+int64_t CudaStepRunner::free_memory_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return static_cast<int64_t>(free_bytes);
+}
+
+void CudaStepRunner::set_kv_cache(PagedKvCache* kv_cache) { impl_->kv_cache = kv_cache; }
+
+std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
+                                         const std::vector<SeqSampling>& sampling,
+                                         Tensor* logits_out) {
+  return impl_->run(plan, sampling, logits_out);
+}
+
+int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+#else  // !PAGEDLM_HAS_CUDA
+
+struct CudaStepRunner::Impl {};
+
+CudaStepRunner::CudaStepRunner(CausalLM&, const EngineOptions&, int64_t) {
+  fail("this build of pagedlm has no CUDA support");
+}
+
+CudaStepRunner::~CudaStepRunner() = default;
+
+bool CudaStepRunner::available() { return false; }
+
+int64_t CudaStepRunner::free_memory_bytes() { return 0; }
+
+void CudaStepRunner::set_kv_cache(PagedKvCache*) {}
+
+std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&,
+                                         Tensor*) {
+  fail("this build of pagedlm has no CUDA support");
+}
+
+int64_t CudaStepRunner::num_graphs() const { return 0; }
+
+#endif  // PAGEDLM_HAS_CUDA
+
+}  // namespace pagedlm

@@ -1,0 +1,55 @@
+// The GPU side of an engine step: stages the StepPlan in pinned memory and copies it with one
+// asynchronous copy into fixed device buffers, runs the model and the sampler on the engine's
+// stream, and returns only the sampled token ids (and logits rows when a request asks for them).
+// Pure decode steps are padded to a batch bucket (1, 2, 4, ...) and replayed as CUDA graphs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/sched/step_plan.h"
+
+namespace pagedlm {
+
+class CausalLM;
+class PagedKvCache;
+struct EngineOptions;
+
+// What the sampler needs of one sequence of the step.
+struct SeqSampling {
+  SamplingParams params;
+  uint64_t seed = 0;
+  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
+};
+
+class CudaStepRunner {
+ public:
+  // Allocates everything a step needs up front (activations for the larger of the token budget
+  // and the largest decode bucket, logits, plan buffers, split-KV workspace).
+  CudaStepRunner(CausalLM& model, const EngineOptions& options, int64_t max_model_len);
+  ~CudaStepRunner();
+
+  // Whether this build has CUDA and the machine a GPU.
+  static bool available();
+  // Free device memory now, in bytes.
+  static int64_t free_memory_bytes();
+
+  void set_kv_cache(PagedKvCache* kv_cache);
+
+  // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
+  // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
+  // logits [S, vocab] f32 on the host.
+  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                           Tensor* logits_out);
+
+  int64_t num_graphs() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedlm

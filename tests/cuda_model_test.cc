@@ -1,0 +1,240 @@
+// The engine on the GPU (bf16 weights, activations and KV cache) against the golden fixtures'
+// float64 reference logits, and against itself across chunking, prefix caching and CUDA graphs.
+// Skips on machines without a GPU (and in builds without CUDA).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/safetensors.h"
+
+namespace pagedlm {
+namespace {
+
+constexpr int kNumCases = 6;
+// bf16 weights and activations: about 1e-2 relative error against float64 (fixtures README).
+constexpr double kLogitsTolerance = 2e-2;
+// llama-gqa ships float32 weights, which the GPU rounds to bf16 on top of bf16 compute; its
+// longest case measured 2.006e-2 on the H200.
+constexpr double kF32CheckpointTolerance = 2.5e-2;
+// Greedy tokens must match while the reference's top-2 gap is above what bf16 noise can flip.
+constexpr float kMarginThreshold = 0.1f;
+
+const char* const kFixtures[] = {"llama-gqa", "llama3-rope", "qwen2-bias", "qwen3-qknorm",
+                                 "mistral"};
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;
+}
+
+struct Expected {
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<std::vector<float>> margins;
+  std::vector<Tensor> logits;
+};
+
+std::vector<int32_t> to_ids(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+Expected load_expected(const std::string& name) {
+  SafetensorsFile f = SafetensorsFile::open(fixture_dir(name) + "/expected.safetensors");
+  Expected e;
+  for (int i = 0; i < kNumCases; ++i) {
+    const std::string p = "case" + std::to_string(i) + ".";
+    e.prompts.push_back(to_ids(f.tensors().at(p + "prompt")));
+    e.greedy.push_back(to_ids(f.tensors().at(p + "greedy")));
+    const Tensor& m = f.tensors().at(p + "greedy_margin");
+    e.margins.emplace_back(m.data<float>(), m.data<float>() + m.numel());
+    e.logits.push_back(f.tensors().at(p + "logits").to_f32());
+  }
+  return e;
+}
+
+// ||out - ref|| / ||ref|| over rows [first_row, ref rows).
+double relative_error(const Tensor& out, const Tensor& ref, int64_t first_row = 0) {
+  const int64_t cols = ref.dim(1);
+  double diff = 0, norm = 0;
+  for (int64_t i = first_row * cols; i < ref.numel(); ++i) {
+    const double r = ref.data<float>()[i], o = out.data<float>()[i];
+    diff += (o - r) * (o - r);
+    norm += r * r;
+  }
+  return std::sqrt(diff / norm);
+}
+
+Request logits_request(const std::vector<int32_t>& prompt) {
+  Request r;
+  r.prompt = prompt;
+  r.sampling.max_tokens = 0;
+  r.want_prompt_logits = true;
+  r.use_prefix_cache = false;
+  return r;
+}
+
+EngineOptions cuda_options() {
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.num_pages = 256;
+  return o;
+}
+
+class CudaModel : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    checkpoint_ = load_checkpoint(fixture_dir(GetParam()));
+    expected_ = load_expected(GetParam());
+    tolerance_ =
+        std::string(GetParam()) == "llama-gqa" ? kF32CheckpointTolerance : kLogitsTolerance;
+  }
+  std::vector<RequestOutput> logits_run(int32_t max_num_batched_tokens) {
+    EngineOptions o = cuda_options();
+    o.max_num_batched_tokens = max_num_batched_tokens;
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (const auto& p : expected_.prompts) requests.push_back(logits_request(p));
+    return engine.generate(std::move(requests));
+  }
+  Checkpoint checkpoint_;
+  Expected expected_;
+  double tolerance_ = kLogitsTolerance;
+};
+
+TEST_P(CudaModel, LogitsMatchReferenceUnchunkedAndChunked) {
+  const std::vector<RequestOutput> whole = logits_run(4096);
+  const std::vector<RequestOutput> chunked = logits_run(16);
+  for (int i = 0; i < kNumCases; ++i) {
+    const double err = relative_error(whole[i].prompt_logits, expected_.logits[i]);
+    const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
+    std::printf("%s case %d: rel err %.2e (chunked %.2e)\n", GetParam(), i, err, chunked_err);
+    EXPECT_LT(err, tolerance_) << GetParam() << " case " << i;
+    EXPECT_LT(chunked_err, tolerance_) << GetParam() << " case " << i << " chunked";
+    // Chunking changes GEMM shapes only, so both runs agree far better than with the reference.
+    EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits),
+              kLogitsTolerance / 2)
+        << GetParam() << " case " << i << " chunked vs unchunked";
+  }
+}
+
+TEST_P(CudaModel, GreedyGenerationMatchesReference) {
+  Engine engine(checkpoint_, cuda_options());
+  std::vector<Request> requests;
+  for (const auto& p : expected_.prompts) {
+    Request r;
+    r.prompt = p;
+    r.sampling.max_tokens = 12;
+    r.sampling.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  const std::vector<RequestOutput> outputs = engine.generate(std::move(requests));
+  for (int i = 0; i < kNumCases; ++i) {
+    ASSERT_EQ(outputs[i].tokens.size(), 12u);
+    for (size_t t = 0; t < 12; ++t) {
+      if (expected_.margins[i][t] <= kMarginThreshold) break;
+      ASSERT_EQ(outputs[i].tokens[t], expected_.greedy[i][t])
+          << GetParam() << " case " << i << " step " << t;
+    }
+  }
+}
+
+TEST_P(CudaModel, PrefixCacheReusesTwoPagesAndKeepsLogits) {
+  Engine engine(checkpoint_, cuda_options());
+  Request first = logits_request(expected_.prompts[1]);
+  first.use_prefix_cache = true;
+  engine.generate({first});
+  Request second = logits_request(expected_.prompts[2]);
+  second.use_prefix_cache = true;
+  const std::vector<RequestOutput> out = engine.generate({second});
+  EXPECT_EQ(out[0].num_cached_tokens, 32);
+  EXPECT_LT(relative_error(out[0].prompt_logits, expected_.logits[2], 32), tolerance_);
+}
+
+// Decode steps are padded to the same buckets with or without graphs, so a replayed graph must
+// give exactly the eager step's tokens, greedy and seeded sampling alike.
+TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
+  std::vector<std::vector<int32_t>> runs[2];
+  for (bool graphs : {false, true}) {
+    EngineOptions o = cuda_options();
+    o.use_cuda_graphs = graphs;
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (int i = 0; i < kNumCases; ++i) {
+      Request r;
+      r.prompt = expected_.prompts[i];
+      r.sampling.max_tokens = 24 + 4 * i;  // the batch shrinks through several buckets
+      r.sampling.ignore_eos = true;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = 1000 + i;
+      }
+      requests.push_back(std::move(r));
+    }
+    for (const RequestOutput& out : engine.generate(std::move(requests))) {
+      runs[graphs].push_back(out.tokens);
+    }
+  }
+  for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n) c = std::isalnum(c) ? c : '_';
+  return n;
+});
+
+std::string smollm2_path() {
+  const char* cache = std::getenv("PAGEDLM_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+// The real model: greedy tokens of the GPU (bf16) and the CPU (f32) agree while the CPU's top-2
+// logit gap is wide enough for bf16 rounding not to flip it.
+TEST(CudaSmolLM2, GreedyTokensMatchCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string path = smollm2_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing";
+  const Checkpoint checkpoint = load_checkpoint(path);
+  const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365};
+  constexpr int kTokens = 8;
+  constexpr float kMargin = 0.5f;
+  auto greedy = [&](Device device) {
+    EngineOptions o;
+    o.device = device;
+    o.num_pages = 64;
+    Engine engine(checkpoint, o);
+    Request r;
+    r.prompt = prompt;
+    r.sampling.max_tokens = kTokens;
+    r.sampling.ignore_eos = true;
+    return engine.generate({r})[0].tokens;
+  };
+  const std::vector<int32_t> cpu = greedy(Device::kCpu), gpu = greedy(Device::kCuda);
+  // The CPU's logits over prompt + continuation give the margin at every generated position.
+  EngineOptions o;
+  o.num_pages = 64;
+  Engine engine(checkpoint, o);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), cpu.begin(), cpu.end());
+  const Tensor logits = engine.generate({logits_request(all)})[0].prompt_logits;
+  const int64_t vocab = logits.dim(1);
+  for (int t = 0; t < kTokens; ++t) {
+    const float* row = logits.data<float>() + (prompt.size() - 1 + t) * vocab;
+    std::vector<float> top(row, row + vocab);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] <= kMargin) break;
+    ASSERT_EQ(gpu[t], cpu[t]) << "step " << t;
+  }
+}
+
+}  // namespace
+}  // namespace pagedlm
