@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -109,6 +110,26 @@ TEST_F(CliTest, GenerateTokensRunsAndReportsFinish) {
   const RunResult r = run("generate --model " + kFixture + " --tokens \"5 6 7\" --max-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("finish: length"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, StopStringCutsTheTextAndFinishesTheRequest) {
+  const char* home = std::getenv("HOME");
+  const std::string gguf =
+      std::string(home ? home : ".") + "/.cache/pagedlm/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (std::getenv("PAGEDLM_CACHE") || !fs::exists(gguf)) GTEST_SKIP() << "no default model";
+  const std::string common =
+      "generate --chat --prompt \"What is the capital of France?\" --max-tokens 24";
+  const RunResult full = run(common);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const size_t paris = full.output.find("Paris");
+  ASSERT_NE(paris, std::string::npos) << full.output;
+  const RunResult cut = run(common + " --stop Paris");
+  ASSERT_EQ(cut.exit_code, 0) << cut.output;
+  // Everything before the stop string, then nothing of it.
+  const size_t line_start = full.output.rfind('\n', paris) + 1;
+  const std::string before = full.output.substr(line_start, paris - line_start);
+  EXPECT_NE(cut.output.find(before + "\n(finish: stop string"), std::string::npos) << cut.output;
+  EXPECT_EQ(cut.output.find("Paris"), std::string::npos) << cut.output;
 }
 
 TEST_F(CliTest, BadPromptsFilesFailClearly) {

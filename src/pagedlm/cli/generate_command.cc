@@ -2,11 +2,13 @@
 // prints what each produced; a single prompt streams.
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
+#include "pagedlm/engine/stop_strings.h"
 #include "pagedlm/engine/text_model.h"
 
 namespace pagedlm::cli {
@@ -86,7 +88,7 @@ void print_cache(const Engine& engine, bool page_tables) {
 
 struct Args {
   std::string model, prompts_file, system;
-  std::vector<std::string> prompts, token_prompts;
+  std::vector<std::string> prompts, token_prompts, stop;
   bool chat = false, show_cache = false;
   SamplingParams sampling;
   uint64_t seed = 0;
@@ -122,23 +124,48 @@ std::vector<std::vector<int32_t>> build_prompts(const Args& args, const TextMode
   return prompts;
 }
 
+// One request's text as it streams: detokenized without splitting characters, cut at the
+// first stop string.
+struct TextOutput {
+  TextOutput(const Tokenizer& tokenizer, const std::vector<std::string>& stop)
+      : decoder(tokenizer, /*skip_special=*/true), matcher(stop) {}
+  // Returns the newly printable text.
+  std::string push(int32_t token) { return keep(matcher.push(decoder.push(token))); }
+  std::string finish() {
+    std::string tail = matcher.stopped() ? std::string() : decoder.finish();
+    return keep(matcher.push(tail) + matcher.finish());
+  }
+  std::string keep(std::string piece) {
+    text += piece;
+    return piece;
+  }
+  StreamDecoder decoder;
+  StopStringMatcher matcher;
+  std::string text;
+};
+
 void run_generate(const Args& args) {
   TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
   std::vector<std::string> labels;
   const auto prompts = build_prompts(args, model, &labels);
+  const Tokenizer* tokenizer = model.tokenizer.get();
+  PAGEDLM_CHECK(args.stop.empty() || tokenizer, "--stop needs a model with a tokenizer");
   Engine engine(model.checkpoint, args.flags.resolve());
   std::vector<int64_t> ids;
+  std::map<int64_t, TextOutput> texts;
   for (const auto& prompt : prompts) {
     Request r;
     r.prompt = prompt;
     r.sampling = args.sampling;
     if (args.seed != 0 || args.sampling.temperature > 0) r.sampling.seed = args.seed;
-    ids.push_back(engine.add_request(std::move(r)));
+    const int64_t id = engine.add_request(std::move(r));
+    ids.push_back(id);
+    if (tokenizer)
+      texts.emplace(std::piecewise_construct, std::forward_as_tuple(id),
+                    std::forward_as_tuple(*tokenizer, args.stop));
   }
-  const Tokenizer* tokenizer = model.tokenizer.get();
   const bool stream = ids.size() == 1 && tokenizer != nullptr;
-  std::optional<StreamDecoder> decoder;
-  if (stream) decoder.emplace(*tokenizer, /*skip_special=*/true);
+  std::map<int64_t, bool> stopped_by_string;
   const auto start = std::chrono::steady_clock::now();
   int64_t generated = 0;
   bool cache_shown = false;
@@ -146,9 +173,16 @@ void run_generate(const Args& args) {
     for (const RequestEvent& e : engine.step()) {
       if (e.token < 0) continue;
       ++generated;
+      auto it = texts.find(e.request_id);
+      if (it == texts.end()) continue;
+      const std::string piece = it->second.push(e.token);
       if (stream) {
-        std::fputs(decoder->push(e.token).c_str(), stdout);
+        std::fputs(piece.c_str(), stdout);
         std::fflush(stdout);
+      }
+      // A stop string ends the request at once: its pages go back to the pool.
+      if (it->second.matcher.stopped() && !e.finished && engine.cancel(e.request_id)) {
+        stopped_by_string[e.request_id] = true;
       }
     }
     // Once every prompt is in the cache, the page tables show what is shared.
@@ -160,18 +194,24 @@ void run_generate(const Args& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (stream) std::printf("%s\n", decoder->finish().c_str());
   for (size_t i = 0; i < ids.size(); ++i) {
     RequestOutput out = engine.take_output(ids[i]);
-    if (!stream) {
-      std::printf("=== [%zu] %s\n%s\n", i + 1, labels[i].c_str(),
-                  tokenizer ? tokenizer->decode(out.tokens, /*skip_special_tokens=*/true).c_str()
-                            : token_ids_text(out.tokens).c_str());
+    auto text = texts.find(ids[i]);
+    if (text != texts.end()) {
+      const std::string tail = text->second.finish();
+      if (stream) std::printf("%s\n", tail.c_str());
     }
+    if (!stream) {
+      std::printf(
+          "=== [%zu] %s\n%s\n", i + 1, labels[i].c_str(),
+          text != texts.end() ? text->second.text.c_str() : token_ids_text(out.tokens).c_str());
+    }
+    const bool by_string = stopped_by_string.count(ids[i]) != 0;
     std::printf("(finish: %s; %zu prompt tokens, %d from the prefix cache; %zu generated)\n",
-                reason_name(out.reason), out.prompt.size(), out.num_cached_tokens,
-                out.tokens.size());
+                by_string ? "stop string" : reason_name(out.reason), out.prompt.size(),
+                out.num_cached_tokens, out.tokens.size());
   }
+  std::fflush(stdout);  // keep the summary after the text when both go to one terminal
   std::fprintf(stderr, "%zu sequences, %lld tokens generated in %.2f s (%.1f tok/s), %lld steps\n",
                ids.size(), static_cast<long long>(generated), seconds,
                static_cast<double>(generated) / seconds,
@@ -199,6 +239,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (1: off)");
   cmd->add_option("--min-p", args->sampling.min_p, "drop tokens below min_p * max prob");
   cmd->add_option("--seed", args->seed, "seed for reproducible sampling");
+  cmd->add_option("--stop", args->stop, "stop at this text, which is not printed (repeatable)");
   cmd->add_flag("--show-cache", args->show_cache, "print page tables and prefix-cache counters");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] { run_generate(*args); });
