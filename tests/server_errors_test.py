@@ -52,7 +52,7 @@ CASES = [
      "'stream' must be a boolean"),
     ("seed not an int", "/v1/completions", {**GOOD, "seed": "x"}, 400, "'seed'"),
     ("echo", "/v1/completions", {**GOOD, "echo": True}, 400, "'echo' is not supported"),
-    ("unknown model", "/v1/completions", {**GOOD, "model": "gpt-4"}, 404,
+    ("unknown model", "/v1/completions", {**GOOD, "model": "gpt-4"}, 400,
      "The model `gpt-4` does not exist"),
     ("missing messages", "/v1/chat/completions", {"max_tokens": 2}, 400,
      "'messages' is required"),

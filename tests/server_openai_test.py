@@ -234,8 +234,8 @@ def main():
                 raise AssertionError("temperature -1 was accepted")
             try:
                 client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
-            except openai.NotFoundError as e:
-                assert "no-such-model" in e.message
+            except openai.BadRequestError as e:
+                assert e.status_code == 400 and "no-such-model" in e.message
             else:
                 raise AssertionError("an unknown model was accepted")
 

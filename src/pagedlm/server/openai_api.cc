@@ -179,7 +179,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   r.chat = chat;
   r.model = get_string(body, "model");
   if (!r.model.empty() && r.model != model.name) {
-    throw ApiError(404, cat("The model `", r.model, "` does not exist."), "model", "NotFoundError");
+    // 400 as for any other bad field (OpenAI itself answers 404 model_not_found).
+    throw ApiError(400, cat("The model `", r.model, "` does not exist."), "model");
   }
   reject_unsupported(body, chat);
 
