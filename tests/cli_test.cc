@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {

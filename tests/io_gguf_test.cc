@@ -17,6 +17,7 @@
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/io/checkpoint.h"
 #include "pagedlm/io/gguf.h"
+#include "pagedlm/io/model_cache.h"
 
 namespace pagedlm {
 namespace {
@@ -638,20 +639,13 @@ TEST_F(GgufCheckpoint, RejectsUnsupportedArchitecturesAndUnknownTensors) {
 
 // ---- The real SmolLM2 GGUF ----
 
-std::string smollm2_path() {
-  const char* cache = std::getenv("PAGEDLM_CACHE");
-  const char* home = std::getenv("HOME");
-  const fs::path dir = cache ? fs::path(cache) : fs::path(home ? home : "") / ".cache/pagedlm";
-  return (dir / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
-
-#define SKIP_WITHOUT_SMOLLM2()     \
-  if (!fs::exists(smollm2_path())) \
-  GTEST_SKIP() << smollm2_path() << " is absent; run scripts/fetch_model.sh to fetch it"
+#define SKIP_WITHOUT_SMOLLM2()           \
+  if (!fs::exists(default_model_path())) \
+  GTEST_SKIP() << default_model_path() << " is absent; run scripts/fetch_model.sh to fetch it"
 
 TEST(GgufSmolLM2, Metadata) {
   SKIP_WITHOUT_SMOLLM2();
-  const GgufFile f = GgufFile::open(smollm2_path());
+  const GgufFile f = GgufFile::open(default_model_path());
   EXPECT_EQ(f.version(), 3u);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");
   EXPECT_EQ(f.get_int("llama.block_count"), 30);
@@ -675,12 +669,12 @@ TEST(GgufSmolLM2, Metadata) {
   EXPECT_EQ(f.find_tensor("output.weight"), nullptr);
   // The tensors tile the data section up to the end of the file.
   const GgufTensorInfo& last = f.tensors().back();
-  EXPECT_EQ(f.data_offset() + last.offset + last.nbytes, fs::file_size(smollm2_path()));
+  EXPECT_EQ(f.data_offset() + last.offset + last.nbytes, fs::file_size(default_model_path()));
 }
 
 TEST(GgufSmolLM2, Config) {
   SKIP_WITHOUT_SMOLLM2();
-  const ModelConfig c = config_from_gguf(GgufFile::open(smollm2_path()));
+  const ModelConfig c = config_from_gguf(GgufFile::open(default_model_path()));
   EXPECT_EQ(c.architecture, "LlamaForCausalLM");
   EXPECT_EQ(c.model_type, "llama");
   EXPECT_EQ(c.vocab_size, 49152);
@@ -704,7 +698,7 @@ TEST(GgufSmolLM2, Config) {
 TEST(GgufSmolLM2, CheckpointMatchesReference) {
   SKIP_WITHOUT_SMOLLM2();
   size_t progress_calls = 0;
-  const Checkpoint c = load_gguf_checkpoint(smollm2_path(), [&](size_t, size_t total) {
+  const Checkpoint c = load_gguf_checkpoint(default_model_path(), [&](size_t, size_t total) {
     ++progress_calls;
     EXPECT_EQ(total, 272u);
   });

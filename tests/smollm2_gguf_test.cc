@@ -10,21 +10,14 @@
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
 #include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {
 namespace {
 
-std::string smollm2_path() {
-  const char* cache = std::getenv("PAGEDLM_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir =
-      cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
-  const std::string path = smollm2_path();
+  const std::string path = default_model_path();
   if (!std::filesystem::exists(path))
     GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   SafetensorsFile ref =
@@ -69,7 +62,7 @@ TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
 }
 
 TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
-  const std::string path = smollm2_path();
+  const std::string path = default_model_path();
   if (!std::filesystem::exists(path))
     GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   TextModel model = load_text_model(path);

@@ -12,6 +12,7 @@
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/gguf.h"
+#include "pagedlm/io/model_cache.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 #include "pagedlm/tokenizer/unicode.h"
 
@@ -22,14 +23,6 @@ namespace fs = std::filesystem;
 
 const std::string kTestdata = std::string(PAGEDLM_TESTDATA) + "/tokenizer";
 
-fs::path model_path() {
-  const char* cache = std::getenv("PAGEDLM_CACHE");
-  const char* home = std::getenv("HOME");
-  const fs::path dir =
-      cache != nullptr ? fs::path(cache) : fs::path(home != nullptr ? home : "") / ".cache/pagedlm";
-  return dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 std::string from_hex(const std::string& hex) {
   std::string out;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) {
@@ -39,8 +32,9 @@ std::string from_hex(const std::string& hex) {
 }
 
 TEST(TokenizerGguf, SmolLM2MatchesTokenizerJsonOnAllCases) {
-  if (!fs::exists(model_path())) GTEST_SKIP() << model_path() << " missing: scripts/fetch_model.sh";
-  const GgufFile gguf = GgufFile::open(model_path().string());
+  if (!fs::exists(default_model_path()))
+    GTEST_SKIP() << default_model_path() << " missing: scripts/fetch_model.sh";
+  const GgufFile gguf = GgufFile::open(default_model_path());
   const Tokenizer from_gguf = Tokenizer::from_gguf(gguf);
   const Tokenizer from_json = Tokenizer::from_tokenizer_json(kTestdata + "/smollm2/tokenizer.json");
 

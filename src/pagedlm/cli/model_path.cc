@@ -11,18 +11,6 @@
 
 namespace pagedlm::cli {
 
-namespace {
-constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-std::string default_model_path() {
-  if (const char* cache = std::getenv("PAGEDLM_CACHE"); cache && *cache) {
-    return std::string(cache) + "/" + kDefaultModelFile;
-  }
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/pagedlm/" + kDefaultModelFile;
-}
-
 std::string resolve_model_path(const std::string& path) {
   if (!path.empty()) {
     PAGEDLM_CHECK(std::filesystem::exists(path), "model not found: ", path);

@@ -4,11 +4,10 @@
 #include <string>
 
 #include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/model_cache.h"
 
 namespace pagedlm::cli {
 
-// The default model's path in the cache ($PAGEDLM_CACHE, else ~/.cache/pagedlm).
-std::string default_model_path();
 // `path`, or the default model when empty; throws with the command to run when it is missing.
 std::string resolve_model_path(const std::string& path);
 // A loading progress bar on stderr.
