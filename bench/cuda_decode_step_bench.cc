@@ -114,18 +114,21 @@ int main(int argc, char** argv) {
   cuda::check(cudaMalloc(&lm_head, size_t{2} * V * D), "malloc");
   weight_bytes += size_t{2} * V * D;
   cuda::check(cudaMalloc(&x, size_t{2} * batch * std::max(F, std::max(D, Hq * d))), "malloc");
-  cuda::check(cudaMalloc(&y, size_t{2} * batch * std::max(V, 2 * F)), "malloc");
+  // 4 bytes per element: the lm_head writes f32 logits.
+  cuda::check(cudaMalloc(&y, size_t{4} * batch * std::max(V, 2 * F)), "malloc");
   cudaMemset(x, 0, size_t{2} * batch * std::max(F, std::max(D, Hq * d)));
   for (void* w : weights) cudaMemset(w, 0, 2);
   const double gemm_ms = graph_ms(s, [&] {
     for (int l = 0; l < layers; ++l) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         cuda::check(cuda::launch_gemm_bf16(gemm, x, weights[l * shapes.size() + i], nullptr, y,
-                                           batch, shapes[i].n, shapes[i].k, s),
+                                           /*y_f32=*/false, batch, shapes[i].n, shapes[i].k, s),
                     "gemm");
       }
     }
-    cuda::check(cuda::launch_gemm_bf16(gemm, x, lm_head, nullptr, y, batch, V, D, s), "gemm");
+    cuda::check(
+        cuda::launch_gemm_bf16(gemm, x, lm_head, nullptr, y, /*y_f32=*/true, batch, V, D, s),
+        "gemm");
   });
 
   // The average context mid-way through the timed steps (early requests decoded during the

@@ -50,7 +50,6 @@ float bf2f(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-float round_bf(float f) { return bf2f(f2bf(f)); }
 
 template <typename T>
 class DevBuf {
@@ -498,36 +497,44 @@ TEST(CudaAttention, DecodeGraphReplay) {
 // Fused kernels.
 // ------------------------------------------------------------------------------------------
 
-TEST(CudaFused, EmbeddingGatherConvert) {
+// The embedding widens bf16 rows into the f32 residual stream (exactly); gather_rows copies f32
+// residual rows and bf16 activation rows alike. dim 100: the unvectorized paths.
+TEST(CudaFused, EmbeddingAndGatherRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
-  for (int dim : {576, 100}) {
+  for (int dim : {576, 100, 7}) {
     const int vocab = 1000, L = 37;
     auto table_h = random_bf16(static_cast<size_t>(vocab) * dim, rng);
     std::vector<int32_t> ids_h(L);
     for (auto& id : ids_h) id = static_cast<int32_t>(rng() % vocab);
-    DevBuf<uint16_t> table(table_h), out(static_cast<size_t>(L) * dim);
+    DevBuf<uint16_t> table(table_h);
+    DevBuf<float> out(static_cast<size_t>(L) * dim);
     DevBuf<int32_t> ids(ids_h);
     out.poison();
     CK(launch_embedding(table.get(), ids.get(), out.get(), L, dim, nullptr));
     auto got = out.download();
     for (int t = 0; t < L; ++t) {
       for (int i = 0; i < dim; ++i) {
-        ASSERT_EQ(got[t * dim + i], table_h[static_cast<size_t>(ids_h[t]) * dim + i]);
+        ASSERT_EQ(got[t * dim + i], bf2f(table_h[static_cast<size_t>(ids_h[t]) * dim + i]))
+            << "dim " << dim << " token " << t << " element " << i;
       }
     }
     const int S = 5;
     std::vector<int32_t> rows_h = {36, 0, 5, 5, 17};
     DevBuf<int32_t> rows(rows_h);
-    DevBuf<uint16_t> g(static_cast<size_t>(S) * dim);
-    DevBuf<float> f(static_cast<size_t>(S) * dim);
-    g.poison();
-    f.poison();
-    CK(launch_gather_rows(out.get(), rows.get(), g.get(), S, dim, nullptr));
-    CK(launch_bf16_to_f32(g.get(), f.get(), static_cast<int64_t>(S) * dim, nullptr));
-    auto gf = f.download();
+    DevBuf<float> gf(static_cast<size_t>(S) * dim);
+    DevBuf<uint16_t> gb(static_cast<size_t>(S) * dim);
+    gf.poison();
+    gb.poison();
+    CK(launch_gather_rows(out.get(), rows.get(), gf.get(), S, int64_t{4} * dim, nullptr));
+    CK(launch_gather_rows(table.get(), rows.get(), gb.get(), S, int64_t{2} * dim, nullptr));
+    auto got_f = gf.download();
+    auto got_b = gb.download();
     for (int s = 0; s < S; ++s) {
-      for (int i = 0; i < dim; ++i) ASSERT_EQ(gf[s * dim + i], bf2f(got[rows_h[s] * dim + i]));
+      for (int i = 0; i < dim; ++i) {
+        ASSERT_EQ(got_f[s * dim + i], got[rows_h[s] * dim + i]) << "f32 dim " << dim;
+        ASSERT_EQ(got_b[s * dim + i], table_h[rows_h[s] * dim + i]) << "bf16 dim " << dim;
+      }
     }
   }
 }
@@ -580,30 +587,51 @@ TEST(CudaFused, RmsNorm) {
     }
     EXPECT_LE(st.rel(), 1e-2);
   }
-  {  // fused residual add
-    const int L = 19, dim = 960;
-    auto res_h = random_bf16(static_cast<size_t>(L) * dim, rng, -3, 3);
+}
+
+// The f32 residual stream: the residual gets no bf16 rounding, only the normalized output does.
+TEST(CudaFused, RmsNormOfF32Residual) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> dist(-3.f, 3.f);
+  const float eps = 1e-6f;
+  for (int dim : {960, 100}) {
+    const int L = 19;
+    std::vector<float> res_h(static_cast<size_t>(L) * dim);
+    for (float& v : res_h) v = dist(rng);  // not bf16-representable: catches a rounded residual
     auto x_h = random_bf16(res_h.size(), rng, -3, 3);
     auto w_h = random_bf16(dim, rng, 0.5, 1.5);
-    DevBuf<uint16_t> res(res_h), x(x_h), w(w_h), out(res_h.size());
+    DevBuf<float> res(res_h);
+    DevBuf<uint16_t> x(x_h), w(w_h), out(res_h.size()), plain(res_h.size());
+    plain.poison();
+    CK(launch_rms_norm_f32(res.get(), w.get(), plain.get(), L, dim, eps, nullptr));
     out.poison();
     CK(launch_add_rms_norm(res.get(), x.get(), w.get(), out.get(), L, dim, eps, nullptr));
-    auto got_res = res.download();
-    auto got = out.download();
-    ErrStats st;
+    const auto got_plain = plain.download(), got = out.download();
+    const auto got_res = res.download();
+    ErrStats st_plain, st_sum, st_out;
     for (int r = 0; r < L; ++r) {
-      double ss = 0;
-      std::vector<float> sum(dim);
+      double ss_in = 0, ss = 0;
+      std::vector<double> sum(dim);
       for (int i = 0; i < dim; ++i) {
-        sum[i] = round_bf(bf2f(res_h[r * dim + i]) + bf2f(x_h[r * dim + i]));
-        ASSERT_EQ(bf2f(got_res[r * dim + i]), sum[i]);
-        ss += static_cast<double>(sum[i]) * sum[i];
+        const size_t j = static_cast<size_t>(r) * dim + i;
+        sum[i] = static_cast<double>(res_h[j]) + bf2f(x_h[j]);
+        ss_in += static_cast<double>(res_h[j]) * res_h[j];
+        ss += sum[i] * sum[i];
+        st_sum.add(got_res[j], sum[i]);
       }
+      const double inv_in = 1.0 / std::sqrt(ss_in / dim + eps);
       const double inv = 1.0 / std::sqrt(ss / dim + eps);
-      for (int i = 0; i < dim; ++i) st.add(bf2f(got[r * dim + i]), sum[i] * inv * bf2f(w_h[i]));
+      for (int i = 0; i < dim; ++i) {
+        const size_t j = static_cast<size_t>(r) * dim + i;
+        st_plain.add(bf2f(got_plain[j]), res_h[j] * inv_in * bf2f(w_h[i]));
+        st_out.add(bf2f(got[j]), sum[i] * inv * bf2f(w_h[i]));
+      }
     }
-    EXPECT_EQ(st.non_finite, 0);
-    EXPECT_LE(st.rel(), 1e-2);
+    EXPECT_EQ(st_plain.non_finite + st_sum.non_finite + st_out.non_finite, 0) << "dim " << dim;
+    EXPECT_LE(st_sum.rel(), 1e-6) << "dim " << dim << ": the residual must stay f32";
+    EXPECT_LE(st_plain.rel(), 5e-3) << "dim " << dim;
+    EXPECT_LE(st_out.rel(), 5e-3) << "dim " << dim;
   }
 }
 
@@ -828,19 +856,30 @@ TEST(CudaGemm, MatchesReference) {
   std::mt19937 rng(12);
   struct Shape {
     int m, n, k;
-    bool bias;
+    bool bias, y_f32;
   };
-  for (const Shape s : {Shape{37, 300, 576, false}, Shape{1, 1536, 576, true},
-                        Shape{256, 960, 320, true}, Shape{37, 300, 576, false}}) {
+  // The repeated shapes reuse a cached plan; the f32 ones are the logits' GEMM.
+  for (const Shape s : {Shape{37, 300, 576, false, false}, Shape{1, 1536, 576, true, false},
+                        Shape{256, 960, 320, true, false}, Shape{37, 300, 576, false, false},
+                        Shape{37, 300, 576, false, true}, Shape{5, 49152, 576, false, true}}) {
     auto x_h = random_bf16(static_cast<size_t>(s.m) * s.k, rng);
     auto w_h = random_bf16(static_cast<size_t>(s.n) * s.k, rng);
     auto b_h = random_bf16(s.n, rng);
     DevBuf<uint16_t> x(x_h), w(w_h), b(b_h), y(static_cast<size_t>(s.m) * s.n);
+    DevBuf<float> yf(static_cast<size_t>(s.m) * s.n);
     y.poison();
-    const cudaError_t err = launch_gemm_bf16(h, x.get(), w.get(), s.bias ? b.get() : nullptr,
-                                             y.get(), s.m, s.n, s.k, nullptr);
+    yf.poison();
+    void* out = s.y_f32 ? static_cast<void*>(yf.get()) : static_cast<void*>(y.get());
+    const cudaError_t err = launch_gemm_bf16(h, x.get(), w.get(), s.bias ? b.get() : nullptr, out,
+                                             s.y_f32, s.m, s.n, s.k, nullptr);
     ASSERT_EQ(err, cudaSuccess) << "cublas status " << gemm_last_status(h);
-    auto got = y.download();
+    std::vector<float> got(static_cast<size_t>(s.m) * s.n);
+    if (s.y_f32) {
+      got = yf.download();
+    } else {
+      const auto got_bf = y.download();
+      for (size_t i = 0; i < got.size(); ++i) got[i] = bf2f(got_bf[i]);
+    }
     ErrStats st;
     for (int i = 0; i < s.m; ++i) {
       for (int j = 0; j < s.n; ++j) {
@@ -849,12 +888,18 @@ TEST(CudaGemm, MatchesReference) {
           acc += static_cast<double>(bf2f(x_h[static_cast<size_t>(i) * s.k + kk])) *
                  bf2f(w_h[static_cast<size_t>(j) * s.k + kk]);
         }
-        st.add(bf2f(got[static_cast<size_t>(i) * s.n + j]), acc);
+        st.add(got[static_cast<size_t>(i) * s.n + j], acc);
       }
     }
     EXPECT_EQ(st.non_finite, 0);
-    EXPECT_LE(st.rel(), 1e-2) << s.m << "x" << s.n << "x" << s.k;
+    // f32 output: only the fp32 accumulation differs from the double reference.
+    EXPECT_LE(st.rel(), s.y_f32 ? 1e-5 : 1e-2) << s.m << "x" << s.n << "x" << s.k;
   }
+  DevBuf<uint16_t> x(8), w(64), b(8);
+  DevBuf<float> y(8);
+  EXPECT_EQ(launch_gemm_bf16(h, x.get(), w.get(), b.get(), y.get(), true, 1, 8, 8, nullptr),
+            cudaErrorNotSupported)
+      << "an f32 output takes no bias";
   gemm_destroy(h);
 }
 

@@ -13,11 +13,6 @@
 #include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/silu_mul.h"
 
-#ifdef PAGEDLM_HAS_CUDA
-#include "pagedlm/ops/cuda/check.h"
-#include "pagedlm/ops/cuda/kernels.h"
-#endif
-
 namespace pagedlm {
 namespace {
 
@@ -113,10 +108,15 @@ class LlamaFamilyModel final : public CausalLM {
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
     auto make = [&](Shape shape) { return Tensor::empty(dtype_, std::move(shape), device_); };
+    // The residual stream is f32 on every device: in bf16 it would be rounded at each of a
+    // layer's two adds, the largest avoidable error of bf16 compute.
+    auto make_f32 = [&](Shape shape) {
+      return Tensor::empty(DType::kF32, std::move(shape), device_);
+    };
     Activations& b = buffers_;
     b = Activations{};  // frees the old buffers first
     b.capacity = rows;
-    b.residual = make({rows, D});
+    b.residual = make_f32({rows, D});
     b.hidden = make({rows, D});
     b.q = make({rows, c.num_heads, d});
     b.k = make({rows, c.num_kv_heads, d});
@@ -126,10 +126,8 @@ class LlamaFamilyModel final : public CausalLM {
     b.gate_up = make({rows, 2 * F});
     b.act = make({rows, F});
     b.last = make({rows, D});
-    b.last_residual = make({rows, D});
+    b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
-    // The lm_head writes the compute dtype; the GPU converts its logits to f32 afterwards.
-    if (dtype_ != DType::kF32) b.logits = make({rows, c.vocab_size});
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
@@ -177,17 +175,8 @@ class LlamaFamilyModel final : public CausalLM {
     ops::gather_rows(residual, in.logits_rows, last_residual, stream);
     ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream);
-    if (dtype_ == DType::kF32) {
-      ops::linear(last, lm_head_, Tensor(), logits, stream);
-      return;
-    }
-    Tensor low = buffers_.logits.rows(0, S);
-    ops::linear(last, lm_head_, Tensor(), low, stream);
-#ifdef PAGEDLM_HAS_CUDA
-    cuda::check(cuda::launch_bf16_to_f32(low.raw(), logits.data<float>(), low.numel(),
-                                         static_cast<cudaStream_t>(stream)),
-                "logits to f32");
-#endif
+    // The lm_head writes f32 directly on every device: no rounding of the logits.
+    ops::linear(last, lm_head_, Tensor(), logits, stream);
   }
 
  private:
@@ -195,7 +184,6 @@ class LlamaFamilyModel final : public CausalLM {
     int64_t capacity = 0;                                                // rows
     Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
     Tensor last, last_residual, last_update;                             // [rows, D]
-    Tensor logits;  // [rows, vocab] in the compute dtype; GPU only
   };
 
   ModelConfig config_;

@@ -8,8 +8,9 @@
 
 namespace pagedlm::ops {
 
-// table: [vocab, dim], ids: [n_tokens] i32 (same device), out: [n_tokens, dim] (table's dtype).
-// Throws an Error naming the first id outside [0, vocab) (checked on the CPU only).
+// table: [vocab, dim] (compute dtype), ids: [n_tokens] i32 (same device), out: [n_tokens, dim]
+// f32 on every device: the embedding starts the residual stream, which is kept in f32. Throws an
+// Error naming the first id outside [0, vocab) (checked on the CPU only).
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream = nullptr);
 
 namespace cpu {
@@ -20,8 +21,8 @@ void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tok
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contract as cpu::embedding; table and out hold `dtype` elements. Ids were not checked.
-void embedding(const void* table, const int32_t* ids, void* out, int64_t n_tokens, int64_t vocab,
+// Same contract as cpu::embedding; table holds `dtype` elements. Ids were not checked.
+void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
                int64_t dim, DType dtype, void* stream);
 }  // namespace cuda
 #endif

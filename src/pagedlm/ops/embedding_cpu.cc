@@ -29,7 +29,7 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
   detail::expect(table, kOp, "table", dt, {kAnyDim, kAnyDim});
   detail::expect(ids, kOp, "ids", DType::kI32, {kAnyDim});
   const int64_t vocab = table.dim(0), dim = table.dim(1), n_tokens = ids.dim(0);
-  detail::expect(out, kOp, "out", dt, {n_tokens, dim});
+  detail::expect(out, kOp, "out", DType::kF32, {n_tokens, dim});
   detail::expect_device(ids, table.device(), kOp, "ids");
   detail::expect_device(out, table.device(), kOp, "out");
   if (table.device() == Device::kCpu) {
@@ -38,7 +38,8 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::embedding(table.raw(), ids.data<int32_t>(), out.raw(), n_tokens, vocab, dim, dt, stream);
+  cuda::embedding(table.raw(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab, dim, dt,
+                  stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif

@@ -9,6 +9,7 @@
 namespace pagedlm::ops {
 
 // x: [n_rows, dim], rows: [n_out] i32 (x's device), out: [n_out, dim]; out[i] = x[rows[i]].
+// x and out share a dtype: the compute dtype or f32 (the residual stream).
 // Throws an Error naming the first row index outside [0, n_rows) (checked on the CPU only).
 void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out, void* stream = nullptr);
 

@@ -12,7 +12,8 @@ namespace pagedlm::ops {
 inline constexpr int64_t kLinearRowTile = 16;
 
 // x: [n_tokens, in], weight: [out_features, in] (HF layout), bias: [out_features] or an
-// undefined Tensor, out: [n_tokens, out_features].
+// undefined Tensor, out: [n_tokens, out_features]. All in the compute dtype, except that out may
+// be f32 (then without a bias): the logits, which need no rounding to the compute dtype.
 // Batch invariant: each output row is bitwise the same whatever other rows share the call.
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             void* stream = nullptr);
@@ -25,9 +26,9 @@ void linear(const float* x, const float* weight, const float* bias, float* out, 
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contract as cpu::linear; x, weight, bias and out hold `dtype` elements.
+// Same contract as cpu::linear; x, weight and bias hold `dtype` elements, out `out_dtype` ones.
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
-            int64_t out_features, int64_t in_features, DType dtype, void* stream);
+            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream);
 }  // namespace cuda
 #endif
 

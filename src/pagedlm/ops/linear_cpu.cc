@@ -87,12 +87,15 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
   const int64_t rows = x.dim(0), in_features = x.dim(1);
   detail::expect(weight, kOp, "weight", dt, {kAnyDim, in_features});
   const int64_t out_features = weight.dim(0);
-  detail::expect(out, kOp, "out", dt, {rows, out_features});
+  const DType out_dt = out.dtype() == DType::kF32 ? DType::kF32 : dt;
+  detail::expect(out, kOp, "out", out_dt, {rows, out_features});
   detail::expect_device(weight, x.device(), kOp, "weight");
   detail::expect_device(out, x.device(), kOp, "out");
   // An undefined Tensor (default-constructed, shape []) means "no bias".
   const bool has_bias = bias.defined();
   if (has_bias) {
+    PAGEDLM_CHECK(out_dt == dt, kOp, ": a bias needs out in the compute dtype (", dtype_name(dt),
+                  "), got ", dtype_name(out_dt));
     detail::expect(bias, kOp, "bias", dt, {out_features});
     detail::expect_device(bias, x.device(), kOp, "bias");
   }
@@ -103,7 +106,7 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::linear(x.raw(), weight.raw(), has_bias ? bias.raw() : nullptr, out.raw(), rows,
-               out_features, in_features, dt, stream);
+               out_features, in_features, dt, out_dt, stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif

@@ -8,14 +8,17 @@
 
 namespace pagedlm::ops {
 
-// x: [rows, dim], weight: [dim], out: [rows, dim] (may alias x).
+// x: [rows, dim], weight: [dim], out: [rows, dim] (may alias x); weight and out in the compute
+// dtype, x in the compute dtype or f32 (the residual stream, f32 on every device).
 // out = x / sqrt(mean(x^2) + eps) * weight. For Qwen3's per-head q/k norm the caller reshapes
 // [n_tokens, n_heads * head_dim] to [n_tokens * n_heads, head_dim].
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out,
               void* stream = nullptr);
 
-// residual: [rows, dim] in/out, x: [rows, dim], weight: [dim], out: [rows, dim].
-// residual += x; out = rms_norm(residual). Fused so the residual stream is read once.
+// residual: [rows, dim] f32 in/out, x: [rows, dim], weight: [dim], out: [rows, dim] in the
+// compute dtype. residual += x; out = rms_norm(residual). Fused so the residual stream is read
+// once. The residual is f32 on every device: in bf16 the running sum would be rounded at every
+// add, the largest avoidable error of bf16 compute.
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                   const Tensor& out, void* stream = nullptr);
 
@@ -28,10 +31,11 @@ void add_rms_norm(float* residual, const float* x, const float* weight, float* o
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contracts as the cpu:: functions; every pointer holds `dtype` elements.
-void rms_norm(const void* x, const void* weight, void* out, int64_t rows, int64_t dim, float eps,
-              DType dtype, void* stream);
-void add_rms_norm(void* residual, const void* x, const void* weight, void* out, int64_t rows,
+// Same contracts as the cpu:: functions; weight, out and add_rms_norm's x hold `dtype`
+// elements, rms_norm's x holds `x_dtype` ones (`dtype` or f32).
+void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
+              int64_t dim, float eps, DType dtype, void* stream);
+void add_rms_norm(float* residual, const void* x, const void* weight, void* out, int64_t rows,
                   int64_t dim, float eps, DType dtype, void* stream);
 }  // namespace cuda
 #endif

@@ -41,51 +41,54 @@ void add_rms_norm(float* residual, const float* x, const float* weight, float* o
 
 namespace {
 
-// Validates the tensors both entry points share and returns the compute dtype.
-DType check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& out) {
-  using detail::kAnyDim;
-  const DType dt = detail::compute_dtype(x, op, "x");
-  detail::expect(x, op, "x", dt, {kAnyDim, kAnyDim});
-  detail::expect(weight, op, "weight", dt, {x.dim(1)});
-  detail::expect(out, op, "out", dt, {x.dim(0), x.dim(1)});
+// Checks x: [rows, dim] in x_dtype, weight: [dim] and out: [rows, dim] in dtype, all on x's
+// device.
+void check_norm_args(const char* op, const Tensor& x, DType x_dtype, const Tensor& weight,
+                     const Tensor& out, DType dtype) {
+  detail::expect(x, op, "x", x_dtype, {detail::kAnyDim, detail::kAnyDim});
+  detail::expect(weight, op, "weight", dtype, {x.dim(1)});
+  detail::expect(out, op, "out", dtype, {x.dim(0), x.dim(1)});
   detail::expect_device(weight, x.device(), op, "weight");
   detail::expect_device(out, x.device(), op, "out");
-  return dt;
 }
 
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, void* stream) {
-  const DType dt = check_norm_args("rms_norm", x, weight, out);
+  constexpr const char* kOp = "rms_norm";
+  const DType x_dt = detail::compute_dtype(x, kOp, "x");
+  // An f32 x is the residual stream, normalized into the compute dtype (weight's).
+  const DType dt = x_dt == DType::kF32 ? detail::compute_dtype(weight, kOp, "weight") : x_dt;
+  check_norm_args(kOp, x, x_dt, weight, out, dt);
   if (x.device() == Device::kCpu) {
     cpu::rms_norm(x.data<float>(), weight.data<float>(), out.data<float>(), x.dim(0), x.dim(1),
                   eps);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::rms_norm(x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt, stream);
+  cuda::rms_norm(x.raw(), x_dt, weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt, stream);
 #else
-  (void)dt;
-  detail::fail_no_cuda("rms_norm");
+  detail::fail_no_cuda(kOp);
 #endif
 }
 
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                   const Tensor& out, void* stream) {
-  const DType dt = check_norm_args("add_rms_norm", x, weight, out);
-  detail::expect(residual, "add_rms_norm", "residual", dt, {x.dim(0), x.dim(1)});
-  detail::expect_device(residual, x.device(), "add_rms_norm", "residual");
+  constexpr const char* kOp = "add_rms_norm";
+  const DType dt = detail::compute_dtype(x, kOp, "x");
+  check_norm_args(kOp, x, dt, weight, out, dt);
+  detail::expect(residual, kOp, "residual", DType::kF32, {x.dim(0), x.dim(1)});
+  detail::expect_device(residual, x.device(), kOp, "residual");
   if (x.device() == Device::kCpu) {
     cpu::add_rms_norm(residual.data<float>(), x.data<float>(), weight.data<float>(),
                       out.data<float>(), x.dim(0), x.dim(1), eps);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::add_rms_norm(residual.raw(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt,
-                     stream);
+  cuda::add_rms_norm(residual.data<float>(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1),
+                     eps, dt, stream);
 #else
-  (void)dt;
-  detail::fail_no_cuda("add_rms_norm");
+  detail::fail_no_cuda(kOp);
 #endif
 }
 

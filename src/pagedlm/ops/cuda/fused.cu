@@ -1,7 +1,7 @@
-// Small memory-bound kernels of a decoder layer: embedding gather, RMSNorm (plain, per head,
-// fused with the residual add), rotary embedding fused with the paged K/V cache write,
-// SiLU-and-mul, row gather and the bf16 -> f32 logits conversion. Each reads and writes its
-// bytes once; vectorized where rows are multiples of 8 bf16 (16 bytes).
+// Small memory-bound kernels of a decoder layer: embedding gather (into the fp32 residual
+// stream), RMSNorm (plain, per head, fused with the fp32 residual add), rotary embedding fused
+// with the paged K/V cache write, SiLU-and-mul and row gather. Each reads and writes its bytes
+// once; vectorized where rows are multiples of 16 bytes.
 
 #include <cuda_bf16.h>
 
@@ -14,18 +14,24 @@ namespace {
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
 
-// Copies `dim` bf16 per row, 16 bytes at a time when dim % 8 == 0.
-// table: [vocab, dim], token_ids: [num_tokens], out: [num_tokens, dim]; grid: num_tokens blocks.
-__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, bf16* out, int dim) {
+// Widens one bf16 row to f32, 8 values (16 bytes in, 32 out) at a time when dim % 8 == 0.
+// table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] f32;
+// grid: num_tokens blocks.
+__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, float* out, int dim) {
   const int t = blockIdx.x;
   const bf16* src = table + static_cast<size_t>(token_ids[t]) * dim;
-  bf16* dst = out + static_cast<size_t>(t) * dim;
+  float* dst = out + static_cast<size_t>(t) * dim;
   if (dim % 8 == 0) {
     for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+      const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+      const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+      const float2 c = __bfloat1622float2(pairs[2]), d = __bfloat1622float2(pairs[3]);
+      reinterpret_cast<float4*>(dst)[2 * i] = make_float4(a.x, a.y, b.x, b.y);
+      reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(c.x, c.y, d.x, d.y);
     }
   } else {
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
   }
 }
 
@@ -53,25 +59,28 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* wei
   }
 }
 
-// One block per row. residual: [rows, dim] in/out, x: [rows, dim], out: [rows, dim]
-__global__ void add_rms_norm_kernel(bf16* residual, const bf16* x, const bf16* weight, bf16* out,
+// One block per row. residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 or null (nothing is
+// added and the residual is not written: the plain norm of an f32 row), weight: [dim] bf16,
+// out: [rows, dim] bf16
+__global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* weight, bf16* out,
                                     int dim, float eps) {
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
-  bf16* res = residual + base;
-  const bf16* xr = x + base;
+  float* res = residual + base;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const bf16 sum = __float2bfloat16(__bfloat162float(res[i]) + __bfloat162float(xr[i]));
-    res[i] = sum;
-    const float v = __bfloat162float(sum);
+    float v = res[i];
+    if (x != nullptr) {
+      v += __bfloat162float(x[base + i]);
+      res[i] = v;
+    }
     ss += v * v;
   }
   ss = detail::block_sum(ss, scratch);
   const float inv = rsqrtf(ss / dim + eps);
   // Each thread re-reads only the elements it wrote itself, so no barrier is needed.
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    out[base + i] = __float2bfloat16(__bfloat162float(res[i]) * inv * __bfloat162float(weight[i]));
+    out[base + i] = __float2bfloat16(res[i] * inv * __bfloat162float(weight[i]));
   }
 }
 
@@ -127,32 +136,22 @@ __global__ void silu_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
   out[r * dim + i] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
 }
 
-// in: [*, dim], rows: [num_rows], out: [num_rows, dim]; grid: num_rows blocks
-__global__ void gather_rows_kernel(const bf16* in, const int32_t* rows, bf16* out, int dim) {
-  const bf16* src = in + static_cast<size_t>(rows[blockIdx.x]) * dim;
-  bf16* dst = out + static_cast<size_t>(blockIdx.x) * dim;
-  if (dim % 8 == 0) {
-    for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    }
-  } else {
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
-  }
-}
-
-// in: [n] bf16, out: [n] f32
-__global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __bfloat162float(in[i]);
+// Copies rows of `words` Word-sized units: Word = uint4 when rows are multiples of 16 bytes,
+// else uint16_t. in: [*, words], rows: [num_rows], out: [num_rows, words]; grid: num_rows blocks
+template <typename Word>
+__global__ void gather_rows_kernel(const Word* in, const int32_t* rows, Word* out, int64_t words) {
+  const Word* src = in + static_cast<size_t>(rows[blockIdx.x]) * words;
+  Word* dst = out + static_cast<size_t>(blockIdx.x) * words;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
 }
 
 }  // namespace
 
-cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out, int num_tokens,
-                             int dim, cudaStream_t stream) {
+cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
+                             int num_tokens, int dim, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
-  embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids,
-                                                   static_cast<bf16*>(out), dim);
+  embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids, out,
+                                                   dim);
   return cudaGetLastError();
 }
 
@@ -167,12 +166,22 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
   return cudaGetLastError();
 }
 
-cudaError_t launch_add_rms_norm(void* residual, const void* x, const void* weight, void* out,
+cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
+                                float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  // With no x to add the kernel only reads the residual, so dropping const is safe.
+  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(const_cast<float*>(x), nullptr,
+                                                static_cast<const bf16*>(weight),
+                                                static_cast<bf16*>(out), dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(
-      static_cast<bf16*>(residual), static_cast<const bf16*>(x), static_cast<const bf16*>(weight),
-      static_cast<bf16*>(out), dim, eps);
+  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(residual, static_cast<const bf16*>(x),
+                                                static_cast<const bf16*>(weight),
+                                                static_cast<bf16*>(out), dim, eps);
   return cudaGetLastError();
 }
 
@@ -200,16 +209,16 @@ cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim,
 }
 
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
-                               int dim, cudaStream_t stream) {
+                               int64_t row_bytes, cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
-  gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const bf16*>(in), rows,
-                                                   static_cast<bf16*>(out), dim);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_bf16_to_f32(const void* in, float* out, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  bf16_to_f32_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<const bf16*>(in), out, n);
+  if (row_bytes % 2 != 0) return cudaErrorInvalidValue;
+  if (row_bytes % 16 == 0) {
+    gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const uint4*>(in), rows,
+                                                     static_cast<uint4*>(out), row_bytes / 16);
+  } else {
+    gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const uint16_t*>(in), rows,
+                                                     static_cast<uint16_t*>(out), row_bytes / 2);
+  }
   return cudaGetLastError();
 }
 

@@ -23,8 +23,9 @@ struct GemmHandle {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // Keyed by (m, n, k, has_bias): descriptors and the heuristic's algorithm are built once.
-  std::map<std::tuple<int, int, int, bool>, Plan> plans;
+  // Keyed by (m, n, k, has_bias, y_f32): descriptors and the heuristic's algorithm are built
+  // once.
+  std::map<std::tuple<int, int, int, bool, bool>, Plan> plans;
 };
 
 namespace {
@@ -48,7 +49,8 @@ void destroy_plan(GemmHandle::Plan& p) {
   p = GemmHandle::Plan{};
 }
 
-cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, GemmHandle::Plan* out) {
+cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_f32,
+                      GemmHandle::Plan* out) {
   GemmHandle::Plan p;
   auto cleanup_fail = [&](cublasStatus_t st) {
     destroy_plan(p);
@@ -71,12 +73,12 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, GemmHan
     if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   }
   // A = W: column-major [K, N] (ld K), used transposed; B = x: column-major [K, M];
-  // C = y: column-major [N, M].
+  // C = y: column-major [N, M], bf16 or f32.
   st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
-  st = cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, n, m, n);
+  st = cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -130,14 +132,15 @@ void gemm_destroy(GemmHandle* handle) {
 int gemm_last_status(const GemmHandle* handle) { return handle ? handle->last_status : 0; }
 
 cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const void* bias, void* y,
-                             int m, int n, int k, cudaStream_t stream) {
+                             bool y_f32, int m, int n, int k, cudaStream_t stream) {
   if (h == nullptr || m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
+  if (y_f32 && bias != nullptr) return cudaErrorNotSupported;
   if (m == 0) return cudaSuccess;
-  const auto key = std::make_tuple(m, n, k, bias != nullptr);
+  const auto key = std::make_tuple(m, n, k, bias != nullptr, y_f32);
   auto it = h->plans.find(key);
   if (it == h->plans.end()) {
     GemmHandle::Plan plan;
-    const cudaError_t err = make_plan(h, m, n, k, bias != nullptr, &plan);
+    const cudaError_t err = make_plan(h, m, n, k, bias != nullptr, y_f32, &plan);
     if (err != cudaSuccess) return err;
     it = h->plans.emplace(key, plan).first;
   }

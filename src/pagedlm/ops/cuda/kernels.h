@@ -1,4 +1,5 @@
-// Raw CUDA kernels of pagedlm: bf16 storage, fp32 accumulation. Every launcher takes device
+// Raw CUDA kernels of pagedlm: bf16 storage, fp32 accumulation, and an fp32 residual stream
+// (bf16 there would round the running sum at every layer's two adds). Every launcher takes device
 // pointers, sizes and a stream, enqueues its work and returns the launch error (never
 // synchronizes, never allocates), so all of them can be captured in a CUDA graph.
 // This header includes no engine header on purpose: the ops layer wraps these launchers.
@@ -68,9 +69,10 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv
 // Small fused kernels.
 // ---------------------------------------------------------------------------------------------
 
-// table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] bf16.
-cudaError_t launch_embedding(const void* table, const int32_t* token_ids, void* out, int num_tokens,
-                             int dim, cudaStream_t stream);
+// table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] f32 (the residual
+// stream starts at the embedding).
+cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
+                             int num_tokens, int dim, cudaStream_t stream);
 
 // RMSNorm over rows (t, h): x row at x + t * x_token_stride + h * dim (elements), same for out
 // with out_token_stride (out may alias x). Plain norm: num_heads = 1, strides = dim. Qwen3's
@@ -80,10 +82,15 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
                             int64_t out_token_stride, int num_tokens, int num_heads, int dim,
                             float eps, cudaStream_t stream);
 
-// residual: [rows, dim] bf16 in/out, x: [rows, dim], weight: [dim], out: [rows, dim].
-// residual = bf16(residual + x); out = rms_norm(residual) * weight, computed from the rounded
-// residual so it matches a CPU path that stores the residual stream in bf16.
-cudaError_t launch_add_rms_norm(void* residual, const void* x, const void* weight, void* out,
+// x: [rows, dim] f32 (the residual stream), weight: [dim] bf16, out: [rows, dim] bf16.
+// out = x * rsqrt(mean(x^2) + eps) * weight: the first layer's input norm.
+cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
+                                float eps, cudaStream_t stream);
+
+// residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 (a sublayer's output), weight: [dim]
+// bf16, out: [rows, dim] bf16 (the next GEMM's input).
+// residual += x in fp32; out = rms_norm(residual) * weight.
+cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, cudaStream_t stream);
 
 // Rotary embedding (NEOX rotate_half: pair i with i + d/2, angle = float(pos) * inv_freq[i] in
@@ -102,12 +109,11 @@ cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64
 // gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] = silu(gate) * up.
 cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream);
 
-// in: [*, dim] bf16, rows: [num_rows], out: [num_rows, dim] = in[rows[i]].
+// in: [*, row_bytes], rows: [num_rows], out: [num_rows, row_bytes] = in[rows[i]]. Rows are
+// copied as bytes, so one kernel serves the bf16 activations and the f32 residual stream;
+// row_bytes must be even (any 2- or 4-byte dtype).
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
-                               int dim, cudaStream_t stream);
-
-// in: [n] bf16 -> out: [n] f32.
-cudaError_t launch_bf16_to_f32(const void* in, float* out, int64_t n, cudaStream_t stream);
+                               int64_t row_bytes, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Sampling, one row of logits per request.
@@ -133,17 +139,18 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
 double sampling_uniform(uint64_t seed, int64_t step);
 
 // ---------------------------------------------------------------------------------------------
-// GEMM through cuBLASLt: y[M, N] = x[M, K] . W[N, K]^T (+ bias[N]); bf16 in/out, fp32
-// accumulation. A handle owns the cuBLASLt context, a fixed workspace and a per-shape cache of
+// GEMM through cuBLASLt: y[M, N] = x[M, K] . W[N, K]^T (+ bias[N]); bf16 in, bf16 or f32 out,
+// fp32 accumulation. A handle owns the cuBLASLt context, a fixed workspace and a per-shape cache of
 // algorithms, so calls allocate nothing (capturable once a shape has been seen). A handle is
 // not thread safe.
 // ---------------------------------------------------------------------------------------------
 struct GemmHandle;
 cudaError_t gemm_create(GemmHandle** handle, size_t workspace_bytes);
 void gemm_destroy(GemmHandle* handle);
-// bias may be null.
+// bias may be null. y_f32: y holds f32 (the logits, which need no bf16 rounding), else bf16;
+// an f32 y takes no bias (cudaErrorNotSupported).
 cudaError_t launch_gemm_bf16(GemmHandle* handle, const void* x, const void* w, const void* bias,
-                             void* y, int m, int n, int k, cudaStream_t stream);
+                             void* y, bool y_f32, int m, int n, int k, cudaStream_t stream);
 // The cuBLAS status of the handle's last failed call (0 when none), for error messages.
 int gemm_last_status(const GemmHandle* handle);
 

@@ -1,5 +1,7 @@
 // The ops:: CUDA entry points (declared under PAGEDLM_HAS_CUDA in each ops/*.h) on top of the raw
-// launchers of kernels.h. The launchers are bf16 only, so every entry point requires bf16.
+// launchers of kernels.h. The launchers compute in bf16, so every entry point requires bf16;
+// the f32 residual stream (embedding out, norm inputs, gathered rows) and the f32 logits are the
+// exceptions.
 // Ops run on the stream they are given; the model passes the engine's stream so that a decode
 // step can be captured as a CUDA graph.
 
@@ -66,7 +68,7 @@ __global__ void write_kv_kernel(const __nv_bfloat16* k, const __nv_bfloat16* v,
 
 }  // namespace
 
-void embedding(const void* table, const int32_t* ids, void* out, int64_t n_tokens, int64_t vocab,
+void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
                int64_t dim, DType dtype, void* stream) {
   require_bf16(dtype, "embedding");
   raw::check(raw::launch_embedding(table, ids, out, static_cast<int>(n_tokens),
@@ -76,33 +78,42 @@ void embedding(const void* table, const int32_t* ids, void* out, int64_t n_token
 
 void gather_rows(const void* x, const int32_t* rows, void* out, int64_t n_rows, int64_t n_out,
                  int64_t dim, DType dtype, void* stream) {
-  require_bf16(dtype, "gather_rows");
-  raw::check(raw::launch_gather_rows(x, rows, out, static_cast<int>(n_out), static_cast<int>(dim),
-                                     as_stream(stream)),
-             "gather_rows");
+  raw::check(
+      raw::launch_gather_rows(x, rows, out, static_cast<int>(n_out),
+                              dim * static_cast<int64_t>(dtype_size(dtype)), as_stream(stream)),
+      "gather_rows");
 }
 
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
-            int64_t out_features, int64_t in_features, DType dtype, void* stream) {
+            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream) {
   require_bf16(dtype, "linear");
+  if (out_dtype != DType::kF32) require_bf16(out_dtype, "linear out");
   raw::GemmHandle* h = gemm_handle();
-  const cudaError_t err = raw::launch_gemm_bf16(h, x, weight, bias, out, static_cast<int>(rows),
-                                                static_cast<int>(out_features),
-                                                static_cast<int>(in_features), as_stream(stream));
+  const cudaError_t err = raw::launch_gemm_bf16(
+      h, x, weight, bias, out, out_dtype == DType::kF32, static_cast<int>(rows),
+      static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
   PAGEDLM_CHECK(err == cudaSuccess, "linear [", rows, ", ", in_features, "] x [", out_features,
                 ", ", in_features, "]^T: ", cudaGetErrorString(err), " (cuBLAS status ",
                 raw::gemm_last_status(h), ")");
 }
 
-void rms_norm(const void* x, const void* weight, void* out, int64_t rows, int64_t dim, float eps,
-              DType dtype, void* stream) {
+void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
+              int64_t dim, float eps, DType dtype, void* stream) {
   require_bf16(dtype, "rms_norm");
+  if (x_dtype == DType::kF32) {
+    raw::check(
+        raw::launch_rms_norm_f32(static_cast<const float*>(x), weight, out, static_cast<int>(rows),
+                                 static_cast<int>(dim), eps, as_stream(stream)),
+        "rms_norm");
+    return;
+  }
+  require_bf16(x_dtype, "rms_norm x");
   raw::check(raw::launch_rms_norm(x, dim, weight, out, dim, static_cast<int>(rows), 1,
                                   static_cast<int>(dim), eps, as_stream(stream)),
              "rms_norm");
 }
 
-void add_rms_norm(void* residual, const void* x, const void* weight, void* out, int64_t rows,
+void add_rms_norm(float* residual, const void* x, const void* weight, void* out, int64_t rows,
                   int64_t dim, float eps, DType dtype, void* stream) {
   require_bf16(dtype, "add_rms_norm");
   raw::check(raw::launch_add_rms_norm(residual, x, weight, out, static_cast<int>(rows),
