@@ -12,6 +12,7 @@
 
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/checkpoint.h"
+#include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {
@@ -186,18 +187,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
   return n;
 });
 
-std::string smollm2_path() {
-  const char* cache = std::getenv("PAGEDLM_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir = cache ? cache : std::string(home ? home : ".") + "/.cache/pagedlm";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
 // The real model: greedy tokens of the GPU (bf16) and the CPU (f32) agree while the CPU's top-2
 // logit gap is wide enough for bf16 rounding not to flip it.
 TEST(CudaSmolLM2, GreedyTokensMatchCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string path = smollm2_path();
+  const std::string path = default_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing";
   const Checkpoint checkpoint = load_checkpoint(path);
   const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365};
