@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+scripts/check_format.sh
 scripts/fetch_model.sh >/dev/null
 PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
