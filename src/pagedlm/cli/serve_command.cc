@@ -10,17 +10,20 @@
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/text_model.h"
+#include "pagedlm/io/dummy_checkpoint.h"
 #include "pagedlm/server/http_server.h"
 
 namespace pagedlm::cli {
 
 namespace {
 
-// The file or folder name, without a .gguf suffix: what clients call the model by default.
+// The file or folder name, without a .gguf (or a dummy's .json) suffix: what clients call the
+// model by default.
 std::string model_name_from_path(const std::string& path) {
   std::filesystem::path p(path);
   if (p.filename().empty()) p = p.parent_path();  // "dir/" names the folder
-  return p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+  const bool strip = p.extension() == ".gguf" || p.extension() == ".json";
+  return strip ? p.stem().string() : p.filename().string();
 }
 
 std::atomic<bool> g_stop_requested{false};
@@ -33,13 +36,17 @@ void request_stop(int) { g_stop_requested = true; }
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the OpenAI API (completions, chat) over HTTP");
   struct Args {
-    std::string model;
+    std::string model, dummy;
     server::ServerOptions server;
     EngineFlags flags;
   };
   auto args = std::make_shared<Args>();
   server::ServerOptions& s = args->server;
   cmd->add_option("--model", args->model, "HF folder or .gguf file (default: SmolLM2 GGUF)");
+  cmd->add_option("--dummy", args->dummy,
+                  "config.json: serve random weights of that shape, without a tokenizer (for "
+                  "benchmarks: prompts must be token ids)")
+      ->excludes(cmd->get_option("--model"));
   cmd->add_option("--host", s.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", s.port, "port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", s.api_keys,
@@ -58,11 +65,13 @@ void register_serve(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
-    const std::string path = resolve_model_path(args->model);
+    const bool dummy = !args->dummy.empty();
+    const std::string path = dummy ? args->dummy : resolve_model_path(args->model);
     if (args->server.served_model_name.empty()) {
       args->server.served_model_name = model_name_from_path(path);
     }
-    const TextModel model = load_text_model(path, progress_bar());
+    const TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
+                                  : load_text_model(path, progress_bar());
     Engine engine(model.checkpoint, args->flags.resolve());
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();

@@ -69,14 +69,17 @@ struct LogprobEntry {
   std::vector<std::pair<int32_t, float>> top;
 };
 
-// The output of one choice as it arrives: decoded incrementally, cut at stop strings.
+// The output of one choice as it arrives: decoded incrementally, cut at stop strings. A model
+// without a tokenizer (random weights, for benchmarks) reports token ids instead of text.
 struct ChoiceState {
-  ChoiceState(const Tokenizer& tokenizer, std::vector<std::string> stop)
-      : decoder(tokenizer, /*skip_special_tokens=*/true), stop(std::move(stop)) {}
-  StreamDecoder decoder;
+  ChoiceState(const Tokenizer* tokenizer, std::vector<std::string> stop) : stop(std::move(stop)) {
+    if (tokenizer != nullptr) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  }
+  std::optional<StreamDecoder> decoder;
   StopStringMatcher stop;
   std::string text;                    // everything emitted so far
   std::string delta;                   // emitted since the last flush
+  std::vector<int32_t> token_ids;      // without a decoder: since the last flush (or all)
   std::vector<LogprobEntry> logprobs;  // since the last flush
   int32_t completion_tokens = 0;
   int32_t num_cached_tokens = 0;
@@ -100,7 +103,7 @@ class Generation {
         created_(unix_time()),
         channel_(std::make_shared<OutputChannel>()) {
     for (size_t i = 0; i < request_.prompts.size() * request_.n; ++i) {
-      choices_.emplace_back(*model.tokenizer, request_.stop);
+      choices_.emplace_back(model.tokenizer, request_.stop);
     }
   }
 
@@ -164,6 +167,7 @@ class Generation {
       } else {
         choice["text"] = c.text;
       }
+      if (!c.decoder) choice["token_ids"] = c.token_ids;
       choice["logprobs"] = take_logprobs(c, 0);
       choice["finish_reason"] = *c.finish_reason;
       choices.push_back(std::move(choice));
@@ -184,12 +188,15 @@ class Generation {
       if (first && request_.chat) {
         out += sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, json(nullptr), nullptr));
       }
-      if (!c.delta.empty() || !c.logprobs.empty()) {
+      if (!c.delta.empty() || !c.logprobs.empty() || !c.token_ids.empty()) {
         const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
         json lp = take_logprobs(c, offset);
         json delta = request_.chat ? json{{"content", c.delta}} : json(c.delta);
-        out += sse(chunk(i, std::move(delta), std::move(lp), nullptr));
+        json event = chunk(i, std::move(delta), std::move(lp), nullptr);
+        if (!c.decoder) event["choices"][0]["token_ids"] = std::move(c.token_ids);
+        out += sse(event);
         c.delta.clear();
+        c.token_ids.clear();
       }
       if (!c.error.empty() && !c.finish_sent) {
         out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
@@ -228,18 +235,25 @@ class Generation {
     }
     if (e.token >= 0) {
       ++c.completion_tokens;
-      emit(c, c.stop.push(c.decoder.push(e.token)));
-      if (request_.top_logprobs >= 0) c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
-      if (c.stop.stopped()) {
-        c.finish_reason = "stop";
-        channel_->cancel(e.choice);
-        loop_.wake();
-        return;
+      if (!c.decoder) {
+        // Without a tokenizer the parser refused stop strings and logprobs.
+        c.token_ids.push_back(e.token);
+      } else {
+        emit(c, c.stop.push(c.decoder->push(e.token)));
+        if (request_.top_logprobs >= 0) {
+          c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
+        }
+        if (c.stop.stopped()) {
+          c.finish_reason = "stop";
+          channel_->cancel(e.choice);
+          loop_.wake();
+          return;
+        }
       }
     }
     if (e.finished) {
       c.num_cached_tokens = e.num_cached_tokens;
-      emit(c, c.stop.push(c.decoder.finish()));
+      if (c.decoder) emit(c, c.stop.push(c.decoder->finish()));
       emit(c, c.stop.finish());
       c.finish_reason = e.reason == FinishReason::kLength ? "length" : "stop";
     }
@@ -347,7 +361,6 @@ class Generation {
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
       : options(std::move(options)), loop(engine, this->options.max_waiting) {
-    PAGEDLM_CHECK(model.tokenizer != nullptr, "the server needs the model's tokenizer");
     info.name = this->options.served_model_name;
     info.tokenizer = model.tokenizer.get();
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;

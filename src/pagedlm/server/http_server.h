@@ -27,7 +27,7 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // Throws pagedlm::Error when the model has no tokenizer.
+  // A model without a tokenizer (random weights) serves token-id prompts only.
   HttpServer(const TextModel& model, Engine& engine, ServerOptions options);
   ~HttpServer();
 

@@ -73,7 +73,9 @@ std::vector<int32_t> token_list(const json& v, const ModelInfo& model, const cha
 std::vector<std::vector<int32_t>> parse_prompts(const json& body, const ModelInfo& model) {
   const json* p = field(body, "prompt");
   if (p == nullptr) bad("prompt", "'prompt' is required");
-  auto encode = [&](const json& s) { return model.tokenizer->encode(s.get<std::string>()); };
+  auto encode = [&](const json& s) {
+    return require_tokenizer(model, "prompt").encode(s.get<std::string>());
+  };
   std::vector<std::vector<int32_t>> prompts;
   if (p->is_string()) {
     prompts.push_back(encode(*p));
@@ -158,6 +160,15 @@ void reject_unsupported(const json& body, bool chat) {
 
 }  // namespace
 
+const Tokenizer& require_tokenizer(const ModelInfo& model, const char* param) {
+  if (model.tokenizer == nullptr) {
+    bad(param,
+        "this server has no tokenizer (random weights): give prompts as token ids, "
+        "without stop strings or logprobs");
+  }
+  return *model.tokenizer;
+}
+
 ApiError::ApiError(int status, std::string message, std::string param, std::string type)
     : std::runtime_error(std::move(message)),
       status_(status),
@@ -232,6 +243,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
       bad("stop", "'stop' must be a string or a list of at most 16 strings");
     }
   }
+  // Stop strings match decoded text, and logprobs name tokens by their text.
+  if (!r.stop.empty()) require_tokenizer(model, "stop");
 
   if (chat) {
     if (get_bool(body, "logprobs", false)) {
@@ -249,6 +262,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
     }
     r.top_logprobs = static_cast<int32_t>(*top);
   }
+  if (r.top_logprobs >= 0) require_tokenizer(model, "logprobs");
 
   r.cache_salt = get_string(body, "cache_salt");
 
@@ -259,8 +273,8 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   }
 
   if (chat) {
-    r.prompts.push_back(model.tokenizer->encode(render_chat(body, model),
-                                                /*add_special_tokens=*/false));
+    r.prompts.push_back(require_tokenizer(model, "messages")
+                            .encode(render_chat(body, model), /*add_special_tokens=*/false));
   } else {
     r.prompts = parse_prompts(body, model);
   }
@@ -290,14 +304,14 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
 std::vector<int32_t> parse_tokenize_request(const json& body, const ModelInfo& model) {
   if (!body.is_object()) bad("", "the request body must be a JSON object");
   if (field(body, "messages") != nullptr) {
-    return model.tokenizer->encode(render_chat(body, model),
-                                   get_bool(body, "add_special_tokens", false));
+    return require_tokenizer(model, "messages")
+        .encode(render_chat(body, model), get_bool(body, "add_special_tokens", false));
   }
   if (field(body, "prompt") == nullptr || !body["prompt"].is_string()) {
     bad("prompt", "'prompt' must be a string (or give 'messages')");
   }
-  return model.tokenizer->encode(body["prompt"].get<std::string>(),
-                                 get_bool(body, "add_special_tokens", true));
+  return require_tokenizer(model, "prompt")
+      .encode(body["prompt"].get<std::string>(), get_bool(body, "add_special_tokens", true));
 }
 
 std::vector<int32_t> parse_detokenize_request(const json& body, const ModelInfo& model) {
@@ -305,6 +319,7 @@ std::vector<int32_t> parse_detokenize_request(const json& body, const ModelInfo&
   const json* tokens = field(body, "tokens");
   if (tokens == nullptr || !tokens->is_array())
     bad("tokens", "'tokens' must be a list of token ids");
+  require_tokenizer(model, "tokens");  // the caller decodes the ids
   return token_list(*tokens, model, "tokens");
 }
 

@@ -38,7 +38,7 @@ nlohmann::ordered_json error_body(const std::string& message, const std::string&
 // What the parsers need to know about the served model.
 struct ModelInfo {
   std::string name;
-  const Tokenizer* tokenizer = nullptr;
+  const Tokenizer* tokenizer = nullptr;         // null (random weights): only token-id prompts work
   const ChatTemplate* chat_template = nullptr;  // null: chat is refused
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
@@ -62,6 +62,9 @@ struct CompletionRequest {
   std::string cache_salt;
   std::string model;
 };
+
+// The model's tokenizer; throws ApiError 400 naming `param` when the model has none.
+const Tokenizer& require_tokenizer(const ModelInfo& model, const char* param);
 
 // Throws ApiError (400 for bad values and types, 404 for an unknown model).
 CompletionRequest parse_completion_request(const nlohmann::ordered_json& body, bool chat,
