@@ -1,0 +1,70 @@
+// Reading the golden fixtures (testdata/fixtures/*: tiny HF checkpoints with float64 reference
+// logits and greedy continuations), shared by the CPU and GPU model tests.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/safetensors.h"
+#include "pagedlm/sched/request.h"
+
+namespace pagedlm::testing {
+
+inline constexpr int kNumCases = 6;
+
+inline const char* const kFixtures[] = {"llama-gqa", "llama3-rope", "qwen2-bias", "qwen3-qknorm",
+                                        "mistral"};
+
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;
+}
+
+struct Expected {
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<std::vector<float>> margins;  // reference top-1 minus top-2 logit per greedy step
+  std::vector<Tensor> logits;               // [prompt_len, vocab] each
+};
+
+inline std::vector<int32_t> to_ids(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+inline Expected load_expected(const std::string& name) {
+  SafetensorsFile f = SafetensorsFile::open(fixture_dir(name) + "/expected.safetensors");
+  Expected e;
+  for (int i = 0; i < kNumCases; ++i) {
+    const std::string p = "case" + std::to_string(i) + ".";
+    e.prompts.push_back(to_ids(f.tensors().at(p + "prompt")));
+    e.greedy.push_back(to_ids(f.tensors().at(p + "greedy")));
+    const Tensor& m = f.tensors().at(p + "greedy_margin");
+    e.margins.emplace_back(m.data<float>(), m.data<float>() + m.numel());
+    e.logits.push_back(f.tensors().at(p + "logits").to_f32());
+  }
+  return e;
+}
+
+// ||out - ref|| / ||ref|| over rows [first_row, ref rows) of both.
+inline double relative_error(const Tensor& out, const Tensor& ref, int64_t first_row = 0) {
+  const int64_t cols = ref.dim(1);
+  double diff = 0, norm = 0;
+  for (int64_t i = first_row * cols; i < ref.numel(); ++i) {
+    const double r = ref.data<float>()[i], o = out.data<float>()[i];
+    diff += (o - r) * (o - r);
+    norm += r * r;
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Every position's logits, computed (no prefix-cache hit), no generated token.
+inline Request logits_request(const std::vector<int32_t>& prompt) {
+  Request r;
+  r.prompt = prompt;
+  r.sampling.max_tokens = 0;
+  r.want_prompt_logits = true;
+  r.use_prefix_cache = false;
+  return r;
+}
+
+}  // namespace pagedlm::testing
