@@ -6,6 +6,7 @@ import http.client
 import json
 import random
 import threading
+import time
 
 from server_harness import (Server, metrics, parse_args, post_json, run_checks, sse_events,
                             wait_idle)
@@ -113,10 +114,41 @@ def main():
             assert status == 200
             assert body["choices"][0]["message"]["content"] == expected[QUESTIONS[0]][0]
 
+        def check_non_streaming_disconnects_cancel():
+            before = wait_idle(server)
+            leavers = 4
+
+            def client(i):
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+                body = chat_body(QUESTIONS[i % len(QUESTIONS)] + f" (leaver {i})", 2000, False)
+                body["ignore_eos"] = True  # it would run far longer than the client waits
+                conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+                time.sleep(1.5)
+                conn.sock.close()
+                conn.close()
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(leavers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            idle = wait_idle(server, timeout=60)
+            cancelled = (idle["pagedlm_requests_cancelled_total"] -
+                         before["pagedlm_requests_cancelled_total"])
+            assert cancelled == leavers, (cancelled, idle)
+            assert idle["pagedlm_kv_pages_used"] == 0, idle
+            # A long non-streaming answer still arrives whole after the whitespace keep-alives.
+            status, body = post_json(server, "/v1/chat/completions",
+                                     {**chat_body(QUESTIONS[0], 48, False), "ignore_eos": True})
+            assert status == 200, body
+            assert body["usage"]["completion_tokens"] == 48, body
+
         run_checks([
             (f"{NUM_CLIENTS} concurrent streaming clients, prefix-cache hits",
              check_concurrent_streams),
             ("random disconnects leak no pages", check_disconnects_free_pages),
+            ("non-streaming clients that leave are cancelled", check_non_streaming_disconnects_cancel),
         ])
 
 

@@ -418,12 +418,39 @@ void HttpServer::Impl::completions(const httplib::Request& req, httplib::Respons
     return;
   }
   if (!stream) {
-    while (!gen->done()) gen->wait(kHeartbeat);
-    if (auto [status, message] = gen->error(); status != 0) {
-      send_error(res, status, message, error_type(status));
+    // Most requests finish within a heartbeat and get a plain response with its real status.
+    const auto deadline = std::chrono::steady_clock::now() + kHeartbeat;
+    while (!gen->done() && std::chrono::steady_clock::now() < deadline) gen->wait(kHeartbeat / 4);
+    if (gen->done()) {
+      if (auto [status, message] = gen->error(); status != 0) {
+        send_error(res, status, message, error_type(status));
+        return;
+      }
+      send_json(res, 200, gen->response());
       return;
     }
-    send_json(res, 200, gen->response());
+    // Longer ones send a space (leading whitespace is valid JSON) each heartbeat before the
+    // body: a failed write is the only way to notice that the client left, and then the
+    // request is cancelled and its pages freed, as for a stream.
+    res.set_chunked_content_provider(
+        "application/json",
+        [gen, last_write = std::chrono::steady_clock::now()](size_t,
+                                                             httplib::DataSink& sink) mutable {
+          if (!gen->done()) {
+            gen->wait(kHeartbeat / 4);
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_write < kHeartbeat) return true;
+            last_write = now;
+            return sink.write(" ", 1);
+          }
+          const auto [status, message] = gen->error();
+          const std::string body = dump(
+              status != 0 ? error_body(message, error_type(status), "", status) : gen->response());
+          if (!sink.write(body.data(), body.size())) return false;
+          sink.done();
+          return true;
+        },
+        [gen](bool) { gen->cancel(); });
     return;
   }
   res.set_header("Cache-Control", "no-cache");
