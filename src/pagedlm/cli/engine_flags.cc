@@ -10,8 +10,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--page-size", o.page_size, "tokens per KV page (a power of two)")
       ->capture_default_str();
   app.add_option("--num-pages", o.num_pages, "KV pages (default: sized from memory)");
-  app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "token budget per step")
-      ->capture_default_str();
+  app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
+                 "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
   app.add_option("--max-num-seqs", o.max_num_seqs, "most sequences running at once")
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");

@@ -47,9 +47,10 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   set_num_threads(options_.threads);
   PAGEDLM_CHECK(options_.page_size >= 1 && (options_.page_size & (options_.page_size - 1)) == 0,
                 "page size must be a power of two, got ", options_.page_size);
+  const bool on_gpu = options_.device == Device::kCuda;
+  if (options_.max_num_batched_tokens == 0) options_.max_num_batched_tokens = on_gpu ? 16384 : 2048;
   PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
   PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
-  const bool on_gpu = options_.device == Device::kCuda;
   if (on_gpu) {
     PAGEDLM_CHECK(cuda_device_available(), "the CUDA device was asked for but ",
                   "this build has no CUDA support or the machine has no GPU");
