@@ -107,6 +107,15 @@ TEST_F(CliTest, LogitsCommandMatchesTheGoldenReference) {
   }
 }
 
+TEST_F(CliTest, InspectShowsConfigAndTensors) {
+  const RunResult r = run("inspect --tensors --model " + kFixture);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"Qwen2ForCausalLM", "q/k/v bias yes", "heads / kv heads  4 / 2",
+                             "model.layers.1.self_attn.k_proj.bias", "bf16  [128]"}) {
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  }
+}
+
 TEST_F(CliTest, GenerateTokensRunsAndReportsFinish) {
   const RunResult r = run("generate --model " + kFixture + " --tokens \"5 6 7\" --max-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -22,6 +22,7 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags);
 void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_inspect(CLI::App& app);
 void register_serve(CLI::App& app);
 
 }  // namespace pagedlm::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   pagedlm::cli::register_generate(app);
   pagedlm::cli::register_logits(app);
   pagedlm::cli::register_bench(app);
+  pagedlm::cli::register_inspect(app);
   pagedlm::cli::register_serve(app);
   try {
     app.parse(argc, argv);

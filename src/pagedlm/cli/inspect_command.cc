@@ -1,0 +1,75 @@
+// pagedlm inspect: what a model file holds, as the engine reads it (config, tensors, tokenizer).
+#include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/model_path.h"
+#include "pagedlm/engine/text_model.h"
+
+namespace pagedlm::cli {
+
+namespace {
+
+const char* rope_scaling_name(RopeScaling s) {
+  switch (s) {
+    case RopeScaling::kLlama3:
+      return "llama3";
+    case RopeScaling::kLinear:
+      return "linear";
+    case RopeScaling::kNone:
+      break;
+  }
+  return "none";
+}
+
+void print_model(const TextModel& model, bool list_tensors) {
+  const ModelConfig& c = model.checkpoint.config;
+  std::printf("architecture      %s (%s)\n", c.architecture.c_str(), c.model_type.c_str());
+  std::printf("layers            %lld\n", static_cast<long long>(c.num_layers));
+  std::printf("hidden / ffn      %lld / %lld\n", static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.intermediate_size));
+  std::printf("heads / kv heads  %lld / %lld, head_dim %lld\n", static_cast<long long>(c.num_heads),
+              static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim));
+  std::printf("vocab             %lld\n", static_cast<long long>(c.vocab_size));
+  std::printf("max positions     %lld\n", static_cast<long long>(c.max_position_embeddings));
+  std::printf("rope              theta %g, scaling %s (factor %g)\n", c.rope_theta,
+              rope_scaling_name(c.rope_scaling), c.rope_factor);
+  std::printf("rms_norm_eps      %g\n", c.rms_norm_eps);
+  std::printf("tied lm_head      %s; q/k/v bias %s; q/k norm %s\n",
+              c.tie_word_embeddings ? "yes" : "no", c.attention_bias ? "yes" : "no",
+              c.qk_norm ? "yes" : "no");
+  std::printf("eos ids          ");
+  for (int32_t id : c.eos_token_ids) std::printf(" %d", id);
+  std::printf("\n");
+  int64_t params = 0;
+  for (const auto& [name, t] : model.checkpoint.tensors) params += t.numel();
+  std::printf("tensors           %zu (%.1fM parameters)\n", model.checkpoint.tensors.size(),
+              static_cast<double>(params) / 1e6);
+  if (model.tokenizer) {
+    std::printf("tokenizer         %d tokens, bos %d, eos %d\n", model.tokenizer->vocab_size(),
+                model.tokenizer->bos_id(), model.tokenizer->eos_id());
+  } else {
+    std::printf("tokenizer         none (token ids only)\n");
+  }
+  std::printf("chat template     %s\n", model.chat_template ? "yes" : "no");
+  if (!list_tensors) return;
+  for (const auto& [name, t] : model.checkpoint.tensors) {
+    std::printf("  %-56s %-5s %s\n", name.c_str(), std::string(dtype_name(t.dtype())).c_str(),
+                shape_str(t.shape()).c_str());
+  }
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto* cmd = app.add_subcommand("inspect", "show a model's config, tensors and tokenizer");
+  struct Args {
+    std::string model;
+    bool tensors = false;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("--model", args->model, "HF folder or .gguf file (default: SmolLM2 GGUF)");
+  cmd->add_flag("--tensors", args->tensors, "list every tensor with its dtype and shape");
+  cmd->callback([args] {
+    print_model(load_text_model(resolve_model_path(args->model), progress_bar()), args->tensors);
+  });
+}
+
+}  // namespace pagedlm::cli
