@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "pagedlm/core/parallel.h"
@@ -22,6 +23,14 @@ void validate_sampling(const SamplingParams& p) {
   PAGEDLM_CHECK(p.top_p > 0.f && p.top_p <= 1.f, "top_p must be in (0, 1], got ", p.top_p);
   PAGEDLM_CHECK(p.min_p >= 0.f && p.min_p <= 1.f, "min_p must be in [0, 1], got ", p.min_p);
   PAGEDLM_CHECK(p.max_tokens >= 0, "max_tokens must be >= 0, got ", p.max_tokens);
+  PAGEDLM_CHECK(std::abs(p.presence_penalty) <= 2.f, "presence_penalty must be in [-2, 2], got ",
+                p.presence_penalty);
+  PAGEDLM_CHECK(std::abs(p.frequency_penalty) <= 2.f, "frequency_penalty must be in [-2, 2], got ",
+                p.frequency_penalty);
+}
+
+bool has_penalties(const SamplingParams& p) {
+  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
 }
 
 // The sampled token's log-probability and the top_k best alternatives of one logits row.
@@ -140,12 +149,21 @@ std::vector<RequestEvent> Engine::step() {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
     }
   }
-  // ... and for sampled tokens whose request asked for logprobs.
+  // ... and for sampled tokens whose request asked for logprobs or penalties (sampled here).
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    want_logits = plan.samples[b] && logprobs_top_k_.count(plan.request_ids[b]) != 0;
+    const int64_t id = plan.request_ids[b];
+    want_logits =
+        plan.samples[b] && (logprobs_top_k_.count(id) != 0 || has_penalties(sampling_.at(id)));
   }
   Tensor logits;
-  const std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
+  std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
+  if (cuda_) {  // the device sampler knows no penalties: those rows are sampled again here
+    for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+      if (sampled[b] >= 0 && has_penalties(sampling_.at(plan.request_ids[b]))) {
+        sampled[b] = sample_row(plan, b, logits);
+      }
+    }
+  }
 
   const int64_t vocab = model_->config().vocab_size;
   std::map<int64_t, RequestEvent> logprob_events;
@@ -208,15 +226,29 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan, bool want_
   model_->forward(inputs, *kv_cache_, *logits);
   std::vector<int32_t> sampled(B, -1);
   for (int32_t b = 0; b < B; ++b) {
-    const int64_t id = plan.request_ids[b];
-    const int32_t first = plan.logits_indptr[b], last = plan.logits_indptr[b + 1];
-    if (plan.samples[b] && last > first) {
-      sampled[b] =
-          ops::sample_token(logits->data<float>() + (last - 1) * vocab, vocab, sampling_.at(id),
-                            seeds_.at(id), outputs_.at(id).tokens.size());
+    if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
+      sampled[b] = sample_row(plan, b, *logits);
     }
   }
   return sampled;
+}
+
+int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits) {
+  const int64_t id = plan.request_ids[b];
+  const int64_t vocab = model_->config().vocab_size;
+  const SamplingParams& params = sampling_.at(id);
+  const std::vector<int32_t>& generated = outputs_.at(id).tokens;
+  const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
+  if (!has_penalties(params)) {
+    return ops::sample_token(row, vocab, params, seeds_.at(id), generated.size());
+  }
+  std::vector<float> penalized(row, row + vocab);
+  std::map<int32_t, int32_t> counts;
+  for (int32_t t : generated) ++counts[t];
+  for (const auto& [token, count] : counts) {
+    penalized[token] -= params.presence_penalty + params.frequency_penalty * count;
+  }
+  return ops::sample_token(penalized.data(), vocab, params, seeds_.at(id), generated.size());
 }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {

@@ -8,10 +8,14 @@
 namespace pagedlm {
 
 struct SamplingParams {
-  float temperature = 0.f;       // 0 means greedy
-  int32_t top_k = 0;             // 0 means off
-  float top_p = 1.f;             // 1 means off
-  float min_p = 0.f;             // 0 means off
+  float temperature = 0.f;  // 0 means greedy
+  int32_t top_k = 0;        // 0 means off
+  float top_p = 1.f;        // 1 means off
+  float min_p = 0.f;        // 0 means off
+  // OpenAI's penalties over the tokens generated so far: logit -= presence * (count > 0) +
+  // frequency * count, before temperature and the filters. 0 means off; range [-2, 2].
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
   std::optional<uint64_t> seed;  // fixed seed: reproducible whatever else is in the batch
   int32_t max_tokens = 16;
   bool ignore_eos = false;

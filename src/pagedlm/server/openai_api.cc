@@ -136,11 +136,6 @@ std::string render_chat(const json& body, const ModelInfo& model) {
 }
 
 void reject_unsupported(const json& body, bool chat) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (get_number(body, key, 0.0) != 0.0) {
-      bad(key, cat("'", key, "' is not supported by this server (only 0)"));
-    }
-  }
   if (get_number(body, "repetition_penalty", 1.0) != 1.0) {
     bad("repetition_penalty", "'repetition_penalty' is not supported by this server (only 1)");
   }
@@ -210,6 +205,11 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   s.min_p = static_cast<float>(get_number(body, "min_p", 0.0));
   if (!(s.min_p >= 0.f && s.min_p <= 1.f))
     bad("min_p", cat("'min_p' must be in [0, 1], got ", s.min_p));
+  for (auto [key, value] : {std::pair{"presence_penalty", &s.presence_penalty},
+                            std::pair{"frequency_penalty", &s.frequency_penalty}}) {
+    *value = static_cast<float>(get_number(body, key, 0.0));
+    if (!(std::abs(*value) <= 2.f)) bad(key, cat("'", key, "' must be in [-2, 2], got ", *value));
+  }
   if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
   s.ignore_eos = get_bool(body, "ignore_eos", false);
   if (const json* ids = field(body, "stop_token_ids")) {
