@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -129,6 +131,38 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
     }
   }
   for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
+}
+
+// Rows with penalties are sampled on the host from the step's logits: each token must be the
+// argmax of the GPU's own logits for its prefix with the penalties applied, wherever the
+// penalized top-2 gap is larger than bf16 noise between the decode and prefill kernels.
+TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
+  Engine engine(checkpoint_, cuda_options());
+  Request r;
+  r.prompt = expected_.prompts[0];
+  r.sampling.max_tokens = 16;
+  r.sampling.ignore_eos = true;
+  r.sampling.presence_penalty = 1.5f;
+  r.sampling.frequency_penalty = 0.5f;
+  const std::vector<int32_t> generated = engine.generate({r})[0].tokens;
+  ASSERT_EQ(generated.size(), 16u);
+  std::vector<int32_t> whole = r.prompt;
+  whole.insert(whole.end(), generated.begin(), generated.end() - 1);
+  const Tensor logits = engine.generate({logits_request(whole)})[0].prompt_logits;
+  const int64_t vocab = logits.dim(1);
+  std::map<int32_t, int32_t> counts;
+  for (size_t t = 0; t < generated.size(); ++t) {
+    const float* row = logits.data<float>() + (r.prompt.size() - 1 + t) * vocab;
+    std::vector<float> penalized(row, row + vocab);
+    for (const auto& [token, count] : counts) penalized[token] -= 1.5f + 0.5f * count;
+    std::vector<float> sorted = penalized;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] <= kMarginThreshold) break;
+    EXPECT_EQ(generated[t],
+              std::max_element(penalized.begin(), penalized.end()) - penalized.begin())
+        << GetParam() << " step " << t;
+    ++counts[generated[t]];
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), [](const auto& info) {
