@@ -2,7 +2,7 @@
 # Builds everything (warnings are errors) and runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install_deps.sh --tests
 scripts/check_format.sh
 scripts/fetch_model.sh >/dev/null
 PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
