@@ -18,12 +18,15 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_s
     : device_(device),
       page_size_(page_size),
       scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
-  // Zeroed so that never-written slots hold finite values.
+  // On the GPU, zeroed so that never-written slots a kernel tile may load hold finite values.
+  // The CPU kernels read only written slots, so the host pool stays untouched until used: the
+  // OS maps its pages on first write, which keeps start-up fast and memory proportional to use.
+  const Shape shape = {num_pages, page_size, num_kv_heads, head_dim};
   for (int64_t i = 0; i < num_layers; ++i) {
-    k_cache_.push_back(
-        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
-    v_cache_.push_back(
-        Tensor::zeros(dtype, {num_pages, page_size, num_kv_heads, head_dim}, device));
+    k_cache_.push_back(device == Device::kCpu ? Tensor::empty(dtype, shape)
+                                              : Tensor::zeros(dtype, shape, device));
+    v_cache_.push_back(device == Device::kCpu ? Tensor::empty(dtype, shape)
+                                              : Tensor::zeros(dtype, shape, device));
   }
 }
 
