@@ -97,9 +97,9 @@ class Engine {
  private:
   // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
   // *logits receives the step's logits [S, vocab] f32 on the host when want_logits.
+  std::vector<int32_t> forward_and_sample(const StepPlan& plan, bool want_logits, Tensor* logits);
   // Samples sequence b's token from its last logits row (host), penalties applied.
   int32_t sample_row(const StepPlan& plan, int32_t b, const Tensor& logits);
-  std::vector<int32_t> forward_and_sample(const StepPlan& plan, bool want_logits, Tensor* logits);
 
   EngineOptions options_;
   std::unique_ptr<CausalLM> model_;
