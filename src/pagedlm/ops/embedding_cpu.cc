@@ -1,6 +1,5 @@
-#include <cstring>
-
 #include "pagedlm/ops/embedding.h"
+#include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/op_check.h"
 
 namespace pagedlm::ops {
@@ -14,10 +13,8 @@ void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tok
     PAGEDLM_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " at position ", t,
                   " is outside the vocabulary [0, ", vocab, ")");
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, dim * sizeof(float));
-  }
+  // An embedding lookup is a row gather from the table.
+  gather_rows(table, ids, out, vocab, n_tokens, dim);
 }
 
 }  // namespace cpu
