@@ -6,4 +6,5 @@ scripts/install_deps.sh --tests
 scripts/check_format.sh
 scripts/fetch_model.sh >/dev/null
 PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
+scripts/check_tidy.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"

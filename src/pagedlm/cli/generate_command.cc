@@ -128,7 +128,7 @@ std::vector<std::vector<int32_t>> build_prompts(const Args& args, const TextMode
 // first stop string.
 struct TextOutput {
   TextOutput(const Tokenizer& tokenizer, const std::vector<std::string>& stop)
-      : decoder(tokenizer, /*skip_special=*/true), matcher(stop) {}
+      : decoder(tokenizer, /*skip_special_tokens=*/true), matcher(stop) {}
   // Returns the newly printable text.
   std::string push(int32_t token) { return keep(matcher.push(decoder.push(token))); }
   std::string finish() {

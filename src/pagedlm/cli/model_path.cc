@@ -16,7 +16,7 @@ std::string resolve_model_path(const std::string& path) {
     PAGEDLM_CHECK(std::filesystem::exists(path), "model not found: ", path);
     return path;
   }
-  const std::string def = default_model_path();
+  std::string def = default_model_path();
   PAGEDLM_CHECK(std::filesystem::exists(def), "the default model is not downloaded yet (", def,
                 "); run: scripts/fetch_model.sh");
   return def;

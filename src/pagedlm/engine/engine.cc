@@ -253,9 +253,11 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
   std::vector<int64_t> ids;
+  ids.reserve(requests.size());
   for (Request& r : requests) ids.push_back(add_request(std::move(r)));
   while (has_unfinished()) step();
   std::vector<RequestOutput> outputs;
+  outputs.reserve(ids.size());
   for (int64_t id : ids) outputs.push_back(take_output(id));
   return outputs;
 }

@@ -52,7 +52,8 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool EngineLoop::submit(std::vector<GenerationJob> jobs, std::shared_ptr<OutputChannel> channel) {
+bool EngineLoop::submit(std::vector<GenerationJob> jobs,
+                        const std::shared_ptr<OutputChannel>& channel) {
   const Clock::time_point now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);

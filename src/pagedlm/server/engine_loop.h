@@ -73,7 +73,7 @@ class EngineLoop {
 
   // Queues every job of one HTTP request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
-  bool submit(std::vector<GenerationJob> jobs, std::shared_ptr<OutputChannel> channel);
+  bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
   // Makes the engine thread look for cancelled channels now rather than after its next step.
   void wake();
   void stop();

@@ -499,7 +499,7 @@ void HttpServer::Impl::setup_routes() {
     }
   });
   http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
         try {
           if (ep) std::rethrow_exception(ep);
         } catch (const std::exception& e) {

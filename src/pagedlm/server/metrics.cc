@@ -39,7 +39,8 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts_[i];
     const std::string le = i < bounds_.size() ? format_number(bounds_[i]) : "+Inf";
-    *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    *out += name;
+    *out += "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
   *out += name + "_sum " + format_number(sum_) + "\n";
   *out += name + "_count " + std::to_string(count_) + "\n";

@@ -164,8 +164,8 @@ const Tokenizer& require_tokenizer(const ModelInfo& model, const char* param) {
   return *model.tokenizer;
 }
 
-ApiError::ApiError(int status, std::string message, std::string param, std::string type)
-    : std::runtime_error(std::move(message)),
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string type)
+    : std::runtime_error(message),
       status_(status),
       param_(std::move(param)),
       type_(std::move(type)) {}

@@ -19,7 +19,7 @@ namespace pagedlm::server {
 // A request the server refuses, with its HTTP status and OpenAI error fields.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string message, std::string param = "",
+  ApiError(int status, const std::string& message, std::string param = "",
            std::string type = "invalid_request_error");
   int status() const { return status_; }
   const std::string& param() const { return param_; }

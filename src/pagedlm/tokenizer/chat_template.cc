@@ -36,7 +36,7 @@ ojson alias_reasoning(const ojson& message) {
     if (it == message.end() || it->is_null()) continue;
     // Python's {"thinking": r, **message, "reasoning_content": r}: a key keeps the position
     // it was first inserted at.
-    ojson reasoning = *it;
+    const ojson& reasoning = *it;
     ojson out = ojson::object();
     out["thinking"] = reasoning;
     for (const auto& [k, v] : message.items()) out[k] = v;

@@ -170,7 +170,7 @@ class Args {
     }
     return Value();
   }
-  Value get(size_t i, const char* name, Value dflt) const {
+  Value get(size_t i, const char* name, const Value& dflt) const {
     Value v = get(i, name);
     return v.is_undefined() ? dflt : v;
   }

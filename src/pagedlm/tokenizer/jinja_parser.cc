@@ -628,6 +628,7 @@ class Parser {
 
   ExprPtr parse_compare() {
     ExprPtr e = parse_math1();
+    const int line = e->line;
     ExprPtr chain;
     while (true) {
       std::string op;
@@ -644,7 +645,7 @@ class Parser {
         break;
       }
       if (!chain) {
-        chain = node(Expr::Kind::kCompare, e->line);
+        chain = node(Expr::Kind::kCompare, line);
         chain->args.push_back(std::move(e));
       }
       chain->ops.push_back(op);
