@@ -48,6 +48,14 @@ float median_ms(F&& fn, int warmup = 3, int iters = 20) {
   return t[t.size() / 2];
 }
 
+// A device copy of a host index array (freed by the caller).
+int32_t* upload(const std::vector<int32_t>& host) {
+  int32_t* dev = nullptr;
+  CK(cudaMalloc(&dev, host.size() * sizeof(int32_t)));
+  CK(cudaMemcpy(dev, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return dev;
+}
+
 double copy_bandwidth() {
   const size_t bytes = size_t{4} << 30;
   void *src, *dst;
@@ -107,15 +115,7 @@ int main() {
     for (int b = 0; b <= c.batch; ++b) ki[b] = b * pages_per_seq;
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
-    int32_t *qi_d, *ki_d, *pg_d, *ll_d;
-    CK(cudaMalloc(&qi_d, qi.size() * 4));
-    CK(cudaMalloc(&ki_d, ki.size() * 4));
-    CK(cudaMalloc(&pg_d, pages.size() * 4));
-    CK(cudaMalloc(&ll_d, ll.size() * 4));
-    CK(cudaMemcpy(qi_d, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ki_d, ki.data(), ki.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pg_d, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ll_d, ll.data(), ll.size() * 4, cudaMemcpyHostToDevice));
+    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
     const int max_splits = 64;
     const size_t ws_bytes = paged_attention_workspace_bytes(c.batch, c.hq, c.d, max_splits);
     void* ws;
@@ -172,15 +172,7 @@ int main() {
       ki[b] = b * pages_per_seq;
     }
     std::iota(pages.begin(), pages.end(), 0);
-    int32_t *qi_d, *ki_d, *pg_d, *ll_d;
-    CK(cudaMalloc(&qi_d, qi.size() * 4));
-    CK(cudaMalloc(&ki_d, ki.size() * 4));
-    CK(cudaMalloc(&pg_d, pages.size() * 4));
-    CK(cudaMalloc(&ll_d, ll.size() * 4));
-    CK(cudaMemcpy(qi_d, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ki_d, ki.data(), ki.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pg_d, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ll_d, ll.data(), ll.size() * 4, cudaMemcpyHostToDevice));
+    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
     const float ms = median_ms([&] {
       CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch,
                                         c.batch * c.ctx, c.ctx, c.hq, c.hk, c.d, c.page_size,
