@@ -44,6 +44,48 @@ TEST(Benchmark, RandomWorkloadCountsAddUp) {
   EXPECT_EQ(b.generated_tokens, a.generated_tokens);
 }
 
+// One request, 20 prompt tokens, 6 outputs: a prefill step then 5 decode steps holding 21..25
+// keys. With a bandwidth of 1 B/s the bound in seconds is the byte count, with 1 FLOP/s the
+// FLOP count, so both can be checked against parameter counts taken from the checkpoint itself.
+TEST(Benchmark, BytesAndFlopsFollowTheSteps) {
+  const Checkpoint ckpt = load_checkpoint(kFixture);
+  const ModelConfig& c = ckpt.config;
+  double layer_params = 0;
+  for (const auto& [name, tensor] : ckpt.tensors) {
+    if (name.find(".layers.") != std::string::npos && tensor.shape().size() == 2) {
+      layer_params += static_cast<double>(tensor.numel());
+    }
+  }
+  const double head_params = static_cast<double>(c.vocab_size * c.hidden_size);  // tied lm_head
+  const double weight_bytes = 4 * (layer_params + head_params);                  // f32 on the CPU
+  const double kv_token_bytes = 4.0 * 2 * c.num_layers * c.num_kv_heads * c.head_dim;
+
+  WorkloadSpec spec;
+  spec.num_requests = 1;
+  spec.prompt_min = spec.prompt_max = 20;
+  spec.output_min = spec.output_max = 6;
+  spec.warmup_requests = 2;
+  auto run = [&](DevicePeaks peaks) {
+    Engine engine(ckpt, EngineOptions{});
+    return run_benchmark(engine, spec, {}, peaks);
+  };
+  const BenchmarkResult by_bytes = run({1.0, 1e30});
+  EXPECT_EQ(by_bytes.steps, 6);
+  EXPECT_EQ(by_bytes.decode_steps, 5);
+  const double decode_keys = 21 + 22 + 23 + 24 + 25;
+  EXPECT_DOUBLE_EQ(by_bytes.decode_bytes, 5 * weight_bytes + decode_keys * kv_token_bytes);
+  EXPECT_DOUBLE_EQ(by_bytes.bound_s, 6 * weight_bytes + (20 + decode_keys) * kv_token_bytes);
+  EXPECT_NEAR(by_bytes.decode_bytes_per_s, by_bytes.decode_bytes / by_bytes.decode_s, 1e-6);
+  EXPECT_NEAR(by_bytes.bound_fraction * by_bytes.bound_output_tok_s, by_bytes.output_tok_s, 1e-6);
+
+  const BenchmarkResult by_flops = run({1e30, 1.0});
+  // Prefill: 20 queries see 1..20 keys (210 pairs); decode: one query over all keys.
+  const double pairs = 210 + decode_keys;
+  const double attention = 4.0 * c.num_layers * c.num_heads * c.head_dim * pairs;
+  EXPECT_DOUBLE_EQ(by_flops.bound_s, 2 * layer_params * 25 + 2 * head_params * 6 + attention);
+  EXPECT_EQ(run({}).bound_s, 0) << "no peaks, no bound";
+}
+
 TEST(Benchmark, SharedPrefixHitsTheCacheAndPreemptionIsCounted) {
   EngineOptions opts;
   opts.num_pages = 14;  // 8 sequences of 80+ tokens cannot all fit: preemption

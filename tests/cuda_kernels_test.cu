@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -107,11 +108,17 @@ struct AttnCase {
   bool decode = false;
   int num_splits = 1;        // decode only; 0 = the heuristic
   bool padded_tail = false;  // extra sequences with no rows and no pages
+  // Runs of sequences that share leading pages: {first, count, pages} gives sequences first+1 ..
+  // first+count-1 the first `pages` pages of sequence `first` (as prefix-cache hits do).
+  std::vector<std::array<int, 3>> shared;
+  bool cascade = false;   // decode with the shared-prefix pass over the `shared` runs
+  int shared_splits = 0;  // 0 = the heuristic
   std::string name() const {
     return "B=" + std::to_string(n_new.size()) + " Hq=" + std::to_string(num_q_heads) +
            " Hk=" + std::to_string(num_kv_heads) + " d=" + std::to_string(head_dim) +
            " ps=" + std::to_string(page_size) + (decode ? " decode splits=" : " prefill") +
-           (decode ? std::to_string(num_splits) : "");
+           (decode ? std::to_string(num_splits) : "") +
+           (cascade ? " cascade splits=" + std::to_string(shared_splits) : "");
   }
 };
 
@@ -149,6 +156,11 @@ AttnData build(const AttnCase& c, std::mt19937& rng) {
     d.max_q_len = std::max(d.max_q_len, c.n_new[b]);
     d.max_kv = std::max(d.max_kv, n_kv);
   }
+  for (const auto& [first, count, pages] : c.shared) {
+    for (int b = first + 1; b < first + count; ++b) {
+      std::copy_n(d.pages.begin() + d.kv_indptr[first], pages, d.pages.begin() + d.kv_indptr[b]);
+    }
+  }
   for (int b = B; b < d.num_seqs; ++b) {
     d.kv_indptr.push_back(d.kv_indptr.back());
     d.last_len.push_back(0);
@@ -180,13 +192,44 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       splits = paged_attention_decode_num_splits(d.num_seqs, Hk, d.max_kv, sms);
     }
-    const size_t ws_bytes = paged_attention_workspace_bytes(d.num_tokens, Hq, D, splits);
+    // The shared pass's arrays, built from the runs as kernels.h documents them.
+    const int per_item = shared_prefix_members_per_item(Hq, Hk);
+    std::vector<int32_t> kv_skip(d.num_seqs, 0), items, members;
+    for (const auto& [first, count, pages] : c.shared) {
+      for (int i = 0; i < count; i += per_item) {
+        const int n = std::min(per_item, count - i);
+        items.insert(items.end(), {static_cast<int32_t>(members.size()), n, d.kv_indptr[first],
+                                   pages * c.page_size});
+        for (int b = first + i; b < first + i + n; ++b) {
+          members.push_back(b);
+          kv_skip[b] = pages * c.page_size;
+        }
+      }
+    }
+    const int max_items = d.num_seqs;
+    const std::vector<int32_t> num_items = {static_cast<int32_t>(items.size() / 4)};
+    items.resize(static_cast<size_t>(max_items) * 4, -7);  // unused items: never read
+    members.resize(d.num_seqs, -7);
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    SharedPrefixPass pass;
+    pass.max_items = max_items;
+    pass.num_splits = c.shared_splits > 0 ? c.shared_splits
+                                          : shared_prefix_num_splits(
+                                                (d.num_seqs + per_item - 1) / per_item, Hk, sms);
+    DevBuf<int32_t> skip_d(kv_skip), n_items_d(num_items), items_d(items), members_d(members);
+    pass.kv_skip = skip_d.get();
+    pass.num_items = n_items_d.get();
+    pass.items = items_d.get();
+    pass.members = members_d.get();
+    const int slots = splits + (c.cascade ? pass.num_splits : 0);
+    const size_t ws_bytes = paged_attention_workspace_bytes(d.num_tokens, Hq, D, slots);
     DevBuf<char> ws(ws_bytes);
     ws.poison();
     CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
                                      Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
-                                     nullptr));
+                                     c.cascade ? &pass : nullptr, nullptr));
     CK(cudaDeviceSynchronize());
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
@@ -411,6 +454,50 @@ TEST(CudaAttention, DecodeLarge) {
   }
 }
 
+// Cascade: runs of sequences share their leading pages (as prefix-cache hits make them); the
+// shared pass reads each run once for all its members and the merge joins it with each
+// sequence's own keys. Checked against the same float64 reference as every decode case.
+TEST(CudaAttention, DecodeSharedPrefixCascade) {
+  SKIP_WITHOUT_GPU();
+  for (int splits : {1, 0}) {
+    for (int shared_splits : {0, 3}) {
+      AttnCase c;  // SmolLM2's heads: 30 sequences behind one 2000-token prefix, 6 behind 3 pages
+      c.decode = true;
+      c.cascade = true;
+      c.num_splits = splits;
+      c.shared_splits = shared_splits;
+      c.num_q_heads = 9;
+      c.num_kv_heads = 3;
+      c.head_dim = 64;
+      c.page_size = 16;
+      for (int b = 0; b < 40; ++b) {
+        c.n_new.push_back(1);
+        c.n_ctx.push_back(b < 30 ? 2000 + (b * 7) % 64 : 48 + b);
+      }
+      c.n_ctx[5] = 2000;  // the new token right after the shared run: nothing of its own before it
+      c.shared = {{0, 30, 125}, {30, 6, 3}};
+      c.padded_tail = true;
+      expect_attention(c, 700 + splits * 10 + shared_splits);
+    }
+  }
+  AttnCase c;  // Llama's heads: 4 query heads per kv head, items of 16 members
+  c.decode = true;
+  c.cascade = true;
+  c.num_splits = 0;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.page_size = 32;
+  for (int b = 0; b < 37; ++b) {
+    c.n_new.push_back(1);
+    c.n_ctx.push_back(320 + b * 11);
+  }
+  c.shared = {{0, 37, 10}};
+  expect_attention(c, 800);
+  c.cascade = false;  // the same tables without the pass
+  expect_attention(c, 800);
+}
+
 // The decode launch is captured once and replayed after the page table changes on the device.
 TEST(CudaAttention, DecodeGraphReplay) {
   SKIP_WITHOUT_GPU();
@@ -433,7 +520,7 @@ TEST(CudaAttention, DecodeGraphReplay) {
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                    ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, scale, splits,
-                                   ws.get(), ws_bytes, stream));
+                                   ws.get(), ws_bytes, nullptr, stream));
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
 

@@ -165,6 +165,56 @@ TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
   }
 }
 
+// Twelve requests behind one 448-token prefix: their decode steps take the cascade's shared pass
+// (counted), and every greedy token must be the argmax of the prefill kernel's logits for its
+// prefix (a fresh engine, no shared pass) wherever the top-2 gap is wider than bf16 noise.
+TEST_P(CudaModel, CascadeDecodeAgreesWithPrefillLogits) {
+  std::vector<int32_t> prefix;
+  for (int i = 0; prefix.size() < 448; ++i) {
+    const auto& p = expected_.prompts[i % kNumCases];
+    prefix.insert(prefix.end(), p.begin(), p.end());
+  }
+  prefix.resize(448);
+  const int32_t vocab = static_cast<int32_t>(checkpoint_.config.vocab_size);
+  Engine engine(checkpoint_, cuda_options());
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 12; ++i) {
+    Request r;
+    r.prompt = prefix;
+    r.prompt.insert(r.prompt.end(), {(7 * i + 3) % vocab, (11 * i + 5) % vocab});
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  const std::vector<RequestOutput> outputs = engine.generate(requests);
+  EXPECT_GT(engine.cascade_steps(), 0);
+
+  EngineOptions o = cuda_options();
+  o.use_cascade_attention = false;
+  Engine check(checkpoint_, o);
+  std::vector<Request> prefixes;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::vector<int32_t> whole = requests[i].prompt;
+    whole.insert(whole.end(), outputs[i].tokens.begin(), outputs[i].tokens.end() - 1);
+    prefixes.push_back(logits_request(whole));
+  }
+  const std::vector<RequestOutput> logits = check.generate(std::move(prefixes));
+  int checked = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t t = 0; t < outputs[i].tokens.size(); ++t) {
+      const float* row =
+          logits[i].prompt_logits.data<float>() + (requests[i].prompt.size() - 1 + t) * vocab;
+      std::vector<float> sorted(row, row + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] <= kMarginThreshold) break;
+      EXPECT_EQ(outputs[i].tokens[t], std::max_element(row, row + vocab) - row)
+          << GetParam() << " request " << i << " step " << t;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 12) << "too few tokens with a clear margin to check";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), [](const auto& info) {
   std::string n = info.param;
   for (char& c : n) c = std::isalnum(c) ? c : '_';

@@ -27,7 +27,12 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"prefix_hit_rate", r.prefix_hit_rate},
           {"peak_pages_used", r.peak_pages_used},
           {"preemptions", r.preemptions},
-          {"steps", r.steps}};
+          {"steps", r.steps},
+          {"decode_steps", r.decode_steps},
+          {"decode_s", r.decode_s},
+          {"decode_bytes_per_s", r.decode_bytes_per_s},
+          {"bound_output_tok_s", r.bound_output_tok_s},
+          {"bound_fraction", r.bound_fraction}};
 }
 
 void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
@@ -44,6 +49,12 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %d\n", "peak pages used", r.peak_pages_used);
   std::printf("%-22s %lld\n", "preemptions", static_cast<long long>(r.preemptions));
   std::printf("%-22s %lld\n", "steps", static_cast<long long>(r.steps));
+  std::printf("%-22s %lld steps, %.3f s, %.1f GB/s\n", "decode",
+              static_cast<long long>(r.decode_steps), r.decode_s, r.decode_bytes_per_s / 1e9);
+  if (r.bound_output_tok_s > 0) {
+    std::printf("%-22s %.1f output tok/s (this run: %.1f%% of it)\n", "lower-bound time gives",
+                r.bound_output_tok_s, 100 * r.bound_fraction);
+  }
 }
 
 }  // namespace
@@ -56,6 +67,7 @@ void register_bench(CLI::App& app) {
     std::string output_range;
     bool json = false;
     double min_tok_s = 0;
+    DevicePeaks peaks;
     EngineFlags flags;
   };
   auto args = std::make_shared<Args>();
@@ -80,6 +92,13 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--turns", args->spec.turns, "chat: turns per conversation")
       ->capture_default_str();
+  cmd->add_option("--warmup", args->spec.warmup_requests, "untimed warm-up requests first")
+      ->capture_default_str();
+  cmd->add_option("--peak-gb-s", args->peaks.bytes_per_s,
+                  "device bandwidth for the lower bound, GB/s (CUDA default: the H200's measured "
+                  "4280)");
+  cmd->add_option("--peak-tflops", args->peaks.flops_per_s,
+                  "device bf16 matrix rate for the lower bound, TFLOP/s (CUDA default: 790)");
   cmd->add_flag("--json", args->json, "print the result as JSON");
   cmd->add_option("--min-tok-s", args->min_tok_s,
                   "fail (exit 2) when output tok/s falls below this");
@@ -88,6 +107,11 @@ void register_bench(CLI::App& app) {
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed);
     Engine engine(ckpt, args->flags.resolve());
+    DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
+    if (engine.options().device == Device::kCuda) {
+      if (peaks.bytes_per_s <= 0) peaks.bytes_per_s = 4280e9;
+      if (peaks.flops_per_s <= 0) peaks.flops_per_s = 790e12;
+    }
     const bool tty = isatty(fileno(stderr));
     auto progress = [tty](int64_t done, int64_t total) {
       if (!tty && done != total) return;
@@ -95,7 +119,7 @@ void register_bench(CLI::App& app) {
                    static_cast<long long>(total));
       if (done == total) std::fprintf(stderr, "\n");
     };
-    const BenchmarkResult r = run_benchmark(engine, args->spec, progress);
+    const BenchmarkResult r = run_benchmark(engine, args->spec, progress, peaks);
     if (args->json) {
       std::printf("%s\n", to_json(r, args->spec).dump(2).c_str());
     } else {

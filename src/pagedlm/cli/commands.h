@@ -13,6 +13,7 @@ struct EngineFlags {
   EngineOptions options;
   bool no_prefix_cache = false;
   bool no_cuda_graphs = false;
+  bool no_cascade_attention = false;
   std::string device = "auto";
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;

@@ -25,12 +25,15 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", flags.no_cuda_graphs,
                "CUDA: run decode steps eagerly instead of replaying graphs (debugging)");
+  app.add_flag("--no-cascade-attention", flags.no_cascade_attention,
+               "CUDA: every sequence reads its shared prefix pages itself (A/B runs)");
 }
 
 EngineOptions EngineFlags::resolve() const {
   EngineOptions o = options;
   o.enable_prefix_cache = !no_prefix_cache;
   o.use_cuda_graphs = !no_cuda_graphs;
+  o.use_cascade_attention = !no_cascade_attention;
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

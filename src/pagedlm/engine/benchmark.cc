@@ -39,10 +39,33 @@ Request make_request(std::vector<int32_t> prompt, int32_t max_tokens) {
   return r;
 }
 
+// Bytes and FLOPs of the model that do not depend on the step's contents.
+struct ModelCosts {
+  double layer_params = 0;  // weights every token goes through
+  double head_params = 0;   // lm_head: once per logits row
+  double weight_bytes = 0;  // all of those, read once per step
+  double kv_bytes_per_token = 0;
+  double attention_flops_per_pair = 0;  // per (query, key) pair over all layers and heads
+
+  ModelCosts(const ModelConfig& c, double dtype_bytes) {
+    const double D = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
+    const double q = static_cast<double>(c.num_heads) * d,
+                 kv = static_cast<double>(c.num_kv_heads) * d;
+    const double layers = static_cast<double>(c.num_layers);
+    layer_params =
+        layers * (D * (q + 2 * kv) + q * D + 3 * D * static_cast<double>(c.intermediate_size));
+    head_params = static_cast<double>(c.vocab_size) * D;
+    weight_bytes = (layer_params + head_params) * dtype_bytes;
+    kv_bytes_per_token = 2 * layers * kv * dtype_bytes;
+    attention_flops_per_pair = 4 * layers * q;  // q.k and p.v, 2 FLOPs per multiply-add
+  }
+};
+
 }  // namespace
 
 BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
-                              const std::function<void(int64_t, int64_t)>& progress) {
+                              const std::function<void(int64_t, int64_t)>& progress,
+                              const DevicePeaks& peaks) {
   PAGEDLM_CHECK(spec.kind == "random" || spec.kind == "shared-prefix" || spec.kind == "chat",
                 "unknown workload '", spec.kind, "' (random, shared-prefix, chat)");
   PAGEDLM_CHECK(spec.num_requests > 0, "the workload needs at least one request");
@@ -82,6 +105,19 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     }
   }
 
+  if (spec.warmup_requests > 0) {
+    std::mt19937_64 warm_rng(spec.seed ^ 0x9e3779b97f4a7c15ULL);
+    std::vector<Request> warm;
+    for (int32_t i = 0; i < spec.warmup_requests; ++i) {
+      const int32_t len = spec.kind == "shared-prefix"
+                              ? spec.prefix_len + spec.unique_len
+                              : uniform(warm_rng, spec.prompt_min, spec.prompt_max);
+      warm.push_back(make_request(random_tokens(warm_rng, vocab, len), 4));
+    }
+    engine.generate(std::move(warm));
+  }
+
+  const ModelCosts costs(engine.config(), engine.options().device == Device::kCuda ? 2 : 4);
   const int64_t total_requests =
       spec.kind == "chat" ? int64_t{spec.num_requests} * spec.turns : spec.num_requests;
   BenchmarkResult result;
@@ -110,9 +146,23 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   for (size_t c = 0; c < conversations.size(); ++c) next_turn(static_cast<int64_t>(c));
 
   int64_t done = 0;
+  Clock::time_point step_start = Clock::now();
   while (engine.has_unfinished()) {
     const auto events = engine.step();
     const Clock::time_point now = Clock::now();
+    const StepShape& shape = engine.last_step();
+    const double step_bytes =
+        costs.weight_bytes + costs.kv_bytes_per_token * static_cast<double>(shape.kv_tokens);
+    result.bytes += step_bytes;
+    result.flops += 2 * costs.layer_params * shape.num_tokens +
+                    2 * costs.head_params * shape.num_seqs +
+                    costs.attention_flops_per_pair * static_cast<double>(shape.attention_pairs);
+    if (shape.decode) {
+      ++result.decode_steps;
+      result.decode_s += std::chrono::duration<double>(now - step_start).count();
+      result.decode_bytes += step_bytes;
+    }
+    step_start = now;
     result.peak_pages_used = std::max(result.peak_pages_used, engine.stats().pages_used);
     for (const RequestEvent& e : events) {
       if (e.token >= 0) {
@@ -159,6 +209,12 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.prefix_hit_rate =
       queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
   result.preemptions = stats.preemptions - stats_before.preemptions;
+  if (result.decode_s > 0) result.decode_bytes_per_s = result.decode_bytes / result.decode_s;
+  if (peaks.bytes_per_s > 0 && peaks.flops_per_s > 0) {
+    result.bound_s = std::max(result.bytes / peaks.bytes_per_s, result.flops / peaks.flops_per_s);
+    result.bound_output_tok_s = static_cast<double>(result.generated_tokens) / result.bound_s;
+    result.bound_fraction = result.output_tok_s / result.bound_output_tok_s;
+  }
   return result;
 }
 

@@ -22,6 +22,15 @@ struct WorkloadSpec {
   int32_t prefix_len = 2000, unique_len = 32;
   // chat: turns per conversation, each adding unique_len user tokens to the whole history
   int32_t turns = 4;
+  // Untimed requests first, as the peer's script does: the same prompt lengths, other tokens
+  // (nothing the timed run asks for is cached by them), a few output tokens each.
+  int32_t warmup_requests = 8;
+};
+
+// The device's measured peaks, for the workload's lower bound (0: no bound reported).
+struct DevicePeaks {
+  double bytes_per_s = 0;
+  double flops_per_s = 0;
 };
 
 struct BenchmarkResult {
@@ -37,10 +46,24 @@ struct BenchmarkResult {
   int32_t peak_pages_used = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // Pure decode steps (one new token per sequence): their count, wall time, and the bytes they
+  // must read (every weight once per step, every sequence's K/V once).
+  int64_t decode_steps = 0;
+  double decode_s = 0;
+  double decode_bytes = 0;
+  double decode_bytes_per_s = 0;
+  // The workload's lower bound as the run scheduled it: all steps' bytes at the peak bandwidth
+  // or all their FLOPs (2 x params per token, lm_head per sequence, attention) at the peak
+  // rate, whichever is longer (perfect overlap). Zero without DevicePeaks.
+  double bytes = 0, flops = 0;
+  double bound_s = 0;
+  double bound_output_tok_s = 0;
+  double bound_fraction = 0;  // output_tok_s / bound_output_tok_s
 };
 
 // Runs the workload to completion; `progress(done, total)` is called after each step.
 BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
-                              const std::function<void(int64_t, int64_t)>& progress = {});
+                              const std::function<void(int64_t, int64_t)>& progress = {},
+                              const DevicePeaks& peaks = {});
 
 }  // namespace pagedlm

@@ -15,6 +15,7 @@
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
+#include "pagedlm/sched/shared_prefix.h"
 #endif
 
 namespace pagedlm {
@@ -31,6 +32,10 @@ int32_t next_pow2(int32_t n) {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+// A decode step takes the cascade's shared-prefix pass when it saves reading at least this many
+// keys (per layer and kv head): below that its extra launches and merge cost more than they save.
+constexpr int64_t kCascadeMinSavedKeys = 4096;
+
 }  // namespace
 
 // Staging layout: every array at a fixed offset of one pinned host block mirrored by one device
@@ -40,9 +45,13 @@ struct CudaStepRunner::Impl {
   CausalLM& model;
   PagedKvCache* kv_cache = nullptr;
   bool use_graphs;
+  bool use_cascade;
   int32_t page_size;
   int32_t num_q_heads, num_kv_heads, head_dim;
   int64_t vocab;
+  int64_t max_model_len;
+  int32_t members_per_item = 1;  // cascade: members of one shared-prefix item
+  int64_t cascade_steps = 0;
   int num_sms = 1;
   cudaStream_t stream = nullptr;
 
@@ -51,7 +60,8 @@ struct CudaStepRunner::Impl {
   int64_t max_pages = 0;   // P
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
-         off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_pages = 0, total_bytes = 0;
+         off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0,
+         off_items = 0, off_members = 0, off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -59,15 +69,20 @@ struct CudaStepRunner::Impl {
   Tensor logits;                   // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs;  // (bucket, splits)
+  std::map<std::pair<int32_t, bool>, cudaGraphExec_t> graphs;  // (decode bucket, cascade)
 
-  Impl(CausalLM& m, const EngineOptions& o, int64_t max_model_len)
-      : model(m), use_graphs(o.use_cuda_graphs), page_size(o.page_size) {
+  Impl(CausalLM& m, const EngineOptions& o, int64_t max_len)
+      : model(m),
+        use_graphs(o.use_cuda_graphs),
+        use_cascade(o.use_cascade_attention),
+        page_size(o.page_size),
+        max_model_len(max_len) {
     const ModelConfig& c = m.config();
     num_q_heads = static_cast<int32_t>(c.num_heads);
     num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
     head_dim = static_cast<int32_t>(c.head_dim);
     vocab = c.vocab_size;
+    members_per_item = cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     int device = 0;
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
@@ -83,10 +98,11 @@ struct CudaStepRunner::Impl {
     logits = Tensor::empty(DType::kF32, {max_tokens, vocab}, Device::kCuda);
     m.reserve(max_tokens);
     // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
-    // so scan every batch size at the longest context.
+    // so scan every batch size at the longest context, plus the cascade's shared splits.
     for (int32_t b = 1; b <= max_bucket; ++b) {
       const int splits = cuda::paged_attention_decode_num_splits(
-          b, num_kv_heads, static_cast<int>(max_model_len), num_sms);
+                             b, num_kv_heads, static_cast<int>(max_model_len), num_sms) +
+                         (use_cascade ? shared_splits(b) : 0);
       workspace_bytes = std::max(
           workspace_bytes, cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
     }
@@ -136,6 +152,10 @@ struct CudaStepRunner::Impl {
     off_q_indptr = take(4 * (B + 1));
     off_kv_indptr = take(4 * (B + 1));
     off_last_len = take(4 * B);
+    off_kv_skip = take(4 * B);
+    off_num_items = take(4);
+    off_items = take(16 * B);
+    off_members = take(4 * B);
     off_pages = take(4 * static_cast<size_t>(pages));
     total_bytes = off;
     cuda::check(cudaMallocHost(&host, total_bytes), "cudaMallocHost (step plan)");
@@ -151,12 +171,21 @@ struct CudaStepRunner::Impl {
     return reinterpret_cast<T*>(dev + off);
   }
 
-  // The split count for a decode batch, shrunk if the workspace cannot hold it.
-  int32_t decode_splits(int32_t num_seqs, int32_t max_kv_len) const {
-    int splits =
-        cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads, max_kv_len, num_sms);
+  // Shared-pass splits of a decode bucket: enough blocks when one group holds the whole batch.
+  int32_t shared_splits(int32_t num_seqs) const {
+    const int items = (num_seqs + members_per_item - 1) / members_per_item;
+    return cuda::shared_prefix_num_splits(items, num_kv_heads, num_sms);
+  }
+
+  // The split count of a decode bucket, for the longest context the model allows (the kernel
+  // caps each sequence's splits by its own length), shrunk if the workspace cannot hold it.
+  // A function of the bucket alone, so one graph per bucket serves every step.
+  int32_t decode_splits(int32_t num_seqs) const {
+    int splits = cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads,
+                                                         static_cast<int>(max_model_len), num_sms);
+    const int extra = use_cascade ? shared_splits(num_seqs) : 0;
     while (splits > 1 && cuda::paged_attention_workspace_bytes(num_seqs, num_q_heads, head_dim,
-                                                               splits) > workspace_bytes) {
+                                                               splits + extra) > workspace_bytes) {
       --splits;
     }
     return splits;
@@ -178,7 +207,7 @@ struct CudaStepRunner::Impl {
                 "sampling");
   }
 
-  void capture(std::pair<int32_t, int32_t> key, int32_t rows) {
+  void capture(std::pair<int32_t, bool> key, int32_t rows) {
     cudaGraph_t graph = nullptr;
     cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
                 "cudaStreamBeginCapture");
@@ -197,33 +226,16 @@ struct CudaStepRunner::Impl {
     graphs.emplace(key, exec);
   }
 
-  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out) {
+  // Copies the plan into the staging block, padded to `rows` stream rows, `num_seqs` sequences
+  // and `logit_rows` logits rows: padding rows have slot -1, padding sequences no tokens or
+  // pages, padding logits rows point at row 0 and are sampled greedily and ignored. Then one
+  // asynchronous upload on the step's stream. `shared` lists the cascade's groups (may be
+  // empty): they become items of at most members_per_item members.
+  void stage(const StepPlan& plan, const std::vector<SeqSampling>& sampling, int32_t rows,
+             int32_t num_seqs, int32_t logit_rows, const std::vector<SharedPrefixGroup>& shared) {
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
-    const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
-    PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
-                  " tokens exceeds the GPU buffers (", max_tokens, ")");
-    int32_t max_q_len = 0, max_kv_len = 0;
-    for (int32_t b = 0; b < B; ++b) {
-      max_q_len = std::max(max_q_len, plan.q_indptr[b + 1] - plan.q_indptr[b]);
-      const int32_t pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
-      if (pages > 0) {
-        max_kv_len = std::max(max_kv_len, (pages - 1) * page_size + plan.kv_last_page_len[b]);
-      }
-    }
-    const bool decode = max_q_len == 1 && B <= max_bucket;
-    // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
-    // with or without graphs, so that a replayed graph computes exactly what the eager step does.
-    bool bucketed = decode && S == B && logits_out == nullptr;
-    for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
-    const bool graph = use_graphs && bucketed;
-    const int32_t num_seqs = bucketed ? next_pow2(B) : B;
-    const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
     const int64_t num_pages = static_cast<int64_t>(plan.kv_page_indices.size());
     if (num_pages > max_pages) layout(std::max(num_pages, 2 * max_pages));
-
-    // Stage the plan, padded: padding rows have slot -1, padding sequences no tokens or pages,
-    // padding logits rows point at row 0 and are sampled greedily and ignored.
     auto fill = [](int32_t* dst, const std::vector<int32_t>& src, int32_t n, int32_t pad) {
       std::memcpy(dst, src.data(), src.size() * sizeof(int32_t));
       std::fill(dst + src.size(), dst + n, pad);
@@ -253,10 +265,32 @@ struct CudaStepRunner::Impl {
       h<uint64_t>(off_seed)[last - 1] = s.seed;
       h<int64_t>(off_step)[last - 1] = s.step;
     }
+    std::fill(h<int32_t>(off_kv_skip), h<int32_t>(off_kv_skip) + num_seqs, 0);
+    int32_t num_items = 0, num_members = 0;
+    for (const SharedPrefixGroup& g : shared) {
+      const int32_t keys = g.num_pages * page_size;
+      for (size_t i = 0; i < g.seqs.size(); i += members_per_item) {
+        const auto n = static_cast<int32_t>(std::min<size_t>(members_per_item, g.seqs.size() - i));
+        int32_t* item = h<int32_t>(off_items) + 4 * num_items++;
+        item[0] = num_members;
+        item[1] = n;
+        item[2] = plan.kv_indptr[g.seqs.front()];
+        item[3] = keys;
+        for (int32_t j = 0; j < n; ++j) {
+          const int32_t b = g.seqs[i + j];
+          h<int32_t>(off_members)[num_members++] = b;
+          h<int32_t>(off_kv_skip)[b] = keys;
+        }
+      }
+    }
+    *h<int32_t>(off_num_items) = num_items;
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
                 "step plan upload");
+  }
 
+  // Points the KV cache's attention at the staged plan.
+  void bind(int32_t num_seqs, int32_t max_q_len, bool decode, bool cascade) {
     DeviceStepPlan dp;
     dp.positions = d<int32_t>(off_positions);
     dp.slot_mapping = d<int32_t>(off_slots);
@@ -267,23 +301,89 @@ struct CudaStepRunner::Impl {
     dp.num_seqs = num_seqs;
     dp.max_q_len = max_q_len;
     dp.decode = decode;
-    dp.num_splits = decode ? decode_splits(num_seqs, max_kv_len) : 1;
+    dp.num_splits = decode ? decode_splits(num_seqs) : 1;
+    if (decode && cascade) {
+      dp.kv_skip = d<int32_t>(off_kv_skip);
+      dp.shared_num_items = d<int32_t>(off_num_items);
+      dp.shared_items = d<int32_t>(off_items);
+      dp.shared_members = d<int32_t>(off_members);
+      dp.shared_max_items = num_seqs;
+      dp.shared_splits = shared_splits(num_seqs);
+    }
     dp.workspace = workspace;
     dp.workspace_bytes = workspace_bytes;
     dp.stream = stream;
     kv_cache->bind(dp);
+  }
 
-    if (graph) {
-      const std::pair<int32_t, int32_t> key{num_seqs, dp.num_splits};
-      auto it = graphs.find(key);
-      if (it != graphs.end()) {
-        cuda::check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
-      } else {
-        // This eager run is the warm-up: it sets the attention kernel's shared-memory limit and
-        // builds the cuBLASLt plans for this shape, so the capture below only records launches.
-        forward_and_sample(rows, logit_rows);
-        capture(key, rows);
+  // Replays the bucket's graph, capturing it first if this is the bucket's first step (the
+  // eager run before the capture is its warm-up: it sets the attention kernel's shared-memory
+  // limit and builds the cuBLASLt plans for this shape, so the capture only records launches).
+  void run_decode_graph(int32_t bucket, bool cascade) {
+    const std::pair<int32_t, bool> key{bucket, cascade};
+    auto it = graphs.find(key);
+    if (it != graphs.end()) {
+      cuda::check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
+      return;
+    }
+    forward_and_sample(bucket, bucket);
+    capture(key, bucket);
+  }
+
+  // Start-up work that would otherwise land on the first steps: one eager step at the full
+  // token budget (cuBLASLt context and plans, kernel modules) and, with graphs on, a graph per
+  // decode bucket (two with cascade attention: with and without the shared pass). Every row
+  // and sequence is padding, so the KV cache is not touched.
+  void warm_up() {
+    StepPlan empty;
+    empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
+    stage(empty, {}, max_tokens, 1, 1, {});
+    bind(1, 1, false, false);
+    forward_and_sample(max_tokens, 1);
+    if (use_graphs) {
+      for (int32_t bucket = 1; bucket <= max_bucket; bucket *= 2) {
+        for (const bool cascade : {false, true}) {
+          if (cascade && !use_cascade) continue;
+          stage(empty, {}, bucket, bucket, bucket, {});
+          bind(bucket, 1, true, cascade);
+          run_decode_graph(bucket, cascade);
+        }
       }
+    }
+    cuda::check(cudaStreamSynchronize(stream), "warm-up");
+  }
+
+  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                           Tensor* logits_out) {
+    const int32_t B = plan.num_seqs(), L = plan.num_tokens();
+    const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
+    PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
+                  " tokens exceeds the GPU buffers (", max_tokens, ")");
+    int32_t max_q_len = 0;
+    for (int32_t b = 0; b < B; ++b) {
+      max_q_len = std::max(max_q_len, plan.q_indptr[b + 1] - plan.q_indptr[b]);
+    }
+    const bool decode = max_q_len == 1 && B <= max_bucket;
+    // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
+    // with or without graphs, so that a replayed graph computes exactly what the eager step does.
+    bool bucketed = decode && S == B && logits_out == nullptr;
+    for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
+    const int32_t num_seqs = bucketed ? next_pow2(B) : B;
+    const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
+    std::vector<SharedPrefixGroup> shared;
+    if (decode && use_cascade) {
+      shared = find_shared_prefixes(plan, 1);
+      int64_t saved_keys = 0;
+      for (const SharedPrefixGroup& g : shared) {
+        saved_keys += static_cast<int64_t>(g.seqs.size() - 1) * g.num_pages * page_size;
+      }
+      if (saved_keys < kCascadeMinSavedKeys) shared.clear();
+      cascade_steps += shared.empty() ? 0 : 1;
+    }
+    stage(plan, sampling, rows, num_seqs, logit_rows, shared);
+    bind(num_seqs, max_q_len, decode, !shared.empty());
+    if (use_graphs && bucketed) {
+      run_decode_graph(num_seqs, !shared.empty());
     } else {
       forward_and_sample(rows, logit_rows);
     }
@@ -325,6 +425,8 @@ int64_t CudaStepRunner::free_memory_bytes() {
 
 void CudaStepRunner::set_kv_cache(PagedKvCache* kv_cache) { impl_->kv_cache = kv_cache; }
 
+void CudaStepRunner::warm_up() { impl_->warm_up(); }
+
 std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
                                          const std::vector<SeqSampling>& sampling,
                                          Tensor* logits_out) {
@@ -332,6 +434,8 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
 }
 
 int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
 #else  // !PAGEDLM_HAS_CUDA
 
@@ -349,12 +453,16 @@ int64_t CudaStepRunner::free_memory_bytes() { return 0; }
 
 void CudaStepRunner::set_kv_cache(PagedKvCache*) {}
 
+void CudaStepRunner::warm_up() {}
+
 std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&,
                                          Tensor*) {
   fail("this build of pagedlm has no CUDA support");
 }
 
 int64_t CudaStepRunner::num_graphs() const { return 0; }
+
+int64_t CudaStepRunner::cascade_steps() const { return 0; }
 
 #endif  // PAGEDLM_HAS_CUDA
 

@@ -1,7 +1,8 @@
 // The GPU side of an engine step: stages the StepPlan in pinned memory and copies it with one
 // asynchronous copy into fixed device buffers, runs the model and the sampler on the engine's
 // stream, and returns only the sampled token ids (and logits rows when a request asks for them).
-// Pure decode steps are padded to a batch bucket (1, 2, 4, ...) and replayed as CUDA graphs.
+// Pure decode steps are padded to a batch bucket (1, 2, 4, ...) and replayed as CUDA graphs,
+// captured at start-up (warm_up).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,11 @@ class CudaStepRunner {
 
   void set_kv_cache(PagedKvCache* kv_cache);
 
+  // Does the first steps' one-time work at start-up (cuBLASLt plans for the full token budget,
+  // kernel loading, one CUDA graph per decode bucket), so no request waits for it.
+  // Call after set_kv_cache.
+  void warm_up();
+
   // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
   // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
   // logits [S, vocab] f32 on the host.
@@ -46,6 +52,8 @@ class CudaStepRunner {
                            Tensor* logits_out);
 
   int64_t num_graphs() const;
+  // Steps that ran cascade attention's shared-prefix pass.
+  int64_t cascade_steps() const;
 
  private:
   struct Impl;

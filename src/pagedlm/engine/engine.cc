@@ -47,6 +47,24 @@ RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, in
   return e;
 }
 
+StepShape shape_of(const StepPlan& plan) {
+  StepShape shape;
+  shape.num_tokens = plan.num_tokens();
+  shape.num_seqs = plan.num_seqs();
+  shape.decode = true;
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    const int64_t n_new = plan.q_indptr[b + 1] - plan.q_indptr[b];
+    const int32_t pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
+    const int64_t n_kv =
+        pages > 0 ? int64_t{pages - 1} * plan.page_size + plan.kv_last_page_len[b] : 0;
+    shape.kv_tokens += n_kv;
+    // Query j of the n_new sees the n_kv - n_new earlier keys and j + 1 of the new ones.
+    shape.attention_pairs += n_new * (n_kv - n_new) + n_new * (n_new + 1) / 2;
+    shape.decode &= n_new == 1;
+  }
+  return shape;
+}
+
 }  // namespace
 
 bool cuda_device_available() { return CudaStepRunner::available(); }
@@ -84,7 +102,10 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   kv_cache_ = std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size,
                                              c.num_kv_heads, c.head_dim, options_.device,
                                              model_->compute_dtype());
-  if (cuda_) cuda_->set_kv_cache(kv_cache_.get());
+  if (cuda_) {
+    cuda_->set_kv_cache(kv_cache_.get());
+    cuda_->warm_up();
+  }
   SchedulerConfig sc;
   sc.page_size = options_.page_size;
   sc.num_pages = options_.num_pages;
@@ -140,6 +161,7 @@ std::vector<RequestEvent> Engine::step() {
   const StepPlan plan = scheduler_->schedule();
   if (plan.empty()) return {};
   ++num_steps_;
+  last_step_ = shape_of(plan);
   // Logits leave the device only for steps that hold prompt positions someone asked for.
   bool want_logits = false;
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
@@ -276,6 +298,8 @@ RequestOutput Engine::take_output(int64_t request_id) {
 }
 
 SchedulerStats Engine::stats() const { return scheduler_->stats(); }
+
+int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 0; }
 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 

@@ -29,6 +29,9 @@ struct EngineOptions {
   // cache takes when num_pages is 0.
   float gpu_memory_fraction = 0.9f;
   bool use_cuda_graphs = true;  // CUDA: replay decode steps as graphs (off: every step eager)
+  // CUDA: decode steps read pages that several sequences share at the front of their page
+  // tables once for all of them (cascade attention), not once per sequence.
+  bool use_cascade_attention = true;
   // 0: 2048 on the CPU; 16384 on the GPU, where a larger prefill budget fills the decode batch
   // sooner (SmolLM2 random workload on the H200: 48k -> 58k output tok/s, docs/PERF.md).
   int32_t max_num_batched_tokens = 0;
@@ -57,6 +60,15 @@ struct RequestOutput {
   FinishReason reason = FinishReason::kNone;
   int32_t num_cached_tokens = 0;
   Tensor prompt_logits;  // [prompt_len, vocab] f32 when asked for (rows served by the cache stay 0)
+};
+
+// The size of the last step, for benchmarks' byte and FLOP counts.
+struct StepShape {
+  int32_t num_tokens = 0;  // rows of the packed stream
+  int32_t num_seqs = 0;
+  int64_t kv_tokens = 0;        // keys held by the step's sequences (after its tokens)
+  int64_t attention_pairs = 0;  // (query, visible key) pairs the step's attention computes
+  bool decode = false;          // every sequence has exactly one new token
 };
 
 // Whether this build has CUDA support and the machine a GPU.
@@ -89,6 +101,10 @@ class Engine {
   SchedulerStats stats() const;
   std::vector<SequenceView> sequence_map() const;
   int64_t num_steps() const { return num_steps_; }
+  const StepShape& last_step() const { return last_step_; }
+  // Decode steps that read the pages several sequences share once for all of them (CUDA's
+  // cascade attention).
+  int64_t cascade_steps() const;
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
   // every token this request samples from now on (the server's logprobs option).
@@ -112,6 +128,7 @@ class Engine {
   std::map<int64_t, int32_t> logprobs_top_k_;
   int64_t next_request_id_ = 1;
   int64_t num_steps_ = 0;
+  StepShape last_step_;
   uint64_t seed_counter_;
 };
 

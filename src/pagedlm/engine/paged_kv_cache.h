@@ -26,6 +26,14 @@ struct DeviceStepPlan {
   int32_t max_q_len = 0;
   bool decode = false;  // every sequence has at most one new token: the split-KV decode kernel
   int32_t num_splits = 1;
+  // Cascade attention's shared-prefix pass (decode steps only; cuda::SharedPrefixPass):
+  // kv_skip null means none.
+  const int32_t* kv_skip = nullptr;           // [num_seqs]
+  const int32_t* shared_num_items = nullptr;  // [1]
+  const int32_t* shared_items = nullptr;      // [shared_max_items][4]
+  const int32_t* shared_members = nullptr;    // [num_seqs]
+  int32_t shared_max_items = 0;
+  int32_t shared_splits = 0;
   void* workspace = nullptr;  // split-KV partial results
   size_t workspace_bytes = 0;
   void* stream = nullptr;  // cudaStream_t

@@ -24,7 +24,8 @@ namespace {
 using detail::ceil_div;
 
 constexpr int kThreads = 128;
-constexpr int kBlockKv = 64;  // keys per pipeline stage
+constexpr int kBlockKv = 64;        // keys per pipeline stage
+constexpr int kMinSplitKeys = 256;  // no decode split shorter than this
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct AttnParams {
@@ -36,15 +37,26 @@ struct AttnParams {
   const int32_t* kv_page_indices;
   const int32_t* kv_last_page_len;
   __nv_bfloat16* out;
-  float* ws_o;    // [num_splits, num_tokens, num_q_heads, head_dim], used when num_splits > 1
-  float* ws_lse;  // [num_splits, num_tokens, num_q_heads] (log2 domain)
+  // Partial results [slot, num_tokens, num_q_heads, (head_dim)] (lse in the log2 domain),
+  // merged by merge_splits_kernel; null: the kernel normalizes and writes `out` itself.
+  float* ws_o;
+  float* ws_lse;
   int num_tokens;
   int num_q_heads;
   int num_kv_heads;
   int group;
   int page_size;
-  int num_splits;
+  int num_splits;   // key splits per (sequence or item, kv head)
+  int extra_slots;  // more launched splits that only mark their slot empty (the shared pass fills
+                    // them)
+  int slot_offset;  // workspace slot of split 0
   float scale_log2;
+  // Decode beside a shared-prefix pass: kv_skip[b] leading keys of sequence b are left to it.
+  const int32_t* kv_skip;
+  // The shared-prefix pass (kShared): items of sequences whose first keys are the same pages.
+  const int32_t* num_items;  // [1]
+  const int32_t* items;      // [max_items][4]: first member, members, page offset, shared keys
+  const int32_t* members;    // sequence indices
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -88,8 +100,10 @@ constexpr size_t attn_smem_bytes() {
 }
 
 // q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages, page_size, num_kv_heads, D]
-// grid: (row tiles * num_splits, num_seqs, num_kv_heads), block: 128 threads.
-template <int D, int WM, int WN, int STAGES>
+// grid: (row tiles * (num_splits + extra_slots), num_seqs, num_kv_heads), block: 128 threads.
+// kShared: grid (max_items * num_splits, 1, num_kv_heads); the rows of item i are its members'
+// (token, q head) pairs, all of which see all the item's shared keys.
+template <int D, int WM, int WN, int STAGES, bool kShared>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p) {
   static_assert(WM * WN == kThreads / 32, "4 warps");
   constexpr int kRows = 16 * WM;
@@ -104,33 +118,67 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
   __nv_bfloat16* k_s = q_s + kRows * kStride;
   __nv_bfloat16* v_s = k_s + STAGES * kBlockKv * kStride;
 
-  const int split = blockIdx.x % p.num_splits;
-  const int tile = blockIdx.x / p.num_splits;
-  const int b = blockIdx.y;
+  const int launched_splits = kShared ? p.num_splits : p.num_splits + p.extra_slots;
+  const int split = blockIdx.x % launched_splits;
+  const int tile = blockIdx.x / launched_splits;
   const int hk = blockIdx.z;
   const int group = p.group;
-
-  const int q_start = p.q_indptr[b];
-  const int n_new = p.q_indptr[b + 1] - q_start;
-  const int n_rows = n_new * group;
-  const int row0 = tile * kRows;
-  if (row0 >= n_rows) return;  // padding sequence or a tile past this sequence's rows
-
-  const int page_begin = p.kv_indptr[b];
-  const int num_pages = p.kv_indptr[b + 1] - page_begin;
   const int page_size = p.page_size;
-  const int n_kv = num_pages > 0 ? (num_pages - 1) * page_size + p.kv_last_page_len[b] : 0;
-  const int ctx = n_kv - n_new;  // keys before the first new token
-  const int last_row = min(row0 + kRows, n_rows) - 1;
-  const int kv_limit = max(ctx + last_row / group + 1, 0);
-  const int chunk =
-      static_cast<int>(ceil_div(ceil_div(kv_limit, p.num_splits), kBlockKv)) * kBlockKv;
-  const int kv_begin = min(split * chunk, kv_limit);
+  const int tid = threadIdx.x;
+
+  // Rows, keys and pages of this block. Decode/prefill: sequence b's new tokens, which see the
+  // keys before them (ctx) and up to themselves. Shared pass: one token per member, all of
+  // which see keys [0, shared).
+  int n_rows, row0, ctx, kv_lo, kv_limit, page_begin;
+  int q_start = 0, first_member = 0;
+  if constexpr (kShared) {
+    if (tile >= *p.num_items) return;
+    const int32_t* item = p.items + 4 * tile;
+    first_member = item[0];
+    n_rows = item[1] * group;
+    page_begin = item[2];
+    row0 = 0;
+    ctx = kv_limit = item[3];
+    kv_lo = 0;
+  } else {
+    const int b = blockIdx.y;
+    q_start = p.q_indptr[b];
+    const int n_new = p.q_indptr[b + 1] - q_start;
+    n_rows = n_new * group;
+    row0 = tile * kRows;
+    if (row0 >= n_rows) return;  // padding sequence or a tile past this sequence's rows
+    page_begin = p.kv_indptr[b];
+    const int num_pages = p.kv_indptr[b + 1] - page_begin;
+    const int n_kv = num_pages > 0 ? (num_pages - 1) * page_size + p.kv_last_page_len[b] : 0;
+    ctx = n_kv - n_new;  // keys before the first new token
+    const int last_row = min(row0 + kRows, n_rows) - 1;
+    kv_limit = max(ctx + last_row / group + 1, 0);
+    kv_lo = p.kv_skip != nullptr ? min(p.kv_skip[b], kv_limit) : 0;
+  }
+  // (token, q head) of row r of this block.
+  auto token_of = [&](int r) {
+    return kShared ? p.q_indptr[p.members[first_member + r / group]] : q_start + r / group;
+  };
+  const bool split_out = p.ws_o != nullptr;
+  if (split >= p.num_splits) {  // a slot the shared pass fills for its members: empty until then
+    for (int r = row0 + tid; r < min(row0 + kRows, n_rows); r += kThreads) {
+      const size_t row = static_cast<size_t>(token_of(r)) * p.num_q_heads + hk * group + r % group;
+      p.ws_lse[static_cast<size_t>(p.slot_offset + split) * p.num_tokens * p.num_q_heads + row] =
+          -INFINITY;
+    }
+    return;
+  }
+  // Each sequence uses only as many of the launch's splits as its own length warrants; the
+  // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
+  // shape, and a captured graph, do not depend on the lengths.
+  const int n_keys = kv_limit - kv_lo;
+  const int splits = max(1, min(p.num_splits, n_keys / kMinSplitKeys));
+  const int chunk = static_cast<int>(ceil_div(ceil_div(n_keys, splits), kBlockKv)) * kBlockKv;
+  const int kv_begin = kv_lo + min(split * chunk, n_keys);
   const int kv_end = min(kv_begin + chunk, kv_limit);
   const int num_kv_tiles = static_cast<int>(ceil_div(kv_end - kv_begin, kBlockKv));
   const int32_t* pages = p.kv_page_indices + page_begin;
 
-  const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
@@ -170,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
     const int gr = row0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (gr < n_rows) {
-      const int token = q_start + gr / group;
+      const int token = token_of(gr);
       const int head = hk * group + gr % group;
       v = *reinterpret_cast<const uint4*>(
           p.q + (static_cast<size_t>(token) * p.num_q_heads + head) * D + c * 8);
@@ -196,7 +244,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int gr = row0 + wm * 16 + g + 8 * h;
-    lim[h] = gr < n_rows ? min(ctx + gr / group + 1, kv_end) : kv_begin;
+    const int visible = kShared ? ctx : ctx + gr / group + 1;
+    lim[h] = gr < n_rows ? min(visible, kv_end) : kv_begin;
   }
 
   float o[kDt][4];
@@ -298,18 +347,20 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
 
-  const bool split_out = p.num_splits > 1;
   auto store = [&](int r, int col, float v0, float v1, float lse) {
     const int gr = row0 + r;
     if (gr >= n_rows) return;
-    const int token = q_start + gr / group;
+    const int token = token_of(gr);
     const int head = hk * group + gr % group;
     const size_t row = static_cast<size_t>(token) * p.num_q_heads + head;
     if (!split_out) {
       *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
     } else {
-      const size_t srow = static_cast<size_t>(split) * p.num_tokens * p.num_q_heads + row;
-      *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
+      const size_t srow =
+          static_cast<size_t>(p.slot_offset + split) * p.num_tokens * p.num_q_heads + row;
+      // An empty split's output is never read (the merge skips lse = -inf).
+      if (lse != -INFINITY)
+        *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
       if (col == 0) p.ws_lse[srow] = lse;
     }
   };
@@ -419,23 +470,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D, int WM, int WN, int STAGES>
-cudaError_t launch_attn(const AttnParams& params, int num_seqs, int max_q_len,
-                        cudaStream_t stream) {
+// grid.x counts row tiles times launched splits (see the kernel); the caller sizes y and z.
+template <int D, int WM, int WN, int STAGES, bool kShared = false>
+cudaError_t launch_attn(const AttnParams& params, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = attn_smem_bytes<D, WM, WN, STAGES>();
   static_assert(WN == 1 || kSmem >= (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) +
                                         16 * WM * (D + 8) * sizeof(__nv_bfloat16),
                 "merge buffers fit in the K/V stages");
-  auto kernel = paged_attention_kernel<D, WM, WN, STAGES>;
+  auto kernel = paged_attention_kernel<D, WM, WN, STAGES, kShared>;
   // Once per instantiation: the attribute is a host-side setting, not a stream operation.
   static const cudaError_t attr_err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PAGEDLM_CUDA_TRY(attr_err);
-  const int64_t rows = static_cast<int64_t>(max_q_len) * params.group;
-  const unsigned tiles = std::max(1u, ceil_div(rows, 16 * WM));
-  dim3 grid(tiles * params.num_splits, num_seqs, params.num_kv_heads);
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
+}
+
+// The grid of a per-sequence launch: row tiles of the longest sequence times splits.
+dim3 sequence_grid(const AttnParams& params, int rows_per_tile, int num_seqs, int max_q_len) {
+  const int64_t rows = static_cast<int64_t>(max_q_len) * params.group;
+  const unsigned tiles = std::max(1u, ceil_div(rows, rows_per_tile));
+  return dim3(tiles * (params.num_splits + params.extra_slots), num_seqs, params.num_kv_heads);
 }
 
 cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int page_size) {
@@ -493,7 +548,7 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv
   // Under three quarters of the slots busy, many SMs hold one block and stream too little:
   // 64 seqs x 3 kv heads (192 blocks) ran at 50% unsplit and 76% with 2 splits.
   if (splits == 1 && blocks * 4 <= slots * 3) splits = 2;
-  splits = std::min<int64_t>(splits, std::max(1, max_kv_len / 256));
+  splits = std::min<int64_t>(splits, std::max(1, max_kv_len / kMinSplitKeys));
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
 }
 
@@ -509,51 +564,89 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
   const AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
                   num_tokens, num_q_heads, num_kv_heads, page_size, scale);
-  if (head_dim == 64) return launch_attn<64, 4, 1, 2>(params, num_seqs, max_q_len, stream);
-  return launch_attn<128, 4, 1, 2>(params, num_seqs, max_q_len, stream);
+  const dim3 grid = sequence_grid(params, 64, num_seqs, max_q_len);
+  if (head_dim == 64) return launch_attn<64, 4, 1, 2>(params, grid, stream);
+  return launch_attn<128, 4, 1, 2>(params, grid, stream);
 }
 
-cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
-                                          const int32_t* q_indptr, const int32_t* kv_indptr,
-                                          const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
-                                          int num_tokens, int max_q_len, int num_q_heads,
-                                          int num_kv_heads, int head_dim, int page_size,
-                                          float scale, int num_splits, void* workspace,
-                                          size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t launch_paged_attention_decode(
+    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
+    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
+    int head_dim, int page_size, float scale, int num_splits, void* workspace,
+    size_t workspace_bytes, const SharedPrefixPass* shared, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_splits < 1) return cudaErrorInvalidValue;
+  if (shared != nullptr &&
+      (shared->num_splits < 1 || shared->max_items < 1 || shared->kv_skip == nullptr ||
+       shared->num_items == nullptr || shared->items == nullptr || shared->members == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
                   num_tokens, num_q_heads, num_kv_heads, page_size, scale);
   params.num_splits = num_splits;
-  if (num_splits > 1) {
-    const size_t need =
-        paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, num_splits);
+  const int shared_splits = shared != nullptr ? shared->num_splits : 0;
+  const int slots = num_splits + shared_splits;
+  if (slots > 1) {
+    const size_t need = paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, slots);
     if (workspace == nullptr || workspace_bytes < need) return cudaErrorInvalidValue;
-    const size_t rows = static_cast<size_t>(num_splits) * num_tokens * num_q_heads;
+    const size_t rows = static_cast<size_t>(slots) * num_tokens * num_q_heads;
     params.ws_o = static_cast<float*>(workspace);
     params.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                              (rows * head_dim * sizeof(float) + 255) / 256 * 256);
   }
-  if (head_dim == 64) {
-    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, 3>(params, num_seqs, max_q_len, stream)));
-  } else {
-    PAGEDLM_CUDA_TRY((launch_attn<128, 1, 4, 3>(params, num_seqs, max_q_len, stream)));
+  if (shared != nullptr) {
+    params.kv_skip = shared->kv_skip;
+    params.extra_slots = shared_splits;
   }
-  if (num_splits == 1) return cudaSuccess;
+  const dim3 grid = sequence_grid(params, 16, num_seqs, max_q_len);
+  if (head_dim == 64) {
+    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, 3>(params, grid, stream)));
+  } else {
+    PAGEDLM_CUDA_TRY((launch_attn<128, 1, 4, 3>(params, grid, stream)));
+  }
+  if (shared != nullptr) {
+    // After the per-sequence pass, which marked these slots empty for every row: members' rows
+    // get the shared keys' partial results.
+    AttnParams sp = params;
+    sp.kv_skip = nullptr;
+    sp.extra_slots = 0;
+    sp.slot_offset = num_splits;
+    sp.num_splits = shared_splits;
+    sp.num_items = shared->num_items;
+    sp.items = shared->items;
+    sp.members = shared->members;
+    const dim3 shared_grid(static_cast<unsigned>(shared->max_items * shared_splits), 1,
+                           static_cast<unsigned>(num_kv_heads));
+    if (head_dim == 64) {
+      PAGEDLM_CUDA_TRY((launch_attn<64, 4, 1, 2, true>(sp, shared_grid, stream)));
+    } else {
+      PAGEDLM_CUDA_TRY((launch_attn<128, 4, 1, 2, true>(sp, shared_grid, stream)));
+    }
+  }
+  if (slots == 1) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
   if (head_dim == 64) {
-    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
-                                                             num_seqs, num_tokens, num_q_heads,
-                                                             num_splits, params.out);
+    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(
+        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, slots, params.out);
   } else {
-    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(params.ws_o, params.ws_lse, q_indptr,
-                                                              num_seqs, num_tokens, num_q_heads,
-                                                              num_splits, params.out);
+    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(
+        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, slots, params.out);
   }
   return cudaGetLastError();
+}
+
+int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {
+  return num_kv_heads > 0 ? std::max(1, 64 / std::max(1, num_q_heads / num_kv_heads)) : 1;
+}
+
+int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms) {
+  // Two blocks per SM over all splits; the kernel trims splits below kMinSplitKeys keys.
+  const int64_t blocks_per_split = std::max<int64_t>(1, int64_t{num_items} * num_kv_heads);
+  const int64_t splits = int64_t{std::max(num_sms, 1)} * 2 / blocks_per_split;
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 32));
 }
 
 }  // namespace pagedlm::cuda

@@ -40,29 +40,53 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            int num_kv_heads, int head_dim, int page_size,
                                            float scale, cudaStream_t stream);
 
+// Cascade attention for sequences whose page tables begin with the same pages (a prefix held
+// once in the cache and shared): their shared keys are read once per group of members, not once
+// per sequence. Items group up to shared_prefix_members_per_item() members of one shared run;
+// all arrays are on the device:
+//   kv_skip:   [num_seqs] leading keys of sequence b that its item covers (0: not a member)
+//   num_items: [1] items in use, at most max_items
+//   items:     [max_items][4] first member (index into members), member count, offset of the
+//              shared pages in kv_page_indices, shared keys (whole pages, all before any of
+//              the members' new tokens)
+//   members:   sequence indices, each item's members contiguous
+// num_splits: key splits of the shared pass (shared_prefix_num_splits).
+struct SharedPrefixPass {
+  const int32_t* kv_skip = nullptr;
+  const int32_t* num_items = nullptr;
+  const int32_t* items = nullptr;
+  const int32_t* members = nullptr;
+  int max_items = 0;
+  int num_splits = 1;
+};
+int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads);
+// Splits that fill the GPU when `num_items` items are in use.
+int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms);
+
 // Decode (flash-decoding): each sequence's keys are cut into num_splits parts handled by
 // different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
 // max_q_len, num_splits), so a graph captured for a batch bucket replays for any lengths.
 // max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
 // The first call for each head_dim sets the kernel's shared-memory limit (a host-side
 // attribute); make it once outside stream capture, e.g. in the warm-up before capturing.
-// workspace: at least paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim,
-// num_splits) bytes (may be null when num_splits == 1).
-cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
-                                          const int32_t* q_indptr, const int32_t* kv_indptr,
-                                          const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
-                                          int num_tokens, int max_q_len, int num_q_heads,
-                                          int num_kv_heads, int head_dim, int page_size,
-                                          float scale, int num_splits, void* workspace,
-                                          size_t workspace_bytes, cudaStream_t stream);
+// shared: null, or the cascade's shared-prefix pass (decode only: every member has one new
+// token). workspace: at least paged_attention_workspace_bytes(num_tokens, num_q_heads,
+// head_dim, num_splits + shared splits) bytes (may be null when that sum is 1).
+cudaError_t launch_paged_attention_decode(
+    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
+    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
+    int head_dim, int page_size, float scale, int num_splits, void* workspace,
+    size_t workspace_bytes, const SharedPrefixPass* shared, cudaStream_t stream);
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
                                        int max_num_splits);
 
 // A split count that fills the GPU: enough (sequence, kv head, split) blocks for a few waves,
-// no split shorter than 256 keys. num_sms from cudaDeviceProp::multiProcessorCount.
+// no split shorter than 256 keys. num_sms from cudaDeviceProp::multiProcessorCount. The kernel
+// also caps each sequence's splits by its own length, so a count chosen for the longest
+// possible context (max_kv_len = the model's limit) serves every step of a graph bucket.
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms);
 
 // ---------------------------------------------------------------------------------------------
