@@ -125,7 +125,7 @@ int main() {
       return median_ms([&] {
         CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
                                          1, c.hq, c.hk, c.d, c.page_size, 0.088f, splits, ws,
-                                         ws_bytes, nullptr, nullptr));
+                                         ws_bytes, nullptr, nullptr, nullptr));
       });
     };
     const int heur =

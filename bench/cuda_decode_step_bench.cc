@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     for (int l = 0; l < layers; ++l) {
       cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
                                                       batch, 1, Hq, Hk, d, page_size, scale, splits,
-                                                      ws, ws_bytes, nullptr, s),
+                                                      ws, ws_bytes, nullptr, nullptr, s),
                   "attention");
     }
   });

@@ -223,13 +223,20 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     pass.items = items_d.get();
     pass.members = members_d.get();
     const int slots = splits + (c.cascade ? pass.num_splits : 0);
+    // Blocks start longest sequence first, as the engine orders them.
+    std::vector<int32_t> order_h(d.num_seqs);
+    std::iota(order_h.begin(), order_h.end(), 0);
+    auto keys = [&](int b) { return d.kv_indptr[b + 1] - d.kv_indptr[b]; };
+    std::stable_sort(order_h.begin(), order_h.end(),
+                     [&](int a, int b) { return keys(a) > keys(b); });
+    DevBuf<int32_t> order(order_h);
     const size_t ws_bytes = paged_attention_workspace_bytes(d.num_tokens, Hq, D, slots);
     DevBuf<char> ws(ws_bytes);
     ws.poison();
     CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
                                      Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
-                                     c.cascade ? &pass : nullptr, nullptr));
+                                     order.get(), c.cascade ? &pass : nullptr, nullptr));
     CK(cudaDeviceSynchronize());
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
@@ -520,7 +527,7 @@ TEST(CudaAttention, DecodeGraphReplay) {
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                    ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, scale, splits,
-                                   ws.get(), ws_bytes, nullptr, stream));
+                                   ws.get(), ws_bytes, nullptr, nullptr, stream));
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
 

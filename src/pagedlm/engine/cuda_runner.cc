@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <utility>
 
 #include "pagedlm/engine/engine.h"
@@ -61,7 +62,7 @@ struct CudaStepRunner::Impl {
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
          off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0,
-         off_items = 0, off_members = 0, off_pages = 0, total_bytes = 0;
+         off_items = 0, off_members = 0, off_seq_order = 0, off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -156,6 +157,7 @@ struct CudaStepRunner::Impl {
     off_num_items = take(4);
     off_items = take(16 * B);
     off_members = take(4 * B);
+    off_seq_order = take(4 * B);
     off_pages = take(4 * static_cast<size_t>(pages));
     total_bytes = off;
     cuda::check(cudaMallocHost(&host, total_bytes), "cudaMallocHost (step plan)");
@@ -284,6 +286,14 @@ struct CudaStepRunner::Impl {
       }
     }
     *h<int32_t>(off_num_items) = num_items;
+    // Decode attention starts the longest sequences' blocks first (padding, with no keys, last).
+    if (num_seqs <= max_bucket) {
+      int32_t* order = h<int32_t>(off_seq_order);
+      std::iota(order, order + num_seqs, 0);
+      auto pages = [&](int32_t b) { return b < B ? plan.kv_indptr[b + 1] - plan.kv_indptr[b] : 0; };
+      std::stable_sort(order, order + num_seqs,
+                       [&](int32_t a, int32_t b) { return pages(a) > pages(b); });
+    }
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
                 "step plan upload");
@@ -302,6 +312,7 @@ struct CudaStepRunner::Impl {
     dp.max_q_len = max_q_len;
     dp.decode = decode;
     dp.num_splits = decode ? decode_splits(num_seqs) : 1;
+    dp.seq_order = decode ? d<int32_t>(off_seq_order) : nullptr;
     if (decode && cascade) {
       dp.kv_skip = d<int32_t>(off_kv_skip);
       dp.shared_num_items = d<int32_t>(off_num_items);

@@ -85,12 +85,12 @@ void PagedKvCache::attend_cuda(int layer, const Tensor& q, const Tensor& k, cons
     shared.members = p.shared_members;
     shared.max_items = p.shared_max_items;
     shared.num_splits = p.shared_splits;
-    cuda::check(
-        cuda::launch_paged_attention_decode(
-            q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
-            out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_, p.num_splits,
-            p.workspace, p.workspace_bytes, p.kv_skip != nullptr ? &shared : nullptr, stream),
-        "paged attention (decode)");
+    cuda::check(cuda::launch_paged_attention_decode(
+                    q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_,
+                    p.num_splits, p.workspace, p.workspace_bytes, p.seq_order,
+                    p.kv_skip != nullptr ? &shared : nullptr, stream),
+                "paged attention (decode)");
   } else {
     cuda::check(cuda::launch_paged_attention_prefill(
                     q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,

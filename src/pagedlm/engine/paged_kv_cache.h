@@ -26,6 +26,7 @@ struct DeviceStepPlan {
   int32_t max_q_len = 0;
   bool decode = false;  // every sequence has at most one new token: the split-KV decode kernel
   int32_t num_splits = 1;
+  const int32_t* seq_order = nullptr;  // decode: sequences by length, longest first
   // Cascade attention's shared-prefix pass (decode steps only; cuda::SharedPrefixPass):
   // kv_skip null means none.
   const int32_t* kv_skip = nullptr;           // [num_seqs]

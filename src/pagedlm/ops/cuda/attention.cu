@@ -47,10 +47,11 @@ struct AttnParams {
   int group;
   int page_size;
   int num_splits;   // key splits per (sequence or item, kv head)
-  int extra_slots;  // more launched splits that only mark their slot empty (the shared pass fills
-                    // them)
+  int extra_slots;  // slots after the splits, marked empty by split 0 (the shared pass fills them)
   int slot_offset;  // workspace slot of split 0
   float scale_log2;
+  // Decode: the order in which sequences' blocks start (null: 0, 1, ...).
+  const int32_t* seq_order;
   // Decode beside a shared-prefix pass: kv_skip[b] leading keys of sequence b are left to it.
   const int32_t* kv_skip;
   // The shared-prefix pass (kShared): items of sequences whose first keys are the same pages.
@@ -99,12 +100,13 @@ constexpr size_t attn_smem_bytes() {
   return static_cast<size_t>(16 * WM + 2 * STAGES * kBlockKv) * (D + 8) * sizeof(__nv_bfloat16);
 }
 
-// q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages, page_size, num_kv_heads, D]
-// grid: (row tiles * (num_splits + extra_slots), num_seqs, num_kv_heads), block: 128 threads.
-// kShared: grid (max_items * num_splits, 1, num_kv_heads); the rows of item i are its members'
-// (token, q head) pairs, all of which see all the item's shared keys.
+// One block's work: row tile `tile` of sequence b (kShared: item `tile`, whose rows are its
+// members' (token, q head) pairs, all seeing all the item's shared keys), key split `split`, kv
+// head hk. q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages, page_size,
+// num_kv_heads, D]. Returns early (uniformly over the block) when there is nothing to do.
 template <int D, int WM, int WN, int STAGES, bool kShared>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p) {
+__device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int split, int b,
+                                             int hk) {
   static_assert(WM * WN == kThreads / 32, "4 warps");
   constexpr int kRows = 16 * WM;
   constexpr int kStride = D + 8;  // padded smem row: conflict-free fragment loads
@@ -118,10 +120,6 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
   __nv_bfloat16* k_s = q_s + kRows * kStride;
   __nv_bfloat16* v_s = k_s + STAGES * kBlockKv * kStride;
 
-  const int launched_splits = kShared ? p.num_splits : p.num_splits + p.extra_slots;
-  const int split = blockIdx.x % launched_splits;
-  const int tile = blockIdx.x / launched_splits;
-  const int hk = blockIdx.z;
   const int group = p.group;
   const int page_size = p.page_size;
   const int tid = threadIdx.x;
@@ -141,7 +139,6 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
     ctx = kv_limit = item[3];
     kv_lo = 0;
   } else {
-    const int b = blockIdx.y;
     q_start = p.q_indptr[b];
     const int n_new = p.q_indptr[b + 1] - q_start;
     n_rows = n_new * group;
@@ -160,13 +157,13 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
     return kShared ? p.q_indptr[p.members[first_member + r / group]] : q_start + r / group;
   };
   const bool split_out = p.ws_o != nullptr;
-  if (split >= p.num_splits) {  // a slot the shared pass fills for its members: empty until then
-    for (int r = row0 + tid; r < min(row0 + kRows, n_rows); r += kThreads) {
+  if (split == 0) {  // slots the shared pass fills for its members: empty until then
+    for (int i = tid; i < (min(row0 + kRows, n_rows) - row0) * p.extra_slots; i += kThreads) {
+      const int r = row0 + i / p.extra_slots;
+      const int slot = p.slot_offset + p.num_splits + i % p.extra_slots;
       const size_t row = static_cast<size_t>(token_of(r)) * p.num_q_heads + hk * group + r % group;
-      p.ws_lse[static_cast<size_t>(p.slot_offset + split) * p.num_tokens * p.num_q_heads + row] =
-          -INFINITY;
+      p.ws_lse[static_cast<size_t>(slot) * p.num_tokens * p.num_q_heads + row] = -INFINITY;
     }
-    return;
   }
   // Each sequence uses only as many of the launch's splits as its own length warrants; the
   // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
@@ -428,6 +425,26 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p)
   }
 }
 
+// grid: (row tiles * num_splits, num_kv_heads, num_seqs), block: 128 threads. Blocks start
+// roughly in index order, sequence outermost: with seq_order longest first, the longest
+// sequences start first and the short ones fill the tail of the last wave.
+// kShared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
+// grid need not cover the largest possible number of items.
+template <int D, int WM, int WN, int STAGES, bool kShared>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p) {
+  if constexpr (kShared) {
+    const int units = *p.num_items * p.num_splits;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      attend_block<D, WM, WN, STAGES, true>(p, u / p.num_splits, u % p.num_splits, 0, blockIdx.y);
+      __syncthreads();  // the next unit refills the shared-memory stages
+    }
+  } else {
+    const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
+    attend_block<D, WM, WN, STAGES, false>(p, blockIdx.x / p.num_splits, blockIdx.x % p.num_splits,
+                                           b, blockIdx.y);
+  }
+}
+
 // ws_o: [num_splits, num_tokens, num_q_heads, D] f32, ws_lse: [num_splits, num_tokens,
 // num_q_heads]; out: [num_tokens, num_q_heads, D] bf16. One warp per (token, head).
 template <int D>
@@ -490,7 +507,7 @@ cudaError_t launch_attn(const AttnParams& params, dim3 grid, cudaStream_t stream
 dim3 sequence_grid(const AttnParams& params, int rows_per_tile, int num_seqs, int max_q_len) {
   const int64_t rows = static_cast<int64_t>(max_q_len) * params.group;
   const unsigned tiles = std::max(1u, ceil_div(rows, rows_per_tile));
-  return dim3(tiles * (params.num_splits + params.extra_slots), num_seqs, params.num_kv_heads);
+  return dim3(tiles * params.num_splits, params.num_kv_heads, num_seqs);
 }
 
 cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int page_size) {
@@ -569,12 +586,15 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
   return launch_attn<128, 4, 1, 2>(params, grid, stream);
 }
 
-cudaError_t launch_paged_attention_decode(
-    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
-    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
-    int head_dim, int page_size, float scale, int num_splits, void* workspace,
-    size_t workspace_bytes, const SharedPrefixPass* shared, cudaStream_t stream) {
+cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
+                                          const int32_t* q_indptr, const int32_t* kv_indptr,
+                                          const int32_t* kv_page_indices,
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, const int32_t* seq_order,
+                                          const SharedPrefixPass* shared, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_splits < 1) return cudaErrorInvalidValue;
   if (shared != nullptr &&
@@ -587,6 +607,7 @@ cudaError_t launch_paged_attention_decode(
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
                   num_tokens, num_q_heads, num_kv_heads, page_size, scale);
   params.num_splits = num_splits;
+  params.seq_order = seq_order;
   const int shared_splits = shared != nullptr ? shared->num_splits : 0;
   const int slots = num_splits + shared_splits;
   if (slots > 1) {
@@ -618,8 +639,16 @@ cudaError_t launch_paged_attention_decode(
     sp.num_items = shared->num_items;
     sp.items = shared->items;
     sp.members = shared->members;
-    const dim3 shared_grid(static_cast<unsigned>(shared->max_items * shared_splits), 1,
-                           static_cast<unsigned>(num_kv_heads));
+    // Enough looping blocks for a few per SM, never more than the units that could exist.
+    static const int num_sms = [] {
+      int device = 0, sms = 1;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      return sms;
+    }();
+    const int blocks =
+        std::min(shared->max_items * shared_splits, std::max(1, 4 * num_sms / num_kv_heads));
+    const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
     if (head_dim == 64) {
       PAGEDLM_CUDA_TRY((launch_attn<64, 4, 1, 2, true>(sp, shared_grid, stream)));
     } else {

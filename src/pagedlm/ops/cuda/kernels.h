@@ -69,15 +69,20 @@ int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms);
 // max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
 // The first call for each head_dim sets the kernel's shared-memory limit (a host-side
 // attribute); make it once outside stream capture, e.g. in the warm-up before capturing.
-// shared: null, or the cascade's shared-prefix pass (decode only: every member has one new
-// token). workspace: at least paged_attention_workspace_bytes(num_tokens, num_q_heads,
-// head_dim, num_splits + shared splits) bytes (may be null when that sum is 1).
-cudaError_t launch_paged_attention_decode(
-    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
-    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
-    int head_dim, int page_size, float scale, int num_splits, void* workspace,
-    size_t workspace_bytes, const SharedPrefixPass* shared, cudaStream_t stream);
+// seq_order: null, or a permutation of 0 .. num_seqs-1: the blocks of seq_order[0] start first
+// (longest first shortens the last wave's tail). shared: null, or the cascade's shared-prefix pass
+// (decode only: every member has one new token). workspace: at least
+// paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, num_splits + shared splits)
+// bytes (may be null when that sum is 1).
+cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
+                                          const int32_t* q_indptr, const int32_t* kv_indptr,
+                                          const int32_t* kv_page_indices,
+                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
+                                          int num_tokens, int max_q_len, int num_q_heads,
+                                          int num_kv_heads, int head_dim, int page_size,
+                                          float scale, int num_splits, void* workspace,
+                                          size_t workspace_bytes, const int32_t* seq_order,
+                                          const SharedPrefixPass* shared, cudaStream_t stream);
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,

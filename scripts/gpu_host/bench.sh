@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The benchmark issue's table on a GPU host: `pagedlm bench` with random weights of each config
+# named, on the random (256 x 100-1024 -> 256) and shared-prefix (128 x (2000 + 32) -> 64)
+# workloads, one JSON per run in OUT_DIR and a summary table last.
+#   scripts/gpu_host/bench.sh OUT_DIR smollm2-135m [qwen3-0.6b llama-3.1-8b ...]
+# Env: PAGEDLM (binary, default build-gpu/pagedlm), REPEAT (runs of each, default 1),
+# WORKLOADS (default "random shared-prefix"), FLAGS (more bench flags), TAG (name suffix).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: bench.sh OUT_DIR CONFIG...}
+shift
+bin=${PAGEDLM:-build-gpu/pagedlm}
+mkdir -p "$out"
+for model in "$@"; do
+  for workload in ${WORKLOADS:-random shared-prefix}; do
+    args=(--dummy "configs/$model.json" --workload "$workload")
+    if [[ $workload == shared-prefix ]]; then
+      args+=(--num-requests 128 --prefix-len 2000 --unique-len 32 --output-min 64 --output-max 64)
+    fi
+    for ((i = 1; i <= ${REPEAT:-1}; i++)); do
+      name="$model-$workload${TAG:+-$TAG}-$i"
+      # shellcheck disable=SC2086  # FLAGS is a list of flags
+      "$bin" bench --device cuda --json "${args[@]}" ${FLAGS:-} >"$out/$name.json" \
+        2>"$out/$name.err" || echo "$name failed: $(tail -1 "$out/$name.err")"
+    done
+  done
+done
+python3 - "$out" <<'PY'
+import glob, json, os, sys
+print(f"{'run':44} {'out tok/s':>10} {'bound':>6} {'decode GB/s':>11} {'TTFT p50':>9} {'ITL p50':>8} {'wall s':>7}")
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        r = json.load(open(path))
+    except ValueError:
+        continue
+    print(f"{os.path.basename(path)[:-5]:44} {r['output_tok_s']:10.0f} {100 * r['bound_fraction']:5.1f}% "
+          f"{r['decode_bytes_per_s'] / 1e9:11.0f} {r['ttft_p50_ms']:9.1f} {r['itl_p50_ms']:8.2f} {r['wall_s']:7.3f}")
+PY
