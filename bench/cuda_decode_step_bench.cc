@@ -6,6 +6,7 @@
 // Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
   struct Shape {
     int n, k;
   };
-  const std::vector<Shape> shapes = {{Hq * d, D}, {Hk * d, D}, {Hk * d, D},
-                                     {D, Hq * d}, {2 * F, D},  {D, F}};
+  // As the model runs them: fused q/k/v, o, fused gate/up, down.
+  const std::vector<Shape> shapes = {{(Hq + 2 * Hk) * d, D}, {D, Hq * d}, {2 * F, D}, {D, F}};
   std::vector<void*> weights;
   size_t weight_bytes = 0;
   for (int l = 0; l < layers; ++l) {
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
   weight_bytes += size_t{2} * V * D;
   cuda::check(cudaMalloc(&x, size_t{2} * batch * std::max(F, std::max(D, Hq * d))), "malloc");
   // 4 bytes per element: the lm_head writes f32 logits.
-  cuda::check(cudaMalloc(&y, size_t{4} * batch * std::max(V, 2 * F)), "malloc");
+  cuda::check(cudaMalloc(&y, size_t{4} * batch * std::max({V, 2 * F, (Hq + 2 * Hk) * d})),
+              "malloc");
   cudaMemset(x, 0, size_t{2} * batch * std::max(F, std::max(D, Hq * d)));
   for (void* w : weights) cudaMemset(w, 0, 2);
   const double gemm_ms = graph_ms(s, [&] {

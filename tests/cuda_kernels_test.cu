@@ -750,8 +750,9 @@ TEST(CudaFused, RopeKvWrite) {
   kc.poison();
   vc.poison();
   uint16_t* base = qkv.get();
-  CK(launch_rope_kv_write(base, row, base + Hq * d, row, base + (Hq + Hk) * d, row, pos.get(),
-                          inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d, nullptr));
+  CK(launch_rope_kv_write(base, row, base, row, base + Hq * d, row, base + (Hq + Hk) * d, row,
+                          pos.get(), inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d,
+                          nullptr));
   auto got = qkv.download();
   auto kc_got = kc.download();
   auto vc_got = vc.download();

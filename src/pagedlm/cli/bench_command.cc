@@ -30,6 +30,7 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"steps", r.steps},
           {"decode_steps", r.decode_steps},
           {"decode_s", r.decode_s},
+          {"decode_gpu_s", r.decode_gpu_s},
           {"decode_bytes_per_s", r.decode_bytes_per_s},
           {"bound_output_tok_s", r.bound_output_tok_s},
           {"bound_fraction", r.bound_fraction}};
@@ -49,8 +50,9 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %d\n", "peak pages used", r.peak_pages_used);
   std::printf("%-22s %lld\n", "preemptions", static_cast<long long>(r.preemptions));
   std::printf("%-22s %lld\n", "steps", static_cast<long long>(r.steps));
-  std::printf("%-22s %lld steps, %.3f s, %.1f GB/s\n", "decode",
-              static_cast<long long>(r.decode_steps), r.decode_s, r.decode_bytes_per_s / 1e9);
+  std::printf("%-22s %lld steps, %.3f s (device %.3f s), %.1f GB/s\n", "decode",
+              static_cast<long long>(r.decode_steps), r.decode_s, r.decode_gpu_s,
+              r.decode_bytes_per_s / 1e9);
   if (r.bound_output_tok_s > 0) {
     std::printf("%-22s %.1f output tok/s (this run: %.1f%% of it)\n", "lower-bound time gives",
                 r.bound_output_tok_s, 100 * r.bound_fraction);

@@ -50,6 +50,7 @@ struct BenchmarkResult {
   // must read (every weight once per step, every sequence's K/V once).
   int64_t decode_steps = 0;
   double decode_s = 0;
+  double decode_gpu_s = 0;  // CUDA: the device time of those steps (decode_s - it: host work)
   double decode_bytes = 0;
   double decode_bytes_per_s = 0;
   // The workload's lower bound as the run scheduled it: all steps' bytes at the peak bandwidth

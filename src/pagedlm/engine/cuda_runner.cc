@@ -53,6 +53,8 @@ struct CudaStepRunner::Impl {
   int64_t max_model_len;
   int32_t members_per_item = 1;  // cascade: members of one shared-prefix item
   int64_t cascade_steps = 0;
+  cudaEvent_t step_begin = nullptr, step_end = nullptr;  // the last step's device time
+  double last_gpu_ms = 0;
   int num_sms = 1;
   cudaStream_t stream = nullptr;
 
@@ -89,6 +91,8 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
                 "cudaDeviceGetAttribute");
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
+    cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
     // A decode step holds at most min(max_num_seqs, token budget) sequences.
     max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
@@ -117,6 +121,8 @@ struct CudaStepRunner::Impl {
     if (host_tokens) cudaFreeHost(host_tokens);
     if (dev_tokens) cudaFree(dev_tokens);
     if (workspace) cudaFree(workspace);
+    if (step_begin) cudaEventDestroy(step_begin);
+    if (step_end) cudaEventDestroy(step_end);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -391,6 +397,7 @@ struct CudaStepRunner::Impl {
       if (saved_keys < kCascadeMinSavedKeys) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
+    cuda::check(cudaEventRecord(step_begin, stream), "cudaEventRecord");
     stage(plan, sampling, rows, num_seqs, logit_rows, shared);
     bind(num_seqs, max_q_len, decode, !shared.empty());
     if (use_graphs && bucketed) {
@@ -407,7 +414,11 @@ struct CudaStepRunner::Impl {
                                   cudaMemcpyDeviceToHost, stream),
                   "logits download");
     }
+    cuda::check(cudaEventRecord(step_end, stream), "cudaEventRecord");
     cuda::check(cudaStreamSynchronize(stream), "step");
+    float gpu_ms = 0;
+    cuda::check(cudaEventElapsedTime(&gpu_ms, step_begin, step_end), "cudaEventElapsedTime");
+    last_gpu_ms = gpu_ms;
 
     std::vector<int32_t> sampled(B, -1);
     for (int32_t b = 0; b < B; ++b) {
@@ -448,6 +459,8 @@ int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
+double CudaStepRunner::last_step_gpu_ms() const { return impl_->last_gpu_ms; }
+
 #else  // !PAGEDLM_HAS_CUDA
 
 struct CudaStepRunner::Impl {};
@@ -474,6 +487,8 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqS
 int64_t CudaStepRunner::num_graphs() const { return 0; }
 
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
+
+double CudaStepRunner::last_step_gpu_ms() const { return 0; }
 
 #endif  // PAGEDLM_HAS_CUDA
 

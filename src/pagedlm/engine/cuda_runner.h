@@ -54,6 +54,9 @@ class CudaStepRunner {
   int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.
   int64_t cascade_steps() const;
+  // Device time of the last run(), from the plan upload to the sampled ids' download (the host
+  // work around it is the rest of the step's wall time).
+  double last_step_gpu_ms() const;
 
  private:
   struct Impl;

@@ -179,6 +179,7 @@ std::vector<RequestEvent> Engine::step() {
   }
   Tensor logits;
   std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
+  if (cuda_) last_step_.gpu_ms = cuda_->last_step_gpu_ms();
   if (cuda_) {  // the device sampler knows no penalties: those rows are sampled again here
     for (int32_t b = 0; b < plan.num_seqs(); ++b) {
       if (sampled[b] >= 0 && has_penalties(sampling_.at(plan.request_ids[b]))) {

@@ -69,6 +69,7 @@ struct StepShape {
   int64_t kv_tokens = 0;        // keys held by the step's sequences (after its tokens)
   int64_t attention_pairs = 0;  // (query, visible key) pairs the step's attention computes
   bool decode = false;          // every sequence has exactly one new token
+  double gpu_ms = 0;            // CUDA: the step's device time, upload to download
 };
 
 // Whether this build has CUDA support and the machine a GPU.

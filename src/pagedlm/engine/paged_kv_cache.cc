@@ -1,6 +1,7 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rope.h"
@@ -48,11 +49,24 @@ void PagedKvCache::bind(const StepPlan& plan) {
   kv_last_page_len_ = index_tensor(plan.kv_last_page_len);
 }
 
-void PagedKvCache::attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& inv_freq, const Tensor& out) {
+void PagedKvCache::attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
+                          const Tensor& out) {
+  const int64_t L = q.dim(0), Hq = q.dim(1), d = q.dim(2);
+  const int64_t Hk = k_cache_[layer].dim(2), width = (Hq + 2 * Hk) * d;
+  PAGEDLM_CHECK(qkv.dim(0) == L && qkv.dim(1) == width, "attend: qkv must be [", L, ", ", width,
+                "]");
   if (device_ != Device::kCpu) {
-    attend_cuda(layer, q, k, v, inv_freq, out);
+    attend_cuda(layer, qkv, q, inv_freq, out);
     return;
+  }
+  // The CPU ops take contiguous q, k and v: split the fused rows.
+  Tensor k = Tensor::empty(DType::kF32, {L, Hk, d}), v = Tensor::empty(DType::kF32, {L, Hk, d});
+  const float* src = qkv.data<float>();
+  for (int64_t t = 0; t < L; ++t) {
+    const float* row = src + t * width;
+    std::memcpy(q.data<float>() + t * Hq * d, row, Hq * d * sizeof(float));
+    std::memcpy(k.data<float>() + t * Hk * d, row + Hq * d, Hk * d * sizeof(float));
+    std::memcpy(v.data<float>() + t * Hk * d, row + (Hq + Hk) * d, Hk * d * sizeof(float));
   }
   ops::rope(q, k, positions_, inv_freq);
   ops::write_kv(k, v, slot_mapping_, k_cache_[layer], v_cache_[layer]);
@@ -60,23 +74,26 @@ void PagedKvCache::attend(int layer, const Tensor& q, const Tensor& k, const Ten
                        kv_last_page_len_, scale_, out);
 }
 
-// q: [L, Hq, d], k/v: [L, Hk, d] bf16 -> out: [L, Hq, d]. Rope and the cache write are one
-// kernel; attention is the split-KV decode kernel when every sequence has one new token (its
-// launch shape is fixed per batch bucket, so the step can be a graph), else the prefill kernel.
-void PagedKvCache::attend_cuda(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+// qkv: [L, (Hq + 2 Hk) d] bf16 -> out: [L, Hq, d]. Rope, the split of q out of the fused rows
+// and the cache write are one kernel; attention is the split-KV decode kernel when every
+// sequence has one new token (its launch shape is fixed per batch bucket, so the step can be a
+// graph), else the prefill kernel.
+void PagedKvCache::attend_cuda(int layer, const Tensor& qkv, const Tensor& q,
                                const Tensor& inv_freq, const Tensor& out) {
 #ifdef PAGEDLM_HAS_CUDA
   const DeviceStepPlan& p = device_plan_;
   const int L = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1));
-  const int Hk = static_cast<int>(k.dim(1)), d = static_cast<int>(q.dim(2));
+  const int Hk = static_cast<int>(k_cache_[layer].dim(2)), d = static_cast<int>(q.dim(2));
+  const int64_t width = int64_t{Hq + 2 * Hk} * d;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   void* kc = k_cache_[layer].raw();
   void* vc = v_cache_[layer].raw();
-  cuda::check(
-      cuda::launch_rope_kv_write(q.raw(), int64_t{Hq} * d, k.raw(), int64_t{Hk} * d, v.raw(),
-                                 int64_t{Hk} * d, p.positions, inv_freq.data<float>(),
-                                 p.slot_mapping, kc, vc, L, Hq, Hk, d, stream),
-      "rope + KV cache write");
+  auto* fused = static_cast<uint16_t*>(qkv.raw());  // bf16 elements
+  cuda::check(cuda::launch_rope_kv_write(
+                  fused, width, q.raw(), int64_t{Hq} * d, fused + int64_t{Hq} * d, width,
+                  fused + int64_t{Hq + Hk} * d, width, p.positions, inv_freq.data<float>(),
+                  p.slot_mapping, kc, vc, L, Hq, Hk, d, stream),
+              "rope + KV cache write");
   if (p.decode) {
     cuda::SharedPrefixPass shared;
     shared.kv_skip = p.kv_skip;

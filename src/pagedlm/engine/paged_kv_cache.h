@@ -55,12 +55,12 @@ class PagedKvCache final : public Attention {
   // GPU: the same, from arrays the engine has already copied to the device.
   void bind(const DeviceStepPlan& plan) { device_plan_ = plan; }
 
-  void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& inv_freq,
+  void attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
               const Tensor& out) override;
 
  private:
-  void attend_cuda(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& inv_freq, const Tensor& out);
+  void attend_cuda(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
+                   const Tensor& out);
 
   Device device_;
   int32_t page_size_;

@@ -18,8 +18,9 @@ namespace {
 
 struct LayerWeights {
   Tensor input_norm, post_attention_norm;  // [D]
-  Tensor q_proj, k_proj, v_proj, o_proj;   // [Hq*d, D], [Hk*d, D], [Hk*d, D], [D, Hq*d]
-  Tensor q_bias, k_bias, v_bias;           // Qwen2 only
+  Tensor qkv_proj;                         // [(Hq + 2 Hk) d, D]: q, k, v rows, one GEMM
+  Tensor qkv_bias;                         // Qwen2 only
+  Tensor o_proj;                           // [D, Hq*d]
   Tensor q_norm, k_norm;                   // [d], Qwen3 only
   Tensor gate_up_proj;                     // [2F, D]: gate rows then up rows, one GEMM
   Tensor down_proj;                        // [D, F]
@@ -41,11 +42,18 @@ Tensor upload(const Tensor& t, Device device) {
   return bf16.to(device);
 }
 
-Tensor concat_rows(const Tensor& a, const Tensor& b) {
-  Tensor fa = a.to_f32(), fb = b.to_f32();
-  Tensor out = Tensor::empty(DType::kF32, {fa.dim(0) + fb.dim(0), fa.dim(1)});
-  std::memcpy(out.data<float>(), fa.data<float>(), fa.nbytes());
-  std::memcpy(out.data<float>() + fa.numel(), fb.data<float>(), fb.nbytes());
+// Stacks tensors along their first dimension (f32): weights [rows, cols] or biases [rows].
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  Shape shape = parts.front().shape();
+  shape[0] = 0;
+  for (const Tensor& t : parts) shape[0] += t.dim(0);
+  Tensor out = Tensor::empty(DType::kF32, shape);
+  float* dst = out.data<float>();
+  for (const Tensor& t : parts) {
+    const Tensor f = t.to_f32();
+    std::memcpy(dst, f.data<float>(), f.nbytes());
+    dst += f.numel();
+  }
   return out;
 }
 
@@ -69,21 +77,23 @@ class LlamaFamilyModel final : public CausalLM {
       LayerWeights w;
       w.input_norm = upload(ckpt.get(p + "input_layernorm.weight", {D}), device);
       w.post_attention_norm = upload(ckpt.get(p + "post_attention_layernorm.weight", {D}), device);
-      w.q_proj = upload(ckpt.get(p + "self_attn.q_proj.weight", {q_rows, D}), device);
-      w.k_proj = upload(ckpt.get(p + "self_attn.k_proj.weight", {kv_rows, D}), device);
-      w.v_proj = upload(ckpt.get(p + "self_attn.v_proj.weight", {kv_rows, D}), device);
+      w.qkv_proj = upload(concat_rows({ckpt.get(p + "self_attn.q_proj.weight", {q_rows, D}),
+                                       ckpt.get(p + "self_attn.k_proj.weight", {kv_rows, D}),
+                                       ckpt.get(p + "self_attn.v_proj.weight", {kv_rows, D})}),
+                          device);
       w.o_proj = upload(ckpt.get(p + "self_attn.o_proj.weight", {D, q_rows}), device);
       if (c.attention_bias) {
-        w.q_bias = upload(ckpt.get(p + "self_attn.q_proj.bias", {q_rows}), device);
-        w.k_bias = upload(ckpt.get(p + "self_attn.k_proj.bias", {kv_rows}), device);
-        w.v_bias = upload(ckpt.get(p + "self_attn.v_proj.bias", {kv_rows}), device);
+        w.qkv_bias = upload(concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_rows}),
+                                         ckpt.get(p + "self_attn.k_proj.bias", {kv_rows}),
+                                         ckpt.get(p + "self_attn.v_proj.bias", {kv_rows})}),
+                            device);
       }
       if (c.qk_norm) {
         w.q_norm = upload(ckpt.get(p + "self_attn.q_norm.weight", {d}), device);
         w.k_norm = upload(ckpt.get(p + "self_attn.k_norm.weight", {d}), device);
       }
-      w.gate_up_proj = upload(concat_rows(ckpt.get(p + "mlp.gate_proj.weight", {F, D}),
-                                          ckpt.get(p + "mlp.up_proj.weight", {F, D})),
+      w.gate_up_proj = upload(concat_rows({ckpt.get(p + "mlp.gate_proj.weight", {F, D}),
+                                           ckpt.get(p + "mlp.up_proj.weight", {F, D})}),
                               device);
       w.down_proj = upload(ckpt.get(p + "mlp.down_proj.weight", {D, F}), device);
       layers_.push_back(std::move(w));
@@ -118,9 +128,8 @@ class LlamaFamilyModel final : public CausalLM {
     b.capacity = rows;
     b.residual = make_f32({rows, D});
     b.hidden = make({rows, D});
+    b.qkv = make({rows, (c.num_heads + 2 * c.num_kv_heads) * d});
     b.q = make({rows, c.num_heads, d});
-    b.k = make({rows, c.num_kv_heads, d});
-    b.v = make({rows, c.num_kv_heads, d});
     b.attn_out = make({rows, c.num_heads, d});
     b.proj_out = make({rows, D});
     b.gate_up = make({rows, 2 * F});
@@ -141,7 +150,7 @@ class LlamaFamilyModel final : public CausalLM {
     // Views of the preallocated activations: nothing is allocated per step, which keeps the
     // step capturable as a CUDA graph.
     Tensor residual = buffers_.residual.rows(0, L), hidden = buffers_.hidden.rows(0, L);
-    Tensor q = buffers_.q.rows(0, L), k = buffers_.k.rows(0, L), v = buffers_.v.rows(0, L);
+    Tensor qkv = buffers_.qkv.rows(0, L), q = buffers_.q.rows(0, L);
     Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
 
@@ -153,16 +162,12 @@ class LlamaFamilyModel final : public CausalLM {
       } else {
         ops::add_rms_norm(residual, proj_out, w.input_norm, eps, hidden, stream);
       }
-      Tensor q2 = q.reshape({L, Hq * d}), k2 = k.reshape({L, Hk * d}), v2 = v.reshape({L, Hk * d});
-      ops::linear(hidden, w.q_proj, w.q_bias, q2, stream);
-      ops::linear(hidden, w.k_proj, w.k_bias, k2, stream);
-      ops::linear(hidden, w.v_proj, w.v_bias, v2, stream);
+      ops::linear(hidden, w.qkv_proj, w.qkv_bias, qkv, stream);
       if (c.qk_norm) {
-        Tensor qn = q.reshape({L * Hq, d}), kn = k.reshape({L * Hk, d});
-        ops::rms_norm(qn, w.q_norm, eps, qn, stream);
-        ops::rms_norm(kn, w.k_norm, eps, kn, stream);
+        ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream);
+        ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream);
       }
-      attention.attend(static_cast<int>(i), q, k, v, inv_freq_, attn_out);
+      attention.attend(static_cast<int>(i), qkv, q, inv_freq_, attn_out);
       ops::linear(attn_out.reshape({L, Hq * d}), w.o_proj, Tensor(), proj_out, stream);
       ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden, stream);
       ops::linear(hidden, w.gate_up_proj, Tensor(), gate_up, stream);
@@ -181,9 +186,9 @@ class LlamaFamilyModel final : public CausalLM {
 
  private:
   struct Activations {
-    int64_t capacity = 0;                                                // rows
-    Tensor residual, hidden, q, k, v, attn_out, proj_out, gate_up, act;  // [rows, ...]
-    Tensor last, last_residual, last_update;                             // [rows, D]
+    int64_t capacity = 0;                                               // rows
+    Tensor residual, hidden, qkv, q, attn_out, proj_out, gate_up, act;  // [rows, ...]
+    Tensor last, last_residual, last_update;                            // [rows, D]
   };
 
   ModelConfig config_;

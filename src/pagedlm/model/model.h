@@ -17,10 +17,11 @@ namespace pagedlm {
 class Attention {
  public:
   virtual ~Attention() = default;
-  // q: [L, Hq, d], k/v: [L, Hk, d] (before rope; q and k are rotated in place),
-  // inv_freq: [d/2] f32 -> out: [L, Hq, d]
-  virtual void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& inv_freq, const Tensor& out) = 0;
+  // qkv: [L, (Hq + 2 Hk) * d], each row the q heads, then the k heads, then the v heads, before
+  // rope (one fused projection's output; k is rotated in place), q: [L, Hq, d] receives the
+  // rotated queries, inv_freq: [d/2] f32 -> out: [L, Hq, d].
+  virtual void attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
+                      const Tensor& out) = 0;
 };
 
 struct ForwardInputs {

@@ -22,9 +22,17 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& ou
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                   const Tensor& out, void* stream = nullptr);
 
+// Qwen3's per-head q/k norm inside a fused projection: x: [rows, width] in the compute dtype;
+// in every row, heads first_head .. first_head + num_heads - 1 (head_dim wide each, counted from
+// the row's start) are normalized in place with weight: [head_dim].
+void head_rms_norm(const Tensor& x, int64_t first_head, int64_t num_heads, int64_t head_dim,
+                   const Tensor& weight, float eps, void* stream = nullptr);
+
 namespace cpu {
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
               float eps);
+void head_rms_norm(float* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
+                   int64_t head_dim, const float* weight, float eps);
 void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
                   int64_t dim, float eps);
 }  // namespace cpu
@@ -37,6 +45,8 @@ void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64
               int64_t dim, float eps, DType dtype, void* stream);
 void add_rms_norm(float* residual, const void* x, const void* weight, void* out, int64_t rows,
                   int64_t dim, float eps, DType dtype, void* stream);
+void head_rms_norm(void* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
+                   int64_t head_dim, const void* weight, float eps, DType dtype, void* stream);
 }  // namespace cuda
 #endif
 

@@ -37,6 +37,17 @@ void add_rms_norm(float* residual, const float* x, const float* weight, float* o
   }
 }
 
+void head_rms_norm(float* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
+                   int64_t head_dim, const float* weight, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = first_head; h < first_head + num_heads; ++h) {
+      float* head = x + r * width + h * head_dim;
+      norm_row(head, weight, head, head_dim, eps);
+    }
+  }
+}
+
 }  // namespace cpu
 
 namespace {
@@ -87,6 +98,30 @@ void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
 #ifdef PAGEDLM_HAS_CUDA
   cuda::add_rms_norm(residual.data<float>(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1),
                      eps, dt, stream);
+#else
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+void head_rms_norm(const Tensor& x, int64_t first_head, int64_t num_heads, int64_t head_dim,
+                   const Tensor& weight, float eps, void* stream) {
+  constexpr const char* kOp = "head_rms_norm";
+  const DType dt = detail::compute_dtype(x, kOp, "x");
+  detail::expect(x, kOp, "x", dt, {detail::kAnyDim, detail::kAnyDim});
+  detail::expect(weight, kOp, "weight", dt, {head_dim});
+  detail::expect_device(weight, x.device(), kOp, "weight");
+  PAGEDLM_CHECK(
+      first_head >= 0 && num_heads >= 0 && (first_head + num_heads) * head_dim <= x.dim(1), kOp,
+      ": heads ", first_head, "..", first_head + num_heads, " of ", head_dim, " exceed a row of ",
+      x.dim(1));
+  if (x.device() == Device::kCpu) {
+    cpu::head_rms_norm(x.data<float>(), x.dim(0), x.dim(1), first_head, num_heads, head_dim,
+                       weight.data<float>(), eps);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::head_rms_norm(x.raw(), x.dim(0), x.dim(1), first_head, num_heads, head_dim, weight.raw(),
+                      eps, dt, stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif

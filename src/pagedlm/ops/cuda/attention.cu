@@ -26,6 +26,9 @@ using detail::ceil_div;
 constexpr int kThreads = 128;
 constexpr int kBlockKv = 64;        // keys per pipeline stage
 constexpr int kMinSplitKeys = 256;  // no decode split shorter than this
+// The shared pass's blocks hold 64 query rows (many sequences), so even one key tile per split
+// is worth its merge.
+constexpr int kMinSharedSplitKeys = kBlockKv;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct AttnParams {
@@ -169,7 +172,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
   // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
   // shape, and a captured graph, do not depend on the lengths.
   const int n_keys = kv_limit - kv_lo;
-  const int splits = max(1, min(p.num_splits, n_keys / kMinSplitKeys));
+  const int min_keys = kShared ? kMinSharedSplitKeys : kMinSplitKeys;
+  const int splits = max(1, min(p.num_splits, n_keys / min_keys));
   const int chunk = static_cast<int>(ceil_div(ceil_div(n_keys, splits), kBlockKv)) * kBlockKv;
   const int kv_begin = kv_lo + min(split * chunk, n_keys);
   const int kv_end = min(kv_begin + chunk, kv_limit);
@@ -672,10 +676,11 @@ int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {
 }
 
 int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms) {
-  // Two blocks per SM over all splits; the kernel trims splits below kMinSplitKeys keys.
+  // Four blocks per SM (what fits of this kernel) over all splits; the kernel trims splits below
+  // kMinSharedSplitKeys keys, and the merge reads every split, so no more than 16.
   const int64_t blocks_per_split = std::max<int64_t>(1, int64_t{num_items} * num_kv_heads);
-  const int64_t splits = int64_t{std::max(num_sms, 1)} * 2 / blocks_per_split;
-  return static_cast<int>(std::clamp<int64_t>(splits, 1, 32));
+  const int64_t splits = int64_t{std::max(num_sms, 1)} * 4 / blocks_per_split;
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 16));
 }
 
 }  // namespace pagedlm::cuda

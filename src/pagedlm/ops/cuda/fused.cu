@@ -87,8 +87,9 @@ __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* 
 // One block per token; threads walk the (head, pair) grid of q then k, then copy v.
 // q: [num_tokens, Hq, d] strided, k/v: [num_tokens, Hk, d] strided,
 // k_cache/v_cache: [num_slots, Hk, d]
-__global__ void rope_kv_write_kernel(bf16* q, int64_t q_stride, bf16* k, int64_t k_stride,
-                                     const bf16* v, int64_t v_stride, const int32_t* positions,
+__global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_out,
+                                     int64_t q_out_stride, bf16* k, int64_t k_stride, const bf16* v,
+                                     int64_t v_stride, const int32_t* positions,
                                      const float* inv_freq, const int32_t* slot_mapping,
                                      bf16* k_cache, bf16* v_cache, int num_q_heads,
                                      int num_kv_heads, int head_dim) {
@@ -96,7 +97,8 @@ __global__ void rope_kv_write_kernel(bf16* q, int64_t q_stride, bf16* k, int64_t
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[t]);
   const int32_t slot = slot_mapping[t];
-  bf16* qt = q + t * q_stride;
+  const bf16* qt = q + t * q_stride;
+  bf16* qt_out = q_out + t * q_out_stride;
   bf16* kt = k + t * k_stride;
   const bf16* vt = v + t * v_stride;
   const int total = (num_q_heads + num_kv_heads) * half;
@@ -105,12 +107,13 @@ __global__ void rope_kv_write_kernel(bf16* q, int64_t q_stride, bf16* k, int64_t
     float sn, cs;
     sincosf(pos * inv_freq[i], &sn, &cs);
     const bool is_q = head < num_q_heads;
-    bf16* x = is_q ? qt + head * head_dim : kt + (head - num_q_heads) * head_dim;
+    const bf16* x = is_q ? qt + head * head_dim : kt + (head - num_q_heads) * head_dim;
+    bf16* y = is_q ? qt_out + head * head_dim : kt + (head - num_q_heads) * head_dim;
     const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
     const bf16 y1 = __float2bfloat16(x1 * cs - x2 * sn);
     const bf16 y2 = __float2bfloat16(x2 * cs + x1 * sn);
-    x[i] = y1;
-    x[i + half] = y2;
+    y[i] = y1;
+    y[i + half] = y2;
     if (!is_q && slot >= 0) {
       bf16* dst =
           k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim;
@@ -185,7 +188,8 @@ cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weig
   return cudaGetLastError();
 }
 
-cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64_t k_token_stride,
+cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
+                                 int64_t q_out_token_stride, void* k, int64_t k_token_stride,
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
                                  const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
                                  void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
@@ -193,10 +197,10 @@ cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
   rope_kv_write_kernel<<<num_tokens, 256, 0, stream>>>(
-      static_cast<bf16*>(q), q_token_stride, static_cast<bf16*>(k), k_token_stride,
-      static_cast<const bf16*>(v), v_token_stride, positions, inv_freq, slot_mapping,
-      static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), num_q_heads, num_kv_heads,
-      head_dim);
+      static_cast<const bf16*>(q), q_token_stride, static_cast<bf16*>(q_out), q_out_token_stride,
+      static_cast<bf16*>(k), k_token_stride, static_cast<const bf16*>(v), v_token_stride, positions,
+      inv_freq, slot_mapping, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), num_q_heads,
+      num_kv_heads, head_dim);
   return cudaGetLastError();
 }
 

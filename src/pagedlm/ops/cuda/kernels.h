@@ -123,13 +123,16 @@ cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weig
                                 int rows, int dim, float eps, cudaStream_t stream);
 
 // Rotary embedding (NEOX rotate_half: pair i with i + d/2, angle = float(pos) * inv_freq[i] in
-// fp32) on q and k in place, then k and v are written into the paged cache at slot_mapping
-// (slot = page * page_size + offset; -1 skips the token: padding).
-// q: [num_tokens, num_q_heads, head_dim] at q + t * q_token_stride (+ h * head_dim)
+// fp32) on q, written to q_out (q_out == q: in place), and on k in place, then k and v are
+// written into the paged cache at slot_mapping (slot = page * page_size + offset; -1 skips the
+// token: padding). q, k and v may be parts of one fused projection row (strides = its length).
+// q: [num_tokens, num_q_heads, head_dim] at q + t * q_token_stride (+ h * head_dim), q_out
+// likewise with q_out_token_stride
 // k, v: [num_tokens, num_kv_heads, head_dim] with k_token_stride / v_token_stride
 // positions, slot_mapping: [num_tokens]; inv_freq: [head_dim / 2] f32
 // k_cache, v_cache: [num_slots, num_kv_heads, head_dim] bf16 (num_slots = num_pages*page_size)
-cudaError_t launch_rope_kv_write(void* q, int64_t q_token_stride, void* k, int64_t k_token_stride,
+cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
+                                 int64_t q_out_token_stride, void* k, int64_t k_token_stride,
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
                                  const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
                                  void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,

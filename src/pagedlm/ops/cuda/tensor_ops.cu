@@ -121,6 +121,16 @@ void add_rms_norm(float* residual, const void* x, const void* weight, void* out,
              "add_rms_norm");
 }
 
+void head_rms_norm(void* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
+                   int64_t head_dim, const void* weight, float eps, DType dtype, void* stream) {
+  require_bf16(dtype, "head_rms_norm");
+  void* heads = static_cast<__nv_bfloat16*>(x) + first_head * head_dim;
+  raw::check(raw::launch_rms_norm(heads, width, weight, heads, width, static_cast<int>(rows),
+                                  static_cast<int>(num_heads), static_cast<int>(head_dim), eps,
+                                  as_stream(stream)),
+             "head_rms_norm");
+}
+
 void silu_mul(const void* gate_up, void* out, int64_t n_tokens, int64_t ffn, DType dtype,
               void* stream) {
   require_bf16(dtype, "silu_mul");
@@ -140,9 +150,10 @@ void rope(void* q, void* k, const int32_t* positions, const float* inv_freq, int
   raw::check(cudaMallocAsync(&no_slots, n_tokens * sizeof(int32_t), s), "rope: slot buffer");
   raw::check(cudaMemsetAsync(no_slots, 0xff, n_tokens * sizeof(int32_t), s), "rope: slot buffer");
   const cudaError_t err = raw::launch_rope_kv_write(
-      q, n_q_heads * head_dim, k, n_kv_heads * head_dim, k, n_kv_heads * head_dim, positions,
-      inv_freq, no_slots, nullptr, nullptr, static_cast<int>(n_tokens), static_cast<int>(n_q_heads),
-      static_cast<int>(n_kv_heads), static_cast<int>(head_dim), s);
+      q, n_q_heads * head_dim, q, n_q_heads * head_dim, k, n_kv_heads * head_dim, k,
+      n_kv_heads * head_dim, positions, inv_freq, no_slots, nullptr, nullptr,
+      static_cast<int>(n_tokens), static_cast<int>(n_q_heads), static_cast<int>(n_kv_heads),
+      static_cast<int>(head_dim), s);
   raw::check(cudaFreeAsync(no_slots, s), "rope: slot buffer");
   raw::check(err, "rope");
 }
