@@ -300,6 +300,7 @@ struct CudaStepRunner::Impl {
       std::stable_sort(order, order + num_seqs,
                        [&](int32_t a, int32_t b) { return pages(a) > pages(b); });
     }
+    cuda::check(cudaEventRecord(step_begin, stream), "cudaEventRecord");  // host work done
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
                 "step plan upload");
@@ -397,7 +398,6 @@ struct CudaStepRunner::Impl {
       if (saved_keys < kCascadeMinSavedKeys) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
-    cuda::check(cudaEventRecord(step_begin, stream), "cudaEventRecord");
     stage(plan, sampling, rows, num_seqs, logit_rows, shared);
     bind(num_seqs, max_q_len, decode, !shared.empty());
     if (use_graphs && bucketed) {

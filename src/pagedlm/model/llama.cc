@@ -33,12 +33,16 @@ DType compute_dtype_of(Device device) {
 // Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
 // f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
 Tensor upload(const Tensor& t, Device device) {
-  Tensor f32 = t.to_f32();
-  if (device == Device::kCpu) return f32;
+  if (device == Device::kCpu) return t.to_f32();
+  // f32 checkpoints (and dummy weights) convert in place of a copy, in parallel: an 8B model
+  // is 8G conversions.
+  const Tensor f32 = t.dtype() == DType::kF32 ? t : t.to_f32();
   Tensor bf16 = Tensor::empty(DType::kBF16, f32.shape());
   const float* src = f32.data<float>();
   uint16_t* dst = bf16.data<uint16_t>();
-  for (int64_t i = 0; i < f32.numel(); ++i) dst[i] = f32_to_bf16(src[i]);
+  const int64_t n = f32.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
   return bf16.to(device);
 }
 
