@@ -225,6 +225,29 @@ def main():
             assert salted2.prompt_tokens_details.cached_tokens >= 16, salted2
             assert first.prompt_tokens == second.prompt_tokens
 
+        def check_logit_bias_and_repetition():
+            def token_id(text):
+                status, tok = post_json(server, "/tokenize",
+                                        {"prompt": text, "add_special_tokens": False}, auth)
+                assert status == 200 and len(tok["tokens"]) == 1, tok
+                return tok["tokens"][0]
+
+            the = token_id(" the")
+            # +100 forces the token at every step, whatever the model prefers.
+            forced = complete(prompt=PROMPT, max_tokens=4, temperature=0,
+                              logit_bias={str(the): 100})
+            assert forced.choices[0].text == " the" * 4, forced.choices[0].text
+            # -100 keeps it out wherever the unbiased greedy run used it.
+            plain = complete(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1)
+            banned = complete(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1,
+                              logit_bias={str(the): -100})
+            assert " the" not in banned.choices[0].logprobs.tokens
+            if " the" in plain.choices[0].logprobs.tokens:
+                assert banned.choices[0].text != plain.choices[0].text
+            rep = complete(prompt=PROMPT, max_tokens=12, temperature=0,
+                           extra_body={"repetition_penalty": 1.3})
+            assert rep.usage.completion_tokens == 12
+
         def check_errors_through_client():
             try:
                 complete(prompt=PROMPT, max_tokens=4, temperature=-1)
@@ -250,6 +273,7 @@ def main():
             ("stop strings across token boundaries", check_stop_strings),
             ("logprobs", check_logprobs),
             ("cache salting by api key and cache_salt", check_cache_salting),
+            ("logit_bias and repetition_penalty", check_logit_bias_and_repetition),
             ("errors through the client", check_errors_through_client),
         ])
 

@@ -238,6 +238,12 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", args->sampling.top_k, "keep the k most likely tokens (0: off)");
   cmd->add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (1: off)");
   cmd->add_option("--min-p", args->sampling.min_p, "drop tokens below min_p * max prob");
+  cmd->add_option("--presence-penalty", args->sampling.presence_penalty,
+                  "OpenAI presence penalty over generated tokens, [-2, 2]");
+  cmd->add_option("--frequency-penalty", args->sampling.frequency_penalty,
+                  "OpenAI frequency penalty over generated tokens, [-2, 2]");
+  cmd->add_option("--repetition-penalty", args->sampling.repetition_penalty,
+                  "divide seen tokens' positive logits by this, multiply negative ones (1: off)");
   cmd->add_option("--seed", args->seed, "seed for reproducible sampling");
   cmd->add_option("--stop", args->stop, "stop at this text, which is not printed (repeatable)");
   cmd->add_flag("--show-cache", args->show_cache, "print page tables and prefix-cache counters");

@@ -27,10 +27,19 @@ void validate_sampling(const SamplingParams& p) {
                 p.presence_penalty);
   PAGEDLM_CHECK(std::abs(p.frequency_penalty) <= 2.f, "frequency_penalty must be in [-2, 2], got ",
                 p.frequency_penalty);
+  PAGEDLM_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.f,
+                "repetition_penalty must be > 0, got ", p.repetition_penalty);
+  for (const auto& [token, bias] : p.logit_bias) {
+    PAGEDLM_CHECK(std::abs(bias) <= 100.f, "logit_bias of token ", token,
+                  " must be in [-100, 100], got ", bias);
+  }
 }
 
-bool has_penalties(const SamplingParams& p) {
-  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+// Whether a request's logits are changed before sampling (always on the host: the device sampler
+// knows none of this).
+bool adjusts_logits(const SamplingParams& p) {
+  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.repetition_penalty != 1.f ||
+         !p.logit_bias.empty();
 }
 
 // The sampled token's log-probability and the top_k best alternatives of one logits row.
@@ -130,6 +139,10 @@ int64_t Engine::add_request(Request request) {
                   " is out of range for a vocabulary of ", vocab);
   }
   validate_sampling(request.sampling);
+  for (const auto& [token, bias] : request.sampling.logit_bias) {
+    PAGEDLM_CHECK(token >= 0 && token < vocab, "logit_bias token id ", token,
+                  " is out of range for a vocabulary of ", vocab);
+  }
   request.id = next_request_id_++;
   const int64_t id = request.id;
   RequestOutput out;
@@ -171,18 +184,19 @@ std::vector<RequestEvent> Engine::step() {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
     }
   }
-  // ... and for sampled tokens whose request asked for logprobs or penalties (sampled here).
+  // ... and for sampled tokens whose request asked for logprobs or adjusts its logits (sampled
+  // here).
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
     const int64_t id = plan.request_ids[b];
     want_logits =
-        plan.samples[b] && (logprobs_top_k_.count(id) != 0 || has_penalties(sampling_.at(id)));
+        plan.samples[b] && (logprobs_top_k_.count(id) != 0 || adjusts_logits(sampling_.at(id)));
   }
   Tensor logits;
   std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
   if (cuda_) last_step_.gpu_ms = cuda_->last_step_gpu_ms();
-  if (cuda_) {  // the device sampler knows no penalties: those rows are sampled again here
+  if (cuda_) {  // the device sampler knows no logit adjustments: those rows are sampled again here
     for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-      if (sampled[b] >= 0 && has_penalties(sampling_.at(plan.request_ids[b]))) {
+      if (sampled[b] >= 0 && adjusts_logits(sampling_.at(plan.request_ids[b]))) {
         sampled[b] = sample_row(plan, b, logits);
       }
     }
@@ -262,10 +276,23 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits
   const SamplingParams& params = sampling_.at(id);
   const std::vector<int32_t>& generated = outputs_.at(id).tokens;
   const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
-  if (!has_penalties(params)) {
+  if (!adjusts_logits(params)) {
     return ops::sample_token(row, vocab, params, seeds_.at(id), generated.size());
   }
+  // vLLM's order: the bias, then the repetition penalty (prompt and output), then presence and
+  // frequency (output only).
   std::vector<float> penalized(row, row + vocab);
+  for (const auto& [token, bias] : params.logit_bias) penalized[token] += bias;
+  if (params.repetition_penalty != 1.f) {
+    std::vector<uint8_t> seen(vocab, 0);
+    for (int32_t t : outputs_.at(id).prompt) seen[t] = 1;
+    for (int32_t t : generated) seen[t] = 1;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (!seen[t]) continue;
+      penalized[t] = penalized[t] > 0.f ? penalized[t] / params.repetition_penalty
+                                        : penalized[t] * params.repetition_penalty;
+    }
+  }
   std::map<int32_t, int32_t> counts;
   for (int32_t t : generated) ++counts[t];
   for (const auto& [token, count] : counts) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace pagedlm {
@@ -16,6 +17,12 @@ struct SamplingParams {
   // frequency * count, before temperature and the filters. 0 means off; range [-2, 2].
   float presence_penalty = 0.f;
   float frequency_penalty = 0.f;
+  // vLLM's (and HF's) repetition penalty over the prompt and the generated tokens: a seen
+  // token's logit is divided by it when positive, multiplied when negative. 1 means off; > 0.
+  float repetition_penalty = 1.f;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to those logits before the
+  // penalties.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;  // fixed seed: reproducible whatever else is in the batch
   int32_t max_tokens = 16;
   bool ignore_eos = false;

@@ -1,6 +1,10 @@
 #include "pagedlm/server/openai_api.h"
 
 #include <cmath>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "pagedlm/core/error.h"
 
@@ -135,13 +139,35 @@ std::string render_chat(const json& body, const ModelInfo& model) {
   }
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI's form: ids as strings).
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& bias, const ModelInfo& model) {
+  if (!bias.is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, value] : bias.items()) {
+    int64_t id = -1;
+    size_t used = 0;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size()) {
+      bad("logit_bias", cat("'logit_bias' keys must be token ids, got '", key, "'"));
+    }
+    if (id < 0 || id >= model.vocab_size) {
+      bad("logit_bias", cat("logit_bias token id ", id, " is out of range for a vocabulary of ",
+                            model.vocab_size));
+    }
+    if (!value.is_number() || !(std::abs(value.get<double>()) <= 100.0)) {
+      bad("logit_bias",
+          cat("'logit_bias' values must be numbers in [-100, 100], got ", value.dump()));
+    }
+    out.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  return out;
+}
+
 void reject_unsupported(const json& body, bool chat) {
-  if (get_number(body, "repetition_penalty", 1.0) != 1.0) {
-    bad("repetition_penalty", "'repetition_penalty' is not supported by this server (only 1)");
-  }
-  if (const json* bias = field(body, "logit_bias"); bias && !(bias->is_object() && bias->empty())) {
-    bad("logit_bias", "'logit_bias' is not supported by this server");
-  }
   if (!chat && get_bool(body, "echo", false)) bad("echo", "'echo' is not supported by this server");
   if (!chat && !get_string(body, "suffix").empty()) {
     bad("suffix", "'suffix' is not supported by this server");
@@ -210,6 +236,11 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
     *value = static_cast<float>(get_number(body, key, 0.0));
     if (!(std::abs(*value) <= 2.f)) bad(key, cat("'", key, "' must be in [-2, 2], got ", *value));
   }
+  s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0));
+  if (!(s.repetition_penalty > 0.f && std::isfinite(s.repetition_penalty))) {
+    bad("repetition_penalty", cat("'repetition_penalty' must be > 0, got ", s.repetition_penalty));
+  }
+  if (const json* bias = field(body, "logit_bias")) s.logit_bias = parse_logit_bias(*bias, model);
   if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
   s.ignore_eos = get_bool(body, "ignore_eos", false);
   if (const json* ids = field(body, "stop_token_ids")) {
