@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -133,9 +134,10 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
   for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
 }
 
-// Rows with penalties are sampled on the host from the step's logits: each token must be the
-// argmax of the GPU's own logits for its prefix with the penalties applied, wherever the
-// penalized top-2 gap is larger than bf16 noise between the decode and prefill kernels.
+// Rows with logit adjustments are sampled on the host from the step's logits: each token must be
+// the argmax of the GPU's own logits for its prefix with the bias and the penalties applied
+// (vLLM's order), wherever the adjusted top-2 gap is larger than bf16 noise between the decode
+// and prefill kernels.
 TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
   Engine engine(checkpoint_, cuda_options());
   Request r;
@@ -144,6 +146,8 @@ TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
   r.sampling.ignore_eos = true;
   r.sampling.presence_penalty = 1.5f;
   r.sampling.frequency_penalty = 0.5f;
+  r.sampling.repetition_penalty = 1.2f;
+  r.sampling.logit_bias = {{r.prompt[0], 1.5f}};
   const std::vector<int32_t> generated = engine.generate({r})[0].tokens;
   ASSERT_EQ(generated.size(), 16u);
   std::vector<int32_t> whole = r.prompt;
@@ -151,9 +155,14 @@ TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
   const Tensor logits = engine.generate({logits_request(whole)})[0].prompt_logits;
   const int64_t vocab = logits.dim(1);
   std::map<int32_t, int32_t> counts;
+  std::set<int32_t> seen(r.prompt.begin(), r.prompt.end());
   for (size_t t = 0; t < generated.size(); ++t) {
     const float* row = logits.data<float>() + (r.prompt.size() - 1 + t) * vocab;
     std::vector<float> penalized(row, row + vocab);
+    penalized[r.prompt[0]] += 1.5f;
+    for (int32_t token : seen) {
+      penalized[token] = penalized[token] > 0 ? penalized[token] / 1.2f : penalized[token] * 1.2f;
+    }
     for (const auto& [token, count] : counts) penalized[token] -= 1.5f + 0.5f * count;
     std::vector<float> sorted = penalized;
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
@@ -162,6 +171,7 @@ TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
               std::max_element(penalized.begin(), penalized.end()) - penalized.begin())
         << GetParam() << " step " << t;
     ++counts[generated[t]];
+    seen.insert(generated[t]);
   }
 }
 
