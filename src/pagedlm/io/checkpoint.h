@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/io/model_config.h"
 
@@ -22,6 +23,9 @@ struct Checkpoint {
   // F32, F16 or BF16. Safetensors tensors are views of the mapped files; GGUF tensors are
   // dequantized to F32 (and attn_q/attn_k un-permuted back to HF's rope layout).
   std::map<std::string, Tensor> tensors;
+  // GGUF Q4_1 and Q8_0 matrices also in their blocks (rows in HF order, like `tensors`), for
+  // backends that compute from them.
+  std::map<std::string, QuantizedMatrix> quantized;
 
   bool has(const std::string& name) const { return tensors.count(name) != 0; }
   // Throws pagedlm::Error naming the tensor if it is missing or its shape differs.

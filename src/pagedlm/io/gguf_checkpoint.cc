@@ -1,6 +1,8 @@
 // GGUF -> Checkpoint: llama.cpp metadata to ModelConfig, GGUF tensor names to Hugging Face
 // names, dequantization to F32 and the undoing of the converter's Q/K row permutation.
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <regex>
 
 #include "pagedlm/core/error.h"
@@ -116,6 +118,23 @@ Tensor dequantize(const GgufTensorInfo& t, int64_t n_heads, const std::string& p
   return out;
 }
 
+// A Q4_1 or Q8_0 matrix's blocks, rows reordered as dequantize() reorders them.
+std::optional<QuantizedMatrix> keep_blocks(const GgufTensorInfo& t, int64_t n_heads) {
+  if (t.dims.size() != 2 || (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) return {};
+  QuantizedMatrix q;
+  q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;
+  q.cols = t.dims[0];
+  q.rows = t.dims[1];
+  const size_t row_bytes = t.row_bytes();
+  q.blocks.resize(row_bytes * q.rows);
+  const int64_t head_rows = n_heads > 0 ? q.rows / n_heads : 0;  // checked by dequantize()
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const int64_t src_row = head_rows > 0 ? gguf_row_of_hf_row(r, head_rows) : r;
+    std::memcpy(q.blocks.data() + r * row_bytes, t.data + src_row * row_bytes, row_bytes);
+  }
+  return q;
+}
+
 }  // namespace
 
 ModelConfig config_from_gguf(const GgufFile& f) {
@@ -207,7 +226,9 @@ Checkpoint load_gguf_checkpoint(const std::string& path, const LoadProgress& pro
   size_t done = 0;
   for (const GgufTensorInfo& t : f.tensors()) {
     std::string name = hf_name(t.name, path);
-    Tensor value = dequantize(t, permuted_heads(t.name, ckpt.config), path);
+    const int64_t heads = permuted_heads(t.name, ckpt.config);
+    Tensor value = dequantize(t, heads, path);
+    if (auto blocks = keep_blocks(t, heads)) ckpt.quantized.emplace(name, std::move(*blocks));
     if (name == "rope_freqs") {
       check_tensor(value, DType::kF32, {ckpt.config.head_dim / 2},
                    cat("GGUF file '", path, "' tensor rope_freqs.weight"));

@@ -16,15 +16,46 @@
 namespace pagedlm {
 namespace {
 
+// A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
+// CPU for a GGUF's Q4_1 / Q8_0 matrices, their blocks (ops::linear expands them in registers).
+struct Projection {
+  Tensor dense;
+  QuantizedMatrix blocks;
+
+  void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream) const {
+    if (!blocks.empty()) {
+      ops::linear(x, blocks, bias, out);
+    } else {
+      ops::linear(x, dense, bias, out, stream);
+    }
+  }
+};
+
 struct LayerWeights {
   Tensor input_norm, post_attention_norm;  // [D]
-  Tensor qkv_proj;                         // [(Hq + 2 Hk) d, D]: q, k, v rows, one GEMM
+  Projection qkv_proj;                     // [(Hq + 2 Hk) d, D]: q, k, v rows, one GEMM
   Tensor qkv_bias;                         // Qwen2 only
-  Tensor o_proj;                           // [D, Hq*d]
+  Projection o_proj;                       // [D, Hq*d]
   Tensor q_norm, k_norm;                   // [d], Qwen3 only
-  Tensor gate_up_proj;                     // [2F, D]: gate rows then up rows, one GEMM
-  Tensor down_proj;                        // [D, F]
+  Projection gate_up_proj;                 // [2F, D]: gate rows then up rows, one GEMM
+  Projection down_proj;                    // [D, F]
 };
+
+// The named matrices' blocks stacked by rows, or nothing unless all have blocks of one format.
+QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const std::vector<std::string>& names) {
+  QuantizedMatrix out;
+  for (const std::string& name : names) {
+    const auto it = ckpt.quantized.find(name);
+    if (it == ckpt.quantized.end()) return {};
+    const QuantizedMatrix& q = it->second;
+    if (out.rows > 0 && (q.type != out.type || q.cols != out.cols)) return {};
+    out.type = q.type;
+    out.cols = q.cols;
+    out.rows += q.rows;
+    out.blocks.insert(out.blocks.end(), q.blocks.begin(), q.blocks.end());
+  }
+  return out;
+}
 
 DType compute_dtype_of(Device device) {
   return device == Device::kCpu ? DType::kF32 : DType::kBF16;
@@ -71,21 +102,40 @@ class LlamaFamilyModel final : public CausalLM {
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
+    // Stacks the named [rows, D_in] parts (shapes checked) into one projection; the CPU keeps
+    // GGUF blocks where every part has them.
+    auto projection = [&](const std::vector<std::pair<std::string, Shape>>& parts) {
+      std::vector<Tensor> dense;
+      std::vector<std::string> names;
+      for (const auto& [name, shape] : parts) {
+        dense.push_back(ckpt.get(name, shape));
+        names.push_back(name);
+      }
+      Projection proj;
+      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, names);
+      if (proj.blocks.empty()) {
+        proj.dense = upload(dense.size() == 1 ? dense.front() : concat_rows(dense), device);
+      }
+      return proj;
+    };
     embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
-    lm_head_ = c.tie_word_embeddings
-                   ? embed_
-                   : upload(ckpt.get("lm_head.weight", {c.vocab_size, D}), device);
+    if (c.tie_word_embeddings) {
+      lm_head_.blocks = device == Device::kCpu ? stacked_blocks(ckpt, {"model.embed_tokens.weight"})
+                                               : QuantizedMatrix{};
+      if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
+    } else {
+      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}}});
+    }
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       LayerWeights w;
       w.input_norm = upload(ckpt.get(p + "input_layernorm.weight", {D}), device);
       w.post_attention_norm = upload(ckpt.get(p + "post_attention_layernorm.weight", {D}), device);
-      w.qkv_proj = upload(concat_rows({ckpt.get(p + "self_attn.q_proj.weight", {q_rows, D}),
-                                       ckpt.get(p + "self_attn.k_proj.weight", {kv_rows, D}),
-                                       ckpt.get(p + "self_attn.v_proj.weight", {kv_rows, D})}),
-                          device);
-      w.o_proj = upload(ckpt.get(p + "self_attn.o_proj.weight", {D, q_rows}), device);
+      w.qkv_proj = projection({{p + "self_attn.q_proj.weight", {q_rows, D}},
+                               {p + "self_attn.k_proj.weight", {kv_rows, D}},
+                               {p + "self_attn.v_proj.weight", {kv_rows, D}}});
+      w.o_proj = projection({{p + "self_attn.o_proj.weight", {D, q_rows}}});
       if (c.attention_bias) {
         w.qkv_bias = upload(concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_rows}),
                                          ckpt.get(p + "self_attn.k_proj.bias", {kv_rows}),
@@ -96,10 +146,9 @@ class LlamaFamilyModel final : public CausalLM {
         w.q_norm = upload(ckpt.get(p + "self_attn.q_norm.weight", {d}), device);
         w.k_norm = upload(ckpt.get(p + "self_attn.k_norm.weight", {d}), device);
       }
-      w.gate_up_proj = upload(concat_rows({ckpt.get(p + "mlp.gate_proj.weight", {F, D}),
-                                           ckpt.get(p + "mlp.up_proj.weight", {F, D})}),
-                              device);
-      w.down_proj = upload(ckpt.get(p + "mlp.down_proj.weight", {D, F}), device);
+      w.gate_up_proj =
+          projection({{p + "mlp.gate_proj.weight", {F, D}}, {p + "mlp.up_proj.weight", {F, D}}});
+      w.down_proj = projection({{p + "mlp.down_proj.weight", {D, F}}});
       layers_.push_back(std::move(w));
     }
     std::vector<float> inv_freq = ops::rope_inv_freq(c);
@@ -166,17 +215,17 @@ class LlamaFamilyModel final : public CausalLM {
       } else {
         ops::add_rms_norm(residual, proj_out, w.input_norm, eps, hidden, stream);
       }
-      ops::linear(hidden, w.qkv_proj, w.qkv_bias, qkv, stream);
+      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream);
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream);
       }
       attention.attend(static_cast<int>(i), qkv, q, inv_freq_, attn_out);
-      ops::linear(attn_out.reshape({L, Hq * d}), w.o_proj, Tensor(), proj_out, stream);
+      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
       ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden, stream);
-      ops::linear(hidden, w.gate_up_proj, Tensor(), gate_up, stream);
+      w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
       ops::silu_mul(gate_up, act, stream);
-      ops::linear(act, w.down_proj, Tensor(), proj_out, stream);
+      w.down_proj.apply(act, Tensor(), proj_out, stream);
     }
     // Only the rows that need logits go through the final norm and the lm_head.
     Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
@@ -185,7 +234,7 @@ class LlamaFamilyModel final : public CausalLM {
     ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
-    ops::linear(last, lm_head_, Tensor(), logits, stream);
+    lm_head_.apply(last, Tensor(), logits, stream);
   }
 
  private:
@@ -198,7 +247,8 @@ class LlamaFamilyModel final : public CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
-  Tensor embed_, final_norm_, lm_head_, inv_freq_;
+  Tensor embed_, final_norm_, inv_freq_;
+  Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;
 };

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "pagedlm/core/dtype.h"
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 
 namespace pagedlm::ops {
@@ -18,10 +19,18 @@ inline constexpr int64_t kLinearRowTile = 16;
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             void* stream = nullptr);
 
+// The same with the weight in ggml blocks (CPU, f32 x / bias / out): each weight block is
+// expanded in registers, so a decode step streams the blocks instead of float32. Batch invariant
+// as well: every output is its own 16-lane accumulation over the blocks in order, the same
+// instructions whatever the other rows.
+void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out);
+
 namespace cpu {
 // bias may be null.
 void linear(const float* x, const float* weight, const float* bias, float* out, int64_t rows,
             int64_t out_features, int64_t in_features);
+void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+            int64_t rows);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

@@ -1,4 +1,7 @@
 #include <cblas.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -76,7 +79,158 @@ void linear(const float* x, const float* weight, const float* bias, float* out, 
   }
 }
 
+namespace {
+
+constexpr int kLanes = 16;  // accumulator width: one AVX-512 register, two AVX2 ones
+constexpr int64_t kQuantRowTile = 8;
+constexpr int64_t kQuantColChunk = 64;
+
+#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+// Block b of a weight row as 32 floats, with the arithmetic of ggml's dequantization.
+inline void expand_block(QuantType type, const uint8_t* block, float* w) {
+  const float d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
+  if (type == QuantType::kQ4_1) {
+    const float m = f16_to_f32(static_cast<uint16_t>(block[2] | (block[3] << 8)));
+    const uint8_t* qs = block + 4;
+#pragma omp simd
+    for (int j = 0; j < kQuantBlock / 2; ++j) {
+      w[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+      w[j + kQuantBlock / 2] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  } else {
+    const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
+#pragma omp simd
+    for (int j = 0; j < kQuantBlock; ++j) w[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+#endif
+
+// out[i] = dot(x row i, weight row) for the R rows of a tile: per row kLanes partial sums, lane
+// l adding the products of block elements l and l + 16, block by block in order, then the lanes
+// summed in a fixed order. The AVX2 path and the portable one keep that lane assignment.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline float half_to_float(const uint8_t* p) {
+  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+}
+
+template <int R>
+void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
+                    float* out) {
+  const int64_t num_blocks = in_features / kQuantBlock;
+  const int64_t block_bytes = quant_block_bytes(type);
+  __m256 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = weight_row + b * block_bytes;
+    const __m256 d = _mm256_set1_ps(half_to_float(block));
+    __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
+    if (type == QuantType::kQ4_1) {
+      const __m256 m = _mm256_set1_ps(half_to_float(block + 2));
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
+      const __m128i lo = _mm_and_si128(qs, low_nibbles);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
+      const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
+        w[k] = _mm256_fmadd_ps(q, d, m);
+      }
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * k));
+        w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float* xb = x + i * in_features + b * kQuantBlock;
+      acc[i][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[i][1]);
+      acc[i][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[i][1]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    alignas(32) float lanes[kLanes];
+    _mm256_store_ps(lanes, acc[i][0]);
+    _mm256_store_ps(lanes + 8, acc[i][1]);
+    float sum = 0.f;
+    for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+    out[i] = sum;
+  }
+}
+#else
+template <int R>
+void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
+                    float* out) {
+  const int64_t num_blocks = in_features / kQuantBlock;
+  const int64_t block_bytes = quant_block_bytes(type);
+  float acc[R][kLanes] = {};
+  alignas(64) float w[kQuantBlock];
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    expand_block(type, weight_row + b * block_bytes, w);
+    for (int i = 0; i < R; ++i) {
+      const float* xb = x + i * in_features + b * kQuantBlock;
+      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[l] * xb[l];
+      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[kLanes + l] * xb[kLanes + l];
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    float sum = 0.f;
+    for (int l = 0; l < kLanes; ++l) sum += acc[i][l];
+    out[i] = sum;
+  }
+}
+#endif
+
+using QuantDotFn = void (*)(const float*, int64_t, const uint8_t*, QuantType, float*);
+constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
+    quant_dot_rows<1>, quant_dot_rows<2>, quant_dot_rows<3>, quant_dot_rows<4>,
+    quant_dot_rows<5>, quant_dot_rows<6>, quant_dot_rows<7>, quant_dot_rows<8>};
+
+}  // namespace
+
+void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+            int64_t rows) {
+  const int64_t out_features = weight.rows, in_features = weight.cols;
+  if (rows == 0 || out_features == 0) return;
+  const int64_t row_bytes = weight.row_bytes();
+  const int64_t num_chunks = (out_features + kQuantColChunk - 1) / kQuantColChunk;
+  // Column chunks across threads (a column's arithmetic never depends on the split); within a
+  // chunk, row tiles outer so a tile of x stays in L1 while the chunk's weight rows pass by.
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    const int64_t col0 = chunk * kQuantColChunk;
+    const int64_t col1 = std::min(out_features, col0 + kQuantColChunk);
+    float tile_out[kQuantRowTile];
+    for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowTile) {
+      const int64_t tile_rows = std::min(kQuantRowTile, rows - r0);
+      for (int64_t n = col0; n < col1; ++n) {
+        kQuantDot[tile_rows - 1](x + r0 * in_features, in_features,
+                                 weight.blocks.data() + n * row_bytes, weight.type, tile_out);
+        for (int64_t i = 0; i < tile_rows; ++i) {
+          out[(r0 + i) * out_features + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace cpu
+
+void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out) {
+  constexpr const char* kOp = "linear (quantized weight)";
+  detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
+  detail::expect(out, kOp, "out", DType::kF32, {x.dim(0), weight.rows});
+  PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
+                ": block-quantized weights are a CPU path");
+  PAGEDLM_CHECK(weight.cols % kQuantBlock == 0 &&
+                    static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
+                kOp, ": the weight's blocks do not match its shape [", weight.rows, ", ",
+                weight.cols, "]");
+  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {weight.rows});
+  cpu::linear(x.data<float>(), weight, bias.defined() ? bias.data<float>() : nullptr,
+              out.data<float>(), x.dim(0));
+}
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             void* stream) {
