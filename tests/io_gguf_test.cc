@@ -517,16 +517,19 @@ TinyTensor row_index_vector(const std::string& name, int n) {
 }
 
 // Checkpoint::get lives with the safetensors loader; this test needs only the GGUF side.
-const Tensor& tensor_of(const Checkpoint& c, const std::string& name, const Shape& shape) {
-  static const Tensor kMissing;
-  auto it = c.tensors.find(name);
-  if (it == c.tensors.end()) {
+// The tensor as the model gets it (quantized matrices dequantized), checked as f32 [shape].
+Tensor tensor_of(const Checkpoint& c, const std::string& name, const Shape& shape) {
+  if (!c.has(name)) {
     ADD_FAILURE() << "checkpoint lacks " << name;
-    return kMissing;
+    return {};
   }
-  EXPECT_EQ(it->second.dtype(), DType::kF32) << name;
-  EXPECT_EQ(it->second.shape(), shape) << name;
-  return it->second;
+  const Tensor t = c.get(name, shape);
+  EXPECT_EQ(t.dtype(), DType::kF32) << name;
+  return t;
+}
+
+Tensor dense(const Checkpoint& c, const std::string& name) {
+  return c.get(name, c.shapes().at(name));
 }
 
 std::vector<float> column0(const Tensor& t) {
@@ -551,7 +554,7 @@ TEST_F(GgufCheckpoint, LlamaUndoesTheQkPermutationOfWeightsAndBiases) {
   EXPECT_EQ(calls.back(), (std::pair<size_t, size_t>{5, 5}));
   EXPECT_EQ(c.config.head_dim, 4);
   EXPECT_TRUE(c.config.attention_bias);
-  const Tensor& q = tensor_of(c, "model.layers.0.self_attn.q_proj.weight", {8, 32});
+  const Tensor q = tensor_of(c, "model.layers.0.self_attn.q_proj.weight", {8, 32});
   EXPECT_EQ(column0(q), (std::vector<float>{0, 2, 1, 3, 4, 6, 5, 7}));
   EXPECT_EQ(q.data<float>()[8 * 32 - 1], 7.f);
   EXPECT_EQ(column0(tensor_of(c, "model.layers.0.self_attn.q_proj.bias", {8})),
@@ -703,7 +706,12 @@ TEST(GgufSmolLM2, CheckpointMatchesReference) {
     EXPECT_EQ(total, 272u);
   });
   EXPECT_EQ(progress_calls, 272u);
-  EXPECT_EQ(c.tensors.size(), 272u);
+  EXPECT_EQ(c.tensors.size() + c.quantized.size(), 272u);
+  // The Q4_1 / Q8_0 matrices stay in their blocks (211 of them: every projection and the
+  // embedding), the rest (norms) are f32.
+  EXPECT_EQ(c.quantized.size(), 211u);
+  EXPECT_EQ(c.blocks("model.layers.0.mlp.down_proj.weight", {576, 1536})->type, QuantType::kQ4_1);
+  EXPECT_EQ(c.blocks("model.embed_tokens.weight", {49152, 576})->type, QuantType::kQ8_0);
   EXPECT_FALSE(c.has("lm_head.weight"));
   tensor_of(c, "model.embed_tokens.weight", {49152, 576});
   tensor_of(c, "model.norm.weight", {576});
@@ -726,7 +734,7 @@ TEST(GgufSmolLM2, CheckpointMatchesReference) {
       << "reference.json was generated without the model";
   for (const nlohmann::json& u : ref.manifest.at("unpermuted")) {
     const int64_t begin = u.at("row_begin"), end = u.at("row_end"), cols = u.at("cols");
-    const Tensor& t = c.tensors.at(u.at("name").get<std::string>());
+    const Tensor t = dense(c, u.at("name").get<std::string>());
     ASSERT_EQ(t.dim(1), cols);
     expect_close(t.data<float>() + begin * cols, ref.floats(u.at("floats")), (end - begin) * cols,
                  u.at("name"));
@@ -743,7 +751,7 @@ TEST(GgufSmolLM2, CheckpointMatchesReference) {
     if (it == plain.end()) continue;
     const int64_t first_row = it->first.find("[1000") != std::string::npos ? 1000 : 0;
     const int64_t n = b.at("rows").get<int64_t>() * b.at("cols").get<int64_t>();
-    expect_close(c.tensors.at(it->second).data<float>() + first_row * b.at("cols").get<int64_t>(),
+    expect_close(dense(c, it->second).data<float>() + first_row * b.at("cols").get<int64_t>(),
                  ref.floats(b.at("floats")), n, it->first);
     ++checked;
   }

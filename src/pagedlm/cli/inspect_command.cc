@@ -1,4 +1,7 @@
 // pagedlm inspect: what a model file holds, as the engine reads it (config, tensors, tokenizer).
+#include <map>
+#include <string>
+
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/text_model.h"
@@ -38,9 +41,15 @@ void print_model(const TextModel& model, bool list_tensors) {
   std::printf("eos ids          ");
   for (int32_t id : c.eos_token_ids) std::printf(" %d", id);
   std::printf("\n");
+  const Checkpoint& ckpt = model.checkpoint;
+  const std::map<std::string, Shape> shapes = ckpt.shapes();
   int64_t params = 0;
-  for (const auto& [name, t] : model.checkpoint.tensors) params += t.numel();
-  std::printf("tensors           %zu (%.1fM parameters)\n", model.checkpoint.tensors.size(),
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (int64_t dim : shape) n *= dim;
+    params += n;
+  }
+  std::printf("tensors           %zu (%.1fM parameters)\n", shapes.size(),
               static_cast<double>(params) / 1e6);
   if (model.tokenizer) {
     std::printf("tokenizer         %d tokens, bos %d, eos %d\n", model.tokenizer->vocab_size(),
@@ -50,9 +59,12 @@ void print_model(const TextModel& model, bool list_tensors) {
   }
   std::printf("chat template     %s\n", model.chat_template ? "yes" : "no");
   if (!list_tensors) return;
-  for (const auto& [name, t] : model.checkpoint.tensors) {
-    std::printf("  %-56s %-5s %s\n", name.c_str(), std::string(dtype_name(t.dtype())).c_str(),
-                shape_str(t.shape()).c_str());
+  for (const auto& [name, shape] : shapes) {
+    const auto q = ckpt.quantized.find(name);
+    const std::string type = q == ckpt.quantized.end()
+                                 ? std::string(dtype_name(ckpt.tensors.at(name).dtype()))
+                                 : (q->second.type == QuantType::kQ4_1 ? "Q4_1" : "Q8_0");
+    std::printf("  %-56s %-5s %s\n", name.c_str(), type.c_str(), shape_str(shape).c_str());
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/io/gguf.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {
@@ -247,14 +248,47 @@ std::vector<Shard> list_shards(const fs::path& dir) {
 
 }  // namespace
 
-const Tensor& Checkpoint::get(const std::string& name, const Shape& expected_shape) const {
+namespace {
+
+void check_shape(const std::string& name, const Shape& shape, const Shape& expected_shape) {
+  PAGEDLM_CHECK(shape == expected_shape, "tensor ", name, " has shape ", shape_str(shape),
+                " but the config implies ", shape_str(expected_shape));
+}
+
+}  // namespace
+
+Tensor Checkpoint::get(const std::string& name, const Shape& expected_shape) const {
+  if (const QuantizedMatrix* q = blocks(name, expected_shape)) {
+    Tensor out = Tensor::empty(DType::kF32, {q->rows, q->cols});
+    const GgmlType type = q->type == QuantType::kQ4_1 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
+    const int64_t row_bytes = q->row_bytes();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < q->rows; ++r) {
+      dequantize_row(type, q->blocks.data() + r * row_bytes, out.data<float>() + r * q->cols,
+                     q->cols);
+    }
+    return out;
+  }
   const auto it = tensors.find(name);
   PAGEDLM_CHECK(it != tensors.end(), "checkpoint has no tensor ", name, " (expected shape ",
                 shape_str(expected_shape), ")");
-  PAGEDLM_CHECK(it->second.shape() == expected_shape, "tensor ", name, " has shape ",
-                shape_str(it->second.shape()), " but the config implies ",
-                shape_str(expected_shape));
+  check_shape(name, it->second.shape(), expected_shape);
   return it->second;
+}
+
+const QuantizedMatrix* Checkpoint::blocks(const std::string& name,
+                                          const Shape& expected_shape) const {
+  const auto it = quantized.find(name);
+  if (it == quantized.end()) return nullptr;
+  check_shape(name, {it->second.rows, it->second.cols}, expected_shape);
+  return &it->second;
+}
+
+std::map<std::string, Shape> Checkpoint::shapes() const {
+  std::map<std::string, Shape> out;
+  for (const auto& [name, t] : tensors) out.emplace(name, t.shape());
+  for (const auto& [name, q] : quantized) out.emplace(name, Shape{q.rows, q.cols});
+  return out;
 }
 
 std::vector<std::pair<std::string, Shape>> expected_tensor_shapes(const ModelConfig& c) {

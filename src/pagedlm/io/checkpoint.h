@@ -21,15 +21,22 @@ using LoadProgress = std::function<void(size_t done, size_t total)>;
 struct Checkpoint {
   ModelConfig config;
   // F32, F16 or BF16. Safetensors tensors are views of the mapped files; GGUF tensors are
-  // dequantized to F32 (and attn_q/attn_k un-permuted back to HF's rope layout).
+  // dequantized to F32 (and attn_q/attn_k un-permuted back to HF's rope layout), except:
   std::map<std::string, Tensor> tensors;
-  // GGUF Q4_1 and Q8_0 matrices also in their blocks (rows in HF order, like `tensors`), for
-  // backends that compute from them.
+  // GGUF Q4_1 and Q8_0 matrices, kept in their blocks (rows in HF order): backends that compute
+  // from blocks read them here, get() dequantizes them for the others.
   std::map<std::string, QuantizedMatrix> quantized;
 
-  bool has(const std::string& name) const { return tensors.count(name) != 0; }
-  // Throws pagedlm::Error naming the tensor if it is missing or its shape differs.
-  const Tensor& get(const std::string& name, const Shape& expected_shape) const;
+  bool has(const std::string& name) const {
+    return tensors.count(name) != 0 || quantized.count(name) != 0;
+  }
+  // The tensor (a quantized matrix dequantized to F32, a new tensor each call). Throws
+  // pagedlm::Error naming the tensor if it is missing or its shape differs.
+  Tensor get(const std::string& name, const Shape& expected_shape) const;
+  // The matrix's blocks, or null when it has none; throws if its shape differs.
+  const QuantizedMatrix* blocks(const std::string& name, const Shape& expected_shape) const;
+  // Every tensor's name and shape, quantized ones included, in name order.
+  std::map<std::string, Shape> shapes() const;
 };
 
 // Every tensor the model reads, under its HF name with its HF shape, in load order:

@@ -83,20 +83,26 @@ int64_t gguf_row_of_hf_row(int64_t r, int64_t head_rows) {
   return h * head_rows + (i < half ? 2 * i : 2 * (i - half) + 1);
 }
 
+// The rows of one head of a Q/K tensor the converter permuted (0: not permuted); throws unless
+// the rows split into n_heads heads of even size. A 1-D bias is permuted element-wise: each
+// element is a row of one value.
+int64_t head_rows_of(const GgufTensorInfo& t, int64_t n_heads, const std::string& path) {
+  if (n_heads <= 0) return 0;
+  const int64_t row_elems = t.dims.empty() ? 1 : t.dims[0];
+  const int64_t perm_rows =
+      t.dims.size() == 1 ? row_elems : (row_elems == 0 ? 0 : t.numel() / row_elems);
+  PAGEDLM_CHECK(perm_rows % n_heads == 0 && (perm_rows / n_heads) % 2 == 0, "GGUF file '", path,
+                "' tensor '", t.name, "' has ", perm_rows, " rows, which do not split into ",
+                n_heads, " heads of even size");
+  return perm_rows / n_heads;
+}
+
 Tensor dequantize(const GgufTensorInfo& t, int64_t n_heads, const std::string& path) {
   Shape shape(t.dims.rbegin(), t.dims.rend());
   const int64_t row_elems = t.dims.empty() ? 1 : t.dims[0];
   const int64_t n_rows = row_elems == 0 ? 0 : t.numel() / row_elems;
-  // A 1-D bias is permuted element-wise: each element is a row of one value.
   const bool bias = t.dims.size() == 1;
-  const int64_t perm_rows = bias ? row_elems : n_rows;
-  int64_t head_rows = 0;
-  if (n_heads > 0) {
-    head_rows = perm_rows / n_heads;
-    PAGEDLM_CHECK(perm_rows % n_heads == 0 && head_rows % 2 == 0, "GGUF file '", path, "' tensor '",
-                  t.name, "' has ", perm_rows, " rows, which do not split into ", n_heads,
-                  " heads of even size");
-  }
+  const int64_t head_rows = head_rows_of(t, n_heads, path);
   Tensor out = Tensor::empty(DType::kF32, shape);
   float* dst = out.data<float>();
   const size_t row_bytes = t.row_bytes();
@@ -119,7 +125,8 @@ Tensor dequantize(const GgufTensorInfo& t, int64_t n_heads, const std::string& p
 }
 
 // A Q4_1 or Q8_0 matrix's blocks, rows reordered as dequantize() reorders them.
-std::optional<QuantizedMatrix> keep_blocks(const GgufTensorInfo& t, int64_t n_heads) {
+std::optional<QuantizedMatrix> keep_blocks(const GgufTensorInfo& t, int64_t n_heads,
+                                           const std::string& path) {
   if (t.dims.size() != 2 || (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) return {};
   QuantizedMatrix q;
   q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;
@@ -127,7 +134,7 @@ std::optional<QuantizedMatrix> keep_blocks(const GgufTensorInfo& t, int64_t n_he
   q.rows = t.dims[1];
   const size_t row_bytes = t.row_bytes();
   q.blocks.resize(row_bytes * q.rows);
-  const int64_t head_rows = n_heads > 0 ? q.rows / n_heads : 0;  // checked by dequantize()
+  const int64_t head_rows = head_rows_of(t, n_heads, path);
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t src_row = head_rows > 0 ? gguf_row_of_hf_row(r, head_rows) : r;
     std::memcpy(q.blocks.data() + r * row_bytes, t.data + src_row * row_bytes, row_bytes);
@@ -227,8 +234,12 @@ Checkpoint load_gguf_checkpoint(const std::string& path, const LoadProgress& pro
   for (const GgufTensorInfo& t : f.tensors()) {
     std::string name = hf_name(t.name, path);
     const int64_t heads = permuted_heads(t.name, ckpt.config);
+    if (auto blocks = keep_blocks(t, heads, path)) {
+      ckpt.quantized.emplace(std::move(name), std::move(*blocks));
+      if (progress) progress(++done, total);
+      continue;
+    }
     Tensor value = dequantize(t, heads, path);
-    if (auto blocks = keep_blocks(t, heads)) ckpt.quantized.emplace(name, std::move(*blocks));
     if (name == "rope_freqs") {
       check_tensor(value, DType::kF32, {ckpt.config.head_dim / 2},
                    cat("GGUF file '", path, "' tensor rope_freqs.weight"));

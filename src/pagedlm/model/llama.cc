@@ -41,13 +41,15 @@ struct LayerWeights {
   Projection down_proj;                    // [D, F]
 };
 
-// The named matrices' blocks stacked by rows, or nothing unless all have blocks of one format.
-QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const std::vector<std::string>& names) {
+// The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
+// blocks of one format.
+QuantizedMatrix stacked_blocks(const Checkpoint& ckpt,
+                               const std::vector<std::pair<std::string, Shape>>& parts) {
   QuantizedMatrix out;
-  for (const std::string& name : names) {
-    const auto it = ckpt.quantized.find(name);
-    if (it == ckpt.quantized.end()) return {};
-    const QuantizedMatrix& q = it->second;
+  for (const auto& [name, shape] : parts) {
+    const QuantizedMatrix* blocks = ckpt.blocks(name, shape);
+    if (blocks == nullptr) return {};
+    const QuantizedMatrix& q = *blocks;
     if (out.rows > 0 && (q.type != out.type || q.cols != out.cols)) return {};
     out.type = q.type;
     out.cols = q.cols;
@@ -105,15 +107,11 @@ class LlamaFamilyModel final : public CausalLM {
     // Stacks the named [rows, D_in] parts (shapes checked) into one projection; the CPU keeps
     // GGUF blocks where every part has them.
     auto projection = [&](const std::vector<std::pair<std::string, Shape>>& parts) {
-      std::vector<Tensor> dense;
-      std::vector<std::string> names;
-      for (const auto& [name, shape] : parts) {
-        dense.push_back(ckpt.get(name, shape));
-        names.push_back(name);
-      }
       Projection proj;
-      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, names);
+      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, parts);
       if (proj.blocks.empty()) {
+        std::vector<Tensor> dense;
+        for (const auto& [name, shape] : parts) dense.push_back(ckpt.get(name, shape));
         proj.dense = upload(dense.size() == 1 ? dense.front() : concat_rows(dense), device);
       }
       return proj;
@@ -121,8 +119,10 @@ class LlamaFamilyModel final : public CausalLM {
     embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
-      lm_head_.blocks = device == Device::kCpu ? stacked_blocks(ckpt, {"model.embed_tokens.weight"})
-                                               : QuantizedMatrix{};
+      lm_head_.blocks =
+          device == Device::kCpu
+              ? stacked_blocks(ckpt, {{"model.embed_tokens.weight", {c.vocab_size, D}}})
+              : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}}});
