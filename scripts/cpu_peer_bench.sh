@@ -8,7 +8,7 @@
 #   scripts/cpu_peer_bench.sh [PAGEDLM_BINARY] [RUNS]
 #
 # Workloads (whole-process wall time, model load included on both sides):
-#   load    one chat prompt, 1 new token (mostly model load; pagedlm dequantizes Q4_1 to f32)
+#   load    one chat prompt, 1 new token (mostly model load)
 #   single  the same prompt, 128 new tokens
 #   batch8  8 chat prompts x 64 new tokens: pagedlm runs them in one continuous batch,
 #           llama-cpp-python (no continuous batching in its API) runs them one after another
