@@ -111,6 +111,7 @@ class LlamaFamilyModel final : public CausalLM {
       if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, parts);
       if (proj.blocks.empty()) {
         std::vector<Tensor> dense;
+        dense.reserve(parts.size());
         for (const auto& [name, shape] : parts) dense.push_back(ckpt.get(name, shape));
         proj.dense = upload(dense.size() == 1 ? dense.front() : concat_rows(dense), device);
       }
