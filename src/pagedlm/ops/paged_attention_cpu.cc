@@ -47,48 +47,92 @@ void validate_plan(const int32_t* q_indptr, const int32_t* kv_indptr,
   }
 }
 
-// One (token, q head): out = softmax(scale * q K^T) V over kv positions [0, n_attend), one pass
-// with a running max and sum (FlashAttention). The reduction order is fixed by the position
-// order alone, so the row does not depend on what else is in the batch.
-void attend_row(const float* q, const float* k_cache, const float* v_cache, const int32_t* pages,
-                int64_t n_attend, int64_t kv_head, float scale, const PagedAttentionDims& d,
-                float* acc, float* out) {
-  const int64_t head_dim = d.head_dim;
+// Work for one thread: rows (token, q head) of tokens [t0, t1) of sequence b and q heads
+// [h0, h1) of kv head hk's group, all reading the same pages.
+struct RowBlock {
+  int64_t b, hk, t0, t1, h0, h1;
+};
+
+// Tokens of one prefill block: its rows share each tile of keys and values while it is in cache
+// (a 1k-token prompt otherwise re-reads every key once per query row).
+constexpr int64_t kPrefillTokenBlock = 16;
+
+// Per-row online-softmax state of a block, reused across blocks by one thread.
+struct RowScratch {
+  std::vector<float> acc, running_max, running_sum, scores;
+  std::vector<int64_t> n_attend;
+  void resize(int64_t rows, int64_t head_dim) {
+    acc.assign(rows * head_dim, 0.f);
+    running_max.assign(rows, -std::numeric_limits<float>::infinity());
+    running_sum.assign(rows, 0.f);
+    scores.resize(rows * kKvTile);
+    n_attend.resize(rows);
+  }
+};
+
+// Every row r of the block: out_r = softmax(scale * q_r K^T) V over kv positions
+// [0, n_attend_r), one pass with a running max and sum (FlashAttention), tile by tile. A row's
+// arithmetic is the same whatever block it is in (its tiles in position order, the same
+// operations on each), so it depends on neither the batch nor the blocking.
+void attend_block(const RowBlock& blk, const float* q, const float* k_cache, const float* v_cache,
+                  const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_page_indices,
+                  const int32_t* kv_last_page_len, float scale, const PagedAttentionDims& d,
+                  RowScratch& s, float* out) {
+  const int64_t head_dim = d.head_dim, group = d.n_q_heads / d.n_kv_heads;
   const int64_t slot_stride = d.n_kv_heads * head_dim;
-  float running_max = -std::numeric_limits<float>::infinity();
-  float running_sum = 0.f;
-  std::fill(acc, acc + head_dim, 0.f);
-  float scores[kKvTile];
-  for (int64_t start = 0; start < n_attend; start += kKvTile) {
-    const int64_t count = std::min(kKvTile, n_attend - start);
-    float tile_max = running_max;
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t pos = start + j;
-      const int64_t slot = pages[pos / d.page_size] * d.page_size + pos % d.page_size;
-      const float* key = k_cache + slot * slot_stride + kv_head * head_dim;
-      float dot = 0.f;
+  const int32_t* pages = kv_page_indices + kv_indptr[blk.b];
+  const int64_t n_new = q_indptr[blk.b + 1] - q_indptr[blk.b];
+  const int64_t num_pages = kv_indptr[blk.b + 1] - kv_indptr[blk.b];
+  const int64_t n_kv = (num_pages - 1) * d.page_size + kv_last_page_len[blk.b];
+  const int64_t heads = blk.h1 - blk.h0, rows = (blk.t1 - blk.t0) * heads;
+  s.resize(rows, head_dim);
+  auto q_row = [&](int64_t r) {
+    const int64_t t = blk.t0 + r / heads, h = blk.hk * group + blk.h0 + r % heads;
+    return (t * d.n_q_heads + h) * head_dim;
+  };
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    s.n_attend[r] = n_kv - n_new + (blk.t0 + r / heads - q_indptr[blk.b]) + 1;
+    longest = std::max(longest, s.n_attend[r]);
+  }
+  auto slot_of = [&](int64_t pos) {
+    return pages[pos / d.page_size] * d.page_size + pos % d.page_size;
+  };
+  for (int64_t start = 0; start < longest; start += kKvTile) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (s.n_attend[r] <= start) continue;
+      const int64_t count = std::min(kKvTile, s.n_attend[r] - start);
+      const float* qr = q + q_row(r);
+      float* scores = s.scores.data() + r * kKvTile;
+      float* acc = s.acc.data() + r * head_dim;
+      float tile_max = s.running_max[r];
+      for (int64_t j = 0; j < count; ++j) {
+        const float* key = k_cache + slot_of(start + j) * slot_stride + blk.hk * head_dim;
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * key[i];
-      scores[j] = dot * scale;
-      tile_max = std::max(tile_max, scores[j]);
-    }
-    // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
-    const float correction = std::exp(running_max - tile_max);
-    running_sum *= correction;
-    for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
-    running_max = tile_max;
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t pos = start + j;
-      const int64_t slot = pages[pos / d.page_size] * d.page_size + pos % d.page_size;
-      const float* value = v_cache + slot * slot_stride + kv_head * head_dim;
-      const float p = std::exp(scores[j] - running_max);
-      running_sum += p;
+        for (int64_t i = 0; i < head_dim; ++i) dot += qr[i] * key[i];
+        scores[j] = dot * scale;
+        tile_max = std::max(tile_max, scores[j]);
+      }
+      // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
+      const float correction = std::exp(s.running_max[r] - tile_max);
+      s.running_sum[r] *= correction;
+      for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
+      s.running_max[r] = tile_max;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* value = v_cache + slot_of(start + j) * slot_stride + blk.hk * head_dim;
+        const float p = std::exp(scores[j] - tile_max);
+        s.running_sum[r] += p;
 #pragma omp simd
-      for (int64_t i = 0; i < head_dim; ++i) acc[i] += p * value[i];
+        for (int64_t i = 0; i < head_dim; ++i) acc[i] += p * value[i];
+      }
     }
   }
-  const float inv_sum = 1.f / running_sum;
-  for (int64_t i = 0; i < head_dim; ++i) out[i] = acc[i] * inv_sum;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv_sum = 1.f / s.running_sum[r];
+    float* dst = out + q_row(r);
+    for (int64_t i = 0; i < head_dim; ++i) dst[i] = s.acc[r * head_dim + i] * inv_sum;
+  }
 }
 
 }  // namespace
@@ -98,27 +142,34 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      const int32_t* kv_page_indices, const int32_t* kv_last_page_len, float scale,
                      float* out, const PagedAttentionDims& d) {
   validate_plan(q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, d);
-  std::vector<int32_t> seq_of_token(d.n_tokens);
-  for (int64_t b = 0; b < d.num_seqs; ++b) {
-    std::fill(seq_of_token.begin() + q_indptr[b], seq_of_token.begin() + q_indptr[b + 1], b);
-  }
   const int64_t group = d.n_q_heads / d.n_kv_heads;
-  const int64_t work = d.n_tokens * d.n_q_heads;
+  // Decode-like sequences (a few new tokens) get a block per (token, q head), which spreads a
+  // single sequence over the threads; prefill chunks a block per (16 tokens, kv head) with all
+  // of its group's q heads, so a tile of keys serves up to 16 x group rows.
+  std::vector<RowBlock> blocks;
+  for (int64_t b = 0; b < d.num_seqs; ++b) {
+    const int64_t t_begin = q_indptr[b], t_end = q_indptr[b + 1];
+    const bool prefill = t_end - t_begin >= kPrefillTokenBlock;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += prefill ? kPrefillTokenBlock : 1) {
+      const int64_t t1 = prefill ? std::min(t_end, t0 + kPrefillTokenBlock) : t0 + 1;
+      for (int64_t hk = 0; hk < d.n_kv_heads; ++hk) {
+        if (prefill) {
+          blocks.push_back({b, hk, t0, t1, 0, group});
+        } else {
+          for (int64_t h = 0; h < group; ++h) blocks.push_back({b, hk, t0, t1, h, h + 1});
+        }
+      }
+    }
+  }
+  const auto num_blocks = static_cast<int64_t>(blocks.size());
 #pragma omp parallel
   {
-    std::vector<float> acc(d.head_dim);
-    // Rows differ in length (decode vs long prefill), so hand them out dynamically.
+    RowScratch scratch;
+    // Blocks differ in length (decode vs long prefill), so hand them out dynamically.
 #pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < work; ++item) {
-      const int64_t t = item / d.n_q_heads, h = item % d.n_q_heads;
-      const int64_t b = seq_of_token[t];
-      const int64_t n_new = q_indptr[b + 1] - q_indptr[b];
-      const int64_t num_pages = kv_indptr[b + 1] - kv_indptr[b];
-      const int64_t n_kv = (num_pages - 1) * d.page_size + kv_last_page_len[b];
-      const int64_t n_attend = n_kv - n_new + (t - q_indptr[b]) + 1;
-      const int64_t row = (t * d.n_q_heads + h) * d.head_dim;
-      attend_row(q + row, k_cache, v_cache, kv_page_indices + kv_indptr[b], n_attend, h / group,
-                 scale, d, acc.data(), out + row);
+    for (int64_t i = 0; i < num_blocks; ++i) {
+      attend_block(blocks[i], q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices,
+                   kv_last_page_len, scale, d, scratch, out);
     }
   }
 }
