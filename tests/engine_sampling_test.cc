@@ -16,34 +16,43 @@ namespace {
 
 using namespace pagedlm::testing;  // NOLINT: the fixture helpers
 
+constexpr int32_t kTokens = 24;
+
+Request greedy_request(const std::vector<int32_t>& prompt) {
+  Request r;
+  r.prompt = prompt;
+  r.sampling.max_tokens = kTokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// The logits that chose each generated token, from one prefill of prompt + generated: row
+// prompt.size() - 1 + t predicts generated[t].
+Tensor logits_of_prefixes(Engine& engine, const std::vector<int32_t>& prompt,
+                          const std::vector<int32_t>& generated) {
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), generated.begin(), generated.end() - 1);
+  return engine.generate({logits_request(whole)})[0].prompt_logits;
+}
+
 TEST(EnginePenalties, GreedyTokensAreArgmaxOfPenalizedLogits) {
   const Checkpoint ckpt = load_checkpoint(fixture_dir("qwen2-bias"));
   const Expected expected = load_expected("qwen2-bias");
   EngineOptions opts;
   opts.num_pages = 128;
-  Request plain;
-  plain.prompt = expected.prompts[0];
-  plain.sampling.max_tokens = 24;
-  plain.sampling.ignore_eos = true;
-  const std::vector<int32_t> unpenalized = Engine(ckpt, opts).generate({plain})[0].tokens;
+  const std::vector<int32_t> unpenalized =
+      Engine(ckpt, opts).generate({greedy_request(expected.prompts[0])})[0].tokens;
   int num_changed = 0;
   for (auto [presence, frequency] :
        {std::pair{1.5f, 0.f}, std::pair{0.f, 0.7f}, std::pair{0.5f, 1.f}, std::pair{-0.5f, 0.f}}) {
     Engine engine(ckpt, opts);
-    Request r;
-    r.prompt = expected.prompts[0];
-    r.sampling.max_tokens = 24;
-    r.sampling.ignore_eos = true;
+    Request r = greedy_request(expected.prompts[0]);
     r.sampling.presence_penalty = presence;
     r.sampling.frequency_penalty = frequency;
     const std::vector<int32_t> generated = engine.generate({r})[0].tokens;
-    ASSERT_EQ(generated.size(), 24u);
+    ASSERT_EQ(generated.size(), static_cast<size_t>(kTokens));
     num_changed += generated != unpenalized;
-
-    // The logits of every prefix, in one request: row p predicts token p + 1.
-    std::vector<int32_t> whole = r.prompt;
-    whole.insert(whole.end(), generated.begin(), generated.end() - 1);
-    const Tensor logits = engine.generate({logits_request(whole)})[0].prompt_logits;
+    const Tensor logits = logits_of_prefixes(engine, r.prompt, generated);
     const int64_t vocab = logits.dim(1);
     std::map<int32_t, int32_t> counts;
     for (size_t t = 0; t < generated.size(); ++t) {
@@ -66,22 +75,16 @@ TEST(EnginePenalties, LogitBiasAndRepetitionPenalty) {
   const Expected expected = load_expected("qwen2-bias");
   EngineOptions opts;
   opts.num_pages = 128;
-  Request r;
-  r.prompt = expected.prompts[0];
-  r.sampling.max_tokens = 24;
-  r.sampling.ignore_eos = true;
+  Request r = greedy_request(expected.prompts[0]);
   const std::vector<int32_t> plain = Engine(ckpt, opts).generate({r})[0].tokens;
   r.sampling.repetition_penalty = 1.4f;
   r.sampling.frequency_penalty = 0.3f;
   r.sampling.logit_bias = {{plain[0], -4.f}, {7, 2.5f}};
   Engine engine(ckpt, opts);
   const std::vector<int32_t> generated = engine.generate({r})[0].tokens;
-  ASSERT_EQ(generated.size(), 24u);
+  ASSERT_EQ(generated.size(), static_cast<size_t>(kTokens));
   EXPECT_NE(generated, plain);
-
-  std::vector<int32_t> whole = r.prompt;
-  whole.insert(whole.end(), generated.begin(), generated.end() - 1);
-  const Tensor logits = engine.generate({logits_request(whole)})[0].prompt_logits;
+  const Tensor logits = logits_of_prefixes(engine, r.prompt, generated);
   const int64_t vocab = logits.dim(1);
   std::set<int32_t> seen(r.prompt.begin(), r.prompt.end());
   std::map<int32_t, int32_t> counts;
