@@ -41,10 +41,12 @@ struct GemmHandleDeleter {
   void operator()(raw::GemmHandle* h) const { raw::gemm_destroy(h); }
 };
 
-// One handle per thread (a handle is not thread safe). Its per-shape plans are built on first
-// use of a shape, so a warm-up run before graph capture leaves nothing to set up while capturing.
+// One handle for the process: GPU steps run from one thread at a time, not always the same one
+// (the server builds its engine, and with it the start-up plans, on the main thread and steps it
+// on the engine thread). Its per-shape plans are built on first use of a shape, so a warm-up
+// run before graph capture leaves nothing to set up while capturing.
 raw::GemmHandle* gemm_handle() {
-  thread_local std::unique_ptr<raw::GemmHandle, GemmHandleDeleter> handle = [] {
+  static std::unique_ptr<raw::GemmHandle, GemmHandleDeleter> handle = [] {
     raw::GemmHandle* h = nullptr;
     raw::check(raw::gemm_create(&h, kGemmWorkspaceBytes), "cuBLASLt handle");
     return std::unique_ptr<raw::GemmHandle, GemmHandleDeleter>(h);
@@ -95,6 +97,11 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
   PAGEDLM_CHECK(err == cudaSuccess, "linear [", rows, ", ", in_features, "] x [", out_features,
                 ", ", in_features, "]^T: ", cudaGetErrorString(err), " (cuBLAS status ",
                 raw::gemm_last_status(h), ")");
+}
+
+void set_linear_tuning(bool on) {
+  // Eight candidates: each new shape then costs about 50 runs of itself at start-up.
+  raw::gemm_set_tuning(gemm_handle(), on ? 8 : 1);
 }
 
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
