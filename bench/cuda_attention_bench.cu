@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagedlm/ops/cuda/kernels.h"
@@ -75,7 +76,9 @@ struct Config {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // "short": only the contexts of up to 1024 keys and the prefill cases.
+  const bool short_only = argc > 1 && std::string(argv[1]) == "short";
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("no CUDA device\n");
@@ -109,6 +112,7 @@ int main() {
               "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
   std::mt19937 rng(1);
   for (const Config& c : configs) {
+    if (short_only && c.ctx > 1024) continue;
     const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
     const int num_pages = pages_per_seq * c.batch;
     const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;

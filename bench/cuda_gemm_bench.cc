@@ -1,7 +1,6 @@
-// The model's GEMMs at a decode batch and at a full prefill budget, with cuBLASLt's first
-// choice of algorithm and with start-up tuning (the fastest of its first eight candidates,
-// ops::cuda::set_linear_tuning), on random bf16 data (all-zero operands draw less power and run
-// faster than real ones). Mean of 20 runs after the plan is built, CUDA events.
+// The model's GEMMs as the engine runs them (cuBLASLt's first choice of algorithm) at a decode
+// batch and at a full prefill budget, on random bf16 data (all-zero operands draw less power and
+// run faster than real ones). Mean of 20 runs after the plan is built, CUDA events.
 // Usage: cuda_gemm_bench config.json [m ...]   (default m: 256 16384)
 #include <cuda_runtime.h>
 
@@ -96,14 +95,11 @@ int main(int argc, char** argv) {
                                      {"gate_up", 2 * F, D, false},
                                      {"down", D, F, false},
                                      {"lm_head", V, D, true}};
-  cuda::GemmHandle *first = nullptr, *tuned = nullptr;
-  cuda::check(cuda::gemm_create(&first, size_t{32} << 20), "gemm");
-  cuda::check(cuda::gemm_create(&tuned, size_t{32} << 20), "gemm");
-  cuda::gemm_set_tuning(tuned, 8);
-  std::printf("%-8s %6s %6s %6s | %9s %8s | %9s %8s | %6s\n", "gemm", "m", "n", "k", "first ms",
-              "TFLOP/s", "tuned ms", "TFLOP/s", "gain");
+  cuda::GemmHandle* gemm = nullptr;
+  cuda::check(cuda::gemm_create(&gemm, size_t{32} << 20), "gemm");
+  std::printf("%-8s %6s %6s %6s | %9s %8s\n", "gemm", "m", "n", "k", "ms", "TFLOP/s");
   for (const int m : ms) {
-    double layers_first = 0, layers_tuned = 0, head_first = 0, head_tuned = 0, flops_layer = 0;
+    double layers_ms = 0, head_ms = 0, flops_layer = 0;
     for (const Shape& s : shapes) {
       // The lm_head runs only on the sampled rows: at a prefill budget, far fewer than m.
       const int rows = s.f32 && m > 256 ? 256 : m;
@@ -111,27 +107,19 @@ int main(int argc, char** argv) {
       void* w = random_bf16(size_t{1} * s.n * s.k, 2);
       void* y = nullptr;
       cuda::check(cudaMalloc(&y, size_t{4} * rows * s.n), "malloc");
-      const double t_first = mean_ms(first, x, w, y, s.f32, rows, s.n, s.k);
-      const double t_tuned = mean_ms(tuned, x, w, y, s.f32, rows, s.n, s.k);
+      const double t = mean_ms(gemm, x, w, y, s.f32, rows, s.n, s.k);
       const double flops = 2.0 * rows * s.n * s.k;
-      std::printf("%-8s %6d %6d %6d | %9.4f %8.1f | %9.4f %8.1f | %5.1f%%\n", s.name, rows, s.n,
-                  s.k, t_first, flops / t_first / 1e9, t_tuned, flops / t_tuned / 1e9,
-                  100 * (t_first - t_tuned) / t_first);
+      std::printf("%-8s %6d %6d %6d | %9.4f %8.1f\n", s.name, rows, s.n, s.k, t, flops / t / 1e9);
       if (s.f32) {
-        head_first = t_first;
-        head_tuned = t_tuned;
+        head_ms = t;
       } else {
-        layers_first += c.num_layers * t_first;
-        layers_tuned += c.num_layers * t_tuned;
+        layers_ms += c.num_layers * t;
         flops_layer += flops;
       }
       for (void* p : {x, w, y}) cudaFree(p);
     }
-    std::printf(
-        "m %d, %d layers: first %.3f ms (%.0f TFLOP/s), tuned %.3f ms (%.0f TFLOP/s); "
-        "lm_head %.3f / %.3f ms\n\n",
-        m, c.num_layers, layers_first, flops_layer * c.num_layers / 1e9 / layers_first,
-        layers_tuned, flops_layer * c.num_layers / 1e9 / layers_tuned, head_first, head_tuned);
+    std::printf("m %d: %d layers %.3f ms (%.0f TFLOP/s), lm_head %.3f ms\n\n", m, c.num_layers,
+                layers_ms, flops_layer * c.num_layers / 1e9 / layers_ms, head_ms);
   }
   return 0;
 }

@@ -689,7 +689,9 @@ TEST(CudaFused, RmsNormOfF32Residual) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> dist(-3.f, 3.f);
   const float eps = 1e-6f;
-  for (int dim : {960, 100}) {
+  // 16-byte paths held in registers (960: one chunk per thread, 4096: two, 5120: up to four),
+  // and the scalar kernel (100: not a multiple of 8; 8200: too wide to hold).
+  for (int dim : {960, 100, 4096, 5120, 8200}) {
     const int L = 19;
     std::vector<float> res_h(static_cast<size_t>(L) * dim);
     for (float& v : res_h) v = dist(rng);  // not bf16-representable: catches a rounded residual
@@ -732,58 +734,61 @@ TEST(CudaFused, RmsNormOfF32Residual) {
 TEST(CudaFused, RopeKvWrite) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
-  const int L = 13, Hq = 4, Hk = 2, d = 64, row = (Hq + 2 * Hk) * d, num_slots = 64;
-  auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -2, 2);
-  std::vector<int32_t> pos_h(L), slot_h(L);
-  for (int t = 0; t < L; ++t) {
-    pos_h[t] = static_cast<int32_t>(rng() % 5000);
-    slot_h[t] = t % 4 == 3 ? -1 : (t * 5) % num_slots;
-  }
-  std::vector<float> inv_freq_h(d / 2);
-  for (int i = 0; i < d / 2; ++i) {
-    inv_freq_h[i] = 1.f / std::pow(10000.f, 2.f * i / d);
-  }
-  DevBuf<uint16_t> qkv(qkv_h), kc(static_cast<size_t>(num_slots) * Hk * d),
-      vc(kc.download().size());
-  DevBuf<int32_t> pos(pos_h), slot(slot_h);
-  DevBuf<float> inv_freq(inv_freq_h);
-  kc.poison();
-  vc.poison();
-  uint16_t* base = qkv.get();
-  CK(launch_rope_kv_write(base, row, base, row, base + Hq * d, row, base + (Hq + Hk) * d, row,
-                          pos.get(), inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d,
-                          nullptr));
-  auto got = qkv.download();
-  auto kc_got = kc.download();
-  auto vc_got = vc.download();
-  ErrStats st;
-  for (int t = 0; t < L; ++t) {
-    for (int h = 0; h < Hq + Hk; ++h) {
-      const size_t off = static_cast<size_t>(t) * row + h * d;
-      for (int i = 0; i < d / 2; ++i) {
-        const double ang = static_cast<double>(static_cast<float>(pos_h[t]) * inv_freq_h[i]);
-        const double x1 = bf2f(qkv_h[off + i]), x2 = bf2f(qkv_h[off + i + d / 2]);
-        st.add(bf2f(got[off + i]), x1 * std::cos(ang) - x2 * std::sin(ang));
-        st.add(bf2f(got[off + i + d / 2]), x2 * std::cos(ang) + x1 * std::sin(ang));
+  // d = 64: bf16x2 rotation and 16-byte v copies; d = 6: the scalar paths.
+  for (const int d : {64, 6}) {
+    const int L = 13, Hq = 4, Hk = 2, row = (Hq + 2 * Hk) * d, num_slots = 64;
+    auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -2, 2);
+    std::vector<int32_t> pos_h(L), slot_h(L);
+    for (int t = 0; t < L; ++t) {
+      pos_h[t] = static_cast<int32_t>(rng() % 5000);
+      slot_h[t] = t % 4 == 3 ? -1 : (t * 5) % num_slots;
+    }
+    std::vector<float> inv_freq_h(d / 2);
+    for (int i = 0; i < d / 2; ++i) {
+      inv_freq_h[i] = 1.f / std::pow(10000.f, 2.f * i / d);
+    }
+    DevBuf<uint16_t> qkv(qkv_h), kc(static_cast<size_t>(num_slots) * Hk * d),
+        vc(kc.download().size());
+    DevBuf<int32_t> pos(pos_h), slot(slot_h);
+    DevBuf<float> inv_freq(inv_freq_h);
+    kc.poison();
+    vc.poison();
+    uint16_t* base = qkv.get();
+    CK(launch_rope_kv_write(base, row, base, row, base + Hq * d, row, base + (Hq + Hk) * d, row,
+                            pos.get(), inv_freq.get(), slot.get(), kc.get(), vc.get(), L, Hq, Hk, d,
+                            nullptr));
+    auto got = qkv.download();
+    auto kc_got = kc.download();
+    auto vc_got = vc.download();
+    ErrStats st;
+    for (int t = 0; t < L; ++t) {
+      for (int h = 0; h < Hq + Hk; ++h) {
+        const size_t off = static_cast<size_t>(t) * row + h * d;
+        for (int i = 0; i < d / 2; ++i) {
+          const double ang = static_cast<double>(static_cast<float>(pos_h[t]) * inv_freq_h[i]);
+          const double x1 = bf2f(qkv_h[off + i]), x2 = bf2f(qkv_h[off + i + d / 2]);
+          st.add(bf2f(got[off + i]), x1 * std::cos(ang) - x2 * std::sin(ang));
+          st.add(bf2f(got[off + i + d / 2]), x2 * std::cos(ang) + x1 * std::sin(ang));
+        }
+      }
+      if (slot_h[t] < 0) continue;
+      for (int i = 0; i < Hk * d; ++i) {
+        ASSERT_EQ(kc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
+                  got[static_cast<size_t>(t) * row + Hq * d + i]);
+        ASSERT_EQ(vc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
+                  qkv_h[static_cast<size_t>(t) * row + (Hq + Hk) * d + i]);
       }
     }
-    if (slot_h[t] < 0) continue;
-    for (int i = 0; i < Hk * d; ++i) {
-      ASSERT_EQ(kc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
-                got[static_cast<size_t>(t) * row + Hq * d + i]);
-      ASSERT_EQ(vc_got[static_cast<size_t>(slot_h[t]) * Hk * d + i],
-                qkv_h[static_cast<size_t>(t) * row + (Hq + Hk) * d + i]);
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2);
+    // Slots no token maps to stay untouched (poisoned).
+    std::vector<bool> used(num_slots, false);
+    for (int s : slot_h) {
+      if (s >= 0) used[s] = true;
     }
-  }
-  EXPECT_EQ(st.non_finite, 0);
-  EXPECT_LE(st.rel(), 1e-2);
-  // Slots no token maps to stay untouched (poisoned).
-  std::vector<bool> used(num_slots, false);
-  for (int s : slot_h) {
-    if (s >= 0) used[s] = true;
-  }
-  for (int s = 0; s < num_slots; ++s) {
-    if (!used[s]) ASSERT_EQ(kc_got[static_cast<size_t>(s) * Hk * d], 0xFFFF);
+    for (int s = 0; s < num_slots; ++s) {
+      if (!used[s]) ASSERT_EQ(kc_got[static_cast<size_t>(s) * Hk * d], 0xFFFF);
+    }
   }
 }
 

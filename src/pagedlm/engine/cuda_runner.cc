@@ -16,7 +16,6 @@
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
-#include "pagedlm/ops/linear.h"
 #include "pagedlm/sched/shared_prefix.h"
 #endif
 
@@ -48,7 +47,6 @@ struct CudaStepRunner::Impl {
   PagedKvCache* kv_cache = nullptr;
   bool use_graphs;
   bool use_cascade;
-  bool tune_gemms;
   int32_t page_size;
   int32_t num_q_heads, num_kv_heads, head_dim;
   int64_t vocab;
@@ -80,7 +78,6 @@ struct CudaStepRunner::Impl {
       : model(m),
         use_graphs(o.use_cuda_graphs),
         use_cascade(o.use_cascade_attention),
-        tune_gemms(o.tune_gemms),
         page_size(o.page_size),
         max_model_len(max_len) {
     const ModelConfig& c = m.config();
@@ -352,17 +349,10 @@ struct CudaStepRunner::Impl {
   }
 
   // Start-up work that would otherwise land on the first steps: one eager step at the full
-  // token budget (cuBLASLt context and plans, tuned when tune_gemms is on, kernel modules) and
-  // one step per decode bucket, captured as its graph with graphs on (two with cascade
-  // attention: with and without the shared pass). Every row and sequence is padding, so the KV
-  // cache is not touched.
+  // token budget (cuBLASLt context and plans, kernel modules) and one step per decode bucket,
+  // captured as its graph with graphs on (two with cascade attention: with and without the
+  // shared pass). Every row and sequence is padding, so the KV cache is not touched.
   void warm_up() {
-    struct Tuning {  // on for the warm-up's new GEMM shapes only, even if a step throws
-      explicit Tuning(bool on) { ops::cuda::set_linear_tuning(on); }
-      ~Tuning() { ops::cuda::set_linear_tuning(false); }
-      Tuning(const Tuning&) = delete;
-      Tuning& operator=(const Tuning&) = delete;
-    } tuning(tune_gemms);
     StepPlan empty;
     empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
     stage(empty, {}, max_tokens, 1, 1, {});

@@ -38,10 +38,6 @@ namespace cuda {
 // Same contract as cpu::linear; x, weight and bias hold `dtype` elements, out `out_dtype` ones.
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
             int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream);
-// While on, every GEMM shape the process meets for the first time is timed with cuBLASLt's
-// first few candidate algorithms on its own operands and keeps the fastest (start-up only:
-// each new shape then costs a few runs of itself and a synchronization).
-void set_linear_tuning(bool on);
 }  // namespace cuda
 #endif
 

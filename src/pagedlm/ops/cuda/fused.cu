@@ -59,6 +59,76 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* wei
   }
 }
 
+// 8 bf16 <-> 8 floats (one 16-byte load or store of bf16).
+__device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float* f) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 v = __bfloat1622float2(pairs[j]);
+    f[2 * j] = v.x;
+    f[2 * j + 1] = v.y;
+  }
+}
+__device__ __forceinline__ uint4 float_to_bf16x8(const float* f) {
+  uint4 packed;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  return packed;
+}
+
+// add_rms_norm_kernel with 16-byte accesses, for dim % 8 == 0 and dim <= 8 * kChunks * blockDim:
+// each thread keeps its chunks of 8 values in registers between the two passes, so the row is
+// read and written once. Each element's formula is the scalar kernel's (below); the sum of
+// squares adds in another order.
+template <int kChunks>
+__global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
+                                        bf16* out, int dim, float eps) {
+  __shared__ float scratch[32];
+  const size_t base = static_cast<size_t>(blockIdx.x) * dim;
+  float* res = residual + base;
+  float v[kChunks][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    const float4 lo = *reinterpret_cast<const float4*>(res + i);
+    const float4 hi = *reinterpret_cast<const float4*>(res + i + 4);
+    float* r = v[c];
+    r[0] = lo.x;
+    r[1] = lo.y;
+    r[2] = lo.z;
+    r[3] = lo.w;
+    r[4] = hi.x;
+    r[5] = hi.y;
+    r[6] = hi.z;
+    r[7] = hi.w;
+    if (x != nullptr) {
+      float xf[8];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(x + base + i), xf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] += xf[j];
+      *reinterpret_cast<float4*>(res + i) = make_float4(r[0], r[1], r[2], r[3]);
+      *reinterpret_cast<float4*>(res + i + 4) = make_float4(r[4], r[5], r[6], r[7]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += r[j] * r[j];
+  }
+  ss = detail::block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / dim + eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    float w[8], y[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(weight + i), w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = v[c][j] * inv * w[j];
+    *reinterpret_cast<uint4*>(out + base + i) = float_to_bf16x8(y);
+  }
+}
+
 // One block per row. residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 or null (nothing is
 // added and the residual is not written: the plain norm of an f32 row), weight: [dim] bf16,
 // out: [rows, dim] bf16
@@ -84,49 +154,96 @@ __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* 
   }
 }
 
-// One block per token; threads walk the (head, pair) grid of q then k, then copy v.
+// One block per token. The token's cos/sin pairs are computed once into shared memory, then
+// threads walk the (head, pair) grid of q then k, kVec adjacent pairs (bf16x2 accesses when 2),
+// then copy v (16 bytes at a time when v_vec).
 // q: [num_tokens, Hq, d] strided, k/v: [num_tokens, Hk, d] strided,
-// k_cache/v_cache: [num_slots, Hk, d]
+// k_cache/v_cache: [num_slots, Hk, d]; dynamic shared memory: d floats.
+template <int kVec>
 __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_out,
                                      int64_t q_out_stride, bf16* k, int64_t k_stride, const bf16* v,
                                      int64_t v_stride, const int32_t* positions,
                                      const float* inv_freq, const int32_t* slot_mapping,
                                      bf16* k_cache, bf16* v_cache, int num_q_heads,
-                                     int num_kv_heads, int head_dim) {
+                                     int num_kv_heads, int head_dim, bool v_vec) {
+  extern __shared__ float rope_cs[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[t]);
   const int32_t slot = slot_mapping[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    sincosf(pos * inv_freq[i], &rope_cs[half + i], &rope_cs[i]);
+  }
+  __syncthreads();
   const bf16* qt = q + t * q_stride;
   bf16* qt_out = q_out + t * q_out_stride;
   bf16* kt = k + t * k_stride;
   const bf16* vt = v + t * v_stride;
-  const int total = (num_q_heads + num_kv_heads) * half;
+  const int steps = half / kVec;
+  const int total = (num_q_heads + num_kv_heads) * steps;
   for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-    const int head = idx / half, i = idx % half;
-    float sn, cs;
-    sincosf(pos * inv_freq[i], &sn, &cs);
+    const int head = idx / steps, i = (idx % steps) * kVec;
     const bool is_q = head < num_q_heads;
     const bf16* x = is_q ? qt + head * head_dim : kt + (head - num_q_heads) * head_dim;
     bf16* y = is_q ? qt_out + head * head_dim : kt + (head - num_q_heads) * head_dim;
-    const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
-    const bf16 y1 = __float2bfloat16(x1 * cs - x2 * sn);
-    const bf16 y2 = __float2bfloat16(x2 * cs + x1 * sn);
-    y[i] = y1;
-    y[i + half] = y2;
-    if (!is_q && slot >= 0) {
-      bf16* dst =
-          k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim;
-      dst[i] = y1;
-      dst[i + half] = y2;
+    bf16* dst =
+        !is_q && slot >= 0
+            ? k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim
+            : nullptr;
+    bf16 y1[kVec], y2[kVec];
+    if constexpr (kVec == 2) {
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i + half));
+      const float x1[2] = {a.x, a.y}, x2[2] = {b.x, b.y};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float cs = rope_cs[i + j], sn = rope_cs[half + i + j];
+        y1[j] = __float2bfloat16(x1[j] * cs - x2[j] * sn);
+        y2[j] = __float2bfloat16(x2[j] * cs + x1[j] * sn);
+      }
+      const __nv_bfloat162 lo(y1[0], y1[1]), hi(y2[0], y2[1]);
+      *reinterpret_cast<__nv_bfloat162*>(y + i) = lo;
+      *reinterpret_cast<__nv_bfloat162*>(y + i + half) = hi;
+      if (dst != nullptr) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + i) = lo;
+        *reinterpret_cast<__nv_bfloat162*>(dst + i + half) = hi;
+      }
+    } else {
+      const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
+      const float cs = rope_cs[i], sn = rope_cs[half + i];
+      y1[0] = __float2bfloat16(x1 * cs - x2 * sn);
+      y2[0] = __float2bfloat16(x2 * cs + x1 * sn);
+      y[i] = y1[0];
+      y[i + half] = y2[0];
+      if (dst != nullptr) {
+        dst[i] = y1[0];
+        dst[i + half] = y2[0];
+      }
     }
   }
   if (slot < 0) return;
-  for (int idx = threadIdx.x; idx < num_kv_heads * head_dim; idx += blockDim.x) {
-    const int head = idx / head_dim, i = idx % head_dim;
-    v_cache[(static_cast<size_t>(slot) * num_kv_heads + head) * head_dim + i] =
-        vt[head * head_dim + i];
+  const int row = num_kv_heads * head_dim;
+  bf16* v_dst = v_cache + static_cast<size_t>(slot) * row;
+  if (v_vec) {
+    for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+      reinterpret_cast<uint4*>(v_dst)[i] = reinterpret_cast<const uint4*>(vt)[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < row; i += blockDim.x) v_dst[i] = vt[i];
   }
+}
+
+// silu_mul_kernel 8 values at a time, for dim % 8 == 0; grid: (ceil(dim / 8 / 256), rows).
+__global__ void silu_mul_vec_kernel(const bf16* gate_up, bf16* out, int dim) {
+  const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (i >= dim) return;
+  const size_t r = blockIdx.y;
+  float gt[8], up[8], y[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + i), gt);
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + dim + i), up);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = gt[j] / (1.f + __expf(-gt[j])) * up[j];
+  *reinterpret_cast<uint4*>(out + r * dim + i) = float_to_bf16x8(y);
 }
 
 // gate_up: [rows, 2 * dim], out: [rows, dim]; grid: (ceil(dim / 256), rows)
@@ -169,23 +286,42 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
   return cudaGetLastError();
 }
 
+namespace {
+
+// One block per row, 16-byte accesses held in registers where the row allows (widths up to
+// 8192), else the scalar kernel.
+cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, void* out, int rows,
+                         int dim, float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  const auto* w = static_cast<const bf16*>(weight);
+  auto* y = static_cast<bf16*>(out);
+  constexpr int kThreads = 256;
+  const int chunks = dim % 8 == 0 ? static_cast<int>(ceil_div(dim, 8 * kThreads)) : 0;
+  // Fewer threads for narrow rows (SmolLM2's 576 is 72 chunks of 8), so none sits idle.
+  const int threads = chunks == 1 ? static_cast<int>(ceil_div(dim / 8, 32)) * 32 : kThreads;
+  if (chunks == 1) {
+    add_rms_norm_vec_kernel<1><<<rows, threads, 0, stream>>>(residual, x, w, y, dim, eps);
+  } else if (chunks == 2) {
+    add_rms_norm_vec_kernel<2><<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+  } else if (chunks == 3 || chunks == 4) {
+    add_rms_norm_vec_kernel<4><<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+  } else {
+    add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
                                 float eps, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
   // With no x to add the kernel only reads the residual, so dropping const is safe.
-  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(const_cast<float*>(x), nullptr,
-                                                static_cast<const bf16*>(weight),
-                                                static_cast<bf16*>(out), dim, eps);
-  return cudaGetLastError();
+  return add_rms_norm(const_cast<float*>(x), nullptr, weight, out, rows, dim, eps, stream);
 }
 
 cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  add_rms_norm_kernel<<<rows, 256, 0, stream>>>(residual, static_cast<const bf16*>(x),
-                                                static_cast<const bf16*>(weight),
-                                                static_cast<bf16*>(out), dim, eps);
-  return cudaGetLastError();
+  return add_rms_norm(residual, static_cast<const bf16*>(x), weight, out, rows, dim, eps, stream);
 }
 
 cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
@@ -196,17 +332,42 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
                                  int head_dim, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
-  rope_kv_write_kernel<<<num_tokens, 256, 0, stream>>>(
-      static_cast<const bf16*>(q), q_token_stride, static_cast<bf16*>(q_out), q_out_token_stride,
-      static_cast<bf16*>(k), k_token_stride, static_cast<const bf16*>(v), v_token_stride, positions,
-      inv_freq, slot_mapping, static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), num_q_heads,
-      num_kv_heads, head_dim);
+  auto aligned = [](const void* p, int64_t stride, int64_t elems) {
+    return reinterpret_cast<uintptr_t>(p) % (2 * elems) == 0 && stride % elems == 0;
+  };
+  // bf16x2 rotation needs even half-dims and 4-byte aligned rows; the v copy, 16-byte rows.
+  const bool pairs = head_dim % 4 == 0 && aligned(q, q_token_stride, 2) &&
+                     aligned(q_out, q_out_token_stride, 2) && aligned(k, k_token_stride, 2) &&
+                     aligned(k_cache, 2, 2);
+  const bool v_vec = (int64_t{num_kv_heads} * head_dim) % 8 == 0 && aligned(v, v_token_stride, 8) &&
+                     aligned(v_cache, 8, 8);
+  const size_t smem = sizeof(float) * head_dim;
+  auto* q_in = static_cast<const bf16*>(q);
+  auto* q_o = static_cast<bf16*>(q_out);
+  auto* k_io = static_cast<bf16*>(k);
+  auto* v_in = static_cast<const bf16*>(v);
+  auto* kc = static_cast<bf16*>(k_cache);
+  auto* vc = static_cast<bf16*>(v_cache);
+  if (pairs) {
+    rope_kv_write_kernel<2><<<num_tokens, 256, smem, stream>>>(
+        q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
+        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec);
+  } else {
+    rope_kv_write_kernel<1><<<num_tokens, 256, smem, stream>>>(
+        q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
+        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim,
                             cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (dim % 8 == 0) {
+    silu_mul_vec_kernel<<<dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream>>>(
+        static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
+    return cudaGetLastError();
+  }
   silu_mul_kernel<<<dim3(ceil_div(dim, 256), rows), 256, 0, stream>>>(
       static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
   return cudaGetLastError();

@@ -5,11 +5,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
-#include <vector>
 
 #include "pagedlm/ops/cuda/kernels.h"
 
@@ -20,15 +18,10 @@ struct GemmHandle {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int last_status = 0;
-  // New plans time this many of the heuristic's candidates and keep the fastest (1: take its
-  // first choice untimed).
-  int tune_candidates = 1;
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    // The heuristic's other choices, in its order, while the plan is still to be timed.
-    std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   // Keyed by (m, n, k, has_bias, y_f32): descriptors and the heuristic's algorithm are built
   // once.
@@ -93,66 +86,17 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                             &h->workspace_bytes, sizeof(h->workspace_bytes));
-  constexpr int kMaxCandidates = 16;
-  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
-  const int wanted = std::clamp(h->tune_candidates, 1, kMaxCandidates);
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref, wanted, results,
-                                        &found);
+    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   if (found == 0) return cleanup_fail(CUBLAS_STATUS_NOT_SUPPORTED);
-  p.algo = results[0].algo;
-  for (int i = 1; i < found; ++i) p.candidates.push_back(results[i].algo);
+  p.algo = result.algo;
   *out = p;
   return cudaSuccess;
-}
-
-// Times the heuristic's first choice and each candidate on the call's own operands (y is
-// overwritten with the same product each time) and keeps the fastest. Skipped while the stream
-// is being captured; the plan then keeps the first choice.
-cudaError_t tune_plan(GemmHandle* h, GemmHandle::Plan* plan, const void* x, const void* w, void* y,
-                      cudaStream_t stream) {
-  std::vector<cublasLtMatmulAlgo_t> algos = {plan->algo};
-  algos.insert(algos.end(), plan->candidates.begin(), plan->candidates.end());
-  plan->candidates.clear();
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  cudaError_t err = cudaStreamIsCapturing(stream, &capturing);
-  if (err != cudaSuccess || capturing != cudaStreamCaptureStatusNone || algos.size() < 2) {
-    return err;
-  }
-  cudaEvent_t begin = nullptr, end = nullptr;
-  err = cudaEventCreate(&begin);
-  if (err == cudaSuccess) err = cudaEventCreate(&end);
-  const float alpha = 1.f, beta = 0.f;
-  float best_ms = -1.f;
-  for (const cublasLtMatmulAlgo_t& algo : algos) {
-    if (err != cudaSuccess) break;
-    auto run = [&] {
-      return cublasLtMatmul(h->lt, plan->op, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y,
-                            plan->c, &algo, h->workspace, h->workspace_bytes, stream);
-    };
-    // One untimed run (first-use costs), then a few timed: the shapes worth tuning take
-    // microseconds to milliseconds each, so this costs little at start-up.
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;
-    constexpr int kRuns = 5;
-    err = cudaEventRecord(begin, stream);
-    bool ok = true;
-    for (int r = 0; r < kRuns && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
-    if (err == cudaSuccess) err = cudaEventRecord(end, stream);
-    if (err == cudaSuccess) err = cudaEventSynchronize(end);
-    float ms = 0.f;
-    if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, begin, end);
-    if (ok && err == cudaSuccess && (best_ms < 0.f || ms < best_ms)) {
-      best_ms = ms;
-      plan->algo = algo;
-    }
-  }
-  if (begin) cudaEventDestroy(begin);
-  if (end) cudaEventDestroy(end);
-  return err;
 }
 
 }  // namespace
@@ -187,10 +131,6 @@ void gemm_destroy(GemmHandle* handle) {
 
 int gemm_last_status(const GemmHandle* handle) { return handle ? handle->last_status : 0; }
 
-void gemm_set_tuning(GemmHandle* handle, int candidates) {
-  if (handle != nullptr) handle->tune_candidates = std::max(1, candidates);
-}
-
 cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const void* bias, void* y,
                              bool y_f32, int m, int n, int k, cudaStream_t stream) {
   if (h == nullptr || m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
@@ -208,10 +148,6 @@ cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const 
   if (bias != nullptr) {
     PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                      sizeof(bias)));
-  }
-  if (!p.candidates.empty()) {
-    const cudaError_t err = tune_plan(h, &p, x, w, y, stream);
-    if (err != cudaSuccess) return err;
   }
   const float alpha = 1.f, beta = 0.f;
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,

@@ -183,10 +183,6 @@ void gemm_destroy(GemmHandle* handle);
 // an f32 y takes no bias (cudaErrorNotSupported).
 cudaError_t launch_gemm_bf16(GemmHandle* handle, const void* x, const void* w, const void* bias,
                              void* y, bool y_f32, int m, int n, int k, cudaStream_t stream);
-// From now on, each new shape's plan times up to `candidates` of cuBLASLt's algorithms on the
-// operands of its first call (outside graph capture) and keeps the fastest; 1 (the default)
-// takes the heuristic's first choice untimed.
-void gemm_set_tuning(GemmHandle* handle, int candidates);
 // The cuBLAS status of the handle's last failed call (0 when none), for error messages.
 int gemm_last_status(const GemmHandle* handle);
 
