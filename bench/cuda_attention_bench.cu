@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
       });
     };
     const int heur =
-        paged_attention_decode_num_splits(c.batch, c.hk, c.ctx, prop.multiProcessorCount);
+        paged_attention_decode_num_splits(c.batch, c.hk, c.d, c.ctx, prop.multiProcessorCount);
     const float t_heur = run(heur);
     int best_s = heur;
     float best_t = t_heur;

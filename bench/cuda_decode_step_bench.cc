@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   int dev_id = 0, sms = 0;
   cudaGetDevice(&dev_id);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id);
-  const int splits = cuda::paged_attention_decode_num_splits(batch, Hk, kv_len, sms);
+  const int splits = cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, sms);
   const size_t ws_bytes = cuda::paged_attention_workspace_bytes(batch, Hq, d, splits);
   if (ws_bytes) cuda::check(cudaMalloc(&ws, ws_bytes), "malloc");
   const float scale = 1.f / std::sqrt(static_cast<float>(d));

@@ -190,7 +190,7 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     if (splits == 0) {
       int sms = 0;
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      splits = paged_attention_decode_num_splits(d.num_seqs, Hk, d.max_kv, sms);
+      splits = paged_attention_decode_num_splits(d.num_seqs, Hk, D, d.max_kv, sms);
     }
     // The shared pass's arrays, built from the runs as kernels.h documents them.
     const int per_item = shared_prefix_members_per_item(Hq, Hk);

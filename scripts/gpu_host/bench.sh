@@ -27,7 +27,7 @@ for model in "$@"; do
 done
 python3 - "$out" <<'PY'
 import glob, json, os, sys
-print(f"{'run':44} {'out tok/s':>10} {'bound':>6} {'decode GB/s':>11} {'TTFT p50':>9} {'ITL p50':>8} {'wall s':>7} {'decode s':>8} {'device':>7}")
+print(f"{'run':44} {'out tok/s':>10} {'bound':>6} {'decode GB/s':>11} {'TTFT p50':>9} {'ITL p50':>8} {'wall s':>7} {'decode s':>8} {'device':>7} {'prefill s':>9} {'device':>7}")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     try:
         r = json.load(open(path))
@@ -35,5 +35,6 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
         continue
     print(f"{os.path.basename(path)[:-5]:44} {r['output_tok_s']:10.0f} {100 * r['bound_fraction']:5.1f}% "
           f"{r['decode_bytes_per_s'] / 1e9:11.0f} {r['ttft_p50_ms']:9.1f} {r['itl_p50_ms']:8.2f} {r['wall_s']:7.3f}"
-          f" {r['decode_s']:8.3f} {r['decode_gpu_s']:7.3f}")
+          f" {r['decode_s']:8.3f} {r['decode_gpu_s']:7.3f} {r['wall_s'] - r['decode_s']:9.3f}"
+          f" {r.get('gpu_s', 0) - r['decode_gpu_s']:7.3f}")
 PY

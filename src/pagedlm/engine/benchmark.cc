@@ -163,6 +163,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       result.decode_bytes += step_bytes;
       result.decode_gpu_s += shape.gpu_ms / 1e3;
     }
+    result.gpu_s += shape.gpu_ms / 1e3;
     step_start = now;
     result.peak_pages_used = std::max(result.peak_pages_used, engine.stats().pages_used);
     for (const RequestEvent& e : events) {

@@ -53,6 +53,7 @@ struct BenchmarkResult {
   double decode_gpu_s = 0;  // CUDA: the device time of those steps (decode_s - it: host work)
   double decode_bytes = 0;
   double decode_bytes_per_s = 0;
+  double gpu_s = 0;  // CUDA: the device time of all steps (gpu_s - decode_gpu_s: the prefill's)
   // The workload's lower bound as the run scheduled it: all steps' bytes at the peak bandwidth
   // or all their FLOPs (2 x params per token, lm_head per sequence, attention) at the peak
   // rate, whichever is longer (perfect overlap). Zero without DevicePeaks.

@@ -106,7 +106,7 @@ struct CudaStepRunner::Impl {
     // so scan every batch size at the longest context, plus the cascade's shared splits.
     for (int32_t b = 1; b <= max_bucket; ++b) {
       const int splits = cuda::paged_attention_decode_num_splits(
-                             b, num_kv_heads, static_cast<int>(max_model_len), num_sms) +
+                             b, num_kv_heads, head_dim, static_cast<int>(max_model_len), num_sms) +
                          (use_cascade ? shared_splits(b) : 0);
       workspace_bytes = std::max(
           workspace_bytes, cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
@@ -189,7 +189,7 @@ struct CudaStepRunner::Impl {
   // caps each sequence's splits by its own length), shrunk if the workspace cannot hold it.
   // A function of the bucket alone, so one graph per bucket serves every step.
   int32_t decode_splits(int32_t num_seqs) const {
-    int splits = cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads,
+    int splits = cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads, head_dim,
                                                          static_cast<int>(max_model_len), num_sms);
     const int extra = use_cascade ? shared_splits(num_seqs) : 0;
     while (splits > 1 && cuda::paged_attention_workspace_bytes(num_seqs, num_q_heads, head_dim,

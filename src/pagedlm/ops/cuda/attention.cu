@@ -189,49 +189,35 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
   const int g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
 
-  // Each thread copies kLoads 16-byte chunks of K and of V per tile. The page of each chunk's
-  // key is read a tile ahead (page_ids), so issuing a tile's copies never waits on the page
-  // table: short decode blocks were spending a memory latency per tile on it.
-  constexpr int kChunks = D / 8;
-  constexpr int kLoads = kBlockKv * kChunks / kThreads;
-  static_assert(kThreads % kChunks == 0, "a thread's chunks keep their column");
-  auto page_ids = [&](int kv_tile, int(&ids)[kLoads]) {
-    const int kv0 = kv_begin + kv_tile * kBlockKv;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int pos = kv0 + (tid + i * kThreads) / kChunks;
-      ids[i] = kv_tile < num_kv_tiles && pos < kv_end ? pages[pos / page_size] : 0;
-    }
-  };
-  auto load_kv = [&](int kv_tile, int stage, const int(&ids)[kLoads]) {
+  auto load_kv = [&](int kv_tile, int stage) {
+    constexpr int kChunks = D / 8;
     const int kv0 = kv_begin + kv_tile * kBlockKv;
     __nv_bfloat16* ks = k_s + stage * kBlockKv * kStride;
     __nv_bfloat16* vs = v_s + stage * kBlockKv * kStride;
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
+    for (int i = 0; i < kBlockKv * kChunks / kThreads; ++i) {
       const int idx = tid + i * kThreads;
       const int r = idx / kChunks, c = idx % kChunks;
       const int pos = kv0 + r;
       const bool valid = pos < kv_end;
-      const size_t off =
-          valid ? ((static_cast<size_t>(ids[i]) * page_size + pos % page_size) * p.num_kv_heads +
-                   hk) * D +
-                      c * 8
-                : 0;
+      size_t off = 0;
+      if (valid) {
+        const int page = pages[pos / page_size];
+        off =
+            ((static_cast<size_t>(page) * page_size + pos % page_size) * p.num_kv_heads + hk) * D +
+            c * 8;
+      }
       cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
       cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
     }
   };
 
   // Start the K/V pipeline first so its latency overlaps the Q load.
-  int next_ids[kLoads];
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    page_ids(s, next_ids);
-    if (s < num_kv_tiles) load_kv(s, s, next_ids);
+    if (s < num_kv_tiles) load_kv(s, s);
     cp_async_commit();
   }
-  page_ids(STAGES - 1, next_ids);
 
   for (int idx = tid; idx < kRows * (D / 8); idx += kThreads) {
     const int r = idx / (D / 8), c = idx % (D / 8);
@@ -277,10 +263,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
   for (int it = 0; it < num_kv_tiles; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `it` visible to all; stage (it - 1) % STAGES free for reuse
-    if (it + STAGES - 1 < num_kv_tiles) {
-      load_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES, next_ids);
-      page_ids(it + STAGES, next_ids);
-    }
+    if (it + STAGES - 1 < num_kv_tiles) load_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_async_commit();
 
     const int stage = it % STAGES;
@@ -401,7 +384,9 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
     }
   } else {
     // Merge the WN warps' partial softmax states of the same 16 rows through shared memory
-    // (the K/V stages are free now).
+    // (the K/V stages are free now), only for the rows in use: a decode tile holds one token's
+    // group of q heads (3 or 4 of its 16 rows for SmolLM2 and Llama).
+    const int rows_used = min(row0 + 16, n_rows) - row0;
     __syncthreads();
     float* o_s = reinterpret_cast<float*>(k_s);  // [WN][16][D]
     float* m_s = o_s + WN * 16 * D;              // [WN][16]
@@ -411,6 +396,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
+      if (r >= rows_used) continue;
       if (t == 0) {
         m_s[wn * 16 + r] = m[h];
         l_s[wn * 16 + r] = l[h];
@@ -422,7 +408,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
       }
     }
     __syncthreads();
-    if (tid < 16) {
+    if (tid < rows_used) {
       float mm = -INFINITY;
 #pragma unroll
       for (int w = 0; w < WN; ++w) mm = fmaxf(mm, m_s[w * 16 + tid]);
@@ -436,7 +422,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
       lse_s[tid] = ll > 0.f ? base + log2f(ll) : -INFINITY;
     }
     __syncthreads();
-    for (int idx = tid; idx < 16 * D / 2; idx += kThreads) {
+    for (int idx = tid; idx < rows_used * D / 2; idx += kThreads) {
       const int r = idx / (D / 2), col = (idx % (D / 2)) * 2;
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
@@ -580,19 +566,32 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
   return o_bytes + rows * sizeof(float);
 }
 
-int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms) {
-  // Two decode blocks fit on an SM; fill at most one wave of them. A partial second wave is
-  // the costly case: on the H200, 8 seqs x 8 kv heads at 32k keys ran at 78% of copy
-  // bandwidth with 4 splits (256 blocks) and 50% with 5 (320 blocks); 64 x 8 ran best
-  // unsplit (docs/KERNELS.md).
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
+                                      int num_sms) {
+  // Decode blocks resident per SM, from their shared memory (228 KB per SM on sm_90, 1 KB of it
+  // reserved per block): 3 at d = 128 (two stages) and at d = 64 (three).
+  const size_t smem = head_dim == 64 ? attn_smem_bytes<64, 1, 4, kDecodeStages<64>>()
+                                     : attn_smem_bytes<128, 1, 4, kDecodeStages<128>>();
+  const int64_t per_sm = std::max<int64_t>(1, (228 * 1024) / static_cast<int64_t>(smem + 1024));
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
-  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * 2;
-  int64_t splits = slots / blocks;
-  // Under three quarters of the slots busy, many SMs hold one block and stream too little:
-  // 64 seqs x 3 kv heads (192 blocks) ran at 50% unsplit and 76% with 2 splits.
-  if (splits == 1 && blocks * 4 <= slots * 3) splits = 2;
-  splits = std::min<int64_t>(splits, std::max(1, max_kv_len / kMinSplitKeys));
-  return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
+  // Two waves or more: the last wave's tail is a small share (and live batches mix lengths).
+  if (blocks >= 2 * slots) return 1;
+  // Fewer blocks: a partial last wave leaves SMs idle while it runs (on the H200, 8 seqs x 8 kv
+  // heads at 32k keys: 78% of copy bandwidth with 256 blocks in 264 slots, 50% with 320). Take
+  // the split count whose waves are fullest, the smallest within 5% of the best, none shorter
+  // than kMinSplitKeys keys.
+  const int64_t max_splits = std::clamp<int64_t>(max_kv_len / kMinSplitKeys, 1, 64);
+  auto fullness = [&](int64_t s) {
+    const int64_t units = blocks * s;
+    return static_cast<double>(units) / static_cast<double>(ceil_div(units, slots) * slots);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, fullness(s));
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    if (fullness(s) >= best - 0.05) return static_cast<int>(s);
+  }
+  return 1;
 }
 
 cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,

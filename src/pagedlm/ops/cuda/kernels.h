@@ -88,11 +88,13 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
                                        int max_num_splits);
 
-// A split count that fills the GPU: enough (sequence, kv head, split) blocks for a few waves,
-// no split shorter than 256 keys. num_sms from cudaDeviceProp::multiProcessorCount. The kernel
-// also caps each sequence's splits by its own length, so a count chosen for the longest
-// possible context (max_kv_len = the model's limit) serves every step of a graph bucket.
-int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int num_sms);
+// A split count that fills the GPU: (sequence, kv head, split) blocks in full waves (none split
+// once there are two waves or more), no split shorter than 256 keys. num_sms from
+// cudaDeviceProp::multiProcessorCount. The kernel also caps each sequence's splits by its own
+// length, so a count chosen for the longest possible context (max_kv_len = the model's limit)
+// serves every step of a graph bucket.
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
+                                      int num_sms);
 
 // ---------------------------------------------------------------------------------------------
 // Small fused kernels.
