@@ -1,6 +1,7 @@
 // The CPU linear over ggml blocks (Q4_1, Q8_0): against a float64 dot product over the weights
 // as the GGUF reader dequantizes them, and batch invariant (a row's bits do not depend on the
-// other rows of the call).
+// other rows of the call). Both kernels: the one this build dispatches to (AVX2 where the
+// machine has it) and the portable one that builds without AVX2 + FMA + F16C run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,6 +41,17 @@ QuantizedMatrix random_blocks(QuantType type, int64_t rows, int64_t cols, std::m
   return q;
 }
 
+// y = x W^T + b through the dispatching kernel (portable = false) or the portable one.
+void quantized_linear(bool portable, const Tensor& x, const QuantizedMatrix& w, const Tensor& bias,
+                      const Tensor& out) {
+  if (!portable) {
+    ops::linear(x, w, bias, out);
+    return;
+  }
+  ops::cpu::linear_portable(x.data<float>(), w, bias.defined() ? bias.data<float>() : nullptr,
+                            out.data<float>(), x.dim(0));
+}
+
 std::vector<float> dequantized(const QuantizedMatrix& q) {
   std::vector<float> w(q.rows * q.cols);
   const GgmlType type = q.type == QuantType::kQ4_1 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
@@ -50,51 +62,56 @@ std::vector<float> dequantized(const QuantizedMatrix& q) {
 }
 
 TEST(QuantizedLinear, MatchesFloat64OverDequantizedWeights) {
-  std::mt19937 rng(5);
-  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
-    for (auto [rows, out_features, in_features] :
-         {std::tuple{1, 3, 32}, std::tuple{7, 70, 96}, std::tuple{19, 130, 576}}) {
-      const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
-      const std::vector<float> wf = dequantized(w);
-      const Tensor x = random_f32({rows, in_features}, rng);
-      const Tensor bias = random_f32({out_features}, rng);
-      Tensor out = Tensor::empty(DType::kF32, {rows, out_features});
-      ops::linear(x, w, bias, out);
-      double diff2 = 0, ref2 = 0;
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t n = 0; n < out_features; ++n) {
-          double ref = bias.data<float>()[n];
-          for (int64_t k = 0; k < in_features; ++k) {
-            ref +=
-                static_cast<double>(x.data<float>()[i * in_features + k]) * wf[n * in_features + k];
+  for (const bool portable : {false, true}) {
+    std::mt19937 rng(5);
+    for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+      for (auto [rows, out_features, in_features] :
+           {std::tuple{1, 3, 32}, std::tuple{7, 70, 96}, std::tuple{19, 130, 576}}) {
+        const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
+        const std::vector<float> wf = dequantized(w);
+        const Tensor x = random_f32({rows, in_features}, rng);
+        const Tensor bias = random_f32({out_features}, rng);
+        Tensor out = Tensor::empty(DType::kF32, {rows, out_features});
+        quantized_linear(portable, x, w, bias, out);
+        double diff2 = 0, ref2 = 0;
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t n = 0; n < out_features; ++n) {
+            double ref = bias.data<float>()[n];
+            for (int64_t k = 0; k < in_features; ++k) {
+              ref += static_cast<double>(x.data<float>()[i * in_features + k]) *
+                     wf[n * in_features + k];
+            }
+            const double got = out.data<float>()[i * out_features + n];
+            diff2 += (got - ref) * (got - ref);
+            ref2 += ref * ref;
           }
-          const double got = out.data<float>()[i * out_features + n];
-          diff2 += (got - ref) * (got - ref);
-          ref2 += ref * ref;
         }
+        EXPECT_LT(std::sqrt(diff2 / ref2), 1e-6)
+            << rows << "x" << out_features << "x" << in_features << (portable ? " portable" : "");
       }
-      EXPECT_LT(std::sqrt(diff2 / ref2), 1e-6) << rows << "x" << out_features << "x" << in_features;
     }
   }
 }
 
 TEST(QuantizedLinear, RowsAreBatchInvariant) {
-  std::mt19937 rng(9);
-  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
-    const int64_t out_features = 150, in_features = 192, rows = 21;
-    const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
-    const Tensor x = random_f32({rows, in_features}, rng);
-    Tensor all = Tensor::empty(DType::kF32, {rows, out_features});
-    ops::linear(x, w, Tensor(), all);
-    // Every row again inside calls of 1, 3 and 10 rows, at every offset.
-    for (int64_t batch : {1, 3, 10}) {
-      for (int64_t start = 0; start + batch <= rows; ++start) {
-        Tensor part = Tensor::empty(DType::kF32, {batch, out_features});
-        ops::linear(x.rows(start, start + batch), w, Tensor(), part);
-        EXPECT_EQ(std::memcmp(part.data<float>(), all.data<float>() + start * out_features,
-                              batch * out_features * sizeof(float)),
-                  0)
-            << "rows " << start << ".." << start + batch;
+  for (const bool portable : {false, true}) {
+    std::mt19937 rng(9);
+    for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+      const int64_t out_features = 150, in_features = 192, rows = 21;
+      const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
+      const Tensor x = random_f32({rows, in_features}, rng);
+      Tensor all = Tensor::empty(DType::kF32, {rows, out_features});
+      quantized_linear(portable, x, w, Tensor(), all);
+      // Every row again inside calls of 1, 3 and 10 rows, at every offset.
+      for (int64_t batch : {1, 3, 10}) {
+        for (int64_t start = 0; start + batch <= rows; ++start) {
+          Tensor part = Tensor::empty(DType::kF32, {batch, out_features});
+          quantized_linear(portable, x.rows(start, start + batch), w, Tensor(), part);
+          EXPECT_EQ(std::memcmp(part.data<float>(), all.data<float>() + start * out_features,
+                                batch * out_features * sizeof(float)),
+                    0)
+              << "rows " << start << ".." << start + batch << (portable ? " portable" : "");
+        }
       }
     }
   }

@@ -31,6 +31,10 @@ void linear(const float* x, const float* weight, const float* bias, float* out, 
             int64_t out_features, int64_t in_features);
 void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
             int64_t rows);
+// The same with the portable block kernel (plain loops), which builds without AVX2 + FMA + F16C
+// run; exposed so that tests cover it on machines that have them.
+void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                     int64_t rows);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

@@ -85,7 +85,6 @@ constexpr int kLanes = 16;  // accumulator width: one AVX-512 register, two AVX2
 constexpr int64_t kQuantRowTile = 8;
 constexpr int64_t kQuantColChunk = 64;
 
-#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 // Block b of a weight row as 32 floats, with the arithmetic of ggml's dequantization.
 inline void expand_block(QuantType type, const uint8_t* block, float* w) {
   const float d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
@@ -103,11 +102,38 @@ inline void expand_block(QuantType type, const uint8_t* block, float* w) {
     for (int j = 0; j < kQuantBlock; ++j) w[j] = static_cast<float>(qs[j]) * d;
   }
 }
-#endif
 
 // out[i] = dot(x row i, weight row) for the R rows of a tile: per row kLanes partial sums, lane
 // l adding the products of block elements l and l + 16, block by block in order, then the lanes
 // summed in a fixed order. The AVX2 path and the portable one keep that lane assignment.
+template <int R>
+void quant_dot_rows_portable(const float* x, int64_t in_features, const uint8_t* weight_row,
+                             QuantType type, float* out) {
+  const int64_t num_blocks = in_features / kQuantBlock;
+  const int64_t block_bytes = quant_block_bytes(type);
+  float acc[R][kLanes] = {};
+  alignas(64) float w[kQuantBlock];
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    expand_block(type, weight_row + b * block_bytes, w);
+    for (int i = 0; i < R; ++i) {
+      const float* xb = x + i * in_features + b * kQuantBlock;
+      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[l] * xb[l];
+      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[kLanes + l] * xb[kLanes + l];
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    float sum = 0.f;
+    for (int l = 0; l < kLanes; ++l) sum += acc[i][l];
+    out[i] = sum;
+  }
+}
+
+using QuantDotFn = void (*)(const float*, int64_t, const uint8_t*, QuantType, float*);
+constexpr QuantDotFn kPortableDot[kQuantRowTile] = {
+    quant_dot_rows_portable<1>, quant_dot_rows_portable<2>, quant_dot_rows_portable<3>,
+    quant_dot_rows_portable<4>, quant_dot_rows_portable<5>, quant_dot_rows_portable<6>,
+    quant_dot_rows_portable<7>, quant_dot_rows_portable<8>};
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
@@ -158,39 +184,17 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
     out[i] = sum;
   }
 }
-#else
-template <int R>
-void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
-                    float* out) {
-  const int64_t num_blocks = in_features / kQuantBlock;
-  const int64_t block_bytes = quant_block_bytes(type);
-  float acc[R][kLanes] = {};
-  alignas(64) float w[kQuantBlock];
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    expand_block(type, weight_row + b * block_bytes, w);
-    for (int i = 0; i < R; ++i) {
-      const float* xb = x + i * in_features + b * kQuantBlock;
-      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[l] * xb[l];
-      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[kLanes + l] * xb[kLanes + l];
-    }
-  }
-  for (int i = 0; i < R; ++i) {
-    float sum = 0.f;
-    for (int l = 0; l < kLanes; ++l) sum += acc[i][l];
-    out[i] = sum;
-  }
-}
-#endif
 
-using QuantDotFn = void (*)(const float*, int64_t, const uint8_t*, QuantType, float*);
 constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
     quant_dot_rows<1>, quant_dot_rows<2>, quant_dot_rows<3>, quant_dot_rows<4>,
     quant_dot_rows<5>, quant_dot_rows<6>, quant_dot_rows<7>, quant_dot_rows<8>};
+#else
+constexpr const QuantDotFn* kQuantDot = kPortableDot;
+#endif
 
-}  // namespace
-
-void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-            int64_t rows) {
+// The column-chunk / row-tile driver over one of the tables above.
+void linear_blocks(const QuantDotFn* dot, const float* x, const QuantizedMatrix& weight,
+                   const float* bias, float* out, int64_t rows) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   if (rows == 0 || out_features == 0) return;
   const int64_t row_bytes = weight.row_bytes();
@@ -205,14 +209,26 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
     for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowTile) {
       const int64_t tile_rows = std::min(kQuantRowTile, rows - r0);
       for (int64_t n = col0; n < col1; ++n) {
-        kQuantDot[tile_rows - 1](x + r0 * in_features, in_features,
-                                 weight.blocks.data() + n * row_bytes, weight.type, tile_out);
+        dot[tile_rows - 1](x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes,
+                           weight.type, tile_out);
         for (int64_t i = 0; i < tile_rows; ++i) {
           out[(r0 + i) * out_features + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+            int64_t rows) {
+  linear_blocks(kQuantDot, x, weight, bias, out, rows);
+}
+
+void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                     int64_t rows) {
+  linear_blocks(kPortableDot, x, weight, bias, out, rows);
 }
 
 }  // namespace cpu
