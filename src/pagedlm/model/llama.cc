@@ -66,7 +66,12 @@ DType compute_dtype_of(Device device) {
 // Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
 // f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
 Tensor upload(const Tensor& t, Device device) {
-  if (device == Device::kCpu) return t.to_f32();
+  if (device == Device::kCpu) {
+    // f32 is shared, not copied (a GGUF matrix Checkpoint::get dequantized for this call, an f32
+    // tensor in a mapped safetensors file), where it is aligned like the buffers we allocate.
+    if (t.dtype() == DType::kF32 && reinterpret_cast<uintptr_t>(t.raw()) % 64 == 0) return t;
+    return t.to_f32();
+  }
   // f32 checkpoints (and dummy weights) convert in place of a copy, in parallel: an 8B model
   // is 8G conversions.
   const Tensor f32 = t.dtype() == DType::kF32 ? t : t.to_f32();
