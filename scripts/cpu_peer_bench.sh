@@ -10,6 +10,7 @@
 # Workloads (whole-process wall time, model load included on both sides):
 #   load    one chat prompt, 1 new token (mostly model load)
 #   single  the same prompt, 128 new tokens
+#   prefill a ~1200-token prompt (the guide's request repeated), 1 new token: prompt processing
 #   batch8  8 chat prompts x 64 new tokens: pagedlm runs them in one continuous batch,
 #           llama-cpp-python (no continuous batching in its API) runs them one after another
 # Each pair runs A (pagedlm) then B (llama.cpp), RUNS pairs after one warm-up pair; the ratio
@@ -45,6 +46,9 @@ BATCH_PROMPTS=(
 tokenize() { python3 "$PEER" tokenize --model "$MODEL" --chat --prompt "$1"; }
 
 single_ids=$(tokenize "$SINGLE_PROMPT")
+long_prompt=""
+for _ in $(seq 60); do long_prompt+="$SINGLE_PROMPT "; done
+long_ids=$(tokenize "$long_prompt")
 batch_args=()
 for p in "${BATCH_PROMPTS[@]}"; do batch_args+=(--tokens "$(tokenize "$p")"); done
 
@@ -106,3 +110,6 @@ paired single "${P[@]}" --tokens "$single_ids" --max-tokens 128 \
   --vs "${L[@]}" --tokens "$single_ids" --max-tokens 128
 paired batch8 "${P[@]}" "${batch_args[@]}" --max-tokens 64 \
   --vs "${L[@]}" "${batch_args[@]}" --max-tokens 64
+echo "# prefill prompt: $(wc -w <<<"$long_ids") tokens"
+paired prefill "${P[@]}" --tokens "$long_ids" --max-tokens 1 \
+  --vs "${L[@]}" --tokens "$long_ids" --max-tokens 1
