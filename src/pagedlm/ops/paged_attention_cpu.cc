@@ -98,7 +98,15 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
   auto slot_of = [&](int64_t pos) {
     return pages[pos / d.page_size] * d.page_size + pos % d.page_size;
   };
+  const float* keys[kKvTile];
+  const float* values[kKvTile];
   for (int64_t start = 0; start < longest; start += kKvTile) {
+    // The tile's key and value rows, looked up once for all rows of the block.
+    for (int64_t j = 0; j < std::min(kKvTile, longest - start); ++j) {
+      const int64_t at = slot_of(start + j) * slot_stride + blk.hk * head_dim;
+      keys[j] = k_cache + at;
+      values[j] = v_cache + at;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (s.n_attend[r] <= start) continue;
       const int64_t count = std::min(kKvTile, s.n_attend[r] - start);
@@ -107,7 +115,7 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       float* acc = s.acc.data() + r * head_dim;
       float tile_max = s.running_max[r];
       for (int64_t j = 0; j < count; ++j) {
-        const float* key = k_cache + slot_of(start + j) * slot_stride + blk.hk * head_dim;
+        const float* key = keys[j];
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < head_dim; ++i) dot += qr[i] * key[i];
@@ -120,7 +128,7 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
       s.running_max[r] = tile_max;
       for (int64_t j = 0; j < count; ++j) {
-        const float* value = v_cache + slot_of(start + j) * slot_stride + blk.hk * head_dim;
+        const float* value = values[j];
         const float p = std::exp(scores[j] - tile_max);
         s.running_sum[r] += p;
 #pragma omp simd
