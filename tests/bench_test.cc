@@ -1,9 +1,11 @@
 // The offline benchmark's counters on a tiny model: what it reports must add up.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "pagedlm/engine/benchmark.h"
 #include "pagedlm/io/checkpoint.h"
@@ -42,6 +44,42 @@ TEST(Benchmark, RandomWorkloadCountsAddUp) {
   const BenchmarkResult b = run_benchmark(again, spec);
   EXPECT_EQ(b.prompt_tokens, a.prompt_tokens);
   EXPECT_EQ(b.generated_tokens, a.generated_tokens);
+}
+
+// Repeats on one engine: a token variant keeps the seed's lengths and sharing, and the prefix
+// cache cannot serve it from the variant before (it would serve an identical repeat).
+TEST(Benchmark, TokenVariantsKeepTheWorkloadButNotTheCache) {
+  WorkloadSpec spec;
+  spec.num_requests = 6;
+  spec.prompt_min = 20;
+  spec.prompt_max = 50;
+  spec.output_min = spec.output_max = 4;
+  spec.warmup_requests = 0;
+  Engine engine(load_checkpoint(kFixture), EngineOptions{});
+  const BenchmarkResult first = run_benchmark(engine, spec);
+  const BenchmarkResult same = run_benchmark(engine, spec);
+  EXPECT_GT(same.prefix_hit_rate, 0.2) << "an identical repeat hits the pages of the first run";
+  spec.token_variant = 1;
+  const BenchmarkResult other = run_benchmark(engine, spec);
+  EXPECT_EQ(other.prompt_tokens, first.prompt_tokens);
+  EXPECT_EQ(other.generated_tokens, first.generated_tokens);
+  EXPECT_EQ(other.prefix_hit_rate, 0) << "variant 1 shares no page with variant 0";
+  spec.token_variant = 2;
+  EXPECT_EQ(run_benchmark(engine, spec).prefix_hit_rate, 0) << "nor with variant 1";
+
+  // Shared-prefix: each variant's requests still share their own prefix.
+  WorkloadSpec shared;
+  shared.kind = "shared-prefix";
+  shared.num_requests = 4;
+  shared.prefix_len = 32;
+  shared.unique_len = 8;
+  shared.output_min = shared.output_max = 2;
+  shared.warmup_requests = 0;
+  const BenchmarkResult base = run_benchmark(engine, shared);
+  shared.token_variant = 3;
+  const BenchmarkResult varied = run_benchmark(engine, shared);
+  EXPECT_EQ(varied.prefix_hit_rate, base.prefix_hit_rate);
+  EXPECT_GT(varied.prefix_hit_rate, 0.5);
 }
 
 // One request, 20 prompt tokens, 6 outputs: a prefill step then 5 decode steps holding 21..25
@@ -150,6 +188,17 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   EXPECT_EQ(j["generated_tokens"], 8);
   run(cmd + " --min-tok-s 1e12 2>/dev/null", &status);
   EXPECT_NE(status, 0) << "--min-tok-s must fail a run below it";
+
+  // --repeat: every run's throughput, and the fields of the median one.
+  const auto rep = nlohmann::json::parse(run(cmd + " --repeat 3 2>/dev/null", &status));
+  EXPECT_EQ(status, 0);
+  ASSERT_EQ(rep["repeat_output_tok_s"].size(), 3u);
+  std::vector<double> each = rep["repeat_output_tok_s"].get<std::vector<double>>();
+  std::sort(each.begin(), each.end());
+  EXPECT_EQ(rep["output_tok_s"].get<double>(), each[1]);
+  EXPECT_EQ(rep["generated_tokens"], 8);
+  run(cmd + " --repeat 0 2>/dev/null", &status);
+  EXPECT_NE(status, 0) << "--repeat 0 is refused";
 }
 
 }  // namespace

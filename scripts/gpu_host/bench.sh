@@ -5,6 +5,8 @@
 #   scripts/gpu_host/bench.sh OUT_DIR smollm2-135m [qwen3-0.6b llama-3.1-8b ...]
 # Env: PAGEDLM (binary, default build-gpu/pagedlm), REPEAT (runs of each, default 1),
 # WORKLOADS (default "random shared-prefix"), FLAGS (more bench flags), TAG (name suffix).
+# FLAGS="--repeat 3" times three runs in one process (one start-up: worth it for large models)
+# and reports the median run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: bench.sh OUT_DIR CONFIG...}

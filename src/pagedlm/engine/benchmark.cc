@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <numeric>
 #include <random>
 
 namespace pagedlm {
@@ -19,13 +20,31 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
 }
 
-// Token ids away from the specials at the start and end of the vocabulary.
-std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t vocab, int32_t n) {
-  std::uniform_int_distribution<int32_t> dist(10, static_cast<int32_t>(vocab) - 10);
-  std::vector<int32_t> ids(n);
-  for (int32_t& t : ids) t = dist(rng);
-  return ids;
-}
+// The ids a workload draws, away from the specials at the start and end of the vocabulary:
+// [10, vocab - 10]. Variant k > 0 maps them through t -> 10 + (a (t - 10) + b) mod n, a bijection
+// of that range (a coprime with n), the same for every id of the run.
+class TokenDraw {
+ public:
+  TokenDraw(int64_t vocab, uint64_t variant) : hi_(std::max<int64_t>(10, vocab - 10)) {
+    const int64_t n = hi_ - 10 + 1;
+    if (variant == 0 || n < 3) return;
+    a_ = static_cast<int64_t>((variant * 2654435761ULL) % static_cast<uint64_t>(n));
+    while (a_ < 2 || std::gcd(a_, n) != 1) a_ = a_ + 1 < n ? a_ + 1 : 1;
+    b_ = static_cast<int64_t>((variant * 40503ULL) % static_cast<uint64_t>(n));
+  }
+
+  std::vector<int32_t> operator()(std::mt19937_64& rng, int32_t count) const {
+    std::uniform_int_distribution<int32_t> dist(10, static_cast<int32_t>(hi_));
+    const int64_t n = hi_ - 10 + 1;
+    std::vector<int32_t> ids(count);
+    for (int32_t& t : ids) t = static_cast<int32_t>(10 + (a_ * (dist(rng) - 10) + b_) % n);
+    return ids;
+  }
+
+ private:
+  int64_t hi_;
+  int64_t a_ = 1, b_ = 0;
+};
 
 int32_t uniform(std::mt19937_64& rng, int32_t lo, int32_t hi) {
   return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
@@ -69,7 +88,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   PAGEDLM_CHECK(spec.kind == "random" || spec.kind == "shared-prefix" || spec.kind == "chat",
                 "unknown workload '", spec.kind, "' (random, shared-prefix, chat)");
   PAGEDLM_CHECK(spec.num_requests > 0, "the workload needs at least one request");
-  const int64_t vocab = engine.config().vocab_size;
+  const TokenDraw random_tokens(engine.config().vocab_size, spec.token_variant);
   std::mt19937_64 rng(spec.seed);
 
   // Chat conversations submit their next turn when the previous one finishes.
@@ -84,14 +103,14 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   if (spec.kind == "random") {
     for (int32_t i = 0; i < spec.num_requests; ++i) {
       const int32_t len = uniform(rng, spec.prompt_min, spec.prompt_max);
-      initial.push_back(make_request(random_tokens(rng, vocab, len),
-                                     uniform(rng, spec.output_min, spec.output_max)));
+      initial.push_back(
+          make_request(random_tokens(rng, len), uniform(rng, spec.output_min, spec.output_max)));
     }
   } else if (spec.kind == "shared-prefix") {
-    const std::vector<int32_t> prefix = random_tokens(rng, vocab, spec.prefix_len);
+    const std::vector<int32_t> prefix = random_tokens(rng, spec.prefix_len);
     for (int32_t i = 0; i < spec.num_requests; ++i) {
       std::vector<int32_t> prompt = prefix;
-      const auto unique = random_tokens(rng, vocab, spec.unique_len);
+      const auto unique = random_tokens(rng, spec.unique_len);
       prompt.insert(prompt.end(), unique.begin(), unique.end());
       initial.push_back(
           make_request(std::move(prompt), uniform(rng, spec.output_min, spec.output_max)));
@@ -100,7 +119,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     PAGEDLM_CHECK(spec.turns >= 1, "chat needs at least one turn");
     conversations.resize(spec.num_requests);
     for (Conversation& c : conversations) {
-      c.history = random_tokens(rng, vocab, uniform(rng, spec.prompt_min, spec.prompt_max));
+      c.history = random_tokens(rng, uniform(rng, spec.prompt_min, spec.prompt_max));
       c.turns_left = spec.turns;
     }
   }
@@ -112,7 +131,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       const int32_t len = spec.kind == "shared-prefix"
                               ? spec.prefix_len + spec.unique_len
                               : uniform(warm_rng, spec.prompt_min, spec.prompt_max);
-      warm.push_back(make_request(random_tokens(warm_rng, vocab, len), 4));
+      warm.push_back(make_request(random_tokens(warm_rng, len), 4));
     }
     engine.generate(std::move(warm));
   }
@@ -135,7 +154,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   };
   auto next_turn = [&](int64_t conv) {
     Conversation& c = conversations[conv];
-    const auto user = random_tokens(rng, vocab, spec.unique_len);
+    const auto user = random_tokens(rng, spec.unique_len);
     c.history.insert(c.history.end(), user.begin(), user.end());
     --c.turns_left;
     conversation_of[submit(

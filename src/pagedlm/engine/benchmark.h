@@ -25,6 +25,11 @@ struct WorkloadSpec {
   // Untimed requests first, as the peer's script does: the same prompt lengths, other tokens
   // (nothing the timed run asks for is cached by them), a few output tokens each.
   int32_t warmup_requests = 8;
+  // 0: the seed's token ids. k > 0: every id the workload draws goes through the k-th bijection
+  // of the id range instead, so lengths, outputs and which prompts share what stay the seed's,
+  // while no page of another variant's prompts can be served from the prefix cache (repeats of
+  // a run on one engine: `pagedlm bench --repeat`).
+  uint64_t token_variant = 0;
 };
 
 // The device's measured peaks, for the workload's lower bound (0: no bound reported).
