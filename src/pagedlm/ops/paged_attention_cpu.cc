@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -70,6 +71,56 @@ struct RowScratch {
   }
 };
 
+// q . k: 16 lane sums (lane l over dims l, l + 16, ...), then the lanes added in order, as the
+// vectorized reduction loop did; in registers rather than through a spill of the lanes.
+float dot_product(const float* q, const float* k, int64_t head_dim) {
+  constexpr int64_t kWidth = 16;
+  if (head_dim % kWidth != 0) {
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
+    return dot;
+  }
+  using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
+  Vec part = {};
+  for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
+    Vec qv, kv;
+    std::memcpy(&qv, q + i0, sizeof(qv));
+    std::memcpy(&kv, k + i0, sizeof(kv));
+    part += qv * kv;
+  }
+  float dot = 0.f;
+  for (int64_t l = 0; l < kWidth; ++l) dot += part[l];
+  return dot;
+}
+
+// acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
+// time in one vector register across the keys (GCC/Clang vector extension, whatever the ISA):
+// the same additions in the same order as the plain loop, without a store and reload of acc per
+// key, which bound the loop before.
+void accumulate_values(float* acc, const float* p, const float* const* values, int64_t count,
+                       int64_t head_dim) {
+  constexpr int64_t kWidth = 16;
+  if (head_dim % kWidth != 0) {
+    for (int64_t j = 0; j < count; ++j) {
+#pragma omp simd
+      for (int64_t i = 0; i < head_dim; ++i) acc[i] += p[j] * values[j][i];
+    }
+    return;
+  }
+  using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
+  for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
+    Vec a;
+    std::memcpy(&a, acc + i0, sizeof(a));
+    for (int64_t j = 0; j < count; ++j) {
+      Vec v;
+      std::memcpy(&v, values[j] + i0, sizeof(v));
+      a += p[j] * v;
+    }
+    std::memcpy(acc + i0, &a, sizeof(a));
+  }
+}
+
 // Every row r of the block: out_r = softmax(scale * q_r K^T) V over kv positions
 // [0, n_attend_r), one pass with a running max and sum (FlashAttention), tile by tile. A row's
 // arithmetic is the same whatever block it is in (its tiles in position order, the same
@@ -115,11 +166,7 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       float* acc = s.acc.data() + r * head_dim;
       float tile_max = s.running_max[r];
       for (int64_t j = 0; j < count; ++j) {
-        const float* key = keys[j];
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < head_dim; ++i) dot += qr[i] * key[i];
-        scores[j] = dot * scale;
+        scores[j] = dot_product(qr, keys[j], head_dim) * scale;
         tile_max = std::max(tile_max, scores[j]);
       }
       // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
@@ -128,12 +175,10 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
       s.running_max[r] = tile_max;
       for (int64_t j = 0; j < count; ++j) {
-        const float* value = values[j];
-        const float p = std::exp(scores[j] - tile_max);
-        s.running_sum[r] += p;
-#pragma omp simd
-        for (int64_t i = 0; i < head_dim; ++i) acc[i] += p * value[i];
+        scores[j] = std::exp(scores[j] - tile_max);
+        s.running_sum[r] += scores[j];
       }
+      accumulate_values(acc, scores, values, count, head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
