@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -199,6 +201,19 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   EXPECT_EQ(rep["generated_tokens"], 8);
   run(cmd + " --repeat 0 2>/dev/null", &status);
   EXPECT_NE(status, 0) << "--repeat 0 is refused";
+
+  // Random weights that cannot fit in host memory: a clear error before any allocation.
+  nlohmann::json huge = nlohmann::json::parse(std::ifstream(kFixture + "/config.json"));
+  huge["intermediate_size"] = 1000000000;
+  const std::string huge_path =
+      (std::filesystem::temp_directory_path() / "pagedlm_bench_huge_config.json").string();
+  std::ofstream(huge_path) << huge.dump();
+  const std::string err = run(std::string(PAGEDLM_BINARY) + " bench --dummy " + huge_path +
+                                  " --device cpu --num-requests 1 2>&1",
+                              &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("MiB of host memory"), std::string::npos) << err;
+  std::filesystem::remove(huge_path);
 }
 
 }  // namespace

@@ -117,9 +117,10 @@ void register_bench(CLI::App& app) {
                   "fail (exit 2) when output tok/s falls below this");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
+    const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed);
-    Engine engine(ckpt, args->flags.resolve());
+    Engine engine(ckpt, options);
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
     if (engine.options().device == Device::kCuda) {
       if (peaks.bytes_per_s <= 0) peaks.bytes_per_s = 4280e9;

@@ -145,12 +145,13 @@ struct TextOutput {
 };
 
 void run_generate(const Args& args) {
+  const EngineOptions options = args.flags.resolve();  // a bad --device fails before the load
   TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
   std::vector<std::string> labels;
   const auto prompts = build_prompts(args, model, &labels);
   const Tokenizer* tokenizer = model.tokenizer.get();
   PAGEDLM_CHECK(args.stop.empty() || tokenizer, "--stop needs a model with a tokenizer");
-  Engine engine(model.checkpoint, args.flags.resolve());
+  Engine engine(model.checkpoint, options);
   std::vector<int64_t> ids;
   std::map<int64_t, TextOutput> texts;
   for (const auto& prompt : prompts) {

@@ -53,8 +53,9 @@ void register_logits(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     const auto prompts = read_prompts(args->input);
+    const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     Checkpoint ckpt = load_with_progress(resolve_model_path(args->model));
-    Engine engine(ckpt, args->flags.resolve());
+    Engine engine(ckpt, options);
     std::vector<Request> requests;
     for (const auto& p : prompts) {
       Request r;

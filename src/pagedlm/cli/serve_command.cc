@@ -70,9 +70,10 @@ void register_serve(CLI::App& app) {
     if (args->server.served_model_name.empty()) {
       args->server.served_model_name = model_name_from_path(path);
     }
+    const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     const TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
                                   : load_text_model(path, progress_bar());
-    Engine engine(model.checkpoint, args->flags.resolve());
+    Engine engine(model.checkpoint, options);
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
     // Library threads (OpenBLAS, OpenMP) exist before main and may receive the signal, so the

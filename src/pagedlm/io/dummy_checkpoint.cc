@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace pagedlm {
 
@@ -20,9 +21,33 @@ float uniform_at(uint64_t seed, uint64_t i) {
   return static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 2.f - 1.f;
 }
 
+// MemAvailable from /proc/meminfo in bytes, or -1 where it cannot be read (not Linux).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
 }  // namespace
 
 Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
+  // The weights are drawn as f32 on the host first: refuse a config that cannot fit rather than
+  // be killed by the kernel half-way (an 8B config needs 32 GB).
+  double bytes = 0;  // double: an absurd config must not overflow the estimate
+  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    double n = sizeof(float);
+    for (const int64_t dim : shape) n *= static_cast<double>(dim);
+    bytes += n;
+  }
+  const int64_t available = available_memory_bytes();
+  PAGEDLM_CHECK(available < 0 || bytes <= static_cast<double>(available),
+                "random weights of this config take ", static_cast<int64_t>(bytes / (1 << 20)),
+                " MiB of host memory (f32) and only ", available >> 20, " MiB are available");
   Checkpoint ckpt;
   ckpt.config = config;
   uint64_t tensor_seed = seed;
