@@ -16,6 +16,7 @@
 #include "pagedlm/server/chat_page.h"
 #include "pagedlm/server/engine_loop.h"
 #include "pagedlm/server/openai_api.h"
+#include "pagedlm/server/tool_calls.h"
 
 namespace pagedlm::server {
 
@@ -85,6 +86,11 @@ struct ChoiceState {
   int32_t num_cached_tokens = 0;
   std::optional<std::string> finish_reason;  // set once done
   bool finish_sent = false;
+  // Chat with tools: the reply's <tool_call> blocks are held back and become `calls`.
+  std::optional<ToolCallStream> tool_stream;
+  std::string content;  // with tool_stream: the reply without its calls' blocks
+  std::vector<ToolCall> calls;
+  bool calls_sent = false;
   std::string error;
   int error_status = 0;
 };
@@ -104,6 +110,7 @@ class Generation {
         channel_(std::make_shared<OutputChannel>()) {
     for (size_t i = 0; i < request_.prompts.size() * request_.n; ++i) {
       choices_.emplace_back(model.tokenizer, request_.stop);
+      if (request_.parse_tool_calls) choices_.back().tool_stream.emplace();
     }
   }
 
@@ -162,7 +169,11 @@ class Generation {
     for (size_t i = 0; i < choices_.size(); ++i) {
       ChoiceState& c = choices_[i];
       json choice = {{"index", i}};
-      if (request_.chat) {
+      if (request_.chat && !c.calls.empty()) {
+        choice["message"] = {{"role", "assistant"},
+                             {"content", trimmed_or_null(c.content)},
+                             {"tool_calls", tool_calls_json(c.calls, false)}};
+      } else if (request_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
         choice["text"] = c.text;
@@ -201,6 +212,11 @@ class Generation {
       if (!c.error.empty() && !c.finish_sent) {
         out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
         c.finish_sent = true;  // the error event ends this choice
+      }
+      if (!c.calls.empty() && !c.calls_sent) {
+        out +=
+            sse(chunk(i, {{"tool_calls", tool_calls_json(c.calls, true)}}, json(nullptr), nullptr));
+        c.calls_sent = true;
       }
       if (c.finish_reason && !c.finish_sent) {
         out += sse(chunk(i, request_.chat ? json::object() : json(""), json(nullptr),
@@ -244,7 +260,7 @@ class Generation {
           c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
         }
         if (c.stop.stopped()) {
-          c.finish_reason = "stop";
+          end_reply(c, "stop");
           channel_->cancel(e.choice);
           loop_.wake();
           return;
@@ -255,13 +271,47 @@ class Generation {
       c.num_cached_tokens = e.num_cached_tokens;
       if (c.decoder) emit(c, c.stop.push(c.decoder->finish()));
       emit(c, c.stop.finish());
-      c.finish_reason = e.reason == FinishReason::kLength ? "length" : "stop";
+      end_reply(c, e.reason == FinishReason::kLength ? "length" : "stop");
     }
   }
 
   static void emit(ChoiceState& c, const std::string& text) {
     c.text += text;
-    c.delta += text;
+    c.delta += c.tool_stream ? c.tool_stream->push(text) : text;
+  }
+
+  // The reply is complete: its calls (if it was parsed for them) and its finish reason, which
+  // is "tool_calls" when a stopped reply called tools.
+  static void end_reply(ChoiceState& c, const char* reason) {
+    c.finish_reason = reason;
+    if (!c.tool_stream) return;
+    std::string unsent;
+    ParsedReply reply = c.tool_stream->finish(&unsent);
+    c.delta += unsent;
+    c.content = std::move(reply.content);
+    c.calls = std::move(reply.calls);
+    if (!c.calls.empty() && *c.finish_reason == "stop") c.finish_reason = "tool_calls";
+  }
+
+  // OpenAI's tool_calls list; `streamed` adds each call's index (the delta form).
+  static json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      json call = {{"id", random_id("call_")},
+                   {"type", "function"},
+                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+      if (streamed) call["index"] = i;
+      out.push_back(std::move(call));
+    }
+    return out;
+  }
+
+  // A message's content: the text without surrounding whitespace, null when nothing is left.
+  static json trimmed_or_null(const std::string& text) {
+    const size_t begin = text.find_first_not_of(" \t\r\n");
+    if (begin == std::string::npos) return json(nullptr);
+    const size_t end = text.find_last_not_of(" \t\r\n");
+    return text.substr(begin, end - begin + 1);
   }
 
   // The pending logprobs of a choice in the API's shape (null when not asked for).

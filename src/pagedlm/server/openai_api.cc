@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/server/tool_calls.h"
 
 namespace pagedlm::server {
 
@@ -179,6 +180,30 @@ void reject_unsupported(const json& body, bool chat) {
   }
 }
 
+// Whether the reply's <tool_call> blocks become `tool_calls`: `tools` given, tool_choice "auto"
+// (the default) and a template that writes such blocks. Without constrained decoding nothing can
+// make the model call a tool, so "required" and a named function are refused.
+bool wants_tool_calls(const json& body, const ModelInfo& model) {
+  const json* tools = field(body, "tools");
+  if (tools != nullptr && !tools->is_array()) bad("tools", "'tools' must be a list");
+  std::string choice = "auto";
+  if (const json* c = field(body, "tool_choice")) {
+    if (!c->is_string()) {
+      bad("tool_choice",
+          "only tool_choice 'auto' and 'none' are supported (no constrained decoding)");
+    }
+    choice = c->get<std::string>();
+    if (choice != "auto" && choice != "none") {
+      bad("tool_choice", cat("only tool_choice 'auto' and 'none' are supported (no constrained "
+                             "decoding), got '",
+                             choice, "'"));
+    }
+  }
+  return tools != nullptr && !tools->empty() && choice == "auto" &&
+         model.chat_template != nullptr &&
+         template_uses_tool_call_tags(model.chat_template->source());
+}
+
 }  // namespace
 
 const Tokenizer& require_tokenizer(const ModelInfo& model, const char* param) {
@@ -306,6 +331,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   if (chat) {
     r.prompts.push_back(require_tokenizer(model, "messages")
                             .encode(render_chat(body, model), /*add_special_tokens=*/false));
+    r.parse_tool_calls = wants_tool_calls(body, model);
   } else {
     r.prompts = parse_prompts(body, model);
   }

@@ -61,6 +61,9 @@ struct CompletionRequest {
   int32_t top_logprobs = -1;  // -1: no logprobs
   std::string cache_salt;
   std::string model;
+  // Chat with `tools` (tool_choice "auto", the default) on a template that writes <tool_call>
+  // blocks: the reply's blocks become `tool_calls` (server/tool_calls.h).
+  bool parse_tool_calls = false;
 };
 
 // The model's tokenizer; throws ApiError 400 naming `param` when the model has none.

@@ -1,0 +1,150 @@
+// Tool calls out of a chat reply (server/tool_calls.h), against the chat templates that define
+// the form: a conversation whose assistant turn holds tool calls is rendered by the model's own
+// template (Qwen2.5, Qwen3, Hermes 3; byte-identical to transformers' rendering, see
+// chat_template_test.cc), and the parser must read the calls back out of that turn.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/tokenizer/chat_template.h"
+
+namespace pagedlm::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const std::filesystem::path kTemplates = std::filesystem::path(PAGEDLM_TESTDATA) / "chat_templates";
+
+std::string read_template(const std::string& file) {
+  std::ifstream in(kTemplates / file);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const json kCalls = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather",
+                                    "arguments": {"city": "Paris", "unit": "celsius"}}},
+  {"type": "function", "function": {"name": "local_time", "arguments": {"tz": "Europe/Paris"}}}
+])");
+
+// The tools of the request, as OpenAI's API takes them.
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "description": "Current weather.",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                  "unit": {"type": "string"}},
+                  "required": ["city"]}}},
+  {"type": "function", "function": {"name": "local_time", "description": "Local time.",
+   "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
+                  "required": ["tz"]}}}
+])");
+
+TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
+  // Hermes 3's template writes an assistant turn with calls without its text.
+  for (const auto& [file, keeps_text] : std::vector<std::pair<std::string, bool>>{
+           {"qwen2.5.jinja", true}, {"qwen3.jinja", true}, {"hermes3-tool-use.jinja", false}}) {
+    SCOPED_TRACE(file);
+    const std::string source = read_template(file);
+    ASSERT_FALSE(source.empty());
+    EXPECT_TRUE(template_uses_tool_call_tags(source));
+    const ChatTemplate tmpl(source, "", "<|im_end|>");
+    const json messages = {
+        {{"role", "user"}, {"content", "Weather and time in Paris?"}},
+        {{"role", "assistant"}, {"content", "Let me check."}, {"tool_calls", kCalls}}};
+    const std::string rendered =
+        tmpl.render(messages, /*add_generation_prompt=*/false, json{{"tools", kTools}});
+    // The assistant's turn as the model would have written it.
+    const std::string open = "<|im_start|>assistant\n";
+    const size_t begin = rendered.rfind(open);
+    ASSERT_NE(begin, std::string::npos) << rendered;
+    const size_t end = rendered.find("<|im_end|>", begin);
+    ASSERT_NE(end, std::string::npos) << rendered;
+    const std::string turn = rendered.substr(begin + open.size(), end - begin - open.size());
+
+    const ParsedReply reply = parse_tool_calls(turn);
+    ASSERT_EQ(reply.calls.size(), 2u) << turn;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(reply.calls[i].name, kCalls[i]["function"]["name"]);
+      EXPECT_EQ(json::parse(reply.calls[i].arguments), kCalls[i]["function"]["arguments"]);
+    }
+    const std::string text = keeps_text ? "Let me check." : "";
+    EXPECT_EQ(reply.content.find_first_not_of(" \n"), text.empty() ? std::string::npos : 0)
+        << reply.content;
+    EXPECT_NE(reply.content.find(text), std::string::npos) << reply.content;
+    EXPECT_EQ(reply.content.find("tool_call"), std::string::npos) << reply.content;
+  }
+  for (const std::string file : {"llama3.1.jinja", "mistral-v0.3.jinja", "smollm2.jinja"}) {
+    EXPECT_FALSE(template_uses_tool_call_tags(read_template(file))) << file;
+  }
+}
+
+TEST(ToolCalls, WhatIsNotACallStaysText) {
+  const std::string plain = "No tools needed: 2 + 2 = 4.";
+  EXPECT_TRUE(parse_tool_calls(plain).calls.empty());
+  EXPECT_EQ(parse_tool_calls(plain).content, plain);
+  for (const std::string bad :
+       {"<tool_call>\n{\"name\": \"f\", \"arguments\": {\n</tool_call>",       // not JSON
+        "<tool_call>\n[1, 2]\n</tool_call>",                                   // not an object
+        "<tool_call>\n{\"arguments\": {}}\n</tool_call>",                      // no name
+        "<tool_call>\n{\"name\": 3}\n</tool_call>",                            // name not a string
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": \"x\"}\n</tool_call>",  // args not object
+        "text <tool_call>\n{\"name\": \"f\"}"}) {                              // unclosed
+    const ParsedReply r = parse_tool_calls(bad);
+    EXPECT_TRUE(r.calls.empty()) << bad;
+    EXPECT_EQ(r.content, bad);
+  }
+  // A call without arguments has empty ones; text around the blocks is kept.
+  const ParsedReply r = parse_tool_calls(
+      "a <tool_call>{\"name\": \"now\"}</tool_call> b <tool_call>oops</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "now");
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  EXPECT_EQ(r.content, "a  b <tool_call>oops</tool_call>");
+}
+
+// Whatever pieces the reply arrives in: the content sent while streaming plus what finish()
+// leaves equals the parsed content, no piece of a tag goes out early, and a reply without calls
+// is passed through whole.
+TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
+  const std::vector<std::string> replies = {
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>",
+      "Plain answer with a < sign and <tool but no call.",
+      "<tool_call>{\"name\": \"a\"}</tool_call>\n<tool_call>{\"name\": \"b\"}</tool_call> done",
+      "<tool_call>{not json}</tool_call> after",
+  };
+  std::mt19937 rng(4);
+  for (const std::string& reply : replies) {
+    const ParsedReply whole = parse_tool_calls(reply);
+    for (int trial = 0; trial < 50; ++trial) {
+      ToolCallStream stream;
+      std::string sent;
+      for (size_t at = 0; at < reply.size();) {
+        const size_t n = std::min<size_t>(reply.size() - at, 1 + rng() % 7);
+        const std::string out = stream.push(reply.substr(at, n));
+        sent += out;
+        at += n;
+        EXPECT_EQ(sent.find("<tool_call>"), std::string::npos) << reply;
+      }
+      std::string unsent;
+      const ParsedReply got = stream.finish(&unsent);
+      EXPECT_EQ(sent + unsent, whole.content) << reply;
+      ASSERT_EQ(got.calls.size(), whole.calls.size()) << reply;
+      if (whole.calls.empty() && reply.find("<tool_call>") == std::string::npos) {
+        // No tag at all: only a tail that looked like the start of one waited for the end.
+        EXPECT_LE(unsent.size(), std::string("<tool_call>").size() - 1) << reply;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedlm::server
