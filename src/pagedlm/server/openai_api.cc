@@ -329,9 +329,9 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   }
 
   if (chat) {
+    r.parse_tool_calls = wants_tool_calls(body, model);  // checks tools before the template
     r.prompts.push_back(require_tokenizer(model, "messages")
                             .encode(render_chat(body, model), /*add_special_tokens=*/false));
-    r.parse_tool_calls = wants_tool_calls(body, model);
   } else {
     r.prompts = parse_prompts(body, model);
   }
