@@ -1,6 +1,6 @@
 // Tool calls out of a chat reply (server/tool_calls.h), against the chat templates that define
 // the form: a conversation whose assistant turn holds tool calls is rendered by the model's own
-// template (Qwen2.5, Qwen3, Hermes 3; byte-identical to transformers' rendering, see
+// template (Qwen2.5, Qwen3, Hermes 3, Llama 3.1; byte-identical to transformers' rendering, see
 // chat_template_test.cc), and the parser must read the calls back out of that turn.
 #include <gtest/gtest.h>
 
@@ -54,7 +54,7 @@ TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
     SCOPED_TRACE(file);
     const std::string source = read_template(file);
     ASSERT_FALSE(source.empty());
-    EXPECT_TRUE(template_uses_tool_call_tags(source));
+    EXPECT_EQ(tool_call_format(source), ToolCallFormat::kTags);
     const ChatTemplate tmpl(source, "", "<|im_end|>");
     const json messages = {
         {{"role", "user"}, {"content", "Weather and time in Paris?"}},
@@ -69,7 +69,7 @@ TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
     ASSERT_NE(end, std::string::npos) << rendered;
     const std::string turn = rendered.substr(begin + open.size(), end - begin - open.size());
 
-    const ParsedReply reply = parse_tool_calls(turn);
+    const ParsedReply reply = parse_tool_calls(ToolCallFormat::kTags, turn);
     ASSERT_EQ(reply.calls.size(), 2u) << turn;
     for (size_t i = 0; i < 2; ++i) {
       EXPECT_EQ(reply.calls[i].name, kCalls[i]["function"]["name"]);
@@ -81,15 +81,45 @@ TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
     EXPECT_NE(reply.content.find(text), std::string::npos) << reply.content;
     EXPECT_EQ(reply.content.find("tool_call"), std::string::npos) << reply.content;
   }
-  for (const std::string file : {"llama3.1.jinja", "mistral-v0.3.jinja", "smollm2.jinja"}) {
-    EXPECT_FALSE(template_uses_tool_call_tags(read_template(file))) << file;
+  for (const std::string file : {"mistral-v0.3.jinja", "smollm2.jinja", "gemma2.jinja",
+                                 "phi3.5.jinja", "deepseek-r1-distill-qwen.jinja"}) {
+    EXPECT_EQ(tool_call_format(read_template(file)), ToolCallFormat::kNone) << file;
+  }
+}
+
+// Llama 3.1 writes one call as the whole assistant turn, its arguments under "parameters".
+TEST(ToolCalls, LlamaJsonReplyReadBack) {
+  const std::string source = read_template("llama3.1.jinja");
+  ASSERT_EQ(tool_call_format(source), ToolCallFormat::kJsonReply);
+  const ChatTemplate tmpl(source, "<|begin_of_text|>", "<|eot_id|>");
+  const json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}},
+                         {{"role", "assistant"}, {"tool_calls", json::array({kCalls[0]})}}};
+  const std::string rendered =
+      tmpl.render(messages, /*add_generation_prompt=*/false, json{{"tools", kTools}});
+  const std::string open = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  const size_t begin = rendered.rfind(open);
+  ASSERT_NE(begin, std::string::npos) << rendered;
+  const size_t end = rendered.find("<|eot_id|>", begin);
+  ASSERT_NE(end, std::string::npos) << rendered;
+  const std::string turn = rendered.substr(begin + open.size(), end - begin - open.size());
+  const ParsedReply reply = parse_tool_calls(ToolCallFormat::kJsonReply, turn);
+  ASSERT_EQ(reply.calls.size(), 1u) << turn;
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(reply.calls[0].arguments), kCalls[0]["function"]["arguments"]);
+  EXPECT_EQ(reply.content, "");
+  // Anything else is text: prose, JSON that is not a call, a call with other "parameters".
+  for (const std::string text :
+       {"It is sunny.", "{\"answer\": 4}", "[1, 2]", "{\"name\": \"f\", \"parameters\": [1]}"}) {
+    const ParsedReply r = parse_tool_calls(ToolCallFormat::kJsonReply, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
   }
 }
 
 TEST(ToolCalls, WhatIsNotACallStaysText) {
   const std::string plain = "No tools needed: 2 + 2 = 4.";
-  EXPECT_TRUE(parse_tool_calls(plain).calls.empty());
-  EXPECT_EQ(parse_tool_calls(plain).content, plain);
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kTags, plain).calls.empty());
+  EXPECT_EQ(parse_tool_calls(ToolCallFormat::kTags, plain).content, plain);
   for (const std::string bad :
        {"<tool_call>\n{\"name\": \"f\", \"arguments\": {\n</tool_call>",       // not JSON
         "<tool_call>\n[1, 2]\n</tool_call>",                                   // not an object
@@ -97,12 +127,13 @@ TEST(ToolCalls, WhatIsNotACallStaysText) {
         "<tool_call>\n{\"name\": 3}\n</tool_call>",                            // name not a string
         "<tool_call>\n{\"name\": \"f\", \"arguments\": \"x\"}\n</tool_call>",  // args not object
         "text <tool_call>\n{\"name\": \"f\"}"}) {                              // unclosed
-    const ParsedReply r = parse_tool_calls(bad);
+    const ParsedReply r = parse_tool_calls(ToolCallFormat::kTags, bad);
     EXPECT_TRUE(r.calls.empty()) << bad;
     EXPECT_EQ(r.content, bad);
   }
   // A call without arguments has empty ones; text around the blocks is kept.
   const ParsedReply r = parse_tool_calls(
+      ToolCallFormat::kTags,
       "a <tool_call>{\"name\": \"now\"}</tool_call> b <tool_call>oops</tool_call>");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].name, "now");
@@ -114,18 +145,23 @@ TEST(ToolCalls, WhatIsNotACallStaysText) {
 // leaves equals the parsed content, no piece of a tag goes out early, and a reply without calls
 // is passed through whole.
 TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
-  const std::vector<std::string> replies = {
-      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-      "\"Paris\"}}\n</tool_call>",
-      "Plain answer with a < sign and <tool but no call.",
-      "<tool_call>{\"name\": \"a\"}</tool_call>\n<tool_call>{\"name\": \"b\"}</tool_call> done",
-      "<tool_call>{not json}</tool_call> after",
+  const std::vector<std::pair<ToolCallFormat, std::string>> replies = {
+      {ToolCallFormat::kTags,
+       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>"},
+      {ToolCallFormat::kTags, "Plain answer with a < sign and <tool but no call."},
+      {ToolCallFormat::kTags,
+       "<tool_call>{\"name\": \"a\"}</tool_call>\n<tool_call>{\"name\": \"b\"}</tool_call> done"},
+      {ToolCallFormat::kTags, "<tool_call>{not json}</tool_call> after"},
+      {ToolCallFormat::kJsonReply, " {\"name\": \"get_weather\", \"parameters\": {\"city\": 1}}"},
+      {ToolCallFormat::kJsonReply, "{\"not\": \"a call\"}"},
+      {ToolCallFormat::kJsonReply, "\n Sunny, 21 degrees."},
   };
   std::mt19937 rng(4);
-  for (const std::string& reply : replies) {
-    const ParsedReply whole = parse_tool_calls(reply);
+  for (const auto& [format, reply] : replies) {
+    const ParsedReply whole = parse_tool_calls(format, reply);
     for (int trial = 0; trial < 50; ++trial) {
-      ToolCallStream stream;
+      ToolCallStream stream(format);
       std::string sent;
       for (size_t at = 0; at < reply.size();) {
         const size_t n = std::min<size_t>(reply.size() - at, 1 + rng() % 7);
@@ -138,9 +174,12 @@ TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
       const ParsedReply got = stream.finish(&unsent);
       EXPECT_EQ(sent + unsent, whole.content) << reply;
       ASSERT_EQ(got.calls.size(), whole.calls.size()) << reply;
-      if (whole.calls.empty() && reply.find("<tool_call>") == std::string::npos) {
+      if (format == ToolCallFormat::kTags && reply.find("<tool_call>") == std::string::npos) {
         // No tag at all: only a tail that looked like the start of one waited for the end.
         EXPECT_LE(unsent.size(), std::string("<tool_call>").size() - 1) << reply;
+      }
+      if (format == ToolCallFormat::kJsonReply && reply[reply.find_first_not_of(" \n")] != '{') {
+        EXPECT_EQ(unsent, "") << "a reply that does not open with '{' streams as it comes";
       }
     }
   }

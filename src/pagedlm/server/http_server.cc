@@ -86,9 +86,9 @@ struct ChoiceState {
   int32_t num_cached_tokens = 0;
   std::optional<std::string> finish_reason;  // set once done
   bool finish_sent = false;
-  // Chat with tools: the reply's <tool_call> blocks are held back and become `calls`.
+  // Chat with tools: the reply's calls are held back and become `calls`.
   std::optional<ToolCallStream> tool_stream;
-  std::string content;  // with tool_stream: the reply without its calls' blocks
+  std::string content;  // with tool_stream: the reply without its calls
   std::vector<ToolCall> calls;
   bool calls_sent = false;
   std::string error;
@@ -110,7 +110,9 @@ class Generation {
         channel_(std::make_shared<OutputChannel>()) {
     for (size_t i = 0; i < request_.prompts.size() * request_.n; ++i) {
       choices_.emplace_back(model.tokenizer, request_.stop);
-      if (request_.parse_tool_calls) choices_.back().tool_stream.emplace();
+      if (request_.tool_calls != ToolCallFormat::kNone) {
+        choices_.back().tool_stream.emplace(request_.tool_calls);
+      }
     }
   }
 

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/server/tool_calls.h"
 
 namespace pagedlm::server {
 
@@ -180,10 +179,10 @@ void reject_unsupported(const json& body, bool chat) {
   }
 }
 
-// Whether the reply's <tool_call> blocks become `tool_calls`: `tools` given, tool_choice "auto"
-// (the default) and a template that writes such blocks. Without constrained decoding nothing can
+// The call form to read out of the reply (kNone: none): `tools` given, tool_choice "auto" (the
+// default) and a template whose form the server reads. Without constrained decoding nothing can
 // make the model call a tool, so "required" and a named function are refused.
-bool wants_tool_calls(const json& body, const ModelInfo& model) {
+ToolCallFormat wanted_tool_calls(const json& body, const ModelInfo& model) {
   const json* tools = field(body, "tools");
   if (tools != nullptr && !tools->is_array()) bad("tools", "'tools' must be a list");
   std::string choice = "auto";
@@ -199,9 +198,10 @@ bool wants_tool_calls(const json& body, const ModelInfo& model) {
                              choice, "'"));
     }
   }
-  return tools != nullptr && !tools->empty() && choice == "auto" &&
-         model.chat_template != nullptr &&
-         template_uses_tool_call_tags(model.chat_template->source());
+  if (tools == nullptr || tools->empty() || choice != "auto" || model.chat_template == nullptr) {
+    return ToolCallFormat::kNone;
+  }
+  return tool_call_format(model.chat_template->source());
 }
 
 }  // namespace
@@ -329,7 +329,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   }
 
   if (chat) {
-    r.parse_tool_calls = wants_tool_calls(body, model);  // checks tools before the template
+    r.tool_calls = wanted_tool_calls(body, model);  // checks tools before the template renders
     r.prompts.push_back(require_tokenizer(model, "messages")
                             .encode(render_chat(body, model), /*add_special_tokens=*/false));
   } else {

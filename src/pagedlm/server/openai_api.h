@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/server/tool_calls.h"
 #include "pagedlm/tokenizer/chat_template.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
@@ -61,9 +62,9 @@ struct CompletionRequest {
   int32_t top_logprobs = -1;  // -1: no logprobs
   std::string cache_salt;
   std::string model;
-  // Chat with `tools` (tool_choice "auto", the default) on a template that writes <tool_call>
-  // blocks: the reply's blocks become `tool_calls` (server/tool_calls.h).
-  bool parse_tool_calls = false;
+  // Chat with `tools` (tool_choice "auto", the default) on a template whose call form the
+  // server reads: the reply's calls become `tool_calls` (server/tool_calls.h).
+  ToolCallFormat tool_calls = ToolCallFormat::kNone;
 };
 
 // The model's tokenizer; throws ApiError 400 naming `param` when the model has none.

@@ -1,11 +1,13 @@
 // Tool calls in a chat reply. A model given OpenAI's `tools` (through its chat template) answers
 // with calls in the template's own markup; the server turns them into the API's `tool_calls`.
-// Read here: the form of the Qwen2.5, Qwen3 and Hermes templates, one call per block,
-//   <tool_call>
-//   {"name": "get_weather", "arguments": {"city": "Paris"}}
-//   </tool_call>
-// Other templates' forms (Llama 3.1's bare JSON, Mistral's [TOOL_CALLS]) are not parsed: their
-// replies stay text.
+// Two forms are read, told apart by the template that writes them:
+//   tags (Qwen2.5, Qwen3, Hermes 3), one call per block, text around them allowed:
+//     <tool_call>
+//     {"name": "get_weather", "arguments": {"city": "Paris"}}
+//     </tool_call>
+//   JSON reply (Llama 3.1-3.3's JSON tool calling): the whole reply is one call,
+//     {"name": "get_weather", "parameters": {"city": "Paris"}}
+// Mistral's [TOOL_CALLS] is a special token that decoding drops, so its replies stay text.
 #pragma once
 
 #include <cstddef>
@@ -24,23 +26,29 @@ struct ParsedReply {
   std::vector<ToolCall> calls;
 };
 
-// Whether the chat template writes calls as <tool_call> blocks.
-bool template_uses_tool_call_tags(const std::string& chat_template_source);
+enum class ToolCallFormat { kNone, kTags, kJsonReply };
 
-// Splits a finished reply. A block that is unclosed, or whose body is not a JSON object with a
-// string "name" (and an object "arguments", or none), stays in the content as text.
-ParsedReply parse_tool_calls(const std::string& text);
+// The form the chat template writes calls in (kNone: one this parser does not read).
+ToolCallFormat tool_call_format(const std::string& chat_template_source);
+
+// Splits a finished reply. What is not a call stays in the content as text: a block that is
+// unclosed, or whose body is not a JSON object with a string "name" and an object "arguments"
+// ("parameters" in the JSON-reply form; either may be absent); a JSON reply that is not such an
+// object.
+ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text);
 
 // A streamed reply that may hold calls: text goes out as it comes until an opening tag (or the
 // start of what may become one) appears; from there on it waits for the end of the reply.
 class ToolCallStream {
  public:
+  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
   // Appends decoded text; returns what can be sent as content now.
   std::string push(const std::string& text);
   // At the end of the reply: the whole reply parsed, and the part of its content not yet sent.
   ParsedReply finish(std::string* unsent);
 
  private:
+  ToolCallFormat format_;
   std::string text_;
   size_t sent_ = 0;
   bool held_ = false;
