@@ -47,6 +47,19 @@ const json kTools = json::parse(R"([
                   "required": ["tz"]}}}
 ])");
 
+// The last assistant turn of `messages` (with kTools) as the template renders it, i.e. as the
+// model would have written it: the text between the turn's header and its end marker.
+std::string assistant_turn(const ChatTemplate& tmpl, const json& messages, const std::string& open,
+                           const std::string& close) {
+  const std::string rendered =
+      tmpl.render(messages, /*add_generation_prompt=*/false, json{{"tools", kTools}});
+  const size_t begin = rendered.rfind(open);
+  const size_t end = begin == std::string::npos ? begin : rendered.find(close, begin);
+  if (end == std::string::npos) ADD_FAILURE() << "no assistant turn in " << rendered;
+  return end == std::string::npos ? ""
+                                  : rendered.substr(begin + open.size(), end - begin - open.size());
+}
+
 TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
   // Hermes 3's template writes an assistant turn with calls without its text.
   for (const auto& [file, keeps_text] : std::vector<std::pair<std::string, bool>>{
@@ -59,15 +72,8 @@ TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
     const json messages = {
         {{"role", "user"}, {"content", "Weather and time in Paris?"}},
         {{"role", "assistant"}, {"content", "Let me check."}, {"tool_calls", kCalls}}};
-    const std::string rendered =
-        tmpl.render(messages, /*add_generation_prompt=*/false, json{{"tools", kTools}});
-    // The assistant's turn as the model would have written it.
-    const std::string open = "<|im_start|>assistant\n";
-    const size_t begin = rendered.rfind(open);
-    ASSERT_NE(begin, std::string::npos) << rendered;
-    const size_t end = rendered.find("<|im_end|>", begin);
-    ASSERT_NE(end, std::string::npos) << rendered;
-    const std::string turn = rendered.substr(begin + open.size(), end - begin - open.size());
+    const std::string turn =
+        assistant_turn(tmpl, messages, "<|im_start|>assistant\n", "<|im_end|>");
 
     const ParsedReply reply = parse_tool_calls(ToolCallFormat::kTags, turn);
     ASSERT_EQ(reply.calls.size(), 2u) << turn;
@@ -94,14 +100,8 @@ TEST(ToolCalls, LlamaJsonReplyReadBack) {
   const ChatTemplate tmpl(source, "<|begin_of_text|>", "<|eot_id|>");
   const json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}},
                          {{"role", "assistant"}, {"tool_calls", json::array({kCalls[0]})}}};
-  const std::string rendered =
-      tmpl.render(messages, /*add_generation_prompt=*/false, json{{"tools", kTools}});
-  const std::string open = "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  const size_t begin = rendered.rfind(open);
-  ASSERT_NE(begin, std::string::npos) << rendered;
-  const size_t end = rendered.find("<|eot_id|>", begin);
-  ASSERT_NE(end, std::string::npos) << rendered;
-  const std::string turn = rendered.substr(begin + open.size(), end - begin - open.size());
+  const std::string turn = assistant_turn(
+      tmpl, messages, "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>");
   const ParsedReply reply = parse_tool_calls(ToolCallFormat::kJsonReply, turn);
   ASSERT_EQ(reply.calls.size(), 1u) << turn;
   EXPECT_EQ(reply.calls[0].name, "get_weather");
