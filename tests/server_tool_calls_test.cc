@@ -171,7 +171,7 @@ TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
         EXPECT_EQ(sent.find("<tool_call>"), std::string::npos) << reply;
       }
       std::string unsent;
-      const ParsedReply got = stream.finish(&unsent);
+      const ParsedReply got = stream.finish(reply, &unsent);
       EXPECT_EQ(sent + unsent, whole.content) << reply;
       ASSERT_EQ(got.calls.size(), whole.calls.size()) << reply;
       if (format == ToolCallFormat::kTags && reply.find("<tool_call>") == std::string::npos) {

@@ -288,7 +288,7 @@ class Generation {
     c.finish_reason = reason;
     if (!c.tool_stream) return;
     std::string unsent;
-    ParsedReply reply = c.tool_stream->finish(&unsent);
+    ParsedReply reply = c.tool_stream->finish(c.text, &unsent);
     c.delta += unsent;
     c.content = std::move(reply.content);
     c.calls = std::move(reply.calls);

@@ -1,7 +1,8 @@
 #include "pagedlm/server/tool_calls.h"
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace pagedlm::server {
 
@@ -71,49 +72,35 @@ ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text) {
   return out;
 }
 
-std::string ToolCallStream::push(const std::string& text) {
-  text_ += text;
-  if (held_ || format_ == ToolCallFormat::kNone) {
-    if (format_ != ToolCallFormat::kNone) return {};
-    sent_ = text_.size();
-    return text;
-  }
-  if (format_ == ToolCallFormat::kJsonReply) {
-    // A reply that opens with '{' may be a call: it waits for the end. Any other reply is text.
-    const size_t first = text_.find_first_not_of(kWhitespace);
-    if (first == std::string::npos) return {};
-    held_ = text_[first] == '{';
-    if (held_) return {};
-    format_ = ToolCallFormat::kNone;
-    std::string out = text_.substr(sent_);
-    sent_ = text_.size();
-    return out;
-  }
-  size_t release = text_.size();
-  if (const size_t open = text_.find(kOpen, sent_); open != std::string::npos) {
-    release = open;
-    held_ = true;
-  } else {
-    // Keep back a tail that may still grow into the tag.
-    for (size_t n = std::min(kOpen.size() - 1, text_.size() - sent_); n > 0; --n) {
-      if (text_.compare(text_.size() - n, n, kOpen, 0, n) == 0) {
-        release = text_.size() - n;
-        break;
-      }
+ToolCallStream::ToolCallStream(ToolCallFormat format)
+    : format_(format),
+      opening_tag_(format == ToolCallFormat::kTags ? std::vector<std::string>{std::string(kOpen)}
+                                                   : std::vector<std::string>{}) {}
+
+std::string ToolCallStream::push(std::string_view text) {
+  std::string out;
+  if (format_ == ToolCallFormat::kTags) {
+    out = opening_tag_.push(text);  // nothing once the tag has appeared
+  } else if (format_ == ToolCallFormat::kNone || json_ == Json::kText) {
+    out = text;
+  } else if (json_ == Json::kUndecided) {
+    // A reply that opens with '{' may be a call and waits for the end; any other is text.
+    leading_ += text;
+    const size_t first = leading_.find_first_not_of(kWhitespace);
+    if (first != std::string::npos) {
+      json_ = leading_[first] == '{' ? Json::kHeld : Json::kText;
+      if (json_ == Json::kText) out.swap(leading_);
     }
   }
-  std::string out = text_.substr(sent_, release - sent_);
-  sent_ = release;
+  sent_ += out.size();
   return out;
 }
 
-ParsedReply ToolCallStream::finish(std::string* unsent) {
-  ParsedReply reply = parse_tool_calls(format_, text_);
-  // What went out is a prefix of the text before the first block, so of the content too.
-  *unsent = reply.content.substr(sent_);
-  sent_ = text_.size();
-  held_ = true;
-  return reply;
+ParsedReply ToolCallStream::finish(const std::string& reply, std::string* unsent) const {
+  ParsedReply parsed = parse_tool_calls(format_, reply);
+  // What went out is a prefix of the text before the first call, so of the content too.
+  *unsent = parsed.content.substr(sent_);
+  return parsed;
 }
 
 }  // namespace pagedlm::server

@@ -12,7 +12,10 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "pagedlm/engine/stop_strings.h"
 
 namespace pagedlm::server {
 
@@ -37,21 +40,24 @@ ToolCallFormat tool_call_format(const std::string& chat_template_source);
 // object.
 ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text);
 
-// A streamed reply that may hold calls: text goes out as it comes until an opening tag (or the
-// start of what may become one) appears; from there on it waits for the end of the reply.
+// A streamed reply that may hold calls: text goes out as it comes until a call may begin (an
+// opening tag, or what may still grow into one; a JSON reply's first '{'); from there on it
+// waits for the end of the reply.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
-  // Appends decoded text; returns what can be sent as content now.
-  std::string push(const std::string& text);
-  // At the end of the reply: the whole reply parsed, and the part of its content not yet sent.
-  ParsedReply finish(std::string* unsent);
+  explicit ToolCallStream(ToolCallFormat format);
+  // The reply's next piece; returns what can be sent as content now.
+  std::string push(std::string_view text);
+  // At the end: `reply` is every piece pushed, parsed; `unsent` gets the part of its content
+  // not sent yet.
+  ParsedReply finish(const std::string& reply, std::string* unsent) const;
 
  private:
   ToolCallFormat format_;
-  std::string text_;
+  StopStringMatcher opening_tag_;  // kTags: releases the text before the first opening tag
+  std::string leading_;            // kJsonReply: the whitespace before the first character
+  enum class Json { kUndecided, kText, kHeld } json_ = Json::kUndecided;
   size_t sent_ = 0;
-  bool held_ = false;
 };
 
 }  // namespace pagedlm::server
