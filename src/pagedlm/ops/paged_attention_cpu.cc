@@ -71,17 +71,20 @@ struct RowScratch {
   }
 };
 
+// 16 floats in one vector register (GCC/Clang vector extension, whatever the ISA), for head
+// sizes that are multiples of it.
+constexpr int64_t kWidth = 16;
+using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
+
 // q . k: 16 lane sums (lane l over dims l, l + 16, ...), then the lanes added in order, as the
 // vectorized reduction loop did; in registers rather than through a spill of the lanes.
 float dot_product(const float* q, const float* k, int64_t head_dim) {
-  constexpr int64_t kWidth = 16;
   if (head_dim % kWidth != 0) {
     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
     return dot;
   }
-  using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
   Vec part = {};
   for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
     Vec qv, kv;
@@ -95,12 +98,10 @@ float dot_product(const float* q, const float* k, int64_t head_dim) {
 }
 
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
-// time in one vector register across the keys (GCC/Clang vector extension, whatever the ISA):
-// the same additions in the same order as the plain loop, without a store and reload of acc per
-// key, which bound the loop before.
+// time in one register across the keys: the same additions in the same order as the plain loop,
+// without a store and reload of acc per key, which bound the loop before.
 void accumulate_values(float* acc, const float* p, const float* const* values, int64_t count,
                        int64_t head_dim) {
-  constexpr int64_t kWidth = 16;
   if (head_dim % kWidth != 0) {
     for (int64_t j = 0; j < count; ++j) {
 #pragma omp simd
@@ -108,7 +109,6 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
     }
     return;
   }
-  using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
   for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
     Vec a;
     std::memcpy(&a, acc + i0, sizeof(a));
