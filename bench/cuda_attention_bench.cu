@@ -72,7 +72,18 @@ double copy_bandwidth() {
 
 struct Config {
   int batch, ctx, hq, hk, d, page_size;
+  int ctx_min = 0;  // > 0: each sequence's length uniform in [ctx_min, ctx] (seeded)
 };
+
+// Sequence lengths of a case: all `ctx`, or uniform in [ctx_min, ctx].
+std::vector<int> lengths_of(const Config& c, std::mt19937& rng) {
+  std::vector<int> len(c.batch, c.ctx);
+  if (c.ctx_min > 0) {
+    std::uniform_int_distribution<int> dist(c.ctx_min, c.ctx);
+    for (int& n : len) n = dist(rng);
+  }
+  return len;
+}
 
 }  // namespace
 
@@ -107,14 +118,24 @@ int main(int argc, char** argv) {
       {256, 768, 32, 8, 128, 16},
       {256, 1024, 32, 8, 128, 16},
       {256, 768, 9, 3, 64, 16},
+      // Mid-run decode steps of the random workload: prompts of 100-1024 plus up to 256 new
+      // tokens, longest sequences started first (as the engine orders them).
+      {256, 1280, 32, 8, 128, 16, 100},
+      {256, 1280, 9, 3, 64, 16, 100},
   };
-  std::printf("%-6s %-6s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
+  std::printf("%-6s %-9s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
               "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
   std::mt19937 rng(1);
   for (const Config& c : configs) {
-    if (short_only && c.ctx > 1024) continue;
-    const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
-    const int num_pages = pages_per_seq * c.batch;
+    if (short_only && c.ctx_min == 0 && c.ctx > 1024) continue;
+    const std::vector<int> len = lengths_of(c, rng);
+    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1, 0), ll(c.batch), order(c.batch);
+    for (int b = 0; b < c.batch; ++b) {
+      const int pages = (len[b] + c.page_size - 1) / c.page_size;
+      ki[b + 1] = ki[b] + pages;
+      ll[b] = len[b] - (pages - 1) * c.page_size;
+    }
+    const int num_pages = ki[c.batch];
     const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
     void *kc, *vc, *q, *out;
     CK(cudaMalloc(&kc, cache_elems * 2));
@@ -124,24 +145,24 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&q, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMalloc(&out, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMemset(q, 0, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
-    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
-        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
     std::vector<int32_t> pages(num_pages);
     std::iota(qi.begin(), qi.end(), 0);
-    for (int b = 0; b <= c.batch; ++b) ki[b] = b * pages_per_seq;
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] > len[b]; });
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
-    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
+    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll),
+            *order_d = upload(order);
     const int max_splits = 64;
     const size_t ws_bytes = paged_attention_workspace_bytes(c.batch, c.hq, c.d, max_splits);
     void* ws;
     CK(cudaMalloc(&ws, ws_bytes));
-    const double kv_bytes = 2.0 * c.batch * static_cast<double>(c.ctx) * c.hk * c.d * 2;
+    const double kv_bytes = 2.0 * std::accumulate(len.begin(), len.end(), 0.0) * c.hk * c.d * 2;
     auto run = [&](int splits) {
       return median_ms([&] {
         CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
                                          1, c.hq, c.hk, c.d, c.page_size, 0.088f, splits, ws,
-                                         ws_bytes, nullptr, nullptr, nullptr));
+                                         ws_bytes, order_d, nullptr, nullptr));
       });
     };
     const int heur =
@@ -157,25 +178,39 @@ int main(int argc, char** argv) {
       }
     }
     const double bw_h = kv_bytes / (t_heur * 1e-3), bw_b = kv_bytes / (best_t * 1e-3);
-    std::printf("%-6d %-6d %-3d %-3d %-4d %-3d | %-7d %9.1f %8.0f %5.1f%% | %-7d %9.0f %5.1f%%\n",
-                c.batch, c.ctx, c.hq, c.hk, c.d, c.page_size, heur, t_heur * 1e3, bw_h / 1e9,
+    const std::string ctx = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)
+                                          : std::to_string(c.ctx);
+    std::printf("%-6d %-9s %-3d %-3d %-4d %-3d | %-7d %9.1f %8.0f %5.1f%% | %-7d %9.0f %5.1f%%\n",
+                c.batch, ctx.c_str(), c.hq, c.hk, c.d, c.page_size, heur, t_heur * 1e3, bw_h / 1e9,
                 100 * bw_h / copy_bw, best_s, bw_b / 1e9, 100 * bw_b / copy_bw);
     for (void* p : {kc, vc, q, out, ws}) CK(cudaFree(p));
-    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
+    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d, order_d}) CK(cudaFree(p));
   }
 
   // Prefill: causal self-attention over fresh prompts, reported as TFLOP/s (4 * n^2/2 * d * Hq).
-  std::printf("\nprefill (causal, no prefix)\n%-6s %-6s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
+  std::printf("\nprefill (causal, no prefix)\n%-6s %-9s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
               "Hq", "Hk", "d", "ms", "TFLOP/s");
-  // The last two: a 16384-token prefill step of the random workload (prompts of ~560 tokens).
+  // The last three: a 16384-token prefill step of the random workload (prompts of ~560 tokens;
+  // then of 100-1024).
   for (const Config& c : std::vector<Config>{{4, 4096, 32, 8, 128, 16},
                                              {16, 1024, 9, 3, 64, 16},
                                              {29, 565, 32, 8, 128, 16},
-                                             {29, 565, 9, 3, 64, 16}}) {
-    const int pages_per_seq = (c.ctx + c.page_size - 1) / c.page_size;
-    const int num_pages = pages_per_seq * c.batch;
+                                             {29, 565, 9, 3, 64, 16},
+                                             {29, 1024, 32, 8, 128, 16, 100}}) {
+    const std::vector<int> len = lengths_of(c, rng);
+    std::vector<int32_t> qi(c.batch + 1, 0), ki(c.batch + 1, 0), ll(c.batch);
+    double pairs = 0;
+    for (int b = 0; b < c.batch; ++b) {
+      const int pages = (len[b] + c.page_size - 1) / c.page_size;
+      qi[b + 1] = qi[b] + len[b];
+      ki[b + 1] = ki[b] + pages;
+      ll[b] = len[b] - (pages - 1) * c.page_size;
+      pairs += static_cast<double>(len[b]) * len[b] / 2;
+    }
+    const int num_pages = ki[c.batch], num_tokens = qi[c.batch];
+    const int max_len = *std::max_element(len.begin(), len.end());
     const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
-    const size_t q_elems = static_cast<size_t>(c.batch) * c.ctx * c.hq * c.d;
+    const size_t q_elems = static_cast<size_t>(num_tokens) * c.hq * c.d;
     void *kc, *vc, *q, *out;
     CK(cudaMalloc(&kc, cache_elems * 2));
     CK(cudaMalloc(&vc, cache_elems * 2));
@@ -184,23 +219,19 @@ int main(int argc, char** argv) {
     CK(cudaMemset(kc, 0, cache_elems * 2));
     CK(cudaMemset(vc, 0, cache_elems * 2));
     CK(cudaMemset(q, 0, q_elems * 2));
-    std::vector<int32_t> qi(c.batch + 1), ki(c.batch + 1),
-        ll(c.batch, c.ctx - (pages_per_seq - 1) * c.page_size);
     std::vector<int32_t> pages(num_pages);
-    for (int b = 0; b <= c.batch; ++b) {
-      qi[b] = b * c.ctx;
-      ki[b] = b * pages_per_seq;
-    }
     std::iota(pages.begin(), pages.end(), 0);
     int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
     const float ms = median_ms([&] {
       CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch,
-                                        c.batch * c.ctx, c.ctx, c.hq, c.hk, c.d, c.page_size,
-                                        0.088f, nullptr));
+                                        num_tokens, max_len, c.hq, c.hk, c.d, c.page_size, 0.088f,
+                                        nullptr));
     });
-    const double flops = 4.0 * c.batch * (static_cast<double>(c.ctx) * c.ctx / 2) * c.d * c.hq;
-    std::printf("%-6d %-6d %-3d %-3d %-4d | %9.3f %8.1f\n", c.batch, c.ctx, c.hq, c.hk, c.d, ms,
-                flops / (ms * 1e-3) / 1e12);
+    const double flops = 4.0 * pairs * c.d * c.hq;
+    const std::string lens = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)
+                                           : std::to_string(c.ctx);
+    std::printf("%-6d %-9s %-3d %-3d %-4d | %9.3f %8.1f\n", c.batch, lens.c_str(), c.hq, c.hk, c.d,
+                ms, flops / (ms * 1e-3) / 1e12);
     for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
     for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
   }

@@ -92,6 +92,12 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -108,70 +114,53 @@ constexpr size_t attn_smem_bytes() {
   return static_cast<size_t>(16 * WM + 2 * STAGES * kBlockKv) * (D + 8) * sizeof(__nv_bfloat16);
 }
 
-// One block's work: row tile `tile` of sequence b (kShared: item `tile`, whose rows are its
-// members' (token, q head) pairs, all seeing all the item's shared keys), key split `split`, kv
-// head hk. q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages, page_size,
-// num_kv_heads, D]. Returns early (uniformly over the block) when there is nothing to do.
-template <int D, int WM, int WN, int STAGES, bool kShared>
-__device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int split, int b,
-                                             int hk) {
-  static_assert(WM * WN == kThreads / 32, "4 warps");
-  constexpr int kRows = 16 * WM;
-  constexpr int kStride = D + 8;  // padded smem row: conflict-free fragment loads
-  constexpr int kWarpKv = kBlockKv / WN;
-  constexpr int kNt = kWarpKv / 8;  // n8 tiles of S per warp
-  constexpr int kDt = D / 8;        // n8 tiles of O per warp
-  static_assert(kWarpKv % 16 == 0, "P.V steps over 16 keys");
+// The three launches of the kernel: prefill and decode (one unit per block, the grid covers the
+// units) and the shared-prefix pass (blocks that loop over their units).
+enum class Pass { kPrefill, kDecode, kShared };
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  __nv_bfloat16* k_s = q_s + kRows * kStride;
-  __nv_bfloat16* v_s = k_s + STAGES * kBlockKv * kStride;
+// One unit of a block's work: rows [row0, row0 + 16 * WM) of sequence b's (token, q head) pairs of
+// kv head hk (shared pass: of an item's members) against keys [kv_begin, kv_end). Thread 0 fills
+// it in shared memory; every thread reads it from there.
+struct Unit {
+  int id;  // position in the launch's unit order; -1: no unit left
+  int b, hk, split, row0, n_rows, q_start, first_member, ctx;
+  int kv_begin, kv_end, page_begin, num_tiles;
+};
 
-  const int group = p.group;
-  const int page_size = p.page_size;
-  const int tid = threadIdx.x;
-
-  // Rows, keys and pages of this block. Decode/prefill: sequence b's new tokens, which see the
-  // keys before them (ctx) and up to themselves. Shared pass: one token per member, all of
-  // which see keys [0, shared).
-  int n_rows, row0, ctx, kv_lo, kv_limit, page_begin;
-  int q_start = 0, first_member = 0;
+// The unit of row tile `tile` (shared pass: item `tile`), key split `split`, sequence b and kv
+// head hk. False when it has no rows: a padding sequence, a tile past the sequence's rows, an
+// item past the step's count.
+template <int kRows, bool kShared>
+__device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int hk, Unit& u) {
+  // Decode/prefill: sequence b's new tokens, which see the keys before them (ctx) and up to
+  // themselves. Shared pass: one token per member, all of which see keys [0, shared).
+  int kv_lo = 0, kv_limit;
+  u.b = b;
+  u.hk = hk;
+  u.split = split;
+  u.q_start = 0;
+  u.first_member = 0;
   if constexpr (kShared) {
-    if (tile >= *p.num_items) return;
+    if (tile >= *p.num_items) return false;
     const int32_t* item = p.items + 4 * tile;
-    first_member = item[0];
-    n_rows = item[1] * group;
-    page_begin = item[2];
-    row0 = 0;
-    ctx = kv_limit = item[3];
-    kv_lo = 0;
+    u.first_member = item[0];
+    u.n_rows = item[1] * p.group;
+    u.page_begin = item[2];
+    u.row0 = 0;
+    u.ctx = kv_limit = item[3];
   } else {
-    q_start = p.q_indptr[b];
-    const int n_new = p.q_indptr[b + 1] - q_start;
-    n_rows = n_new * group;
-    row0 = tile * kRows;
-    if (row0 >= n_rows) return;  // padding sequence or a tile past this sequence's rows
-    page_begin = p.kv_indptr[b];
-    const int num_pages = p.kv_indptr[b + 1] - page_begin;
-    const int n_kv = num_pages > 0 ? (num_pages - 1) * page_size + p.kv_last_page_len[b] : 0;
-    ctx = n_kv - n_new;  // keys before the first new token
-    const int last_row = min(row0 + kRows, n_rows) - 1;
-    kv_limit = max(ctx + last_row / group + 1, 0);
-    kv_lo = p.kv_skip != nullptr ? min(p.kv_skip[b], kv_limit) : 0;
-  }
-  // (token, q head) of row r of this block.
-  auto token_of = [&](int r) {
-    return kShared ? p.q_indptr[p.members[first_member + r / group]] : q_start + r / group;
-  };
-  const bool split_out = p.ws_o != nullptr;
-  if (split == 0) {  // slots the shared pass fills for its members: empty until then
-    for (int i = tid; i < (min(row0 + kRows, n_rows) - row0) * p.extra_slots; i += kThreads) {
-      const int r = row0 + i / p.extra_slots;
-      const int slot = p.slot_offset + p.num_splits + i % p.extra_slots;
-      const size_t row = static_cast<size_t>(token_of(r)) * p.num_q_heads + hk * group + r % group;
-      p.ws_lse[static_cast<size_t>(slot) * p.num_tokens * p.num_q_heads + row] = -INFINITY;
-    }
+    u.q_start = p.q_indptr[b];
+    const int n_new = p.q_indptr[b + 1] - u.q_start;
+    u.n_rows = n_new * p.group;
+    u.row0 = tile * kRows;
+    if (u.row0 >= u.n_rows) return false;
+    u.page_begin = p.kv_indptr[b];
+    const int num_pages = p.kv_indptr[b + 1] - u.page_begin;
+    const int n_kv = num_pages > 0 ? (num_pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
+    u.ctx = n_kv - n_new;  // keys before the first new token
+    const int last_row = min(u.row0 + kRows, u.n_rows) - 1;
+    kv_limit = max(u.ctx + last_row / p.group + 1, 0);
+    if (p.kv_skip != nullptr) kv_lo = min(p.kv_skip[b], kv_limit);
   }
   // Each sequence uses only as many of the launch's splits as its own length warrants; the
   // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
@@ -180,20 +169,83 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
   const int min_keys = kShared ? kMinSharedSplitKeys : kMinSplitKeys;
   const int splits = max(1, min(p.num_splits, n_keys / min_keys));
   const int chunk = static_cast<int>(ceil_div(ceil_div(n_keys, splits), kBlockKv)) * kBlockKv;
-  const int kv_begin = kv_lo + min(split * chunk, n_keys);
-  const int kv_end = min(kv_begin + chunk, kv_limit);
-  const int num_kv_tiles = static_cast<int>(ceil_div(kv_end - kv_begin, kBlockKv));
-  const int32_t* pages = p.kv_page_indices + page_begin;
+  u.kv_begin = kv_lo + min(split * chunk, n_keys);
+  u.kv_end = min(u.kv_begin + chunk, kv_limit);
+  u.num_tiles = static_cast<int>(ceil_div(u.kv_end - u.kv_begin, kBlockKv));
+  return true;
+}
 
+// A block's units in order: positions first, first + stride, ... below total (kLoop; otherwise
+// only the first); unit_at(position, unit) fills a unit and says whether it has rows (positions
+// without are skipped). q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages,
+// page_size, num_kv_heads, D]. Shared memory: the Q rows, then STAGES K/V stages, each a tile's
+// K rows followed by its V rows. Q arrives by cp.async with the first tile. A looping block
+// loads the next unit's Q and first tiles while it writes the current unit's result, and its
+// thread 0 looks the next unit up while the current one's first tile arrives. (Decode blocks
+// looping this way over all units, assigned round-robin or fetched from an atomic counter, ran
+// no faster than one block per unit: docs/KERNELS.md.)
+template <int D, int WM, int WN, int STAGES, bool kShared, bool kLoop, typename UnitAt>
+__device__ __forceinline__ void attend_units(const AttnParams& p, int first, int stride, int total,
+                                             UnitAt unit_at) {
+  static_assert(WM * WN == kThreads / 32, "4 warps");
+  constexpr int kRows = 16 * WM;
+  constexpr int kStride = D + 8;  // padded smem row: conflict-free fragment loads
+  constexpr int kStageRows = 2 * kBlockKv;
+  constexpr int kWarpKv = kBlockKv / WN;
+  constexpr int kNt = kWarpKv / 8;  // n8 tiles of S per warp
+  constexpr int kDt = D / 8;        // n8 tiles of O per warp
+  static_assert(kWarpKv % 16 == 0, "P.V steps over 16 keys (and K loads two n8 tiles)");
+  // The warps' merge (WN > 1) works in one consumed stage.
+  static_assert(WN == 1 || (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) <=
+                               kStageRows * kStride * sizeof(__nv_bfloat16),
+                "merge buffers fit in one K/V stage");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ Unit units[2];  // the current unit and the next
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  auto stage_k = [&](int stage) { return q_s + (kRows + stage * kStageRows) * kStride; };
+
+  const int group = p.group;
+  const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int wm = warp / WN, wn = warp % WN;
+  const bool split_out = p.ws_o != nullptr;
 
-  auto load_kv = [&](int kv_tile, int stage) {
+  auto find = [&](int pos, Unit& u) {
+    for (; pos < total; pos += stride) {
+      if (unit_at(pos, u)) {
+        u.id = pos;
+        return;
+      }
+    }
+    u.id = -1;
+  };
+  // The token of row r of unit u (its q head is hk * group + r % group).
+  auto token_of = [&](const Unit& u, int r) {
+    return kShared ? p.q_indptr[p.members[u.first_member + r / group]] : u.q_start + r / group;
+  };
+  auto load_q = [&](const Unit& u) {
+    for (int idx = tid; idx < kRows * (D / 8); idx += kThreads) {
+      const int r = idx / (D / 8), c = idx % (D / 8);
+      const int gr = u.row0 + r;
+      const bool valid = gr < u.n_rows;
+      size_t off = 0;
+      if (valid) {
+        off = (static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group) *
+                  D +
+              c * 8;
+      }
+      cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
+    }
+  };
+  auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
     constexpr int kChunks = D / 8;
-    const int kv0 = kv_begin + kv_tile * kBlockKv;
-    __nv_bfloat16* ks = k_s + stage * kBlockKv * kStride;
-    __nv_bfloat16* vs = v_s + stage * kBlockKv * kStride;
+    const int kv0 = u.kv_begin + kv_tile * kBlockKv;
+    const int kv_end = u.kv_end, page_size = p.page_size, hk = u.hk;
+    const int32_t* pages = p.kv_page_indices + u.page_begin;
+    __nv_bfloat16* ks = stage_k(stage);
+    __nv_bfloat16* vs = ks + kBlockKv * kStride;
 #pragma unroll
     for (int i = 0; i < kBlockKv * kChunks / kThreads; ++i) {
       const int idx = tid + i * kThreads;
@@ -211,249 +263,290 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, int tile, int 
       cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
     }
   };
-
-  // Start the K/V pipeline first so its latency overlaps the Q load.
+  // A unit's Q rows with its first tile, then its next STAGES - 2 tiles: STAGES - 1 groups.
+  auto prologue = [&](const Unit& u, int stage0) {
+    load_q(u);
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < num_kv_tiles) load_kv(s, s);
-    cp_async_commit();
-  }
-
-  for (int idx = tid; idx < kRows * (D / 8); idx += kThreads) {
-    const int r = idx / (D / 8), c = idx % (D / 8);
-    const int gr = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (gr < n_rows) {
-      const int token = token_of(gr);
-      const int head = hk * group + gr % group;
-      v = *reinterpret_cast<const uint4*>(
-          p.q + (static_cast<size_t>(token) * p.num_q_heads + head) * D + c * 8);
-    }
-    *reinterpret_cast<uint4*>(q_s + r * kStride + c * 8) = v;
-  }
-  __syncthreads();
-
-  uint32_t qf[D / 16][4];
-  {
-    const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      qf[ks][0] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 2 * t);
-      qf[ks][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 2 * t);
-      qf[ks][2] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 8 + 2 * t);
-      qf[ks][3] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
-    }
-  }
-
-  // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see.
-  int lim[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int gr = row0 + wm * 16 + g + 8 * h;
-    const int visible = kShared ? ctx : ctx + gr / group + 1;
-    lim[h] = gr < n_rows ? min(visible, kv_end) : kv_begin;
-  }
-
-  float o[kDt][4];
-#pragma unroll
-  for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
-
-  for (int it = 0; it < num_kv_tiles; ++it) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile `it` visible to all; stage (it - 1) % STAGES free for reuse
-    if (it + STAGES - 1 < num_kv_tiles) load_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES);
-    cp_async_commit();
-
-    const int stage = it % STAGES;
-    const __nv_bfloat16* ks = k_s + (stage * kBlockKv + wn * kWarpKv) * kStride;
-    const __nv_bfloat16* vs = v_s + (stage * kBlockKv + wn * kWarpKv) * kStride;
-
-    float s[kNt][4];
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const __nv_bfloat16* kr = ks + (nt * 8 + g) * kStride + kk * 16 + 2 * t;
-        mma_16816(s[nt], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
-                  *reinterpret_cast<const uint32_t*>(kr + 8));
-      }
-    }
-
-    const int col0 = kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = col0 + nt * 8 + (e & 1);
-        const int h = e >> 1;
-        s[nt][e] = col < lim[h] ? s[nt][e] * p.scale_log2 : -INFINITY;
-        mx[h] = fmaxf(mx[h], s[nt][e]);
-      }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = exp2f(m[h] - base);
-      m[h] = m_new;
-      mx[h] = base;
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
-        rs[e >> 1] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) {
-      o[dt][0] *= alpha[0];
-      o[dt][1] *= alpha[0];
-      o[dt][2] *= alpha[1];
-      o[dt][3] *= alpha[1];
-    }
-
-    // The S accumulator layout is the A-operand layout of P, so P stays in registers.
-#pragma unroll
-    for (int kk = 0; kk < kWarpKv / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const __nv_bfloat16* vrow =
-          vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
-#pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vrow + dn * 16);
-        mma_16816(o[2 * dn], a, bv[0], bv[1]);
-        mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
-      }
-    }
-  }
-  cp_async_wait<0>();
-
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-
-  auto store = [&](int r, int col, float v0, float v1, float lse) {
-    const int gr = row0 + r;
-    if (gr >= n_rows) return;
-    const int token = token_of(gr);
-    const int head = hk * group + gr % group;
-    const size_t row = static_cast<size_t>(token) * p.num_q_heads + head;
-    if (!split_out) {
-      *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
-    } else {
-      const size_t srow =
-          static_cast<size_t>(p.slot_offset + split) * p.num_tokens * p.num_q_heads + row;
-      // An empty split's output is never read (the merge skips lse = -inf).
-      if (lse != -INFINITY)
-        *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
-      if (col == 0) p.ws_lse[srow] = lse;
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < u.num_tiles) load_kv(u, s, (stage0 + s) % STAGES);
+      cp_async_commit();
     }
   };
 
-  if constexpr (WN == 1) {
+  if (tid == 0) find(first, units[0]);
+  __syncthreads();
+  if (units[0].id < 0) return;
+  prologue(units[0], 0);
+  int cur = 0;
+  int base = 0;  // the stage of the current unit's first tile
+  for (;;) {
+    const Unit& u = units[cur];
+    const Unit& next = units[cur ^ 1];
+    if (tid == 0) {  // published by the next barrier
+      if (kLoop) {
+        find(u.id + stride, units[cur ^ 1]);
+      } else {
+        units[cur ^ 1].id = -1;
+      }
+    }
+
+    if (u.split == 0) {  // slots the shared pass fills for its members: empty until then
+      const int rows = min(u.row0 + kRows, u.n_rows) - u.row0;
+      for (int i = tid; i < rows * p.extra_slots; i += kThreads) {
+        const int r = u.row0 + i / p.extra_slots;
+        const int slot = p.slot_offset + p.num_splits + i % p.extra_slots;
+        const size_t row =
+            static_cast<size_t>(token_of(u, r)) * p.num_q_heads + u.hk * group + r % group;
+        p.ws_lse[static_cast<size_t>(slot) * p.num_tokens * p.num_q_heads + row] = -INFINITY;
+      }
+    }
+
+    // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see.
+    int lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-      const float lse = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
-      const int r = wm * 16 + g + 8 * h;
+      const int gr = u.row0 + wm * 16 + g + 8 * h;
+      const int visible = kShared ? u.ctx : u.ctx + gr / group + 1;
+      lim[h] = gr < u.n_rows ? min(visible, u.kv_end) : u.kv_begin;
+    }
+
+    float o[kDt][4];
+#pragma unroll
+    for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};
+    float l[2] = {0.f, 0.f};
+    uint32_t qf[D / 16][4];
+
+    const int n = u.num_tiles;
+    for (int it = 0; it < n; ++it) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile `it` visible to all; the stage before it free for reuse
+      if (it == 0) {
+        const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          qf[ks][0] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 2 * t);
+          qf[ks][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 2 * t);
+          qf[ks][2] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 8 + 2 * t);
+          qf[ks][3] =
+              *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
+        }
+      }
+      if (it + STAGES - 1 < n) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
+      cp_async_commit();
+
+      const __nv_bfloat16* ks = stage_k((base + it) % STAGES) + (wn * kWarpKv) * kStride;
+      const __nv_bfloat16* vs = ks + kBlockKv * kStride;
+
+      float s[kNt][4];
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
+      // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
+      const __nv_bfloat16* krow = ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int nt = 0; nt < kNt; nt += 2) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
+          mma_16816(s[nt], qf[kk], bk[0], bk[1]);
+          mma_16816(s[nt + 1], qf[kk], bk[2], bk[3]);
+        }
+      }
+
+      const int col0 = u.kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = col0 + nt * 8 + (e & 1);
+          const int h = e >> 1;
+          s[nt][e] = col < lim[h] ? s[nt][e] * p.scale_log2 : -INFINITY;
+          mx[h] = fmaxf(mx[h], s[nt][e]);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m[h], mx[h]);
+        // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+        const float base_h = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2f(m[h] - base_h);
+        m[h] = m_new;
+        mx[h] = base_h;
+      }
+      float rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
+          rs[e >> 1] += s[nt][e];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
 #pragma unroll
       for (int dt = 0; dt < kDt; ++dt) {
-        store(r, dt * 8 + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, lse);
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+      }
+
+      // The S accumulator layout is the A-operand layout of P, so P stays in registers.
+#pragma unroll
+      for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const __nv_bfloat16* vrow =
+            vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, vrow + dn * 16);
+          mma_16816(o[2 * dn], a, bv[0], bv[1]);
+          mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
+        }
       }
     }
-  } else {
-    // Merge the WN warps' partial softmax states of the same 16 rows through shared memory
-    // (the K/V stages are free now), only for the rows in use: a decode tile holds one token's
-    // group of q heads (3 or 4 of its 16 rows for SmolLM2 and Llama).
-    const int rows_used = min(row0 + 16, n_rows) - row0;
-    __syncthreads();
-    float* o_s = reinterpret_cast<float*>(k_s);  // [WN][16][D]
-    float* m_s = o_s + WN * 16 * D;              // [WN][16]
-    float* l_s = m_s + WN * 16;                  // [WN][16]
-    float* f_s = l_s + WN * 16;                  // [WN][16] per-warp factors
-    float* lse_s = f_s + WN * 16;                // [16]
+    // The next unit's Q and first tiles load while this one's result is written: into q_s
+    // once every warp has its Q fragments (and this unit's own Q copy has landed when it had
+    // no tiles), into the stages after the last one consumed.
+    if constexpr (kLoop) {
+      if (n == 0) cp_async_wait<0>();
+      __syncthreads();
+      if (next.id >= 0) prologue(next, (base + n) % STAGES);
+    }
+
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = g + 8 * h;
-      if (r >= rows_used) continue;
-      if (t == 0) {
-        m_s[wn * 16 + r] = m[h];
-        l_s[wn * 16 + r] = l[h];
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+
+    auto store = [&](int r, int col, float v0, float v1, float lse) {
+      const int gr = u.row0 + r;
+      if (gr >= u.n_rows) return;
+      const size_t row =
+          static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
+      if (!split_out) {
+        *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        const size_t srow =
+            static_cast<size_t>(p.slot_offset + u.split) * p.num_tokens * p.num_q_heads + row;
+        // An empty split's output is never read (the merge skips lse = -inf).
+        if (lse != -INFINITY)
+          *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
+        if (col == 0) p.ws_lse[srow] = lse;
       }
+    };
+
+    if constexpr (WN == 1) {
 #pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
-            make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+      for (int h = 0; h < 2; ++h) {
+        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        const float lse = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
+        const int r = wm * 16 + g + 8 * h;
+#pragma unroll
+        for (int dt = 0; dt < kDt; ++dt) {
+          store(r, dt * 8 + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, lse);
+        }
+      }
+    } else {
+      // Merge the WN warps' partial softmax states of the same 16 rows through shared memory
+      // (the stage of the last tile, which no load in flight targets), only for the rows in
+      // use: a decode tile holds one token's group of q heads (3 or 4 of its 16 rows for
+      // SmolLM2 and Llama).
+      const int rows_used = min(u.row0 + 16, u.n_rows) - u.row0;
+      __syncthreads();  // every warp is done with the last tile
+      float* o_s = reinterpret_cast<float*>(stage_k((base + n - 1 + STAGES) % STAGES));
+      float* m_s = o_s + WN * 16 * D;  // [WN][16]
+      float* l_s = m_s + WN * 16;      // [WN][16]
+      float* f_s = l_s + WN * 16;      // [WN][16] per-warp factors
+      float* lse_s = f_s + WN * 16;    // [16]
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        if (r >= rows_used) continue;
+        if (t == 0) {
+          m_s[wn * 16 + r] = m[h];
+          l_s[wn * 16 + r] = l[h];
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDt; ++dt) {
+          *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
+              make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+        }
+      }
+      __syncthreads();
+      if (tid < rows_used) {
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WN; ++w) mm = fmaxf(mm, m_s[w * 16 + tid]);
+        const float mbase = mm == -INFINITY ? 0.f : mm;
+        float ll = 0.f;
+#pragma unroll
+        for (int w = 0; w < WN; ++w) ll += l_s[w * 16 + tid] * exp2f(m_s[w * 16 + tid] - mbase);
+        const float inv = ll > 0.f ? 1.f / ll : 0.f;
+#pragma unroll
+        for (int w = 0; w < WN; ++w) f_s[w * 16 + tid] = exp2f(m_s[w * 16 + tid] - mbase) * inv;
+        lse_s[tid] = ll > 0.f ? mbase + log2f(ll) : -INFINITY;
+      }
+      __syncthreads();
+      for (int idx = tid; idx < rows_used * D / 2; idx += kThreads) {
+        const int r = idx / (D / 2), col = (idx % (D / 2)) * 2;
+        float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < WN; ++w) {
+          const float f = f_s[w * 16 + r];
+          const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
+          v0 += f * ov.x;
+          v1 += f * ov.y;
+        }
+        store(r, col, v0, v1, lse_s[r]);
       }
     }
-    __syncthreads();
-    if (tid < rows_used) {
-      float mm = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < WN; ++w) mm = fmaxf(mm, m_s[w * 16 + tid]);
-      const float base = mm == -INFINITY ? 0.f : mm;
-      float ll = 0.f;
-#pragma unroll
-      for (int w = 0; w < WN; ++w) ll += l_s[w * 16 + tid] * exp2f(m_s[w * 16 + tid] - base);
-      const float inv = ll > 0.f ? 1.f / ll : 0.f;
-#pragma unroll
-      for (int w = 0; w < WN; ++w) f_s[w * 16 + tid] = exp2f(m_s[w * 16 + tid] - base) * inv;
-      lse_s[tid] = ll > 0.f ? base + log2f(ll) : -INFINITY;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < rows_used * D / 2; idx += kThreads) {
-      const int r = idx / (D / 2), col = (idx % (D / 2)) * 2;
-      float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-      for (int w = 0; w < WN; ++w) {
-        const float f = f_s[w * 16 + r];
-        const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
-        v0 += f * ov.x;
-        v1 += f * ov.y;
-      }
-      store(r, col, v0, v1, lse_s[r]);
-    }
+    if constexpr (!kLoop) return;
+    base = (base + n) % STAGES;
+    __syncthreads();  // every thread is done with `u` (refilled next) and the merge's stage
+    if (next.id < 0) return;
+    cur ^= 1;
   }
 }
 
-// grid: (row tiles * num_splits, num_kv_heads, num_seqs), block: 128 threads. Blocks start
-// roughly in index order, sequence outermost: with seq_order longest first, the longest
-// sequences start first and the short ones fill the tail of the last wave.
-// kShared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
-// grid need not cover the largest possible number of items.
-template <int D, int WM, int WN, int STAGES, bool kShared>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttnParams p) {
-  if constexpr (kShared) {
-    const int units = *p.num_items * p.num_splits;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      attend_block<D, WM, WN, STAGES, true>(p, u / p.num_splits, u % p.num_splits, 0, blockIdx.y);
-      __syncthreads();  // the next unit refills the shared-memory stages
-    }
+// Blocks per SM that the registers must allow: as many as the shared memory holds (decode: 3 at
+// d = 128, where a fourth would not fit anyway; 64-row tiles: 4 at d = 64, 2 at d = 128).
+template <int D, Pass kPass>
+constexpr int kMinBlocksPerSm = kPass == Pass::kDecode ? 3 : (D == 64 ? 4 : 2);
+
+// prefill and decode: grid (row tiles * num_splits, num_kv_heads, num_seqs), one unit per block.
+//   Decode blocks start roughly in index order, sequence outermost: with seq_order longest
+//   first, the longest sequences start first and the short ones fill the tail of the last wave.
+// shared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
+//   grid need not cover the largest possible number of items.
+template <int D, int WM, int WN, int STAGES, Pass kPass>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
+    paged_attention_kernel(AttnParams p) {
+  constexpr int kRows = 16 * WM;
+  if constexpr (kPass == Pass::kShared) {
+    attend_units<D, WM, WN, STAGES, true, true>(
+        p, blockIdx.x, gridDim.x, *p.num_items * p.num_splits, [&](int u, Unit& unit) {
+          return make_unit<kRows, true>(p, u / p.num_splits, u % p.num_splits, 0, blockIdx.y, unit);
+        });
   } else {
-    const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
-    attend_block<D, WM, WN, STAGES, false>(p, blockIdx.x / p.num_splits, blockIdx.x % p.num_splits,
-                                           b, blockIdx.y);
+    attend_units<D, WM, WN, STAGES, false, false>(p, 0, 1, 1, [&](int, Unit& unit) {
+      const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
+      return make_unit<kRows, false>(p, blockIdx.x / p.num_splits, blockIdx.x % p.num_splits, b,
+                                     blockIdx.y, unit);
+    });
   }
 }
 
@@ -499,19 +592,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid.x counts row tiles times launched splits (see the kernel); the caller sizes y and z.
-template <int D, int WM, int WN, int STAGES, bool kShared = false>
+// The kernel's dynamic shared-memory limit, set once per instantiation (a host-side setting, not
+// a stream operation).
+template <int D, int WM, int WN, int STAGES, Pass kPass>
+cudaError_t prepare_kernel() {
+  static const cudaError_t err =
+      cudaFuncSetAttribute(paged_attention_kernel<D, WM, WN, STAGES, kPass>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
+  return err;
+}
+
+// Blocks of the kernel resident per SM (registers and shared memory), at least 1.
+template <int D, int WM, int WN, int STAGES, Pass kPass>
+int resident_blocks_per_sm() {
+  static const int blocks = [] {
+    int n = 0;
+    if (prepare_kernel<D, WM, WN, STAGES, kPass>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, paged_attention_kernel<D, WM, WN, STAGES, kPass>, kThreads,
+            attn_smem_bytes<D, WM, WN, STAGES>()) != cudaSuccess) {
+      cudaGetLastError();  // leave no sticky error behind; one block per SM is always safe
+      return 1;
+    }
+    return std::max(n, 1);
+  }();
+  return blocks;
+}
+
+int device_num_sms() {
+  static const int num_sms = [] {
+    int device = 0, sms = 1;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return sms;
+  }();
+  return num_sms;
+}
+
+template <int D, int WM, int WN, int STAGES, Pass kPass>
 cudaError_t launch_attn(const AttnParams& params, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = attn_smem_bytes<D, WM, WN, STAGES>();
-  static_assert(WN == 1 || kSmem >= (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) +
-                                        16 * WM * (D + 8) * sizeof(__nv_bfloat16),
-                "merge buffers fit in the K/V stages");
-  auto kernel = paged_attention_kernel<D, WM, WN, STAGES, kShared>;
-  // Once per instantiation: the attribute is a host-side setting, not a stream operation.
-  static const cudaError_t attr_err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-  PAGEDLM_CUDA_TRY(attr_err);
-  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  PAGEDLM_CUDA_TRY((prepare_kernel<D, WM, WN, STAGES, kPass>()));
+  paged_attention_kernel<D, WM, WN, STAGES, kPass>
+      <<<grid, kThreads, attn_smem_bytes<D, WM, WN, STAGES>(), stream>>>(params);
   return cudaGetLastError();
 }
 
@@ -568,18 +691,19 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
 
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
                                       int num_sms) {
-  // Decode blocks resident per SM, from their shared memory (228 KB per SM on sm_90, 1 KB of it
-  // reserved per block): 3 at d = 128 (two stages) and at d = 64 (three).
-  const size_t smem = head_dim == 64 ? attn_smem_bytes<64, 1, 4, kDecodeStages<64>>()
-                                     : attn_smem_bytes<128, 1, 4, kDecodeStages<128>>();
-  const int64_t per_sm = std::max<int64_t>(1, (228 * 1024) / static_cast<int64_t>(smem + 1024));
+  // Decode blocks resident per SM (the kernel's registers and shared memory): 3 at d = 128 (two
+  // stages) and at d = 64 (three) on sm_90.
+  const int64_t per_sm = head_dim == 64
+                             ? resident_blocks_per_sm<64, 1, 4, kDecodeStages<64>, Pass::kDecode>()
+                             : resident_blocks_per_sm<128, 1, 4, kDecodeStages<128>, Pass::kDecode>();
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
-  // Two waves or more: the last wave's tail is a small share (and live batches mix lengths).
+  // Two rounds of units or more: the last round's tail is a small share (and live batches mix
+  // lengths).
   if (blocks >= 2 * slots) return 1;
-  // Fewer blocks: a partial last wave leaves SMs idle while it runs (on the H200, 8 seqs x 8 kv
+  // Fewer units: a partial last round leaves SMs idle while it runs (on the H200, 8 seqs x 8 kv
   // heads at 32k keys: 78% of copy bandwidth with 256 blocks in 264 slots, 50% with 320). Take
-  // the split count whose waves are fullest, the smallest within 5% of the best, none shorter
+  // the split count whose rounds are fullest, the smallest within 5% of the best, none shorter
   // than kMinSplitKeys keys.
   const int64_t max_splits = std::clamp<int64_t>(max_kv_len / kMinSplitKeys, 1, 64);
   auto fullness = [&](int64_t s) {
@@ -607,8 +731,8 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
                   num_tokens, num_q_heads, num_kv_heads, page_size, scale);
   const dim3 grid = sequence_grid(params, 64, num_seqs, max_q_len);
-  if (head_dim == 64) return launch_attn<64, 4, 1, 2>(params, grid, stream);
-  return launch_attn<128, 4, 1, 2>(params, grid, stream);
+  if (head_dim == 64) return launch_attn<64, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
+  return launch_attn<128, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
 }
 
 cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
@@ -649,9 +773,10 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
   }
   const dim3 grid = sequence_grid(params, 16, num_seqs, max_q_len);
   if (head_dim == 64) {
-    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, kDecodeStages<64>>(params, grid, stream)));
+    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, kDecodeStages<64>, Pass::kDecode>(params, grid, stream)));
   } else {
-    PAGEDLM_CUDA_TRY((launch_attn<128, 1, 4, kDecodeStages<128>>(params, grid, stream)));
+    PAGEDLM_CUDA_TRY(
+        (launch_attn<128, 1, 4, kDecodeStages<128>, Pass::kDecode>(params, grid, stream)));
   }
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
@@ -665,19 +790,13 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
     sp.items = shared->items;
     sp.members = shared->members;
     // Enough looping blocks for a few per SM, never more than the units that could exist.
-    static const int num_sms = [] {
-      int device = 0, sms = 1;
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      return sms;
-    }();
-    const int blocks =
-        std::min(shared->max_items * shared_splits, std::max(1, 4 * num_sms / num_kv_heads));
+    const int blocks = std::min(shared->max_items * shared_splits,
+                                std::max(1, 4 * device_num_sms() / num_kv_heads));
     const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
     if (head_dim == 64) {
-      PAGEDLM_CUDA_TRY((launch_attn<64, 4, 1, 2, true>(sp, shared_grid, stream)));
+      PAGEDLM_CUDA_TRY((launch_attn<64, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream)));
     } else {
-      PAGEDLM_CUDA_TRY((launch_attn<128, 4, 1, 2, true>(sp, shared_grid, stream)));
+      PAGEDLM_CUDA_TRY((launch_attn<128, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream)));
     }
   }
   if (slots == 1) return cudaSuccess;
