@@ -39,6 +39,12 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
           f"{r['decode_bytes_per_s'] / 1e9:11.0f} {r['ttft_p50_ms']:9.1f} {r['itl_p50_ms']:8.2f} {r['wall_s']:7.3f}"
           f" {r['decode_s']:8.3f} {r['decode_gpu_s']:7.3f} {r['wall_s'] - r['decode_s']:9.3f}"
           f" {r.get('gpu_s', 0) - r['decode_gpu_s']:7.3f}")
+    h = r.get("decode_host")
+    if h and r["decode_steps"]:
+        per = 1e3 / r["decode_steps"]
+        loop = r["decode_s"] - sum(h.values())
+        print(f"{'  decode host ms/step':44} schedule {h['schedule_s'] * per:.3f}, prepare {h['prepare_s'] * per:.3f},"
+              f" wait {h['wait_s'] * per:.3f}, finish {h['finish_s'] * per:.3f}, bench loop {loop * per:.3f}")
     if len(r.get("repeat_output_tok_s", [])) > 1:
         print(f"{'  (median of --repeat runs)':44} " + " ".join(f"{v:.0f}" for v in r["repeat_output_tok_s"]))
 PY

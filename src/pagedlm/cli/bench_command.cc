@@ -34,6 +34,11 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"decode_steps", r.decode_steps},
           {"decode_s", r.decode_s},
           {"decode_gpu_s", r.decode_gpu_s},
+          {"decode_host",
+           {{"schedule_s", r.decode_schedule_s},
+            {"prepare_s", r.decode_prepare_s},
+            {"wait_s", r.decode_wait_s},
+            {"finish_s", r.decode_finish_s}}},
           {"decode_bytes_per_s", r.decode_bytes_per_s},
           {"gpu_s", r.gpu_s},
           {"bound_output_tok_s", r.bound_output_tok_s},
@@ -57,6 +62,13 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %lld steps, %.3f s (device %.3f s), %.1f GB/s\n", "decode",
               static_cast<long long>(r.decode_steps), r.decode_s, r.decode_gpu_s,
               r.decode_bytes_per_s / 1e9);
+  if (r.decode_steps > 0) {
+    const double per_step = 1e3 / static_cast<double>(r.decode_steps);
+    std::printf("%-22s schedule %.3f, prepare %.3f, wait %.3f, finish %.3f\n",
+                "decode host ms/step", r.decode_schedule_s * per_step,
+                r.decode_prepare_s * per_step, r.decode_wait_s * per_step,
+                r.decode_finish_s * per_step);
+  }
   if (r.gpu_s > 0) std::printf("%-22s %.3f s\n", "device time, all steps", r.gpu_s);
   if (r.bound_output_tok_s > 0) {
     std::printf("%-22s %.1f output tok/s (this run: %.1f%% of it)\n", "lower-bound time gives",

@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <unordered_map>
 
 namespace pagedlm {
 
@@ -142,7 +143,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   BenchmarkResult result;
   const SchedulerStats stats_before = engine.stats();
   const int64_t steps_before = engine.num_steps();
-  std::map<int64_t, Clock::time_point> submitted, last_token;
+  std::unordered_map<int64_t, Clock::time_point> submitted, last_token;
   std::vector<double> ttft_ms, itl_ms;
   const Clock::time_point start = Clock::now();
 
@@ -181,6 +182,10 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       result.decode_s += std::chrono::duration<double>(now - step_start).count();
       result.decode_bytes += step_bytes;
       result.decode_gpu_s += shape.gpu_ms / 1e3;
+      result.decode_schedule_s += shape.schedule_ms / 1e3;
+      result.decode_prepare_s += shape.prepare_ms / 1e3;
+      result.decode_wait_s += shape.wait_ms / 1e3;
+      result.decode_finish_s += shape.finish_ms / 1e3;
     }
     result.gpu_s += shape.gpu_ms / 1e3;
     step_start = now;

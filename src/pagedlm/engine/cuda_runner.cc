@@ -55,6 +55,7 @@ struct CudaStepRunner::Impl {
   int64_t cascade_steps = 0;
   cudaEvent_t step_begin = nullptr, step_end = nullptr;  // the last step's device time
   double last_gpu_ms = 0;
+  std::chrono::steady_clock::time_point wait_begin, wait_end;  // host clock around the last wait
   int num_sms = 1;
   cudaStream_t stream = nullptr;
 
@@ -266,10 +267,10 @@ struct CudaStepRunner::Impl {
       const int32_t last = plan.logits_indptr[b + 1];
       if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
       const SeqSampling& s = sampling[b];
-      h<float>(off_temperature)[last - 1] = s.params.temperature;
-      h<int32_t>(off_top_k)[last - 1] = s.params.top_k;
-      h<float>(off_top_p)[last - 1] = s.params.top_p;
-      h<float>(off_min_p)[last - 1] = s.params.min_p;
+      h<float>(off_temperature)[last - 1] = s.params->temperature;
+      h<int32_t>(off_top_k)[last - 1] = s.params->top_k;
+      h<float>(off_top_p)[last - 1] = s.params->top_p;
+      h<float>(off_min_p)[last - 1] = s.params->min_p;
       h<uint64_t>(off_seed)[last - 1] = s.seed;
       h<int64_t>(off_step)[last - 1] = s.step;
     }
@@ -417,7 +418,9 @@ struct CudaStepRunner::Impl {
                   "logits download");
     }
     cuda::check(cudaEventRecord(step_end, stream), "cudaEventRecord");
+    wait_begin = std::chrono::steady_clock::now();
     cuda::check(cudaStreamSynchronize(stream), "step");
+    wait_end = std::chrono::steady_clock::now();
     float gpu_ms = 0;
     cuda::check(cudaEventElapsedTime(&gpu_ms, step_begin, step_end), "cudaEventElapsedTime");
     last_gpu_ms = gpu_ms;
@@ -463,6 +466,14 @@ int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
 double CudaStepRunner::last_step_gpu_ms() const { return impl_->last_gpu_ms; }
 
+std::chrono::steady_clock::time_point CudaStepRunner::last_wait_begin() const {
+  return impl_->wait_begin;
+}
+
+std::chrono::steady_clock::time_point CudaStepRunner::last_wait_end() const {
+  return impl_->wait_end;
+}
+
 #else  // !PAGEDLM_HAS_CUDA
 
 struct CudaStepRunner::Impl {};
@@ -491,6 +502,10 @@ int64_t CudaStepRunner::num_graphs() const { return 0; }
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
 
 double CudaStepRunner::last_step_gpu_ms() const { return 0; }
+
+std::chrono::steady_clock::time_point CudaStepRunner::last_wait_begin() const { return {}; }
+
+std::chrono::steady_clock::time_point CudaStepRunner::last_wait_end() const { return {}; }
 
 #endif  // PAGEDLM_HAS_CUDA
 

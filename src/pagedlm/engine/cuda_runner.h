@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -21,7 +22,7 @@ struct EngineOptions;
 
 // What the sampler needs of one sequence of the step.
 struct SeqSampling {
-  SamplingParams params;
+  const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
   int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
 };
@@ -57,6 +58,9 @@ class CudaStepRunner {
   // Device time of the last run(), from the plan upload to the sampled ids' download (the host
   // work around it is the rest of the step's wall time).
   double last_step_gpu_ms() const;
+  // Host clock when the last run() began and stopped waiting for the device.
+  std::chrono::steady_clock::time_point last_wait_begin() const;
+  std::chrono::steady_clock::time_point last_wait_end() const;
 
  private:
   struct Impl;

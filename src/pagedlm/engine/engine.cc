@@ -1,6 +1,7 @@
 #include "pagedlm/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -152,33 +153,38 @@ int64_t Engine::add_request(Request request) {
     out.prompt_logits =
         Tensor::zeros(DType::kF32, {static_cast<int64_t>(request.prompt.size()), vocab});
   }
-  const uint64_t seed = request.sampling.seed.value_or(seed_counter_++ * 0x9e3779b97f4a7c15ULL);
-  const SamplingParams sampling = request.sampling;
+  LiveRequest live;
+  live.seed = request.sampling.seed.value_or(seed_counter_++ * 0x9e3779b97f4a7c15ULL);
+  live.sampling = request.sampling;
   scheduler_->add(std::move(request));  // validates lengths; nothing recorded if it throws
-  outputs_.emplace(id, std::move(out));
-  sampling_.emplace(id, sampling);
-  seeds_.emplace(id, seed);
+  live.output = std::move(out);
+  requests_.emplace(id, std::move(live));
   return id;
 }
 
 bool Engine::cancel(int64_t request_id) {
   if (!scheduler_->cancel(request_id)) return false;
-  auto it = outputs_.find(request_id);
-  if (it != outputs_.end()) it->second.reason = FinishReason::kCancelled;
+  auto it = requests_.find(request_id);
+  if (it != requests_.end()) it->second.output.reason = FinishReason::kCancelled;
   return true;
 }
 
 bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
 
 std::vector<RequestEvent> Engine::step() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point begin = Clock::now();
   const StepPlan plan = scheduler_->schedule();
   if (plan.empty()) return {};
+  const Clock::time_point planned = Clock::now();
   ++num_steps_;
   last_step_ = shape_of(plan);
+  std::vector<LiveRequest*> live(plan.num_seqs());
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) live[b] = &requests_.at(plan.request_ids[b]);
   // Logits leave the device only for steps that hold prompt positions someone asked for.
   bool want_logits = false;
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    const RequestOutput& out = outputs_.at(plan.request_ids[b]);
+    const RequestOutput& out = live[b]->output;
     if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
     for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
@@ -187,17 +193,22 @@ std::vector<RequestEvent> Engine::step() {
   // ... and for sampled tokens whose request asked for logprobs or adjusts its logits (sampled
   // here).
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    const int64_t id = plan.request_ids[b];
-    want_logits =
-        plan.samples[b] && (logprobs_top_k_.count(id) != 0 || adjusts_logits(sampling_.at(id)));
+    want_logits = plan.samples[b] &&
+                  (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
   }
   Tensor logits;
-  std::vector<int32_t> sampled = forward_and_sample(plan, want_logits, &logits);
-  if (cuda_) last_step_.gpu_ms = cuda_->last_step_gpu_ms();
+  std::vector<int32_t> sampled = forward_and_sample(plan, live, want_logits, &logits);
+  // On the CPU the forward ran inline: no wait, everything before the bookkeeping is "prepare".
+  Clock::time_point wait_begin = Clock::now(), wait_end = wait_begin;
+  if (cuda_) {
+    last_step_.gpu_ms = cuda_->last_step_gpu_ms();
+    wait_begin = cuda_->last_wait_begin();
+    wait_end = cuda_->last_wait_end();
+  }
   if (cuda_) {  // the device sampler knows no logit adjustments: those rows are sampled again here
     for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-      if (sampled[b] >= 0 && adjusts_logits(sampling_.at(plan.request_ids[b]))) {
-        sampled[b] = sample_row(plan, b, logits);
+      if (sampled[b] >= 0 && adjusts_logits(live[b]->sampling)) {
+        sampled[b] = sample_row(plan, b, *live[b], logits);
       }
     }
   }
@@ -206,12 +217,12 @@ std::vector<RequestEvent> Engine::step() {
   std::map<int64_t, RequestEvent> logprob_events;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     const int64_t id = plan.request_ids[b];
-    RequestOutput& out = outputs_.at(id);
+    RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
-    if (auto lp = logprobs_top_k_.find(id); lp != logprobs_top_k_.end() && sampled[b] >= 0) {
+    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
       const int32_t last = plan.logits_indptr[b + 1];
       logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
-                                            sampled[b], lp->second);
+                                            sampled[b], live[b]->logprobs_top_k);
     }
     if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
     const int64_t prompt_len = out.prompt_logits.dim(0);
@@ -226,7 +237,7 @@ std::vector<RequestEvent> Engine::step() {
 
   std::vector<RequestEvent> events;
   for (const SeqUpdate& u : scheduler_->update(plan, sampled)) {
-    RequestOutput& out = outputs_.at(u.request_id);
+    RequestOutput& out = requests_.at(u.request_id).output;
     if (u.token >= 0) out.tokens.push_back(u.token);
     if (u.finished) out.reason = u.reason;
     RequestEvent event;
@@ -239,18 +250,23 @@ std::vector<RequestEvent> Engine::step() {
     event.reason = u.reason;
     events.push_back(std::move(event));
   }
+  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  last_step_.schedule_ms = ms(planned - begin);
+  last_step_.prepare_ms = ms(wait_begin - planned);
+  last_step_.wait_ms = ms(wait_end - wait_begin);
+  last_step_.finish_ms = ms(Clock::now() - wait_end);
   return events;
 }
 
-std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan, bool want_logits,
-                                                Tensor* logits) {
+std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
+                                                const std::vector<LiveRequest*>& live,
+                                                bool want_logits, Tensor* logits) {
   const int32_t B = plan.num_seqs();
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
-      const int64_t id = plan.request_ids[b];
-      sampling[b] = {sampling_.at(id), seeds_.at(id),
-                     static_cast<int64_t>(outputs_.at(id).tokens.size())};
+      sampling[b] = {&live[b]->sampling, live[b]->seed,
+                     static_cast<int64_t>(live[b]->output.tokens.size())};
     }
     return cuda_->run(plan, sampling, want_logits ? logits : nullptr);
   }
@@ -264,20 +280,20 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan, bool want_
   std::vector<int32_t> sampled(B, -1);
   for (int32_t b = 0; b < B; ++b) {
     if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
-      sampled[b] = sample_row(plan, b, *logits);
+      sampled[b] = sample_row(plan, b, *live[b], *logits);
     }
   }
   return sampled;
 }
 
-int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits) {
-  const int64_t id = plan.request_ids[b];
+int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
+                           const Tensor& logits) {
   const int64_t vocab = model_->config().vocab_size;
-  const SamplingParams& params = sampling_.at(id);
-  const std::vector<int32_t>& generated = outputs_.at(id).tokens;
+  const SamplingParams& params = request.sampling;
+  const std::vector<int32_t>& generated = request.output.tokens;
   const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
   if (!adjusts_logits(params)) {
-    return ops::sample_token(row, vocab, params, seeds_.at(id), generated.size());
+    return ops::sample_token(row, vocab, params, request.seed, generated.size());
   }
   // vLLM's order: the bias, then the repetition penalty (prompt and output), then presence and
   // frequency (output only).
@@ -285,7 +301,7 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits
   for (const auto& [token, bias] : params.logit_bias) penalized[token] += bias;
   if (params.repetition_penalty != 1.f) {
     std::vector<uint8_t> seen(vocab, 0);
-    for (int32_t t : outputs_.at(id).prompt) seen[t] = 1;
+    for (int32_t t : request.output.prompt) seen[t] = 1;
     for (int32_t t : generated) seen[t] = 1;
     for (int64_t t = 0; t < vocab; ++t) {
       if (!seen[t]) continue;
@@ -298,7 +314,7 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const Tensor& logits
   for (const auto& [token, count] : counts) {
     penalized[token] -= params.presence_penalty + params.frequency_penalty * count;
   }
-  return ops::sample_token(penalized.data(), vocab, params, seeds_.at(id), generated.size());
+  return ops::sample_token(penalized.data(), vocab, params, request.seed, generated.size());
 }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
@@ -313,15 +329,12 @@ std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
 }
 
 RequestOutput Engine::take_output(int64_t request_id) {
-  auto it = outputs_.find(request_id);
-  PAGEDLM_CHECK(it != outputs_.end(), "unknown request id ", request_id);
-  PAGEDLM_CHECK(it->second.reason != FinishReason::kNone, "request ", request_id,
+  auto it = requests_.find(request_id);
+  PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
+  PAGEDLM_CHECK(it->second.output.reason != FinishReason::kNone, "request ", request_id,
                 " has not finished");
-  RequestOutput out = std::move(it->second);
-  outputs_.erase(it);
-  sampling_.erase(request_id);
-  seeds_.erase(request_id);
-  logprobs_top_k_.erase(request_id);
+  RequestOutput out = std::move(it->second.output);
+  requests_.erase(it);
   return out;
 }
 
@@ -332,9 +345,10 @@ int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 
 void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
-  PAGEDLM_CHECK(outputs_.count(request_id) != 0, "unknown request id ", request_id);
+  auto it = requests_.find(request_id);
+  PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
-  logprobs_top_k_[request_id] = top_k;
+  it->second.logprobs_top_k = top_k;
 }
 
 }  // namespace pagedlm

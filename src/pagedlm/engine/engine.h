@@ -4,9 +4,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -70,6 +70,10 @@ struct StepShape {
   int64_t attention_pairs = 0;  // (query, visible key) pairs the step's attention computes
   bool decode = false;          // every sequence has exactly one new token
   double gpu_ms = 0;            // CUDA: the step's device time, upload to download
+  // Host clock of step(): scheduling; the rest until the device is waited for (plan
+  // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
+  // (sampled tokens into the scheduler and the events).
+  double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
 };
 
 // Whether this build has CUDA support and the machine a GPU.
@@ -112,21 +116,30 @@ class Engine {
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
  private:
+  // What the engine keeps of a request until take_output().
+  struct LiveRequest {
+    RequestOutput output;
+    SamplingParams sampling;
+    uint64_t seed = 0;
+    int32_t logprobs_top_k = -1;  // -1: no logprobs
+  };
+
   // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
-  // *logits receives the step's logits [S, vocab] f32 on the host when want_logits.
-  std::vector<int32_t> forward_and_sample(const StepPlan& plan, bool want_logits, Tensor* logits);
+  // live[b] is the plan's sequence b. *logits receives the step's logits [S, vocab] f32 on the
+  // host when want_logits.
+  std::vector<int32_t> forward_and_sample(const StepPlan& plan,
+                                          const std::vector<LiveRequest*>& live, bool want_logits,
+                                          Tensor* logits);
   // Samples sequence b's token from its last logits row (host), penalties applied.
-  int32_t sample_row(const StepPlan& plan, int32_t b, const Tensor& logits);
+  int32_t sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
+                     const Tensor& logits);
 
   EngineOptions options_;
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<CudaStepRunner> cuda_;  // set when the engine runs on the GPU
   std::unique_ptr<PagedKvCache> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::map<int64_t, RequestOutput> outputs_;
-  std::map<int64_t, SamplingParams> sampling_;
-  std::map<int64_t, uint64_t> seeds_;
-  std::map<int64_t, int32_t> logprobs_top_k_;
+  std::unordered_map<int64_t, LiveRequest> requests_;
   int64_t next_request_id_ = 1;
   int64_t num_steps_ = 0;
   StepShape last_step_;

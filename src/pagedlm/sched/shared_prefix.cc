@@ -15,12 +15,27 @@ std::vector<SharedPrefixGroup> find_shared_prefixes(const StepPlan& plan, int32_
     const int32_t n_new = plan.q_indptr[b + 1] - plan.q_indptr[b];
     return (n_kv - n_new) / plan.page_size;
   };
+  // First pages that two or more eligible sequences begin with: only those can start a group
+  // (most steps have none, and then nothing below allocates per sequence).
+  std::vector<int32_t> firsts;
+  firsts.reserve(B);
+  for (int32_t b = 0; b < B; ++b) {
+    if (eligible_pages(b) >= std::max(min_pages, 1)) {
+      firsts.push_back(plan.kv_page_indices[plan.kv_indptr[b]]);
+    }
+  }
+  std::sort(firsts.begin(), firsts.end());
+  auto held_by_several = [&](int32_t page) {
+    const auto [lo, hi] = std::equal_range(firsts.begin(), firsts.end(), page);
+    return hi - lo >= 2;
+  };
   std::unordered_map<int32_t, size_t> group_of_first_page;
   std::vector<SharedPrefixGroup> groups;
   for (int32_t b = 0; b < B; ++b) {
     const int32_t usable = eligible_pages(b);
     if (usable < std::max(min_pages, 1)) continue;
     const int32_t first = plan.kv_page_indices[plan.kv_indptr[b]];
+    if (!held_by_several(first)) continue;
     auto [it, inserted] = group_of_first_page.emplace(first, groups.size());
     if (inserted) {
       groups.push_back({{b}, usable});
