@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_timing.h"
 #include "pagedlm/ops/cuda/kernels.h"
 
 namespace {
@@ -27,26 +28,10 @@ void check(cudaError_t err, const char* what, int line) {
 }
 #define CK(expr) check((expr), #expr, __LINE__)
 
+// Median of 20 launches after 3 warm-ups, on the default stream.
 template <typename F>
-float median_ms(F&& fn, int warmup = 3, int iters = 20) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(a));
-    fn();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+double median_ms(F&& fn) {
+  return pagedlm::bench::median_ms(nullptr, fn, 3, 20);
 }
 
 // A device copy of a host index array (freed by the caller).
@@ -63,7 +48,7 @@ double copy_bandwidth() {
   CK(cudaMalloc(&src, bytes));
   CK(cudaMalloc(&dst, bytes));
   CK(cudaMemset(src, 1, bytes));
-  const float ms =
+  const double ms =
       median_ms([&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
   CK(cudaFree(src));
   CK(cudaFree(dst));
@@ -167,11 +152,11 @@ int main(int argc, char** argv) {
     };
     const int heur =
         paged_attention_decode_num_splits(c.batch, c.hk, c.d, c.ctx, prop.multiProcessorCount);
-    const float t_heur = run(heur);
+    const double t_heur = run(heur);
     int best_s = heur;
-    float best_t = t_heur;
+    double best_t = t_heur;
     for (int s : {1, 2, 4, 8, 16, 32}) {
-      const float t = run(s);
+      const double t = run(s);
       if (t < best_t) {
         best_t = t;
         best_s = s;
@@ -222,10 +207,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> pages(num_pages);
     std::iota(pages.begin(), pages.end(), 0);
     int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
-    const float ms = median_ms([&] {
-      CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch,
-                                        num_tokens, max_len, c.hq, c.hk, c.d, c.page_size, 0.088f,
-                                        nullptr));
+    const double ms = median_ms([&] {
+      CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, num_tokens,
+                                        max_len, c.hq, c.hk, c.d, c.page_size, 0.088f, nullptr));
     });
     const double flops = 4.0 * pairs * c.d * c.hq;
     const std::string lens = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)

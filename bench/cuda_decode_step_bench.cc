@@ -13,42 +13,13 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda_timing.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/dummy_checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
 
 using namespace pagedlm;
-
-namespace {
-
-// Mean milliseconds of `fn` replayed from a graph, `iters` times after a warm-up call.
-template <typename Fn>
-double graph_ms(cudaStream_t s, Fn fn, int iters = 50) {
-  fn();
-  cuda::check(cudaStreamSynchronize(s), "warm-up");
-  cudaGraph_t g;
-  cudaGraphExec_t e;
-  cuda::check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-  fn();
-  cuda::check(cudaStreamEndCapture(s, &g), "capture");
-  cuda::check(cudaGraphInstantiate(&e, g, 0), "instantiate");
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cuda::check(cudaGraphLaunch(e, s), "launch");
-  cudaEventRecord(a, s);
-  for (int i = 0; i < iters; ++i) cuda::check(cudaGraphLaunch(e, s), "launch");
-  cudaEventRecord(b, s);
-  cuda::check(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaGraphExecDestroy(e);
-  cudaGraphDestroy(g);
-  return ms / iters;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -120,7 +91,7 @@ int main(int argc, char** argv) {
               "malloc");
   cudaMemset(x, 0, size_t{2} * batch * std::max(F, std::max(D, Hq * d)));
   for (void* w : weights) cudaMemset(w, 0, 2);
-  const double gemm_ms = graph_ms(s, [&] {
+  auto step_gemms = [&] {
     for (int l = 0; l < layers; ++l) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         cuda::check(cuda::launch_gemm_bf16(gemm, x, weights[l * shapes.size() + i], nullptr, y,
@@ -131,7 +102,8 @@ int main(int argc, char** argv) {
     cuda::check(
         cuda::launch_gemm_bf16(gemm, x, lm_head, nullptr, y, /*y_f32=*/true, batch, V, D, s),
         "gemm");
-  });
+  };
+  const double gemm_ms = bench::graph_mean_ms(s, step_gemms, 50);
 
   // The average context mid-way through the timed steps (early requests decoded during the
   // later prefill steps).
@@ -168,14 +140,15 @@ int main(int argc, char** argv) {
   const size_t ws_bytes = cuda::paged_attention_workspace_bytes(batch, Hq, d, splits);
   if (ws_bytes) cuda::check(cudaMalloc(&ws, ws_bytes), "malloc");
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  const double attn_ms = graph_ms(s, [&] {
+  auto step_attention = [&] {
     for (int l = 0; l < layers; ++l) {
       cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
                                                       batch, 1, Hq, Hk, d, page_size, scale, splits,
                                                       ws, ws_bytes, nullptr, nullptr, s),
                   "attention");
     }
-  });
+  };
+  const double attn_ms = bench::graph_mean_ms(s, step_attention, 50);
 
   const double kv_bytes = 2.0 * layers * batch * kv_len * Hk * d * 2;
   const double bound_ms = (weight_bytes + kv_bytes) / (copy_gbs * 1e9) * 1e3;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_timing.h"
 #include "pagedlm/io/checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -48,26 +49,6 @@ void* random_bf16(size_t n, uint32_t seed) {
     done += count;
   }
   return p;
-}
-
-double mean_ms(cuda::GemmHandle* h, const void* x, const void* w, void* y, bool y_f32, int m, int n,
-               int k) {
-  cuda::check(cuda::launch_gemm_bf16(h, x, w, nullptr, y, y_f32, m, n, k, nullptr), "gemm");
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  constexpr int kRuns = 20;
-  cudaEventRecord(a);
-  for (int i = 0; i < kRuns; ++i) {
-    cuda::check(cuda::launch_gemm_bf16(h, x, w, nullptr, y, y_f32, m, n, k, nullptr), "gemm");
-  }
-  cudaEventRecord(b);
-  cuda::check(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / kRuns;
 }
 
 }  // namespace
@@ -107,7 +88,11 @@ int main(int argc, char** argv) {
       void* w = random_bf16(size_t{1} * s.n * s.k, 2);
       void* y = nullptr;
       cuda::check(cudaMalloc(&y, size_t{4} * rows * s.n), "malloc");
-      const double t = mean_ms(gemm, x, w, y, s.f32, rows, s.n, s.k);
+      auto run = [&] {
+        cuda::check(cuda::launch_gemm_bf16(gemm, x, w, nullptr, y, s.f32, rows, s.n, s.k, nullptr),
+                    "gemm");
+      };
+      const double t = bench::mean_ms(nullptr, run, 20);
       const double flops = 2.0 * rows * s.n * s.k;
       std::printf("%-8s %6d %6d %6d | %9.4f %8.1f\n", s.name, rows, s.n, s.k, t, flops / t / 1e9);
       if (s.f32) {

@@ -239,9 +239,11 @@ struct CudaStepRunner::Impl {
   // and `logit_rows` logits rows: padding rows have slot -1, padding sequences no tokens or
   // pages, padding logits rows point at row 0 and are sampled greedily and ignored. Then one
   // asynchronous upload on the step's stream. `shared` lists the cascade's groups (may be
-  // empty): they become items of at most members_per_item members.
+  // empty): they become items of at most members_per_item members. Decode steps also get the
+  // order in which attention starts the sequences.
   void stage(const StepPlan& plan, const std::vector<SeqSampling>& sampling, int32_t rows,
-             int32_t num_seqs, int32_t logit_rows, const std::vector<SharedPrefixGroup>& shared) {
+             int32_t num_seqs, int32_t logit_rows, bool decode,
+             const std::vector<SharedPrefixGroup>& shared) {
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int64_t num_pages = static_cast<int64_t>(plan.kv_page_indices.size());
     if (num_pages > max_pages) layout(std::max(num_pages, 2 * max_pages));
@@ -294,7 +296,7 @@ struct CudaStepRunner::Impl {
     }
     *h<int32_t>(off_num_items) = num_items;
     // Decode attention starts the longest sequences' blocks first (padding, with no keys, last).
-    if (num_seqs <= max_bucket) {
+    if (decode) {
       int32_t* order = h<int32_t>(off_seq_order);
       std::iota(order, order + num_seqs, 0);
       auto pages = [&](int32_t b) { return b < B ? plan.kv_indptr[b + 1] - plan.kv_indptr[b] : 0; };
@@ -356,13 +358,13 @@ struct CudaStepRunner::Impl {
   void warm_up() {
     StepPlan empty;
     empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
-    stage(empty, {}, max_tokens, 1, 1, {});
+    stage(empty, {}, max_tokens, 1, 1, /*decode=*/false, {});
     bind(1, 1, false, false);
     forward_and_sample(max_tokens, 1);
     for (int32_t bucket = 1; bucket <= max_bucket; bucket *= 2) {
       for (const bool cascade : {false, true}) {
         if (cascade && !use_cascade) continue;
-        stage(empty, {}, bucket, bucket, bucket, {});
+        stage(empty, {}, bucket, bucket, bucket, /*decode=*/true, {});
         bind(bucket, 1, true, cascade);
         if (use_graphs) {
           run_decode_graph(bucket, cascade);
@@ -401,7 +403,7 @@ struct CudaStepRunner::Impl {
       if (saved_keys < kCascadeMinSavedKeys) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
-    stage(plan, sampling, rows, num_seqs, logit_rows, shared);
+    stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared);
     bind(num_seqs, max_q_len, decode, !shared.empty());
     if (use_graphs && bucketed) {
       run_decode_graph(num_seqs, !shared.empty());

@@ -5,8 +5,8 @@
 // captured at start-up (warm_up).
 #pragma once
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <vector>
 

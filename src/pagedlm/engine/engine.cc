@@ -193,8 +193,8 @@ std::vector<RequestEvent> Engine::step() {
   // ... and for sampled tokens whose request asked for logprobs or adjusts its logits (sampled
   // here).
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    want_logits = plan.samples[b] &&
-                  (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
+    want_logits =
+        plan.samples[b] && (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
   }
   Tensor logits;
   std::vector<int32_t> sampled = forward_and_sample(plan, live, want_logits, &logits);
@@ -250,7 +250,9 @@ std::vector<RequestEvent> Engine::step() {
     event.reason = u.reason;
     events.push_back(std::move(event));
   }
-  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  const auto ms = [](Clock::duration d) {
+    return std::chrono::duration<double, std::milli>(d).count();
+  };
   last_step_.schedule_ms = ms(planned - begin);
   last_step_.prepare_ms = ms(wait_begin - planned);
   last_step_.wait_ms = ms(wait_end - wait_begin);

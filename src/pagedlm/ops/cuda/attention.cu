@@ -232,9 +232,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const bool valid = gr < u.n_rows;
       size_t off = 0;
       if (valid) {
-        off = (static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group) *
-                  D +
-              c * 8;
+        off =
+            (static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group) * D +
+            c * 8;
       }
       cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
     }
@@ -343,7 +343,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
       // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
       // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
-      const __nv_bfloat16* krow = ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+      const __nv_bfloat16* krow =
+          ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -596,10 +597,9 @@ __global__ void __launch_bounds__(kThreads)
 // a stream operation).
 template <int D, int WM, int WN, int STAGES, Pass kPass>
 cudaError_t prepare_kernel() {
-  static const cudaError_t err =
-      cudaFuncSetAttribute(paged_attention_kernel<D, WM, WN, STAGES, kPass>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
+  static const cudaError_t err = cudaFuncSetAttribute(
+      paged_attention_kernel<D, WM, WN, STAGES, kPass>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
   return err;
 }
 
@@ -693,9 +693,9 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_d
                                       int num_sms) {
   // Decode blocks resident per SM (the kernel's registers and shared memory): 3 at d = 128 (two
   // stages) and at d = 64 (three) on sm_90.
-  const int64_t per_sm = head_dim == 64
-                             ? resident_blocks_per_sm<64, 1, 4, kDecodeStages<64>, Pass::kDecode>()
-                             : resident_blocks_per_sm<128, 1, 4, kDecodeStages<128>, Pass::kDecode>();
+  const int64_t per_sm =
+      head_dim == 64 ? resident_blocks_per_sm<64, 1, 4, kDecodeStages<64>, Pass::kDecode>()
+                     : resident_blocks_per_sm<128, 1, 4, kDecodeStages<128>, Pass::kDecode>();
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
   // Two rounds of units or more: the last round's tail is a small share (and live batches mix
@@ -773,7 +773,8 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
   }
   const dim3 grid = sequence_grid(params, 16, num_seqs, max_q_len);
   if (head_dim == 64) {
-    PAGEDLM_CUDA_TRY((launch_attn<64, 1, 4, kDecodeStages<64>, Pass::kDecode>(params, grid, stream)));
+    PAGEDLM_CUDA_TRY(
+        (launch_attn<64, 1, 4, kDecodeStages<64>, Pass::kDecode>(params, grid, stream)));
   } else {
     PAGEDLM_CUDA_TRY(
         (launch_attn<128, 1, 4, kDecodeStages<128>, Pass::kDecode>(params, grid, stream)));

@@ -154,6 +154,12 @@ __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* 
   }
 }
 
+// kVec adjacent bf16 values, aligned so that one access moves them all.
+template <int kVec>
+struct alignas(2 * kVec) BfPack {
+  bf16 v[kVec];
+};
+
 // One block per token. The token's cos/sin pairs are computed once into shared memory, then
 // threads walk the (head, pair) grid of q then k, kVec adjacent pairs (bf16x2 accesses when 2),
 // then copy v (16 bytes at a time when v_vec).
@@ -190,35 +196,23 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
         !is_q && slot >= 0
             ? k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim
             : nullptr;
-    bf16 y1[kVec], y2[kVec];
-    if constexpr (kVec == 2) {
-      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i));
-      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i + half));
-      const float x1[2] = {a.x, a.y}, x2[2] = {b.x, b.y};
+    // kVec values of each half in one access (bf16x2 when kVec == 2).
+    using Pack = BfPack<kVec>;
+    const Pack a = *reinterpret_cast<const Pack*>(x + i);
+    const Pack b = *reinterpret_cast<const Pack*>(x + i + half);
+    Pack lo, hi;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float cs = rope_cs[i + j], sn = rope_cs[half + i + j];
-        y1[j] = __float2bfloat16(x1[j] * cs - x2[j] * sn);
-        y2[j] = __float2bfloat16(x2[j] * cs + x1[j] * sn);
-      }
-      const __nv_bfloat162 lo(y1[0], y1[1]), hi(y2[0], y2[1]);
-      *reinterpret_cast<__nv_bfloat162*>(y + i) = lo;
-      *reinterpret_cast<__nv_bfloat162*>(y + i + half) = hi;
-      if (dst != nullptr) {
-        *reinterpret_cast<__nv_bfloat162*>(dst + i) = lo;
-        *reinterpret_cast<__nv_bfloat162*>(dst + i + half) = hi;
-      }
-    } else {
-      const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
-      const float cs = rope_cs[i], sn = rope_cs[half + i];
-      y1[0] = __float2bfloat16(x1 * cs - x2 * sn);
-      y2[0] = __float2bfloat16(x2 * cs + x1 * sn);
-      y[i] = y1[0];
-      y[i + half] = y2[0];
-      if (dst != nullptr) {
-        dst[i] = y1[0];
-        dst[i + half] = y2[0];
-      }
+    for (int j = 0; j < kVec; ++j) {
+      const float x1 = __bfloat162float(a.v[j]), x2 = __bfloat162float(b.v[j]);
+      const float cs = rope_cs[i + j], sn = rope_cs[half + i + j];
+      lo.v[j] = __float2bfloat16(x1 * cs - x2 * sn);
+      hi.v[j] = __float2bfloat16(x2 * cs + x1 * sn);
+    }
+    *reinterpret_cast<Pack*>(y + i) = lo;
+    *reinterpret_cast<Pack*>(y + i + half) = hi;
+    if (dst != nullptr) {
+      *reinterpret_cast<Pack*>(dst + i) = lo;
+      *reinterpret_cast<Pack*>(dst + i + half) = hi;
     }
   }
   if (slot < 0) return;
