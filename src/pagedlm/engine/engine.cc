@@ -204,8 +204,7 @@ std::vector<RequestEvent> Engine::step() {
     last_step_.gpu_ms = cuda_->last_step_gpu_ms();
     wait_begin = cuda_->last_wait_begin();
     wait_end = cuda_->last_wait_end();
-  }
-  if (cuda_) {  // the device sampler knows no logit adjustments: those rows are sampled again here
+    // The device sampler knows no logit adjustments: those rows are sampled again here.
     for (int32_t b = 0; b < plan.num_seqs(); ++b) {
       if (sampled[b] >= 0 && adjusts_logits(live[b]->sampling)) {
         sampled[b] = sample_row(plan, b, *live[b], logits);
