@@ -117,6 +117,15 @@ TEST(Benchmark, BytesAndFlopsFollowTheSteps) {
   EXPECT_DOUBLE_EQ(by_bytes.bound_s, 6 * weight_bytes + (20 + decode_keys) * kv_token_bytes);
   EXPECT_NEAR(by_bytes.decode_bytes_per_s, by_bytes.decode_bytes / by_bytes.decode_s, 1e-6);
   EXPECT_NEAR(by_bytes.bound_fraction * by_bytes.bound_output_tok_s, by_bytes.output_tok_s, 1e-6);
+  // The decode steps' host phases lie inside their wall time; on the CPU nothing is waited for
+  // (the forward runs inside "prepare").
+  for (const double phase :
+       {by_bytes.decode_schedule_s, by_bytes.decode_prepare_s, by_bytes.decode_finish_s}) {
+    EXPECT_GT(phase, 0);
+  }
+  EXPECT_EQ(by_bytes.decode_wait_s, 0);
+  EXPECT_LE(by_bytes.decode_schedule_s + by_bytes.decode_prepare_s + by_bytes.decode_finish_s,
+            by_bytes.decode_s);
 
   const BenchmarkResult by_flops = run({1e30, 1.0});
   // Prefill: 20 queries see 1..20 keys (210 pairs); decode: one query over all keys.
@@ -188,6 +197,9 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   EXPECT_EQ(status, 0);
   EXPECT_EQ(j["requests"], 4);
   EXPECT_EQ(j["generated_tokens"], 8);
+  for (const char* phase : {"schedule_s", "prepare_s", "wait_s", "finish_s"}) {
+    EXPECT_GE(j["decode_host"][phase].get<double>(), 0) << phase;
+  }
   run(cmd + " --min-tok-s 1e12 2>/dev/null", &status);
   EXPECT_NE(status, 0) << "--min-tok-s must fail a run below it";
 
