@@ -1,7 +1,8 @@
 // Tool calls out of a chat reply (server/tool_calls.h), against the chat templates that define
 // the form: a conversation whose assistant turn holds tool calls is rendered by the model's own
-// template (Qwen2.5, Qwen3, Hermes 3, Llama 3.1; byte-identical to transformers' rendering, see
-// chat_template_test.cc), and the parser must read the calls back out of that turn.
+// template (Qwen2.5, Qwen3, Hermes 3, Llama 3.1, Mistral v0.3; byte-identical to transformers'
+// rendering, see chat_template_test.cc), and the parser must read the calls back out of that
+// turn.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -87,8 +88,8 @@ TEST(ToolCalls, ReadBackFromTheTemplatesOwnRendering) {
     EXPECT_NE(reply.content.find(text), std::string::npos) << reply.content;
     EXPECT_EQ(reply.content.find("tool_call"), std::string::npos) << reply.content;
   }
-  for (const std::string file : {"mistral-v0.3.jinja", "smollm2.jinja", "gemma2.jinja",
-                                 "phi3.5.jinja", "deepseek-r1-distill-qwen.jinja"}) {
+  for (const std::string file :
+       {"smollm2.jinja", "gemma2.jinja", "phi3.5.jinja", "deepseek-r1-distill-qwen.jinja"}) {
     EXPECT_EQ(tool_call_format(read_template(file)), ToolCallFormat::kNone) << file;
   }
 }
@@ -114,6 +115,69 @@ TEST(ToolCalls, LlamaJsonReplyReadBack) {
     EXPECT_TRUE(r.calls.empty()) << text;
     EXPECT_EQ(r.content, text);
   }
+}
+
+// Mistral v0.3 writes its calls as [TOOL_CALLS] and a JSON list (each with a 9-character id).
+TEST(ToolCalls, MistralMarkerListReadBack) {
+  const std::string source = read_template("mistral-v0.3.jinja");
+  ASSERT_EQ(tool_call_format(source), ToolCallFormat::kMarkerList);
+  const ChatTemplate tmpl(source, "<s>", "</s>");
+  json calls = kCalls;
+  calls[0]["id"] = "abcdefgh1";
+  calls[1]["id"] = "abcdefgh2";
+  const json messages = {{{"role", "user"}, {"content", "Weather and time in Paris?"}},
+                         {{"role", "assistant"}, {"tool_calls", calls}}};
+  const std::string turn = assistant_turn(tmpl, messages, "[/INST]", "</s>");
+  ASSERT_EQ(turn.rfind(kMistralMarker, 0), 0u) << turn;
+  const ParsedReply reply = parse_tool_calls(ToolCallFormat::kMarkerList, turn);
+  ASSERT_EQ(reply.calls.size(), 2u) << turn;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(reply.calls[i].name, kCalls[i]["function"]["name"]);
+    EXPECT_EQ(json::parse(reply.calls[i].arguments), kCalls[i]["function"]["arguments"]);
+  }
+  EXPECT_EQ(reply.content, "");
+
+  // Text before the marker is content; a call without arguments has empty ones.
+  const ParsedReply r =
+      parse_tool_calls(ToolCallFormat::kMarkerList, "Sure. [TOOL_CALLS] [{\"name\": \"now\"}]");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "now");
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  EXPECT_EQ(r.content, "Sure. ");
+  // Anything else is text, marker included.
+  for (const std::string text : {"It is sunny.", "[TOOL_CALLS] not json", "[TOOL_CALLS] []",
+                                 "[TOOL_CALLS] {\"name\": \"f\"}", "[TOOL_CALLS] [{\"name\": 3}]",
+                                 "[TOOL_CALLS] [{\"name\": \"f\"}, 5]",
+                                 "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": [1]}]"}) {
+    const ParsedReply bad = parse_tool_calls(ToolCallFormat::kMarkerList, text);
+    EXPECT_TRUE(bad.calls.empty()) << text;
+    EXPECT_EQ(bad.content, text);
+  }
+}
+
+// Mistral's tokenizers hold [TOOL_CALLS] as a special token, which decoding drops: the server
+// asks for its id to write the marker back.
+TEST(ToolCalls, DroppedCallMarkerIsTheSpecialToken) {
+  std::ifstream in(std::filesystem::path(PAGEDLM_TESTDATA) / "tokenizer/tiny/tokenizer.json");
+  json spec = json::parse(in);
+  const int32_t id = static_cast<int32_t>(spec["model"]["vocab"].size()) +
+                     static_cast<int32_t>(spec["added_tokens"].size());
+  json marker = spec["added_tokens"][0];
+  marker["id"] = id;
+  marker["content"] = kMistralMarker;
+  spec["added_tokens"].push_back(marker);
+  for (const bool special : {true, false}) {
+    spec["added_tokens"].back()["special"] = special;
+    const Tokenizer tok = Tokenizer::from_tokenizer_json_text(spec.dump(), "test");
+    const std::vector<int32_t> ids = {id};
+    EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), special ? "" : kMistralMarker);
+    EXPECT_EQ(dropped_call_marker(tok, ToolCallFormat::kMarkerList), special ? id : -1);
+    EXPECT_EQ(dropped_call_marker(tok, ToolCallFormat::kTags), -1);
+  }
+  spec["added_tokens"].erase(spec["added_tokens"].size() - 1);
+  EXPECT_EQ(dropped_call_marker(Tokenizer::from_tokenizer_json_text(spec.dump(), "test"),
+                                ToolCallFormat::kMarkerList),
+            -1);
 }
 
 TEST(ToolCalls, WhatIsNotACallStaysText) {
@@ -156,6 +220,10 @@ TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
       {ToolCallFormat::kJsonReply, " {\"name\": \"get_weather\", \"parameters\": {\"city\": 1}}"},
       {ToolCallFormat::kJsonReply, "{\"not\": \"a call\"}"},
       {ToolCallFormat::kJsonReply, "\n Sunny, 21 degrees."},
+      {ToolCallFormat::kMarkerList,
+       "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"},
+      {ToolCallFormat::kMarkerList, "Checking. [TOOL_CALLS] [{\"name\": \"now\"}]"},
+      {ToolCallFormat::kMarkerList, "A list [1, 2] and [TOOL brackets, no call."},
   };
   std::mt19937 rng(4);
   for (const auto& [format, reply] : replies) {
@@ -169,14 +237,17 @@ TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
         sent += out;
         at += n;
         EXPECT_EQ(sent.find("<tool_call>"), std::string::npos) << reply;
+        EXPECT_EQ(sent.find(kMistralMarker), std::string::npos) << reply;
       }
       std::string unsent;
       const ParsedReply got = stream.finish(reply, &unsent);
       EXPECT_EQ(sent + unsent, whole.content) << reply;
       ASSERT_EQ(got.calls.size(), whole.calls.size()) << reply;
-      if (format == ToolCallFormat::kTags && reply.find("<tool_call>") == std::string::npos) {
+      const std::string_view opener =
+          format == ToolCallFormat::kTags ? "<tool_call>" : kMistralMarker;
+      if (format != ToolCallFormat::kJsonReply && reply.find(opener) == std::string::npos) {
         // No tag at all: only a tail that looked like the start of one waited for the end.
-        EXPECT_LE(unsent.size(), std::string("<tool_call>").size() - 1) << reply;
+        EXPECT_LE(unsent.size(), opener.size() - 1) << reply;
       }
       if (format == ToolCallFormat::kJsonReply && reply[reply.find_first_not_of(" \n")] != '{') {
         EXPECT_EQ(unsent, "") << "a reply that does not open with '{' streams as it comes";

@@ -88,7 +88,8 @@ struct ChoiceState {
   bool finish_sent = false;
   // Chat with tools: the reply's calls are held back and become `calls`.
   std::optional<ToolCallStream> tool_stream;
-  std::string content;  // with tool_stream: the reply without its calls
+  int32_t call_marker = -1;  // a special token that opens calls, written back as its text
+  std::string content;       // with tool_stream: the reply without its calls
   std::vector<ToolCall> calls;
   bool calls_sent = false;
   std::string error;
@@ -112,6 +113,9 @@ class Generation {
       choices_.emplace_back(model.tokenizer, request_.stop);
       if (request_.tool_calls != ToolCallFormat::kNone) {
         choices_.back().tool_stream.emplace(request_.tool_calls);
+        if (model.tokenizer != nullptr) {
+          choices_.back().call_marker = dropped_call_marker(*model.tokenizer, request_.tool_calls);
+        }
       }
     }
   }
@@ -257,7 +261,9 @@ class Generation {
         // Without a tokenizer the parser refused stop strings and logprobs.
         c.token_ids.push_back(e.token);
       } else {
-        emit(c, c.stop.push(c.decoder->push(e.token)));
+        std::string piece = c.decoder->push(e.token);
+        if (e.token == c.call_marker) piece += kMistralMarker;  // decoding drops special tokens
+        emit(c, c.stop.push(piece));
         if (request_.top_logprobs >= 0) {
           c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
         }

@@ -1,6 +1,7 @@
 #include "pagedlm/server/tool_calls.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,15 +14,50 @@ constexpr std::string_view kClose = "</tool_call>";
 
 constexpr const char* kWhitespace = " \t\r\n";
 
-// The call a JSON text holds, if it is one; `args_key` names its arguments object.
-bool parse_call(const std::string& body, const char* args_key, ToolCall* call) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+// The call a JSON value is, if it is one; `args_key` names its arguments object.
+bool call_from_json(const nlohmann::json& j, const char* args_key, ToolCall* call) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
   const nlohmann::json args = j.value(args_key, nlohmann::json::object());
   if (!args.is_object()) return false;
   call->name = j["name"].get<std::string>();
   call->arguments = args.dump();
   return true;
+}
+
+// The same from a JSON text.
+bool parse_call(const std::string& body, const char* args_key, ToolCall* call) {
+  return call_from_json(nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false), args_key,
+                        call);
+}
+
+// The text that opens a call, in the forms that have one.
+std::vector<std::string> call_openers(ToolCallFormat format) {
+  if (format == ToolCallFormat::kTags) return {std::string(kOpen)};
+  if (format == ToolCallFormat::kMarkerList) return {std::string(kMistralMarker)};
+  return {};
+}
+
+// kMarkerList: the text before the first marker, then a JSON list of calls to the end.
+ParsedReply parse_marker_list(const std::string& text) {
+  ParsedReply out;
+  const size_t marker = text.find(kMistralMarker);
+  const nlohmann::json list =
+      marker == std::string::npos
+          ? nlohmann::json()
+          : nlohmann::json::parse(text.substr(marker + kMistralMarker.size()), nullptr,
+                                  /*allow_exceptions=*/false);
+  if (list.is_array() && !list.empty()) {
+    for (const nlohmann::json& item : list) {
+      ToolCall call;
+      if (!call_from_json(item, "arguments", &call)) {
+        out.calls.clear();
+        break;
+      }
+      out.calls.push_back(std::move(call));
+    }
+  }
+  out.content = out.calls.empty() ? text : text.substr(0, marker);
+  return out;
 }
 
 ParsedReply parse_tags(const std::string& text) {
@@ -52,6 +88,9 @@ ToolCallFormat tool_call_format(const std::string& chat_template_source) {
       chat_template_source.find(kClose) != std::string::npos) {
     return ToolCallFormat::kTags;
   }
+  if (chat_template_source.find(kMistralMarker) != std::string::npos) {
+    return ToolCallFormat::kMarkerList;
+  }
   // Llama 3.x writes an assistant call as {"name": ..., "parameters": ...}.
   if (chat_template_source.find("tool_call") != std::string::npos &&
       chat_template_source.find("\"parameters\": ") != std::string::npos) {
@@ -60,8 +99,15 @@ ToolCallFormat tool_call_format(const std::string& chat_template_source) {
   return ToolCallFormat::kNone;
 }
 
+int32_t dropped_call_marker(const Tokenizer& tokenizer, ToolCallFormat format) {
+  if (format != ToolCallFormat::kMarkerList) return -1;
+  const std::optional<int32_t> id = tokenizer.token_to_id(kMistralMarker);
+  return id && tokenizer.is_special(*id) ? *id : -1;
+}
+
 ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text) {
   if (format == ToolCallFormat::kTags) return parse_tags(text);
+  if (format == ToolCallFormat::kMarkerList) return parse_marker_list(text);
   ParsedReply out;
   ToolCall call;
   if (format == ToolCallFormat::kJsonReply && parse_call(text, "parameters", &call)) {
@@ -73,13 +119,11 @@ ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text) {
 }
 
 ToolCallStream::ToolCallStream(ToolCallFormat format)
-    : format_(format),
-      opening_tag_(format == ToolCallFormat::kTags ? std::vector<std::string>{std::string(kOpen)}
-                                                   : std::vector<std::string>{}) {}
+    : format_(format), opening_tag_(call_openers(format)) {}
 
 std::string ToolCallStream::push(std::string_view text) {
   std::string out;
-  if (format_ == ToolCallFormat::kTags) {
+  if (format_ == ToolCallFormat::kTags || format_ == ToolCallFormat::kMarkerList) {
     out = opening_tag_.push(text);  // nothing once the tag has appeared
   } else if (format_ == ToolCallFormat::kNone || json_ == Json::kText) {
     out = text;

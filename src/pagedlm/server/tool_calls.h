@@ -1,21 +1,26 @@
 // Tool calls in a chat reply. A model given OpenAI's `tools` (through its chat template) answers
 // with calls in the template's own markup; the server turns them into the API's `tool_calls`.
-// Two forms are read, told apart by the template that writes them:
+// Three forms are read, told apart by the template that writes them:
 //   tags (Qwen2.5, Qwen3, Hermes 3), one call per block, text around them allowed:
 //     <tool_call>
 //     {"name": "get_weather", "arguments": {"city": "Paris"}}
 //     </tool_call>
 //   JSON reply (Llama 3.1-3.3's JSON tool calling): the whole reply is one call,
 //     {"name": "get_weather", "parameters": {"city": "Paris"}}
-// Mistral's [TOOL_CALLS] is a special token that decoding drops, so its replies stay text.
+//   marker and list (Mistral v0.3), the calls after the marker, text before it allowed:
+//     [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+//   The marker is a special token, which decoding drops: the server writes kMistralMarker into
+//   the reply's text where the model produced it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "pagedlm/engine/stop_strings.h"
+#include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm::server {
 
@@ -29,20 +34,27 @@ struct ParsedReply {
   std::vector<ToolCall> calls;
 };
 
-enum class ToolCallFormat { kNone, kTags, kJsonReply };
+enum class ToolCallFormat { kNone, kTags, kJsonReply, kMarkerList };
+
+inline constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 
 // The form the chat template writes calls in (kNone: one this parser does not read).
 ToolCallFormat tool_call_format(const std::string& chat_template_source);
 
+// kMarkerList: the marker's token id when the tokenizer has it as a special token, which
+// decoding drops (the server writes kMistralMarker back where the model produced it); -1
+// otherwise (other forms, or a marker the decoded text already holds).
+int32_t dropped_call_marker(const Tokenizer& tokenizer, ToolCallFormat format);
+
 // Splits a finished reply. What is not a call stays in the content as text: a block that is
 // unclosed, or whose body is not a JSON object with a string "name" and an object "arguments"
 // ("parameters" in the JSON-reply form; either may be absent); a JSON reply that is not such an
-// object.
+// object; a marker not followed by a JSON list of such objects (the whole reply stays text).
 ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text);
 
 // A streamed reply that may hold calls: text goes out as it comes until a call may begin (an
-// opening tag, or what may still grow into one; a JSON reply's first '{'); from there on it
-// waits for the end of the reply.
+// opening tag or the marker, or what may still grow into one; a JSON reply's first '{'); from
+// there on it waits for the end of the reply.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolCallFormat format);
@@ -54,7 +66,7 @@ class ToolCallStream {
 
  private:
   ToolCallFormat format_;
-  StopStringMatcher opening_tag_;  // kTags: releases the text before the first opening tag
+  StopStringMatcher opening_tag_;  // kTags, kMarkerList: releases the text before the first tag
   std::string leading_;            // kJsonReply: the whitespace before the first character
   enum class Json { kUndecided, kText, kHeld } json_ = Json::kUndecided;
   size_t sent_ = 0;
