@@ -36,7 +36,7 @@ void request_stop(int) { g_stop_requested = true; }
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the OpenAI API (completions, chat) over HTTP");
   struct Args {
-    std::string model, dummy;
+    std::string model, dummy, chat_template;
     server::ServerOptions server;
     EngineFlags flags;
   };
@@ -62,6 +62,13 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model id clients use (default: the model file or folder name)");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "Jinja file to render chat requests with instead of the model's template")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--reasoning-parser", s.reasoning_parser,
+                  "return a chat reply's <think> block as reasoning_content (Qwen3, "
+                  "DeepSeek-R1; one parser serves both names)")
+      ->check(CLI::IsMember({"deepseek_r1", "qwen3"}));
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
@@ -71,8 +78,9 @@ void register_serve(CLI::App& app) {
       args->server.served_model_name = model_name_from_path(path);
     }
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
-    const TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
-                                  : load_text_model(path, progress_bar());
+    TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
+                            : load_text_model(path, progress_bar());
+    if (!args->chat_template.empty()) replace_chat_template(model, args->chat_template);
     Engine engine(model.checkpoint, options);
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();

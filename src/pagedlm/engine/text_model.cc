@@ -1,7 +1,10 @@
 #include "pagedlm/engine/text_model.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
+#include "pagedlm/core/error.h"
 #include "pagedlm/io/gguf.h"
 
 namespace pagedlm {
@@ -37,6 +40,17 @@ TextModel load_text_model(const std::string& path, const LoadProgress& progress)
                                 token_text(tok, tok.eos_id()));
   }
   return model;
+}
+
+void replace_chat_template(TextModel& model, const std::string& path) {
+  PAGEDLM_CHECK(model.tokenizer != nullptr, "a chat template needs the model's tokenizer");
+  std::ifstream in(path, std::ios::binary);
+  PAGEDLM_CHECK(in.good(), "cannot read the chat template ", path);
+  std::stringstream source;
+  source << in.rdbuf();
+  const Tokenizer& tok = *model.tokenizer;
+  model.chat_template.emplace(source.str(), token_text(tok, tok.bos_id()),
+                              token_text(tok, tok.eos_id()));
 }
 
 }  // namespace pagedlm

@@ -20,4 +20,8 @@ struct TextModel {
 
 TextModel load_text_model(const std::string& path, const LoadProgress& progress = {});
 
+// Replaces the model's chat template by the Jinja file at `path` (its BOS/EOS from the
+// tokenizer). Throws pagedlm::Error when the file cannot be read or the model has no tokenizer.
+void replace_chat_template(TextModel& model, const std::string& path);
+
 }  // namespace pagedlm

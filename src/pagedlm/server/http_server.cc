@@ -16,6 +16,7 @@
 #include "pagedlm/server/chat_page.h"
 #include "pagedlm/server/engine_loop.h"
 #include "pagedlm/server/openai_api.h"
+#include "pagedlm/server/reasoning.h"
 #include "pagedlm/server/tool_calls.h"
 
 namespace pagedlm::server {
@@ -89,7 +90,11 @@ struct ChoiceState {
   // Chat with tools: the reply's calls are held back and become `calls`.
   std::optional<ToolCallStream> tool_stream;
   int32_t call_marker = -1;  // a special token that opens calls, written back as its text
-  std::string content;       // with tool_stream: the reply without its calls
+  // Chat on a server that parses reasoning: the reply's <think> block, apart from its text.
+  std::optional<ReasoningSplitter> reasoning_splitter;
+  std::string reasoning;        // everything split off so far
+  std::string reasoning_delta;  // since the last flush
+  std::string content;          // with tool_stream: the reply without its calls
   std::vector<ToolCall> calls;
   bool calls_sent = false;
   std::string error;
@@ -117,6 +122,7 @@ class Generation {
           choices_.back().call_marker = dropped_call_marker(*model.tokenizer, request_.tool_calls);
         }
       }
+      if (request_.reasoning) choices_.back().reasoning_splitter.emplace(request_.reasoning_opened);
     }
   }
 
@@ -180,9 +186,16 @@ class Generation {
                              {"content", trimmed_or_null(c.content)},
                              {"tool_calls", tool_calls_json(c.calls, false)}};
       } else if (request_.chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        // A reply that was all reasoning has no content (null, as with only tool calls).
+        const bool no_content = request_.reasoning && c.text.empty();
+        choice["message"] = {{"role", "assistant"},
+                             {"content", no_content ? json(nullptr) : json(c.text)}};
       } else {
         choice["text"] = c.text;
+      }
+      if (request_.reasoning) {
+        choice["message"]["reasoning_content"] =
+            c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
       }
       if (!c.decoder) choice["token_ids"] = c.token_ids;
       choice["logprobs"] = take_logprobs(c, 0);
@@ -204,6 +217,10 @@ class Generation {
       ChoiceState& c = choices_[i];
       if (first && request_.chat) {
         out += sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, json(nullptr), nullptr));
+      }
+      if (!c.reasoning_delta.empty()) {
+        out += sse(chunk(i, {{"reasoning_content", c.reasoning_delta}}, json(nullptr), nullptr));
+        c.reasoning_delta.clear();
       }
       if (!c.delta.empty() || !c.logprobs.empty() || !c.token_ids.empty()) {
         const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
@@ -283,7 +300,22 @@ class Generation {
     }
   }
 
+  // The reply's next text: its reasoning split off (when parsed), the rest to the content.
   static void emit(ChoiceState& c, const std::string& text) {
+    if (!c.reasoning_splitter) {
+      emit_content(c, text);
+      return;
+    }
+    add(c, c.reasoning_splitter->push(text));
+  }
+
+  static void add(ChoiceState& c, const ReasoningSplitter::Split& split) {
+    c.reasoning += split.reasoning;
+    c.reasoning_delta += split.reasoning;
+    emit_content(c, split.content);
+  }
+
+  static void emit_content(ChoiceState& c, const std::string& text) {
     c.text += text;
     c.delta += c.tool_stream ? c.tool_stream->push(text) : text;
   }
@@ -291,6 +323,7 @@ class Generation {
   // The reply is complete: its calls (if it was parsed for them) and its finish reason, which
   // is "tool_calls" when a stopped reply called tools.
   static void end_reply(ChoiceState& c, const char* reason) {
+    if (c.reasoning_splitter) add(c, c.reasoning_splitter->finish());
     c.finish_reason = reason;
     if (!c.tool_stream) return;
     std::string unsent;
@@ -422,6 +455,7 @@ struct HttpServer::Impl {
     info.name = this->options.served_model_name;
     info.tokenizer = model.tokenizer.get();
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
+    info.parse_reasoning = !this->options.reasoning_parser.empty();
     info.vocab_size = engine.config().vocab_size;
     info.max_model_len = engine.config().max_position_embeddings;
     info.max_prompt_tokens =

@@ -23,6 +23,9 @@ struct ServerOptions {
   size_t max_body_bytes = size_t{8} << 20;
   int32_t http_threads = 128;     // each streaming client holds one while it streams
   std::string served_model_name;  // the model id clients send and see
+  // "deepseek_r1" or "qwen3" (one parser serves both): a chat reply's <think> block becomes
+  // the message's reasoning_content (server/reasoning.h). Empty: replies are returned whole.
+  std::string reasoning_parser;
 };
 
 class HttpServer {

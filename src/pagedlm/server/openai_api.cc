@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/server/reasoning.h"
 
 namespace pagedlm::server {
 
@@ -330,8 +331,11 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
 
   if (chat) {
     r.tool_calls = wanted_tool_calls(body, model);  // checks tools before the template renders
-    r.prompts.push_back(require_tokenizer(model, "messages")
-                            .encode(render_chat(body, model), /*add_special_tokens=*/false));
+    const Tokenizer& tokenizer = require_tokenizer(model, "messages");
+    const std::string prompt = render_chat(body, model);
+    r.prompts.push_back(tokenizer.encode(prompt, /*add_special_tokens=*/false));
+    r.reasoning = model.parse_reasoning;
+    r.reasoning_opened = r.reasoning && prompt_opens_reasoning(prompt);
   } else {
     r.prompts = parse_prompts(body, model);
   }

@@ -41,6 +41,7 @@ struct ModelInfo {
   std::string name;
   const Tokenizer* tokenizer = nullptr;         // null (random weights): only token-id prompts work
   const ChatTemplate* chat_template = nullptr;  // null: chat is refused
+  bool parse_reasoning = false;  // chat replies' <think> blocks become reasoning_content
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t max_prompt_tokens = 0;  // what the KV page pool holds for one sequence
@@ -65,6 +66,10 @@ struct CompletionRequest {
   // Chat with `tools` (tool_choice "auto", the default) on a template whose call form the
   // server reads: the reply's calls become `tool_calls` (server/tool_calls.h).
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
+  // Chat on a server that parses reasoning (server/reasoning.h); reasoning_opened: the prompt
+  // left the <think> block open for the reply.
+  bool reasoning = false;
+  bool reasoning_opened = false;
 };
 
 // The model's tokenizer; throws ApiError 400 naming `param` when the model has none.
