@@ -142,6 +142,33 @@ TEST_F(CliTest, StopStringCutsTheTextAndFinishesTheRequest) {
   EXPECT_EQ(cut.output.find("Paris"), std::string::npos) << cut.output;
 }
 
+// --chat-template renders --chat prompts with the given file: the same tokens as its rendering
+// given as a plain text prompt (ChatML's markers parse as the tokenizer's special tokens).
+TEST_F(CliTest, ChatTemplateFileRendersTheChatPrompt) {
+  const char* home = std::getenv("HOME");
+  const std::string gguf =
+      std::string(home ? home : ".") + "/.cache/pagedlm/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (std::getenv("PAGEDLM_CACHE") || !fs::exists(gguf)) GTEST_SKIP() << "no default model";
+  const fs::path tmpl = fs::temp_directory_path() / "pagedlm_cli_chatml.jinja";
+  std::ofstream(tmpl) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                         "<|im_end|>\n{% endfor %}<|im_start|>assistant\nIn one word:";
+  const RunResult templated = run("generate --chat --chat-template " + tmpl.string() +
+                                  " --prompt \"Capital of France?\" --max-tokens 8");
+  const RunResult raw =
+      run("generate --prompt \"<|im_start|>user\nCapital of France?<|im_end|>\n"
+          "<|im_start|>assistant\nIn one word:\" --max-tokens 8");
+  fs::remove(tmpl);
+  ASSERT_EQ(templated.exit_code, 0) << templated.output;
+  ASSERT_EQ(raw.exit_code, 0) << raw.output;
+  // The text and the finish line (the last line holds timings).
+  auto reply = [](const std::string& out) { return out.substr(0, out.find("\n1 sequences")); };
+  EXPECT_NE(templated.output.find("finish:"), std::string::npos) << templated.output;
+  EXPECT_EQ(reply(templated.output), reply(raw.output));
+  const RunResult missing = run("generate --chat --chat-template /nonexistent.jinja --prompt x");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("nonexistent.jinja"), std::string::npos) << missing.output;
+}
+
 TEST_F(CliTest, BadPromptsFilesFailClearly) {
   const std::string model = "--model " + kFixture + " --output " + (dir_ / "o").string();
   expect_failure("logits " + model + " --input " + write("a.json", "[[1, 2"), "not valid JSON");

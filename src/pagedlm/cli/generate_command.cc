@@ -87,7 +87,7 @@ void print_cache(const Engine& engine, bool page_tables) {
 }
 
 struct Args {
-  std::string model, prompts_file, system;
+  std::string model, prompts_file, system, chat_template;
   std::vector<std::string> prompts, token_prompts, stop;
   bool chat = false, show_cache = false;
   SamplingParams sampling;
@@ -147,6 +147,7 @@ struct TextOutput {
 void run_generate(const Args& args) {
   const EngineOptions options = args.flags.resolve();  // a bad --device fails before the load
   TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
+  if (!args.chat_template.empty()) replace_chat_template(model, args.chat_template);
   std::vector<std::string> labels;
   const auto prompts = build_prompts(args, model, &labels);
   const Tokenizer* tokenizer = model.tokenizer.get();
@@ -232,6 +233,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--tokens", args->token_prompts, "a prompt as token ids, e.g. \"1 2 3\"");
   cmd->add_flag("--chat", args->chat, "wrap each prompt in the model's chat template");
   cmd->add_option("--system", args->system, "system message for --chat");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "Jinja file for --chat instead of the model's template")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--max-tokens", args->sampling.max_tokens, "tokens to generate at most")
       ->capture_default_str();
   cmd->add_option("--temperature", args->sampling.temperature, "0 means greedy")
