@@ -115,5 +115,35 @@ TEST(Reasoning, EdgesOfTheBlock) {
   expect_split("", true, "", "");
 }
 
+// Random replies built from pieces of the tags, newlines and text: however the reply is cut into
+// pieces, streaming splits it as a whole push does, and what it keeps of the reply is in order.
+TEST(Reasoning, AnyChunkingSplitsAsTheWhole) {
+  const std::vector<std::string> parts = {"<think>", "</think>", "<", "</", "think", ">",  "\n",
+                                          "\n\n",    " ",        "a", "bc", "<thi",  "nk>"};
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string reply;
+    for (int n = static_cast<int>(rng() % 12); n > 0; --n) reply += parts[rng() % parts.size()];
+    for (const bool opened : {false, true}) {
+      ReasoningSplitter whole(opened);
+      ReasoningSplitter::Split once = whole.push(reply);
+      const ReasoningSplitter::Split rest = whole.finish();
+      once.reasoning += rest.reasoning;
+      once.content += rest.content;
+      const ReasoningSplitter::Split streamed = split_streamed(reply, opened, rng);
+      EXPECT_EQ(streamed.reasoning, once.reasoning) << reply;
+      EXPECT_EQ(streamed.content, once.content) << reply;
+      // Nothing is invented: both parts appear in the reply, reasoning before content.
+      const size_t r = reply.find(once.reasoning);
+      EXPECT_NE(r, std::string::npos) << reply;
+      EXPECT_NE(reply.rfind(once.content), std::string::npos) << reply;
+      if (!once.reasoning.empty()) {
+        EXPECT_NE(once.reasoning.front(), '\n') << reply;
+        EXPECT_NE(once.reasoning.back(), '\n') << reply;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedlm::server
