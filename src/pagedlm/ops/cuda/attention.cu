@@ -123,7 +123,7 @@ enum class Pass { kPrefill, kDecode, kShared };
 // it in shared memory; every thread reads it from there.
 struct Unit {
   int id;  // position in the launch's unit order; -1: no unit left
-  int b, hk, split, row0, n_rows, q_start, first_member, ctx;
+  int hk, split, row0, n_rows, q_start, first_member, ctx;
   int kv_begin, kv_end, page_begin, num_tiles;
 };
 
@@ -135,7 +135,6 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
   // Decode/prefill: sequence b's new tokens, which see the keys before them (ctx) and up to
   // themselves. Shared pass: one token per member, all of which see keys [0, shared).
   int kv_lo = 0, kv_limit;
-  u.b = b;
   u.hk = hk;
   u.split = split;
   u.q_start = 0;
