@@ -29,6 +29,7 @@ TEST(StopStringMatcher, MatchWithinOnePiece) {
   EXPECT_EQ(run(m, {"hello STOP world"}), "hello ");
   EXPECT_TRUE(m.stopped());
   EXPECT_EQ(m.matched(), "STOP");
+  EXPECT_EQ(m.after_match(), " world");
   EXPECT_EQ(m.push("more"), "");
 }
 
@@ -36,8 +37,10 @@ TEST(StopStringMatcher, MatchAcrossPiecesHoldsBackPrefix) {
   StopStringMatcher m({"</end>"});
   EXPECT_EQ(m.push("answer <"), "answer ");  // "<" may start the stop string
   EXPECT_EQ(m.push("/e"), "");
+  EXPECT_EQ(m.after_match(), "");
   EXPECT_EQ(m.push("nd> tail"), "");
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.after_match(), " tail");  // what followed the match in the piece that completed it
 }
 
 TEST(StopStringMatcher, ReleasesHeldTextWhenPrefixBreaks) {

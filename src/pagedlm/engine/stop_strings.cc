@@ -28,6 +28,7 @@ std::string StopStringMatcher::push(std::string_view text) {
   if (best != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, best);
+    after_match_ = held_.substr(best + matched_.size());
     held_.clear();
     return out;
   }

@@ -24,6 +24,9 @@ class StopStringMatcher {
   bool stopped() const { return stopped_; }
   // The stop string that matched; empty while none has.
   const std::string& matched() const { return matched_; }
+  // Once stopped: the text of the matching push that followed the stop string (for a caller
+  // that splits text at a marker rather than ending it); empty before.
+  const std::string& after_match() const { return after_match_; }
   bool empty() const { return stop_strings_.empty(); }
 
  private:
@@ -31,6 +34,7 @@ class StopStringMatcher {
   std::string held_;  // not yet emitted; a prefix of some stop string ends it
   bool stopped_ = false;
   std::string matched_;
+  std::string after_match_;
 };
 
 }  // namespace pagedlm

@@ -1,20 +1,10 @@
 #include "pagedlm/server/reasoning.h"
 
-#include <algorithm>
-
 namespace pagedlm::server {
 
 namespace {
 
 constexpr std::string_view kSpace = " \t\r\n";
-
-// The length of the longest suffix of `text` that is a proper prefix of `tag`.
-size_t partial_tag_at_end(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 // `text` without its trailing newlines.
 std::string_view without_trailing_newlines(std::string_view text) {
@@ -33,7 +23,8 @@ bool prompt_opens_reasoning(std::string_view prompt) {
 }
 
 ReasoningSplitter::ReasoningSplitter(bool opened)
-    : state_(opened ? State::kReasoning : State::kStart) {}
+    : state_(opened ? State::kReasoning : State::kStart),
+      closing_tag_({std::string(kThinkClose)}) {}
 
 void ReasoningSplitter::add_reasoning(std::string_view text, Split& out) {
   if (!reasoning_started_) {  // the newlines that open the block
@@ -47,54 +38,55 @@ void ReasoningSplitter::add_reasoning(std::string_view text, Split& out) {
 
 ReasoningSplitter::Split ReasoningSplitter::push(std::string_view text) {
   Split out;
-  held_ += text;
+  std::string rest(text);
   if (state_ == State::kStart) {
     // Whitespace, then either the opening tag or anything else (then the reply is content).
+    held_ += rest;
+    rest.clear();
     const size_t first = held_.find_first_not_of(kSpace);
     if (first == std::string::npos) return out;
-    const std::string_view rest = std::string_view(held_).substr(first);
-    if (rest.size() < kThinkOpen.size() && kThinkOpen.substr(0, rest.size()) == rest) return out;
-    if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) {
-      held_.erase(0, first + kThinkOpen.size());
+    const std::string_view start = std::string_view(held_).substr(first);
+    if (start.size() < kThinkOpen.size() && kThinkOpen.substr(0, start.size()) == start) return out;
+    if (start.substr(0, kThinkOpen.size()) == kThinkOpen) {
+      rest = held_.substr(first + kThinkOpen.size());
       state_ = State::kReasoning;
     } else {
+      rest.swap(held_);
       state_ = State::kContent;
       content_started_ = true;  // no block: the reply is content as written
     }
+    held_.clear();
   }
   if (state_ == State::kReasoning) {
-    const size_t close = held_.find(kThinkClose);
-    if (close == std::string::npos) {
-      // Hold back what may begin the closing tag, and the newlines before it (the block's edge
-      // if the tag follows, reasoning if more text does).
-      const std::string_view ready = without_trailing_newlines(
-          std::string_view(held_).substr(0, held_.size() - partial_tag_at_end(held_, kThinkClose)));
+    // The closing tag's matcher holds back what may begin the tag; held_ keeps the newlines
+    // before it (the block's edge if the tag follows, reasoning if more text does).
+    held_ += closing_tag_.push(rest);
+    if (!closing_tag_.stopped()) {
+      const std::string_view ready = without_trailing_newlines(held_);
       add_reasoning(ready, out);
       held_.erase(0, ready.size());
       return out;
     }
-    add_reasoning(without_trailing_newlines(std::string_view(held_).substr(0, close)), out);
-    held_.erase(0, close + kThinkClose.size());
+    add_reasoning(without_trailing_newlines(held_), out);
+    held_.clear();
+    rest = closing_tag_.after_match();
     state_ = State::kContent;
   }
   if (!content_started_) {  // the newlines that follow the block
-    const size_t first = held_.find_first_not_of('\n');
-    if (first == std::string::npos) {
-      held_.clear();
-      return out;
-    }
-    held_.erase(0, first);
+    const size_t first = rest.find_first_not_of('\n');
+    if (first == std::string::npos) return out;
+    rest.erase(0, first);
     content_started_ = true;
   }
-  out.content += held_;
-  held_.clear();
+  out.content += rest;
   return out;
 }
 
 ReasoningSplitter::Split ReasoningSplitter::finish() {
   Split out;
-  if (state_ == State::kReasoning) {
-    add_reasoning(without_trailing_newlines(held_), out);  // the reply ended inside the block
+  if (state_ == State::kReasoning) {  // the reply ended inside the block
+    held_ += closing_tag_.finish();
+    add_reasoning(without_trailing_newlines(held_), out);
   } else {
     out.content = held_;  // kStart: only whitespace or the beginning of a tag came
   }

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "pagedlm/engine/stop_strings.h"
+
 namespace pagedlm::server {
 
 inline constexpr std::string_view kThinkOpen = "<think>";
@@ -38,7 +40,10 @@ class ReasoningSplitter {
   void add_reasoning(std::string_view text, Split& out);
 
   State state_;
-  std::string held_;  // text that may still turn out to be a tag (or the block's newlines)
+  StopStringMatcher closing_tag_;  // kReasoning: releases the text before </think>
+  // kStart: the reply's beginning, which may still turn into <think>; kReasoning: the newlines
+  // at the end of what the matcher released.
+  std::string held_;
   bool reasoning_started_ = false;  // past the newlines that open the block
   bool content_started_ = false;    // kContent: past the newlines that follow the block
 };
