@@ -2,8 +2,10 @@
 // CUDA graphs, split by timing variants: the step's GEMMs alone (replayed as one graph at the
 // step's shapes), its attention alone (the decode kernel over the same page table shape), and
 // the rest (norms, rope + cache write, embedding, sampling, plan upload, host scheduling) as the
-// difference. Prints the bandwidth lower bound: weights + KV read once at copy speed.
+// difference. Prints the bandwidth lower bound: weights + KV read once at copy speed. One
+// further step runs between cudaProfilerStart and Stop, for a profiler's kernel-by-kernel view.
 // Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,12 +61,18 @@ int main(int argc, char** argv) {
   const double step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
       timed;
+  // One more step between profiler start and stop: `ncu --profile-from-start off` times each of
+  // its kernels alone.
+  cuda::check(cudaProfilerStart(), "cudaProfilerStart");
+  engine.step();
+  cuda::check(cudaProfilerStop(), "cudaProfilerStop");
 
   // 2. The same step's GEMMs and attention alone, on fresh buffers of the same shapes.
   cudaStream_t s;
   cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   cuda::GemmHandle* gemm = nullptr;
   cuda::check(cuda::gemm_create(&gemm, size_t{32} << 20), "gemm");
+  cuda::gemm_set_tuning(gemm, o.tune_gemms);  // as the engine's plans (tuned in the eager call)
   const int D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
   const int Hq = c.num_heads, Hk = c.num_kv_heads, V = c.vocab_size, layers = c.num_layers;
   struct Shape {

@@ -949,58 +949,67 @@ TEST(CudaSampling, MatchesCpuSemantics) {
 // GEMM.
 // ------------------------------------------------------------------------------------------
 
+// With tuning on, a new prefill-sized shape's first call times candidate algorithms on a
+// scratch input and overwrites y before the real product: the results must be the same.
 TEST(CudaGemm, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  GemmHandle* h = nullptr;
-  CK(gemm_create(&h, 32 << 20));
-  std::mt19937 rng(12);
-  struct Shape {
-    int m, n, k;
-    bool bias, y_f32;
-  };
-  // The repeated shapes reuse a cached plan; the f32 ones are the logits' GEMM.
-  for (const Shape s : {Shape{37, 300, 576, false, false}, Shape{1, 1536, 576, true, false},
-                        Shape{256, 960, 320, true, false}, Shape{37, 300, 576, false, false},
-                        Shape{37, 300, 576, false, true}, Shape{5, 49152, 576, false, true}}) {
-    auto x_h = random_bf16(static_cast<size_t>(s.m) * s.k, rng);
-    auto w_h = random_bf16(static_cast<size_t>(s.n) * s.k, rng);
-    auto b_h = random_bf16(s.n, rng);
-    DevBuf<uint16_t> x(x_h), w(w_h), b(b_h), y(static_cast<size_t>(s.m) * s.n);
-    DevBuf<float> yf(static_cast<size_t>(s.m) * s.n);
-    y.poison();
-    yf.poison();
-    void* out = s.y_f32 ? static_cast<void*>(yf.get()) : static_cast<void*>(y.get());
-    const cudaError_t err = launch_gemm_bf16(h, x.get(), w.get(), s.bias ? b.get() : nullptr, out,
-                                             s.y_f32, s.m, s.n, s.k, nullptr);
-    ASSERT_EQ(err, cudaSuccess) << "cublas status " << gemm_last_status(h);
-    std::vector<float> got(static_cast<size_t>(s.m) * s.n);
-    if (s.y_f32) {
-      got = yf.download();
-    } else {
-      const auto got_bf = y.download();
-      for (size_t i = 0; i < got.size(); ++i) got[i] = bf2f(got_bf[i]);
-    }
-    ErrStats st;
-    for (int i = 0; i < s.m; ++i) {
-      for (int j = 0; j < s.n; ++j) {
-        double acc = s.bias ? bf2f(b_h[j]) : 0.0;
-        for (int kk = 0; kk < s.k; ++kk) {
-          acc += static_cast<double>(bf2f(x_h[static_cast<size_t>(i) * s.k + kk])) *
-                 bf2f(w_h[static_cast<size_t>(j) * s.k + kk]);
-        }
-        st.add(got[static_cast<size_t>(i) * s.n + j], acc);
+  for (const bool tuning : {false, true}) {
+    SCOPED_TRACE(tuning ? "tuned plans" : "first choice");
+    GemmHandle* h = nullptr;
+    CK(gemm_create(&h, 32 << 20));
+    gemm_set_tuning(h, tuning);
+    std::mt19937 rng(12);
+    struct Shape {
+      int m, n, k;
+      bool bias, y_f32;
+    };
+    // The repeated shapes reuse a cached plan; the f32 ones are the logits' GEMM; tuning times
+    // only the 4096-row ones.
+    for (const Shape s : {Shape{37, 300, 576, false, false}, Shape{1, 1536, 576, true, false},
+                          Shape{256, 960, 320, true, false}, Shape{37, 300, 576, false, false},
+                          Shape{37, 300, 576, false, true}, Shape{5, 49152, 576, false, true},
+                          Shape{4096, 96, 128, false, false}, Shape{4096, 64, 192, true, false},
+                          Shape{4096, 96, 128, false, false}}) {
+      auto x_h = random_bf16(static_cast<size_t>(s.m) * s.k, rng);
+      auto w_h = random_bf16(static_cast<size_t>(s.n) * s.k, rng);
+      auto b_h = random_bf16(s.n, rng);
+      DevBuf<uint16_t> x(x_h), w(w_h), b(b_h), y(static_cast<size_t>(s.m) * s.n);
+      DevBuf<float> yf(static_cast<size_t>(s.m) * s.n);
+      y.poison();
+      yf.poison();
+      void* out = s.y_f32 ? static_cast<void*>(yf.get()) : static_cast<void*>(y.get());
+      const cudaError_t err = launch_gemm_bf16(h, x.get(), w.get(), s.bias ? b.get() : nullptr, out,
+                                               s.y_f32, s.m, s.n, s.k, nullptr);
+      ASSERT_EQ(err, cudaSuccess) << "cublas status " << gemm_last_status(h);
+      std::vector<float> got(static_cast<size_t>(s.m) * s.n);
+      if (s.y_f32) {
+        got = yf.download();
+      } else {
+        const auto got_bf = y.download();
+        for (size_t i = 0; i < got.size(); ++i) got[i] = bf2f(got_bf[i]);
       }
+      ErrStats st;
+      for (int i = 0; i < s.m; ++i) {
+        for (int j = 0; j < s.n; ++j) {
+          double acc = s.bias ? bf2f(b_h[j]) : 0.0;
+          for (int kk = 0; kk < s.k; ++kk) {
+            acc += static_cast<double>(bf2f(x_h[static_cast<size_t>(i) * s.k + kk])) *
+                   bf2f(w_h[static_cast<size_t>(j) * s.k + kk]);
+          }
+          st.add(got[static_cast<size_t>(i) * s.n + j], acc);
+        }
+      }
+      EXPECT_EQ(st.non_finite, 0);
+      // f32 output: only the fp32 accumulation differs from the double reference.
+      EXPECT_LE(st.rel(), s.y_f32 ? 1e-5 : 1e-2) << s.m << "x" << s.n << "x" << s.k;
     }
-    EXPECT_EQ(st.non_finite, 0);
-    // f32 output: only the fp32 accumulation differs from the double reference.
-    EXPECT_LE(st.rel(), s.y_f32 ? 1e-5 : 1e-2) << s.m << "x" << s.n << "x" << s.k;
+    DevBuf<uint16_t> x(8), w(64), b(8);
+    DevBuf<float> y(8);
+    EXPECT_EQ(launch_gemm_bf16(h, x.get(), w.get(), b.get(), y.get(), true, 1, 8, 8, nullptr),
+              cudaErrorNotSupported)
+        << "an f32 output takes no bias";
+    gemm_destroy(h);
   }
-  DevBuf<uint16_t> x(8), w(64), b(8);
-  DevBuf<float> y(8);
-  EXPECT_EQ(launch_gemm_bf16(h, x.get(), w.get(), b.get(), y.get(), true, 1, 8, 8, nullptr),
-            cudaErrorNotSupported)
-      << "an f32 output takes no bias";
-  gemm_destroy(h);
 }
 
 }  // namespace pagedlm::cuda::kernels_test

@@ -73,23 +73,31 @@ TEST_P(CudaModel, LogitsMatchReferenceUnchunkedAndChunked) {
   }
 }
 
+// With a 16-token budget the prompts are prefilled in chunks over several steps while the
+// requests prefilled before them decode: those steps' decodes take the decode kernel beside the
+// prefill kernel's chunks.
 TEST_P(CudaModel, GreedyGenerationMatchesReference) {
-  Engine engine(checkpoint_, cuda_options());
-  std::vector<Request> requests;
-  for (const auto& p : expected_.prompts) {
-    Request r;
-    r.prompt = p;
-    r.sampling.max_tokens = 12;
-    r.sampling.ignore_eos = true;
-    requests.push_back(std::move(r));
-  }
-  const std::vector<RequestOutput> outputs = engine.generate(std::move(requests));
-  for (int i = 0; i < kNumCases; ++i) {
-    ASSERT_EQ(outputs[i].tokens.size(), 12u);
-    for (size_t t = 0; t < 12; ++t) {
-      if (expected_.margins[i][t] <= kMarginThreshold) break;
-      ASSERT_EQ(outputs[i].tokens[t], expected_.greedy[i][t])
-          << GetParam() << " case " << i << " step " << t;
+  for (const int32_t budget : {0, 16}) {
+    SCOPED_TRACE(budget == 0 ? "default token budget" : "16-token budget");
+    EngineOptions o = cuda_options();
+    o.max_num_batched_tokens = budget;
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (const auto& p : expected_.prompts) {
+      Request r;
+      r.prompt = p;
+      r.sampling.max_tokens = 12;
+      r.sampling.ignore_eos = true;
+      requests.push_back(std::move(r));
+    }
+    const std::vector<RequestOutput> outputs = engine.generate(std::move(requests));
+    for (int i = 0; i < kNumCases; ++i) {
+      ASSERT_EQ(outputs[i].tokens.size(), 12u);
+      for (size_t t = 0; t < 12; ++t) {
+        if (expected_.margins[i][t] <= kMarginThreshold) break;
+        ASSERT_EQ(outputs[i].tokens[t], expected_.greedy[i][t])
+            << GetParam() << " case " << i << " step " << t;
+      }
     }
   }
 }

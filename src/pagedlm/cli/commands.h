@@ -14,6 +14,7 @@ struct EngineFlags {
   bool no_prefix_cache = false;
   bool no_cuda_graphs = false;
   bool no_cascade_attention = false;
+  bool no_gemm_tuning = false;
   std::string device = "auto";
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;

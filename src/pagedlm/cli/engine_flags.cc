@@ -27,6 +27,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                "CUDA: run decode steps eagerly instead of replaying graphs (debugging)");
   app.add_flag("--no-cascade-attention", flags.no_cascade_attention,
                "CUDA: every sequence reads its shared prefix pages itself (A/B runs)");
+  app.add_flag("--no-gemm-tuning", flags.no_gemm_tuning,
+               "CUDA: take cuBLASLt's first algorithm for each GEMM shape untimed (A/B runs)");
 }
 
 EngineOptions EngineFlags::resolve() const {
@@ -34,6 +36,7 @@ EngineOptions EngineFlags::resolve() const {
   o.enable_prefix_cache = !no_prefix_cache;
   o.use_cuda_graphs = !no_cuda_graphs;
   o.use_cascade_attention = !no_cascade_attention;
+  o.tune_gemms = !no_gemm_tuning;
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

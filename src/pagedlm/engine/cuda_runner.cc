@@ -16,6 +16,7 @@
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
+#include "pagedlm/ops/linear.h"
 #include "pagedlm/sched/shared_prefix.h"
 #endif
 
@@ -47,6 +48,7 @@ struct CudaStepRunner::Impl {
   PagedKvCache* kv_cache = nullptr;
   bool use_graphs;
   bool use_cascade;
+  bool tune_gemms;
   int32_t page_size;
   int32_t num_q_heads, num_kv_heads, head_dim;
   int64_t vocab;
@@ -79,6 +81,7 @@ struct CudaStepRunner::Impl {
       : model(m),
         use_graphs(o.use_cuda_graphs),
         use_cascade(o.use_cascade_attention),
+        tune_gemms(o.tune_gemms),
         page_size(o.page_size),
         max_model_len(max_len) {
     const ModelConfig& c = m.config();
@@ -309,8 +312,9 @@ struct CudaStepRunner::Impl {
                 "step plan upload");
   }
 
-  // Points the KV cache's attention at the staged plan.
-  void bind(int32_t num_seqs, int32_t max_q_len, bool decode, bool cascade) {
+  // Points the KV cache's attention at the staged plan (leading_decodes: see DeviceStepPlan).
+  void bind(int32_t num_seqs, int32_t max_q_len, bool decode, bool cascade,
+            int32_t leading_decodes = 0) {
     DeviceStepPlan dp;
     dp.positions = d<int32_t>(off_positions);
     dp.slot_mapping = d<int32_t>(off_slots);
@@ -321,6 +325,7 @@ struct CudaStepRunner::Impl {
     dp.num_seqs = num_seqs;
     dp.max_q_len = max_q_len;
     dp.decode = decode;
+    dp.num_leading_decodes = decode ? 0 : leading_decodes;
     dp.num_splits = decode ? decode_splits(num_seqs) : 1;
     dp.seq_order = decode ? d<int32_t>(off_seq_order) : nullptr;
     if (decode && cascade) {
@@ -352,10 +357,17 @@ struct CudaStepRunner::Impl {
   }
 
   // Start-up work that would otherwise land on the first steps: one eager step at the full
-  // token budget (cuBLASLt context and plans, kernel modules) and one step per decode bucket,
-  // captured as its graph with graphs on (two with cascade attention: with and without the
-  // shared pass). Every row and sequence is padding, so the KV cache is not touched.
+  // token budget (cuBLASLt context and plans, tuned when tune_gemms is on, kernel modules) and
+  // one step per decode bucket, captured as its graph with graphs on (two with cascade
+  // attention: with and without the shared pass). Every row and sequence is padding, so the KV
+  // cache is not touched.
   void warm_up() {
+    struct Tuning {  // on for the warm-up's new GEMM shapes only, even if a step throws
+      explicit Tuning(bool on) { ops::cuda::set_linear_tuning(on); }
+      ~Tuning() { ops::cuda::set_linear_tuning(false); }
+      Tuning(const Tuning&) = delete;
+      Tuning& operator=(const Tuning&) = delete;
+    } tuning(tune_gemms);
     StepPlan empty;
     empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
     stage(empty, {}, max_tokens, 1, 1, /*decode=*/false, {});
@@ -382,9 +394,11 @@ struct CudaStepRunner::Impl {
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
     PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
                   " tokens exceeds the GPU buffers (", max_tokens, ")");
-    int32_t max_q_len = 0;
+    int32_t max_q_len = 0, leading_decodes = 0;
     for (int32_t b = 0; b < B; ++b) {
-      max_q_len = std::max(max_q_len, plan.q_indptr[b + 1] - plan.q_indptr[b]);
+      const int32_t q_len = plan.q_indptr[b + 1] - plan.q_indptr[b];
+      if (q_len == 1 && leading_decodes == b) ++leading_decodes;
+      max_q_len = std::max(max_q_len, q_len);
     }
     const bool decode = max_q_len == 1 && B <= max_bucket;
     // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
@@ -404,7 +418,7 @@ struct CudaStepRunner::Impl {
       cascade_steps += shared.empty() ? 0 : 1;
     }
     stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared);
-    bind(num_seqs, max_q_len, decode, !shared.empty());
+    bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes);
     if (use_graphs && bucketed) {
       run_decode_graph(num_seqs, !shared.empty());
     } else {

@@ -32,6 +32,9 @@ struct EngineOptions {
   // CUDA: decode steps read pages that several sequences share at the front of their page
   // tables once for all of them (cascade attention), not once per sequence.
   bool use_cascade_attention = true;
+  // CUDA: at start-up, time a few of cuBLASLt's algorithms for each GEMM shape of the
+  // full-budget prefill step and keep the fastest (off: its first choice).
+  bool tune_gemms = true;
   // 0: 2048 on the CPU; 16384 on the GPU, where a larger prefill budget fills the decode batch
   // sooner (SmolLM2 random workload on the H200: 48k -> 58k output tok/s, docs/PERF.md).
   int32_t max_num_batched_tokens = 0;

@@ -25,6 +25,9 @@ struct DeviceStepPlan {
   int32_t num_seqs = 0;                       // including padded (empty) sequences
   int32_t max_q_len = 0;
   bool decode = false;  // every sequence has at most one new token: the split-KV decode kernel
+  // Other steps: the leading sequences with one new token each (the running decodes the
+  // scheduler puts first), which the decode kernel takes; the prefill kernel takes the rest.
+  int32_t num_leading_decodes = 0;
   int32_t num_splits = 1;
   const int32_t* seq_order = nullptr;  // decode: sequences by length, longest first
   // Cascade attention's shared-prefix pass (decode steps only; cuda::SharedPrefixPass):

@@ -42,6 +42,10 @@ namespace cuda {
 // Same contract as cpu::linear; x, weight and bias hold `dtype` elements, out `out_dtype` ones.
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
             int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream);
+// While on, every prefill-sized GEMM shape the process meets for the first time is timed with
+// cuBLASLt's first few candidate algorithms and keeps the fastest (start-up only: see
+// gemm_set_tuning).
+void set_linear_tuning(bool on);
 }  // namespace cuda
 #endif
 

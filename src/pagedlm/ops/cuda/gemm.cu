@@ -1,14 +1,28 @@
 // y = x . W^T (+ bias) through cuBLASLt. Row-major y[M, N] is column-major y^T[N, M], so the
 // call is y^T = W . x^T with W read as a transposed column-major [K, N] matrix: no copies.
 // The bias epilogue adds bias[N] along y^T's rows, i.e. per output feature.
+//
+// Tuning (start-up only, gemm_set_tuning): a new prefill-sized shape's plan times cuBLASLt's
+// first eight candidates and keeps the fastest. Candidates run on the call's weights and a
+// scratch x of pseudo-random values: zeros, or the padding rows a warm-up step holds, draw less
+// power than real activations and rank the algorithms differently (a first version timed them
+// on the warm-up's own operands and picked slower ones). Rounds alternate the candidates so
+// that clock changes under load fall on all of them alike. Decode-sized shapes (fewer than
+// kTuneMinRows rows) keep the first choice: repeated for timing, their weights stay in the L2
+// (a Llama-3.1-8B q/k/v matrix is 50 MB), which a model's step never sees, and tuning them made
+// the Llama decode steps slower (docs/PERF.md).
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
+#include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
 
 namespace pagedlm::cuda {
@@ -18,10 +32,13 @@ struct GemmHandle {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int last_status = 0;
+  bool tuning = false;  // new plans time the heuristic's candidates (gemm_set_tuning)
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    // The heuristic's choices after the first, in its order, until the plan has been timed.
+    std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   // Keyed by (m, n, k, has_bias, y_f32): descriptors and the heuristic's algorithm are built
   // once.
@@ -29,6 +46,12 @@ struct GemmHandle {
 };
 
 namespace {
+
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRounds = 3;
+constexpr int kTuneMinRows = 4096;
+// A candidate replaces the heuristic's first choice only when this much faster (timing noise).
+constexpr float kTuneMargin = 0.01f;
 
 cudaError_t fail(GemmHandle* h, cublasStatus_t status) {
   h->last_status = static_cast<int>(status);
@@ -52,6 +75,7 @@ void destroy_plan(GemmHandle::Plan& p) {
 cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_f32,
                       GemmHandle::Plan* out) {
   GemmHandle::Plan p;
+  const bool tuned = h->tuning && m >= kTuneMinRows;
   auto cleanup_fail = [&](cublasStatus_t st) {
     destroy_plan(p);
     return fail(h, st);
@@ -86,17 +110,105 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                             &h->workspace_bytes, sizeof(h->workspace_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(h->lt, p.op, p.a, p.b, p.c, p.c, pref,
+                                        tuned ? kTuneCandidates : 1, results, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   if (found == 0) return cleanup_fail(CUBLAS_STATUS_NOT_SUPPORTED);
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  for (int i = 1; i < found; ++i) p.candidates.push_back(results[i].algo);
   *out = p;
   return cudaSuccess;
+}
+
+// Pseudo-random bf16 values in [-1, 1): a tuning run's x.
+__global__ void fill_tuning_input(__nv_bfloat16* x, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t v = static_cast<uint32_t>(i) * 2654435761u;
+    v ^= v >> 15;
+    v *= 2246822519u;
+    v ^= v >> 13;
+    x[i] = __float2bfloat16(static_cast<float>(v >> 8) * (2.f / 16777216.f) - 1.f);
+  }
+}
+
+// Mean milliseconds of `runs` calls of `algo` (negative when it fails).
+float time_algo(GemmHandle* h, const GemmHandle::Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                const void* x, const void* w, void* y, int runs, cudaEvent_t begin, cudaEvent_t end,
+                cudaStream_t stream) {
+  const float alpha = 1.f, beta = 0.f;
+  if (cudaEventRecord(begin, stream) != cudaSuccess) return -1.f;
+  for (int r = 0; r < runs; ++r) {
+    if (cublasLtMatmul(h->lt, plan.op, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c,
+                       &algo, h->workspace, h->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
+      return -1.f;
+    }
+  }
+  float ms = 0.f;
+  if (cudaEventRecord(end, stream) != cudaSuccess || cudaEventSynchronize(end) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, begin, end) != cudaSuccess) {
+    return -1.f;
+  }
+  return ms / static_cast<float>(runs);
+}
+
+// Times the plan's first choice and candidates (see the top of the file) and keeps the fastest,
+// where it beats the first choice by more than kTuneMargin. y is overwritten (the call writes
+// it next). Without the scratch memory, or while the stream is being captured, the first choice
+// stays.
+cudaError_t tune_plan(GemmHandle* h, GemmHandle::Plan* plan, const void* w, void* y, int m, int k,
+                      cudaStream_t stream) {
+  std::vector<cublasLtMatmulAlgo_t> algos = {plan->algo};
+  algos.insert(algos.end(), plan->candidates.begin(), plan->candidates.end());
+  plan->candidates.clear();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  PAGEDLM_CUDA_TRY(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return cudaSuccess;
+  const size_t n = static_cast<size_t>(m) * k;
+  void* x = nullptr;
+  if (cudaMalloc(&x, n * sizeof(__nv_bfloat16)) != cudaSuccess) {
+    cudaGetLastError();  // not an error of the GEMM: it runs untuned
+    return cudaSuccess;
+  }
+  fill_tuning_input<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x), n);
+  cudaEvent_t begin = nullptr, end = nullptr;
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) err = cudaEventCreate(&begin);
+  if (err == cudaSuccess) err = cudaEventCreate(&end);
+  if (err == cudaSuccess) {
+    // One untimed call each (first-use costs; a candidate that fails is dropped), then enough
+    // calls per round for ~3 ms, so short GEMMs are not timed at the event's resolution.
+    std::vector<float> best(algos.size(), -1.f);
+    for (size_t i = 0; i < algos.size(); ++i) {
+      best[i] = time_algo(h, *plan, algos[i], x, w, y, 1, begin, end, stream);
+    }
+    cudaGetLastError();
+    if (best[0] > 0.f) {
+      const int runs = std::clamp(static_cast<int>(3.f / best[0]), 2, 200);
+      for (int round = 0; round < kTuneRounds; ++round) {
+        for (size_t i = 0; i < algos.size(); ++i) {
+          if (best[i] < 0.f) continue;
+          const float ms = time_algo(h, *plan, algos[i], x, w, y, runs, begin, end, stream);
+          best[i] = ms < 0.f ? -1.f : (round == 0 ? ms : std::min(best[i], ms));
+        }
+      }
+      cudaGetLastError();
+      size_t pick = 0;
+      for (size_t i = 1; i < algos.size(); ++i) {
+        if (best[i] > 0.f && best[i] < best[pick]) pick = i;
+      }
+      if (best[0] > 0.f && best[pick] < (1.f - kTuneMargin) * best[0]) plan->algo = algos[pick];
+    }
+  }
+  if (begin) cudaEventDestroy(begin);
+  if (end) cudaEventDestroy(end);
+  const cudaError_t free_err = cudaFree(x);
+  return err != cudaSuccess ? err : free_err;
 }
 
 }  // namespace
@@ -131,6 +243,10 @@ void gemm_destroy(GemmHandle* handle) {
 
 int gemm_last_status(const GemmHandle* handle) { return handle ? handle->last_status : 0; }
 
+void gemm_set_tuning(GemmHandle* handle, bool on) {
+  if (handle != nullptr) handle->tuning = on;
+}
+
 cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const void* bias, void* y,
                              bool y_f32, int m, int n, int k, cudaStream_t stream) {
   if (h == nullptr || m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
@@ -149,6 +265,7 @@ cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const 
     PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                      sizeof(bias)));
   }
+  if (!p.candidates.empty()) PAGEDLM_CUDA_TRY(tune_plan(h, &p, w, y, m, k, stream));
   const float alpha = 1.f, beta = 0.f;
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                                    &p.algo, h->workspace, h->workspace_bytes, stream));

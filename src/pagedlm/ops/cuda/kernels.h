@@ -185,6 +185,11 @@ void gemm_destroy(GemmHandle* handle);
 // an f32 y takes no bias (cudaErrorNotSupported).
 cudaError_t launch_gemm_bf16(GemmHandle* handle, const void* x, const void* w, const void* bias,
                              void* y, bool y_f32, int m, int n, int k, cudaStream_t stream);
+// While on, each shape of 4096 rows or more met for the first time (outside graph capture)
+// times cuBLASLt's first eight candidates and keeps the fastest; off (the default), and for
+// fewer rows: its first choice, untimed. Start-up only: a new shape then costs a few
+// milliseconds per candidate and synchronizes.
+void gemm_set_tuning(GemmHandle* handle, bool on);
 // The cuBLAS status of the handle's last failed call (0 when none), for error messages.
 int gemm_last_status(const GemmHandle* handle);
 

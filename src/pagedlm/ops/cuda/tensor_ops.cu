@@ -99,6 +99,8 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
                 raw::gemm_last_status(h), ")");
 }
 
+void set_linear_tuning(bool on) { raw::gemm_set_tuning(gemm_handle(), on); }
+
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
               int64_t dim, float eps, DType dtype, void* stream) {
   require_bf16(dtype, "rms_norm");
