@@ -70,6 +70,53 @@ std::vector<int> lengths_of(const Config& c, std::mt19937& rng) {
   return len;
 }
 
+// A sequence of a prefill launch: its new tokens (the last of its keys) and all its keys.
+struct PrefillSeq {
+  int new_tokens, keys;
+};
+
+// Median ms of the prefill kernel over `seqs` (pages in order, zero data); with
+// leading_decodes > 0, of the decode kernel over those first sequences (one new token each) and
+// the prefill kernel over the rest, as the engine launches a mixed step.
+double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, int d, int ps,
+                         int leading_decodes = 0) {
+  const int n = static_cast<int>(seqs.size());
+  std::vector<int32_t> qi(n + 1, 0), ki(n + 1, 0), ll(n);
+  int max_new = 0;
+  for (int b = 0; b < n; ++b) {
+    const int pages = (seqs[b].keys + ps - 1) / ps;
+    qi[b + 1] = qi[b] + seqs[b].new_tokens;
+    ki[b + 1] = ki[b] + pages;
+    ll[b] = seqs[b].keys - (pages - 1) * ps;
+    max_new = std::max(max_new, seqs[b].new_tokens);
+  }
+  const size_t cache_elems = static_cast<size_t>(ki[n]) * ps * hk * d;
+  const size_t q_elems = static_cast<size_t>(qi[n]) * hq * d;
+  void *kc, *vc, *q, *out;
+  CK(cudaMalloc(&kc, cache_elems * 2));
+  CK(cudaMalloc(&vc, cache_elems * 2));
+  CK(cudaMalloc(&q, q_elems * 2));
+  CK(cudaMalloc(&out, q_elems * 2));
+  CK(cudaMemset(kc, 0, cache_elems * 2));
+  CK(cudaMemset(vc, 0, cache_elems * 2));
+  CK(cudaMemset(q, 0, q_elems * 2));
+  std::vector<int32_t> pages(ki[n]);
+  std::iota(pages.begin(), pages.end(), 0);
+  int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
+  const int nd = leading_decodes;
+  const double ms = median_ms([&] {
+    if (nd > 0) {
+      CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, nd, qi[n], 1, hq, hk,
+                                       d, ps, 0.088f, 1, nullptr, 0, nullptr, nullptr, nullptr));
+    }
+    CK(launch_paged_attention_prefill(q, kc, vc, qi_d + nd, ki_d + nd, pg_d, ll_d + nd, out, n - nd,
+                                      qi[n], max_new, hq, hk, d, ps, 0.088f, nullptr));
+  });
+  for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
+  for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,95 +230,41 @@ int main(int argc, char** argv) {
                                              {29, 565, 9, 3, 64, 16},
                                              {29, 1024, 32, 8, 128, 16, 100}}) {
     const std::vector<int> len = lengths_of(c, rng);
-    std::vector<int32_t> qi(c.batch + 1, 0), ki(c.batch + 1, 0), ll(c.batch);
+    std::vector<PrefillSeq> seqs;
     double pairs = 0;
-    for (int b = 0; b < c.batch; ++b) {
-      const int pages = (len[b] + c.page_size - 1) / c.page_size;
-      qi[b + 1] = qi[b] + len[b];
-      ki[b + 1] = ki[b] + pages;
-      ll[b] = len[b] - (pages - 1) * c.page_size;
-      pairs += static_cast<double>(len[b]) * len[b] / 2;
+    for (const int n : len) {
+      seqs.push_back({n, n});
+      pairs += static_cast<double>(n) * n / 2;
     }
-    const int num_pages = ki[c.batch], num_tokens = qi[c.batch];
-    const int max_len = *std::max_element(len.begin(), len.end());
-    const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
-    const size_t q_elems = static_cast<size_t>(num_tokens) * c.hq * c.d;
-    void *kc, *vc, *q, *out;
-    CK(cudaMalloc(&kc, cache_elems * 2));
-    CK(cudaMalloc(&vc, cache_elems * 2));
-    CK(cudaMalloc(&q, q_elems * 2));
-    CK(cudaMalloc(&out, q_elems * 2));
-    CK(cudaMemset(kc, 0, cache_elems * 2));
-    CK(cudaMemset(vc, 0, cache_elems * 2));
-    CK(cudaMemset(q, 0, q_elems * 2));
-    std::vector<int32_t> pages(num_pages);
-    std::iota(pages.begin(), pages.end(), 0);
-    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
-    const double ms = median_ms([&] {
-      CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, num_tokens,
-                                        max_len, c.hq, c.hk, c.d, c.page_size, 0.088f, nullptr));
-    });
+    const double ms = prefill_launch_ms(seqs, c.hq, c.hk, c.d, c.page_size);
     const double flops = 4.0 * pairs * c.d * c.hq;
     const std::string lens = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)
                                            : std::to_string(c.ctx);
     std::printf("%-6d %-9s %-3d %-3d %-4d | %9.3f %8.1f\n", c.batch, lens.c_str(), c.hq, c.hk, c.d,
                 ms, flops / (ms * 1e-3) / 1e12);
-    for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
-    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
   }
 
   // A later prefill step of the random workload: 29 prompts (100-1024 tokens) and the decode
   // rows of the sequences prefilled before (one new token each, 100-1024 keys), in one launch,
   // against each part alone (Llama-3.1-8B heads).
-  struct Seq {
-    int new_tokens, keys;
-  };
-  auto prefill_ms = [&](const std::vector<Seq>& seqs) {
-    const int hq = 32, hk = 8, d = 128, ps = 16, n = static_cast<int>(seqs.size());
-    std::vector<int32_t> qi(n + 1, 0), ki(n + 1, 0), ll(n);
-    int max_new = 0;
-    for (int b = 0; b < n; ++b) {
-      const int pages = (seqs[b].keys + ps - 1) / ps;
-      qi[b + 1] = qi[b] + seqs[b].new_tokens;
-      ki[b + 1] = ki[b] + pages;
-      ll[b] = seqs[b].keys - (pages - 1) * ps;
-      max_new = std::max(max_new, seqs[b].new_tokens);
-    }
-    const size_t cache_elems = static_cast<size_t>(ki[n]) * ps * hk * d;
-    const size_t q_elems = static_cast<size_t>(qi[n]) * hq * d;
-    void *kc, *vc, *q, *out;
-    CK(cudaMalloc(&kc, cache_elems * 2));
-    CK(cudaMalloc(&vc, cache_elems * 2));
-    CK(cudaMalloc(&q, q_elems * 2));
-    CK(cudaMalloc(&out, q_elems * 2));
-    CK(cudaMemset(kc, 0, cache_elems * 2));
-    CK(cudaMemset(vc, 0, cache_elems * 2));
-    CK(cudaMemset(q, 0, q_elems * 2));
-    std::vector<int32_t> pages(ki[n]);
-    std::iota(pages.begin(), pages.end(), 0);
-    int32_t *qi_d = upload(qi), *ki_d = upload(ki), *pg_d = upload(pages), *ll_d = upload(ll);
-    const double ms = median_ms([&] {
-      CK(launch_paged_attention_prefill(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, n, qi[n], max_new,
-                                        hq, hk, d, ps, 0.088f, nullptr));
-    });
-    for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
-    for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
-    return ms;
+  auto prefill_ms = [](const std::vector<PrefillSeq>& seqs, int leading_decodes = 0) {
+    return prefill_launch_ms(seqs, 32, 8, 128, 16, leading_decodes);
   };
   std::uniform_int_distribution<int> len_dist(100, 1024);
-  std::vector<Seq> prompts, decodes;
+  std::vector<PrefillSeq> prompts, decodes;
   for (int b = 0; b < 29; ++b) {
     const int len = len_dist(rng);
     prompts.push_back({len, len});
   }
   for (int b = 0; b < 200; ++b) decodes.push_back({1, len_dist(rng) + 1});
-  std::vector<Seq> mixed = decodes;
+  std::vector<PrefillSeq> mixed = decodes;
   mixed.insert(mixed.end(), prompts.begin(), prompts.end());
   const double t_mixed = prefill_ms(mixed), t_prompts = prefill_ms(prompts);
-  const double t_decodes = prefill_ms(decodes);
+  const double t_decodes = prefill_ms(decodes), t_split = prefill_ms(mixed, 200);
   std::printf(
       "\nprefill step with decode rows (32/8, d 128): 200 decode rows + 29 prompts %.3f ms,"
-      " prompts alone %.3f ms, decode rows alone %.3f ms\n",
-      t_mixed, t_prompts, t_decodes);
+      " prompts alone %.3f ms, decode rows alone %.3f ms; decode rows through the decode"
+      " kernel, then the prompts (the engine's launches) %.3f ms\n",
+      t_mixed, t_prompts, t_decodes, t_split);
   return 0;
 }
