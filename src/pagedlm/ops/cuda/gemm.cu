@@ -181,8 +181,9 @@ cudaError_t tune_plan(GemmHandle* h, GemmHandle::Plan* plan, const void* w, void
   if (err == cudaSuccess) err = cudaEventCreate(&begin);
   if (err == cudaSuccess) err = cudaEventCreate(&end);
   if (err == cudaSuccess) {
-    // One untimed call each (first-use costs; a candidate that fails is dropped), then enough
-    // calls per round for ~3 ms, so short GEMMs are not timed at the event's resolution.
+    // One call each first (it takes the first-use costs; a candidate that fails is dropped;
+    // the first choice's time sets the calls per round: ~3 ms, so short GEMMs are not timed at
+    // the event's resolution), then the rounds, whose best time counts.
     std::vector<float> best(algos.size(), -1.f);
     for (size_t i = 0; i < algos.size(); ++i) {
       best[i] = time_algo(h, *plan, algos[i], x, w, y, 1, begin, end, stream);
