@@ -1,9 +1,11 @@
 // The dense CPU ops against plain double-precision references on random shapes and data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
@@ -13,6 +15,7 @@
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/io/model_config.h"
 #include "pagedlm/ops/embedding.h"
+#include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/rms_norm.h"
@@ -349,6 +352,22 @@ TEST(RopeInvFreq, Llama3MatchesFixtureConfig) {
   EXPECT_GT(n_kept, 0);
   EXPECT_GT(n_scaled, 0);
   EXPECT_GT(n_smoothed, 0);
+}
+
+// The vectorizable exp of the softmax and SiLU loops against libm's double exp.
+TEST(ExpVectorizable, MatchesDoubleExpAndItsLimits) {
+  double worst = 0;
+  for (float x = -87.f; x <= 88.f; x += 1.0e-3f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(ops::cpu::exp_vectorizable(x) - want) / want);
+  }
+  EXPECT_LT(worst, 1e-7);
+  EXPECT_EQ(ops::cpu::exp_vectorizable(0.f), 1.f);
+  EXPECT_EQ(ops::cpu::exp_vectorizable(-std::numeric_limits<float>::infinity()), 0.f);
+  EXPECT_EQ(ops::cpu::exp_vectorizable(-100.f), 0.f);
+  EXPECT_EQ(ops::cpu::exp_vectorizable(100.f), std::numeric_limits<float>::infinity());
+  const float tiny = -87.3f;  // exp: 1.2e-38, just above FLT_MIN
+  EXPECT_NEAR(ops::cpu::exp_vectorizable(tiny) / std::exp(static_cast<double>(tiny)), 1.0, 1e-6);
 }
 
 TEST(SiluMul, MatchesDoubleReference) {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/op_check.h"
 #include "pagedlm/ops/paged_attention.h"
 
@@ -170,14 +171,13 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
         tile_max = std::max(tile_max, scores[j]);
       }
       // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
-      const float correction = std::exp(s.running_max[r] - tile_max);
+      const float correction = exp_vectorizable(s.running_max[r] - tile_max);
       s.running_sum[r] *= correction;
       for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
       s.running_max[r] = tile_max;
-      for (int64_t j = 0; j < count; ++j) {
-        scores[j] = std::exp(scores[j] - tile_max);
-        s.running_sum[r] += scores[j];
-      }
+      // The exponentials in a vector loop, then their sum in order.
+      for (int64_t j = 0; j < count; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
+      for (int64_t j = 0; j < count; ++j) s.running_sum[r] += scores[j];
       accumulate_values(acc, scores, values, count, head_dim);
     }
   }

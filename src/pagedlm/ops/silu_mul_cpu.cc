@@ -1,5 +1,4 @@
-#include <cmath>
-
+#include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/op_check.h"
 #include "pagedlm/ops/silu_mul.h"
 
@@ -13,7 +12,9 @@ void silu_mul(const float* gate_up, float* out, int64_t n_tokens, int64_t ffn) {
     const float* gate = gate_up + t * 2 * ffn;
     const float* up = gate + ffn;
     float* o = out + t * ffn;
-    for (int64_t i = 0; i < ffn; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+    for (int64_t i = 0; i < ffn; ++i) {
+      o[i] = gate[i] / (1.f + exp_vectorizable(-gate[i])) * up[i];
+    }
   }
 }
 
