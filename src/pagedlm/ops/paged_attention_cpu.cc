@@ -59,15 +59,21 @@ struct RowBlock {
 // (a 1k-token prompt otherwise re-reads every key once per query row).
 constexpr int64_t kPrefillTokenBlock = 16;
 
+// Blocks with at least this many rows score a key tile from a transposed copy of its keys
+// (tile_scores): the copy costs about as much as scoring one row the plain way.
+constexpr int64_t kTransposedMinRows = 8;
+
 // Per-row online-softmax state of a block, reused across blocks by one thread.
 struct RowScratch {
   std::vector<float> acc, running_max, running_sum, scores;
+  std::vector<float> keys_t;  // [head_dim][kKvTile]: the tile's keys transposed
   std::vector<int64_t> n_attend;
   void resize(int64_t rows, int64_t head_dim) {
     acc.assign(rows * head_dim, 0.f);
     running_max.assign(rows, -std::numeric_limits<float>::infinity());
     running_sum.assign(rows, 0.f);
     scores.resize(rows * kKvTile);
+    keys_t.resize(head_dim * kKvTile);
     n_attend.resize(rows);
   }
 };
@@ -96,6 +102,26 @@ float dot_product(const float* q, const float* k, int64_t head_dim) {
   float dot = 0.f;
   for (int64_t l = 0; l < kWidth; ++l) dot += part[l];
   return dot;
+}
+
+// scale * q . k_j for the tile's kKvTile keys, from their transposed copy (keys_t[i * kKvTile +
+// j] = dim i of key j): each dim adds q[i] times a vector of the keys' values, so the scores
+// build up in two registers without a horizontal sum per key.
+void tile_scores(const float* q, const float* keys_t, int64_t head_dim, float scale,
+                 float* scores) {
+  static_assert(kKvTile == 2 * kWidth, "a tile's scores are two vectors");
+  Vec lo = {}, hi = {};
+  for (int64_t i = 0; i < head_dim; ++i) {
+    Vec k_lo, k_hi;
+    std::memcpy(&k_lo, keys_t + i * kKvTile, sizeof(k_lo));
+    std::memcpy(&k_hi, keys_t + i * kKvTile + kWidth, sizeof(k_hi));
+    lo += q[i] * k_lo;
+    hi += q[i] * k_hi;
+  }
+  lo *= scale;
+  hi *= scale;
+  std::memcpy(scores, &lo, sizeof(lo));
+  std::memcpy(scores + kWidth, &hi, sizeof(hi));
 }
 
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
@@ -152,12 +178,22 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
   };
   const float* keys[kKvTile];
   const float* values[kKvTile];
+  const bool transposed = rows >= kTransposedMinRows;
+  float* keys_t = s.keys_t.data();
   for (int64_t start = 0; start < longest; start += kKvTile) {
     // The tile's key and value rows, looked up once for all rows of the block.
-    for (int64_t j = 0; j < std::min(kKvTile, longest - start); ++j) {
+    const int64_t tile_keys = std::min(kKvTile, longest - start);
+    for (int64_t j = 0; j < tile_keys; ++j) {
       const int64_t at = slot_of(start + j) * slot_stride + blk.hk * head_dim;
       keys[j] = k_cache + at;
       values[j] = v_cache + at;
+    }
+    if (transposed) {  // zeros past the tile's last key: scored, never used
+      for (int64_t i = 0; i < head_dim; ++i) {
+        for (int64_t j = 0; j < kKvTile; ++j) {
+          keys_t[i * kKvTile + j] = j < tile_keys ? keys[j][i] : 0.f;
+        }
+      }
     }
     for (int64_t r = 0; r < rows; ++r) {
       if (s.n_attend[r] <= start) continue;
@@ -166,10 +202,12 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       float* scores = s.scores.data() + r * kKvTile;
       float* acc = s.acc.data() + r * head_dim;
       float tile_max = s.running_max[r];
-      for (int64_t j = 0; j < count; ++j) {
-        scores[j] = dot_product(qr, keys[j], head_dim) * scale;
-        tile_max = std::max(tile_max, scores[j]);
+      if (transposed) {
+        tile_scores(qr, keys_t, head_dim, scale, scores);
+      } else {
+        for (int64_t j = 0; j < count; ++j) scores[j] = dot_product(qr, keys[j], head_dim) * scale;
       }
+      for (int64_t j = 0; j < count; ++j) tile_max = std::max(tile_max, scores[j]);
       // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
       const float correction = exp_vectorizable(s.running_max[r] - tile_max);
       s.running_sum[r] *= correction;
