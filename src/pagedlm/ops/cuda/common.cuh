@@ -18,6 +18,15 @@ __host__ __device__ inline unsigned ceil_div(int64_t a, int64_t b) {
   return static_cast<unsigned>((a + b - 1) / b);
 }
 
+// A 64-bit mix of x (splitmix64's output function): the sampler's counter-based uniform and
+// the GEMM tuning's pseudo-random input.
+__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 __device__ __forceinline__ float bf16_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -129,11 +129,8 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_
 __global__ void fill_tuning_input(__nv_bfloat16* x, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t v = static_cast<uint32_t>(i) * 2654435761u;
-    v ^= v >> 15;
-    v *= 2246822519u;
-    v ^= v >> 13;
-    x[i] = __float2bfloat16(static_cast<float>(v >> 8) * (2.f / 16777216.f) - 1.f);
+    const uint64_t bits = detail::splitmix64(i) >> 40;  // 24 random bits
+    x[i] = __float2bfloat16(static_cast<float>(bits) * (2.f / 16777216.f) - 1.f);
   }
 }
 

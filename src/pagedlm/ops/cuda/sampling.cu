@@ -18,12 +18,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kBins = 256;
 
-__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using detail::splitmix64;
 
 __host__ __device__ inline double uniform01(uint64_t seed, int64_t step) {
   const uint64_t h = splitmix64(seed ^ (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull));
