@@ -82,23 +82,9 @@ TEST_P(CudaModel, GreedyGenerationMatchesReference) {
     EngineOptions o = cuda_options();
     o.max_num_batched_tokens = budget;
     Engine engine(checkpoint_, o);
-    std::vector<Request> requests;
-    for (const auto& p : expected_.prompts) {
-      Request r;
-      r.prompt = p;
-      r.sampling.max_tokens = 12;
-      r.sampling.ignore_eos = true;
-      requests.push_back(std::move(r));
-    }
-    const std::vector<RequestOutput> outputs = engine.generate(std::move(requests));
-    for (int i = 0; i < kNumCases; ++i) {
-      ASSERT_EQ(outputs[i].tokens.size(), 12u);
-      for (size_t t = 0; t < 12; ++t) {
-        if (expected_.margins[i][t] <= kMarginThreshold) break;
-        ASSERT_EQ(outputs[i].tokens[t], expected_.greedy[i][t])
-            << GetParam() << " case " << i << " step " << t;
-      }
-    }
+    expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_,
+                            kMarginThreshold, GetParam());
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -2,11 +2,14 @@
 // logits and greedy continuations), shared by the CPU and GPU model tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/engine/engine.h"
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/sched/request.h"
 
@@ -65,6 +68,36 @@ inline Request logits_request(const std::vector<int32_t>& prompt) {
   r.want_prompt_logits = true;
   r.use_prefix_cache = false;
   return r;
+}
+
+// The reference's greedy continuations are this long.
+inline constexpr int32_t kGreedyTokens = 12;
+
+// A greedy request (EOS ignored) per fixture prompt.
+inline std::vector<Request> greedy_requests(const Expected& e) {
+  std::vector<Request> requests;
+  for (const auto& p : e.prompts) {
+    Request r;
+    r.prompt = p;
+    r.sampling.max_tokens = kGreedyTokens;
+    r.sampling.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+// Each case's tokens equal the reference's greedy ones up to the first step whose reference
+// top-2 gap is at most `margin`: there an engine of other precision may legitimately pick the
+// other token, and past it the continuations diverge.
+inline void expect_reference_greedy(const std::vector<RequestOutput>& outputs, const Expected& e,
+                                    float margin, const std::string& label) {
+  for (int i = 0; i < kNumCases; ++i) {
+    ASSERT_EQ(outputs[i].tokens.size(), static_cast<size_t>(kGreedyTokens)) << label;
+    for (int t = 0; t < kGreedyTokens; ++t) {
+      if (e.margins[i][t] <= margin) break;
+      ASSERT_EQ(outputs[i].tokens[t], e.greedy[i][t]) << label << " case " << i << " step " << t;
+    }
+  }
 }
 
 }  // namespace pagedlm::testing
