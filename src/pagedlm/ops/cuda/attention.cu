@@ -238,26 +238,36 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
     }
   };
+  // A tile's rows: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i *
+  // kRowsPerPass. A warp's threads touch 16 rows in all; lane l looks up the cache offset of the
+  // warp's row l % 16 (one page-table read and one division per tile, not one per chunk: those
+  // were most of the loop's instructions) and the others take it by shuffle.
   auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
     constexpr int kChunks = D / 8;
+    constexpr int kRowsPerPass = kThreads / kChunks;
+    constexpr int kPasses = kBlockKv / kRowsPerPass;
+    constexpr int kWarpRows = 32 / kChunks;  // rows of one warp in one pass
+    static_assert(kWarpRows * kPasses == 16, "a warp's rows of a tile: one per half-warp lane");
     const int kv0 = u.kv_begin + kv_tile * kBlockKv;
-    const int kv_end = u.kv_end, page_size = p.page_size, hk = u.hk;
-    const int32_t* pages = p.kv_page_indices + u.page_begin;
+    const int kv_end = u.kv_end;
+    const int c = tid % kChunks;
+    const int mine = (lane % 16) / kWarpRows * kRowsPerPass + warp * kWarpRows + lane % kWarpRows;
+    int64_t my_off = 0;
+    if (kv0 + mine < kv_end) {
+      const int pos = kv0 + mine;
+      const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
+      my_off =
+          ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads + u.hk) *
+          D;
+    }
     __nv_bfloat16* ks = stage_k(stage);
     __nv_bfloat16* vs = ks + kBlockKv * kStride;
 #pragma unroll
-    for (int i = 0; i < kBlockKv * kChunks / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const int r = idx / kChunks, c = idx % kChunks;
-      const int pos = kv0 + r;
-      const bool valid = pos < kv_end;
-      size_t off = 0;
-      if (valid) {
-        const int page = pages[pos / page_size];
-        off =
-            ((static_cast<size_t>(page) * page_size + pos % page_size) * p.num_kv_heads + hk) * D +
-            c * 8;
-      }
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = tid / kChunks + i * kRowsPerPass;
+      const int64_t row_off = __shfl_sync(0xffffffffu, my_off, i * kWarpRows + lane / kChunks);
+      const bool valid = kv0 + r < kv_end;
+      const int64_t off = valid ? row_off + c * 8 : 0;
       cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
       cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
     }
@@ -337,21 +347,36 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const __nv_bfloat16* ks = stage_k((base + it) % STAGES) + (wn * kWarpKv) * kStride;
       const __nv_bfloat16* vs = ks + kBlockKv * kStride;
 
+      // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
+      // chains of mma latency instead of one twice as long, and adds them after.
+      constexpr int kChains = kNt >= 4 ? 1 : 2;
       float s[kNt][4];
+      float s_odd[kNt][4];  // unused (and compiled away) with one chain
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      for (int nt = 0; nt < kNt; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
+      }
       // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
       // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
       const __nv_bfloat16* krow =
           ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
+        float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
 #pragma unroll
         for (int nt = 0; nt < kNt; nt += 2) {
           uint32_t bk[4];
           ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
-          mma_16816(s[nt], qf[kk], bk[0], bk[1]);
-          mma_16816(s[nt + 1], qf[kk], bk[2], bk[3]);
+          mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
+          mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
+        }
+      }
+      if constexpr (kChains == 2) {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
         }
       }
 
@@ -368,11 +393,13 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         }
       }
       float alpha[2];
+      bool rescale = false;  // O holds keys and the row's max grew: O must be scaled down
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         const float m_new = fmaxf(m[h], mx[h]);
+        rescale |= m[h] != -INFINITY && m_new > m[h];
         // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
         const float base_h = m_new == -INFINITY ? 0.f : m_new;
         alpha[h] = exp2f(m[h] - base_h);
@@ -390,12 +417,16 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
+      // Once a row's max settles most tiles leave it, so the warp skips the 4 * kDt multiplies
+      // unless one of its rows needs them (a row whose O is still 0 needs none).
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
+        for (int dt = 0; dt < kDt; ++dt) {
+          o[dt][0] *= alpha[0];
+          o[dt][1] *= alpha[0];
+          o[dt][2] *= alpha[1];
+          o[dt][3] *= alpha[1];
+        }
       }
 
       // The S accumulator layout is the A-operand layout of P, so P stays in registers.
