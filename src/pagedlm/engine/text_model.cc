@@ -1,10 +1,9 @@
 #include "pagedlm/engine/text_model.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/file.h"
 #include "pagedlm/io/gguf.h"
 
 namespace pagedlm {
@@ -13,6 +12,14 @@ namespace {
 
 std::string token_text(const Tokenizer& tokenizer, int32_t id) {
   return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.token_to_bytes(id) : std::string();
+}
+
+// A template from its source, its BOS/EOS texts from the model's tokenizer (GGUF and
+// --chat-template files carry no tokenizer_config.json).
+void set_chat_template(TextModel& model, std::string source) {
+  const Tokenizer& tok = *model.tokenizer;
+  model.chat_template.emplace(std::move(source), token_text(tok, tok.bos_id()),
+                              token_text(tok, tok.eos_id()));
 }
 
 }  // namespace
@@ -35,22 +42,14 @@ TextModel load_text_model(const std::string& path, const LoadProgress& progress)
   const GgufFile gguf = GgufFile::open(path);
   model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(gguf));
   if (const GgufValue* tmpl = gguf.find("tokenizer.chat_template")) {
-    const Tokenizer& tok = *model.tokenizer;
-    model.chat_template.emplace(tmpl->as_string(), token_text(tok, tok.bos_id()),
-                                token_text(tok, tok.eos_id()));
+    set_chat_template(model, tmpl->as_string());
   }
   return model;
 }
 
 void replace_chat_template(TextModel& model, const std::string& path) {
   PAGEDLM_CHECK(model.tokenizer != nullptr, "a chat template needs the model's tokenizer");
-  std::ifstream in(path, std::ios::binary);
-  PAGEDLM_CHECK(in.good(), "cannot read the chat template ", path);
-  std::stringstream source;
-  source << in.rdbuf();
-  const Tokenizer& tok = *model.tokenizer;
-  model.chat_template.emplace(source.str(), token_text(tok, tok.bos_id()),
-                              token_text(tok, tok.eos_id()));
+  set_chat_template(model, read_file(path));
 }
 
 }  // namespace pagedlm

@@ -1,10 +1,9 @@
 #include "pagedlm/tokenizer/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/file.h"
 #include "pagedlm/tokenizer/jinja.h"
 
 namespace pagedlm {
@@ -44,14 +43,6 @@ ojson alias_reasoning(const ojson& message) {
     return out;
   }
   return message;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  PAGEDLM_CHECK(in, "cannot open ", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string token_text(const ojson& config, const char* key) {
@@ -121,7 +112,7 @@ ChatTemplate load_chat_template(const std::string& model_dir) {
   fs::path config_path = dir / "tokenizer_config.json";
   if (fs::exists(config_path)) {
     try {
-      config = ojson::parse(read_file(config_path));
+      config = ojson::parse(read_file(config_path.string()));
     } catch (const ojson::parse_error& e) {
       fail("cannot parse ", config_path.string(), ": ", e.what());
     }
@@ -129,7 +120,7 @@ ChatTemplate load_chat_template(const std::string& model_dir) {
   std::string source;
   fs::path jinja_path = dir / "chat_template.jinja";
   if (fs::exists(jinja_path)) {
-    source = read_file(jinja_path);
+    source = read_file(jinja_path.string());
   } else if (config.contains("chat_template") && !config["chat_template"].is_null()) {
     source = select_chat_template(config["chat_template"]);
   } else {

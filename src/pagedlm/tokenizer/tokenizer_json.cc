@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/file.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm {
@@ -343,11 +343,7 @@ Tokenizer Tokenizer::from_tokenizer_json_text(std::string_view json_text,
 }
 
 Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PAGEDLM_CHECK(in, "cannot open tokenizer file ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  TokenizerSpec spec = spec_from_json(text.str(), path);
+  TokenizerSpec spec = spec_from_json(read_file(path), path);
 
   read_tokenizer_config(std::filesystem::path(path).parent_path() / "tokenizer_config.json", &spec);
   return build(std::move(spec), path);
