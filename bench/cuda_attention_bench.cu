@@ -107,10 +107,10 @@ double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, in
   const double ms = median_ms([&] {
     if (nd > 0) {
       CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, nd, qi[n], 1, hq, hk,
-                                       d, ps, 0.088f, 1, nullptr, 0, nullptr, nullptr, nullptr));
+                                       d, ps, pagedlm::AttentionVariant{0.088f}, 1, nullptr, 0, nullptr, nullptr, nullptr));
     }
     CK(launch_paged_attention_prefill(q, kc, vc, qi_d + nd, ki_d + nd, pg_d, ll_d + nd, out, n - nd,
-                                      qi[n], max_new, hq, hk, d, ps, 0.088f, nullptr));
+                                      qi[n], max_new, hq, hk, d, ps, pagedlm::AttentionVariant{0.088f}, nullptr));
   });
   for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
   for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
     auto run = [&](int splits) {
       return median_ms([&] {
         CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
-                                         1, c.hq, c.hk, c.d, c.page_size, 0.088f, splits, ws,
+                                         1, c.hq, c.hk, c.d, c.page_size, pagedlm::AttentionVariant{0.088f}, splits, ws,
                                          ws_bytes, order_d, nullptr, nullptr));
       });
     };

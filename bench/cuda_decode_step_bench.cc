@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   auto step_attention = [&] {
     for (int l = 0; l < layers; ++l) {
       cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
-                                                      batch, 1, Hq, Hk, d, page_size, scale, splits,
+                                                      batch, 1, Hq, Hk, d, page_size, AttentionVariant{scale}, splits,
                                                       ws, ws_bytes, nullptr, nullptr, s),
                   "attention");
     }

@@ -235,13 +235,13 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     ws.poison();
     CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
-                                     Hk, D, c.page_size, scale, splits, ws.get(), ws_bytes,
+                                     Hk, D, c.page_size, AttentionVariant{scale}, splits, ws.get(), ws_bytes,
                                      order.get(), c.cascade ? &pass : nullptr, nullptr));
     CK(cudaDeviceSynchronize());
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                       ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
-                                      Hq, Hk, D, c.page_size, scale, nullptr));
+                                      Hq, Hk, D, c.page_size, AttentionVariant{scale}, nullptr));
     CK(cudaDeviceSynchronize());
   }
   const std::vector<uint16_t> got = out.download();
@@ -526,7 +526,7 @@ TEST(CudaAttention, DecodeGraphReplay) {
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
-                                   ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, scale, splits,
+                                   ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, AttentionVariant{scale}, splits,
                                    ws.get(), ws_bytes, nullptr, nullptr, stream));
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));

@@ -16,9 +16,7 @@ namespace pagedlm {
 
 PagedKvCache::PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_size,
                            int64_t num_kv_heads, int64_t head_dim, Device device, DType dtype)
-    : device_(device),
-      page_size_(page_size),
-      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
+    : device_(device), page_size_(page_size) {
   // On the GPU, zeroed so that never-written slots a kernel tile may load hold finite values.
   // The CPU kernels read only written slots, so the host pool stays untouched until used: the
   // OS maps its pages on first write, which keeps start-up fast and memory proportional to use.
@@ -49,14 +47,14 @@ void PagedKvCache::bind(const StepPlan& plan) {
   kv_last_page_len_ = index_tensor(plan.kv_last_page_len);
 }
 
-void PagedKvCache::attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
-                          const Tensor& out) {
+void PagedKvCache::attend(int layer, const AttentionVariant& variant, const Tensor& qkv,
+                          const Tensor& q, const Tensor& inv_freq, const Tensor& out) {
   const int64_t L = q.dim(0), Hq = q.dim(1), d = q.dim(2);
   const int64_t Hk = k_cache_[layer].dim(2), width = (Hq + 2 * Hk) * d;
   PAGEDLM_CHECK(qkv.dim(0) == L && qkv.dim(1) == width, "attend: qkv must be [", L, ", ", width,
                 "]");
   if (device_ != Device::kCpu) {
-    attend_cuda(layer, qkv, q, inv_freq, out);
+    attend_cuda(layer, variant, qkv, q, inv_freq, out);
     return;
   }
   // The CPU ops take contiguous q, k and v: split the fused rows.
@@ -71,7 +69,7 @@ void PagedKvCache::attend(int layer, const Tensor& qkv, const Tensor& q, const T
   ops::rope(q, k, positions_, inv_freq);
   ops::write_kv(k, v, slot_mapping_, k_cache_[layer], v_cache_[layer]);
   ops::paged_attention(q, k_cache_[layer], v_cache_[layer], q_indptr_, kv_indptr_, kv_page_indices_,
-                       kv_last_page_len_, scale_, out);
+                       kv_last_page_len_, variant.scale, out);
 }
 
 // qkv: [L, (Hq + 2 Hk) d] bf16 -> out: [L, Hq, d]. Rope, the split of q out of the fused rows
@@ -80,8 +78,8 @@ void PagedKvCache::attend(int layer, const Tensor& qkv, const Tensor& q, const T
 // graph), else the prefill kernel, with the decode kernel for the step's leading decodes (in
 // the prefill kernel each would fill a 64-row tile with its 1-8 rows: a prefill step of 29
 // prompts and 200 decodes took 1.09 ms against 0.75 ms for the prompts alone, docs/PERF.md).
-void PagedKvCache::attend_cuda(int layer, const Tensor& qkv, const Tensor& q,
-                               const Tensor& inv_freq, const Tensor& out) {
+void PagedKvCache::attend_cuda(int layer, const AttentionVariant& variant, const Tensor& qkv,
+                               const Tensor& q, const Tensor& inv_freq, const Tensor& out) {
 #ifdef PAGEDLM_HAS_CUDA
   const DeviceStepPlan& p = device_plan_;
   const int L = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1));
@@ -106,7 +104,7 @@ void PagedKvCache::attend_cuda(int layer, const Tensor& qkv, const Tensor& q,
     shared.num_splits = p.shared_splits;
     cuda::check(cuda::launch_paged_attention_decode(
                     q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices, p.kv_last_page_len,
-                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, scale_,
+                    out.raw(), p.num_seqs, L, p.max_q_len, Hq, Hk, d, page_size_, variant,
                     p.num_splits, p.workspace, p.workspace_bytes, p.seq_order,
                     p.kv_skip != nullptr ? &shared : nullptr, stream),
                 "paged attention (decode)");
@@ -118,7 +116,7 @@ void PagedKvCache::attend_cuda(int layer, const Tensor& qkv, const Tensor& q,
     if (n > 0) {
       cuda::check(cuda::launch_paged_attention_decode(
                       q.raw(), kc, vc, p.q_indptr, p.kv_indptr, p.kv_page_indices,
-                      p.kv_last_page_len, out.raw(), n, L, 1, Hq, Hk, d, page_size_, scale_,
+                      p.kv_last_page_len, out.raw(), n, L, 1, Hq, Hk, d, page_size_, variant,
                       /*num_splits=*/1, nullptr, 0, nullptr, nullptr, stream),
                   "paged attention (a prefill step's decodes)");
     }
@@ -126,7 +124,7 @@ void PagedKvCache::attend_cuda(int layer, const Tensor& qkv, const Tensor& q,
       cuda::check(cuda::launch_paged_attention_prefill(
                       q.raw(), kc, vc, p.q_indptr + n, p.kv_indptr + n, p.kv_page_indices,
                       p.kv_last_page_len + n, out.raw(), p.num_seqs - n, L, p.max_q_len, Hq, Hk, d,
-                      page_size_, scale_, stream),
+                      page_size_, variant, stream),
                   "paged attention (prefill)");
     }
   }

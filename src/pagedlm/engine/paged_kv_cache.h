@@ -58,16 +58,15 @@ class PagedKvCache final : public Attention {
   // GPU: the same, from arrays the engine has already copied to the device.
   void bind(const DeviceStepPlan& plan) { device_plan_ = plan; }
 
-  void attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
-              const Tensor& out) override;
+  void attend(int layer, const AttentionVariant& variant, const Tensor& qkv, const Tensor& q,
+              const Tensor& inv_freq, const Tensor& out) override;
 
  private:
-  void attend_cuda(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
-                   const Tensor& out);
+  void attend_cuda(int layer, const AttentionVariant& variant, const Tensor& qkv, const Tensor& q,
+                   const Tensor& inv_freq, const Tensor& out);
 
   Device device_;
   int32_t page_size_;
-  float scale_;
   std::vector<Tensor> k_cache_, v_cache_;
   Tensor positions_, slot_mapping_, q_indptr_, kv_indptr_, kv_page_indices_, kv_last_page_len_;
   DeviceStepPlan device_plan_;

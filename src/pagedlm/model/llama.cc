@@ -226,7 +226,7 @@ class LlamaFamilyModel final : public CausalLM {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream);
       }
-      attention.attend(static_cast<int>(i), qkv, q, inv_freq_, attn_out);
+      attention.attend(static_cast<int>(i), variant_, qkv, q, inv_freq_, attn_out);
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
       ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden, stream);
       w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
@@ -253,6 +253,7 @@ class LlamaFamilyModel final : public CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
+  AttentionVariant variant_{1.f / std::sqrt(static_cast<float>(config_.head_dim))};
   Tensor embed_, final_norm_, inv_freq_;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/io/checkpoint.h"
 #include "pagedlm/io/model_config.h"
@@ -19,9 +20,10 @@ class Attention {
   virtual ~Attention() = default;
   // qkv: [L, (Hq + 2 Hk) * d], each row the q heads, then the k heads, then the v heads, before
   // rope (one fused projection's output; k is rotated in place), q: [L, Hq, d] receives the
-  // rotated queries, inv_freq: [d/2] f32 -> out: [L, Hq, d].
-  virtual void attend(int layer, const Tensor& qkv, const Tensor& q, const Tensor& inv_freq,
-                      const Tensor& out) = 0;
+  // rotated queries, inv_freq: [d/2] f32 (the layer's rope) -> out: [L, Hq, d]. `variant` is the
+  // layer's scale, sliding window and soft-cap.
+  virtual void attend(int layer, const AttentionVariant& variant, const Tensor& qkv,
+                      const Tensor& q, const Tensor& inv_freq, const Tensor& out) = 0;
 };
 
 struct ForwardInputs {

@@ -755,12 +755,13 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           float scale, cudaStream_t stream) {
+                                           const AttentionVariant& variant,
+                                           cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   const AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant.scale);
   const dim3 grid = sequence_grid(params, 64, num_seqs, max_q_len);
   if (head_dim == 64) return launch_attn<64, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
   return launch_attn<128, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
@@ -772,7 +773,8 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
                                           int num_tokens, int max_q_len, int num_q_heads,
                                           int num_kv_heads, int head_dim, int page_size,
-                                          float scale, int num_splits, void* workspace,
+                                          const AttentionVariant& variant, int num_splits,
+                                          void* workspace,
                                           size_t workspace_bytes, const int32_t* seq_order,
                                           const SharedPrefixPass* shared, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
@@ -785,7 +787,7 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, scale);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant.scale);
   params.num_splits = num_splits;
   params.seq_order = seq_order;
   const int shared_splits = shared != nullptr ? shared->num_splits : 0;

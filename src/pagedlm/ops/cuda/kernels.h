@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "pagedlm/core/attention_variant.h"
+
 namespace pagedlm::cuda {
 
 // ---------------------------------------------------------------------------------------------
@@ -27,7 +29,8 @@ namespace pagedlm::cuda {
 // n_new query rows are its last n_new positions: query j sees keys 0 .. n_kv - n_new + j.
 // Sequences with no query rows (padding) are skipped; rows outside every sequence are not
 // written. head_dim is 64 or 128, num_q_heads / num_kv_heads is 1..8 (Hq % Hk == 0), any
-// page_size >= 1 works (16/32/64 are the tuned ones).
+// page_size >= 1 works (16/32/64 are the tuned ones). `variant`: the layer's scale, sliding
+// window and soft-cap (core/attention_variant.h).
 // ---------------------------------------------------------------------------------------------
 
 // Prefill / mixed batches: tiles of 64 (token, q head) rows per (sequence, kv head).
@@ -38,7 +41,8 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           float scale, cudaStream_t stream);
+                                           const AttentionVariant& variant,
+                                           cudaStream_t stream);
 
 // Cascade attention for sequences whose page tables begin with the same pages (a prefix held
 // once in the cache and shared): their shared keys are read once per group of members, not once
@@ -80,7 +84,8 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
                                           const int32_t* kv_last_page_len, void* out, int num_seqs,
                                           int num_tokens, int max_q_len, int num_q_heads,
                                           int num_kv_heads, int head_dim, int page_size,
-                                          float scale, int num_splits, void* workspace,
+                                          const AttentionVariant& variant, int num_splits,
+                                          void* workspace,
                                           size_t workspace_bytes, const int32_t* seq_order,
                                           const SharedPrefixPass* shared, cudaStream_t stream);
 

@@ -185,7 +185,8 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
                  static_cast<int>(dims.num_seqs), static_cast<int>(dims.n_tokens),
                  static_cast<int>(dims.n_tokens), static_cast<int>(dims.n_q_heads),
                  static_cast<int>(dims.n_kv_heads), static_cast<int>(dims.head_dim),
-                 static_cast<int>(dims.page_size), scale, as_stream(stream)),
+                 static_cast<int>(dims.page_size), AttentionVariant{scale},
+                 as_stream(stream)),
              "paged_attention");
 }
 
