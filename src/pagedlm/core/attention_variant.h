@@ -18,7 +18,10 @@ struct AttentionVariant {
   // 0: none. Else score = softcap * tanh(score / softcap), after the scale, before the mask.
   float softcap = 0.f;
 
-  bool operator==(const AttentionVariant&) const = default;
+  // Spelled out: the CUDA sources that include this compile as C++17.
+  bool operator==(const AttentionVariant& o) const {
+    return scale == o.scale && window == o.window && softcap == o.softcap;
+  }
 };
 
 }  // namespace pagedlm
