@@ -17,7 +17,7 @@
 
 #include "cuda_timing.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "cuda_timing.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
 

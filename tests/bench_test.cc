@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "pagedlm/engine/benchmark.h"
-#include "pagedlm/io/checkpoint.h"
-#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 
 namespace pagedlm {
 namespace {

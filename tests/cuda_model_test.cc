@@ -15,7 +15,7 @@
 
 #include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 

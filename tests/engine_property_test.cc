@@ -8,7 +8,7 @@
 #include <random>
 
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

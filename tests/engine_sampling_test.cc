@@ -9,7 +9,7 @@
 
 #include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "pagedlm/core/dtype.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
 
@@ -564,7 +564,7 @@ TEST_F(GgufCheckpoint, LlamaUndoesTheQkPermutationOfWeightsAndBiases) {
   EXPECT_EQ(column0(tensor_of(c, "model.layers.0.self_attn.v_proj.weight", {4, 32})),
             (std::vector<float>{0, 1, 2, 3}));
   EXPECT_EQ(column0(tensor_of(c, "rope_freqs", {2})), (std::vector<float>{0, 1}));
-  EXPECT_EQ(c.config.rope_scaling, RopeScaling::kNone);
+  EXPECT_EQ(c.config.rope.type, RopeType::kDefault);
   EXPECT_FALSE(c.has("lm_head.weight"));
 }
 
@@ -581,7 +581,7 @@ TEST_F(GgufCheckpoint, Qwen2IsNotPermutedAndHasBiases) {
   EXPECT_EQ(c.config.num_kv_heads, 1);
   EXPECT_EQ(c.config.max_position_embeddings, 4096);
   EXPECT_EQ(c.config.intermediate_size, 64);
-  EXPECT_FLOAT_EQ(c.config.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.config.rope.theta, 1e6f);
   EXPECT_FLOAT_EQ(c.config.rms_norm_eps, 1e-6f);
   EXPECT_EQ(c.config.eos_token_ids, (std::vector<int32_t>{4}));
   EXPECT_EQ(c.config.bos_token_id, 3);
@@ -688,12 +688,12 @@ TEST(GgufSmolLM2, Config) {
   EXPECT_EQ(c.num_kv_heads, 3);
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_EQ(c.max_position_embeddings, 8192);
-  EXPECT_FLOAT_EQ(c.rope_theta, 100000.f);
+  EXPECT_FLOAT_EQ(c.rope.theta, 100000.f);
   EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.qk_norm);
-  EXPECT_EQ(c.rope_scaling, RopeScaling::kNone);
+  EXPECT_EQ(c.rope.type, RopeType::kDefault);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2}));
   EXPECT_EQ(c.bos_token_id, 1);
 }

@@ -13,7 +13,6 @@
 
 #include "ops_test_util.h"
 #include "pagedlm/core/parallel.h"
-#include "pagedlm/io/model_config.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/gather_rows.h"
@@ -252,10 +251,10 @@ TEST(Rope, MatchesDoubleReference) {
         {13, 9, 3, 64},
         {40, 16, 8, 128},
         {7, 2, 1, 32}}) {
-    ModelConfig config;
-    config.head_dim = head_dim;
-    config.rope_theta = 10000.f;
-    const std::vector<float> inv_freq = ops::rope_inv_freq(config);
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
+    }
     std::vector<int32_t> positions = random_ids(n_tokens, 5000, rng);
     Tensor q = random_f32({n_tokens, n_q, head_dim}, rng);
     Tensor k = random_f32({n_tokens, n_kv, head_dim}, rng);
@@ -285,73 +284,6 @@ TEST(Rope, PositionZeroIsIdentityAndErrors) {
                   Tensor::from_f32({1.f, .1f, .01f, .001f}, {4}));
       },
       {"rope", "k"});
-}
-
-double default_inv_freq(double theta, int64_t i, int64_t head_dim) {
-  return std::pow(theta, -2.0 * i / head_dim);
-}
-
-TEST(RopeInvFreq, DefaultAndLinear) {
-  ModelConfig config;
-  config.head_dim = 128;
-  config.rope_theta = 1e6f;
-  const std::vector<float> plain = ops::rope_inv_freq(config);
-  config.rope_scaling = RopeScaling::kLinear;
-  config.rope_factor = 4.f;
-  const std::vector<float> linear = ops::rope_inv_freq(config);
-  ASSERT_EQ(plain.size(), 64u);
-  ASSERT_EQ(linear.size(), 64u);
-  for (int64_t i = 0; i < 64; ++i) {
-    const double want = default_inv_freq(1e6, i, 128);
-    EXPECT_NEAR(plain[i], want, want * 2e-6) << i;
-    EXPECT_NEAR(linear[i], want / 4, want / 4 * 2e-6) << i;
-  }
-}
-
-// Llama 3 scaling with the parameters of the llama3-rope fixture, against the formula of the
-// Llama 3.1 reference code evaluated in double.
-TEST(RopeInvFreq, Llama3MatchesFixtureConfig) {
-  std::ifstream file(PAGEDLM_TESTDATA "/fixtures/llama3-rope/config.json");
-  ASSERT_TRUE(file) << "missing llama3-rope fixture";
-  const nlohmann::json json = nlohmann::json::parse(file);
-  const nlohmann::json& rope = json.at("rope_parameters");
-  ASSERT_EQ(rope.at("rope_type"), "llama3");
-  ModelConfig config;
-  config.head_dim = json.at("head_dim");
-  config.rope_theta = rope.at("rope_theta");
-  config.rope_scaling = RopeScaling::kLlama3;
-  config.rope_factor = rope.at("factor");
-  config.rope_low_freq_factor = rope.at("low_freq_factor");
-  config.rope_high_freq_factor = rope.at("high_freq_factor");
-  config.rope_original_max_position = rope.at("original_max_position_embeddings");
-  const std::vector<float> got = ops::rope_inv_freq(config);
-  ASSERT_EQ(static_cast<int64_t>(got.size()), config.head_dim / 2);
-
-  const double theta = rope.at("rope_theta"), factor = rope.at("factor");
-  const double low = rope.at("low_freq_factor"), high = rope.at("high_freq_factor");
-  const double old_context = rope.at("original_max_position_embeddings");
-  int n_kept = 0, n_scaled = 0, n_smoothed = 0;
-  for (int64_t i = 0; i < config.head_dim / 2; ++i) {
-    const double f = default_inv_freq(theta, i, config.head_dim);
-    const double wavelen = 2 * std::numbers::pi / f;
-    double want;
-    if (wavelen < old_context / high) {
-      want = f;
-      ++n_kept;
-    } else if (wavelen > old_context / low) {
-      want = f / factor;
-      ++n_scaled;
-    } else {
-      const double s = (old_context / wavelen - low) / (high - low);
-      want = (1 - s) * f / factor + s * f;
-      ++n_smoothed;
-    }
-    EXPECT_NEAR(got[i], want, want * 2e-6) << "frequency " << i;
-  }
-  // The fixture (original context 64, head_dim 64) covers all three regimes.
-  EXPECT_GT(n_kept, 0);
-  EXPECT_GT(n_scaled, 0);
-  EXPECT_GT(n_smoothed, 0);
 }
 
 // The vectorizable exp of the softmax and SiLU loops against libm's double exp.

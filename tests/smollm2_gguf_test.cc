@@ -9,7 +9,7 @@
 
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 

@@ -9,7 +9,7 @@
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/benchmark.h"
-#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 
 namespace pagedlm::cli {
 

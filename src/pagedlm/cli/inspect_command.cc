@@ -10,16 +10,34 @@ namespace pagedlm::cli {
 
 namespace {
 
-const char* rope_scaling_name(RopeScaling s) {
-  switch (s) {
-    case RopeScaling::kLlama3:
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::kLlama3:
       return "llama3";
-    case RopeScaling::kLinear:
+    case RopeType::kLinear:
       return "linear";
-    case RopeScaling::kNone:
+    case RopeType::kYarn:
+      return "yarn";
+    case RopeType::kDefault:
       break;
   }
-  return "none";
+  return "default";
+}
+
+// One line per run of layers with the same attention and rope.
+void print_layers(const ModelConfig& c) {
+  for (size_t i = 0; i < c.layers.size();) {
+    size_t j = i + 1;
+    while (j < c.layers.size() && c.layers[j].attention == c.layers[i].attention &&
+           c.layers[j].rope == c.layers[i].rope) {
+      ++j;
+    }
+    const LayerSpec& l = c.layers[i];
+    std::printf("layers %zu-%zu%*s scale %g, window %d, soft-cap %g; rope %s theta %g (factor %g)\n",
+                i, j - 1, i < 10 && j - 1 < 10 ? 4 : 2, "", l.attention.scale, l.attention.window,
+                l.attention.softcap, rope_type_name(l.rope.type), l.rope.theta, l.rope.factor);
+    i = j;
+  }
 }
 
 void print_model(const TextModel& model, bool list_tensors) {
@@ -32,12 +50,15 @@ void print_model(const TextModel& model, bool list_tensors) {
               static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim));
   std::printf("vocab             %lld\n", static_cast<long long>(c.vocab_size));
   std::printf("max positions     %lld\n", static_cast<long long>(c.max_position_embeddings));
-  std::printf("rope              theta %g, scaling %s (factor %g)\n", c.rope_theta,
-              rope_scaling_name(c.rope_scaling), c.rope_factor);
+  print_layers(c);
   std::printf("rms_norm_eps      %g\n", c.rms_norm_eps);
   std::printf("tied lm_head      %s; q/k/v bias %s; q/k norm %s\n",
               c.tie_word_embeddings ? "yes" : "no", c.attention_bias ? "yes" : "no",
               c.qk_norm ? "yes" : "no");
+  std::printf("block             %s MLP; norms x(%g + w)%s; embeddings x%g; logit soft-cap %g\n",
+              c.activation == Activation::kGeluTanh ? "GeGLU (tanh)" : "SwiGLU",
+              c.norm_weight_offset, c.sandwich_norms ? ", around both sublayers" : "",
+              c.embedding_scale, c.final_logit_softcap);
   std::printf("eos ids          ");
   for (int32_t id : c.eos_token_ids) std::printf(" %d", id);
   std::printf("\n");

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
 
 namespace pagedlm::cli {

@@ -10,7 +10,7 @@
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/text_model.h"
-#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 #include "pagedlm/server/http_server.h"
 
 namespace pagedlm::cli {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/sched/request.h"
 #include "pagedlm/sched/scheduler.h"
 

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/tokenizer/chat_template.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 

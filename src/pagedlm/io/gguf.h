@@ -6,12 +6,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/io/model_config.h"
+#include "pagedlm/core/quantized.h"
 
 namespace pagedlm {
 
@@ -95,11 +96,14 @@ const char* ggml_type_name(GgmlType type);
 // arithmetic of ggml-quants.c.
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 
-// Maps the metadata of a llama / qwen2 / qwen3 GGUF to a ModelConfig; throws naming any other
-// architecture or a missing key. tie_word_embeddings is true when output.weight is absent.
-// Llama 3.1 rope scaling is not expressed in the config: such files carry rope_freqs.weight,
-// which load_gguf_checkpoint stores as the tensor "rope_freqs" (F32 [head_dim/2]); when that
-// tensor is present the model divides inv_freq[i] by rope_freqs[i] and rope_scaling stays kNone.
-ModelConfig config_from_gguf(const GgufFile& file);
+// A tensor under its HF shape (ggml dims reversed), dequantized to F32. With n_heads > 0 the
+// rows (or, for a 1-D bias, the elements) of each of n_heads heads are un-interleaved:
+// llama.cpp's converter interleaved the two rope halves of llama Q/K heads (GGUF row
+// h*d + 2j + s = HF row h*d + s*d/2 + j). Throws unless the rows split into such heads.
+Tensor gguf_tensor_f32(const GgufTensorInfo& t, int64_t n_heads, const std::string& path);
+// A 2-D Q4_1 or Q8_0 tensor's blocks, rows reordered as gguf_tensor_f32 reorders them; nothing
+// for other types.
+std::optional<QuantizedMatrix> gguf_tensor_blocks(const GgufTensorInfo& t, int64_t n_heads,
+                                                  const std::string& path);
 
 }  // namespace pagedlm

@@ -7,8 +7,8 @@
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/io/checkpoint.h"
-#include "pagedlm/io/model_config.h"
+#include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/model_config.h"
 
 namespace pagedlm {
 

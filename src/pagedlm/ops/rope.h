@@ -6,14 +6,8 @@
 
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/io/model_config.h"
 
 namespace pagedlm::ops {
-
-// The head_dim/2 rotation frequencies of a model, computed in float32 exactly as HF
-// transformers does: inv_freq[i] = 1 / theta^(2i/head_dim), then rescaled per
-// config.rope_scaling (llama3: `_compute_llama3_parameters`; linear: divided by the factor).
-std::vector<float> rope_inv_freq(const ModelConfig& config);
 
 // q: [n_tokens, n_q_heads, head_dim], k: [n_tokens, n_kv_heads, head_dim], both rotated in place;
 // positions: [n_tokens] i32, inv_freq: [head_dim / 2] f32 (all on q's device).

@@ -7,57 +7,6 @@
 
 namespace pagedlm::ops {
 
-std::vector<float> rope_inv_freq(const ModelConfig& config) {
-  const int64_t dim = config.head_dim;
-  PAGEDLM_CHECK(dim > 0 && dim % 2 == 0, "rope_inv_freq: head_dim ", dim,
-                " must be positive and even");
-  PAGEDLM_CHECK(config.rope_theta > 0.f, "rope_inv_freq: rope_theta ", config.rope_theta,
-                " must be positive");
-  // HF: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), every step in float32.
-  std::vector<float> inv_freq(dim / 2);
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
-    inv_freq[i] = 1.f / std::pow(config.rope_theta, exponent);
-  }
-  switch (config.rope_scaling) {
-    case RopeScaling::kNone:
-      break;
-    case RopeScaling::kLinear:
-      PAGEDLM_CHECK(config.rope_factor > 0.f, "rope_inv_freq: linear rope factor ",
-                    config.rope_factor, " must be positive");
-      for (float& f : inv_freq) f /= config.rope_factor;
-      break;
-    case RopeScaling::kLlama3: {
-      const float factor = config.rope_factor;
-      const float low = config.rope_low_freq_factor;
-      const float high = config.rope_high_freq_factor;
-      const float old_context = static_cast<float>(config.rope_original_max_position);
-      PAGEDLM_CHECK(factor > 0.f && high > low && old_context > 0.f,
-                    "rope_inv_freq: bad llama3 rope scaling (factor ", factor, ", low_freq_factor ",
-                    low, ", high_freq_factor ", high, ", original_max_position_embeddings ",
-                    config.rope_original_max_position, ")");
-      // Long wavelengths (beyond the original context) are slowed by `factor`, short ones kept,
-      // and the band between them interpolated smoothly (HF `_compute_llama3_parameters`).
-      const float low_freq_wavelen = old_context / low;
-      const float high_freq_wavelen = old_context / high;
-      const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
-      for (float& f : inv_freq) {
-        // torch evaluates `scalar / tensor` as reciprocal(tensor) * scalar; mirrored so the band
-        // edges round the same way.
-        const float wavelen = (1.f / f) * two_pi;
-        if (wavelen > low_freq_wavelen) {
-          f = f / factor;
-        } else if (!(wavelen < high_freq_wavelen)) {
-          const float smooth = ((1.f / wavelen) * old_context - low) / (high - low);
-          f = (1.f - smooth) * f / factor + smooth * f;
-        }
-      }
-      break;
-    }
-  }
-  return inv_freq;
-}
-
 namespace cpu {
 namespace {
 

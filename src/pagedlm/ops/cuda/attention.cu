@@ -33,7 +33,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Decode pipeline depth per head size. d = 128: two stages (74 KB of shared memory, 3 blocks per
 // SM) beat three (108 KB, 2 per SM) at 512-1024 keys on the H200, 68-82% of copy bandwidth
 // against 64-76%; d = 64 keeps three (59% against 51% with two at 768 keys). Both held again
-// once the loop's address arithmetic was cut (docs/KERNELS.md, sixth session).
+// once the loop's address arithmetic was cut (7bbb77d; docs/KERNELS.md, "Deeper pipelines").
 template <int D>
 constexpr int kDecodeStages = D == 128 ? 2 : 3;
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -7,7 +8,7 @@
 #include <vector>
 
 #include "io_test_util.h"
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {
@@ -58,12 +59,12 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.attention_bias, b.attention_bias);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
-  EXPECT_EQ(a.rope_theta, b.rope_theta);
-  EXPECT_EQ(a.rope_scaling, b.rope_scaling);
-  EXPECT_EQ(a.rope_factor, b.rope_factor);
-  EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
-  EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
-  EXPECT_EQ(a.rope_original_max_position, b.rope_original_max_position);
+  EXPECT_EQ(a.rope.theta, b.rope.theta);
+  EXPECT_EQ(a.rope.type, b.rope.type);
+  EXPECT_EQ(a.rope.factor, b.rope.factor);
+  EXPECT_EQ(a.rope.low_freq_factor, b.rope.low_freq_factor);
+  EXPECT_EQ(a.rope.high_freq_factor, b.rope.high_freq_factor);
+  EXPECT_EQ(a.rope.original_max_position, b.rope.original_max_position);
   EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
 }
@@ -77,7 +78,7 @@ struct FixtureCase {
   bool bias;
   bool qk_norm;
   float rope_theta;
-  RopeScaling rope_scaling;
+  RopeType rope_scaling;
   DType weight_dtype;
   size_t num_tensors;
 };
@@ -108,8 +109,8 @@ TEST_P(FixtureLoads, ConfigAndEveryTensor) {
   EXPECT_EQ(c.tie_word_embeddings, want.tied);
   EXPECT_EQ(c.attention_bias, want.bias);
   EXPECT_EQ(c.qk_norm, want.qk_norm);
-  EXPECT_EQ(c.rope_theta, want.rope_theta);
-  EXPECT_EQ(c.rope_scaling, want.rope_scaling);
+  EXPECT_EQ(c.rope.theta, want.rope_theta);
+  EXPECT_EQ(c.rope.type, want.rope_scaling);
 
   const auto expected = expected_tensor_shapes(c);
   EXPECT_EQ(expected.size(), want.num_tensors);
@@ -129,18 +130,29 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
                          ::testing::Values(
                              // 1 embedding + 2 layers x 9 + final norm; tied, so no lm_head.
                              FixtureCase{"llama-gqa", "LlamaForCausalLM", "llama", 64, true, false,
-                                         false, 1e4f, RopeScaling::kNone, DType::kF32, 20},
+                                         false, 1e4f, RopeType::kDefault, DType::kF32, 20},
                              FixtureCase{"llama3-rope", "LlamaForCausalLM", "llama", 64, false,
-                                         false, false, 5e5f, RopeScaling::kLlama3, DType::kBF16,
+                                         false, false, 5e5f, RopeType::kLlama3, DType::kBF16,
                                          21},
                              // + q/k/v biases per layer.
                              FixtureCase{"qwen2-bias", "Qwen2ForCausalLM", "qwen2", 64, true, true,
-                                         false, 1e6f, RopeScaling::kNone, DType::kBF16, 26},
+                                         false, 1e6f, RopeType::kDefault, DType::kBF16, 26},
                              // + q_norm/k_norm per layer; head_dim 128 is not hidden/heads.
                              FixtureCase{"qwen3-qknorm", "Qwen3ForCausalLM", "qwen3", 128, true,
-                                         false, true, 1e6f, RopeScaling::kNone, DType::kBF16, 24},
+                                         false, true, 1e6f, RopeType::kDefault, DType::kBF16, 24},
                              FixtureCase{"mistral", "MistralForCausalLM", "mistral", 64, false,
-                                         false, false, 1e4f, RopeScaling::kNone, DType::kBF16, 21}),
+                                         false, false, 1e4f, RopeType::kDefault, DType::kBF16, 21},
+                             // 11 per layer: + norms after attention and after the MLP.
+                             FixtureCase{"gemma2", "Gemma2ForCausalLM", "gemma2", 64, true, false,
+                                         false, 1e4f, RopeType::kDefault, DType::kBF16, 24},
+                             // + q/k norms; the model's rope is the global layers' (theta 1e6).
+                             FixtureCase{"gemma3", "Gemma3ForCausalLM", "gemma3", 64, true, false,
+                                         true, 1e6f, RopeType::kDefault, DType::kBF16, 28},
+                             // 6 per layer: fused qkv_proj and gate_up_proj; untied.
+                             FixtureCase{"phi3", "Phi3ForCausalLM", "phi3", 64, false, false,
+                                         false, 1e4f, RopeType::kDefault, DType::kBF16, 15},
+                             FixtureCase{"qwen3-yarn", "Qwen3ForCausalLM", "qwen3", 64, true,
+                                         false, true, 1e6f, RopeType::kYarn, DType::kBF16, 24}),
                          [](const auto& info) {
                            std::string name = info.param.name;
                            for (char& ch : name)
@@ -150,12 +162,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
 
 TEST(Checkpoint, Llama3RopeParameters) {
   const ModelConfig c = load_hf_checkpoint(fixture("llama3-rope")).config;
-  EXPECT_EQ(c.rope_scaling, RopeScaling::kLlama3);
-  EXPECT_EQ(c.rope_factor, 8.f);
-  EXPECT_EQ(c.rope_low_freq_factor, 1.f);
-  EXPECT_EQ(c.rope_high_freq_factor, 4.f);
-  EXPECT_EQ(c.rope_original_max_position, 64);
-  EXPECT_EQ(c.rope_theta, 5e5f);
+  EXPECT_EQ(c.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(c.rope.factor, 8.f);
+  EXPECT_EQ(c.rope.low_freq_factor, 1.f);
+  EXPECT_EQ(c.rope.high_freq_factor, 4.f);
+  EXPECT_EQ(c.rope.original_max_position, 64);
+  EXPECT_EQ(c.rope.theta, 5e5f);
 }
 
 TEST(Checkpoint, Qwen3ShapesUseExplicitHeadDim) {
@@ -233,15 +245,15 @@ TEST(Checkpoint, HubStyleConfigParsesTheSame) {
   EXPECT_EQ(c.architecture, "MistralForCausalLM");
   EXPECT_EQ(c.num_kv_heads, 4);
   EXPECT_EQ(c.head_dim, 64);
-  EXPECT_EQ(c.rope_theta, 10000.f);
+  EXPECT_EQ(c.rope.theta, 10000.f);
 }
 
 TEST(Checkpoint, LinearRopeScaling) {
   json j = fixture_config("llama-gqa");
   j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}};
   const ModelConfig c = parse_hf_config(j);
-  EXPECT_EQ(c.rope_scaling, RopeScaling::kLinear);
-  EXPECT_EQ(c.rope_factor, 2.f);
+  EXPECT_EQ(c.rope.type, RopeType::kLinear);
+  EXPECT_EQ(c.rope.factor, 2.f);
 }
 
 TEST(Checkpoint, GenerationConfigAddsStopTokens) {
@@ -329,8 +341,8 @@ TEST(Checkpoint, BadConfigsNameTheProblem) {
                   "unsupported architecture GPT2LMHeadModel");
   EXPECT_CONTAINS(message_for([](json& j) { j["architectures"] = "LlamaForCausalLM"; }),
                   "\"architectures\"");
-  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"]["rope_type"] = "yarn"; }),
-                  "unsupported rope_type \"yarn\"");
+  EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"]["rope_type"] = "longrope"; }),
+                  "unsupported rope_type \"longrope\"");
   EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"].erase("factor"); }),
                   "\"rope_parameters.factor\" is missing");
   EXPECT_CONTAINS(message_for([](json& j) { j["rope_parameters"]["low_freq_factor"] = "1"; }),
@@ -344,15 +356,105 @@ TEST(Checkpoint, BadConfigsNameTheProblem) {
   EXPECT_CONTAINS(message_for([](json& j) { j["eos_token_id"] = {2, "x"}; }), "\"eos_token_id\"");
   EXPECT_CONTAINS(message_for([](json& j) { j = json::array(); }), "not a JSON object");
 
+  EXPECT_CONTAINS(message_for([](json& j) { j["layer_types"] = {"full_attention"}; }),
+                  "\"layer_types\" has 1 entries for 2 layers");
+}
+
+std::vector<int32_t> windows_of(const ModelConfig& c) {
+  std::vector<int32_t> w;
+  for (const LayerSpec& l : c.layers) w.push_back(l.attention.window);
+  return w;
+}
+
+// Which layers slide, per family: Mistral all of them whenever sliding_window is set, Qwen only
+// with use_sliding_window and from max_window_layers on; a window as long as the context is none.
+TEST(Checkpoint, SlidingWindowLayers) {
   json mistral = fixture_config("mistral");
+  EXPECT_EQ(windows_of(parse_hf_config(mistral)), (std::vector<int32_t>{0, 0}));
   mistral["sliding_window"] = 512;
-  EXPECT_CONTAINS(error_of([&] { parse_hf_config(mistral); }),
-                  "sliding window attention (sliding_window=512 < max_position_embeddings=1024) "
-                  "is unsupported");
+  EXPECT_EQ(windows_of(parse_hf_config(mistral)), (std::vector<int32_t>{512, 512}));
+  EXPECT_EQ(parse_hf_config(mistral).window_of_all_layers(), 512);
+  mistral["sliding_window"] = 4096;
+  EXPECT_EQ(windows_of(parse_hf_config(mistral)), (std::vector<int32_t>{0, 0}));
   json qwen = fixture_config("qwen2-bias");
-  qwen["use_sliding_window"] = true;
   qwen["sliding_window"] = 128;
-  EXPECT_CONTAINS(error_of([&] { parse_hf_config(qwen); }), "sliding_window=128");
+  EXPECT_EQ(windows_of(parse_hf_config(qwen)), (std::vector<int32_t>{0, 0}));
+  qwen["use_sliding_window"] = true;
+  qwen["max_window_layers"] = 1;
+  EXPECT_EQ(windows_of(parse_hf_config(qwen)), (std::vector<int32_t>{0, 128}));
+  EXPECT_EQ(parse_hf_config(qwen).window_of_all_layers(), 0);
+}
+
+// Gemma 2's fixture: every per-layer and block setting its config.json asks for.
+TEST(Checkpoint, Gemma2AttentionAndBlock) {
+  const ModelConfig c = parse_hf_config(fixture_config("gemma2"));
+  ASSERT_EQ(c.layers.size(), 2u);
+  EXPECT_EQ(windows_of(c), (std::vector<int32_t>{32, 0}));
+  for (const LayerSpec& l : c.layers) {
+    EXPECT_FLOAT_EQ(l.attention.scale, 1.f / 8.f);  // query_pre_attn_scalar 64
+    EXPECT_EQ(l.attention.softcap, 50.f);
+    EXPECT_EQ(l.rope.theta, 1e4f);
+  }
+  EXPECT_EQ(c.final_logit_softcap, 30.f);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_EQ(c.norm_weight_offset, 1.f);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.embedding_scale, 16.f);
+}
+
+// Gemma 3 the way the Hub writes it (rope_theta, rope_local_base_freq, sliding_window_pattern,
+// no layer_types) reads the same as transformers 5's per-layer-type rope_parameters.
+TEST(Checkpoint, Gemma3HubKeysMatchTransformers5Keys) {
+  const json t5 = fixture_config("gemma3");
+  const ModelConfig want = parse_hf_config(t5);
+  ASSERT_EQ(want.layers.size(), 2u);
+  EXPECT_EQ(windows_of(want), (std::vector<int32_t>{32, 0}));
+  EXPECT_EQ(want.layers[0].rope.theta, 1e4f);
+  EXPECT_EQ(want.layers[1].rope.theta, 1e6f);
+  EXPECT_TRUE(want.qk_norm);
+  EXPECT_EQ(want.layers[0].attention.softcap, 0.f);
+  EXPECT_EQ(want.final_logit_softcap, 0.f);
+
+  json hub = t5;
+  hub.erase("rope_parameters");
+  hub.erase("layer_types");
+  hub.erase("_sliding_window_pattern");
+  hub["rope_theta"] = 1e6;
+  hub["rope_local_base_freq"] = 1e4;
+  hub["sliding_window_pattern"] = 2;  // layer 0 slides, layer 1 is global, as the fixture's list
+  const ModelConfig got = parse_hf_config(hub);
+  expect_same_config(got, want);
+  for (size_t i = 0; i < want.layers.size(); ++i) {
+    EXPECT_EQ(got.layers[i].attention, want.layers[i].attention) << i;
+    EXPECT_EQ(got.layers[i].rope, want.layers[i].rope) << i;
+  }
+  // The Hub's rope_scaling belongs to the global layers only.
+  hub["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  const ModelConfig scaled = parse_hf_config(hub);
+  EXPECT_EQ(scaled.layers[0].rope.type, RopeType::kDefault);
+  EXPECT_EQ(scaled.layers[1].rope.type, RopeType::kLinear);
+  EXPECT_EQ(scaled.layers[1].rope.factor, 8.f);
+}
+
+// YaRN's attention factor (0.1 ln 8 + 1 by default) scales both q and k in HF, so the scores
+// grow by its square.
+TEST(Checkpoint, YarnAttentionFactorFoldsIntoScale) {
+  json j = fixture_config("qwen3-yarn");
+  const ModelConfig c = parse_hf_config(j);
+  const double factor = 0.1 * std::log(8.0) + 1;
+  EXPECT_NEAR(c.layers[0].attention.scale, factor * factor / 8.0, 1e-6);  // head_dim 64
+  j["rope_parameters"]["attention_factor"] = 1.0;
+  EXPECT_FLOAT_EQ(parse_hf_config(j).layers[1].attention.scale, 1.f / 8.f);
+}
+
+// Phi-3's fused projections and its all-layer window.
+TEST(Checkpoint, Phi3) {
+  json j = fixture_config("phi3");
+  EXPECT_EQ(windows_of(parse_hf_config(j)), (std::vector<int32_t>{0, 0}));
+  j["sliding_window"] = 16;
+  EXPECT_EQ(windows_of(parse_hf_config(j)), (std::vector<int32_t>{16, 16}));
+  j["rope_parameters"]["partial_rotary_factor"] = 0.75;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(j); }), "partial_rotary_factor=0.75");
 }
 
 class BrokenCheckpoint : public ::testing::Test {

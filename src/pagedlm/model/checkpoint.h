@@ -1,8 +1,8 @@
 // A checkpoint as the model sees it: a ModelConfig plus CPU tensors under Hugging Face names
-// with HF shapes ([out, in] for projections), whatever the file format.
+// with HF shapes ([out, in] for projections), whatever the file format. The file readers are in
+// io/; what the names and keys mean comes from the model's family.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -11,12 +11,11 @@
 
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/io/model_config.h"
+#include "pagedlm/io/hf_folder.h"
+#include "pagedlm/model/family.h"
+#include "pagedlm/model/model_config.h"
 
 namespace pagedlm {
-
-// Called as loading advances: bytes (or tensors) done out of total.
-using LoadProgress = std::function<void(size_t done, size_t total)>;
 
 struct Checkpoint {
   ModelConfig config;
@@ -39,14 +38,18 @@ struct Checkpoint {
   std::map<std::string, Shape> shapes() const;
 };
 
-// Every tensor the model reads, under its HF name with its HF shape, in load order:
-// embeddings, each layer's attention then MLP, the final norm, and lm_head unless tied.
-// The one list both the loader's checks and the model code's lookups are made from.
-std::vector<std::pair<std::string, Shape>> expected_tensor_shapes(const ModelConfig& config);
+class GgufFile;
 
-// Parses an HF config.json (both the Hub's top-level rope_theta/rope_scaling style and
-// transformers 5's rope_parameters). Throws for unsupported architectures, naming them.
+// Parses an HF config.json through its family (model/family.h), in both the Hub's older key
+// style and transformers 5's. Throws for unsupported architectures, naming them.
 ModelConfig parse_hf_config(const nlohmann::json& config);
+
+// Maps a GGUF file's metadata to a ModelConfig through its family; throws naming any other
+// architecture or a missing key. tie_word_embeddings is true when output.weight is absent.
+// Llama 3.1 rope scaling is not expressed in the metadata: such files carry rope_freqs.weight,
+// which load_gguf_checkpoint stores as the tensor "rope_freqs" (F32 [head_dim/2]); the model
+// divides inv_freq[i] by rope_freqs[i].
+ModelConfig config_from_gguf(const GgufFile& file);
 
 // `path` is an HF folder (config.json + model.safetensors or a sharded index) or a .gguf file.
 Checkpoint load_checkpoint(const std::string& path, const LoadProgress& progress = {});

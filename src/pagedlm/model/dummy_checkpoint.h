@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "pagedlm/io/checkpoint.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 

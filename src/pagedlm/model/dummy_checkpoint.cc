@@ -1,4 +1,4 @@
-#include "pagedlm/io/dummy_checkpoint.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 
 #include <omp.h>
 
@@ -56,7 +56,8 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
     const bool is_norm = name.find("norm") != std::string::npos;
     // Projections scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
     const float scale = is_norm ? 0.1f : 1.f / std::sqrt(static_cast<float>(shape.back()));
-    const float offset = is_norm ? 1.f : 0.f;
+    // Norm weights near 1 as the model multiplies them (Gemma stores w - 1).
+    const float offset = is_norm ? 1.f - config.norm_weight_offset : 0.f;
     float* data = t.data<float>();
     const int64_t n = t.numel();
     const uint64_t s = ++tensor_seed * 0x2545f4914f6cdd1dULL;

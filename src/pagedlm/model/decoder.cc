@@ -1,17 +1,21 @@
-// The Llama family: Llama (incl. llama3 rope), Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norm).
-// They differ only in optional tensors, so one implementation serves them all.
+// The decoder every family runs: pre-norm attention and a gated MLP per layer, with the pieces a
+// family switches on in its ModelConfig (q/k/v biases, q/k norms, sandwich norms, (1 + w) norms,
+// GeGLU, scaled embeddings, a final soft-cap) and one attention spec per layer. Weights are
+// found under the family's names (model/family.h).
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "pagedlm/model/family.h"
 #include "pagedlm/model/model.h"
+#include "pagedlm/model/rope.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/rms_norm.h"
-#include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/silu_mul.h"
+#include "pagedlm/ops/softcap.h"
 
 namespace pagedlm {
 namespace {
@@ -32,13 +36,15 @@ struct Projection {
 };
 
 struct LayerWeights {
-  Tensor input_norm, post_attention_norm;  // [D]
-  Projection qkv_proj;                     // [(Hq + 2 Hk) d, D]: q, k, v rows, one GEMM
-  Tensor qkv_bias;                         // Qwen2 only
-  Projection o_proj;                       // [D, Hq*d]
-  Tensor q_norm, k_norm;                   // [d], Qwen3 only
-  Projection gate_up_proj;                 // [2F, D]: gate rows then up rows, one GEMM
-  Projection down_proj;                    // [D, F]
+  Tensor attn_norm, ffn_norm;          // [D]: before attention, before the MLP
+  Tensor attn_out_norm, ffn_out_norm;  // [D]: after them (sandwich norms only)
+  Projection qkv_proj;                 // [(Hq + 2 Hk) d, D]: q, k, v rows, one GEMM
+  Tensor qkv_bias;                     // Qwen2 only
+  Projection o_proj;                   // [D, Hq*d]
+  Tensor q_norm, k_norm;               // [d], with qk_norm only
+  Projection gate_up_proj;             // [2F, D]: gate rows then up rows, one GEMM
+  Projection down_proj;                // [D, F]
+  Tensor inv_freq;                     // [d/2] f32: the layer's rope (shared between layers)
 };
 
 // The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
@@ -99,9 +105,9 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
-class LlamaFamilyModel final : public CausalLM {
+class DecoderModel final : public CausalLM {
  public:
-  LlamaFamilyModel(const Checkpoint& ckpt, Device device)
+  DecoderModel(const Checkpoint& ckpt, Device device)
       : config_(ckpt.config), device_(device), dtype_(compute_dtype_of(device)) {
 #ifndef PAGEDLM_HAS_CUDA
     PAGEDLM_CHECK(device == Device::kCpu, "this build of pagedlm has no CUDA support");
@@ -133,38 +139,59 @@ class LlamaFamilyModel final : public CausalLM {
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}}});
     }
+    const Family& family = family_of(c);
+    auto name = [&](int64_t layer, LayerWeight w) { return hf_weight_name(family, layer, w); };
+    auto vector = [&](const std::string& tensor, int64_t n) {
+      return upload(ckpt.get(tensor, {n}), device);
+    };
+    // Layers with the same rope share one frequency table.
+    std::vector<std::pair<RopeSpec, Tensor>> rope_tables;
+    auto inv_freq_of = [&](const RopeSpec& spec) {
+      for (const auto& [s, t] : rope_tables) {
+        if (s == spec) return t;
+      }
+      std::vector<float> inv_freq = rope_inv_freq(spec, d);
+      if (ckpt.has("rope_freqs")) {  // GGUF llama3: per-frequency divisors instead of a config
+        Tensor divisors = ckpt.get("rope_freqs", {d / 2}).to_f32();
+        for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] /= divisors.data<float>()[i];
+      }
+      // Rope runs in f32 on every backend (angle = float(pos) * inv_freq).
+      const Tensor host = Tensor::from_f32(inv_freq, {d / 2});
+      rope_tables.emplace_back(spec, device == Device::kCpu ? host : host.to(device));
+      return rope_tables.back().second;
+    };
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
       LayerWeights w;
-      w.input_norm = upload(ckpt.get(p + "input_layernorm.weight", {D}), device);
-      w.post_attention_norm = upload(ckpt.get(p + "post_attention_layernorm.weight", {D}), device);
-      w.qkv_proj = projection({{p + "self_attn.q_proj.weight", {q_rows, D}},
-                               {p + "self_attn.k_proj.weight", {kv_rows, D}},
-                               {p + "self_attn.v_proj.weight", {kv_rows, D}}});
-      w.o_proj = projection({{p + "self_attn.o_proj.weight", {D, q_rows}}});
+      w.attn_norm = vector(name(i, LayerWeight::kAttnNorm), D);
+      w.ffn_norm = vector(name(i, LayerWeight::kFfnNorm), D);
+      if (c.sandwich_norms) {
+        w.attn_out_norm = vector(name(i, LayerWeight::kAttnOutNorm), D);
+        w.ffn_out_norm = vector(name(i, LayerWeight::kFfnOutNorm), D);
+      }
+      w.qkv_proj = has_layer_weight(family, LayerWeight::kQkv)
+                       ? projection({{name(i, LayerWeight::kQkv), {q_rows + 2 * kv_rows, D}}})
+                       : projection({{name(i, LayerWeight::kQ), {q_rows, D}},
+                                     {name(i, LayerWeight::kK), {kv_rows, D}},
+                                     {name(i, LayerWeight::kV), {kv_rows, D}}});
+      w.o_proj = projection({{name(i, LayerWeight::kO), {D, q_rows}}});
       if (c.attention_bias) {
-        w.qkv_bias = upload(concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_rows}),
-                                         ckpt.get(p + "self_attn.k_proj.bias", {kv_rows}),
-                                         ckpt.get(p + "self_attn.v_proj.bias", {kv_rows})}),
+        w.qkv_bias = upload(concat_rows({ckpt.get(name(i, LayerWeight::kQBias), {q_rows}),
+                                         ckpt.get(name(i, LayerWeight::kKBias), {kv_rows}),
+                                         ckpt.get(name(i, LayerWeight::kVBias), {kv_rows})}),
                             device);
       }
       if (c.qk_norm) {
-        w.q_norm = upload(ckpt.get(p + "self_attn.q_norm.weight", {d}), device);
-        w.k_norm = upload(ckpt.get(p + "self_attn.k_norm.weight", {d}), device);
+        w.q_norm = vector(name(i, LayerWeight::kQNorm), d);
+        w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
-      w.gate_up_proj =
-          projection({{p + "mlp.gate_proj.weight", {F, D}}, {p + "mlp.up_proj.weight", {F, D}}});
-      w.down_proj = projection({{p + "mlp.down_proj.weight", {D, F}}});
+      w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
+                           ? projection({{name(i, LayerWeight::kGateUp), {2 * F, D}}})
+                           : projection({{name(i, LayerWeight::kGate), {F, D}},
+                                         {name(i, LayerWeight::kUp), {F, D}}});
+      w.down_proj = projection({{name(i, LayerWeight::kDown), {D, F}}});
+      w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
     }
-    std::vector<float> inv_freq = ops::rope_inv_freq(c);
-    if (ckpt.has("rope_freqs")) {  // GGUF llama3: per-frequency divisors instead of a config
-      Tensor divisors = ckpt.get("rope_freqs", {d / 2}).to_f32();
-      for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] /= divisors.data<float>()[i];
-    }
-    // Rope runs in f32 on every backend (angle = float(pos) * inv_freq).
-    Tensor inv_freq_host = Tensor::from_f32(inv_freq, {d / 2});
-    inv_freq_ = device == Device::kCpu ? inv_freq_host : inv_freq_host.to(device);
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -213,34 +240,46 @@ class LlamaFamilyModel final : public CausalLM {
     Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
 
-    ops::embedding(embed_, in.token_ids, residual, stream);
+    const float offset = c.norm_weight_offset;
+    ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       if (i == 0) {
-        ops::rms_norm(residual, w.input_norm, eps, hidden, stream);
+        ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset);
       } else {
-        ops::add_rms_norm(residual, proj_out, w.input_norm, eps, hidden, stream);
+        ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset);
       }
       w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream);
       if (c.qk_norm) {
-        ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream);
-        ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream);
+        ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
+        ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
       }
-      attention.attend(static_cast<int>(i), variant_, qkv, q, inv_freq_, attn_out);
+      attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
-      ops::add_rms_norm(residual, proj_out, w.post_attention_norm, eps, hidden, stream);
+      if (c.sandwich_norms) {
+        ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
+      }
+      ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
       w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
-      ops::silu_mul(gate_up, act, stream);
+      if (c.activation == Activation::kGeluTanh) {
+        ops::gelu_tanh_mul(gate_up, act, stream);
+      } else {
+        ops::silu_mul(gate_up, act, stream);
+      }
       w.down_proj.apply(act, Tensor(), proj_out, stream);
+      if (c.sandwich_norms) {
+        ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
+      }
     }
     // Only the rows that need logits go through the final norm and the lm_head.
     Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
     Tensor last_update = buffers_.last_update.rows(0, S);
     ops::gather_rows(residual, in.logits_rows, last_residual, stream);
     ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
-    ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream);
+    ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
     lm_head_.apply(last, Tensor(), logits, stream);
+    if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
   }
 
  private:
@@ -253,8 +292,7 @@ class LlamaFamilyModel final : public CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
-  AttentionVariant variant_{1.f / std::sqrt(static_cast<float>(config_.head_dim))};
-  Tensor embed_, final_norm_, inv_freq_;
+  Tensor embed_, final_norm_;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;
@@ -263,13 +301,7 @@ class LlamaFamilyModel final : public CausalLM {
 }  // namespace
 
 std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device) {
-  const std::string& arch = checkpoint.config.architecture;
-  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-      arch == "Qwen3ForCausalLM") {
-    return std::make_unique<LlamaFamilyModel>(checkpoint, device);
-  }
-  fail("unsupported architecture '", arch, "' (supported: LlamaForCausalLM, MistralForCausalLM, ",
-       "Qwen2ForCausalLM, Qwen3ForCausalLM)");
+  return std::make_unique<DecoderModel>(checkpoint, device);
 }
 
 }  // namespace pagedlm
