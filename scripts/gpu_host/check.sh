@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call's worth of checks on a GPU host, logs under LOG_DIR (default /tmp/pagedlm-check):
+# Every check of a GPU host in one command, logs under LOG_DIR (default /tmp/pagedlm-check):
 # build (scripts/gpu_host/build.sh), the CUDA kernel and model tests, compute-sanitizer memcheck
 # on the small kernel cases, then the benchmark table (scripts/gpu_host/bench.sh; MODELS, default
 # "smollm2-135m llama-3.1-8b", and its REPEAT / WORKLOADS / FLAGS env). Prints a short summary.

@@ -46,7 +46,8 @@ struct SchedulerStats {
   int64_t preemptions = 0;
 };
 
-// One sequence's page table, as the seed's cache.sequence_map shows it.
+// A running sequence's page table, for inspection (Scheduler::sequence_map, `generate
+// --show-cache`): its token counts and the pages it holds, in order.
 struct SequenceView {
   int64_t request_id = 0;
   int32_t num_tokens = 0;         // prompt + generated so far
@@ -84,7 +85,8 @@ class Scheduler {
 
  private:
   SchedulerConfig config_;
-  // Implementation state belongs to the implementer; keep it private.
+  // Sequences, queues, page pool and prefix cache live in State (scheduler.cc), so this
+  // header does not expose the Sequence layout.
   struct State;
   std::unique_ptr<State> state_;
 };
