@@ -18,6 +18,7 @@
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/rope.h"
+#include "pagedlm/ops/sampling.h"
 #include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/write_kv.h"
 
@@ -141,6 +142,14 @@ void silu_mul(const void* gate_up, void* out, int64_t n_tokens, int64_t ffn, DTy
   raw::check(raw::launch_silu_mul(gate_up, out, static_cast<int>(n_tokens), static_cast<int>(ffn),
                                   as_stream(stream)),
              "silu_mul");
+}
+
+void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const SamplerRows& params,
+                   int32_t* out_tokens, void* stream) {
+  raw::check(raw::launch_sample(logits, static_cast<int>(rows), static_cast<int>(vocab),
+                                params.temperature, params.top_k, params.top_p, params.min_p,
+                                params.seed, params.step, out_tokens, as_stream(stream)),
+             "sampling");
 }
 
 // Rope alone is the fused rope + cache write with every slot -1 (nothing written); the engine's
