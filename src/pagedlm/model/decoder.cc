@@ -12,6 +12,7 @@
 #include "pagedlm/model/rope.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
+#include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/silu_mul.h"
