@@ -40,6 +40,7 @@ TextModel load_text_model(const std::string& path, const LoadProgress& progress)
     return model;
   }
   const GgufFile gguf = GgufFile::open(path);
+  if (!gguf.find("tokenizer.ggml.model")) return model;  // token ids only, as for folders above
   model.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(gguf));
   if (const GgufValue* tmpl = gguf.find("tokenizer.chat_template")) {
     set_chat_template(model, tmpl->as_string());

@@ -36,6 +36,7 @@ void read_phi3_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
                 "' uses Phi-3's longrope scaling, which pagedlm does not support");
   if (!f.find(p + "attention.sliding_window")) return;
   const int64_t window = f.get_int(p + "attention.sliding_window");
+  if (window == 0) return;  // llama.cpp's converter writes 0 when the config has no window
   PAGEDLM_CHECK(window > 0 && window <= INT32_MAX, "GGUF file '", f.path(), "' metadata '", p,
                 "attention.sliding_window' must be a positive int32, got ", window);
   if (window >= c.max_position_embeddings) return;
