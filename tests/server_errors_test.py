@@ -13,6 +13,20 @@ AUTH = {"Authorization": "Bearer " + KEY}
 GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
+
+
+def nested(depth):
+    return "[" * depth + "]" * depth
+
+
+def chat_with(field_json):
+    """A chat body (bytes) with `field_json` spliced in as is."""
+    return ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+            + field_json + "}").encode()
+
+
+DEEP = 20000  # 40 KB of brackets: enough to overflow the stack of any recursive walk
+
 # (name, path, body (dict, or bytes sent as is), expected status, text the message must hold)
 CASES = [
     ("malformed JSON", "/v1/completions", b'{"prompt": ', 400, "malformed JSON"),
@@ -86,6 +100,22 @@ CASES = [
     ("tokenize without prompt", "/tokenize", {}, 400, "'prompt'"),
     ("unknown route", "/v1/embeddings", GOOD, 404, "no route"),
     ("body too large", "/v1/completions", b"x" * 200000, 413, "too large"),
+    ("deep unknown field", "/v1/chat/completions",
+     ('{"messages": [{"role": "user", "content": "hi", "x": ' + nested(DEEP)
+      + '}], "max_tokens": 2}').encode(), 400, "nested deeper than 128"),
+    ("deep content", "/v1/chat/completions",
+     ('{"messages": [{"role": "user", "content": [' + nested(DEEP) + ']}]}').encode(), 400,
+     "nested deeper than 128"),
+    ("deep tools", "/v1/chat/completions", chat_with('"tools": ' + nested(DEEP)), 400,
+     "nested deeper than 128"),
+    ("deep chat_template_kwargs", "/v1/chat/completions",
+     chat_with('"chat_template_kwargs": {"a": ' + nested(DEEP) + "}"), 400,
+     "nested deeper than 128"),
+    ("deep tokenize messages", "/tokenize",
+     ('{"messages": [{"role": "user", "content": "hi", "x": ' + nested(DEEP) + "}]}").encode(),
+     400, "nested deeper than 128"),
+    ("deep completion prompt", "/v1/completions", ('{"prompt": ' + nested(DEEP) + "}").encode(),
+     400, "nested deeper than 128"),
 ]
 
 
@@ -112,6 +142,11 @@ def main():
                 assert set(err) == {"message", "type", "param", "code"}, (name, err)
                 assert server.alive(), name
             still_serving()
+            # Nesting within the bound is still accepted, through the template's walks too.
+            status, _, payload = request(server, "POST", "/v1/chat/completions", None, AUTH,
+                                         raw=chat_with('"chat_template_kwargs": {"a": '
+                                                       + nested(100) + "}"))
+            assert status == 200, payload
 
         def check_auth():
             for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):

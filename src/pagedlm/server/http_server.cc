@@ -12,6 +12,7 @@
 #include <random>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/engine/stop_strings.h"
 #include "pagedlm/server/chat_page.h"
 #include "pagedlm/server/engine_loop.h"
@@ -497,7 +498,7 @@ void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
 }
 
 void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-  CompletionRequest request = parse_completion_request(json::parse(req.body), chat, info);
+  CompletionRequest request = parse_completion_request(parse_json<json>(req.body), chat, info);
   const bool stream = request.stream;
   // The api key salts the cache too, so tenants with different keys never share pages.
   if (!options.api_keys.empty()) {
@@ -627,7 +628,7 @@ void HttpServer::Impl::setup_routes() {
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
-      const std::vector<int32_t> ids = parse_tokenize_request(json::parse(req.body), info);
+      const std::vector<int32_t> ids = parse_tokenize_request(parse_json<json>(req.body), info);
       send_json(
           res, 200,
           json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
@@ -635,7 +636,7 @@ void HttpServer::Impl::setup_routes() {
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
-      const std::vector<int32_t> ids = parse_detokenize_request(json::parse(req.body), info);
+      const std::vector<int32_t> ids = parse_detokenize_request(parse_json<json>(req.body), info);
       send_json(res, 200, json{{"prompt", info.tokenizer->decode(ids)}});
     });
   });
