@@ -38,7 +38,13 @@ Value Value::function(std::string name, Function fn) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+void check_value_depth(int depth) {
+  PAGEDLM_CHECK(depth <= kMaxValueDepth, "chat template: a value nests deeper than ",
+                kMaxValueDepth, " levels");
+}
+
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  check_value_depth(depth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return none();
@@ -55,12 +61,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& item : j) items.push_back(from_json(item));
+      for (const auto& item : j) items.push_back(from_json(item, depth + 1));
       return list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
-      for (const auto& [key, item] : j.items()) d->items.emplace_back(key, from_json(item));
+      for (const auto& [key, item] : j.items())
+        d->items.emplace_back(key, from_json(item, depth + 1));
       return dict(std::move(d));
     }
     default:
@@ -220,7 +227,8 @@ std::string Value::str() const {
   }
 }
 
-std::string Value::repr() const {
+std::string Value::repr(int depth) const {
+  check_value_depth(depth);
   switch (kind_) {
     case Kind::kUndefined:
       return "Undefined";
@@ -238,7 +246,7 @@ std::string Value::repr() const {
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
-        out += (*list_)[i].repr();
+        out += (*list_)[i].repr(depth + 1);
       }
       if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
@@ -248,7 +256,7 @@ std::string Value::repr() const {
       std::string out = kind_ == Kind::kNamespace ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
-        out += repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr();
+        out += repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr(depth + 1);
       }
       return out + (kind_ == Kind::kNamespace ? "}>" : "}");
     }
@@ -271,6 +279,7 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
     out += '\n';
     out.append(static_cast<size_t>(indent) * level, ' ');
   };
+  check_value_depth(depth);
   switch (kind_) {
     case Kind::kNone:
       out += "null";
@@ -330,7 +339,8 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
   }
 }
 
-bool Value::equals(const Value& other) const {
+bool Value::equals(const Value& other, int depth) const {
+  check_value_depth(depth);
   if (is_number() && other.is_number()) {
     if (kind_ == Kind::kFloat || other.kind_ == Kind::kFloat) {
       return as_double() == other.as_double();
@@ -347,7 +357,7 @@ bool Value::equals(const Value& other) const {
     case Kind::kList: {
       if (tuple_ != other.tuple_ || list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (!(*list_)[i].equals((*other.list_)[i])) return false;
+        if (!(*list_)[i].equals((*other.list_)[i], depth + 1)) return false;
       }
       return true;
     }
@@ -355,7 +365,7 @@ bool Value::equals(const Value& other) const {
       if (dict_->items.size() != other.dict_->items.size()) return false;
       for (const auto& [key, value] : dict_->items) {
         const Value* theirs = other.dict_->find(key);
-        if (!theirs || !value.equals(*theirs)) return false;
+        if (!theirs || !value.equals(*theirs, depth + 1)) return false;
       }
       return true;
     }

@@ -17,6 +17,16 @@ namespace pagedlm::jinja {
 class Value;
 struct Dict;
 
+// The deepest lists and dicts may nest, counted from the value a walk starts at. Walks over
+// values (repr, ==, tojson, <, conversion from JSON) recurse once per level, and the data comes
+// from requests (messages, tools) or from the template itself, which may even make a namespace
+// hold itself; past this depth they fail with an Error instead of running off the stack.
+// Requests are parsed with a lower bound (kMaxJsonDepth), so templates can wrap them further.
+inline constexpr int kMaxValueDepth = 256;
+
+// Throws pagedlm::Error when `depth` (levels walked so far) is past kMaxValueDepth.
+void check_value_depth(int depth);
+
 // Arguments of a call: positional, then keyword in source order.
 struct CallArgs {
   std::vector<Value> positional;
@@ -75,7 +85,8 @@ class Value {
   // A namespace() object: the only value templates may change after creating it (`set ns.x`).
   static Value make_namespace(std::shared_ptr<Dict> attrs);
   static Value function(std::string name, Function fn);
-  static Value from_json(const nlohmann::ordered_json& j);
+  // Throws pagedlm::Error for JSON nested deeper than kMaxValueDepth.
+  static Value from_json(const nlohmann::ordered_json& j) { return from_json(j, 0); }
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -104,11 +115,11 @@ class Value {
   // Python str(): what {{ value }} prints. Undefined prints nothing.
   std::string str() const;
   // Python repr(), used by str() of lists and dicts.
-  std::string repr() const;
+  std::string repr() const { return repr(0); }
   // Python json.dumps(value, ensure_ascii, indent) with HF's defaults (keys in insertion order).
   std::string to_json(bool ensure_ascii, int indent) const;
   // Python == (1 == 1.0 == True; containers compare deeply).
-  bool equals(const Value& other) const;
+  bool equals(const Value& other) const { return equals(other, 0); }
   // A short type name for error messages, like Jinja's "'dict object'".
   std::string type_name() const;
 
@@ -118,6 +129,10 @@ class Value {
     Function fn;
   };
   explicit Value(Kind kind) : kind_(kind) {}
+  // The walks above, `depth` levels below where they started.
+  static Value from_json(const nlohmann::ordered_json& j, int depth);
+  std::string repr(int depth) const;
+  bool equals(const Value& other, int depth) const;
   void append_json(std::string& out, bool ensure_ascii, int indent, int depth) const;
 
   Kind kind_ = Kind::kUndefined;
