@@ -43,6 +43,8 @@ CASES = [
     ("max_tokens zero", "/v1/completions", {**GOOD, "max_tokens": 0}, 400, "at least 1"),
     ("max_tokens past context", "/v1/completions", {**GOOD, "max_tokens": 1000000}, 400,
      "maximum context length"),
+    ("max_tokens at INT64_MAX", "/v1/completions", {**GOOD, "max_tokens": 2**63 - 1}, 400,
+     f"{2**63 - 1} for the completion"),
     ("prompt past context", "/v1/completions", {"prompt": "hello " * 9000, "max_tokens": 1},
      400, "maximum context length"),
     ("negative temperature", "/v1/completions", {**GOOD, "temperature": -1}, 400,
