@@ -168,6 +168,16 @@ def main():
             assert status == 413 and headers.get("connection") == "close", (status, headers)
             assert "too large" in json.loads(body)["error"]["message"], body
             assert rss_bytes(server) - rss_before < 20 << 20, "the chunked body was buffered"
+            # A client that asks before sending (Expect: 100-continue) is refused up front,
+            # and one that sends a chunked body after "100 Continue" still gets the 413.
+            status, _, body = raw_request(server, http_head(
+                "POST", "/v1/completions", "Expect: 100-continue", body_length=1 << 30))
+            assert status == 413 and "too large" in body.decode(), (status, body)
+            parts = (b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(10))
+            status, _, body = raw_request(server, http_head(
+                "POST", "/v1/completions", "Transfer-Encoding: chunked", "Expect: 100-continue"),
+                parts)
+            assert status == 413, (status, body)
             # A chunked body within the limit is served.
             good = json.dumps(GOOD).encode()
             parts = [b"%x\r\n%s\r\n" % (len(good), good), b"0\r\n\r\n"]

@@ -87,7 +87,14 @@ def request(server, method, path, body=None, headers=None, raw=None, timeout=60)
 def raw_request(server, head, body_parts=(), timeout=30):
     """Sends `head` (bytes, as is) and then each of `body_parts` over a plain socket, stopping
     when the server closes its end, and returns (status, headers with lowercase names, body
-    bytes) of the first response. For requests http.client will not send."""
+    bytes) of the final response (after any "100 Continue"). For requests http.client will
+    not send."""
+
+    def final(received):
+        while re.match(rb"HTTP/1\.1 1\d\d ", received) and b"\r\n\r\n" in received:
+            received = received.partition(b"\r\n\r\n")[2]
+        return received
+
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
     received = b""
     try:
@@ -102,16 +109,15 @@ def raw_request(server, head, body_parts=(), timeout=30):
             if not data:
                 break
             received += data
-            if b"\r\n\r\n" in received:
-                head_text, _, rest = received.partition(b"\r\n\r\n")
-                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head_text)
-                if length and len(rest) >= int(length.group(1)):
-                    break
+            head_text, blank, rest = final(received).partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head_text)
+            if blank and length and len(rest) >= int(length.group(1)):
+                break
     except ConnectionResetError:
         pass
     finally:
         sock.close()
-    head_text, _, rest = received.partition(b"\r\n\r\n")
+    head_text, _, rest = final(received).partition(b"\r\n\r\n")
     lines = head_text.decode("latin-1").split("\r\n")
     assert lines[0].startswith("HTTP/1.1 "), received[:200]
     headers = {}

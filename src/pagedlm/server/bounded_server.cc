@@ -100,7 +100,8 @@ class BoundedStream final : public httplib::Stream {
 
   ssize_t write(const char* ptr, size_t size) override {
     if (!is_writable()) return -1;
-    responded_ = true;
+    // "100 Continue" is interim: a refusal can still follow it.
+    responded_ = responded_ || std::string_view(ptr, std::min<size_t>(size, 10)) != "HTTP/1.1 1";
     return send_all(ptr, size);
   }
 

@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -618,6 +619,20 @@ void HttpServer::Impl::setup_routes() {
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
 
+  // A client that asks first (curl does for large and chunked bodies) learns of a body past
+  // the limit before sending it.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Not stoull: this runs outside httplib's exception handling, and the header is the
+    // client's.
+    const std::string length = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+    const bool too_large =
+        ec == std::errc::result_out_of_range || (ec == std::errc() && n > options.max_body_bytes);
+    if (!too_large) return 100;
+    res.status = 413;  // httplib answers with res, not the returned status
+    return 413;
+  });
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // These run before the body is read, so the connection closes after the refusal.
     if (const char* problem = framing_problem(req)) {
