@@ -138,11 +138,18 @@ TEST(Jinja, DeepValuesAreRefused) {
   ojson deep = ojson::array();
   for (int i = 0; i < 100000; ++i) deep = ojson::array({std::move(deep)});
   EXPECT_THROW(jinja::Value::from_json(deep), Error);
-  ojson shallow = ojson::array();
-  for (int i = 0; i < jinja::kMaxValueDepth; ++i) shallow = ojson::array({std::move(shallow)});
+  ojson shallow = ojson::array();  // kMaxValueDepth levels
+  for (int i = 1; i < jinja::kMaxValueDepth; ++i) shallow = ojson::array({std::move(shallow)});
   EXPECT_EQ(render("{{ x | length }}", {{"x", shallow}}), "1");
+  EXPECT_THROW(jinja::Value::from_json(ojson::array({shallow})), Error);
+  // Built by the template in a loop, past the bound: refused as it is made, long before
+  // freeing it would recurse off the stack.
+  EXPECT_NE(error_of("{% set ns = namespace(a=[]) %}{% for i in range(100000) %}"
+                     "{% set ns.a = [ns.a] %}{% endfor %}")
+                .find("nests deeper than"),
+            std::string::npos);
   // A namespace that holds itself would print forever; lists the template nests in a loop
-  // would be printed, compared and dumped a level per frame.
+  // are refused as they are made, whatever is done with them.
   EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}")
                 .find("nests deeper than"),
             std::string::npos);

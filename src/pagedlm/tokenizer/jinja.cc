@@ -232,16 +232,15 @@ Value items_of(const Value& v) {
   return Value::list(std::move(pairs));
 }
 
-// Python's a < b for the types templates compare; `depth`: lists walked into so far.
-bool less_than(const Value& a, const Value& b, int depth = 0) {
-  check_value_depth(depth);
+// Python's a < b for the types templates compare.
+bool less_than(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) return a.as_double() < b.as_double();
   if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();
   if (a.is_list() && b.is_list()) {
     const auto& x = a.as_list();
     const auto& y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!x[i].equals(y[i])) return less_than(x[i], y[i], depth + 1);
+      if (!x[i].equals(y[i])) return less_than(x[i], y[i]);
     }
     return x.size() < y.size();
   }

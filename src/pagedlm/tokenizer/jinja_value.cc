@@ -1,5 +1,6 @@
 #include "pagedlm/tokenizer/jinja_value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -8,8 +9,27 @@
 
 namespace pagedlm::jinja {
 
+// Containers carry their nesting (1 + their deepest item's), so a template building deeper and
+// deeper lists in a loop fails at kMaxValueDepth, and ==, <, tojson and freeing, which recurse
+// into lists and dicts only, stay within it. (A namespace's nesting is that of its attributes
+// when it was made.)
+uint16_t Value::container_nesting(int deepest_item) {
+  PAGEDLM_CHECK(deepest_item < kMaxValueDepth, "chat template: a value nests deeper than ",
+                kMaxValueDepth, " levels");
+  return static_cast<uint16_t>(deepest_item + 1);
+}
+
+uint16_t Value::items_nesting(const Dict& dict) {
+  int deepest = 0;
+  for (const auto& [key, item] : dict.items) deepest = std::max<int>(deepest, item.nesting_);
+  return container_nesting(deepest);
+}
+
 Value Value::list(std::vector<Value> items) {
   Value v(Kind::kList);
+  int deepest = 0;
+  for (const Value& item : items) deepest = std::max<int>(deepest, item.nesting_);
+  v.nesting_ = container_nesting(deepest);
   v.list_ = std::make_shared<std::vector<Value>>(std::move(items));
   return v;
 }
@@ -22,12 +42,14 @@ Value Value::tuple(std::vector<Value> items) {
 
 Value Value::dict(std::shared_ptr<Dict> dict) {
   Value v(Kind::kDict);
+  v.nesting_ = items_nesting(*dict);
   v.dict_ = std::move(dict);
   return v;
 }
 
 Value Value::make_namespace(std::shared_ptr<Dict> attrs) {
   Value v(Kind::kNamespace);
+  v.nesting_ = items_nesting(*attrs);
   v.dict_ = std::move(attrs);
   return v;
 }
@@ -38,10 +60,15 @@ Value Value::function(std::string name, Function fn) {
   return v;
 }
 
+namespace {
+
+// Throws when a walk is about to go past kMaxValueDepth levels (`depth`: levels above).
 void check_value_depth(int depth) {
-  PAGEDLM_CHECK(depth <= kMaxValueDepth, "chat template: a value nests deeper than ",
-                kMaxValueDepth, " levels");
+  PAGEDLM_CHECK(depth < kMaxValueDepth, "chat template: a value nests deeper than ", kMaxValueDepth,
+                " levels");
 }
+
+}  // namespace
 
 Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
   check_value_depth(depth);
@@ -279,7 +306,6 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
     out += '\n';
     out.append(static_cast<size_t>(indent) * level, ' ');
   };
-  check_value_depth(depth);
   switch (kind_) {
     case Kind::kNone:
       out += "null";
@@ -339,8 +365,7 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
   }
 }
 
-bool Value::equals(const Value& other, int depth) const {
-  check_value_depth(depth);
+bool Value::equals(const Value& other) const {
   if (is_number() && other.is_number()) {
     if (kind_ == Kind::kFloat || other.kind_ == Kind::kFloat) {
       return as_double() == other.as_double();
@@ -357,7 +382,7 @@ bool Value::equals(const Value& other, int depth) const {
     case Kind::kList: {
       if (tuple_ != other.tuple_ || list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (!(*list_)[i].equals((*other.list_)[i], depth + 1)) return false;
+        if (!(*list_)[i].equals((*other.list_)[i])) return false;
       }
       return true;
     }
@@ -365,7 +390,7 @@ bool Value::equals(const Value& other, int depth) const {
       if (dict_->items.size() != other.dict_->items.size()) return false;
       for (const auto& [key, value] : dict_->items) {
         const Value* theirs = other.dict_->find(key);
-        if (!theirs || !value.equals(*theirs, depth + 1)) return false;
+        if (!theirs || !value.equals(*theirs)) return false;
       }
       return true;
     }

@@ -17,15 +17,11 @@ namespace pagedlm::jinja {
 class Value;
 struct Dict;
 
-// The deepest lists and dicts may nest, counted from the value a walk starts at. Walks over
-// values (repr, ==, tojson, <, conversion from JSON) recurse once per level, and the data comes
-// from requests (messages, tools) or from the template itself, which may even make a namespace
-// hold itself; past this depth they fail with an Error instead of running off the stack.
-// Requests are parsed with a lower bound (kMaxJsonDepth), so templates can wrap them further.
+// The deepest lists and dicts may nest. Values come from requests (messages, tools) or are made
+// by the template, possibly in a loop, and walking or freeing them recurses once per level:
+// making a deeper one, or reading deeper JSON, fails with an Error instead of running off the
+// stack. Requests are parsed with a lower bound (kMaxJsonDepth), so templates can wrap them.
 inline constexpr int kMaxValueDepth = 256;
-
-// Throws pagedlm::Error when `depth` (levels walked so far) is past kMaxValueDepth.
-void check_value_depth(int depth);
 
 // Arguments of a call: positional, then keyword in source order.
 struct CallArgs {
@@ -119,7 +115,7 @@ class Value {
   // Python json.dumps(value, ensure_ascii, indent) with HF's defaults (keys in insertion order).
   std::string to_json(bool ensure_ascii, int indent) const;
   // Python == (1 == 1.0 == True; containers compare deeply).
-  bool equals(const Value& other) const { return equals(other, 0); }
+  bool equals(const Value& other) const;
   // A short type name for error messages, like Jinja's "'dict object'".
   std::string type_name() const;
 
@@ -129,14 +125,19 @@ class Value {
     Function fn;
   };
   explicit Value(Kind kind) : kind_(kind) {}
-  // The walks above, `depth` levels below where they started.
+  // The walks above, `depth` levels below where they started. repr() counts its own depth:
+  // it prints namespaces' attributes, which change after they are made (one may even hold
+  // itself), so their nesting is not known.
   static Value from_json(const nlohmann::ordered_json& j, int depth);
   std::string repr(int depth) const;
-  bool equals(const Value& other, int depth) const;
+  // The nesting of a container whose deepest item has `deepest_item`; throws past the bound.
+  static uint16_t container_nesting(int deepest_item);
+  static uint16_t items_nesting(const Dict& dict);
   void append_json(std::string& out, bool ensure_ascii, int indent, int depth) const;
 
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
+  uint16_t nesting_ = 0;  // levels of containers, this one included (0 for a scalar)
   int64_t int_ = 0;
   double float_ = 0.0;
   std::shared_ptr<std::string> str_;
