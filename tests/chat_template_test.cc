@@ -132,6 +132,60 @@ TEST(Jinja, RuntimeErrorsNameTheLine) {
             "chat template error at line 1: cannot assign attribute on non-namespace object");
 }
 
+// Data nested past kMaxValueDepth, from a request or made by the template itself, fails with an
+// Error instead of recursing off the stack.
+TEST(Jinja, DeepValuesAreRefused) {
+  ojson deep = ojson::array();
+  for (int i = 0; i < 100000; ++i) deep = ojson::array({std::move(deep)});
+  EXPECT_THROW(jinja::Value::from_json(deep), Error);
+  ojson shallow = ojson::array();  // kMaxValueDepth levels
+  for (int i = 1; i < jinja::kMaxValueDepth; ++i) shallow = ojson::array({std::move(shallow)});
+  EXPECT_EQ(render("{{ x | length }}", {{"x", shallow}}), "1");
+  EXPECT_THROW(jinja::Value::from_json(ojson::array({shallow})), Error);
+  // Built by the template in a loop, past the bound: refused as it is made, long before
+  // freeing it would recurse off the stack.
+  EXPECT_NE(error_of("{% set ns = namespace(a=[]) %}{% for i in range(100000) %}"
+                     "{% set ns.a = [ns.a] %}{% endfor %}")
+                .find("nests deeper than"),
+            std::string::npos);
+  // A namespace that holds itself would print forever; lists the template nests in a loop
+  // are refused as they are made, whatever is done with them.
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}")
+                .find("nests deeper than"),
+            std::string::npos);
+  const std::string deep_lists =
+      "{% set ns = namespace(a=[0], b=[1]) %}{% for i in range(300) %}"
+      "{% set ns.a = [ns.a] %}{% set ns.b = [ns.b] %}{% endfor %}";
+  for (const char* use :
+       {"{{ ns.a }}", "{{ ns.a == ns.b }}", "{{ ns.a < ns.b }}", "{{ ns.a | tojson }}"}) {
+    EXPECT_NE(error_of(deep_lists + use).find("nests deeper than"), std::string::npos) << use;
+  }
+}
+
+// A template is outside data too (--chat-template): nesting past kMaxNesting, by recursion
+// (brackets, blocks, prefixes) or by a chain the parser builds in a loop, is a syntax error.
+TEST(Jinja, DeepTemplatesAreRefused) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  const int n = 100000;
+  for (const std::string& source :
+       {"{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}",
+        "{{ " + repeat("[", n) + repeat("]", n) + " }}", "{{ " + repeat("not ", n) + "1 }}",
+        "{{ " + repeat("-", n) + "1 }}", "{{ 1" + repeat(" ~ 1", n) + " }}",
+        "{{ x" + repeat(".a", n) + " }}", "{{ x" + repeat(" | trim", n) + " }}",
+        repeat("{% if 1 %}", n) + repeat("{% endif %}", n)}) {
+    EXPECT_NE(error_of(source).find("nested deeper than"), std::string::npos)
+        << source.substr(0, 40);
+  }
+  // Within the bound, the same shapes still render.
+  EXPECT_EQ(render("{{ " + repeat("(", 100) + "1" + repeat(")", 100) + " }}"), "1");
+  EXPECT_EQ(render(repeat("{% if 1 %}", 100) + "x" + repeat("{% endif %}", 100)), "x");
+  EXPECT_EQ(render("{{ 1" + repeat(" + 1", 100) + " }}"), "101");
+}
+
 TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
   EXPECT_EQ(error_of("\n{{ raise_exception('Roles must alternate ' ~ n) }}", {{"n", 2}}),
             "Roles must alternate 2");

@@ -5,13 +5,27 @@ import json
 import threading
 import time
 
-from server_harness import (Server, metrics, parse_args, post_json, request, run_checks,
-                            sse_events)
+from server_harness import (Server, metrics, parse_args, post_json, raw_request, request,
+                            rss_bytes, run_checks, sse_events)
 
 KEY = "errors-test-key"
 AUTH = {"Authorization": "Bearer " + KEY}
 GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+
+def nested(depth):
+    return "[" * depth + "]" * depth
+
+
+def chat_with(field_json):
+    """A chat body (bytes) with `field_json` spliced in as is."""
+    return ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+            + field_json + "}").encode()
+
+
+DEEP = 20000  # 40 KB of brackets: enough to overflow the stack of any recursive walk
 
 # (name, path, body (dict, or bytes sent as is), expected status, text the message must hold)
 CASES = [
@@ -29,6 +43,8 @@ CASES = [
     ("max_tokens zero", "/v1/completions", {**GOOD, "max_tokens": 0}, 400, "at least 1"),
     ("max_tokens past context", "/v1/completions", {**GOOD, "max_tokens": 1000000}, 400,
      "maximum context length"),
+    ("max_tokens at INT64_MAX", "/v1/completions", {**GOOD, "max_tokens": 2**63 - 1}, 400,
+     f"{2**63 - 1} for the completion"),
     ("prompt past context", "/v1/completions", {"prompt": "hello " * 9000, "max_tokens": 1},
      400, "maximum context length"),
     ("negative temperature", "/v1/completions", {**GOOD, "temperature": -1}, 400,
@@ -86,6 +102,22 @@ CASES = [
     ("tokenize without prompt", "/tokenize", {}, 400, "'prompt'"),
     ("unknown route", "/v1/embeddings", GOOD, 404, "no route"),
     ("body too large", "/v1/completions", b"x" * 200000, 413, "too large"),
+    ("deep unknown field", "/v1/chat/completions",
+     ('{"messages": [{"role": "user", "content": "hi", "x": ' + nested(DEEP)
+      + '}], "max_tokens": 2}').encode(), 400, "nested deeper than 128"),
+    ("deep content", "/v1/chat/completions",
+     ('{"messages": [{"role": "user", "content": [' + nested(DEEP) + ']}]}').encode(), 400,
+     "nested deeper than 128"),
+    ("deep tools", "/v1/chat/completions", chat_with('"tools": ' + nested(DEEP)), 400,
+     "nested deeper than 128"),
+    ("deep chat_template_kwargs", "/v1/chat/completions",
+     chat_with('"chat_template_kwargs": {"a": ' + nested(DEEP) + "}"), 400,
+     "nested deeper than 128"),
+    ("deep tokenize messages", "/tokenize",
+     ('{"messages": [{"role": "user", "content": "hi", "x": ' + nested(DEEP) + "}]}").encode(),
+     400, "nested deeper than 128"),
+    ("deep completion prompt", "/v1/completions", ('{"prompt": ' + nested(DEEP) + "}").encode(),
+     400, "nested deeper than 128"),
 ]
 
 
@@ -111,6 +143,75 @@ def main():
                 assert want_text in err["message"], (name, err["message"])
                 assert set(err) == {"message", "type", "param", "code"}, (name, err)
                 assert server.alive(), name
+            still_serving()
+            # Nesting within the bound is still accepted, through the template's walks too.
+            status, _, payload = request(server, "POST", "/v1/chat/completions", None, AUTH,
+                                         raw=chat_with('"chat_template_kwargs": {"a": '
+                                                       + nested(100) + "}"))
+            assert status == 200, payload
+
+        def http_head(method, path, *lines, body_length=None):
+            head = [f"{method} {path} HTTP/1.1", "Host: test", "Authorization: Bearer " + KEY,
+                    "Content-Type: application/json", *lines]
+            if body_length is not None:
+                head.append(f"Content-Length: {body_length}")
+            return ("\r\n".join(head) + "\r\n\r\n").encode()
+
+        def check_http_limits():
+            # Limit 100000 bytes (--max-body-bytes): a 50 MB chunked body is refused with 413
+            # once past it, without the server holding it.
+            rss_before = rss_bytes(server)
+            chunk = b"x" * 65536
+            parts = (b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(800))
+            status, headers, body = raw_request(
+                server, http_head("POST", "/v1/completions", "Transfer-Encoding: chunked"), parts)
+            assert status == 413 and headers.get("connection") == "close", (status, headers)
+            assert "too large" in json.loads(body)["error"]["message"], body
+            assert rss_bytes(server) - rss_before < 20 << 20, "the chunked body was buffered"
+            # A client that asks before sending (Expect: 100-continue) is refused up front,
+            # and one that sends a chunked body after "100 Continue" still gets the 413.
+            status, _, body = raw_request(server, http_head(
+                "POST", "/v1/completions", "Expect: 100-continue", body_length=1 << 30))
+            assert status == 413 and "too large" in body.decode(), (status, body)
+            parts = (b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(10))
+            status, _, body = raw_request(server, http_head(
+                "POST", "/v1/completions", "Transfer-Encoding: chunked", "Expect: 100-continue"),
+                parts)
+            assert status == 413, (status, body)
+            # A chunked body within the limit is served.
+            good = json.dumps(GOOD).encode()
+            parts = [b"%x\r\n%s\r\n" % (len(good), good), b"0\r\n\r\n"]
+            status, _, body = raw_request(
+                server, http_head("POST", "/v1/completions", "Transfer-Encoding: chunked"), parts)
+            assert status == 200 and json.loads(body)["choices"][0]["text"], body
+            # 2 MB of header lines, or one line that never ends: 431.
+            many = [f"X-Filler-{i}: {'v' * 100}" for i in range(20000)]
+            status, _, body = raw_request(server, http_head("GET", "/health", *many))
+            assert status == 431 and "headers are too large" in body.decode(), (status, body)
+            status, _, _ = raw_request(server, b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * (1 << 20))
+            assert status == 431, status
+            # A compressed body would be inflated past the limit: 415.
+            status, _, body = raw_request(
+                server, http_head("POST", "/v1/completions", "Content-Encoding: gzip",
+                                  body_length=4), [b"\x1f\x8b\x08\x00"])
+            assert status == 415 and "Content-Encoding" in body.decode(), (status, body)
+            # Ambiguous framing and malformed header lines: 400.
+            for lines, text in [
+                (["Content-Length: 2", "Transfer-Encoding: chunked"], "both Content-Length"),
+                (["Content-Length: 2", "Content-Length: 3"], "conflicting Content-Length"),
+                (["Content-Length: 2", "no colon here"], "without a colon"),
+            ]:
+                status, _, body = raw_request(server, http_head("POST", "/tokenize", *lines),
+                                              [b"{}"])
+                assert status == 400 and text in body.decode(), (lines, status, body)
+            # A known path with the wrong method: 405 with Allow.
+            for method, path, allow in [("GET", "/v1/completions", "POST"),
+                                        ("PUT", "/v1/chat/completions", "POST"),
+                                        ("POST", "/health", "GET, HEAD")]:
+                status, headers, payload = request(server, method, path, {}, AUTH)
+                assert status == 405 and headers.get("Allow") == allow, (method, path, headers)
+                assert json.loads(payload)["error"]["code"] == 405, payload
+            assert server.alive()
             still_serving()
 
         def check_auth():
@@ -175,6 +276,7 @@ def main():
 
         run_checks([
             (f"bad-input table ({len(CASES)} requests)", check_table),
+            ("HTTP limits: body, headers, framing, methods", check_http_limits),
             ("auth", check_auth),
             ("overload: 503 with Retry-After", check_overload),
             ("shutdown ends open streams", check_shutdown_ends_streams),

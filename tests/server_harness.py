@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -81,6 +82,58 @@ def request(server, method, path, body=None, headers=None, raw=None, timeout=60)
     payload = resp.read()
     conn.close()
     return resp.status, dict(resp.getheaders()), payload
+
+
+def raw_request(server, head, body_parts=(), timeout=30):
+    """Sends `head` (bytes, as is) and then each of `body_parts` over a plain socket, stopping
+    when the server closes its end, and returns (status, headers with lowercase names, body
+    bytes) of the final response (after any "100 Continue"). For requests http.client will
+    not send."""
+
+    def final(received):
+        while re.match(rb"HTTP/1\.1 1\d\d ", received) and b"\r\n\r\n" in received:
+            received = received.partition(b"\r\n\r\n")[2]
+        return received
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    received = b""
+    try:
+        sock.sendall(head)
+        for part in body_parts:
+            sock.sendall(part)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed before taking everything
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            received += data
+            head_text, blank, rest = final(received).partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head_text)
+            if blank and length and len(rest) >= int(length.group(1)):
+                break
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+    head_text, _, rest = final(received).partition(b"\r\n\r\n")
+    lines = head_text.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 "), received[:200]
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), value.strip())
+    return int(lines[0].split()[1]), headers, rest
+
+
+def rss_bytes(server):
+    """The server's resident memory."""
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
 
 
 def post_json(server, path, body, headers=None):

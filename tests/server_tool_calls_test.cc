@@ -205,6 +205,21 @@ TEST(ToolCalls, WhatIsNotACallStaysText) {
   EXPECT_EQ(r.content, "a  b <tool_call>oops</tool_call>");
 }
 
+// The reply is the model's, and a prompt can make it write brackets: a call nested past
+// kMaxJsonDepth is text, not a walk down 100000 levels (which would run off the stack).
+TEST(ToolCalls, DeeplyNestedCallStaysText) {
+  const size_t depth = 100000;
+  const std::string args = std::string(depth, '[') + std::string(depth, ']');
+  const std::string tagged =
+      "<tool_call>{\"name\": \"f\", \"arguments\": " + args + "}</tool_call>";
+  const ParsedReply r = parse_tool_calls(ToolCallFormat::kTags, tagged);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, tagged);
+  const std::string marked =
+      std::string(kMistralMarker) + "[{\"name\": \"f\", \"arguments\": {\"a\": " + args + "}}]";
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kMarkerList, marked).calls.empty());
+}
+
 // Whatever pieces the reply arrives in: the content sent while streaming plus what finish()
 // leaves equals the parsed content, no piece of a tag goes out early, and a reply without calls
 // is passed through whole.

@@ -3,16 +3,20 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/engine/stop_strings.h"
+#include "pagedlm/server/bounded_server.h"
 #include "pagedlm/server/chat_page.h"
 #include "pagedlm/server/engine_loop.h"
 #include "pagedlm/server/openai_api.h"
@@ -56,6 +60,28 @@ void send_json(httplib::Response& res, int status, const json& body) {
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& type = "invalid_request_error", const std::string& param = "") {
   send_json(res, status, error_body(message, type, param, status));
+}
+
+// The message of a request refused while it is read (bounded_server.h).
+std::string refusal_message(int status) {
+  if (status == 413) return "the request body is too large";
+  if (status == 431) return "the request headers are too large";
+  return "malformed request head: a header line without a colon";
+}
+
+// Where the body ends must be unambiguous: a proxy in front may read it one way and httplib
+// another (request smuggling). Null when the head is fine.
+const char* framing_problem(const httplib::Request& req) {
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  if (lengths > 0 && req.has_header("Transfer-Encoding")) {
+    return "a request must not have both Content-Length and Transfer-Encoding";
+  }
+  for (size_t i = 1; i < lengths; ++i) {
+    if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length")) {
+      return "conflicting Content-Length headers";
+    }
+  }
+  return nullptr;
 }
 
 std::string bearer_token(const httplib::Request& req) {
@@ -451,7 +477,11 @@ class Generation {
 
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
-      : options(std::move(options)), loop(engine, this->options.max_waiting) {
+      : options(std::move(options)),
+        loop(engine, this->options.max_waiting),
+        http(this->options.max_body_bytes, [](int status) {
+          return dump(error_body(refusal_message(status), "invalid_request_error", "", status));
+        }) {
     info.name = this->options.served_model_name;
     info.tokenizer = model.tokenizer.get();
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
@@ -475,11 +505,27 @@ struct HttpServer::Impl {
            options.api_keys.end();
   }
 
+  // Registers a route and remembers its method for 405 answers.
+  template <typename Handler>
+  void route(const char* method, const std::string& path, Handler handler);
+
   ServerOptions options;
   ModelInfo info;
+  std::map<std::string, std::string> allowed_methods;  // path -> the Allow header's value
   EngineLoop loop;
-  httplib::Server http;
+  BoundedServer http;
 };
+
+template <typename Handler>
+void HttpServer::Impl::route(const char* method, const std::string& path, Handler handler) {
+  if (std::string_view(method) == "GET") {
+    http.Get(path, std::move(handler));
+    allowed_methods[path] = "GET, HEAD";  // httplib answers HEAD with the GET route
+  } else {
+    http.Post(path, std::move(handler));
+    allowed_methods[path] = "POST";
+  }
+}
 
 template <typename F>
 void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
@@ -497,7 +543,7 @@ void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
 }
 
 void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-  CompletionRequest request = parse_completion_request(json::parse(req.body), chat, info);
+  CompletionRequest request = parse_completion_request(parse_json<json>(req.body), chat, info);
   const bool stream = request.stream;
   // The api key salts the cache too, so tenants with different keys never share pages.
   if (!options.api_keys.empty()) {
@@ -573,19 +619,54 @@ void HttpServer::Impl::setup_routes() {
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
 
+  // A client that asks first (curl does for large and chunked bodies) learns of a body past
+  // the limit before sending it.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Not stoull: this runs outside httplib's exception handling, and the header is the
+    // client's.
+    const std::string length = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+    const bool too_large =
+        ec == std::errc::result_out_of_range || (ec == std::errc() && n > options.max_body_bytes);
+    if (!too_large) return 100;
+    res.status = 413;  // httplib answers with res, not the returned status
+    return 413;
+  });
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // These run before the body is read, so the connection closes after the refusal.
+    if (const char* problem = framing_problem(req)) {
+      send_error(res, 400, problem);
+      BoundedServer::close_after_response(res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // httplib would inflate a gzip or deflate body into memory past --max-body-bytes, which
+    // bounds the body as sent; no client of this API compresses requests.
+    const std::string encoding = req.get_header_value("Content-Encoding");
+    if (!encoding.empty() && encoding != "identity") {
+      send_error(res, 415, "compressed request bodies (Content-Encoding) are not supported");
+      BoundedServer::close_after_response(res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const bool open = req.path == "/" || req.path == "/health" || req.path == "/metrics";
     if (open || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "missing or invalid API key (Authorization: Bearer <key>)",
                "authentication_error");
+    BoundedServer::close_after_response(res);  // its body, if any, was not read
     return httplib::Server::HandlerResponse::Handled;
   });
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404) {
+    if (auto it = allowed_methods.find(req.path);
+        res.status == 404 && it != allowed_methods.end()) {
+      // The path exists, the method does not (httplib itself only knows "no route").
+      res.set_header("Allow", it->second);
+      send_error(res, 405, cat(req.method, " is not allowed on ", req.path, "; use ", it->second),
+                 "invalid_request_error");
+    } else if (res.status == 404) {
       send_error(res, 404, "no route for " + req.method + " " + req.path, "not_found_error");
     } else if (res.status == 413) {
-      send_error(res, 413, "the request body is too large");
+      send_error(res, 413, refusal_message(413));
     } else {
       send_error(res, res.status, "request failed", "invalid_request_error");
     }
@@ -601,16 +682,16 @@ void HttpServer::Impl::setup_routes() {
         }
       });
 
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kChatPageHtml, "text/html; charset=utf-8");
   });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/health", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, json{{"status", "ok"}});
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(loop.prometheus_text(), "text/plain; version=0.0.4");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200,
               json{{"object", "list"},
                    {"data", json::array({{{"id", info.name},
@@ -619,23 +700,24 @@ void HttpServer::Impl::setup_routes() {
                                           {"owned_by", "pagedlm"},
                                           {"max_model_len", info.max_model_len}}})}});
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { completions(req, res, /*chat=*/false); });
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { completions(req, res, /*chat=*/true); });
-  });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/v1/chat/completions",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          guarded(res, [&] { completions(req, res, /*chat=*/true); });
+        });
+  route("POST", "/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
-      const std::vector<int32_t> ids = parse_tokenize_request(json::parse(req.body), info);
+      const std::vector<int32_t> ids = parse_tokenize_request(parse_json<json>(req.body), info);
       send_json(
           res, 200,
           json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
     });
   });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] {
-      const std::vector<int32_t> ids = parse_detokenize_request(json::parse(req.body), info);
+      const std::vector<int32_t> ids = parse_detokenize_request(parse_json<json>(req.body), info);
       send_json(res, 200, json{{"prompt", info.tokenizer->decode(ids)}});
     });
   });

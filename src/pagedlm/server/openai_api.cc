@@ -350,10 +350,13 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
       bad(chat ? "messages" : "prompt", cat("This model's maximum context length is ", limit,
                                             " tokens. However, your prompt has ", len, " tokens."));
     }
-    if (max_tokens && len + *max_tokens > limit) {
+    // Compared as max_tokens > limit - len: the sum overflows for max_tokens near INT64_MAX.
+    if (max_tokens && *max_tokens > limit - len) {
+      // Unsigned, the sum of two int64 values >= 0 fits.
+      const uint64_t requested = static_cast<uint64_t>(len) + static_cast<uint64_t>(*max_tokens);
       bad("max_tokens",
           cat("This model's maximum context length is ", limit, " tokens. However, you requested ",
-              len + *max_tokens, " tokens (", len, " in the prompt, ", *max_tokens,
+              requested, " tokens (", len, " in the prompt, ", *max_tokens,
               " for the completion). Please reduce the length of the prompt or the completion."));
     }
     // OpenAI's defaults: 16 tokens for completions, the rest of the context for chat.

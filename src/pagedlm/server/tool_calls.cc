@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "pagedlm/core/json.h"
+
 namespace pagedlm::server {
 
 namespace {
@@ -26,8 +28,8 @@ bool call_from_json(const nlohmann::json& j, const char* args_key, ToolCall* cal
 
 // The same from a JSON text.
 bool parse_call(const std::string& body, const char* args_key, ToolCall* call) {
-  return call_from_json(nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false), args_key,
-                        call);
+  // The model's output is as untrusted as a request: a reply of nested brackets is not a call.
+  return call_from_json(try_parse_json(body), args_key, call);
 }
 
 // The text that opens a call, in the forms that have one.
@@ -44,8 +46,7 @@ ParsedReply parse_marker_list(const std::string& text) {
   const nlohmann::json list =
       marker == std::string::npos
           ? nlohmann::json()
-          : nlohmann::json::parse(text.substr(marker + kMistralMarker.size()), nullptr,
-                                  /*allow_exceptions=*/false);
+          : try_parse_json(std::string_view(text).substr(marker + kMistralMarker.size()));
   if (list.is_array() && !list.empty()) {
     for (const nlohmann::json& item : list) {
       ToolCall call;

@@ -440,6 +440,42 @@ class Parser {
     return tokens_[pos_++].text;
   }
 
+  // Adds a child (or an absent part, null) to `parent`, keeping parent->depth the height of
+  // its tree: chains like a ~ b ~ c ~ ... build left-deep trees in a loop, not by recursion,
+  // and evaluating or freeing a tree recurses once per level.
+  void attach(Expr* parent, ExprPtr child) {
+    if (child) note_child_depth(parent, *child);
+    parent->args.push_back(std::move(child));
+  }
+  void attach_kwarg(Expr* parent, std::string key, ExprPtr child) {
+    note_child_depth(parent, *child);
+    parent->kwargs.emplace_back(std::move(key), std::move(child));
+  }
+  void note_child_depth(Expr* parent, const Expr& child) {
+    parent->depth = std::max(parent->depth, child.depth + 1);
+    if (parent->depth > kMaxNesting) {
+      syntax_error(parent->line, cat("expression nested deeper than ", kMaxNesting, " levels"));
+    }
+  }
+
+  // Counts one level of the parser's own recursion (blocks in blocks, brackets in brackets,
+  // "not not ...", "- - ..."), which comes before any tree exists to measure.
+  class Nested {
+   public:
+    explicit Nested(Parser& p) : p_(p) {
+      if (p_.nesting_ == kMaxNesting) {
+        syntax_error(p_.cur().line, cat("template nested deeper than ", kMaxNesting, " levels"));
+      }
+      ++p_.nesting_;
+    }
+    ~Nested() { --p_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
   ExprPtr node(Expr::Kind kind, int line) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -450,6 +486,7 @@ class Parser {
   // Parses statements until one of `ends` opens a block; stores that keyword in *end and
   // leaves the parser right after it.
   Body parse_body(const std::set<std::string>& ends, std::string* end) {
+    const Nested nested(*this);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -579,14 +616,15 @@ class Parser {
   }
 
   ExprPtr parse_expression(bool with_condition = true) {
+    const Nested nested(*this);
     ExprPtr e = parse_or();
     while (with_condition && is_name("if")) {
       int line = cur().line;
       ++pos_;
       auto cond = node(Expr::Kind::kCond, line);
-      cond->args.push_back(parse_or());
-      cond->args.push_back(std::move(e));
-      cond->args.push_back(skip_name("else") ? parse_expression() : nullptr);
+      attach(cond.get(), parse_or());
+      attach(cond.get(), std::move(e));
+      attach(cond.get(), skip_name("else") ? parse_expression() : nullptr);
       e = std::move(cond);
     }
     return e;
@@ -597,8 +635,8 @@ class Parser {
     while (is_name("or")) {
       auto n = node(Expr::Kind::kOr, cur().line);
       ++pos_;
-      n->args.push_back(std::move(e));
-      n->args.push_back(parse_and());
+      attach(n.get(), std::move(e));
+      attach(n.get(), parse_and());
       e = std::move(n);
     }
     return e;
@@ -609,8 +647,8 @@ class Parser {
     while (is_name("and")) {
       auto n = node(Expr::Kind::kAnd, cur().line);
       ++pos_;
-      n->args.push_back(std::move(e));
-      n->args.push_back(parse_not());
+      attach(n.get(), std::move(e));
+      attach(n.get(), parse_not());
       e = std::move(n);
     }
     return e;
@@ -618,9 +656,10 @@ class Parser {
 
   ExprPtr parse_not() {
     if (is_name("not")) {
+      const Nested nested(*this);
       auto n = node(Expr::Kind::kNot, cur().line);
       ++pos_;
-      n->args.push_back(parse_not());
+      attach(n.get(), parse_not());
       return n;
     }
     return parse_compare();
@@ -646,10 +685,10 @@ class Parser {
       }
       if (!chain) {
         chain = node(Expr::Kind::kCompare, line);
-        chain->args.push_back(std::move(e));
+        attach(chain.get(), std::move(e));
       }
       chain->ops.push_back(op);
-      chain->args.push_back(parse_math1());
+      attach(chain.get(), parse_math1());
     }
     return chain ? std::move(chain) : std::move(e);
   }
@@ -657,8 +696,8 @@ class Parser {
   ExprPtr binary(const std::string& op, ExprPtr lhs, ExprPtr rhs, int line) {
     auto n = node(Expr::Kind::kBinary, line);
     n->name = op;
-    n->args.push_back(std::move(lhs));
-    n->args.push_back(std::move(rhs));
+    attach(n.get(), std::move(lhs));
+    attach(n.get(), std::move(rhs));
     return n;
   }
 
@@ -708,13 +747,14 @@ class Parser {
   ExprPtr parse_unary(bool with_filter = true) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      const Nested nested(*this);
       bool neg = is_op("-");
       int line = cur().line;
       ++pos_;
       ExprPtr operand = parse_unary(false);
       if (neg) {
         e = node(Expr::Kind::kNeg, line);
-        e->args.push_back(std::move(operand));
+        attach(e.get(), std::move(operand));
       } else {
         e = std::move(operand);
       }
@@ -763,8 +803,8 @@ class Parser {
       ExprPtr e = parse_expression();
       if (is_op(",")) {
         auto tuple = node(Expr::Kind::kTuple, line);
-        tuple->args.push_back(std::move(e));
-        while (skip_op(",") && !is_op(")")) tuple->args.push_back(parse_expression());
+        attach(tuple.get(), std::move(e));
+        while (skip_op(",") && !is_op(")")) attach(tuple.get(), parse_expression());
         e = std::move(tuple);
       }
       expect_op(")");
@@ -777,7 +817,7 @@ class Parser {
           expect_op(",");
           if (skip_op("]")) break;
         }
-        list->args.push_back(parse_expression());
+        attach(list.get(), parse_expression());
       }
       return list;
     }
@@ -788,9 +828,9 @@ class Parser {
           expect_op(",");
           if (skip_op("}")) break;
         }
-        dict->args.push_back(parse_expression());
+        attach(dict.get(), parse_expression());
         expect_op(":");
-        dict->args.push_back(parse_expression());
+        attach(dict.get(), parse_expression());
       }
       return dict;
     }
@@ -805,13 +845,13 @@ class Parser {
           auto item = node(Expr::Kind::kItem, line);
           auto index = node(Expr::Kind::kLiteral, line);
           index->value = Value::integer(tokens_[pos_++].int_value);
-          item->args.push_back(std::move(e));
-          item->args.push_back(std::move(index));
+          attach(item.get(), std::move(e));
+          attach(item.get(), std::move(index));
           e = std::move(item);
         } else {
           auto attr = node(Expr::Kind::kAttr, line);
           attr->name = expect_name();
-          attr->args.push_back(std::move(e));
+          attach(attr.get(), std::move(e));
           e = std::move(attr);
         }
       } else if (skip_op("[")) {
@@ -839,8 +879,8 @@ class Parser {
     }
     auto n = node(is_slice ? Expr::Kind::kSlice : Expr::Kind::kItem, line);
     if (!is_slice && !parts[0]) unexpected("a subscript");
-    n->args.push_back(std::move(target));
-    for (int i = 0; i < (is_slice ? 3 : 1); ++i) n->args.push_back(std::move(parts[i]));
+    attach(n.get(), std::move(target));
+    for (int i = 0; i < (is_slice ? 3 : 1); ++i) attach(n.get(), std::move(parts[i]));
     return n;
   }
 
@@ -851,10 +891,10 @@ class Parser {
       if (cur().kind == Tok::kName && peek().kind == Tok::kOp && peek().text == "=") {
         std::string key = expect_name();
         ++pos_;
-        n->kwargs.emplace_back(key, parse_expression());
+        attach_kwarg(n, key, parse_expression());
       } else {
         if (!n->kwargs.empty()) syntax_error(cur().line, "positional argument after keyword");
-        n->args.push_back(parse_expression());
+        attach(n, parse_expression());
       }
       if (!is_op(")")) expect_op(",");
     }
@@ -862,7 +902,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr callee) {
     auto call = node(Expr::Kind::kCall, callee->line);
-    call->args.push_back(std::move(callee));
+    attach(call.get(), std::move(callee));
     parse_call_args(call.get());
     return call;
   }
@@ -873,21 +913,21 @@ class Parser {
       if (skip_op("|")) {
         auto f = node(Expr::Kind::kFilter, line);
         f->name = expect_name();
-        f->args.push_back(std::move(e));
+        attach(f.get(), std::move(e));
         if (is_op("(")) parse_call_args(f.get());
         e = std::move(f);
       } else if (skip_name("is")) {
         auto t = node(Expr::Kind::kTest, line);
         t->negated = skip_name("not");
         t->name = expect_name();
-        t->args.push_back(std::move(e));
+        attach(t.get(), std::move(e));
         if (is_op("(")) {
           parse_call_args(t.get());
         } else if ((cur().kind == Tok::kName || cur().kind == Tok::kString ||
                     cur().kind == Tok::kInt || cur().kind == Tok::kFloat || is_op("[") ||
                     is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
-          t->args.push_back(parse_postfix(parse_primary()));
+          attach(t.get(), parse_postfix(parse_primary()));
         }
         e = std::move(t);
       } else if (is_op("(")) {
@@ -900,6 +940,7 @@ class Parser {
 
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int nesting_ = 0;  // levels of parse_body/parse_expression/... now on the stack
 };
 
 }  // namespace

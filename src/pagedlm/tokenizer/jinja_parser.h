@@ -12,6 +12,11 @@
 
 namespace pagedlm::jinja {
 
+// The deepest a template may nest blocks in blocks, or expressions in expressions (counting
+// both brackets and operator chains). Templates come from model files or --chat-template, and
+// parsing, evaluating and freeing them recurse once per level; real ones nest a few levels.
+inline constexpr int kMaxNesting = 256;
+
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
@@ -39,6 +44,7 @@ struct Expr {
   };
   Kind kind;
   int line = 0;
+  int depth = 1;  // the height of the tree below (a leaf is 1); see kMaxNesting
   Value value;
   std::string name;  // variable, attribute, filter, test or operator
   bool negated = false;

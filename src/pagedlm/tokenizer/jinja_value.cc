@@ -1,5 +1,6 @@
 #include "pagedlm/tokenizer/jinja_value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -8,8 +9,27 @@
 
 namespace pagedlm::jinja {
 
+// Containers carry their nesting (1 + their deepest item's), so a template building deeper and
+// deeper lists in a loop fails at kMaxValueDepth, and ==, <, tojson and freeing, which recurse
+// into lists and dicts only, stay within it. (A namespace's nesting is that of its attributes
+// when it was made.)
+uint16_t Value::container_nesting(int deepest_item) {
+  PAGEDLM_CHECK(deepest_item < kMaxValueDepth, "chat template: a value nests deeper than ",
+                kMaxValueDepth, " levels");
+  return static_cast<uint16_t>(deepest_item + 1);
+}
+
+uint16_t Value::items_nesting(const Dict& dict) {
+  int deepest = 0;
+  for (const auto& [key, item] : dict.items) deepest = std::max<int>(deepest, item.nesting_);
+  return container_nesting(deepest);
+}
+
 Value Value::list(std::vector<Value> items) {
   Value v(Kind::kList);
+  int deepest = 0;
+  for (const Value& item : items) deepest = std::max<int>(deepest, item.nesting_);
+  v.nesting_ = container_nesting(deepest);
   v.list_ = std::make_shared<std::vector<Value>>(std::move(items));
   return v;
 }
@@ -22,12 +42,14 @@ Value Value::tuple(std::vector<Value> items) {
 
 Value Value::dict(std::shared_ptr<Dict> dict) {
   Value v(Kind::kDict);
+  v.nesting_ = items_nesting(*dict);
   v.dict_ = std::move(dict);
   return v;
 }
 
 Value Value::make_namespace(std::shared_ptr<Dict> attrs) {
   Value v(Kind::kNamespace);
+  v.nesting_ = items_nesting(*attrs);
   v.dict_ = std::move(attrs);
   return v;
 }
@@ -38,7 +60,18 @@ Value Value::function(std::string name, Function fn) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+// Throws when a walk is about to go past kMaxValueDepth levels (`depth`: levels above).
+void check_value_depth(int depth) {
+  PAGEDLM_CHECK(depth < kMaxValueDepth, "chat template: a value nests deeper than ", kMaxValueDepth,
+                " levels");
+}
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  check_value_depth(depth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return none();
@@ -55,12 +88,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& item : j) items.push_back(from_json(item));
+      for (const auto& item : j) items.push_back(from_json(item, depth + 1));
       return list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
-      for (const auto& [key, item] : j.items()) d->items.emplace_back(key, from_json(item));
+      for (const auto& [key, item] : j.items())
+        d->items.emplace_back(key, from_json(item, depth + 1));
       return dict(std::move(d));
     }
     default:
@@ -220,7 +254,8 @@ std::string Value::str() const {
   }
 }
 
-std::string Value::repr() const {
+std::string Value::repr(int depth) const {
+  check_value_depth(depth);
   switch (kind_) {
     case Kind::kUndefined:
       return "Undefined";
@@ -238,7 +273,7 @@ std::string Value::repr() const {
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
-        out += (*list_)[i].repr();
+        out += (*list_)[i].repr(depth + 1);
       }
       if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
@@ -248,7 +283,7 @@ std::string Value::repr() const {
       std::string out = kind_ == Kind::kNamespace ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
-        out += repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr();
+        out += repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr(depth + 1);
       }
       return out + (kind_ == Kind::kNamespace ? "}>" : "}");
     }

@@ -17,6 +17,12 @@ namespace pagedlm::jinja {
 class Value;
 struct Dict;
 
+// The deepest lists and dicts may nest. Values come from requests (messages, tools) or are made
+// by the template, possibly in a loop, and walking or freeing them recurses once per level:
+// making a deeper one, or reading deeper JSON, fails with an Error instead of running off the
+// stack. Requests are parsed with a lower bound (kMaxJsonDepth), so templates can wrap them.
+inline constexpr int kMaxValueDepth = 256;
+
 // Arguments of a call: positional, then keyword in source order.
 struct CallArgs {
   std::vector<Value> positional;
@@ -75,7 +81,8 @@ class Value {
   // A namespace() object: the only value templates may change after creating it (`set ns.x`).
   static Value make_namespace(std::shared_ptr<Dict> attrs);
   static Value function(std::string name, Function fn);
-  static Value from_json(const nlohmann::ordered_json& j);
+  // Throws pagedlm::Error for JSON nested deeper than kMaxValueDepth.
+  static Value from_json(const nlohmann::ordered_json& j) { return from_json(j, 0); }
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -104,7 +111,7 @@ class Value {
   // Python str(): what {{ value }} prints. Undefined prints nothing.
   std::string str() const;
   // Python repr(), used by str() of lists and dicts.
-  std::string repr() const;
+  std::string repr() const { return repr(0); }
   // Python json.dumps(value, ensure_ascii, indent) with HF's defaults (keys in insertion order).
   std::string to_json(bool ensure_ascii, int indent) const;
   // Python == (1 == 1.0 == True; containers compare deeply).
@@ -118,10 +125,19 @@ class Value {
     Function fn;
   };
   explicit Value(Kind kind) : kind_(kind) {}
+  // The walks above, `depth` levels below where they started. repr() counts its own depth:
+  // it prints namespaces' attributes, which change after they are made (one may even hold
+  // itself), so their nesting is not known.
+  static Value from_json(const nlohmann::ordered_json& j, int depth);
+  std::string repr(int depth) const;
+  // The nesting of a container whose deepest item has `deepest_item`; throws past the bound.
+  static uint16_t container_nesting(int deepest_item);
+  static uint16_t items_nesting(const Dict& dict);
   void append_json(std::string& out, bool ensure_ascii, int indent, int depth) const;
 
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
+  uint16_t nesting_ = 0;  // levels of containers, this one included (0 for a scalar)
   int64_t int_ = 0;
   double float_ = 0.0;
   std::shared_ptr<std::string> str_;

@@ -5,11 +5,11 @@
 // that is not already in NFC.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/core/file.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm {
@@ -285,11 +285,11 @@ int32_t find_token(const TokenizerSpec& spec, const std::string& content) {
 }
 
 void read_tokenizer_config(const std::filesystem::path& path, TokenizerSpec* spec) {
-  std::ifstream in(path);
-  if (!in) return;
+  if (!std::filesystem::exists(path)) return;
   const JsonFields f(path.string());
-  json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) f.error("", "is not valid JSON");
+  json config = try_parse_json<json>(read_file(path.string()));
+  if (config.is_discarded())
+    f.error("", cat("is not valid JSON (or nests deeper than ", kMaxJsonDepth, " levels)"));
   f.object(config, "(root)");
   auto token_id = [&](const char* key) -> int32_t {
     const json* value = f.find(config, key, "");
@@ -307,8 +307,11 @@ void read_tokenizer_config(const std::filesystem::path& path, TokenizerSpec* spe
 
 TokenizerSpec spec_from_json(std::string_view json_text, const std::string& source) {
   const JsonFields f(source);
-  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) f.error("", "is not valid JSON (truncated or corrupt)");
+  json root = try_parse_json<json>(json_text);
+  if (root.is_discarded()) {
+    f.error("", cat("is not valid JSON (truncated or corrupt, or nests deeper than ", kMaxJsonDepth,
+                    " levels)"));
+  }
   f.object(root, "(root)");
 
   TokenizerSpec spec;
