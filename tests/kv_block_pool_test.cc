@@ -110,6 +110,39 @@ TEST(BlockPool, FirstPageWithAHashStaysIndexed) {
   EXPECT_FALSE(pool.has_hash(second));
 }
 
+TEST(BlockPool, NullPageIsTheLastAndNeverHandedOut) {
+  BlockPool pool(4, /*reserve_null_page=*/true);
+  EXPECT_EQ(pool.null_page(), 3);
+  EXPECT_EQ(pool.num_pages(), 4);
+  EXPECT_EQ(pool.num_reserved(), 1);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{0, 1, 2}));
+  EXPECT_EQ(pool.allocate(), 0);
+  EXPECT_EQ(pool.allocate(), 1);
+  EXPECT_EQ(pool.allocate(), 2);
+  EXPECT_EQ(pool.num_used(), 3);
+  EXPECT_EQ(pool.num_free(), 0);
+  EXPECT_EQ(pool.allocate(), -1);
+  // Nobody holds it and nothing can be cached in it.
+  EXPECT_EQ(pool.ref_count(3), 0);
+  EXPECT_THROW(pool.acquire(3), Error);
+  EXPECT_THROW(pool.release(3), Error);
+  EXPECT_FALSE(pool.set_hash(3, BlockHash{5, 6}));
+  EXPECT_EQ(pool.find(BlockHash{5, 6}), -1);
+  for (int32_t page = 0; page < 3; ++page) pool.release(page);
+  EXPECT_EQ(pool.num_free(), pool.num_pages() - pool.num_reserved());
+}
+
+TEST(BlockPool, NoNullPageUnlessAskedFor) {
+  BlockPool pool(2);
+  EXPECT_EQ(pool.null_page(), -1);
+  EXPECT_EQ(pool.num_reserved(), 0);
+  // One page and the null page leave nothing to use.
+  EXPECT_THROW(BlockPool(1, /*reserve_null_page=*/true), Error);
+  EXPECT_EQ(BlockPool(2, /*reserve_null_page=*/true).num_free(), 1);
+}
+
 // Random operations against a plain model of ref counts and the LRU order.
 TEST(BlockPool, RandomOperationsMatchAModel) {
   constexpr int32_t kNumPages = 16;

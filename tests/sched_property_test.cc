@@ -2,7 +2,9 @@
 // a fake model that sees nothing but the StepPlan. The fake model writes each stream token's
 // (token id, position) into a simulated KV store at its slot, reads every sequence's history
 // back through its page table, checks it, and samples a hash of that history. A wrong page
-// table, slot or shared page therefore shows up as a wrong history or a wrong output.
+// table, slot or shared page therefore shows up as a wrong history or a wrong output. With a
+// sliding window it reads only the keys its queries see, so a page released too early shows up
+// as a wrong history too, and one released too late as a broken invariant.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,12 +39,15 @@ struct Outcome {
 struct StreamResult {
   std::map<int64_t, Outcome> outcomes;
   SchedulerStats stats;
+  int64_t released_entries = 0;  // page-table entries released behind the window, summed over steps
 };
 
 class FakeModel {
  public:
-  FakeModel(int32_t num_pages, int32_t page_size)
-      : page_size_(page_size), slots_(static_cast<size_t>(num_pages) * page_size) {}
+  FakeModel(int32_t num_pages, int32_t page_size, int32_t window)
+      : page_size_(page_size),
+        window_(window),
+        slots_(static_cast<size_t>(num_pages) * page_size) {}
 
   // Runs the plan against the simulated KV store; `known` holds every live request's tokens
   // (prompt and outputs so far). Returns the sampled token of each sequence.
@@ -68,6 +73,7 @@ class FakeModel {
       const int32_t slot = plan.slot_mapping[row];
       EXPECT_TRUE(slot >= 0 && slot < static_cast<int32_t>(slots_.size())) << "slot " << slot;
       EXPECT_FALSE(written_[slot]) << "two rows of one step write slot " << slot;
+      EXPECT_NE(slot / page_size_, plan.null_page) << "a row writes into the null page";
       written_[slot] = 1;
       slots_[slot] = {plan.token_ids[row], plan.positions[row]};
     }
@@ -88,8 +94,19 @@ class FakeModel {
       EXPECT_LE(kv_len, static_cast<int32_t>(tokens.size()));
       EXPECT_EQ(plan.positions[end_row - 1], kv_len - 1) << "request " << id;
 
+      // The step's first query sees the most: keys from its position - window + 1 on. Entries
+      // below may point to the null page, and only wholly below it.
+      const int32_t first_visible =
+          window_ > 0 ? std::max(0, plan.positions[first_row] - window_ + 1) : 0;
+      for (int32_t index = 0; index < num_pages; ++index) {
+        if (plan.kv_page_indices[plan.kv_indptr[b] + index] != plan.null_page) continue;
+        EXPECT_LE((index + 1) * page_size_, first_visible)
+            << "request " << id << " released page " << index << " still in its window";
+      }
+      // The sampled row, the last, sees the last `window` keys: the output depends on those.
+      const int32_t sampled_visible = window_ > 0 ? std::max(0, kv_len - window_) : 0;
       uint64_t history_hash = 1469598103934665603ull;
-      for (int32_t position = 0; position < kv_len; ++position) {
+      for (int32_t position = first_visible; position < kv_len; ++position) {
         const int32_t page = plan.kv_page_indices[plan.kv_indptr[b] + position / page_size_];
         const auto [token, stored_position] = slots_[page * page_size_ + position % page_size_];
         if (stored_position != position || token != tokens[position]) {
@@ -98,6 +115,7 @@ class FakeModel {
                         << ", expected token " << tokens[position];
           return {};
         }
+        if (position < sampled_visible) continue;
         history_hash = (history_hash ^ static_cast<uint64_t>(token)) * 1099511628211ull;
         history_hash = (history_hash ^ static_cast<uint64_t>(position)) * 1099511628211ull;
       }
@@ -124,51 +142,76 @@ class FakeModel {
 
  private:
   int32_t page_size_;
+  int32_t window_;
   std::vector<std::pair<int32_t, int32_t>> slots_;  // (token id, position); (0, 0) when unwritten
   std::vector<uint8_t> written_;
 };
 
-void check_invariants(const Scheduler& scheduler, const std::unordered_map<int64_t, Ints>& known) {
+// Returns the number of released page-table entries.
+int64_t check_invariants(const Scheduler& scheduler,
+                         const std::unordered_map<int64_t, Ints>& known) {
   const SchedulerConfig& config = scheduler.config();
   const SchedulerStats stats = scheduler.stats();
   const std::vector<SequenceView> views = scheduler.sequence_map();
+  const int32_t num_reserved = config.window > 0 ? 1 : 0;
   std::vector<int32_t> num_holders(config.num_pages, 0);
+  int64_t num_released = 0;
   for (const SequenceView& view : views) {
     const int32_t expected_pages = (view.num_computed + config.page_size - 1) / config.page_size;
-    ASSERT_EQ(static_cast<int32_t>(view.pages.size()), expected_pages) << view.request_id;
-    ASSERT_EQ(view.num_tokens, static_cast<int32_t>(known.at(view.request_id).size()));
-    for (const int32_t page : view.pages) {
-      ASSERT_TRUE(page >= 0 && page < config.num_pages);
+    EXPECT_EQ(static_cast<int32_t>(view.pages.size()), expected_pages) << view.request_id;
+    EXPECT_EQ(view.num_tokens, static_cast<int32_t>(known.at(view.request_id).size()));
+    // Every page wholly below the next query's window is released, and no other.
+    const int32_t first_visible = view.num_computed - config.window + 1;
+    const int32_t expected_released =
+        config.window > 0 ? std::max(0, first_visible) / config.page_size : 0;
+    for (size_t i = 0; i < view.pages.size(); ++i) {
+      const int32_t page = view.pages[i];
+      const bool released = static_cast<int32_t>(i) < expected_released;
+      EXPECT_EQ(page == SequenceView::kReleasedPage, released)
+          << "request " << view.request_id << " page " << i << " of " << view.num_computed
+          << " computed tokens";
+      if (page == SequenceView::kReleasedPage) {
+        EXPECT_FALSE(view.page_shared[i]);
+        ++num_released;
+        continue;
+      }
+      EXPECT_TRUE(page >= 0 && page < config.num_pages - num_reserved) << "page " << page;
+      if (page < 0 || page >= config.num_pages) return num_released;
       ++num_holders[page];
     }
   }
   int32_t num_held = 0;
   for (const SequenceView& view : views) {
     for (size_t i = 0; i < view.pages.size(); ++i) {
+      if (view.pages[i] == SequenceView::kReleasedPage) continue;
       const int32_t holders = num_holders[view.pages[i]];
-      ASSERT_EQ(view.page_shared[i] != 0, holders > 1) << "request " << view.request_id;
+      EXPECT_EQ(view.page_shared[i] != 0, holders > 1) << "request " << view.request_id;
       // Only full pages may be shared: a partial page is still being written.
       if (holders > 1) {
-        ASSERT_LT(static_cast<int32_t>(i), view.num_computed / config.page_size);
+        EXPECT_LT(static_cast<int32_t>(i), view.num_computed / config.page_size);
       }
     }
   }
   for (const int32_t holders : num_holders) num_held += holders > 0 ? 1 : 0;
   // A page with a ref count but no holder would be counted used; a page held by more sequences
   // than its ref count says is caught by page_shared above or by the KV checks once it is reused.
-  ASSERT_EQ(stats.pages_used, num_held);
-  ASSERT_EQ(stats.pages_used + stats.pages_free, config.num_pages);
-  ASSERT_EQ(stats.pages_total, config.num_pages);
-  ASSERT_LE(stats.pages_cached, stats.pages_free);
-  ASSERT_EQ(stats.num_running, static_cast<int32_t>(views.size()));
-  ASSERT_LE(stats.num_running, config.max_num_seqs);
-  ASSERT_EQ(stats.num_running + stats.num_waiting, static_cast<int32_t>(known.size()));
-  if (!config.enable_prefix_cache) ASSERT_EQ(stats.pages_cached, 0);
+  EXPECT_EQ(stats.pages_used, num_held);
+  EXPECT_EQ(stats.pages_reserved, num_reserved);
+  EXPECT_EQ(stats.pages_used + stats.pages_free + stats.pages_reserved, config.num_pages);
+  EXPECT_EQ(stats.pages_total, config.num_pages);
+  EXPECT_LE(stats.pages_cached, stats.pages_free);
+  EXPECT_EQ(stats.num_running, static_cast<int32_t>(views.size()));
+  EXPECT_LE(stats.num_running, config.max_num_seqs);
+  EXPECT_EQ(stats.num_running + stats.num_waiting, static_cast<int32_t>(known.size()));
+  if (!config.enable_prefix_cache) {
+    EXPECT_EQ(stats.pages_cached, 0);
+  }
+  return num_released;
 }
 
 StreamResult run_stream(const SchedulerConfig& config, const std::vector<RequestSpec>& specs) {
   Scheduler scheduler(config);
-  FakeModel model(config.num_pages, config.page_size);
+  FakeModel model(config.num_pages, config.page_size, config.window);
   StreamResult result;
   std::unordered_map<int64_t, Ints> known;  // live requests only
   std::unordered_map<int64_t, const Request*> requests;
@@ -235,12 +278,12 @@ StreamResult run_stream(const SchedulerConfig& config, const std::vector<Request
     for (const auto& [id, outcome] : result.outcomes) {
       if (known.contains(id)) EXPECT_EQ(scheduler.output_tokens(id), outcome.outputs);
     }
-    check_invariants(scheduler, known);
+    result.released_entries += check_invariants(scheduler, known);
     if (::testing::Test::HasFailure()) break;
   }
   result.stats = scheduler.stats();
   EXPECT_EQ(result.stats.pages_used, 0);
-  EXPECT_EQ(result.stats.pages_free, config.num_pages);
+  EXPECT_EQ(result.stats.pages_free, config.num_pages - result.stats.pages_reserved);
   EXPECT_EQ(result.stats.num_running + result.stats.num_waiting, 0);
   return result;
 }
@@ -252,6 +295,12 @@ SchedulerConfig random_config(std::mt19937& rng, int32_t page_size) {
   // Room for the longest request and a little more, so preemption is frequent.
   const int32_t min_pages = config.max_model_len / page_size;
   config.num_pages = min_pages + static_cast<int32_t>(rng() % (2 * min_pages));
+  // A third of the streams slide, by windows from one token to past the longest sequence; the
+  // null page comes on top of the room for the longest request.
+  if (rng() % 3 == 0) {
+    config.window = 1 + static_cast<int32_t>(rng() % 100);
+    ++config.num_pages;
+  }
   config.max_num_batched_tokens = rng() % 4 == 0 ? 512 : 1 + static_cast<int32_t>(rng() % 48);
   config.max_num_seqs = 1 + static_cast<int32_t>(rng() % 8);
   config.enable_prefix_cache = rng() % 5 != 0;
@@ -309,6 +358,7 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
   constexpr int32_t kNumStreams = 100;
   int64_t total_preemptions = 0;
   int64_t total_hit_tokens = 0;
+  int64_t total_released = 0;
   for (int32_t seed = 0; seed < kNumStreams; ++seed) {
     std::mt19937 rng(static_cast<uint32_t>(page_size * 7919 + seed));
     const SchedulerConfig config = random_config(rng, page_size);
@@ -316,11 +366,12 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " pages " << config.num_pages << " budget "
                  << config.max_num_batched_tokens << " max_num_seqs " << config.max_num_seqs
-                 << " prefix cache " << config.enable_prefix_cache);
+                 << " prefix cache " << config.enable_prefix_cache << " window " << config.window);
     const StreamResult together = run_stream(config, specs);
     ASSERT_FALSE(HasFailure());
     total_preemptions += together.stats.preemptions;
     total_hit_tokens += together.stats.prefix_hit_tokens;
+    total_released += together.released_entries;
 
     for (const RequestSpec& spec : specs) {
       RequestSpec solo_spec = spec;
@@ -343,6 +394,7 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
   // The streams must exercise the paths they are meant to test.
   EXPECT_GT(total_preemptions, 0);
   EXPECT_GT(total_hit_tokens, 0);
+  EXPECT_GT(total_released, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, SchedulerPropertyTest, ::testing::Values(1, 4, 16));

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -492,6 +493,210 @@ TEST(Scheduler, AddRejectsInvalidRequests) {
   EXPECT_NE(message_of(make_request(1, iota_tokens(60, 0), 5)).find("KV pool"), std::string::npos);
   EXPECT_EQ(message_of(make_request(1, iota_tokens(60, 0), 4)), "");  // exactly 64 tokens
   EXPECT_NE(message_of(make_request(1, {1}, 1)).find("already in use"), std::string::npos);
+}
+
+// Every layer slides with a window of 6 over pages of 4: a query at position p sees keys
+// p - 5 .. p, so after a step whose sequence next computes position q, its pages wholly below
+// q - 5 go back to the pool. The pool has 16 pages, the last (15) being the null page.
+class WindowTest : public ::testing::Test {
+ protected:
+  static constexpr int32_t kNullPage = 15;
+  WindowTest() {
+    config.page_size = 4;
+    config.num_pages = 16;
+    config.window = 6;
+    config.max_model_len = 64;
+  }
+
+  Ints table(const Scheduler& scheduler, int64_t id) const {
+    const std::vector<SequenceView> views = scheduler.sequence_map();
+    const SequenceView* view = find_view(views, id);
+    return view == nullptr ? Ints{} : view->pages;
+  }
+
+  static constexpr int32_t R = SequenceView::kReleasedPage;
+  SchedulerConfig config;
+};
+
+TEST_F(WindowTest, ReleasesPagesWhollyBehindTheNextQuerysWindow) {
+  Scheduler scheduler(config);
+  EXPECT_EQ(scheduler.stats().pages_reserved, 1);
+  EXPECT_EQ(scheduler.stats().pages_free, 15);
+  scheduler.add(make_request(1, iota_tokens(20, 1), 8));
+
+  // The prompt fills pages 0-4; the next query (position 20) sees keys 15.., so pages 0-2
+  // (positions 0-11) go, and page 3 (12-15) stays for key 15.
+  StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(plan.null_page, kNullPage);
+  EXPECT_EQ(plan.kv_page_indices, (Ints{0, 1, 2, 3, 4}));
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, 3, 4}));
+  SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.pages_used, 2);
+  EXPECT_EQ(stats.pages_free, 13);
+  EXPECT_EQ(stats.pages_cached, 3);  // full released pages stay findable
+
+  // Position 20 reads keys 15-20 through a table of unchanged length; page 5 takes its K/V.
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan.positions, (Ints{20}));
+  EXPECT_EQ(plan.kv_page_indices, (Ints{kNullPage, kNullPage, kNullPage, 3, 4, 5}));
+  EXPECT_EQ(plan.kv_last_page_len, (Ints{1}));
+  EXPECT_EQ(plan.slot_mapping, (Ints{20}));
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, R, 4, 5}));  // next query 21 sees 16..
+  EXPECT_EQ(scheduler.stats().pages_free, 13);
+  EXPECT_EQ(scheduler.stats().pages_cached, 4);
+
+  // Queries 21-24: page 4 (16-19) lasts until the next query is 25, which sees keys 20...
+  const Ints released_after = {4, 4, 4, 5, 5};
+  for (size_t i = 0; i < released_after.size(); ++i) {
+    plan = scheduler.schedule();
+    EXPECT_EQ(plan.positions, (Ints{21 + static_cast<int32_t>(i)}));
+    scheduler.update(plan, {7});
+    const Ints pages = table(scheduler, 1);
+    EXPECT_EQ(std::count(pages.begin(), pages.end(), R), released_after[i]) << "query " << 21 + i;
+    EXPECT_EQ(scheduler.stats().pages_used, static_cast<int32_t>(pages.size()) - released_after[i]);
+    EXPECT_EQ(scheduler.stats().pages_free, 15 - scheduler.stats().pages_used);
+  }
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, R, R, 5, 6}));
+
+  // The eighth token finishes it: exactly the pages still held go back.
+  plan = scheduler.schedule();
+  EXPECT_TRUE(scheduler.update(plan, {7})[0].finished);
+  stats = scheduler.stats();
+  EXPECT_EQ(stats.pages_used, 0);
+  EXPECT_EQ(stats.pages_free, stats.pages_total - stats.pages_reserved);
+  EXPECT_EQ(stats.pages_cached, 6);  // pages 0-5 are full; page 6 holds 3 of 4 tokens
+}
+
+TEST_F(WindowTest, ReleasedPagesAreHitsForNewRequestsAndSharedOnesLoseOneHolder) {
+  Scheduler scheduler(config);
+  scheduler.add(make_request(1, iota_tokens(20, 1), 8));
+  step(scheduler);
+  ASSERT_EQ(table(scheduler, 1), (Ints{R, R, R, 3, 4}));
+
+  // The same prompt finds the released pages 0-2 (free, still hashed) and page 3 (held by 1),
+  // as it would without a window; it computes positions 16-19 into a new page.
+  scheduler.add(make_request(2, iota_tokens(20, 1), 8));
+  const StepPlan plan = scheduler.schedule();
+  ASSERT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(plan_pages(plan, 0), (Ints{kNullPage, kNullPage, kNullPage, 3, 4, 5}));
+  EXPECT_EQ(plan_pages(plan, 1), (Ints{0, 1, 2, 3, 6}));
+  EXPECT_EQ(plan_positions(plan, 1), (Ints{16, 17, 18, 19}));
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 16);
+  scheduler.update(plan, {7, 7});
+
+  // 1 lets go of page 3, which 2 still holds; 2 lets go of 0-2 again.
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, R, 4, 5}));
+  EXPECT_EQ(table(scheduler, 2), (Ints{R, R, R, 3, 6}));
+  const SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.pages_used, 4);  // 4, 5 and 3, 6
+  EXPECT_EQ(stats.pages_free, 11);
+  while (scheduler.has_unfinished()) step(scheduler);
+  EXPECT_EQ(scheduler.stats().pages_free, 15);
+}
+
+TEST_F(WindowTest, ChunkedPrefillKeepsWhatTheNextChunksFirstQuerySees) {
+  config.max_num_batched_tokens = 8;
+  Scheduler scheduler(config);
+  scheduler.add(make_request(1, iota_tokens(20, 1), 2));
+  // Chunk 0-7; the next chunk's first query (8) sees keys 3.., so page 0 (0-3) stays.
+  step(scheduler);
+  EXPECT_EQ(table(scheduler, 1), (Ints{0, 1}));
+  // Chunk 8-15 reads page 0; then query 16 sees keys 11..: pages 0 and 1 go.
+  StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(plan_pages(plan, 0), (Ints{0, 1, 2, 3}));
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, 2, 3}));
+  EXPECT_EQ(scheduler.stats().pages_used, 2);
+  // Chunk 16-19 and the first sample; query 20 sees keys 15..: page 2 goes.
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan_positions(plan, 0), (Ints{16, 17, 18, 19}));
+  EXPECT_EQ(plan_pages(plan, 0), (Ints{kNullPage, kNullPage, 2, 3, 4}));
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, 3, 4}));
+  step(scheduler);
+  EXPECT_FALSE(scheduler.has_unfinished());
+  EXPECT_EQ(scheduler.stats().pages_free, 15);
+}
+
+TEST_F(WindowTest, PreemptionFreesOnlyThePagesStillHeld) {
+  config.num_pages = 6;  // 5 to use, page 5 is the null page
+  config.enable_prefix_cache = false;
+  Scheduler scheduler(config);
+  // A request must fit the pool whole (20 tokens), window or not.
+  scheduler.add(make_request(1, iota_tokens(4, 1), 16));
+  scheduler.add(make_request(2, iota_tokens(12, 50), 8));
+  // 1 takes page 0 and 2 pages 1-3; 1 then grows into page 4, 2 into page 1 (released after
+  // step 1: its next query, 12, sees keys 7..) and page 2 goes after step 2 (query 13 sees 8..).
+  for (int32_t i = 0; i < 5; ++i) step(scheduler);
+  EXPECT_EQ(table(scheduler, 1), (Ints{0, 4}));
+  EXPECT_EQ(table(scheduler, 2), (Ints{R, R, 3, 1}));
+  EXPECT_EQ(scheduler.stats().pages_free, 1);
+
+  // Position 8 of 1 takes the last free page; position 16 of 2 finds none, and 2, the newest,
+  // is preempted: its two held pages go back, its released entries do not.
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1}));
+  SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.preemptions, 1);
+  EXPECT_EQ(stats.num_waiting, 1);
+  EXPECT_EQ(stats.pages_used, 3);
+  EXPECT_EQ(stats.pages_free, 2);
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, 4, 2}));  // query 9 sees keys 4..
+
+  // 2 recomputes its 17 tokens once 1 is done (5 pages at once) and finishes too.
+  while (scheduler.has_unfinished()) step(scheduler);
+  stats = scheduler.stats();
+  EXPECT_EQ(stats.pages_used, 0);
+  EXPECT_EQ(stats.pages_free, stats.pages_total - stats.pages_reserved);
+}
+
+TEST_F(WindowTest, CancelFreesOnlyThePagesStillHeld) {
+  Scheduler scheduler(config);
+  scheduler.add(make_request(1, iota_tokens(20, 1), 8));
+  scheduler.add(make_request(2, iota_tokens(20, 100), 8));
+  step(scheduler);
+  EXPECT_EQ(table(scheduler, 1), (Ints{R, R, R, 3, 4}));
+  EXPECT_EQ(table(scheduler, 2), (Ints{R, R, R, 8, 9}));
+  EXPECT_EQ(scheduler.stats().pages_used, 4);
+
+  EXPECT_TRUE(scheduler.cancel(1));
+  EXPECT_EQ(scheduler.stats().pages_used, 2);
+  // 2 in flight: its next page is taken, then everything it holds goes at the cancel.
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(scheduler.stats().pages_used, 3);
+  EXPECT_TRUE(scheduler.cancel(2));
+  EXPECT_EQ(scheduler.stats().pages_used, 0);
+  EXPECT_TRUE(scheduler.update(plan, {7})[0].finished);
+  EXPECT_EQ(scheduler.stats().pages_free, 15);
+  EXPECT_FALSE(scheduler.has_unfinished());
+}
+
+TEST_F(WindowTest, NoNullPageWithoutAWindow) {
+  config.window = 0;
+  Scheduler scheduler(config);
+  scheduler.add(make_request(1, iota_tokens(20, 1), 2));
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(plan.null_page, -1);
+  scheduler.update(plan, {7});
+  EXPECT_EQ(table(scheduler, 1), (Ints{0, 1, 2, 3, 4}));
+  const SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.pages_reserved, 0);
+  EXPECT_EQ(stats.pages_free, 11);
+}
+
+TEST_F(WindowTest, TheNullPageHoldsNoTokensOfAPool) {
+  config.num_pages = 5;  // 4 to use: 16 tokens
+  Scheduler scheduler(config);
+  EXPECT_THROW(scheduler.add(make_request(1, iota_tokens(10, 1), 7)), Error);
+  EXPECT_NO_THROW(scheduler.add(make_request(2, iota_tokens(10, 1), 6)));
+  config.num_pages = 1;
+  EXPECT_THROW(Scheduler{config}, Error);
+  config.num_pages = 2;
+  config.window = -1;
+  EXPECT_THROW(Scheduler{config}, Error);
 }
 
 TEST(Scheduler, RejectsBadConfig) {

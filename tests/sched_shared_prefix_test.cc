@@ -67,12 +67,31 @@ TEST(SharedPrefix, OnlyPagesBeforeEveryNewToken) {
   EXPECT_TRUE(find_shared_prefixes(make_plan({{1, 2, 3}, {}}, {5, 0}, {1, 0}), 1).empty());
 }
 
-TEST(SharedPrefix, FoundInTheSchedulersDecodeSteps) {
-  // Three requests with the same 40-token prompt prefix: after the first one's prefill, the
-  // others hit its two full pages in the prefix cache, and their decode steps share them.
+TEST(SharedPrefix, NeverGroupsByTheNullPage) {
+  // Sequences 0 and 1 released their first two pages (entries of the null page, 99); 2 and 3
+  // hold pages 4 and 5.
+  StepPlan plan =
+      make_plan({{99, 99, 5, 6}, {99, 99, 5, 6}, {4, 5, 7}, {4, 5, 8}}, {1, 1, 1, 1}, {1, 1, 1, 1});
+  plan.null_page = 99;
+  const auto groups = find_shared_prefixes(plan, 1);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].seqs, (Ints{2, 3}));
+  EXPECT_EQ(groups[0].num_pages, 2);
+  // Were 99 a real page, 0 and 1 would share all three of their full pages.
+  plan.null_page = -1;
+  const auto with_real_page = find_shared_prefixes(plan, 1);
+  ASSERT_EQ(with_real_page.size(), 2u);
+  EXPECT_EQ(with_real_page[0].seqs, (Ints{0, 1}));
+  EXPECT_EQ(with_real_page[0].num_pages, 3);
+}
+
+// Three requests with the same 40-token prompt prefix: after the first one's prefill, the
+// others hit its two full pages in the prefix cache. Returns the groups of each decode step.
+std::vector<std::vector<SharedPrefixGroup>> decode_groups(int32_t window) {
   SchedulerConfig config;
   config.page_size = 16;
   config.num_pages = 64;
+  config.window = window;
   Scheduler scheduler(config);
   Ints prefix(40);
   std::iota(prefix.begin(), prefix.end(), 100);
@@ -85,21 +104,33 @@ TEST(SharedPrefix, FoundInTheSchedulersDecodeSteps) {
     r.sampling.ignore_eos = true;
     scheduler.add(std::move(r));
   }
-  bool saw_decode = false;
+  std::vector<std::vector<SharedPrefixGroup>> groups;
   while (scheduler.has_unfinished()) {
     const StepPlan plan = scheduler.schedule();
     bool decode = plan.num_seqs() == 3;
     for (int32_t b = 0; decode && b < 3; ++b) decode = plan.q_indptr[b + 1] - plan.q_indptr[b] == 1;
-    if (decode) {
-      saw_decode = true;
-      const auto groups = find_shared_prefixes(plan, 1);
-      ASSERT_EQ(groups.size(), 1u);
-      EXPECT_EQ(groups[0].seqs, (Ints{0, 1, 2}));
-      EXPECT_EQ(groups[0].num_pages, 2);  // 32 of the 40 shared tokens: the full pages
-    }
+    if (decode) groups.push_back(find_shared_prefixes(plan, 1));
     scheduler.update(plan, Ints(plan.num_seqs(), 7));
   }
-  EXPECT_TRUE(saw_decode);
+  return groups;
+}
+
+TEST(SharedPrefix, FoundInTheSchedulersDecodeSteps) {
+  const auto steps = decode_groups(/*window=*/0);
+  ASSERT_EQ(steps.size(), 7u);  // the first token of each comes with its prompt
+  for (const std::vector<SharedPrefixGroup>& groups : steps) {
+    ASSERT_EQ(groups.size(), 1u);
+    EXPECT_EQ(groups[0].seqs, (Ints{0, 1, 2}));
+    EXPECT_EQ(groups[0].num_pages, 2);  // 32 of the 40 shared tokens: the full pages
+  }
+}
+
+TEST(SharedPrefix, NotFoundOnceTheSharedPagesAreReleased) {
+  // A window of 24: the first decode query (41) sees keys 18.., so each sequence released page
+  // 0 after its prompt, and all three tables begin with the null page.
+  const auto steps = decode_groups(/*window=*/24);
+  ASSERT_EQ(steps.size(), 7u);
+  for (const std::vector<SharedPrefixGroup>& groups : steps) EXPECT_TRUE(groups.empty());
 }
 
 }  // namespace

@@ -101,13 +101,17 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
   const int64_t page_bytes = PagedKvCache::bytes_per_page(
       c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim, model_->compute_dtype());
+  const int32_t window = options_.free_pages_outside_window ? c.window_of_all_layers() : 0;
   if (options_.num_pages <= 0) {
     const int64_t kv_bytes =
         on_gpu ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
                                       options_.gpu_memory_fraction)
                : options_.kv_cache_bytes;
-    options_.num_pages =
-        static_cast<int32_t>(std::clamp<int64_t>(kv_bytes / page_bytes, 1, int64_t{1} << 30));
+    // With a window the scheduler reserves the cache's last page as the null page (never handed
+    // out, zeroed on the GPU), so the count covers it and one page to use.
+    const int64_t min_pages = window > 0 ? 2 : 1;
+    options_.num_pages = static_cast<int32_t>(
+        std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
   }
   kv_cache_ = std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size,
                                              c.num_kv_heads, c.head_dim, options_.device,
@@ -119,6 +123,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   SchedulerConfig sc;
   sc.page_size = options_.page_size;
   sc.num_pages = options_.num_pages;
+  sc.window = window;
   sc.max_num_batched_tokens = options_.max_num_batched_tokens;
   sc.max_num_seqs = options_.max_num_seqs;
   sc.max_model_len = static_cast<int32_t>(c.max_position_embeddings);

@@ -40,6 +40,10 @@ struct EngineOptions {
   int32_t max_num_batched_tokens = 0;
   int32_t max_num_seqs = 256;
   bool enable_prefix_cache = true;
+  // When every layer of the model slides (Mistral, Phi-3 and Qwen2 configs that set a window
+  // from layer 0), pages wholly behind all later queries' windows go back to the pool (off: a
+  // sequence keeps all its pages, as for models with a global layer).
+  bool free_pages_outside_window = true;
   int32_t threads = 0;  // 0: all hardware threads
   Device device = Device::kCpu;
 };

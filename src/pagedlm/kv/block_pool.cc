@@ -4,15 +4,20 @@
 
 namespace pagedlm {
 
-BlockPool::BlockPool(int32_t num_pages)
+BlockPool::BlockPool(int32_t num_pages, bool reserve_null_page)
     : ref_counts_(num_pages, 0),
       prev_(num_pages, kNone),
       next_(num_pages, kNone),
       hashes_(num_pages),
       has_hash_(num_pages, 0) {
-  PAGEDLM_CHECK(num_pages > 0, "BlockPool needs at least one page, got ", num_pages);
-  page_of_hash_.reserve(num_pages);
-  for (int32_t page = 0; page < num_pages; ++page) push_back(page);
+  const int32_t num_usable = num_pages - (reserve_null_page ? 1 : 0);
+  PAGEDLM_CHECK(num_usable > 0, "BlockPool needs at least one page besides the reserved ones, got ",
+                num_pages, " pages", reserve_null_page ? " with a null page" : "");
+  page_of_hash_.reserve(num_usable);
+  // The null page stays off the free list for good: allocate() never returns it and, having no
+  // hash, find() never does either.
+  for (int32_t page = 0; page < num_usable; ++page) push_back(page);
+  if (reserve_null_page) null_page_ = num_usable;
 }
 
 int32_t BlockPool::allocate() {
@@ -29,6 +34,7 @@ int32_t BlockPool::allocate() {
 }
 
 void BlockPool::acquire(int32_t page) {
+  PAGEDLM_CHECK(page != null_page_, "the null page cannot be held");
   if (ref_counts_[page]++ == 0) {
     unlink(page);
     if (has_hash(page)) --num_cached_;
@@ -44,7 +50,7 @@ void BlockPool::release(int32_t page) {
 }
 
 bool BlockPool::set_hash(int32_t page, const BlockHash& hash) {
-  if (has_hash(page)) return false;
+  if (has_hash(page) || page == null_page_) return false;
   if (!page_of_hash_.try_emplace(hash, page).second) return false;
   hashes_[page] = hash;
   has_hash_[page] = 1;

@@ -2,6 +2,9 @@
 // (how many sequences hold it) and, once full and registered, the 128-bit hash of its content.
 // Pages with ref count 0 sit in an intrusive doubly linked LRU free list; a freed page keeps its
 // hash, so the prefix cache can still find and revive it until allocate() reuses it.
+// A pool may reserve its last page as the null page: never handed out, never written, it stands
+// in for the page-table entries of pages a sequence no longer needs (keys behind every layer's
+// sliding window), so the table keeps its length and a kernel reading it finds finite zeros.
 #pragma once
 
 #include <cstddef>
@@ -24,11 +27,16 @@ struct BlockHashHasher {
 
 class BlockPool {
  public:
-  explicit BlockPool(int32_t num_pages);
+  explicit BlockPool(int32_t num_pages, bool reserve_null_page = false);
 
+  // All pages, the null page included.
   int32_t num_pages() const { return static_cast<int32_t>(ref_counts_.size()); }
+  // 1 with a null page, else 0: pages that are neither free nor used.
+  int32_t num_reserved() const { return null_page_ == kNone ? 0 : 1; }
+  // The reserved page (the last one), or -1 when the pool has none.
+  int32_t null_page() const { return null_page_; }
   int32_t num_free() const { return num_free_; }
-  int32_t num_used() const { return num_pages() - num_free_; }
+  int32_t num_used() const { return num_pages() - num_reserved() - num_free_; }
   // Free pages still findable by hash.
   int32_t num_cached() const { return num_cached_; }
   bool can_allocate(int32_t num_new_pages) const { return num_free_ >= num_new_pages; }
@@ -67,6 +75,7 @@ class BlockPool {
   int32_t tail_ = kNone;  // most recently freed
   int32_t num_free_ = 0;
   int32_t num_cached_ = 0;
+  int32_t null_page_ = kNone;
 
   std::vector<BlockHash> hashes_;
   std::vector<uint8_t> has_hash_;

@@ -16,6 +16,8 @@ struct Sequence {
   int32_t num_computed = 0;  // tokens whose K/V are written or in the plan being run
   int32_t num_cached_tokens = 0;
   std::vector<int32_t> pages;
+  // Leading entries of `pages` released behind the window: they point to the null page.
+  int32_t num_released_pages = 0;
   // Hashes of the sequence's first full pages. Tokens never change once a page is full, so they
   // survive preemption and serve both lookups and registration.
   std::vector<BlockHash> page_hashes;
@@ -46,7 +48,9 @@ bool contains(const std::vector<int32_t>& values, int32_t value) {
 
 struct Scheduler::State {
   explicit State(const SchedulerConfig& config)
-      : config(config), pool(config.num_pages), cache(&pool, config.page_size) {}
+      : config(config),
+        pool(config.num_pages, /*reserve_null_page=*/config.window > 0),
+        cache(&pool, config.page_size) {}
 
   const SchedulerConfig& config;
   BlockPool pool;
@@ -90,9 +94,29 @@ struct Scheduler::State {
   }
 
   // Tail first, so the LRU free list evicts a sequence's tail before the prefix others share.
+  // Entries released behind the window were given back already.
   void free_pages(Sequence& seq) {
-    for (auto it = seq.pages.rbegin(); it != seq.pages.rend(); ++it) pool.release(*it);
+    for (auto it = seq.pages.rbegin(); it != seq.pages.rend() - seq.num_released_pages; ++it) {
+      pool.release(*it);
+    }
     seq.pages.clear();
+    seq.num_released_pages = 0;
+  }
+
+  // Releases the pages whose keys no later query of the sequence can see. Its next query is at
+  // num_computed (the first pending token: a prefill chunk's first query, or the sampled token)
+  // and sees keys from num_computed - window + 1 on; every later query sees fewer. Oldest
+  // first, so the LRU free list reuses them in that order; a full page keeps its hash (and
+  // stays findable, as a finished sequence's pages do) and a shared one just loses a holder.
+  void release_pages_behind_window(Sequence& seq) {
+    if (config.window == 0) return;
+    const int32_t lowest_visible = seq.num_computed - config.window + 1;
+    const int32_t num_behind = std::max(0, lowest_visible) / config.page_size;
+    for (; seq.num_released_pages < num_behind; ++seq.num_released_pages) {
+      int32_t& page = seq.pages[seq.num_released_pages];
+      pool.release(page);
+      page = pool.null_page();
+    }
   }
 
   // Makes the full pages among tokens [begin, end) findable; called once those tokens are in
@@ -233,6 +257,7 @@ void Scheduler::State::emit(StepPlan& plan) const {
   }
   const size_t num_seqs = scheduled.size();
   plan.page_size = page_size;
+  plan.null_page = pool.null_page();
   plan.token_ids.reserve(num_tokens);
   plan.positions.reserve(num_tokens);
   plan.slot_mapping.reserve(num_tokens);
@@ -282,7 +307,11 @@ Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
   const int32_t page_size = config_.page_size;
   PAGEDLM_CHECK(page_size > 0 && (page_size & (page_size - 1)) == 0,
                 "SchedulerConfig.page_size must be a power of two, got ", page_size);
-  PAGEDLM_CHECK(config_.num_pages > 0, "SchedulerConfig.num_pages must be positive, got ",
+  PAGEDLM_CHECK(config_.window >= 0, "SchedulerConfig.window must be >= 0, got ", config_.window);
+  // With a window the last page is the null page; at least one other must be left to use.
+  const int32_t min_pages = config_.window > 0 ? 2 : 1;
+  PAGEDLM_CHECK(config_.num_pages >= min_pages, "SchedulerConfig.num_pages must be at least ",
+                min_pages, config_.window > 0 ? " (one is the null page)" : "", ", got ",
                 config_.num_pages);
   // Slots are int32 in the plan.
   PAGEDLM_CHECK(
@@ -313,9 +342,10 @@ void Scheduler::add(Request request) {
                 " (prompt and output together)");
   PAGEDLM_CHECK(max_tokens >= 0, "request ", id, " has negative max_tokens ", max_tokens);
   const int64_t max_len = std::min<int64_t>(prompt_len + max_tokens, config_.max_model_len);
-  const int64_t pool_tokens = static_cast<int64_t>(config_.num_pages) * config_.page_size;
+  const int32_t num_usable_pages = config_.num_pages - state.pool.num_reserved();
+  const int64_t pool_tokens = static_cast<int64_t>(num_usable_pages) * config_.page_size;
   PAGEDLM_CHECK(max_len <= pool_tokens, "request ", id, " may reach ", max_len,
-                " tokens, more than the whole KV pool holds (", config_.num_pages, " pages of ",
+                " tokens, more than the whole KV pool holds (", num_usable_pages, " pages of ",
                 config_.page_size, " = ", pool_tokens, " tokens)");
 
   auto seq = std::make_unique<Sequence>();
@@ -414,6 +444,8 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
         state.finished.push_back(&seq);
       }
     }
+    // After the step ran: its queries were the last to read what is released here.
+    if (seq.status == SeqStatus::kRunning) state.release_pages_behind_window(seq);
     update.finished = seq.status == SeqStatus::kFinished;
     update.reason = seq.finish_reason;
   }
@@ -432,6 +464,7 @@ SchedulerStats Scheduler::stats() const {
   stats.num_running = static_cast<int32_t>(state.running.size());
   stats.num_waiting = static_cast<int32_t>(state.waiting.size());
   stats.pages_total = state.pool.num_pages();
+  stats.pages_reserved = state.pool.num_reserved();
   stats.pages_used = state.pool.num_used();
   stats.pages_free = state.pool.num_free();
   stats.pages_cached = state.pool.num_cached();
@@ -452,9 +485,11 @@ std::vector<SequenceView> Scheduler::sequence_map() const {
     view.num_computed = seq->num_computed;
     view.num_cached_tokens = seq->num_cached_tokens;
     view.pages = seq->pages;
+    std::fill_n(view.pages.begin(), seq->num_released_pages, SequenceView::kReleasedPage);
     view.page_shared.reserve(seq->pages.size());
-    for (const int32_t page : seq->pages) {
-      view.page_shared.push_back(state.pool.ref_count(page) > 1 ? 1 : 0);
+    for (const int32_t page : view.pages) {
+      const bool shared = page != SequenceView::kReleasedPage && state.pool.ref_count(page) > 1;
+      view.page_shared.push_back(shared ? 1 : 0);
     }
   }
   return views;

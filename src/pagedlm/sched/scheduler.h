@@ -1,5 +1,6 @@
 // Continuous-batching scheduler: FCFS admission under a token budget and a sequence limit,
-// chunked prefill mixed with decode, preemption by recompute when pages run out.
+// chunked prefill mixed with decode, preemption by recompute when pages run out. When every
+// layer of the model slides, pages whose keys no later query can see go back to the pool.
 // Host only: it never touches device memory; its output is a StepPlan.
 #pragma once
 
@@ -18,7 +19,13 @@ namespace pagedlm {
 
 struct SchedulerConfig {
   int32_t page_size = 16;
-  int32_t num_pages = 4096;
+  int32_t num_pages = 4096;  // pages of the KV cache, the null page included when there is one
+  // The sliding window of every layer (ModelConfig::window_of_all_layers; 0: some layer sees all
+  // keys). A query at position p sees keys p - window + 1 .. p, so once a sequence's next query
+  // is at q, its pages wholly below q - window + 1 are never read again: after each step they
+  // are released, their page-table entries pointing to the pool's null page (its last page,
+  // reserved whenever window > 0).
+  int32_t window = 0;
   int32_t max_num_batched_tokens = 8192;
   int32_t max_num_seqs = 256;
   int32_t max_model_len = 8192;  // prompt + output tokens of one sequence
@@ -38,9 +45,10 @@ struct SchedulerStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;
   int32_t pages_total = 0;
-  int32_t pages_used = 0;    // ref count > 0
-  int32_t pages_free = 0;    // ref count == 0 (cached or empty)
-  int32_t pages_cached = 0;  // ref count == 0 and still findable by hash
+  int32_t pages_reserved = 0;  // the null page when the config has a window: never used or free
+  int32_t pages_used = 0;      // ref count > 0
+  int32_t pages_free = 0;      // ref count == 0 (cached or empty)
+  int32_t pages_cached = 0;    // ref count == 0 and still findable by hash
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t preemptions = 0;
@@ -49,11 +57,14 @@ struct SchedulerStats {
 // A running sequence's page table, for inspection (Scheduler::sequence_map, `generate
 // --show-cache`): its token counts and the pages it holds, in order.
 struct SequenceView {
+  // The entry of a page released because no later query's window reaches it.
+  static constexpr int32_t kReleasedPage = -1;
+
   int64_t request_id = 0;
-  int32_t num_tokens = 0;         // prompt + generated so far
-  int32_t num_computed = 0;       // tokens whose K/V are in the cache
-  int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache at admission
-  std::vector<int32_t> pages;
+  int32_t num_tokens = 0;            // prompt + generated so far
+  int32_t num_computed = 0;          // tokens whose K/V are in the cache
+  int32_t num_cached_tokens = 0;     // prompt tokens served by the prefix cache at admission
+  std::vector<int32_t> pages;        // the page table; released entries are kReleasedPage
   std::vector<uint8_t> page_shared;  // per page: 1 if another sequence holds it too
 };
 
@@ -65,7 +76,7 @@ class Scheduler {
   ~Scheduler();
 
   // Throws pagedlm::Error for an empty prompt, a duplicate id, a prompt that cannot fit
-  // max_model_len or the whole page pool.
+  // max_model_len or the whole page pool (its null page aside).
   void add(Request request);
   // Frees the request's pages at once. False if unknown or already finished.
   bool cancel(int64_t request_id);

@@ -7,10 +7,11 @@ namespace pagedlm {
 
 std::vector<SharedPrefixGroup> find_shared_prefixes(const StepPlan& plan, int32_t min_pages) {
   const int32_t B = plan.num_seqs();
-  // Pages of sequence b that precede its first new token.
+  // Pages of sequence b that precede its first new token; none when its table begins with the
+  // null page (released entries lead a table, and equal null entries are no shared content).
   auto eligible_pages = [&](int32_t b) {
     const int32_t pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
-    if (pages == 0) return 0;
+    if (pages == 0 || plan.kv_page_indices[plan.kv_indptr[b]] == plan.null_page) return 0;
     const int32_t n_kv = (pages - 1) * plan.page_size + plan.kv_last_page_len[b];
     const int32_t n_new = plan.q_indptr[b + 1] - plan.q_indptr[b];
     return (n_kv - n_new) / plan.page_size;

@@ -18,7 +18,8 @@ struct SharedPrefixGroup {
 
 // Groups of at least two sequences whose first `num_pages` page ids agree, num_pages >=
 // min_pages. Only whole pages that lie before every member's first new token count, so all of
-// a member's queries see all of the group's keys. Sequences are grouped by their first page;
+// a member's queries see all of the group's keys; a sequence whose table begins with the null
+// page (StepPlan::null_page) joins no group. Sequences are grouped by their first page;
 // a group's run is the longest prefix common to all its members.
 std::vector<SharedPrefixGroup> find_shared_prefixes(const StepPlan& plan, int32_t min_pages);
 

@@ -22,6 +22,13 @@ struct StepPlan {
   std::vector<int32_t> kv_page_indices;   // [kv_indptr[B]]
   std::vector<int32_t> kv_last_page_len;  // [B]
   std::vector<int32_t> slot_mapping;      // [L] page * page_size + offset where each K/V goes
+  // The page that entries of kv_page_indices no longer backed by a page point to (-1: none):
+  // when every layer slides, pages wholly behind all of a sequence's queries' windows go back
+  // to the pool, and the table keeps its length so keys are still indexed by position. Such
+  // entries form a leading run of the sequence's pages; the null page holds zeroed K/V on the
+  // GPU (finite values that the window mask drops), no slot ever maps into it, and equal null
+  // entries never mean shared content.
+  int32_t null_page = -1;
 
   // Rows of the stream that produce logits. Sequence b's rows are
   // logits_rows[logits_indptr[b] .. logits_indptr[b+1]]; if samples[b], the last of them
