@@ -6,6 +6,7 @@
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
+#include "pagedlm/io/hf_folder.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm::cli {
@@ -13,14 +14,7 @@ namespace pagedlm::cli {
 namespace {
 
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path) {
-  std::ifstream in(path);
-  PAGEDLM_CHECK(in.good(), "cannot read prompts file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("prompts file ", path, " is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = read_json_file(path);
   PAGEDLM_CHECK(j.is_array() && !j.empty(), "prompts file ", path,
                 " must hold a non-empty JSON list of token-id lists");
   std::vector<std::vector<int32_t>> prompts;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/io/safetensors.h"
 
 namespace pagedlm {
@@ -19,9 +20,11 @@ nlohmann::json read_json_file(const std::string& path) {
   PAGEDLM_CHECK(in.good(), "cannot read ", path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return nlohmann::json::parse(text);
+    return parse_json(text);
   } catch (const nlohmann::json::exception& e) {
     fail(path, " is not valid JSON (", e.what(), ")");
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
   }
 }
 

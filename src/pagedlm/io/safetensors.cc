@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/io/mmap_file.h"
 
 namespace pagedlm {
@@ -132,9 +133,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const char* header_text = reinterpret_cast<const char*>(file->data() + kLengthBytes);
   json header;
   try {
-    header = json::parse(header_text, header_text + header_bytes);
+    header = parse_json(std::string_view(header_text, header_bytes));
   } catch (const json::exception& e) {
     fail(path, ": header is not valid JSON (", e.what(), ")");
+  } catch (const Error& e) {
+    fail(path, ": header: ", e.what());
   }
   PAGEDLM_CHECK(header.is_object(), path, ": header is not a JSON object");
 

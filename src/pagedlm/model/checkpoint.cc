@@ -9,6 +9,7 @@
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/config_keys.h"
 #include "pagedlm/io/gguf.h"
+#include "pagedlm/model/rope.h"
 
 namespace pagedlm {
 
@@ -278,6 +279,17 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     if (kind == "linear") {
       c.rope.type = RopeType::kLinear;
       c.rope.factor = static_cast<float>(f.get_float(p + "rope.scaling.factor"));
+    } else if (kind == "yarn") {
+      // llama.cpp's yarn keys; beta and the attention factor default as in HF and llama.cpp.
+      c.rope.type = RopeType::kYarn;
+      c.rope.factor = static_cast<float>(f.get_float(p + "rope.scaling.factor"));
+      PAGEDLM_CHECK(c.rope.factor > 0, "GGUF file '", f.path(), "' rope.scaling.factor must be ",
+                    "positive, got ", c.rope.factor);
+      c.rope.original_max_position = get_positive(f, p + "rope.scaling.original_context_length");
+      c.rope.beta_fast = static_cast<float>(opt_float(p + "rope.scaling.yarn_beta_fast", 32.0));
+      c.rope.beta_slow = static_cast<float>(opt_float(p + "rope.scaling.yarn_beta_slow", 1.0));
+      c.rope.attention_factor = static_cast<float>(
+          opt_float(p + "rope.scaling.yarn_attn_factor", yarn_attention_factor(c.rope.factor)));
     } else {
       PAGEDLM_CHECK(kind == "none", "GGUF file '", f.path(), "' uses rope scaling '", kind,
                     "', which pagedlm does not support");

@@ -69,15 +69,7 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
 }
 
 Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed) {
-  std::ifstream in(config_json_path);
-  PAGEDLM_CHECK(in.good(), "cannot read config ", config_json_path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("config ", config_json_path, " is not valid JSON: ", e.what());
-  }
-  return make_dummy_checkpoint(parse_hf_config(j), seed);
+  return make_dummy_checkpoint(parse_hf_config(read_json_file(config_json_path)), seed);
 }
 
 }  // namespace pagedlm

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/core/file.h"
 #include "pagedlm/tokenizer/jinja.h"
 
@@ -112,8 +113,10 @@ ChatTemplate load_chat_template(const std::string& model_dir) {
   fs::path config_path = dir / "tokenizer_config.json";
   if (fs::exists(config_path)) {
     try {
-      config = ojson::parse(read_file(config_path.string()));
+      config = parse_json<ojson>(read_file(config_path.string()));
     } catch (const ojson::parse_error& e) {
+      fail("cannot parse ", config_path.string(), ": ", e.what());
+    } catch (const Error& e) {
       fail("cannot parse ", config_path.string(), ": ", e.what());
     }
   }

@@ -4,6 +4,8 @@
 // alternating between a sliding window and global attention. Gemma 2 soft-caps attention logits
 // and the final logits; Gemma 3 has q/k norms and a rope of its own per layer type.
 #include <cmath>
+#include <variant>
+#include <vector>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/config_keys.h"
@@ -96,30 +98,49 @@ void read_gemma3(const ConfigKeys& keys, ModelConfig& c) {
 
 // GGUF: llama.cpp's converter stores the norms as 1 + w already, and llama.cpp derives the
 // attention scale from the model size (query_pre_attn_scalar is not in the file): hidden / heads
-// for the 27B models (46 layers for Gemma 2, 62 for Gemma 3), head_dim for the others.
+// for the 27B models (46 layers for Gemma 2, 62 for Gemma 3), head_dim for the others. Which
+// layers slide: the file's sliding_window_pattern, else llama.cpp's fixed period.
 void read_gemma_gguf(const GgufFile& f, const std::string& p, ModelConfig& c, int64_t layers_27b,
                      int64_t swa_pattern) {
   c.activation = Activation::kGeluTanh;
   c.norm_weight_offset = 0.f;
   c.sandwich_norms = true;
   c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
-  const double scalar = f.find(p + "attention.scale")
-                            ? 1.0 / (f.get_float(p + "attention.scale") *
-                                     f.get_float(p + "attention.scale"))
-                        : c.num_layers == layers_27b
+  const double scalar = c.num_layers == layers_27b
                             ? static_cast<double>(c.hidden_size) / static_cast<double>(c.num_heads)
                             : static_cast<double>(c.head_dim);
   const float softcap =
       f.find(p + "attn_logit_softcapping") ? f.get_float(p + "attn_logit_softcapping") : 0.f;
-  const int64_t window = f.get_int(p + "attention.sliding_window");
-  PAGEDLM_CHECK(window > 0 && window <= INT32_MAX, "GGUF file '", f.path(), "' metadata '", p,
-                "attention.sliding_window' must be a positive int32, got ", window);
+  // Newer converters write the layer pattern (a period, or one bool per layer) and leave out
+  // sliding_window when no layer slides.
+  const int64_t window =
+      f.find(p + "attention.sliding_window") ? f.get_int(p + "attention.sliding_window") : 0;
+  PAGEDLM_CHECK(window >= 0 && window <= INT32_MAX, "GGUF file '", f.path(), "' metadata '", p,
+                "attention.sliding_window' must be a non-negative int32, got ", window);
+  std::vector<bool> slides(c.num_layers);
+  const GgufValue* pattern = f.find(p + "attention.sliding_window_pattern");
+  if (pattern != nullptr && !pattern->is_int()) {
+    const GgufValue::Array& flags = pattern->as_array();
+    PAGEDLM_CHECK(static_cast<int64_t>(flags.size()) == c.num_layers, "GGUF file '", f.path(),
+                  "' metadata '", p, "attention.sliding_window_pattern' has ", flags.size(),
+                  " entries for ", c.num_layers, " layers");
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      PAGEDLM_CHECK(std::holds_alternative<bool>(flags[i].value), "GGUF file '", f.path(),
+                    "' metadata '", p, "attention.sliding_window_pattern' must hold bools");
+      slides[i] = std::get<bool>(flags[i].value);
+    }
+  } else {
+    if (pattern != nullptr) swa_pattern = pattern->as_int();
+    PAGEDLM_CHECK(swa_pattern > 0, "GGUF file '", f.path(), "' metadata '", p,
+                  "attention.sliding_window_pattern' must be positive, got ", swa_pattern);
+    // llama.cpp's period: layer i slides unless i % period == period - 1.
+    for (int64_t i = 0; i < c.num_layers; ++i) slides[i] = i % swa_pattern < swa_pattern - 1;
+  }
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerSpec& l = c.layers[i];
     l.attention.scale = static_cast<float>(1.0 / std::sqrt(scalar));
     l.attention.softcap = softcap;
-    // llama.cpp's swa pattern: layer i slides unless i % pattern == pattern - 1.
-    if (i % swa_pattern < swa_pattern - 1) l.attention.window = static_cast<int32_t>(window);
+    if (slides[i] && window > 0) l.attention.window = static_cast<int32_t>(window);
   }
   c.final_logit_softcap =
       f.find(p + "final_logit_softcapping") ? f.get_float(p + "final_logit_softcapping") : 0.f;
@@ -129,13 +150,13 @@ void read_gemma2_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
   read_gemma_gguf(f, p, c, 46, 2);
 }
 
-// Gemma 3's sliding layers rotate with theta 1e4 and no scaling (llama.cpp's
-// rope_freq_base_train_swa); rope.freq_base and any rope scaling are the global layers'.
+// Gemma 3's sliding layers rotate with rope.freq_base_swa (1e4 when absent, llama.cpp's
+// default) and no scaling; rope.freq_base and any rope scaling are the global layers'.
 void read_gemma3_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
   read_gemma_gguf(f, p, c, 62, 6);
   c.qk_norm = true;
   RopeSpec local;
-  local.theta = 10000.f;
+  local.theta = f.find(p + "rope.freq_base_swa") ? f.get_float(p + "rope.freq_base_swa") : 1e4f;
   for (LayerSpec& l : c.layers) {
     if (l.attention.window != 0) l.rope = local;
   }
