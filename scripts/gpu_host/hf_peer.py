@@ -5,7 +5,8 @@ weights, the same workloads, measured as generated tokens / wall seconds.
     python3 scripts/gpu_host/hf_peer.py configs/gemma-2-9b.json [--workload random] [--padded]
 
 Workloads as scripts/gpu_host/bench.sh runs them: random (256 requests, prompts of 100-1024
-tokens, 256 generated each) and shared-prefix (128 x (2000 + 32) -> 64). Continuous batching is
+tokens, 256 generated each) and shared-prefix (128 x (2000 + 32) -> 64); --num-requests takes
+fewer (compare with `pagedlm bench --num-requests` of the same count). Continuous batching is
 HF's generate_batch with attn_implementation "paged|sdpa"; where HF cannot run it (it raises),
 the error is printed and --padded measures HF's padded generate (batches of 64) instead.
 Prints one JSON line per measurement.
@@ -20,14 +21,15 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 
-def workload(name, vocab):
+def workload(name, vocab, num_requests):
     rng = random.Random(1)
     if name == "random":
         prompts = [[rng.randrange(10, vocab - 10) for _ in range(rng.randint(100, 1024))]
-                   for _ in range(256)]
+                   for _ in range(num_requests or 256)]
         return prompts, 256
     prefix = [rng.randrange(10, 1000) for _ in range(2000)]
-    return [prefix + [rng.randrange(10, 1000) for _ in range(32)] for _ in range(128)], 64
+    return [prefix + [rng.randrange(10, 1000) for _ in range(32)]
+            for _ in range(num_requests or 128)], 64
 
 
 def make(config_path, attn):
@@ -73,6 +75,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("--workload", default="random", choices=["random", "shared-prefix"])
+    ap.add_argument("--num-requests", type=int, default=0,
+                    help="requests (default: the workload's 256 or 128), as bench --num-requests")
     ap.add_argument("--padded", action="store_true", help="also measure padded generate")
     args = ap.parse_args()
     runs = [("hf-cb paged|sdpa", "paged|sdpa", continuous_batching)]
@@ -82,8 +86,10 @@ def main():
         result = {"config": args.config, "workload": args.workload, "peer": label,
                   "gpu": torch.cuda.get_device_name()}
         try:
+            t = time.perf_counter()
             model, cfg = make(args.config, attn)
-            prompts, max_new = workload(args.workload, cfg.vocab_size)
+            print(f"{label}: model built in {time.perf_counter() - t:.1f} s", flush=True)
+            prompts, max_new = workload(args.workload, cfg.vocab_size, args.num_requests)
             if fn is padded:
                 prompts = prompts[:128]  # padded generate is slow: half the requests
             tokens, dt = fn(model, prompts, max_new)
