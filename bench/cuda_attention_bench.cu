@@ -1,7 +1,8 @@
 // Decode attention bandwidth on long contexts, against the device's measured copy bandwidth.
 // Each configuration reads far more K/V than the L2 holds (60 MB on an H200), so repeated
 // launches stream from HBM. Pages are shuffled so reads are scattered as in a live cache.
-// Times: CUDA events, 3 warm-ups, median of 20 runs. Prints one table to stdout.
+// Times: CUDA events, 3 warm-ups, median of 20 runs. Prints one table to stdout. Rows with a
+// sliding window ("w" after the context) count only the keys inside the windows as read.
 
 #include <cuda_runtime.h>
 
@@ -58,6 +59,13 @@ double copy_bandwidth() {
 struct Config {
   int batch, ctx, hq, hk, d, page_size;
   int ctx_min = 0;  // > 0: each sequence's length uniform in [ctx_min, ctx] (seeded)
+  int window = 0;   // the variant's sliding window (0: none)
+  float softcap = 0.f;
+  pagedlm::AttentionVariant variant() const { return {0.088f, window, softcap}; }
+  std::string ctx_name() const {
+    return (ctx_min > 0 ? std::to_string(ctx_min) + "-" : "") + std::to_string(ctx) +
+           (window > 0 ? "w" + std::to_string(window) : "") + (softcap > 0.f ? "c" : "");
+  }
 };
 
 // Sequence lengths of a case: all `ctx`, or uniform in [ctx_min, ctx].
@@ -79,7 +87,8 @@ struct PrefillSeq {
 // leading_decodes > 0, of the decode kernel over those first sequences (one new token each) and
 // the prefill kernel over the rest, as the engine launches a mixed step.
 double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, int d, int ps,
-                         int leading_decodes = 0) {
+                         int leading_decodes = 0,
+                         const pagedlm::AttentionVariant& variant = {0.088f}) {
   const int n = static_cast<int>(seqs.size());
   std::vector<int32_t> qi(n + 1, 0), ki(n + 1, 0), ll(n);
   int max_new = 0;
@@ -107,10 +116,10 @@ double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, in
   const double ms = median_ms([&] {
     if (nd > 0) {
       CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, nd, qi[n], 1, hq, hk,
-                                       d, ps, pagedlm::AttentionVariant{0.088f}, 1, nullptr, 0, nullptr, nullptr, nullptr));
+                                       d, ps, variant, 1, nullptr, 0, nullptr, nullptr, nullptr));
     }
     CK(launch_paged_attention_prefill(q, kc, vc, qi_d + nd, ki_d + nd, pg_d, ll_d + nd, out, n - nd,
-                                      qi[n], max_new, hq, hk, d, ps, pagedlm::AttentionVariant{0.088f}, nullptr));
+                                      qi[n], max_new, hq, hk, d, ps, variant, nullptr));
   });
   for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
   for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
@@ -154,6 +163,13 @@ int main(int argc, char** argv) {
       // tokens, longest sequences started first (as the engine orders them).
       {256, 1280, 32, 8, 128, 16, 100},
       {256, 1280, 9, 3, 64, 16, 100},
+      // head_dim 256 (Gemma 2 2B's heads), plain, then its local layers' window and soft-cap
+      // over long contexts (about 4096 keys read per sequence), and a 1024-key window.
+      {64, 4096, 8, 4, 256, 16},
+      {64, 32768, 8, 4, 256, 16},
+      {256, 1024, 8, 4, 256, 16},
+      {64, 32768, 8, 4, 256, 16, 0, 4096, 50.f},
+      {64, 32768, 32, 8, 128, 16, 0, 1024},
   };
   std::printf("%-6s %-9s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
               "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
@@ -189,11 +205,13 @@ int main(int argc, char** argv) {
     const size_t ws_bytes = paged_attention_workspace_bytes(c.batch, c.hq, c.d, max_splits);
     void* ws;
     CK(cudaMalloc(&ws, ws_bytes));
-    const double kv_bytes = 2.0 * std::accumulate(len.begin(), len.end(), 0.0) * c.hk * c.d * 2;
+    double keys_read = 0;
+    for (const int n : len) keys_read += c.window > 0 ? std::min(n, c.window) : n;
+    const double kv_bytes = 2.0 * keys_read * c.hk * c.d * 2;
     auto run = [&](int splits) {
       return median_ms([&] {
         CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
-                                         1, c.hq, c.hk, c.d, c.page_size, pagedlm::AttentionVariant{0.088f}, splits, ws,
+                                         1, c.hq, c.hk, c.d, c.page_size, c.variant(), splits, ws,
                                          ws_bytes, order_d, nullptr, nullptr));
       });
     };
@@ -210,8 +228,7 @@ int main(int argc, char** argv) {
       }
     }
     const double bw_h = kv_bytes / (t_heur * 1e-3), bw_b = kv_bytes / (best_t * 1e-3);
-    const std::string ctx = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)
-                                          : std::to_string(c.ctx);
+    const std::string ctx = c.ctx_name();
     std::printf("%-6d %-9s %-3d %-3d %-4d %-3d | %-7d %9.1f %8.0f %5.1f%% | %-7d %9.0f %5.1f%%\n",
                 c.batch, ctx.c_str(), c.hq, c.hk, c.d, c.page_size, heur, t_heur * 1e3, bw_h / 1e9,
                 100 * bw_h / copy_bw, best_s, bw_b / 1e9, 100 * bw_b / copy_bw);
@@ -219,7 +236,8 @@ int main(int argc, char** argv) {
     for (int32_t* p : {qi_d, ki_d, pg_d, ll_d, order_d}) CK(cudaFree(p));
   }
 
-  // Prefill: causal self-attention over fresh prompts, reported as TFLOP/s (4 * n^2/2 * d * Hq).
+  // Prefill: causal self-attention over fresh prompts, reported as TFLOP/s (4 * d * Hq per
+  // (query, visible key) pair: n^2/2 pairs per prompt without a window).
   std::printf("\nprefill (causal, no prefix)\n%-6s %-9s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
               "Hq", "Hk", "d", "ms", "TFLOP/s");
   // The last three: a 16384-token prefill step of the random workload (prompts of ~560 tokens;
@@ -228,18 +246,21 @@ int main(int argc, char** argv) {
                                              {16, 1024, 9, 3, 64, 16},
                                              {29, 565, 32, 8, 128, 16},
                                              {29, 565, 9, 3, 64, 16},
-                                             {29, 1024, 32, 8, 128, 16, 100}}) {
+                                             {29, 1024, 32, 8, 128, 16, 100},
+                                             {4, 4096, 8, 4, 256, 16},
+                                             {4, 8192, 8, 4, 256, 16, 0, 4096, 50.f}}) {
     const std::vector<int> len = lengths_of(c, rng);
     std::vector<PrefillSeq> seqs;
     double pairs = 0;
     for (const int n : len) {
       seqs.push_back({n, n});
-      pairs += static_cast<double>(n) * n / 2;
+      // Windowed: the rows before the window fills, then full windows.
+      const double w = std::min(n, c.window);
+      pairs += c.window > 0 ? w * (w + 1) / 2 + (n - w) * w : static_cast<double>(n) * n / 2;
     }
-    const double ms = prefill_launch_ms(seqs, c.hq, c.hk, c.d, c.page_size);
+    const double ms = prefill_launch_ms(seqs, c.hq, c.hk, c.d, c.page_size, 0, c.variant());
     const double flops = 4.0 * pairs * c.d * c.hq;
-    const std::string lens = c.ctx_min > 0 ? std::to_string(c.ctx_min) + "-" + std::to_string(c.ctx)
-                                           : std::to_string(c.ctx);
+    const std::string lens = c.ctx_name();
     std::printf("%-6d %-9s %-3d %-3d %-4d | %9.3f %8.1f\n", c.batch, lens.c_str(), c.hq, c.hk, c.d,
                 ms, flops / (ms * 1e-3) / 1e12);
   }

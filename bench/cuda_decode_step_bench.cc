@@ -20,6 +20,7 @@
 #include "pagedlm/model/dummy_checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
+#include "pagedlm/ops/paged_attention.h"
 
 using namespace pagedlm;
 
@@ -124,44 +125,43 @@ int main(int argc, char** argv) {
   }
   for (int i = 0; i < batch * pages_per_seq; ++i) pages.push_back(i);
   for (int b = 0; b < batch; ++b) last[b] = kv_len - (pages_per_seq - 1) * page_size;
+  // The page table as the engine hands it to attention: device tensors in an AttentionPlan.
   auto upload = [](const std::vector<int32_t>& v) {
     int32_t* p;
     cuda::check(cudaMalloc(&p, v.size() * 4), "malloc");
     cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
-    return p;
+    return Tensor::wrap(p, DType::kI32, {static_cast<int64_t>(v.size())}, Device::kCuda, {});
   };
-  int32_t *dq = upload(q_indptr), *dkv = upload(kv_indptr), *dpages = upload(pages),
-          *dlast = upload(last);
-  const size_t cache_bytes = size_t{2} * batch * pages_per_seq * page_size * Hk * d;
-  void *kc, *vc, *q, *out, *ws = nullptr;
-  cuda::check(cudaMalloc(&kc, cache_bytes), "malloc");
-  cuda::check(cudaMalloc(&vc, cache_bytes), "malloc");
-  cudaMemset(kc, 0, cache_bytes);
-  cudaMemset(vc, 0, cache_bytes);
-  cuda::check(cudaMalloc(&q, size_t{2} * batch * Hq * d), "malloc");
-  cuda::check(cudaMalloc(&out, size_t{2} * batch * Hq * d), "malloc");
-  cudaMemset(q, 0, size_t{2} * batch * Hq * d);
+  ops::AttentionPlan plan;
+  plan.q_indptr = upload(q_indptr);
+  plan.kv_indptr = upload(kv_indptr);
+  plan.kv_page_indices = upload(pages);
+  plan.kv_last_page_len = upload(last);
+  plan.max_q_len = 1;
+  plan.decode = true;
+  const int64_t num_pages = int64_t{batch} * pages_per_seq;
+  const pagedlm::Shape cache_shape = {num_pages, page_size, Hk, d};
+  const Tensor kc = Tensor::zeros(DType::kBF16, cache_shape, Device::kCuda);
+  const Tensor vc = Tensor::zeros(DType::kBF16, cache_shape, Device::kCuda);
+  const Tensor q = Tensor::zeros(DType::kBF16, {batch, Hq, d}, Device::kCuda);
+  const Tensor out = Tensor::empty(DType::kBF16, {batch, Hq, d}, Device::kCuda);
   int dev_id = 0, sms = 0;
   cudaGetDevice(&dev_id);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id);
-  const int splits = cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, sms);
-  const size_t ws_bytes = cuda::paged_attention_workspace_bytes(batch, Hq, d, splits);
-  if (ws_bytes) cuda::check(cudaMalloc(&ws, ws_bytes), "malloc");
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  plan.num_splits = ops::cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, sms);
+  plan.workspace_bytes = ops::cuda::paged_attention_workspace_bytes(batch, Hq, d, plan.num_splits);
+  if (plan.workspace_bytes)
+    cuda::check(cudaMalloc(&plan.workspace, plan.workspace_bytes), "malloc");
+  const AttentionVariant variant{1.f / std::sqrt(static_cast<float>(d))};
   auto step_attention = [&] {
-    for (int l = 0; l < layers; ++l) {
-      cuda::check(cuda::launch_paged_attention_decode(q, kc, vc, dq, dkv, dpages, dlast, out, batch,
-                                                      batch, 1, Hq, Hk, d, page_size, AttentionVariant{scale}, splits,
-                                                      ws, ws_bytes, nullptr, nullptr, s),
-                  "attention");
-    }
+    for (int l = 0; l < layers; ++l) ops::paged_attention(q, kc, vc, plan, variant, out, s);
   };
   const double attn_ms = bench::graph_mean_ms(s, step_attention, 50);
 
   const double kv_bytes = 2.0 * layers * batch * kv_len * Hk * d * 2;
   const double bound_ms = (weight_bytes + kv_bytes) / (copy_gbs * 1e9) * 1e3;
   std::printf("decode step: batch %d, context %d, %d layers, splits %d\n", batch, kv_len, layers,
-              splits);
+              plan.num_splits);
   std::printf("  step (engine, graphs, wall)  %8.3f ms  %8.0f tok/s\n", step_ms,
               batch / step_ms * 1e3);
   std::printf("  GEMMs alone                  %8.3f ms  (%.0f MB of weights: %.0f GB/s)\n", gemm_ms,

@@ -1,7 +1,8 @@
 // Every CUDA kernel against a plain double-precision CPU loop on the same bf16 data. Paged
 // attention is checked against attention over contiguous K/V gathered from the same pages,
 // sweeping page sizes, odd lengths, batch sizes, GQA ratios, head dims, cached prefixes and
-// split counts. Outputs are poisoned (NaN) first, so an unwritten element fails the test.
+// split counts, sliding windows and soft-caps. Outputs are poisoned (NaN) first, so an unwritten
+// element fails the test.
 // Skips cleanly on machines without a GPU.
 
 #include <cuda_runtime.h>
@@ -113,14 +114,49 @@ struct AttnCase {
   std::vector<std::array<int, 3>> shared;
   bool cascade = false;   // decode with the shared-prefix pass over the `shared` runs
   int shared_splits = 0;  // 0 = the heuristic
+  int window = 0;         // the variant's sliding window
+  float softcap = 0.f;    // the variant's soft-cap
+  float scale = 0.f;      // the variant's scale; 0 = head_dim^-0.5
+  AttentionVariant variant() const {
+    return {scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim)), window, softcap};
+  }
   std::string name() const {
     return "B=" + std::to_string(n_new.size()) + " Hq=" + std::to_string(num_q_heads) +
            " Hk=" + std::to_string(num_kv_heads) + " d=" + std::to_string(head_dim) +
            " ps=" + std::to_string(page_size) + (decode ? " decode splits=" : " prefill") +
            (decode ? std::to_string(num_splits) : "") +
-           (cascade ? " cascade splits=" + std::to_string(shared_splits) : "");
+           (cascade ? " cascade splits=" + std::to_string(shared_splits) : "") +
+           (window > 0 ? " window=" + std::to_string(window) : "") +
+           (softcap > 0.f ? " softcap=" + std::to_string(softcap) : "");
   }
 };
+
+// The first key a query at position pos sees (HF: kv_idx > q_idx - sliding_window).
+int first_visible_key(const AttentionVariant& v, int pos) {
+  return v.window > 0 ? std::max(0, pos - v.window + 1) : 0;
+}
+
+// One query row's attention over keys lo .. hi-1 in float64: key s's row of k and v starts at
+// s * kv_stride; acc gets the output row.
+void reference_attention(const uint16_t* q, const float* k, const float* v, size_t kv_stride, int D,
+                         int lo, int hi, const AttentionVariant& var, std::vector<double>& acc) {
+  std::vector<double> p(hi - lo);
+  double mx = -1e300;
+  for (int s = lo; s < hi; ++s) {
+    double dot = 0;
+    for (int i = 0; i < D; ++i) dot += static_cast<double>(bf2f(q[i])) * k[s * kv_stride + i];
+    double score = dot * var.scale;
+    if (var.softcap > 0.f) score = var.softcap * std::tanh(score / var.softcap);
+    mx = std::max(mx, p[s - lo] = score);
+  }
+  double sum = 0;
+  for (double& x : p) sum += (x = std::exp(x - mx));
+  acc.assign(D, 0.0);
+  for (int s = lo; s < hi; ++s) {
+    for (int i = 0; i < D; ++i) acc[i] += p[s - lo] * v[s * kv_stride + i];
+  }
+  for (double& x : acc) x /= sum;
+}
 
 struct AttnData {
   std::vector<uint16_t> q, k_cache, v_cache;
@@ -171,6 +207,22 @@ AttnData build(const AttnCase& c, std::mt19937& rng) {
   d.q = random_bf16(static_cast<size_t>(d.num_tokens) * c.num_q_heads * c.head_dim, rng, -2, 2);
   d.k_cache = random_bf16(static_cast<size_t>(d.num_pages) * c.page_size * slot, rng);
   d.v_cache = random_bf16(static_cast<size_t>(d.num_pages) * c.page_size * slot, rng);
+  // Keys before every row's window are NaN: a kernel that loads them at all (rather than
+  // skipping their tiles) multiplies a NaN value by a zero probability and fails. Pages shared
+  // between sequences stay clean (another member's window may cover them).
+  if (c.window > 0 && c.shared.empty()) {
+    for (int b = 0; b < B; ++b) {
+      const int unseen = first_visible_key(c.variant(), c.n_ctx[b]);
+      for (int pos = 0; pos < unseen; ++pos) {
+        const size_t at =
+            (static_cast<size_t>(d.pages[d.kv_indptr[b] + pos / c.page_size]) * c.page_size +
+             pos % c.page_size) *
+            slot;
+        std::fill_n(d.k_cache.begin() + at, slot, uint16_t{0x7fc0});
+        std::fill_n(d.v_cache.begin() + at, slot, uint16_t{0x7fc0});
+      }
+    }
+  }
   return d;
 }
 
@@ -184,7 +236,7 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
   DevBuf<int32_t> qi(d.q_indptr), ki(d.kv_indptr), pg(d.pages), ll(d.last_len);
   DevBuf<uint16_t> out(static_cast<size_t>(d.num_tokens) * Hq * D);
   out.poison();
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const AttentionVariant variant = c.variant();
   if (c.decode) {
     int splits = c.num_splits;
     if (splits == 0) {
@@ -235,13 +287,13 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     ws.poison();
     CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                      ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len, Hq,
-                                     Hk, D, c.page_size, AttentionVariant{scale}, splits, ws.get(), ws_bytes,
+                                     Hk, D, c.page_size, variant, splits, ws.get(), ws_bytes,
                                      order.get(), c.cascade ? &pass : nullptr, nullptr));
     CK(cudaDeviceSynchronize());
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                       ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
-                                      Hq, Hk, D, c.page_size, AttentionVariant{scale}, nullptr));
+                                      Hq, Hk, D, c.page_size, variant, nullptr));
     CK(cudaDeviceSynchronize());
   }
   const std::vector<uint16_t> got = out.download();
@@ -252,7 +304,7 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
   }
   // Reference on contiguous K/V; long sequences check a sample of rows to bound CPU time.
   std::vector<float> kf, vf;
-  std::vector<double> p, acc(D);
+  std::vector<double> acc;
   for (size_t b = 0; b < c.n_new.size(); ++b) {
     const int n_new = c.n_new[b], n_kv = n_new + c.n_ctx[b];
     kf.assign(static_cast<size_t>(n_kv) * Hk * D, 0.f);
@@ -269,28 +321,14 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     for (int j = 0; j < n_new; ++j) {
       if (j % step != 0 && j < n_new - 3) continue;
       const int token = d.q_indptr[b] + j;
-      const int visible = n_kv - n_new + j + 1;
+      const int pos = n_kv - n_new + j;
       for (int h = 0; h < Hq; ++h) {
         const int hk = h / G;
-        const uint16_t* qr = &d.q[(static_cast<size_t>(token) * Hq + h) * D];
-        p.assign(visible, 0.0);
-        double mx = -1e300;
-        for (int s = 0; s < visible; ++s) {
-          double dot = 0;
-          const float* kr = &kf[(static_cast<size_t>(s) * Hk + hk) * D];
-          for (int i = 0; i < D; ++i) dot += static_cast<double>(bf2f(qr[i])) * kr[i];
-          p[s] = dot * scale;
-          mx = std::max(mx, p[s]);
-        }
-        double sum = 0;
-        for (int s = 0; s < visible; ++s) sum += (p[s] = std::exp(p[s] - mx));
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int s = 0; s < visible; ++s) {
-          const float* vr = &vf[(static_cast<size_t>(s) * Hk + hk) * D];
-          for (int i = 0; i < D; ++i) acc[i] += p[s] * vr[i];
-        }
+        reference_attention(&d.q[(static_cast<size_t>(token) * Hq + h) * D], &kf[hk * D],
+                            &vf[hk * D], static_cast<size_t>(Hk) * D, D,
+                            first_visible_key(variant, pos), pos + 1, variant, acc);
         for (int i = 0; i < D; ++i) {
-          st.add(bf2f(got[(static_cast<size_t>(token) * Hq + h) * D + i]), acc[i] / sum);
+          st.add(bf2f(got[(static_cast<size_t>(token) * Hq + h) * D + i]), acc[i]);
         }
       }
     }
@@ -505,9 +543,9 @@ TEST(CudaAttention, DecodeSharedPrefixCascade) {
   expect_attention(c, 800);
 }
 
-// The decode launch is captured once and replayed after the page table changes on the device.
-TEST(CudaAttention, DecodeGraphReplay) {
-  SKIP_WITHOUT_GPU();
+// The decode launch is captured once and replayed after the page table changes on the device:
+// the launch shape must not depend on the lengths (nor, with a window, on where windows start).
+void expect_graph_replay(const AttentionVariant& variant) {
   const int B = 4, Hq = 8, Hk = 2, D = 128, ps = 16, splits = 8, num_pages = 64;
   std::mt19937 rng(11);
   auto kc_h = random_bf16(static_cast<size_t>(num_pages) * ps * Hk * D, rng);
@@ -518,7 +556,6 @@ TEST(CudaAttention, DecodeGraphReplay) {
   DevBuf<int32_t> qi(qi_h), ki(B + 1), pg(num_pages), ll(B);
   const size_t ws_bytes = paged_attention_workspace_bytes(B, Hq, D, splits);
   DevBuf<char> ws(ws_bytes);
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
@@ -526,7 +563,7 @@ TEST(CudaAttention, DecodeGraphReplay) {
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
-                                   ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, AttentionVariant{scale}, splits,
+                                   ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, variant, splits,
                                    ws.get(), ws_bytes, nullptr, nullptr, stream));
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -555,28 +592,25 @@ TEST(CudaAttention, DecodeGraphReplay) {
     CK(cudaStreamSynchronize(stream));
     const auto got = out.download();
     ErrStats st;
+    std::vector<float> kf, vf;
+    std::vector<double> acc;
     for (int b = 0; b < B; ++b) {
       if (n_kv[b] == 0) continue;
-      const int token = qi_round[b];
+      kf.resize(static_cast<size_t>(n_kv[b]) * Hk * D);
+      vf.resize(kf.size());
+      for (int s = 0; s < n_kv[b]; ++s) {
+        const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
+        for (int i = 0; i < Hk * D; ++i) {
+          kf[s * Hk * D + i] = bf2f(kc_h[slot * Hk * D + i]);
+          vf[s * Hk * D + i] = bf2f(vc_h[slot * Hk * D + i]);
+        }
+      }
+      const int token = qi_round[b], pos = n_kv[b] - 1;
       for (int h = 0; h < Hq; ++h) {
-        std::vector<double> p(n_kv[b]), acc(D, 0.0);
-        double mx = -1e300, sum = 0;
-        for (int s = 0; s < n_kv[b]; ++s) {
-          const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
-          double dot = 0;
-          for (int i = 0; i < D; ++i) {
-            dot += static_cast<double>(bf2f(q_h[(token * Hq + h) * D + i])) *
-                   bf2f(kc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
-          }
-          mx = std::max(mx, p[s] = dot * scale);
-        }
-        for (int s = 0; s < n_kv[b]; ++s) sum += (p[s] = std::exp(p[s] - mx));
-        for (int s = 0; s < n_kv[b]; ++s) {
-          const size_t slot = static_cast<size_t>(pg_h[ki_h[b] + s / ps]) * ps + s % ps;
-          for (int i = 0; i < D; ++i)
-            acc[i] += p[s] * bf2f(vc_h[(slot * Hk + h / (Hq / Hk)) * D + i]);
-        }
-        for (int i = 0; i < D; ++i) st.add(bf2f(got[(token * Hq + h) * D + i]), acc[i] / sum);
+        const int hk = h / (Hq / Hk);
+        reference_attention(&q_h[(token * Hq + h) * D], &kf[hk * D], &vf[hk * D], Hk * D, D,
+                            first_visible_key(variant, pos), pos + 1, variant, acc);
+        for (int i = 0; i < D; ++i) st.add(bf2f(got[(token * Hq + h) * D + i]), acc[i]);
       }
     }
     EXPECT_EQ(st.non_finite, 0) << "round " << round;
@@ -585,6 +619,164 @@ TEST(CudaAttention, DecodeGraphReplay) {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaAttention, DecodeGraphReplay) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f)});
+}
+
+// A window shorter than some lengths and longer than others, with a soft-cap.
+TEST(CudaAttention, DecodeGraphReplayWindow) {
+  SKIP_WITHOUT_GPU();
+  expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f), 100, 2.f});
+}
+
+// Sliding windows (smaller than a page, crossing pages, longer than the context, 1) and
+// soft-caps, alone and together, through prefill (prompts and one-token rows in one launch),
+// decode with and without splits, and the cascade.
+TEST(CudaAttention, PrefillWindowSoftcap) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {64, 128, 256}) {
+    for (int window : {0, 5, 40, 1, 100000}) {
+      for (float cap : {0.f, 1.5f}) {
+        if (window == 0 && cap == 0.f) continue;
+        AttnCase c;
+        c.n_new = {1, 7, 70, 5, 1, 130};
+        c.n_ctx = {0, 40, 3, 100, 333, 0};
+        c.num_q_heads = 8;
+        c.num_kv_heads = d == 128 ? 2 : 4;
+        c.head_dim = d;
+        c.page_size = 16;
+        c.window = window;
+        c.softcap = cap;
+        expect_attention(c, d + window + static_cast<int>(cap));
+      }
+    }
+  }
+  AttnCase c;  // a long prompt behind a long cached context: each 64-row tile reads ~window keys
+  c.n_new = {700, 3};
+  c.n_ctx = {3000, 2000};
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.page_size = 32;
+  c.window = 300;
+  expect_attention(c);
+  c.scale = 1.f;  // large raw scores: the cap saturates
+  c.softcap = 8.f;
+  expect_attention(c);
+}
+
+TEST(CudaAttention, DecodeWindowSoftcap) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {64, 128, 256}) {
+    for (int splits : {1, 4, 0}) {
+      for (int window : {0, 5, 40, 1, 700, 100000}) {
+        for (float cap : {0.f, 1.5f}) {
+          if ((window == 0 && cap == 0.f) || (window % 2 == 1 && cap > 0.f && splits == 4)) {
+            continue;  // the plain variant is covered above; trim a few combinations
+          }
+          AttnCase c;
+          c.decode = true;
+          c.n_new = repeat(7, 1);
+          c.n_ctx = {0, 6, 32, 999, 63, 64, 4096};
+          c.num_q_heads = d == 128 ? 9 : 8;
+          c.num_kv_heads = d == 128 ? 3 : 2;
+          c.head_dim = d;
+          c.page_size = 16;
+          c.num_splits = splits;
+          c.window = window;
+          c.softcap = cap;
+          c.padded_tail = splits == 4;
+          expect_attention(c, d + 10 * splits + window);
+        }
+      }
+    }
+  }
+  AttnCase c;  // a few new tokens per sequence through the decode kernel, windows per row
+  c.decode = true;
+  c.n_new = {1, 2, 3, 1};
+  c.n_ctx = {100, 7, 4000, 0};
+  c.num_q_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 256;
+  c.num_splits = 5;
+  c.window = 2;
+  c.softcap = 1.5f;
+  expect_attention(c);
+  c.window = 600;
+  expect_attention(c);
+}
+
+// head_dim 256 (Gemma) on the plain variant: prefill, decode with splits, cascade.
+TEST(CudaAttention, HeadDim256) {
+  SKIP_WITHOUT_GPU();
+  AttnCase c;
+  c.n_new = {1, 7, 33, 130};
+  c.n_ctx = {0, 40, 1000, 100};
+  c.num_q_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 256;
+  c.page_size = 32;
+  expect_attention(c);
+  c.decode = true;
+  c.n_new = repeat(5, 1);
+  c.n_ctx = {0, 6, 32, 999, 4096};
+  for (int splits : {1, 3, 0}) {
+    c.num_splits = splits;
+    expect_attention(c, 10 + splits);
+  }
+}
+
+// Shapes the kernels do not take are refused before anything is launched: head_dim 96.
+TEST(CudaAttention, UnsupportedShapesRefused) {
+  SKIP_WITHOUT_GPU();
+  DevBuf<int32_t> idx(8);
+  DevBuf<uint16_t> buf(1 << 16);
+  auto prefill = [&](int d, const AttentionVariant& v) {
+    return launch_paged_attention_prefill(buf.get(), buf.get(), buf.get(), idx.get(), idx.get(),
+                                          idx.get(), idx.get(), buf.get(), 1, 1, 1, 2, 1, d, 16, v,
+                                          nullptr);
+  };
+  auto decode = [&](int d, const AttentionVariant& v) {
+    return launch_paged_attention_decode(buf.get(), buf.get(), buf.get(), idx.get(), idx.get(),
+                                         idx.get(), idx.get(), buf.get(), 1, 1, 1, 2, 1, d, 16, v,
+                                         1, nullptr, 0, nullptr, nullptr, nullptr);
+  };
+  EXPECT_EQ(prefill(96, AttentionVariant{0.1f}), cudaErrorInvalidValue);
+  EXPECT_EQ(decode(96, AttentionVariant{0.1f}), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The cascade with windows: members whose window starts after the shared keys take nothing
+// from the shared pass (an empty split, lse = -inf), others part of them or all.
+TEST(CudaAttention, DecodeSharedPrefixCascadeWindow) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {64, 128, 256}) {
+    for (int window : {16, 50, 100, 5000}) {
+      for (float cap : {0.f, 1.5f}) {
+        AttnCase c;
+        c.decode = true;
+        c.cascade = true;
+        c.num_splits = window == 50 ? 1 : 0;
+        c.shared_splits = window == 100 ? 3 : 0;
+        c.num_q_heads = d == 128 ? 9 : 8;
+        c.num_kv_heads = d == 128 ? 3 : 4;
+        c.head_dim = d;
+        c.page_size = 16;
+        for (int b = 0; b < 24; ++b) {
+          c.n_new.push_back(1);
+          c.n_ctx.push_back(b < 20 ? 2000 + (b * 7) % 64 : 48 + b);
+        }
+        c.n_ctx[5] = 2000;  // right after the shared run: its window lies within it
+        c.shared = {{0, 20, 125}, {20, 4, 3}};
+        c.window = window;
+        c.softcap = cap;
+        expect_attention(c, 900 + window + d);
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------

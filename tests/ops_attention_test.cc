@@ -1,12 +1,15 @@
 // write_kv and paged_attention against the same computation on contiguous K/V, sweeping page
-// sizes, odd lengths, batch sizes, GQA ratios and head dims, with pages in random order.
+// sizes, odd lengths, batch sizes, GQA ratios, head dims and attention variants (sliding window,
+// soft-cap), with pages in random order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops_test_util.h"
@@ -113,47 +116,75 @@ PagedBatch make_batch(int64_t page_size, int64_t n_q_heads, int64_t n_kv_heads, 
   return b;
 }
 
-Tensor run_paged(const PagedBatch& b, float scale) {
+// The batch's page table as the engine binds it on the CPU.
+ops::AttentionPlan plan_of(const PagedBatch& b) {
   const int64_t num_seqs = static_cast<int64_t>(b.seqs.size());
+  ops::AttentionPlan plan;
+  plan.q_indptr = Tensor::from_i32(b.q_indptr, {num_seqs + 1});
+  plan.kv_indptr = Tensor::from_i32(b.kv_indptr, {num_seqs + 1});
+  plan.kv_page_indices =
+      Tensor::from_i32(b.kv_page_indices, {static_cast<int64_t>(b.kv_page_indices.size())});
+  plan.kv_last_page_len = Tensor::from_i32(b.kv_last_page_len, {num_seqs});
+  return plan;
+}
+
+Tensor run_paged(const PagedBatch& b, const AttentionVariant& variant) {
   Tensor out = poisoned_f32({b.q.dim(0), b.n_q_heads, b.head_dim});
-  ops::paged_attention(
-      b.q, b.k_cache, b.v_cache, Tensor::from_i32(b.q_indptr, {num_seqs + 1}),
-      Tensor::from_i32(b.kv_indptr, {num_seqs + 1}),
-      Tensor::from_i32(b.kv_page_indices, {static_cast<int64_t>(b.kv_page_indices.size())}),
-      Tensor::from_i32(b.kv_last_page_len, {num_seqs}), scale, out);
+  ops::paged_attention(b.q, b.k_cache, b.v_cache, plan_of(b), variant, out);
   return out;
 }
 
-// Naive attention on contiguous K/V in double: a dense score vector, softmax, weighted sum.
-std::vector<double> reference(const PagedBatch& b, double scale) {
+// The first kv position any of sequence s's rows attends to under `window` (its first new token
+// sees the earliest keys).
+int64_t first_attended(const SeqSpec& s, int32_t window) {
+  return window > 0 ? std::max<int64_t>(0, s.cached - window + 1) : 0;
+}
+
+// Naive attention on contiguous K/V in double: a dense score vector over the row's window
+// (HF: kv_idx > q_idx - sliding_window), soft-capped after the scale, softmax, weighted sum.
+std::vector<double> reference(const PagedBatch& b, const AttentionVariant& variant) {
   const int64_t d = b.head_dim, group = b.n_q_heads / b.n_kv_heads;
+  const double scale = variant.scale, softcap = variant.softcap;
   std::vector<double> out(b.q.numel());
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     for (int64_t j = 0; j < b.seqs[s].n_new; ++j) {
       const int64_t t = b.q_indptr[s] + j;
-      const int64_t n_attend = b.seqs[s].cached + j + 1;
+      const int64_t pos = b.seqs[s].cached + j;
+      const int64_t first = variant.window > 0 ? std::max<int64_t>(0, pos - variant.window + 1) : 0;
       for (int64_t h = 0; h < b.n_q_heads; ++h) {
         const float* q = b.q.data<float>() + (t * b.n_q_heads + h) * d;
         const int64_t kv_head = h / group;
-        std::vector<double> scores(n_attend);
-        for (int64_t p = 0; p < n_attend; ++p) {
+        std::vector<double> scores;
+        for (int64_t p = first; p <= pos; ++p) {
           const float* key = &b.keys[s][(p * b.n_kv_heads + kv_head) * d];
           double dot = 0;
           for (int64_t i = 0; i < d; ++i) dot += double(q[i]) * key[i];
-          scores[p] = dot * scale;
+          const double score = dot * scale;
+          scores.push_back(softcap > 0 ? softcap * std::tanh(score / softcap) : score);
         }
         const double max_score = *std::max_element(scores.begin(), scores.end());
         double sum = 0;
         for (double& x : scores) sum += (x = std::exp(x - max_score));
         double* o = &out[(t * b.n_q_heads + h) * d];
-        for (int64_t p = 0; p < n_attend; ++p) {
+        for (int64_t p = first; p <= pos; ++p) {
           const float* value = &b.values[s][(p * b.n_kv_heads + kv_head) * d];
-          for (int64_t i = 0; i < d; ++i) o[i] += scores[p] / sum * value[i];
+          for (int64_t i = 0; i < d; ++i) o[i] += scores[p - first] / sum * value[i];
         }
       }
     }
   }
   return out;
+}
+
+// ||a - b|| / ||b||: how far a variant's reference is from the plain one, so that a test of the
+// variant cannot pass by ignoring it.
+double relative_distance(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff / norm);
 }
 
 // Random mix of decode (one new token after a cached context), plain prefill and prefill after a
@@ -186,8 +217,8 @@ TEST(PagedAttention, MatchesContiguousReferenceSweep) {
         for (int64_t num_seqs = 1; num_seqs <= 9; ++num_seqs) {
           PagedBatch b = make_batch(page_size, n_kv_heads * gqa, n_kv_heads, head_dim,
                                     random_seqs(num_seqs, rng), rng);
-          const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
-          expect_close(run_paged(b, scale), reference(b, scale), 1e-5,
+          const AttentionVariant plain{1.f / std::sqrt(static_cast<float>(head_dim))};
+          expect_close(run_paged(b, plain), reference(b, plain), 1e-5,
                        cat("page_size ", page_size, " gqa ", gqa, " head_dim ", head_dim, " seqs ",
                            num_seqs));
         }
@@ -202,31 +233,90 @@ TEST(PagedAttention, LongSingleSequences) {
   std::mt19937 rng(22);
   for (SeqSpec s : {SeqSpec{0, 300}, SeqSpec{33, 7}, SeqSpec{299, 1}, SeqSpec{257, 40}}) {
     PagedBatch b = make_batch(16, 4, 2, 64, {s}, rng);
-    expect_close(run_paged(b, 0.125f), reference(b, 0.125), 1e-5,
+    expect_close(run_paged(b, {0.125f}), reference(b, {0.125f}), 1e-5,
                  cat("cached ", s.cached, " new ", s.n_new));
   }
 }
 
-// A sequence's output rows are bitwise the same alone as inside a batch.
+// Decode rows, short chunks (decode-like blocks), chunked prefill after a cached prefix (16-row
+// blocks) and a whole prompt, with lengths off every page and tile boundary.
+const std::vector<SeqSpec> kVariantSeqs = {{130, 1}, {7, 1}, {33, 7}, {100, 40}, {0, 75}, {60, 1}};
+
+// Sliding windows smaller than a page (16), crossing pages, crossing key tiles (32), larger than
+// every context, and 1 (each row sees itself only), each with and without a soft-cap, on head
+// sizes that are a multiple of the vector width or not (72) and the largest supported (256).
+TEST(PagedAttention, SlidingWindowAndSoftcap) {
+  std::mt19937 rng(25);
+  for (int64_t head_dim : {72, 256}) {
+    for (int64_t page_size : {16, 64}) {
+      const PagedBatch b = make_batch(page_size, 4, 2, head_dim, kVariantSeqs, rng);
+      const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+      const std::vector<double> plain = reference(b, {scale});
+      for (int32_t window : {0, 1, 5, 23, 40, 1000}) {
+        for (float softcap : {0.f, 0.5f}) {
+          const AttentionVariant variant{scale, window, softcap};
+          const std::string what = cat("head_dim ", head_dim, " page_size ", page_size, " window ",
+                                       window, " softcap ", softcap);
+          const std::vector<double> want = reference(b, variant);
+          // The variant must change the result wherever it can (a window past every context
+          // cannot).
+          if (softcap > 0.f || (window > 0 && window < 100)) {
+            EXPECT_GT(relative_distance(want, plain), 1e-2) << what;
+          }
+          expect_close(run_paged(b, variant), want, 1e-5, what);
+        }
+      }
+    }
+  }
+}
+
+// Keys before every row's window are never scored: pages holding only such keys may hold
+// anything (NaN here) without touching the result.
+TEST(PagedAttention, WindowIgnoresKeysBeforeIt) {
+  std::mt19937 rng(26);
+  const int32_t window = 20;
+  PagedBatch b = make_batch(16, 4, 2, 64, kVariantSeqs, rng);
+  const int64_t row = b.n_kv_heads * b.head_dim;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  int64_t poisoned = 0;
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const int32_t* pages = b.kv_page_indices.data() + b.kv_indptr[s];
+    for (int64_t pos = 0; pos < first_attended(b.seqs[s], window); ++pos) {
+      const int64_t slot = pages[pos / b.page_size] * b.page_size + pos % b.page_size;
+      std::fill_n(b.k_cache.data<float>() + slot * row, row, nan);
+      std::fill_n(b.v_cache.data<float>() + slot * row, row, nan);
+      ++poisoned;
+    }
+  }
+  ASSERT_GT(poisoned, 0);
+  const AttentionVariant variant{0.125f, window, 0.f};
+  expect_close(run_paged(b, variant), reference(b, variant), 1e-5, "window 20");
+}
+
+// A sequence's output rows are bitwise the same alone as inside a batch, with and without a
+// window and soft-cap.
 TEST(PagedAttention, BatchInvariant) {
   std::mt19937 rng(23);
   PagedBatch batch = make_batch(16, 8, 2, 64, random_seqs(7, rng), rng);
-  const Tensor together = run_paged(batch, 0.125f);
-  const int64_t row = batch.n_q_heads * batch.head_dim;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    PagedBatch alone = batch;
-    alone.seqs = {batch.seqs[s]};
-    alone.q = batch.q.rows(batch.q_indptr[s], batch.q_indptr[s + 1]);
-    alone.q_indptr = {0, batch.q_indptr[s + 1] - batch.q_indptr[s]};
-    alone.kv_indptr = {0, batch.kv_indptr[s + 1] - batch.kv_indptr[s]};
-    alone.kv_page_indices.assign(batch.kv_page_indices.begin() + batch.kv_indptr[s],
-                                 batch.kv_page_indices.begin() + batch.kv_indptr[s + 1]);
-    alone.kv_last_page_len = {batch.kv_last_page_len[s]};
-    const Tensor out = run_paged(alone, 0.125f);
-    EXPECT_EQ(std::memcmp(out.data<float>(), together.data<float>() + batch.q_indptr[s] * row,
-                          out.nbytes()),
-              0)
-        << "sequence " << s;
+  for (const AttentionVariant& variant :
+       {AttentionVariant{0.125f}, AttentionVariant{0.125f, 21, 0.5f}}) {
+    const Tensor together = run_paged(batch, variant);
+    const int64_t row = batch.n_q_heads * batch.head_dim;
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      PagedBatch alone = batch;
+      alone.seqs = {batch.seqs[s]};
+      alone.q = batch.q.rows(batch.q_indptr[s], batch.q_indptr[s + 1]);
+      alone.q_indptr = {0, batch.q_indptr[s + 1] - batch.q_indptr[s]};
+      alone.kv_indptr = {0, batch.kv_indptr[s + 1] - batch.kv_indptr[s]};
+      alone.kv_page_indices.assign(batch.kv_page_indices.begin() + batch.kv_indptr[s],
+                                   batch.kv_page_indices.begin() + batch.kv_indptr[s + 1]);
+      alone.kv_last_page_len = {batch.kv_last_page_len[s]};
+      const Tensor out = run_paged(alone, variant);
+      EXPECT_EQ(std::memcmp(out.data<float>(), together.data<float>() + batch.q_indptr[s] * row,
+                            out.nbytes()),
+                0)
+          << "sequence " << s << " window " << variant.window;
+    }
   }
 }
 
@@ -235,25 +325,27 @@ TEST(PagedAttention, RejectsInconsistentPlans) {
   const PagedBatch good = make_batch(16, 4, 2, 64, {{20, 3}, {0, 5}}, rng);
   PagedBatch bad = good;
   bad.kv_page_indices[1] = static_cast<int32_t>(good.k_cache.dim(0));
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "sequence 0", "page"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "sequence 0", "page"});
   bad = good;
   bad.kv_last_page_len[1] = 0;
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "sequence 1", "last page"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "sequence 1", "last page"});
   bad = good;
   bad.kv_last_page_len[1] = 17;
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "sequence 1"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "sequence 1"});
   bad = good;
   bad.q_indptr = {0, 3, 7};
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "q_indptr"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "q_indptr"});
   bad = good;
   bad.kv_last_page_len[1] = 2;
   bad.q_indptr = {0, 3, 8};
   bad.seqs[1].n_new = 5;
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "sequence 1", "5 new tokens"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "sequence 1", "5 new tokens"});
   bad = good;
   bad.q = random_f32({8, 3, 64}, rng);
   bad.n_q_heads = 3;
-  expect_error([&] { run_paged(bad, 1.f); }, {"paged_attention", "3 q heads"});
+  expect_error([&] { run_paged(bad, {1.f}); }, {"paged_attention", "3 q heads"});
+  expect_error([&] { run_paged(good, {1.f, -1}); }, {"paged_attention", "window -1"});
+  expect_error([&] { run_paged(good, {1.f, 0, -2.f}); }, {"paged_attention", "softcap -2"});
 }
 
 }  // namespace

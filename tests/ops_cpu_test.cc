@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/silu_mul.h"
@@ -284,6 +286,68 @@ TEST(Rope, PositionZeroIsIdentityAndErrors) {
                   Tensor::from_f32({1.f, .1f, .01f, .001f}, {4}));
       },
       {"rope", "k"});
+}
+
+// The engine's CPU path from one fused projection row per token: q rotated into its own buffer,
+// k rotated and v as is into the cache slots the plan maps them to, and the fused rows untouched.
+TEST(RopeWriteKv, RotatesAndWritesFusedRows) {
+  std::mt19937 rng(11);
+  const int64_t n_tokens = 11, n_q = 4, n_kv = 2, head_dim = 64, num_pages = 5, page_size = 4;
+  const int64_t q_width = n_q * head_dim, kv_width = n_kv * head_dim;
+  const int64_t width = q_width + 2 * kv_width, num_slots = num_pages * page_size;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
+  }
+  const Tensor qkv = random_f32({n_tokens, width}, rng);
+  const std::vector<float> qkv_before(qkv.data<float>(), qkv.data<float>() + qkv.numel());
+  Tensor k_cache = random_f32({num_pages, page_size, n_kv, head_dim}, rng);
+  Tensor v_cache = random_f32({num_pages, page_size, n_kv, head_dim}, rng);
+  std::vector<double> k_want(k_cache.data<float>(), k_cache.data<float>() + k_cache.numel());
+  std::vector<float> v_want(v_cache.data<float>(), v_cache.data<float>() + v_cache.numel());
+  const std::vector<int32_t> positions = random_ids(n_tokens, 4000, rng);
+  std::vector<int32_t> slots(num_slots);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(n_tokens);
+  slots[2] = -1;  // padding: not written
+  ops::AttentionPlan plan;
+  plan.positions = Tensor::from_i32(positions, {n_tokens});
+  plan.slot_mapping = Tensor::from_i32(slots, {n_tokens});
+  const Tensor inv_freq_t = Tensor::from_f32(inv_freq, {head_dim / 2});
+
+  std::vector<double> q_want, k_rows;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* row = qkv.data<float>() + t * width;
+    q_want.insert(q_want.end(), row, row + q_width);
+    k_rows.insert(k_rows.end(), row + q_width, row + q_width + kv_width);
+  }
+  rope_ref(q_want, n_tokens, n_q, head_dim, positions, inv_freq);
+  rope_ref(k_rows, n_tokens, n_kv, head_dim, positions, inv_freq);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const float* v_row = qkv.data<float>() + t * width + q_width + kv_width;
+    std::copy_n(&k_rows[t * kv_width], kv_width, &k_want[slots[t] * kv_width]);
+    std::copy_n(v_row, kv_width, &v_want[slots[t] * kv_width]);
+  }
+
+  Tensor q = poisoned_f32({n_tokens, n_q, head_dim});
+  ops::rope_write_kv(qkv, inv_freq_t, plan, q, k_cache, v_cache);
+  expect_close(q, q_want, 1e-6, "q");
+  expect_close(k_cache, k_want, 1e-6, "k cache");
+  EXPECT_EQ(std::memcmp(v_cache.data<float>(), v_want.data(), v_cache.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(qkv.data<float>(), qkv_before.data(), qkv.nbytes()), 0);
+
+  expect_error(
+      [&] {
+        ops::rope_write_kv(random_f32({n_tokens, width - head_dim}, rng), inv_freq_t, plan, q,
+                           k_cache, v_cache);
+      },
+      {"rope_write_kv", "qkv"});
+  slots[0] = static_cast<int32_t>(num_slots);
+  plan.slot_mapping = Tensor::from_i32(slots, {n_tokens});
+  expect_error([&] { ops::rope_write_kv(qkv, inv_freq_t, plan, q, k_cache, v_cache); },
+               {"write_kv", "slot 20", "token 0"});
 }
 
 // The vectorizable exp of the softmax and SiLU loops against libm's double exp.

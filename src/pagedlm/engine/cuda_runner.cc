@@ -17,6 +17,7 @@
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/sched/shared_prefix.h"
 #endif
 
@@ -89,7 +90,7 @@ struct CudaStepRunner::Impl {
     num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
     head_dim = static_cast<int32_t>(c.head_dim);
     vocab = c.vocab_size;
-    members_per_item = cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
+    members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     int device = 0;
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
@@ -109,11 +110,11 @@ struct CudaStepRunner::Impl {
     // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
     // so scan every batch size at the longest context, plus the cascade's shared splits.
     for (int32_t b = 1; b <= max_bucket; ++b) {
-      const int splits = cuda::paged_attention_decode_num_splits(
+      const int splits = ops::cuda::paged_attention_decode_num_splits(
                              b, num_kv_heads, head_dim, static_cast<int>(max_model_len), num_sms) +
                          (use_cascade ? shared_splits(b) : 0);
-      workspace_bytes = std::max(
-          workspace_bytes, cuda::paged_attention_workspace_bytes(b, num_q_heads, head_dim, splits));
+      workspace_bytes = std::max(workspace_bytes, ops::cuda::paged_attention_workspace_bytes(
+                                                      b, num_q_heads, head_dim, splits));
     }
     if (workspace_bytes > 0) cuda::check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
   }
@@ -186,18 +187,18 @@ struct CudaStepRunner::Impl {
   // Shared-pass splits of a decode bucket: enough blocks when one group holds the whole batch.
   int32_t shared_splits(int32_t num_seqs) const {
     const int items = (num_seqs + members_per_item - 1) / members_per_item;
-    return cuda::shared_prefix_num_splits(items, num_kv_heads, num_sms);
+    return ops::cuda::shared_prefix_num_splits(items, num_kv_heads, num_sms);
   }
 
   // The split count of a decode bucket, for the longest context the model allows (the kernel
   // caps each sequence's splits by its own length), shrunk if the workspace cannot hold it.
   // A function of the bucket alone, so one graph per bucket serves every step.
   int32_t decode_splits(int32_t num_seqs) const {
-    int splits = cuda::paged_attention_decode_num_splits(num_seqs, num_kv_heads, head_dim,
-                                                         static_cast<int>(max_model_len), num_sms);
+    int splits = ops::cuda::paged_attention_decode_num_splits(
+        num_seqs, num_kv_heads, head_dim, static_cast<int>(max_model_len), num_sms);
     const int extra = use_cascade ? shared_splits(num_seqs) : 0;
-    while (splits > 1 && cuda::paged_attention_workspace_bytes(num_seqs, num_q_heads, head_dim,
-                                                               splits + extra) > workspace_bytes) {
+    while (splits > 1 && ops::cuda::paged_attention_workspace_bytes(
+                             num_seqs, num_q_heads, head_dim, splits + extra) > workspace_bytes) {
       --splits;
     }
     return splits;
@@ -312,34 +313,37 @@ struct CudaStepRunner::Impl {
                 "step plan upload");
   }
 
-  // Points the KV cache's attention at the staged plan (leading_decodes: see DeviceStepPlan).
+  // Points the KV cache's attention at the staged plan (leading_decodes: see
+  // ops::AttentionPlan). The tensors view the fixed device block, sized by its capacity where
+  // the step's length varies (stream rows, page indices).
   void bind(int32_t num_seqs, int32_t max_q_len, bool decode, bool cascade,
             int32_t leading_decodes = 0) {
-    DeviceStepPlan dp;
-    dp.positions = d<int32_t>(off_positions);
-    dp.slot_mapping = d<int32_t>(off_slots);
-    dp.q_indptr = d<int32_t>(off_q_indptr);
-    dp.kv_indptr = d<int32_t>(off_kv_indptr);
-    dp.kv_page_indices = d<int32_t>(off_pages);
-    dp.kv_last_page_len = d<int32_t>(off_last_len);
-    dp.num_seqs = num_seqs;
-    dp.max_q_len = max_q_len;
-    dp.decode = decode;
-    dp.num_leading_decodes = decode ? 0 : leading_decodes;
-    dp.num_splits = decode ? decode_splits(num_seqs) : 1;
-    dp.seq_order = decode ? d<int32_t>(off_seq_order) : nullptr;
+    auto view = [&](size_t off, Shape shape) {
+      return Tensor::wrap(dev + off, DType::kI32, std::move(shape), Device::kCuda, {});
+    };
+    ops::AttentionPlan p;
+    p.positions = view(off_positions, {max_tokens});
+    p.slot_mapping = view(off_slots, {max_tokens});
+    p.q_indptr = view(off_q_indptr, {num_seqs + 1});
+    p.kv_indptr = view(off_kv_indptr, {num_seqs + 1});
+    p.kv_page_indices = view(off_pages, {max_pages});
+    p.kv_last_page_len = view(off_last_len, {num_seqs});
+    p.max_q_len = max_q_len;
+    p.decode = decode;
+    p.num_leading_decodes = decode ? 0 : leading_decodes;
+    p.num_splits = decode ? decode_splits(num_seqs) : 1;
+    if (decode) p.seq_order = view(off_seq_order, {num_seqs});
     if (decode && cascade) {
-      dp.kv_skip = d<int32_t>(off_kv_skip);
-      dp.shared_num_items = d<int32_t>(off_num_items);
-      dp.shared_items = d<int32_t>(off_items);
-      dp.shared_members = d<int32_t>(off_members);
-      dp.shared_max_items = num_seqs;
-      dp.shared_splits = shared_splits(num_seqs);
+      p.kv_skip = view(off_kv_skip, {num_seqs});
+      p.shared_num_items = view(off_num_items, {1});
+      p.shared_items = view(off_items, {num_seqs, 4});
+      p.shared_members = view(off_members, {num_seqs});
+      p.shared_max_items = num_seqs;
+      p.shared_splits = shared_splits(num_seqs);
     }
-    dp.workspace = workspace;
-    dp.workspace_bytes = workspace_bytes;
-    dp.stream = stream;
-    kv_cache->bind(dp);
+    p.workspace = workspace;
+    p.workspace_bytes = workspace_bytes;
+    kv_cache->bind(p, stream);
   }
 
   // Replays the bucket's graph, capturing it first if this is the bucket's first step (the

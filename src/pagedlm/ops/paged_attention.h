@@ -1,30 +1,78 @@
-// Causal attention of a packed token stream over a paged KV cache (FlashInfer's CSR page table,
-// see sched/step_plan.h). The cache already holds this step's keys/values (write_kv runs first).
+// The attention half of a layer over a paged KV cache, on either device: rope + the cache write
+// of this step's keys/values, then causal attention of the packed token stream over every
+// sequence's pages (FlashInfer's CSR page table, see sched/step_plan.h). Both read the step's
+// AttentionPlan.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/tensor.h"
 
 namespace pagedlm::ops {
 
-// q: [n_tokens, n_q_heads, head_dim], out: [n_tokens, n_q_heads, head_dim],
-// k_cache, v_cache: [num_pages, page_size, n_kv_heads, head_dim],
-// q_indptr: [num_seqs + 1], kv_indptr: [num_seqs + 1], kv_page_indices: [>= kv_indptr[num_seqs]],
-// kv_last_page_len: [num_seqs]; all index tensors i32 on q's device.
-//
-// Sequence b owns rows q_indptr[b] .. q_indptr[b+1] (n_new tokens) and pages
-// kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]] holding
-// n_kv = (num_pages_b - 1) * page_size + kv_last_page_len[b] positions. Its new tokens are the
-// last n_new of those positions, so its j-th new token attends to kv positions
-// 0 .. n_kv - n_new + j (full over cached context, causal among the new tokens).
-// GQA: q head h reads kv head h / (n_q_heads / n_kv_heads). Scores are scaled by `scale`.
+// One step's page table on the device the cache lives on, with the launch shape the CUDA
+// kernels need. Index tensors are i32. Sequence b owns rows q_indptr[b] .. q_indptr[b+1] (n_new
+// tokens) and pages kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]] holding
+// n_kv = (num_pages_b - 1) * page_size + kv_last_page_len[b] positions; its new tokens are the
+// last n_new of those.
+// On the GPU the tensors are views of the engine's fixed buffers, so a captured decode graph
+// sees the same pointers on every replay. The CPU reads only the six index tensors.
+struct AttentionPlan {
+  Tensor positions;         // [n_tokens]
+  Tensor slot_mapping;      // [n_tokens]: page * page_size + offset, -1 for padding
+  Tensor q_indptr;          // [num_seqs + 1]
+  Tensor kv_indptr;         // [num_seqs + 1]
+  Tensor kv_page_indices;   // [>= kv_indptr[num_seqs]]
+  Tensor kv_last_page_len;  // [num_seqs]
+
+  // GPU only. The largest n_new (sizes the prefill grid).
+  int32_t max_q_len = 0;
+  // Every sequence has at most one new token: the split-KV decode kernel, with num_splits key
+  // splits and seq_order ([num_seqs], longest first) as the order blocks start in.
+  bool decode = false;
+  int32_t num_splits = 1;
+  Tensor seq_order;
+  // Other steps: the leading sequences with one new token each (the running decodes the
+  // scheduler puts first), which the decode kernel takes (in the prefill kernel each would fill
+  // a 64-row tile with its 1-8 rows); the prefill kernel takes the rest.
+  int32_t num_leading_decodes = 0;
+  // Cascade attention's shared-prefix pass (decode steps only; cuda::SharedPrefixPass in
+  // ops/cuda/kernels.h), none while kv_skip is undefined.
+  Tensor kv_skip;           // [num_seqs]
+  Tensor shared_num_items;  // [1]
+  Tensor shared_items;      // [shared_max_items, 4]
+  Tensor shared_members;    // [num_seqs]
+  int32_t shared_max_items = 0;
+  int32_t shared_splits = 0;
+  // Split-KV partial results: cuda::paged_attention_workspace_bytes for the splits in use.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// qkv: [n_tokens, (n_q_heads + 2 n_kv_heads) head_dim], each row the q heads, then the k heads,
+// then the v heads (one fused projection's output); q: [n_tokens, n_q_heads, head_dim] receives
+// the rotated queries; inv_freq: [head_dim / 2] f32; k_cache, v_cache:
+// [num_pages, page_size, n_kv_heads, head_dim]. Rotates q and k (ops/rope.h's contract) at
+// plan.positions and writes k and v to the caches at plan.slot_mapping (ops/write_kv.h's
+// contract). The GPU does it in one kernel, rotating the k part of qkv in place; the CPU runs
+// rope then write_kv and leaves qkv as it was.
+void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPlan& plan,
+                   const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                   void* stream = nullptr);
+
+// q: [n_tokens, n_q_heads, head_dim], out: [n_tokens, n_q_heads, head_dim], k_cache, v_cache:
+// [num_pages, page_size, n_kv_heads, head_dim] already holding this step's keys/values.
+// Sequence b's j-th new token, at position p = n_kv - n_new + j, attends to kv positions
+// max(0, p - window + 1) .. p (0 .. p without a window), scored as variant says
+// (core/attention_variant.h: scale, then soft-cap, then the mask).
+// GQA: q head h reads kv head h / (n_q_heads / n_kv_heads).
 // Each row is batch invariant: it depends only on its own sequence's data.
 // The plan is validated on the CPU (an Error names the bad sequence), not on the GPU.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& q_indptr, const Tensor& kv_indptr, const Tensor& kv_page_indices,
-                     const Tensor& kv_last_page_len, float scale, const Tensor& out,
+                     const AttentionPlan& plan, const AttentionVariant& variant, const Tensor& out,
                      void* stream = nullptr);
 
 // The sizes every backend's kernel needs besides the pointers.
@@ -42,18 +90,31 @@ struct PagedAttentionDims {
 namespace cpu {
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len, float scale,
-                     float* out, const PagedAttentionDims& dims);
+                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+                     const AttentionVariant& variant, float* out, const PagedAttentionDims& dims);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contract as cpu::paged_attention; q, the caches and out hold `dtype` elements and the
-// index arrays are in device memory.
+// Same contracts as the Tensor-level ops; q, qkv, the caches and out hold `dtype` elements,
+// the plan's tensors are in device memory. qkv's k part is rotated in place.
+void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPlan& plan,
+                   void* k_cache, void* v_cache, int64_t n_tokens, int64_t n_q_heads,
+                   int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream);
 void paged_attention(const void* q, const void* k_cache, const void* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len, float scale,
-                     void* out, const PagedAttentionDims& dims, DType dtype, void* stream);
+                     const AttentionPlan& plan, const AttentionVariant& variant, void* out,
+                     const PagedAttentionDims& dims, DType dtype, void* stream);
+
+// The decode launch shape, chosen by the engine once per batch bucket (ops/cuda/kernels.h says
+// how): key splits that fill num_sms multiprocessors for sequences up to max_kv_len keys, the
+// workspace bytes that num_splits (plus the shared pass's) need for max_num_tokens rows, and the
+// cascade pass's members per item and splits for num_items items.
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
+                                      int num_sms);
+size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
+                                       int max_num_splits);
+int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads);
+int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms);
 }  // namespace cuda
 #endif
 

@@ -7,6 +7,8 @@
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/op_check.h"
 #include "pagedlm/ops/paged_attention.h"
+#include "pagedlm/ops/rope.h"
+#include "pagedlm/ops/write_kv.h"
 
 namespace pagedlm::ops {
 
@@ -66,15 +68,16 @@ constexpr int64_t kTransposedMinRows = 8;
 // Per-row online-softmax state of a block, reused across blocks by one thread.
 struct RowScratch {
   std::vector<float> acc, running_max, running_sum, scores;
-  std::vector<float> keys_t;  // [head_dim][kKvTile]: the tile's keys transposed
-  std::vector<int64_t> n_attend;
+  std::vector<float> keys_t;                // [head_dim][kKvTile]: the tile's keys transposed
+  std::vector<int64_t> first_key, end_key;  // the row's kv positions [first_key, end_key)
   void resize(int64_t rows, int64_t head_dim) {
     acc.assign(rows * head_dim, 0.f);
     running_max.assign(rows, -std::numeric_limits<float>::infinity());
     running_sum.assign(rows, 0.f);
     scores.resize(rows * kKvTile);
     keys_t.resize(head_dim * kKvTile);
-    n_attend.resize(rows);
+    first_key.resize(rows);
+    end_key.resize(rows);
   }
 };
 
@@ -148,14 +151,17 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
   }
 }
 
-// Every row r of the block: out_r = softmax(scale * q_r K^T) V over kv positions
-// [0, n_attend_r), one pass with a running max and sum (FlashAttention), tile by tile. A row's
-// arithmetic is the same whatever block it is in (its tiles in position order, the same
-// operations on each), so it depends on neither the batch nor the blocking.
+// Every row r of the block: out_r = softmax(scores_r) V over kv positions
+// [first_key_r, end_key_r), scores_r = softcap(scale * q_r K^T), in one pass with a running max
+// and sum (FlashAttention), tile by tile. Tiles sit at multiples of kKvTile whatever the block,
+// and a row skips the tiles outside its window and scores only its own keys of the others: so a
+// windowed row costs about window keys, and a row's arithmetic is the same whatever block it is
+// in (its tiles in position order, the same operations on each), so it depends on neither the
+// batch nor the blocking.
 void attend_block(const RowBlock& blk, const float* q, const float* k_cache, const float* v_cache,
                   const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_page_indices,
-                  const int32_t* kv_last_page_len, float scale, const PagedAttentionDims& d,
-                  RowScratch& s, float* out) {
+                  const int32_t* kv_last_page_len, const AttentionVariant& variant,
+                  const PagedAttentionDims& d, RowScratch& s, float* out) {
   const int64_t head_dim = d.head_dim, group = d.n_q_heads / d.n_kv_heads;
   const int64_t slot_stride = d.n_kv_heads * head_dim;
   const int32_t* pages = kv_page_indices + kv_indptr[blk.b];
@@ -168,10 +174,13 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
     const int64_t t = blk.t0 + r / heads, h = blk.hk * group + blk.h0 + r % heads;
     return (t * d.n_q_heads + h) * head_dim;
   };
-  int64_t longest = 0;
+  int64_t first = n_kv, longest = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    s.n_attend[r] = n_kv - n_new + (blk.t0 + r / heads - q_indptr[blk.b]) + 1;
-    longest = std::max(longest, s.n_attend[r]);
+    const int64_t pos = n_kv - n_new + (blk.t0 + r / heads - q_indptr[blk.b]);
+    s.end_key[r] = pos + 1;
+    s.first_key[r] = variant.window > 0 ? std::max<int64_t>(0, pos - variant.window + 1) : 0;
+    first = std::min(first, s.first_key[r]);
+    longest = std::max(longest, s.end_key[r]);
   }
   auto slot_of = [&](int64_t pos) {
     return pages[pos / d.page_size] * d.page_size + pos % d.page_size;
@@ -179,8 +188,9 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
   const float* keys[kKvTile];
   const float* values[kKvTile];
   const bool transposed = rows >= kTransposedMinRows;
+  const float scale = variant.scale, softcap = variant.softcap;
   float* keys_t = s.keys_t.data();
-  for (int64_t start = 0; start < longest; start += kKvTile) {
+  for (int64_t start = first / kKvTile * kKvTile; start < longest; start += kKvTile) {
     // The tile's key and value rows, looked up once for all rows of the block.
     const int64_t tile_keys = std::min(kKvTile, longest - start);
     for (int64_t j = 0; j < tile_keys; ++j) {
@@ -196,8 +206,10 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
-      if (s.n_attend[r] <= start) continue;
-      const int64_t count = std::min(kKvTile, s.n_attend[r] - start);
+      // The row's keys of this tile: [j0, j1).
+      const int64_t j0 = std::max<int64_t>(0, s.first_key[r] - start);
+      const int64_t j1 = std::min(kKvTile, s.end_key[r] - start);
+      if (j0 >= j1) continue;
       const float* qr = q + q_row(r);
       float* scores = s.scores.data() + r * kKvTile;
       float* acc = s.acc.data() + r * head_dim;
@@ -205,18 +217,21 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       if (transposed) {
         tile_scores(qr, keys_t, head_dim, scale, scores);
       } else {
-        for (int64_t j = 0; j < count; ++j) scores[j] = dot_product(qr, keys[j], head_dim) * scale;
+        for (int64_t j = j0; j < j1; ++j) scores[j] = dot_product(qr, keys[j], head_dim) * scale;
       }
-      for (int64_t j = 0; j < count; ++j) tile_max = std::max(tile_max, scores[j]);
+      if (softcap > 0.f) {
+        for (int64_t j = j0; j < j1; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
+      }
+      for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
       // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
       const float correction = exp_vectorizable(s.running_max[r] - tile_max);
       s.running_sum[r] *= correction;
       for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
       s.running_max[r] = tile_max;
       // The exponentials in a vector loop, then their sum in order.
-      for (int64_t j = 0; j < count; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
-      for (int64_t j = 0; j < count; ++j) s.running_sum[r] += scores[j];
-      accumulate_values(acc, scores, values, count, head_dim);
+      for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
+      for (int64_t j = j0; j < j1; ++j) s.running_sum[r] += scores[j];
+      accumulate_values(acc, scores + j0, values + j0, j1 - j0, head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -230,8 +245,8 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len, float scale,
-                     float* out, const PagedAttentionDims& d) {
+                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
   validate_plan(q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, d);
   const int64_t group = d.n_q_heads / d.n_kv_heads;
   // Decode-like sequences (a few new tokens) get a block per (token, q head), which spreads a
@@ -260,61 +275,125 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
 #pragma omp for schedule(dynamic, 4)
     for (int64_t i = 0; i < num_blocks; ++i) {
       attend_block(blocks[i], q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices,
-                   kv_last_page_len, scale, d, scratch, out);
+                   kv_last_page_len, variant, d, scratch, out);
     }
   }
 }
 
 }  // namespace cpu
 
-void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& q_indptr, const Tensor& kv_indptr, const Tensor& kv_page_indices,
-                     const Tensor& kv_last_page_len, float scale, const Tensor& out, void* stream) {
+namespace {
+
+// Checks the plan's index tensors against q and the cache (and their device); returns the sizes.
+PagedAttentionDims plan_dims(const Tensor& q, const Tensor& k_cache, const AttentionPlan& plan,
+                             const char* op) {
   using detail::kAnyDim;
-  constexpr const char* kOp = "paged_attention";
-  const DType dt = detail::compute_dtype(q, kOp, "q");
-  detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
   PagedAttentionDims dims{};
   dims.n_tokens = q.dim(0);
   dims.n_q_heads = q.dim(1);
   dims.head_dim = q.dim(2);
-  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, kAnyDim, dims.head_dim});
   dims.num_pages = k_cache.dim(0);
   dims.page_size = k_cache.dim(1);
   dims.n_kv_heads = k_cache.dim(2);
+  detail::expect(plan.q_indptr, op, "q_indptr", DType::kI32, {kAnyDim});
+  PAGEDLM_CHECK(plan.q_indptr.dim(0) >= 1, op, ": q_indptr is empty");
+  dims.num_seqs = plan.q_indptr.dim(0) - 1;
+  detail::expect(plan.kv_indptr, op, "kv_indptr", DType::kI32, {dims.num_seqs + 1});
+  detail::expect(plan.kv_page_indices, op, "kv_page_indices", DType::kI32, {kAnyDim});
+  dims.num_page_indices = plan.kv_page_indices.dim(0);
+  detail::expect(plan.kv_last_page_len, op, "kv_last_page_len", DType::kI32, {dims.num_seqs});
+  detail::expect_devices(op, q.device(),
+                         {{&plan.q_indptr, "q_indptr"},
+                          {&plan.kv_indptr, "kv_indptr"},
+                          {&plan.kv_page_indices, "kv_page_indices"},
+                          {&plan.kv_last_page_len, "kv_last_page_len"}});
+  return dims;
+}
+
+}  // namespace
+
+void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPlan& plan,
+                   const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, void* stream) {
+  using detail::kAnyDim;
+  constexpr const char* kOp = "rope_write_kv";
+  const DType dt = detail::compute_dtype(q, kOp, "q");
+  detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
+  const int64_t n_tokens = q.dim(0), n_q_heads = q.dim(1), head_dim = q.dim(2);
+  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, kAnyDim, head_dim});
+  const int64_t n_kv_heads = k_cache.dim(2);
+  detail::expect(v_cache, kOp, "v_cache", dt,
+                 {k_cache.dim(0), k_cache.dim(1), n_kv_heads, head_dim});
+  const int64_t q_width = n_q_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  detail::expect(qkv, kOp, "qkv", dt, {n_tokens, q_width + 2 * kv_width});
+  detail::expect_devices(kOp, q.device(),
+                         {{&qkv, "qkv"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}});
+  if (q.device() == Device::kCpu) {
+    // The CPU ops take contiguous q, k and v: split the fused rows, then rope (which checks
+    // positions and inv_freq) and the cache write (which checks slot_mapping).
+    Tensor k = Tensor::empty(DType::kF32, {n_tokens, n_kv_heads, head_dim});
+    Tensor v = Tensor::empty(DType::kF32, {n_tokens, n_kv_heads, head_dim});
+    const float* src = qkv.data<float>();
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* row = src + t * (q_width + 2 * kv_width);
+      std::memcpy(q.data<float>() + t * q_width, row, q_width * sizeof(float));
+      std::memcpy(k.data<float>() + t * kv_width, row + q_width, kv_width * sizeof(float));
+      std::memcpy(v.data<float>() + t * kv_width, row + q_width + kv_width,
+                  kv_width * sizeof(float));
+    }
+    rope(q, k, plan.positions, inv_freq);
+    write_kv(k, v, plan.slot_mapping, k_cache, v_cache);
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  detail::expect(plan.positions, kOp, "positions", DType::kI32, {kAnyDim});
+  detail::expect(plan.slot_mapping, kOp, "slot_mapping", DType::kI32, {kAnyDim});
+  PAGEDLM_CHECK(plan.positions.dim(0) >= n_tokens && plan.slot_mapping.dim(0) >= n_tokens, kOp,
+                ": the plan has ", plan.positions.dim(0), " positions and ",
+                plan.slot_mapping.dim(0), " slots for ", n_tokens, " tokens");
+  detail::expect(inv_freq, kOp, "inv_freq", DType::kF32, {head_dim / 2});
+  detail::expect_devices(kOp, q.device(),
+                         {{&plan.positions, "positions"},
+                          {&plan.slot_mapping, "slot_mapping"},
+                          {&inv_freq, "inv_freq"}});
+  cuda::rope_write_kv(qkv.raw(), q.raw(), inv_freq.data<float>(), plan, k_cache.raw(),
+                      v_cache.raw(), n_tokens, n_q_heads, n_kv_heads, head_dim, dt, stream);
+#else
+  (void)stream;
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionPlan& plan, const AttentionVariant& variant, const Tensor& out,
+                     void* stream) {
+  using detail::kAnyDim;
+  constexpr const char* kOp = "paged_attention";
+  const DType dt = detail::compute_dtype(q, kOp, "q");
+  detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
+  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, kAnyDim, q.dim(2)});
+  const PagedAttentionDims dims = plan_dims(q, k_cache, plan, kOp);
   PAGEDLM_CHECK(dims.page_size > 0 && dims.n_kv_heads > 0 && dims.n_q_heads % dims.n_kv_heads == 0,
                 kOp, ": ", dims.n_q_heads, " q heads cannot share ", dims.n_kv_heads,
                 " kv heads (page size ", dims.page_size, ")");
   detail::expect(v_cache, kOp, "v_cache", dt,
                  {dims.num_pages, dims.page_size, dims.n_kv_heads, dims.head_dim});
-  detail::expect(q_indptr, kOp, "q_indptr", DType::kI32, {kAnyDim});
-  PAGEDLM_CHECK(q_indptr.dim(0) >= 1, kOp, ": q_indptr is empty");
-  dims.num_seqs = q_indptr.dim(0) - 1;
-  detail::expect(kv_indptr, kOp, "kv_indptr", DType::kI32, {dims.num_seqs + 1});
-  detail::expect(kv_page_indices, kOp, "kv_page_indices", DType::kI32, {kAnyDim});
-  dims.num_page_indices = kv_page_indices.dim(0);
-  detail::expect(kv_last_page_len, kOp, "kv_last_page_len", DType::kI32, {dims.num_seqs});
   detail::expect(out, kOp, "out", dt, {dims.n_tokens, dims.n_q_heads, dims.head_dim});
   detail::expect_devices(kOp, q.device(),
-                         {{&k_cache, "k_cache"},
-                          {&v_cache, "v_cache"},
-                          {&q_indptr, "q_indptr"},
-                          {&kv_indptr, "kv_indptr"},
-                          {&kv_page_indices, "kv_page_indices"},
-                          {&kv_last_page_len, "kv_last_page_len"},
-                          {&out, "out"}});
+                         {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}});
+  PAGEDLM_CHECK(variant.window >= 0 && variant.softcap >= 0.f, kOp, ": window ", variant.window,
+                " and softcap ", variant.softcap, " must not be negative");
   if (q.device() == Device::kCpu) {
     cpu::paged_attention(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
-                         q_indptr.data<int32_t>(), kv_indptr.data<int32_t>(),
-                         kv_page_indices.data<int32_t>(), kv_last_page_len.data<int32_t>(), scale,
-                         out.data<float>(), dims);
+                         plan.q_indptr.data<int32_t>(), plan.kv_indptr.data<int32_t>(),
+                         plan.kv_page_indices.data<int32_t>(),
+                         plan.kv_last_page_len.data<int32_t>(), variant, out.data<float>(), dims);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::paged_attention(q.raw(), k_cache.raw(), v_cache.raw(), q_indptr.data<int32_t>(),
-                        kv_indptr.data<int32_t>(), kv_page_indices.data<int32_t>(),
-                        kv_last_page_len.data<int32_t>(), scale, out.raw(), dims, dt, stream);
+  cuda::paged_attention(q.raw(), k_cache.raw(), v_cache.raw(), plan, variant, out.raw(), dims, dt,
+                        stream);
 #else
+  (void)stream;
   detail::fail_no_cuda(kOp);
 #endif
 }

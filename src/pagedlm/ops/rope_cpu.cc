@@ -48,31 +48,20 @@ void rope(float* q, float* k, const int32_t* positions, const float* inv_freq, i
 
 }  // namespace cpu
 
-void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq,
-          void* stream) {
+void rope(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq) {
   using detail::kAnyDim;
   constexpr const char* kOp = "rope";
-  const DType dt = detail::compute_dtype(q, kOp, "q");
-  detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
+  detail::expect_device(q, Device::kCpu, kOp, "q");
+  detail::expect(q, kOp, "q", DType::kF32, {kAnyDim, kAnyDim, kAnyDim});
   const int64_t n_tokens = q.dim(0), n_q_heads = q.dim(1), head_dim = q.dim(2);
   PAGEDLM_CHECK(head_dim % 2 == 0, kOp, ": head_dim ", head_dim, " of q must be even");
-  detail::expect(k, kOp, "k", dt, {n_tokens, kAnyDim, head_dim});
+  detail::expect(k, kOp, "k", DType::kF32, {n_tokens, kAnyDim, head_dim});
   detail::expect(positions, kOp, "positions", DType::kI32, {n_tokens});
   detail::expect(inv_freq, kOp, "inv_freq", DType::kF32, {head_dim / 2});
-  detail::expect_device(k, q.device(), kOp, "k");
-  detail::expect_device(positions, q.device(), kOp, "positions");
-  detail::expect_device(inv_freq, q.device(), kOp, "inv_freq");
-  if (q.device() == Device::kCpu) {
-    cpu::rope(q.data<float>(), k.data<float>(), positions.data<int32_t>(), inv_freq.data<float>(),
-              n_tokens, n_q_heads, k.dim(1), head_dim);
-    return;
-  }
-#ifdef PAGEDLM_HAS_CUDA
-  cuda::rope(q.raw(), k.raw(), positions.data<int32_t>(), inv_freq.data<float>(), n_tokens,
-             n_q_heads, k.dim(1), head_dim, dt, stream);
-#else
-  detail::fail_no_cuda(kOp);
-#endif
+  detail::expect_devices(kOp, Device::kCpu,
+                         {{&k, "k"}, {&positions, "positions"}, {&inv_freq, "inv_freq"}});
+  cpu::rope(q.data<float>(), k.data<float>(), positions.data<int32_t>(), inv_freq.data<float>(),
+            n_tokens, n_q_heads, k.dim(1), head_dim);
 }
 
 }  // namespace pagedlm::ops

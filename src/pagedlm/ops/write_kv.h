@@ -3,33 +3,24 @@
 
 #include <cstdint>
 
-#include "pagedlm/core/dtype.h"
 #include "pagedlm/core/tensor.h"
 
 namespace pagedlm::ops {
 
-// k, v: [n_tokens, n_kv_heads, head_dim], slot_mapping: [n_tokens] i32 (k's device),
+// k, v: [n_tokens, n_kv_heads, head_dim], slot_mapping: [n_tokens] i32,
 // k_cache, v_cache: [num_pages, page_size, n_kv_heads, head_dim].
 // Token t goes to slot s = slot_mapping[t] = page * page_size + offset; s == -1 skips the token
 // (padding of a captured decode bucket). Slots outside [-1, num_pages * page_size) throw an
-// Error naming the token (checked on the CPU only).
+// Error naming the token.
+// CPU tensors only: the GPU writes the cache in the same kernel that applies rope
+// (rope_write_kv, ops/paged_attention.h), which runs this op on the CPU.
 void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, const Tensor& k_cache,
-              const Tensor& v_cache, void* stream = nullptr);
+              const Tensor& v_cache);
 
 namespace cpu {
 void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float* k_cache,
               float* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
               int64_t num_slots);
 }  // namespace cpu
-
-#ifdef PAGEDLM_HAS_CUDA
-namespace cuda {
-// Same contract as cpu::write_kv; k, v and the caches hold `dtype` elements. num_slots is
-// num_pages * page_size. Slots were not checked.
-void write_kv(const void* k, const void* v, const int32_t* slot_mapping, void* k_cache,
-              void* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots, DType dtype, void* stream);
-}  // namespace cuda
-#endif
 
 }  // namespace pagedlm::ops

@@ -27,33 +27,23 @@ void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float
 }  // namespace cpu
 
 void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, const Tensor& k_cache,
-              const Tensor& v_cache, void* stream) {
+              const Tensor& v_cache) {
   using detail::kAnyDim;
   constexpr const char* kOp = "write_kv";
-  const DType dt = detail::compute_dtype(k, kOp, "k");
-  detail::expect(k, kOp, "k", dt, {kAnyDim, kAnyDim, kAnyDim});
+  detail::expect_device(k, Device::kCpu, kOp, "k");
+  detail::expect(k, kOp, "k", DType::kF32, {kAnyDim, kAnyDim, kAnyDim});
   const int64_t n_tokens = k.dim(0), n_kv_heads = k.dim(1), head_dim = k.dim(2);
-  detail::expect(v, kOp, "v", dt, {n_tokens, n_kv_heads, head_dim});
+  detail::expect(v, kOp, "v", DType::kF32, {n_tokens, n_kv_heads, head_dim});
   detail::expect(slot_mapping, kOp, "slot_mapping", DType::kI32, {n_tokens});
-  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, n_kv_heads, head_dim});
-  detail::expect(v_cache, kOp, "v_cache", dt,
+  detail::expect(k_cache, kOp, "k_cache", DType::kF32, {kAnyDim, kAnyDim, n_kv_heads, head_dim});
+  detail::expect(v_cache, kOp, "v_cache", DType::kF32,
                  {k_cache.dim(0), k_cache.dim(1), n_kv_heads, head_dim});
   detail::expect_devices(
-      kOp, k.device(),
+      kOp, Device::kCpu,
       {{&v, "v"}, {&slot_mapping, "slot_mapping"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}});
-  const int64_t num_slots = k_cache.dim(0) * k_cache.dim(1);
-  if (k.device() == Device::kCpu) {
-    cpu::write_kv(k.data<float>(), v.data<float>(), slot_mapping.data<int32_t>(),
-                  k_cache.data<float>(), v_cache.data<float>(), n_tokens, n_kv_heads, head_dim,
-                  num_slots);
-    return;
-  }
-#ifdef PAGEDLM_HAS_CUDA
-  cuda::write_kv(k.raw(), v.raw(), slot_mapping.data<int32_t>(), k_cache.raw(), v_cache.raw(),
-                 n_tokens, n_kv_heads, head_dim, num_slots, dt, stream);
-#else
-  detail::fail_no_cuda(kOp);
-#endif
+  cpu::write_kv(k.data<float>(), v.data<float>(), slot_mapping.data<int32_t>(),
+                k_cache.data<float>(), v_cache.data<float>(), n_tokens, n_kv_heads, head_dim,
+                k_cache.dim(0) * k_cache.dim(1));
 }
 
 }  // namespace pagedlm::ops

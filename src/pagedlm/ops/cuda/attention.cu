@@ -3,17 +3,26 @@
 // cores (mma.sync m16n8k16 bf16 -> fp32), softmax is online, S never leaves registers.
 //
 // Rows of a tile are (token, q head) pairs of one kv head's group, so all q heads that share a
-// kv head read each K/V tile once (GQA packing, as FlashInfer does). Two instantiations:
+// kv head read each K/V tile once (GQA packing, as FlashInfer does). Two warp layouts:
 //   prefill: 4 warps x 16 rows each, every warp sees all 64 keys of a tile;
 //   decode:  1 x 16 rows, the 4 warps split the 64 keys of a tile (more bytes in flight per
 //            row), merged through shared memory; across blocks the keys are split again
 //            (flash-decoding) and a small kernel merges the per-split (lse, out) pairs.
 // See docs/KERNELS.md for the variants and their timings.
+//
+// The layer's attention variant enters as two compile-time policies, as FlashInfer's variants
+// do: kWindow (sliding window: each row's key range starts at its window, so tiles wholly
+// before every row's window are never loaded, and the decode splits cut only the window) and
+// kSoftcap (Gemma 2's tanh cap on the scores). Each launch picks its instantiation once, so the
+// plain path (neither) compiles to exactly the code it had before the policies existed.
+// head_dim 96 (Phi-3) is not supported: a row of 12 16-byte chunks does not divide a warp,
+// which the K/V tile loads' per-warp row mapping relies on.
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -34,6 +43,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // SM) beat three (108 KB, 2 per SM) at 512-1024 keys on the H200, 68-82% of copy bandwidth
 // against 64-76%; d = 64 keeps three (59% against 51% with two at 768 keys). Both held again
 // once the loop's address arithmetic was cut (7bbb77d; docs/KERNELS.md, "Deeper pipelines").
+// d = 256: one block per SM either way (two stages take 140 KB, three 206 KB of the 227 KB a
+// block may have), so three, which keep two 64 KB tiles in flight per SM instead of one.
 template <int D>
 constexpr int kDecodeStages = D == 128 ? 2 : 3;
 
@@ -67,6 +78,12 @@ struct AttnParams {
   const int32_t* num_items;  // [1]
   const int32_t* items;      // [max_items][4]: first member, members, page offset, shared keys
   const int32_t* members;    // sequence indices
+  // kWindow: a row at position pos sees keys pos - (window - 1) .. pos.
+  int window;
+  // kSoftcap, in the log2 domain of the softmax: score * log2(e) = softcap_log2 *
+  // tanh(q.k * softcap_pre), with softcap_pre = scale / softcap, softcap_log2 = softcap * log2(e).
+  float softcap_pre;
+  float softcap_log2;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -110,6 +127,36 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The hardware tanh (max relative error 2^-11, as FlashAttention's and FlashInfer's soft-caps
+// use): tanhf would cost far more instructions than the score's mma.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A raw score q.k in the softmax's log2 domain: scale * log2(e) * q.k, or with the soft-cap
+// softcap * log2(e) * tanh(scale * q.k / softcap).
+template <bool kSoftcap>
+__device__ __forceinline__ float score_log2(const AttnParams& p, float qk) {
+  if constexpr (kSoftcap) {
+    return p.softcap_log2 * tanh_approx(qk * p.softcap_pre);
+  } else {
+    return qk * p.scale_log2;
+  }
+}
+
+// Keys of sequence b, whose pages start at kv_page_indices[page_begin] (= kv_indptr[b]).
+__device__ __forceinline__ int seq_keys(const AttnParams& p, int b, int page_begin) {
+  const int num_pages = p.kv_indptr[b + 1] - page_begin;
+  return num_pages > 0 ? (num_pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
+}
+
+// The first key a row at position pos sees under the sliding window (may be negative).
+__device__ __forceinline__ int window_start(const AttnParams& p, int pos) {
+  return pos - (p.window - 1);
+}
+
 template <int D, int WM, int WN, int STAGES>
 constexpr size_t attn_smem_bytes() {
   return static_cast<size_t>(16 * WM + 2 * STAGES * kBlockKv) * (D + 8) * sizeof(__nv_bfloat16);
@@ -131,7 +178,8 @@ struct Unit {
 // The unit of row tile `tile` (shared pass: item `tile`), key split `split`, sequence b and kv
 // head hk. False when it has no rows: a padding sequence, a tile past the sequence's rows, an
 // item past the step's count.
-template <int kRows, bool kShared>
+// kWindow: the key range starts at the window of the unit's earliest row.
+template <int kRows, bool kShared, bool kWindow>
 __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int hk, Unit& u) {
   // Decode/prefill: sequence b's new tokens, which see the keys before them (ctx) and up to
   // themselves. Shared pass: one token per member, all of which see keys [0, shared).
@@ -148,6 +196,17 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
     u.page_begin = item[2];
     u.row0 = 0;
     u.ctx = kv_limit = item[3];
+    if constexpr (kWindow) {
+      // Each member's one new token is its last key; the earliest member window bounds the
+      // item's keys (none at all when every member's window starts past the shared keys).
+      int lo = kv_limit;
+#pragma unroll 8
+      for (int i = 0; i < item[1]; ++i) {
+        const int m = p.members[u.first_member + i];
+        lo = min(lo, window_start(p, seq_keys(p, m, p.kv_indptr[m]) - 1));
+      }
+      kv_lo = max(lo, 0);
+    }
   } else {
     u.q_start = p.q_indptr[b];
     const int n_new = p.q_indptr[b + 1] - u.q_start;
@@ -155,12 +214,13 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
     u.row0 = tile * kRows;
     if (u.row0 >= u.n_rows) return false;
     u.page_begin = p.kv_indptr[b];
-    const int num_pages = p.kv_indptr[b + 1] - u.page_begin;
-    const int n_kv = num_pages > 0 ? (num_pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
+    const int n_kv = seq_keys(p, b, u.page_begin);
     u.ctx = n_kv - n_new;  // keys before the first new token
     const int last_row = min(u.row0 + kRows, u.n_rows) - 1;
     kv_limit = max(u.ctx + last_row / p.group + 1, 0);
     if (p.kv_skip != nullptr) kv_lo = min(p.kv_skip[b], kv_limit);
+    // The first row's window starts first; it is never past the first row's own key.
+    if constexpr (kWindow) kv_lo = max(kv_lo, window_start(p, u.ctx + u.row0 / p.group));
   }
   // Each sequence uses only as many of the launch's splits as its own length warrants; the
   // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
@@ -184,7 +244,8 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
 // thread 0 looks the next unit up while the current one's first tile arrives. (Decode blocks
 // looping this way over all units, assigned round-robin or fetched from an atomic counter, ran
 // no faster than one block per unit: docs/KERNELS.md.)
-template <int D, int WM, int WN, int STAGES, bool kShared, bool kLoop, typename UnitAt>
+template <int D, int WM, int WN, int STAGES, bool kShared, bool kLoop, bool kWindow, bool kSoftcap,
+          typename UnitAt>
 __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int stride, int total,
                                              UnitAt unit_at) {
   static_assert(WM * WN == kThreads / 32, "4 warps");
@@ -311,13 +372,26 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
     }
 
-    // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see.
-    int lim[2];
+    // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see: below
+    // lim, and (kWindow) from lo on.
+    int lim[2], lo[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int gr = u.row0 + wm * 16 + g + 8 * h;
       const int visible = kShared ? u.ctx : u.ctx + gr / group + 1;
       lim[h] = gr < u.n_rows ? min(visible, u.kv_end) : u.kv_begin;
+      if constexpr (kWindow) {
+        int pos = 0;  // the row's position; a row past the unit sees nothing anyway
+        if (gr < u.n_rows) {
+          if constexpr (kShared) {
+            const int m = p.members[u.first_member + gr / group];
+            pos = seq_keys(p, m, p.kv_indptr[m]) - 1;
+          } else {
+            pos = u.ctx + gr / group;
+          }
+        }
+        lo[h] = window_start(p, pos);
+      }
     }
 
     float o[kDt][4];
@@ -389,7 +463,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         for (int e = 0; e < 4; ++e) {
           const int col = col0 + nt * 8 + (e & 1);
           const int h = e >> 1;
-          s[nt][e] = col < lim[h] ? s[nt][e] * p.scale_log2 : -INFINITY;
+          bool seen = col < lim[h];
+          if constexpr (kWindow) seen = seen && col >= lo[h];
+          // The cap applies before the mask, as in HF; masked scores are -inf either way.
+          s[nt][e] = seen ? score_log2<kSoftcap>(p, s[nt][e]) : -INFINITY;
           mx[h] = fmaxf(mx[h], s[nt][e]);
         }
       }
@@ -555,30 +632,33 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 }
 
 // Blocks per SM that the registers must allow: as many as the shared memory holds (decode: 3 at
-// d = 128, where a fourth would not fit anyway; 64-row tiles: 4 at d = 64, 2 at d = 128).
+// d = 128, where a fourth would not fit anyway; 64-row tiles: 4 at d = 64, 2 at d = 128). d =
+// 256: one block per SM (64-row tiles: 165 KB; decode: 206 KB), so the full 255 registers.
 template <int D, Pass kPass>
-constexpr int kMinBlocksPerSm = kPass == Pass::kDecode ? 3 : (D == 64 ? 4 : 2);
+constexpr int kMinBlocksPerSm = D == 256 ? 1 : (kPass == Pass::kDecode ? 3 : (D == 64 ? 4 : 2));
 
 // prefill and decode: grid (row tiles * num_splits, num_kv_heads, num_seqs), one unit per block.
 //   Decode blocks start roughly in index order, sequence outermost: with seq_order longest
 //   first, the longest sequences start first and the short ones fill the tail of the last wave.
 // shared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
 //   grid need not cover the largest possible number of items.
-template <int D, int WM, int WN, int STAGES, Pass kPass>
+template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
     paged_attention_kernel(AttnParams p) {
   constexpr int kRows = 16 * WM;
   if constexpr (kPass == Pass::kShared) {
-    attend_units<D, WM, WN, STAGES, true, true>(
+    attend_units<D, WM, WN, STAGES, true, true, kWindow, kSoftcap>(
         p, blockIdx.x, gridDim.x, *p.num_items * p.num_splits, [&](int u, Unit& unit) {
-          return make_unit<kRows, true>(p, u / p.num_splits, u % p.num_splits, 0, blockIdx.y, unit);
+          return make_unit<kRows, true, kWindow>(p, u / p.num_splits, u % p.num_splits, 0,
+                                                 blockIdx.y, unit);
         });
   } else {
-    attend_units<D, WM, WN, STAGES, false, false>(p, 0, 1, 1, [&](int, Unit& unit) {
-      const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
-      return make_unit<kRows, false>(p, blockIdx.x / p.num_splits, blockIdx.x % p.num_splits, b,
-                                     blockIdx.y, unit);
-    });
+    attend_units<D, WM, WN, STAGES, false, false, kWindow, kSoftcap>(
+        p, 0, 1, 1, [&](int, Unit& unit) {
+          const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
+          return make_unit<kRows, false, kWindow>(p, blockIdx.x / p.num_splits,
+                                                  blockIdx.x % p.num_splits, b, blockIdx.y, unit);
+        });
   }
 }
 
@@ -626,22 +706,24 @@ __global__ void __launch_bounds__(kThreads)
 
 // The kernel's dynamic shared-memory limit, set once per instantiation (a host-side setting, not
 // a stream operation).
-template <int D, int WM, int WN, int STAGES, Pass kPass>
+template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
 cudaError_t prepare_kernel() {
-  static const cudaError_t err = cudaFuncSetAttribute(
-      paged_attention_kernel<D, WM, WN, STAGES, kPass>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
+  static const cudaError_t err =
+      cudaFuncSetAttribute(paged_attention_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
   return err;
 }
 
-// Blocks of the kernel resident per SM (registers and shared memory), at least 1.
+// Blocks of the kernel resident per SM (registers and shared memory), at least 1; of the plain
+// variant (the policies add a few registers at most, not enough to change the split count).
 template <int D, int WM, int WN, int STAGES, Pass kPass>
 int resident_blocks_per_sm() {
   static const int blocks = [] {
     int n = 0;
-    if (prepare_kernel<D, WM, WN, STAGES, kPass>() != cudaSuccess ||
+    if (prepare_kernel<D, WM, WN, STAGES, kPass, false, false>() != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, paged_attention_kernel<D, WM, WN, STAGES, kPass>, kThreads,
+            &n, paged_attention_kernel<D, WM, WN, STAGES, kPass, false, false>, kThreads,
             attn_smem_bytes<D, WM, WN, STAGES>()) != cudaSuccess) {
       cudaGetLastError();  // leave no sticky error behind; one block per SM is always safe
       return 1;
@@ -661,12 +743,41 @@ int device_num_sms() {
   return num_sms;
 }
 
-template <int D, int WM, int WN, int STAGES, Pass kPass>
+template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
 cudaError_t launch_attn(const AttnParams& params, dim3 grid, cudaStream_t stream) {
-  PAGEDLM_CUDA_TRY((prepare_kernel<D, WM, WN, STAGES, kPass>()));
-  paged_attention_kernel<D, WM, WN, STAGES, kPass>
+  PAGEDLM_CUDA_TRY((prepare_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>()));
+  paged_attention_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>
       <<<grid, kThreads, attn_smem_bytes<D, WM, WN, STAGES>(), stream>>>(params);
   return cudaGetLastError();
+}
+
+// The launch of the instantiation that params' variant needs (make_params sets window and
+// softcap_log2 only when they are on). Every head size has all four: windows and caps come with
+// d = 64 (small Qwen2 / Gemma configs, the test fixtures), 128 (Mistral, Qwen2, Gemma 2 27B) and
+// 256 (Gemma 2 and 3).
+template <int D, int WM, int WN, int STAGES, Pass kPass>
+cudaError_t launch_variant(const AttnParams& params, dim3 grid, cudaStream_t stream) {
+  const bool window = params.window > 0, cap = params.softcap_log2 > 0.f;
+  if (window) {
+    return cap ? launch_attn<D, WM, WN, STAGES, kPass, true, true>(params, grid, stream)
+               : launch_attn<D, WM, WN, STAGES, kPass, true, false>(params, grid, stream);
+  }
+  if (cap) return launch_attn<D, WM, WN, STAGES, kPass, false, true>(params, grid, stream);
+  return launch_attn<D, WM, WN, STAGES, kPass, false, false>(params, grid, stream);
+}
+
+// f(std::integral_constant<int, D>{}) for a supported head_dim (64, 128, 256); check_shapes
+// rejects the others before any launch, and host-side sizing takes them as 128.
+template <typename F>
+auto with_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      return f(std::integral_constant<int, 128>{});
+  }
 }
 
 // The grid of a per-sequence launch: row tiles of the longest sequence times splits.
@@ -680,7 +791,7 @@ cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int pa
   if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const int group = num_q_heads / num_kv_heads;
   if (group < 1 || group > 8) return cudaErrorInvalidValue;
-  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
   if (page_size < 1) return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -689,7 +800,7 @@ AttnParams make_params(const void* q, const void* k_cache, const void* v_cache,
                        const int32_t* q_indptr, const int32_t* kv_indptr,
                        const int32_t* kv_page_indices, const int32_t* kv_last_page_len, void* out,
                        int num_tokens, int num_q_heads, int num_kv_heads, int page_size,
-                       float scale) {
+                       const AttentionVariant& variant) {
   AttnParams p{};
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.k_cache = static_cast<const __nv_bfloat16*>(k_cache);
@@ -705,7 +816,12 @@ AttnParams make_params(const void* q, const void* k_cache, const void* v_cache,
   p.group = num_q_heads / num_kv_heads;
   p.page_size = page_size;
   p.num_splits = 1;
-  p.scale_log2 = scale * kLog2e;
+  p.scale_log2 = variant.scale * kLog2e;
+  p.window = std::max(variant.window, 0);
+  if (variant.softcap > 0.f) {
+    p.softcap_pre = variant.scale / variant.softcap;
+    p.softcap_log2 = variant.softcap * kLog2e;
+  }
   return p;
 }
 
@@ -723,10 +839,10 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
                                       int num_sms) {
   // Decode blocks resident per SM (the kernel's registers and shared memory): 3 at d = 128 (two
-  // stages) and at d = 64 (three) on sm_90.
-  const int64_t per_sm =
-      head_dim == 64 ? resident_blocks_per_sm<64, 1, 4, kDecodeStages<64>, Pass::kDecode>()
-                     : resident_blocks_per_sm<128, 1, 4, kDecodeStages<128>, Pass::kDecode>();
+  // stages) and at d = 64 (three), 1 at d = 256 (three stages, 206 KB) on sm_90.
+  const int64_t per_sm = with_head_dim(head_dim, [](auto d) {
+    return resident_blocks_per_sm<d, 1, 4, kDecodeStages<d>, Pass::kDecode>();
+  });
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
   // Two rounds of units or more: the last round's tail is a small share (and live batches mix
@@ -755,28 +871,25 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           const AttentionVariant& variant,
-                                           cudaStream_t stream) {
+                                           const AttentionVariant& variant, cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   const AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, variant.scale);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant);
   const dim3 grid = sequence_grid(params, 64, num_seqs, max_q_len);
-  if (head_dim == 64) return launch_attn<64, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
-  return launch_attn<128, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
+  return with_head_dim(head_dim, [&](auto d) {
+    return launch_variant<d, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
+  });
 }
 
-cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
-                                          const int32_t* q_indptr, const int32_t* kv_indptr,
-                                          const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
-                                          int num_tokens, int max_q_len, int num_q_heads,
-                                          int num_kv_heads, int head_dim, int page_size,
-                                          const AttentionVariant& variant, int num_splits,
-                                          void* workspace,
-                                          size_t workspace_bytes, const int32_t* seq_order,
-                                          const SharedPrefixPass* shared, cudaStream_t stream) {
+cudaError_t launch_paged_attention_decode(
+    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
+    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
+    int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
+    size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
+    cudaStream_t stream) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
   if (num_splits < 1) return cudaErrorInvalidValue;
   if (shared != nullptr &&
@@ -787,7 +900,7 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, variant.scale);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant);
   params.num_splits = num_splits;
   params.seq_order = seq_order;
   const int shared_splits = shared != nullptr ? shared->num_splits : 0;
@@ -805,13 +918,9 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
     params.extra_slots = shared_splits;
   }
   const dim3 grid = sequence_grid(params, 16, num_seqs, max_q_len);
-  if (head_dim == 64) {
-    PAGEDLM_CUDA_TRY(
-        (launch_attn<64, 1, 4, kDecodeStages<64>, Pass::kDecode>(params, grid, stream)));
-  } else {
-    PAGEDLM_CUDA_TRY(
-        (launch_attn<128, 1, 4, kDecodeStages<128>, Pass::kDecode>(params, grid, stream)));
-  }
+  PAGEDLM_CUDA_TRY(with_head_dim(head_dim, [&](auto d) {
+    return launch_variant<d, 1, 4, kDecodeStages<d>, Pass::kDecode>(params, grid, stream);
+  }));
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
     // get the shared keys' partial results.
@@ -827,21 +936,17 @@ cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, co
     const int blocks = std::min(shared->max_items * shared_splits,
                                 std::max(1, 4 * device_num_sms() / num_kv_heads));
     const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
-    if (head_dim == 64) {
-      PAGEDLM_CUDA_TRY((launch_attn<64, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream)));
-    } else {
-      PAGEDLM_CUDA_TRY((launch_attn<128, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream)));
-    }
+    PAGEDLM_CUDA_TRY(with_head_dim(head_dim, [&](auto d) {
+      return launch_variant<d, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream);
+    }));
   }
   if (slots == 1) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
-  if (head_dim == 64) {
-    merge_splits_kernel<64><<<blocks, kThreads, 0, stream>>>(
+  with_head_dim(head_dim, [&](auto d) {
+    merge_splits_kernel<d><<<blocks, kThreads, 0, stream>>>(
         params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, slots, params.out);
-  } else {
-    merge_splits_kernel<128><<<blocks, kThreads, 0, stream>>>(
-        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, slots, params.out);
-  }
+    return 0;
+  });
   return cudaGetLastError();
 }
 

@@ -28,9 +28,13 @@ namespace pagedlm::cuda {
 // Sequence b holds n_kv = (pages - 1) * page_size + last_len keys (0 when it has no page); its
 // n_new query rows are its last n_new positions: query j sees keys 0 .. n_kv - n_new + j.
 // Sequences with no query rows (padding) are skipped; rows outside every sequence are not
-// written. head_dim is 64 or 128, num_q_heads / num_kv_heads is 1..8 (Hq % Hk == 0), any
-// page_size >= 1 works (16/32/64 are the tuned ones). `variant`: the layer's scale, sliding
-// window and soft-cap (core/attention_variant.h).
+// written. head_dim is 64, 128 or 256 (96 is not supported), num_q_heads / num_kv_heads is 1..8
+// (Hq % Hk == 0), any page_size >= 1 works (16/32/64 are the tuned ones). `variant`: the layer's
+// scale, sliding window and soft-cap (core/attention_variant.h): with window w > 0, the query at
+// position p sees keys max(0, p - w + 1) .. p, and key tiles outside every row's window are not
+// read; with softcap c > 0, score = c * tanh(scale * q.k / c) (hardware tanh, relative error
+// 2^-11), before the mask. Every head size has both. Shared memory per block at head_dim 256:
+// 165 KB for prefill and the shared-prefix pass, 206 KB for decode (one block per SM each).
 // ---------------------------------------------------------------------------------------------
 
 // Prefill / mixed batches: tiles of 64 (token, q head) rows per (sequence, kv head).
@@ -41,8 +45,7 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           const AttentionVariant& variant,
-                                           cudaStream_t stream);
+                                           const AttentionVariant& variant, cudaStream_t stream);
 
 // Cascade attention for sequences whose page tables begin with the same pages (a prefix held
 // once in the cache and shared): their shared keys are read once per group of members, not once
@@ -71,23 +74,22 @@ int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms);
 // different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
 // max_q_len, num_splits), so a graph captured for a batch bucket replays for any lengths.
 // max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
-// The first call for each head_dim sets the kernel's shared-memory limit (a host-side
-// attribute); make it once outside stream capture, e.g. in the warm-up before capturing.
+// The first call for each head_dim and variant sets the kernel's shared-memory limit (a
+// host-side attribute); make it once outside stream capture, e.g. in the warm-up before
+// capturing. A sliding window cuts each sequence's keys to its window before they are split.
 // seq_order: null, or a permutation of 0 .. num_seqs-1: the blocks of seq_order[0] start first
 // (longest first shortens the last wave's tail). shared: null, or the cascade's shared-prefix pass
-// (decode only: every member has one new token). workspace: at least
+// (decode only: every member has one new token; with a window, members whose window starts
+// after the shared keys take nothing from it). workspace: at least
 // paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, num_splits + shared splits)
 // bytes (may be null when that sum is 1).
-cudaError_t launch_paged_attention_decode(const void* q, const void* k_cache, const void* v_cache,
-                                          const int32_t* q_indptr, const int32_t* kv_indptr,
-                                          const int32_t* kv_page_indices,
-                                          const int32_t* kv_last_page_len, void* out, int num_seqs,
-                                          int num_tokens, int max_q_len, int num_q_heads,
-                                          int num_kv_heads, int head_dim, int page_size,
-                                          const AttentionVariant& variant, int num_splits,
-                                          void* workspace,
-                                          size_t workspace_bytes, const int32_t* seq_order,
-                                          const SharedPrefixPass* shared, cudaStream_t stream);
+cudaError_t launch_paged_attention_decode(
+    const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
+    const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+    void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
+    int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
+    size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
+    cudaStream_t stream);
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,

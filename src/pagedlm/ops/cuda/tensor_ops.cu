@@ -17,9 +17,7 @@
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
-#include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/silu_mul.h"
-#include "pagedlm/ops/write_kv.h"
 
 namespace pagedlm::ops::cuda {
 
@@ -52,20 +50,6 @@ raw::GemmHandle* gemm_handle() {
     return std::unique_ptr<raw::GemmHandle, GemmHandleDeleter>(h);
   }();
   return handle.get();
-}
-
-// k, v: [n_tokens, n_kv_heads, head_dim] -> caches [num_slots, n_kv_heads, head_dim]; one block
-// per token, slot -1 skips it.
-__global__ void write_kv_kernel(const __nv_bfloat16* k, const __nv_bfloat16* v,
-                                const int32_t* slot_mapping, __nv_bfloat16* k_cache,
-                                __nv_bfloat16* v_cache, int row) {
-  const int32_t slot = slot_mapping[blockIdx.x];
-  if (slot < 0) return;
-  const size_t src = static_cast<size_t>(blockIdx.x) * row, dst = static_cast<size_t>(slot) * row;
-  for (int i = threadIdx.x; i < row; i += blockDim.x) {
-    k_cache[dst + i] = k[src + i];
-    v_cache[dst + i] = v[src + i];
-  }
 }
 
 }  // namespace
@@ -143,51 +127,100 @@ void silu_mul(const void* gate_up, void* out, int64_t n_tokens, int64_t ffn, DTy
              "silu_mul");
 }
 
-// Rope alone is the fused rope + cache write with every slot -1 (nothing written); the engine's
-// own path fuses both (engine/paged_kv_cache.cc).
-void rope(void* q, void* k, const int32_t* positions, const float* inv_freq, int64_t n_tokens,
-          int64_t n_q_heads, int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream) {
-  require_bf16(dtype, "rope");
-  if (n_tokens == 0) return;
-  const cudaStream_t s = as_stream(stream);
-  int32_t* no_slots = nullptr;
-  raw::check(cudaMallocAsync(&no_slots, n_tokens * sizeof(int32_t), s), "rope: slot buffer");
-  raw::check(cudaMemsetAsync(no_slots, 0xff, n_tokens * sizeof(int32_t), s), "rope: slot buffer");
-  const cudaError_t err = raw::launch_rope_kv_write(
-      q, n_q_heads * head_dim, q, n_q_heads * head_dim, k, n_kv_heads * head_dim, k,
-      n_kv_heads * head_dim, positions, inv_freq, no_slots, nullptr, nullptr,
-      static_cast<int>(n_tokens), static_cast<int>(n_q_heads), static_cast<int>(n_kv_heads),
-      static_cast<int>(head_dim), s);
-  raw::check(cudaFreeAsync(no_slots, s), "rope: slot buffer");
-  raw::check(err, "rope");
+// The k part of qkv is rotated in place before it is written to the cache; q leaves the fused
+// rows for q's own buffer, which attention reads.
+void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPlan& plan,
+                   void* k_cache, void* v_cache, int64_t n_tokens, int64_t n_q_heads,
+                   int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream) {
+  require_bf16(dtype, "rope_write_kv");
+  const int64_t q_width = n_q_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  const int64_t width = q_width + 2 * kv_width;
+  auto* fused = static_cast<__nv_bfloat16*>(qkv);
+  raw::check(raw::launch_rope_kv_write(
+                 fused, width, q, q_width, fused + q_width, width, fused + q_width + kv_width,
+                 width, plan.positions.data<int32_t>(), inv_freq, plan.slot_mapping.data<int32_t>(),
+                 k_cache, v_cache, static_cast<int>(n_tokens), static_cast<int>(n_q_heads),
+                 static_cast<int>(n_kv_heads), static_cast<int>(head_dim), as_stream(stream)),
+             "rope + KV cache write");
 }
 
-void write_kv(const void* k, const void* v, const int32_t* slot_mapping, void* k_cache,
-              void* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots, DType dtype, void* stream) {
-  require_bf16(dtype, "write_kv");
-  if (n_tokens == 0) return;
-  write_kv_kernel<<<static_cast<unsigned>(n_tokens), 128, 0, as_stream(stream)>>>(
-      static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v), slot_mapping,
-      static_cast<__nv_bfloat16*>(k_cache), static_cast<__nv_bfloat16*>(v_cache),
-      static_cast<int>(n_kv_heads * head_dim));
-  raw::check(cudaGetLastError(), "write_kv");
-}
-
-// Without the plan on the host, the longest sequence is bounded by the whole stream.
+// A decode step is one launch of the split-KV decode kernel (its launch shape is fixed per batch
+// bucket, so the step can be a graph). Other steps: the prefill kernel, with the decode kernel
+// for the step's leading decodes (in the prefill kernel each would fill a 64-row tile with its
+// 1-8 rows: a prefill step of 29 prompts and 200 decodes took 1.09 ms against 0.75 ms for the
+// prompts alone, docs/PERF.md).
 void paged_attention(const void* q, const void* k_cache, const void* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len, float scale,
-                     void* out, const PagedAttentionDims& dims, DType dtype, void* stream) {
+                     const AttentionPlan& plan, const AttentionVariant& variant, void* out,
+                     const PagedAttentionDims& dims, DType dtype, void* stream) {
   require_bf16(dtype, "paged_attention");
-  raw::check(raw::launch_paged_attention_prefill(
-                 q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                 static_cast<int>(dims.num_seqs), static_cast<int>(dims.n_tokens),
-                 static_cast<int>(dims.n_tokens), static_cast<int>(dims.n_q_heads),
-                 static_cast<int>(dims.n_kv_heads), static_cast<int>(dims.head_dim),
-                 static_cast<int>(dims.page_size), AttentionVariant{scale},
-                 as_stream(stream)),
-             "paged_attention");
+  const int num_seqs = static_cast<int>(dims.num_seqs), n_tokens = static_cast<int>(dims.n_tokens);
+  const int hq = static_cast<int>(dims.n_q_heads), hk = static_cast<int>(dims.n_kv_heads);
+  const int d = static_cast<int>(dims.head_dim), page_size = static_cast<int>(dims.page_size);
+  PAGEDLM_CHECK(plan.max_q_len >= 1 || n_tokens == 0, "paged_attention: the plan's max_q_len ",
+                plan.max_q_len, " must be positive");
+  const auto* q_indptr = plan.q_indptr.data<int32_t>();
+  const auto* kv_indptr = plan.kv_indptr.data<int32_t>();
+  const auto* pages = plan.kv_page_indices.data<int32_t>();
+  const auto* last_len = plan.kv_last_page_len.data<int32_t>();
+  const cudaStream_t s = as_stream(stream);
+  if (plan.decode) {
+    raw::SharedPrefixPass shared;
+    const bool cascade = plan.kv_skip.raw() != nullptr;
+    if (cascade) {
+      shared.kv_skip = plan.kv_skip.data<int32_t>();
+      shared.num_items = plan.shared_num_items.data<int32_t>();
+      shared.items = plan.shared_items.data<int32_t>();
+      shared.members = plan.shared_members.data<int32_t>();
+      shared.max_items = plan.shared_max_items;
+      shared.num_splits = plan.shared_splits;
+    }
+    raw::check(
+        raw::launch_paged_attention_decode(
+            q, k_cache, v_cache, q_indptr, kv_indptr, pages, last_len, out, num_seqs, n_tokens,
+            plan.max_q_len, hq, hk, d, page_size, variant, plan.num_splits, plan.workspace,
+            plan.workspace_bytes, plan.seq_order.data<int32_t>(), cascade ? &shared : nullptr, s),
+        "paged attention (decode)");
+    return;
+  }
+  // The index arrays hold absolute rows and page offsets, so the prefill kernel's part of the
+  // batch is the same arrays from sequence n on. One split: the workspace is sized for decode
+  // steps, not for the rows of a prefill step.
+  const int n = plan.num_leading_decodes;
+  PAGEDLM_CHECK(n >= 0 && n <= num_seqs, "paged_attention: ", n, " leading decodes of ", num_seqs,
+                " sequences");
+  if (n > 0) {
+    raw::check(raw::launch_paged_attention_decode(q, k_cache, v_cache, q_indptr, kv_indptr, pages,
+                                                  last_len, out, n, n_tokens, 1, hq, hk, d,
+                                                  page_size, variant, /*num_splits=*/1, nullptr, 0,
+                                                  nullptr, nullptr, s),
+               "paged attention (a prefill step's decodes)");
+  }
+  if (n < num_seqs) {
+    raw::check(raw::launch_paged_attention_prefill(
+                   q, k_cache, v_cache, q_indptr + n, kv_indptr + n, pages, last_len + n, out,
+                   num_seqs - n, n_tokens, plan.max_q_len, hq, hk, d, page_size, variant, s),
+               "paged attention (prefill)");
+  }
+}
+
+int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
+                                      int num_sms) {
+  return raw::paged_attention_decode_num_splits(num_seqs, num_kv_heads, head_dim, max_kv_len,
+                                                num_sms);
+}
+
+size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
+                                       int max_num_splits) {
+  return raw::paged_attention_workspace_bytes(max_num_tokens, num_q_heads, head_dim,
+                                              max_num_splits);
+}
+
+int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {
+  return raw::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
+}
+
+int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms) {
+  return raw::shared_prefix_num_splits(num_items, num_kv_heads, num_sms);
 }
 
 }  // namespace pagedlm::ops::cuda
