@@ -797,7 +797,7 @@ TEST(CudaFused, EmbeddingAndGatherRows) {
     DevBuf<float> out(static_cast<size_t>(L) * dim);
     DevBuf<int32_t> ids(ids_h);
     out.poison();
-    CK(launch_embedding(table.get(), ids.get(), out.get(), L, dim, nullptr));
+    CK(launch_embedding(table.get(), ids.get(), out.get(), L, dim, 1.f, nullptr));
     auto got = out.download();
     for (int t = 0; t < L; ++t) {
       for (int i = 0; i < dim; ++i) {
@@ -825,6 +825,34 @@ TEST(CudaFused, EmbeddingAndGatherRows) {
   }
 }
 
+// Gemma scales its embeddings by sqrt(hidden_size) in f32: each output is the exact product of the
+// bf16 value and the scale, rounded once to f32. dim 100: the unvectorized path.
+TEST(CudaFused, EmbeddingScale) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(15);
+  const float scale = static_cast<float>(std::sqrt(3072.0));
+  for (int dim : {2304, 100}) {
+    const int vocab = 300, L = 11;
+    auto table_h = random_bf16(static_cast<size_t>(vocab) * dim, rng);
+    std::vector<int32_t> ids_h(L);
+    for (auto& id : ids_h) id = static_cast<int32_t>(rng() % vocab);
+    DevBuf<uint16_t> table(table_h);
+    DevBuf<float> out(static_cast<size_t>(L) * dim);
+    DevBuf<int32_t> ids(ids_h);
+    out.poison();
+    CK(launch_embedding(table.get(), ids.get(), out.get(), L, dim, scale, nullptr));
+    auto got = out.download();
+    for (int t = 0; t < L; ++t) {
+      for (int i = 0; i < dim; ++i) {
+        const double want =
+            static_cast<double>(bf2f(table_h[static_cast<size_t>(ids_h[t]) * dim + i])) * scale;
+        ASSERT_EQ(got[static_cast<size_t>(t) * dim + i], static_cast<float>(want))
+            << "dim " << dim << " token " << t << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(CudaFused, RmsNorm) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(6);
@@ -835,7 +863,7 @@ TEST(CudaFused, RmsNorm) {
     auto w_h = random_bf16(dim, rng, 0.5, 1.5);
     DevBuf<uint16_t> x(x_h), w(w_h), out(x_h.size());
     out.poison();
-    CK(launch_rms_norm(x.get(), dim, w.get(), out.get(), dim, L, 1, dim, eps, nullptr));
+    CK(launch_rms_norm(x.get(), dim, w.get(), out.get(), dim, L, 1, dim, eps, 0.f, nullptr));
     auto got = out.download();
     ErrStats st;
     for (int r = 0; r < L; ++r) {
@@ -854,7 +882,7 @@ TEST(CudaFused, RmsNorm) {
     auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -3, 3);
     auto w_h = random_bf16(d, rng, 0.5, 1.5);
     DevBuf<uint16_t> qkv(qkv_h), w(w_h);
-    CK(launch_rms_norm(qkv.get(), row, w.get(), qkv.get(), row, L, H, d, eps, nullptr));
+    CK(launch_rms_norm(qkv.get(), row, w.get(), qkv.get(), row, L, H, d, eps, 0.f, nullptr));
     auto got = qkv.download();
     ErrStats st;
     for (int t = 0; t < L; ++t) {
@@ -892,9 +920,9 @@ TEST(CudaFused, RmsNormOfF32Residual) {
     DevBuf<float> res(res_h);
     DevBuf<uint16_t> x(x_h), w(w_h), out(res_h.size()), plain(res_h.size());
     plain.poison();
-    CK(launch_rms_norm_f32(res.get(), w.get(), plain.get(), L, dim, eps, nullptr));
+    CK(launch_rms_norm_f32(res.get(), w.get(), plain.get(), L, dim, eps, 0.f, nullptr));
     out.poison();
-    CK(launch_add_rms_norm(res.get(), x.get(), w.get(), out.get(), L, dim, eps, nullptr));
+    CK(launch_add_rms_norm(res.get(), x.get(), w.get(), out.get(), L, dim, eps, 0.f, nullptr));
     const auto got_plain = plain.download(), got = out.download();
     const auto got_res = res.download();
     ErrStats st_plain, st_sum, st_out;
@@ -918,6 +946,72 @@ TEST(CudaFused, RmsNormOfF32Residual) {
     }
     EXPECT_EQ(st_plain.non_finite + st_sum.non_finite + st_out.non_finite, 0) << "dim " << dim;
     EXPECT_LE(st_sum.rel(), 1e-6) << "dim " << dim << ": the residual must stay f32";
+    EXPECT_LE(st_plain.rel(), 5e-3) << "dim " << dim;
+    EXPECT_LE(st_out.rel(), 5e-3) << "dim " << dim;
+  }
+}
+
+// Gemma's norms scale by (1 + w) computed in f32 from bf16 w near 0, on every norm kernel: the
+// per-head one, the f32-residual one and the fused add (vectorized widths and the scalar kernel).
+// The reference adds the offset in double.
+TEST(CudaFused, RmsNormWeightOffset) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(16);
+  std::uniform_real_distribution<float> dist(-3.f, 3.f);
+  const float eps = 1e-6f, offset = 1.f;
+  auto ref = [&](const double* x, const std::vector<uint16_t>& w, int dim, double* out) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += x[i] * x[i];
+    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    for (int i = 0; i < dim; ++i) out[i] = x[i] * inv * (offset + bf2f(w[i]));
+  };
+  {  // per head: heads 0..H-1 of a fused qkv row, in place
+    const int L = 5, H = 4, d = 256, row = (H + 2) * d;
+    auto qkv_h = random_bf16(static_cast<size_t>(L) * row, rng, -3, 3);
+    auto w_h = random_bf16(d, rng, -0.3f, 0.3f);
+    DevBuf<uint16_t> qkv(qkv_h), w(w_h);
+    CK(launch_rms_norm(qkv.get(), row, w.get(), qkv.get(), row, L, H, d, eps, offset, nullptr));
+    auto got = qkv.download();
+    ErrStats st;
+    std::vector<double> x(d), want(d);
+    for (int t = 0; t < L; ++t) {
+      for (int h = 0; h < H; ++h) {
+        const size_t base = static_cast<size_t>(t) * row + h * d;
+        for (int i = 0; i < d; ++i) x[i] = bf2f(qkv_h[base + i]);
+        ref(x.data(), w_h, d, want.data());
+        for (int i = 0; i < d; ++i) st.add(bf2f(got[base + i]), want[i]);
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 5e-3);
+  }
+  for (int dim : {2304, 3840, 100}) {
+    const int L = 7;
+    std::vector<float> res_h(static_cast<size_t>(L) * dim);
+    for (float& v : res_h) v = dist(rng);
+    auto x_h = random_bf16(res_h.size(), rng, -3, 3);
+    auto w_h = random_bf16(dim, rng, -0.3f, 0.3f);
+    DevBuf<float> res(res_h);
+    DevBuf<uint16_t> x(x_h), w(w_h), out(res_h.size()), plain(res_h.size());
+    plain.poison();
+    out.poison();
+    CK(launch_rms_norm_f32(res.get(), w.get(), plain.get(), L, dim, eps, offset, nullptr));
+    CK(launch_add_rms_norm(res.get(), x.get(), w.get(), out.get(), L, dim, eps, offset, nullptr));
+    const auto got_plain = plain.download(), got = out.download();
+    ErrStats st_plain, st_out;
+    std::vector<double> in(dim), sum(dim), want(dim);
+    for (int r = 0; r < L; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        const size_t j = static_cast<size_t>(r) * dim + i;
+        in[i] = res_h[j];
+        sum[i] = static_cast<double>(res_h[j]) + bf2f(x_h[j]);
+      }
+      ref(in.data(), w_h, dim, want.data());
+      for (int i = 0; i < dim; ++i) st_plain.add(bf2f(got_plain[r * dim + i]), want[i]);
+      ref(sum.data(), w_h, dim, want.data());
+      for (int i = 0; i < dim; ++i) st_out.add(bf2f(got[r * dim + i]), want[i]);
+    }
+    EXPECT_EQ(st_plain.non_finite + st_out.non_finite, 0) << "dim " << dim;
     EXPECT_LE(st_plain.rel(), 5e-3) << "dim " << dim;
     EXPECT_LE(st_out.rel(), 5e-3) << "dim " << dim;
   }
@@ -1004,6 +1098,92 @@ TEST(CudaFused, SiluMul) {
     EXPECT_EQ(st.non_finite, 0);
     EXPECT_LE(st.rel(), 1e-2);
   }
+}
+
+// HF's gelu_pytorch_tanh in double: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+double gelu_tanh_ref(double g) {
+  return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+
+// GeGLU shares the gated kernels with SwiGLU. Gates up to |g| = 12 with random up; then a
+// sweep of gates with up = 1 including |g| where g^3 overflows f32 (no NaN, and each element
+// within bf16 rounding of the reference or, in the negative tail, of 0 next to g).
+TEST(CudaFused, GeluTanhMul) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  for (int dim : {2048, 100}) {
+    const int L = 9;
+    auto gu_h = random_bf16(static_cast<size_t>(L) * 2 * dim, rng, -12, 12);
+    DevBuf<uint16_t> gu(gu_h), out(static_cast<size_t>(L) * dim);
+    out.poison();
+    CK(launch_gelu_tanh_mul(gu.get(), out.get(), L, dim, nullptr));
+    auto got = out.download();
+    ErrStats st;
+    for (int r = 0; r < L; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        const double g = bf2f(gu_h[r * 2 * dim + i]), u = bf2f(gu_h[r * 2 * dim + dim + i]);
+        st.add(bf2f(got[r * dim + i]), gelu_tanh_ref(g) * u);
+      }
+    }
+    EXPECT_EQ(st.non_finite, 0);
+    EXPECT_LE(st.rel(), 1e-2);
+  }
+  std::vector<float> gates;  // the largest first, so that both kernels below see them
+  for (float g : {50.f, 1e3f, 1e6f, 1e13f, 3e38f}) {
+    gates.push_back(g);
+    gates.push_back(-g);
+  }
+  for (float g = -20.f; g <= 20.f; g += 0.01f) gates.push_back(g);
+  const int n = static_cast<int>(gates.size());
+  for (int dim : {n - n % 8, n}) {  // the vectorized and the scalar kernel
+    std::vector<uint16_t> gu_h(2 * static_cast<size_t>(dim));
+    for (int i = 0; i < dim; ++i) {
+      gu_h[i] = f2bf(gates[i]);
+      gu_h[dim + i] = f2bf(1.f);
+    }
+    DevBuf<uint16_t> gu(gu_h), out(dim);
+    out.poison();
+    CK(launch_gelu_tanh_mul(gu.get(), out.get(), 1, dim, nullptr));
+    auto got = out.download();
+    for (int i = 0; i < dim; ++i) {
+      const double g = bf2f(gu_h[i]), want = gelu_tanh_ref(g), y = bf2f(got[i]);
+      ASSERT_TRUE(std::isfinite(y)) << "g " << g;
+      // bf16 keeps 8 significant bits: within 2^-8 of the value, or 1e-6 |g| where it is ~0.
+      ASSERT_LE(std::abs(y - want), std::abs(want) / 256 + 1e-6 * std::abs(g)) << "g " << g;
+    }
+  }
+}
+
+// Gemma 2's final logit soft-cap, in place on f32 logits (the sampler's input) and on bf16.
+TEST(CudaFused, Softcap) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(18);
+  std::uniform_real_distribution<float> dist(-400.f, 400.f);
+  const float cap = 30.f;
+  const int n = 3 * 100003;  // odd: the grid-stride tail
+  std::vector<float> x_h(n);
+  for (float& v : x_h) v = dist(rng);
+  for (int i = 0; i < n / 3; ++i) x_h[i] *= 1e-4f;  // small logits, where tanh(z) ~ z
+  x_h[0] = 0.f;
+  DevBuf<float> x(x_h);
+  CK(launch_softcap(x.get(), true, n, cap, nullptr));
+  auto got = x.download();
+  for (int i = 0; i < n; ++i) {
+    const double want = cap * std::tanh(static_cast<double>(x_h[i]) / cap);
+    // tanhf is within 2 ulp; the division and the product round once each.
+    ASSERT_LE(std::abs(got[i] - want), 5e-7 * std::abs(want)) << "x " << x_h[i];
+  }
+  auto b_h = random_bf16(1000, rng, -200, 200);
+  DevBuf<uint16_t> b(b_h);
+  CK(launch_softcap(b.get(), false, static_cast<int64_t>(b_h.size()), cap, nullptr));
+  auto got_b = b.download();
+  ErrStats st;
+  for (size_t i = 0; i < b_h.size(); ++i) {
+    st.add(bf2f(got_b[i]), cap * std::tanh(bf2f(b_h[i]) / cap));
+  }
+  EXPECT_EQ(st.non_finite, 0);
+  EXPECT_LE(st.rel(), 5e-3);
+  EXPECT_EQ(launch_softcap(x.get(), true, n, 0.f, nullptr), cudaErrorInvalidValue);
 }
 
 // ------------------------------------------------------------------------------------------

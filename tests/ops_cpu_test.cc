@@ -17,11 +17,13 @@
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/gather_rows.h"
+#include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/rope.h"
 #include "pagedlm/ops/silu_mul.h"
+#include "pagedlm/ops/softcap.h"
 
 namespace pagedlm {
 namespace {
@@ -56,6 +58,27 @@ TEST(Embedding, CopiesTableRows) {
   }
 }
 
+// Gemma scales its embeddings by sqrt(hidden_size). One f32 product of two floats is the exact
+// (double) product rounded once, so the result must equal that rounding bit for bit.
+TEST(Embedding, ScalesRowsInF32) {
+  std::mt19937 rng(21);
+  const int64_t vocab = 61, dim = 40, n = 17;
+  Tensor table = random_f32({vocab, dim}, rng, -2.f, 2.f);
+  const std::vector<int32_t> id_values = random_ids(n, vocab, rng);
+  for (const float scale : {48.f, static_cast<float>(std::sqrt(3072.0)), 0.3f}) {
+    Tensor out = poisoned_f32({n, dim});
+    ops::embedding(table, Tensor::from_i32(id_values, {n}), out, nullptr, scale);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < dim; ++i) {
+        const double want = static_cast<double>(table.data<float>()[id_values[t] * dim + i]) *
+                            static_cast<double>(scale);
+        ASSERT_EQ(out.data<float>()[t * dim + i], static_cast<float>(want))
+            << "scale " << scale << " token " << t << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(Embedding, RejectsOutOfRangeIdsAndBadShapes) {
   std::mt19937 rng(2);
   Tensor table = random_f32({10, 4}, rng);
@@ -82,14 +105,17 @@ TEST(Embedding, RejectsOutOfRangeIdsAndBadShapes) {
       {"embedding", "ids", "i32"});
 }
 
+// x * rsqrt(mean(x^2) + eps) * (weight_offset + w), all in double.
 std::vector<double> rms_norm_ref(const float* x, const float* w, int64_t rows, int64_t dim,
-                                 double eps) {
+                                 double eps, double weight_offset = 0.0) {
   std::vector<double> out(rows * dim);
   for (int64_t r = 0; r < rows; ++r) {
     double sum_sq = 0;
     for (int64_t i = 0; i < dim; ++i) sum_sq += double(x[r * dim + i]) * x[r * dim + i];
     const double inv = 1.0 / std::sqrt(sum_sq / dim + eps);
-    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = x[r * dim + i] * inv * w[i];
+    for (int64_t i = 0; i < dim; ++i) {
+      out[r * dim + i] = x[r * dim + i] * inv * (weight_offset + w[i]);
+    }
   }
   return out;
 }
@@ -123,6 +149,55 @@ TEST(RmsNorm, FusedResidualAdd) {
   expect_close(residual, sum_ref, 1e-7, "add_rms_norm residual");
   expect_close(out, rms_norm_ref(sum.data(), w.data<float>(), rows, dim, 1e-6), 1e-6,
                "add_rms_norm out");
+}
+
+// Gemma's norms scale by 1 + w with w near 0; the reference adds the offset to w in double.
+TEST(RmsNorm, WeightOffsetOnEveryNorm) {
+  std::mt19937 rng(22);
+  const float eps = 1e-6f, offset = 1.f;
+  const int64_t rows = 13, dim = 160;
+  Tensor w = random_f32({dim}, rng, -0.3f, 0.3f);
+  {
+    Tensor x = random_f32({rows, dim}, rng, -3.f, 3.f);
+    Tensor out = poisoned_f32({rows, dim});
+    ops::rms_norm(x, w, eps, out, nullptr, offset);
+    expect_close(out, rms_norm_ref(x.data<float>(), w.data<float>(), rows, dim, eps, offset), 1e-6,
+                 "rms_norm + offset");
+  }
+  {
+    Tensor residual = random_f32({rows, dim}, rng);
+    Tensor x = random_f32({rows, dim}, rng);
+    std::vector<float> sum(rows * dim);
+    for (int64_t i = 0; i < rows * dim; ++i) {
+      sum[i] = residual.data<float>()[i] + x.data<float>()[i];
+    }
+    Tensor out = poisoned_f32({rows, dim});
+    ops::add_rms_norm(residual, x, w, eps, out, nullptr, offset);
+    expect_close(out, rms_norm_ref(sum.data(), w.data<float>(), rows, dim, eps, offset), 1e-6,
+                 "add_rms_norm + offset");
+  }
+  {  // heads 1 and 2 of 4 (head_dim 32) in every row normalized in place, the rest untouched
+    const int64_t head_dim = 32, width = 4 * head_dim;
+    Tensor hw = random_f32({head_dim}, rng, -0.3f, 0.3f);
+    Tensor x = random_f32({rows, width}, rng, -3.f, 3.f);
+    const std::vector<float> before(x.data<float>(), x.data<float>() + rows * width);
+    ops::head_rms_norm(x, 1, 2, head_dim, hw, eps, nullptr, offset);
+    std::vector<double> want(before.begin(), before.end());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 1; h < 3; ++h) {
+        const int64_t at = r * width + h * head_dim;
+        const std::vector<double> head =
+            rms_norm_ref(before.data() + at, hw.data<float>(), 1, head_dim, eps, offset);
+        std::copy(head.begin(), head.end(), want.begin() + at);
+      }
+    }
+    expect_close(x, want, 1e-6, "head_rms_norm + offset");
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i : {int64_t{0}, head_dim - 1, 3 * head_dim, width - 1}) {
+        EXPECT_EQ(x.data<float>()[r * width + i], before[r * width + i]) << "row " << r << " " << i;
+      }
+    }
+  }
 }
 
 TEST(RmsNorm, ErrorsNameOpAndTensor) {
@@ -387,6 +462,86 @@ TEST(SiluMul, MatchesDoubleReference) {
         ops::silu_mul(random_f32({2, 7}, rng), poisoned_f32({2, 3}));
       },
       {"silu_mul", "odd"});
+}
+
+// HF's gelu_pytorch_tanh in double: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+double gelu_tanh_ref(double g) {
+  return 0.5 * g *
+         (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+}
+
+TEST(GeluTanhMul, MatchesDoubleReference) {
+  std::mt19937 rng(23);
+  for (auto [n_tokens, ffn] : {std::pair<int64_t, int64_t>{1, 64}, {9, 333}, {33, 512}}) {
+    Tensor gate_up = random_f32({n_tokens, 2 * ffn}, rng, -8.f, 8.f);
+    Tensor out = poisoned_f32({n_tokens, ffn});
+    ops::gelu_tanh_mul(gate_up, out);
+    std::vector<double> want(n_tokens * ffn);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t i = 0; i < ffn; ++i) {
+        const double g = gate_up.data<float>()[t * 2 * ffn + i];
+        const double u = gate_up.data<float>()[t * 2 * ffn + ffn + i];
+        want[t * ffn + i] = gelu_tanh_ref(g) * u;
+      }
+    }
+    expect_close(out, want, 1e-6, "gelu_tanh_mul");
+  }
+  expect_error(
+      [&] {
+        ops::gelu_tanh_mul(random_f32({2, 7}, rng), poisoned_f32({2, 3}));
+      },
+      {"gelu_tanh_mul", "odd"});
+}
+
+// Element by element over a dense sweep of gates and up = 1, including |g| so large that g^3
+// overflows: no NaN, and each value within 3e-6 of the reference relatively. That is a few ulps
+// more than elsewhere because the negative tail is g e^(-2|y|) (y ~ -g^3): the rounding of y in
+// f32 becomes a relative error of |2y| ulps (2.3e-6 at g = -5), whatever form computes it. Plus
+// an absolute 1e-12 |g| for the far tail, where the double reference's 1 + tanh(y) keeps only
+// ~1e-16 of absolute precision and so no relative one.
+TEST(GeluTanhMul, ElementwiseOverAWideRange) {
+  std::vector<float> gates;
+  for (float g = -20.f; g <= 20.f; g += 1.0e-3f) gates.push_back(g);
+  for (float g : {50.f, 1e3f, 1e6f, 1e13f, 3e38f}) {
+    gates.push_back(g);
+    gates.push_back(-g);
+  }
+  const auto n = static_cast<int64_t>(gates.size());
+  std::vector<float> gate_up(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    gate_up[i] = gates[i];
+    gate_up[n + i] = 1.f;
+  }
+  Tensor out = poisoned_f32({1, n});
+  ops::gelu_tanh_mul(Tensor::from_f32(gate_up, {1, 2 * n}), out);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gates[i], want = gelu_tanh_ref(g), got = out.data<float>()[i];
+    ASSERT_TRUE(std::isfinite(got)) << "g " << g;
+    ASSERT_LE(std::abs(got - want), 3e-6 * std::abs(want) + 1e-12 * std::abs(g)) << "g " << g;
+  }
+}
+
+// Gemma 2's final logit soft-cap against the double formula, element by element: tanh in f32
+// keeps a few ulps of relative precision over the whole range, small logits included.
+TEST(Softcap, MatchesDoubleReference) {
+  std::mt19937 rng(24);
+  for (const float cap : {30.f, 50.f}) {
+    Tensor x = random_f32({7, 1001}, rng, -400.f, 400.f);
+    // Small logits, where tanh(x / cap) ~ x / cap, and exact zeros.
+    for (int64_t i = 0; i < 1001; ++i) x.data<float>()[1001 + i] *= 1e-4f;
+    x.data<float>()[5] = 0.f;
+    const std::vector<float> before(x.data<float>(), x.data<float>() + x.numel());
+    ops::softcap(x, cap);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double want = cap * std::tanh(static_cast<double>(before[i]) / cap);
+      const double got = x.data<float>()[i];
+      ASSERT_LE(std::abs(got - want), 5e-7 * std::abs(want)) << "x " << before[i];
+      ASSERT_LE(std::abs(got), cap);
+    }
+  }
+  Tensor x = Tensor::from_f32({1.f, 2.f}, {2});
+  expect_error([&] { ops::softcap(x, 0.f); }, {"softcap", "cap"});
+  expect_error([&] { ops::softcap(Tensor::empty(DType::kBF16, {2}), 30.f); }, {"softcap", "bf16"});
 }
 
 TEST(GatherRows, CopiesRowsAndChecksIndices) {

@@ -16,13 +16,8 @@ namespace {
 
 using testing::expect_error;
 
-SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.f, float min_p = 0.f) {
-  SamplingParams p;
-  p.temperature = temperature;
-  p.top_k = top_k;
-  p.top_p = top_p;
-  p.min_p = min_p;
-  return p;
+SamplerParams params(float temperature, int32_t top_k = 0, float top_p = 1.f, float min_p = 0.f) {
+  return SamplerParams{temperature, top_k, top_p, min_p};
 }
 
 // Logits whose softmax is exactly proportional to `probs`.
@@ -33,7 +28,7 @@ std::vector<float> logits_of(const std::vector<double>& probs) {
 }
 
 // The tokens sample_token returns over `draws` seeds.
-std::set<int32_t> support(const std::vector<float>& logits, const SamplingParams& p, int draws) {
+std::set<int32_t> support(const std::vector<float>& logits, const SamplerParams& p, int draws) {
   std::set<int32_t> seen;
   for (int i = 0; i < draws; ++i) {
     seen.insert(ops::sample_token(logits.data(), static_cast<int64_t>(logits.size()), p, i, 0));
@@ -55,7 +50,7 @@ TEST(Sampling, GreedyIsArgmaxWithLowestIndexOnTies) {
 TEST(Sampling, SameSeedAndStepGiveSameToken) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i)) * 2;
-  const SamplingParams p = params(1.f);
+  const SamplerParams p = params(1.f);
   std::set<int32_t> across_steps;
   for (uint64_t step = 0; step < 40; ++step) {
     const int32_t first = ops::sample_token(logits.data(), 50, p, 99, step);
@@ -104,7 +99,7 @@ TEST(Sampling, TopKKeepsKLargest) {
 // softmax(logits / T), then top-k, top-p, min-p, each renormalizing, computed independently of
 // the kernel's bookkeeping: filters are masks over the full vocabulary.
 std::vector<double> expected_distribution(const std::vector<float>& logits,
-                                          const SamplingParams& p) {
+                                          const SamplerParams& p) {
   const size_t n = logits.size();
   std::vector<double> prob(n);
   for (size_t i = 0; i < n; ++i) prob[i] = std::exp(logits[i] / double(p.temperature));
@@ -144,8 +139,8 @@ TEST(Sampling, EmpiricalDistributionMatchesFilteredSoftmax) {
   const std::vector<float> logits = {2.f, 1.5f, 1.4f, 0.3f, -0.5f, 1.f, 0.9f, -1.2f, 0.1f, 1.45f};
   const int64_t vocab = static_cast<int64_t>(logits.size());
   const int draws = 20000;
-  for (const SamplingParams& p : {params(1.f), params(0.7f), params(1.3f, 4), params(1.f, 0, 0.8f),
-                                  params(1.f, 0, 1.f, 0.3f), params(0.9f, 6, 0.9f, 0.1f)}) {
+  for (const SamplerParams& p : {params(1.f), params(0.7f), params(1.3f, 4), params(1.f, 0, 0.8f),
+                                 params(1.f, 0, 1.f, 0.3f), params(0.9f, 6, 0.9f, 0.1f)}) {
     const std::vector<double> want = expected_distribution(logits, p);
     std::vector<int> counts(vocab, 0);
     for (int i = 0; i < draws; ++i) {
@@ -168,6 +163,56 @@ TEST(Sampling, RejectsBadParams) {
   expect_error([&] { ops::sample_token(logits.data(), 2, params(-1.f), 0, 0); }, {"temperature"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, 0, 0.f), 0, 0); }, {"top_p"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, -2), 0, 0); }, {"top_k"});
+}
+
+// The batched op draws each row as sample_token draws it alone, with that row's parameters.
+TEST(Sampling, SampleTokensDrawsEachRowWithItsParams) {
+  const std::vector<SamplerParams> rows = {params(0.f),
+                                           params(1.f),
+                                           params(0.7f, 3),
+                                           params(1.2f, 0, 0.6f),
+                                           params(1.f, 0, 1.f, 0.2f),
+                                           params(0.9f, 5, 0.9f, 0.05f)};
+  const int64_t num_rows = static_cast<int64_t>(rows.size()), vocab = 300;
+  std::vector<float> logits(num_rows * vocab);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 3.f * std::sin(0.37f * i);
+  std::vector<float> temperature, top_p, min_p;
+  std::vector<int32_t> top_k;
+  std::vector<uint64_t> seed;
+  std::vector<int64_t> step;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    temperature.push_back(rows[r].temperature);
+    top_k.push_back(rows[r].top_k);
+    top_p.push_back(rows[r].top_p);
+    min_p.push_back(rows[r].min_p);
+    seed.push_back(1000 + r);
+    step.push_back(7 * r);
+  }
+  const ops::SamplerRows arrays{temperature.data(), top_k.data(), top_p.data(),
+                                min_p.data(),       seed.data(),  step.data()};
+  // Over many seeds, so that every sampling row draws several different tokens.
+  for (int round = 0; round < 20; ++round) {
+    for (uint64_t& s : seed) s += 1;
+    Tensor out = Tensor::from_i32(std::vector<int32_t>(num_rows, -1), {num_rows});
+    ops::sample_tokens(Tensor::from_f32(logits, {num_rows, vocab}), arrays, out);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      EXPECT_EQ(out.data<int32_t>()[r],
+                ops::sample_token(logits.data() + r * vocab, vocab, rows[r], seed[r], step[r]))
+          << "row " << r;
+    }
+  }
+  Tensor logits_t = Tensor::from_f32(logits, {num_rows, vocab});
+  expect_error(
+      [&] {
+        ops::sample_tokens(logits_t, arrays, Tensor::from_i32({0, 0}, {2}));
+      },
+      {"sample_tokens", "out_tokens"});
+  expect_error(
+      [&] {
+        ops::sample_tokens(logits_t, ops::SamplerRows{},
+                           Tensor::from_i32(std::vector<int32_t>(num_rows, 0), {num_rows}));
+      },
+      {"sample_tokens", "null"});
 }
 
 TEST(LogSoftmaxTopK, MatchesDoubleReference) {

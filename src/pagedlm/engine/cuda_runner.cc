@@ -15,9 +15,9 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/cuda/check.h"
-#include "pagedlm/ops/cuda/kernels.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/paged_attention.h"
+#include "pagedlm/ops/sampling.h"
 #include "pagedlm/sched/shared_prefix.h"
 #endif
 
@@ -213,11 +213,16 @@ struct CudaStepRunner::Impl {
     in.stream = stream;
     const Tensor step_logits = logits.rows(0, logit_rows);
     model.forward(in, *kv_cache, step_logits);
-    cuda::check(cuda::launch_sample(step_logits.data<float>(), logit_rows, static_cast<int>(vocab),
-                                    d<float>(off_temperature), d<int32_t>(off_top_k),
-                                    d<float>(off_top_p), d<float>(off_min_p), d<uint64_t>(off_seed),
-                                    d<int64_t>(off_step), dev_tokens, stream),
-                "sampling");
+    ops::SamplerRows params;
+    params.temperature = d<float>(off_temperature);
+    params.top_k = d<int32_t>(off_top_k);
+    params.top_p = d<float>(off_top_p);
+    params.min_p = d<float>(off_min_p);
+    params.seed = d<uint64_t>(off_seed);
+    params.step = d<int64_t>(off_step);
+    ops::sample_tokens(step_logits, params,
+                       Tensor::wrap(dev_tokens, DType::kI32, {logit_rows}, Device::kCuda, {}),
+                       stream);
   }
 
   void capture(std::pair<int32_t, bool> key, int32_t rows) {

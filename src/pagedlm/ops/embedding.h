@@ -9,21 +9,24 @@
 namespace pagedlm::ops {
 
 // table: [vocab, dim] (compute dtype), ids: [n_tokens] i32 (same device), out: [n_tokens, dim]
-// f32 on every device: the embedding starts the residual stream, which is kept in f32. Throws an
-// Error naming the first id outside [0, vocab) (checked on the CPU only).
-void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream = nullptr);
+// f32 on every device: the embedding starts the residual stream, which is kept in f32.
+// out[t] = table[ids[t]] * scale, the product in f32 (Gemma scales its embeddings by
+// sqrt(hidden_size)). Throws an Error naming the first id outside [0, vocab) (checked on the CPU
+// only).
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream = nullptr,
+               float scale = 1.f);
 
 namespace cpu {
 // table: [vocab, dim] f32, ids: [n_tokens], out: [n_tokens, dim] f32.
 void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
-               int64_t dim);
+               int64_t dim, float scale);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
 // Same contract as cpu::embedding; table holds `dtype` elements. Ids were not checked.
 void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
-               int64_t dim, DType dtype, void* stream);
+               int64_t dim, float scale, DType dtype, void* stream);
 }  // namespace cuda
 #endif
 

@@ -7,7 +7,7 @@ namespace pagedlm::ops {
 namespace cpu {
 
 void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
-               int64_t dim) {
+               int64_t dim, float scale) {
   // Checked up front, outside the parallel loop, so the error is thrown on the calling thread.
   for (int64_t t = 0; t < n_tokens; ++t) {
     PAGEDLM_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " at position ", t,
@@ -15,11 +15,17 @@ void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tok
   }
   // An embedding lookup is a row gather from the table.
   gather_rows(table, ids, out, vocab, n_tokens, dim);
+  // Scaled in a second pass over the rows (one read and write of [n_tokens, dim], small next to
+  // any layer), which a scale of 1, every model's but Gemma's, skips.
+  if (scale == 1.f) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n_tokens * dim; ++i) out[i] *= scale;
 }
 
 }  // namespace cpu
 
-void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream) {
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream,
+               float scale) {
   using detail::kAnyDim;
   constexpr const char* kOp = "embedding";
   const DType dt = detail::compute_dtype(table, kOp, "table");
@@ -31,12 +37,12 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
   detail::expect_device(out, table.device(), kOp, "out");
   if (table.device() == Device::kCpu) {
     cpu::embedding(table.data<float>(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab,
-                   dim);
+                   dim, scale);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::embedding(table.raw(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab, dim, dt,
-                  stream);
+  cuda::embedding(table.raw(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab, dim, scale,
+                  dt, stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif

@@ -10,40 +10,43 @@ namespace {
 
 // One row; the sum of squares is accumulated in double in index order, which makes the result
 // independent of the batch and keeps the error far below float32 resolution.
-inline void norm_row(const float* x, const float* weight, float* out, int64_t dim, float eps) {
+inline void norm_row(const float* x, const float* weight, float* out, int64_t dim, float eps,
+                     float weight_offset) {
   double sum_sq = 0.0;
   for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
   const float inv_rms =
       static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
-  for (int64_t i = 0; i < dim; ++i) out[i] = weight[i] * (x[i] * inv_rms);
+  for (int64_t i = 0; i < dim; ++i) out[i] = (weight_offset + weight[i]) * (x[i] * inv_rms);
 }
 
 }  // namespace
 
-void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
-              float eps) {
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
+              float weight_offset) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    norm_row(x + r * dim, weight, out + r * dim, dim, eps, weight_offset);
+  }
 }
 
 void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps) {
+                  int64_t dim, float eps, float weight_offset) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* res = residual + r * dim;
     const float* xr = x + r * dim;
     for (int64_t i = 0; i < dim; ++i) res[i] += xr[i];
-    norm_row(res, weight, out + r * dim, dim, eps);
+    norm_row(res, weight, out + r * dim, dim, eps, weight_offset);
   }
 }
 
 void head_rms_norm(float* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
-                   int64_t head_dim, const float* weight, float eps) {
+                   int64_t head_dim, const float* weight, float eps, float weight_offset) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = first_head; h < first_head + num_heads; ++h) {
       float* head = x + r * width + h * head_dim;
-      norm_row(head, weight, head, head_dim, eps);
+      norm_row(head, weight, head, head_dim, eps, weight_offset);
     }
   }
 }
@@ -65,26 +68,28 @@ void check_norm_args(const char* op, const Tensor& x, DType x_dtype, const Tenso
 
 }  // namespace
 
-void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, void* stream) {
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, void* stream,
+              float weight_offset) {
   constexpr const char* kOp = "rms_norm";
   const DType x_dt = detail::compute_dtype(x, kOp, "x");
   // An f32 x is the residual stream, normalized into the compute dtype (weight's).
   const DType dt = x_dt == DType::kF32 ? detail::compute_dtype(weight, kOp, "weight") : x_dt;
   check_norm_args(kOp, x, x_dt, weight, out, dt);
   if (x.device() == Device::kCpu) {
-    cpu::rms_norm(x.data<float>(), weight.data<float>(), out.data<float>(), x.dim(0), x.dim(1),
-                  eps);
+    cpu::rms_norm(x.data<float>(), weight.data<float>(), out.data<float>(), x.dim(0), x.dim(1), eps,
+                  weight_offset);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::rms_norm(x.raw(), x_dt, weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, dt, stream);
+  cuda::rms_norm(x.raw(), x_dt, weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, weight_offset, dt,
+                 stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif
 }
 
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                  const Tensor& out, void* stream) {
+                  const Tensor& out, void* stream, float weight_offset) {
   constexpr const char* kOp = "add_rms_norm";
   const DType dt = detail::compute_dtype(x, kOp, "x");
   check_norm_args(kOp, x, dt, weight, out, dt);
@@ -92,19 +97,19 @@ void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
   detail::expect_device(residual, x.device(), kOp, "residual");
   if (x.device() == Device::kCpu) {
     cpu::add_rms_norm(residual.data<float>(), x.data<float>(), weight.data<float>(),
-                      out.data<float>(), x.dim(0), x.dim(1), eps);
+                      out.data<float>(), x.dim(0), x.dim(1), eps, weight_offset);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::add_rms_norm(residual.data<float>(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1),
-                     eps, dt, stream);
+                     eps, weight_offset, dt, stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif
 }
 
 void head_rms_norm(const Tensor& x, int64_t first_head, int64_t num_heads, int64_t head_dim,
-                   const Tensor& weight, float eps, void* stream) {
+                   const Tensor& weight, float eps, void* stream, float weight_offset) {
   constexpr const char* kOp = "head_rms_norm";
   const DType dt = detail::compute_dtype(x, kOp, "x");
   detail::expect(x, kOp, "x", dt, {detail::kAnyDim, detail::kAnyDim});
@@ -116,12 +121,12 @@ void head_rms_norm(const Tensor& x, int64_t first_head, int64_t num_heads, int64
       x.dim(1));
   if (x.device() == Device::kCpu) {
     cpu::head_rms_norm(x.data<float>(), x.dim(0), x.dim(1), first_head, num_heads, head_dim,
-                       weight.data<float>(), eps);
+                       weight.data<float>(), eps, weight_offset);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::head_rms_norm(x.raw(), x.dim(0), x.dim(1), first_head, num_heads, head_dim, weight.raw(),
-                      eps, dt, stream);
+                      eps, weight_offset, dt, stream);
 #else
   detail::fail_no_cuda(kOp);
 #endif

@@ -1,16 +1,20 @@
-// Token selection from one row of logits (host side: the engine copies the sampled rows' logits
-// to the CPU).
+// Token selection from rows of logits. sample_token draws one token on the host: the CPU engine
+// samples every row with it, and the GPU engine the rows whose logits it adjusts on the host
+// (bias, penalties). sample_tokens draws one token per row of a logits tensor on its own
+// device: on the GPU without leaving it (ops/cuda/sampling.cu), the GPU engine's path for every
+// other row.
 #pragma once
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-#include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/core/sampler_params.h"
+#include "pagedlm/core/tensor.h"
 
 namespace pagedlm::ops {
 
-// logits: [vocab]. The same rules as the GPU sampler (ops/cuda/kernels.h, launch_sample), so
+// logits: [vocab]. The same rules as the device sampler (ops/cuda/kernels.h, launch_sample), so
 // both backends draw the same token from the same logits wherever rounding allows:
 //   1. temperature == 0 or top_k == 1: the argmax, lowest index on ties;
 //   2. x = logits / T, p = softmax(x);
@@ -21,14 +25,43 @@ namespace pagedlm::ops {
 // then the first kept token, in ascending id order, where the running kept mass exceeds
 // u * (kept mass), u = uniform(seed, step), a counter-based hash: the same (logits, params,
 // seed, step) gives the same token whatever else is in the batch and across preemption.
-int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
-                     uint64_t seed, uint64_t step);
+int32_t sample_token(const float* logits, int64_t vocab, const SamplerParams& params, uint64_t seed,
+                     uint64_t step);
 
 // The uniform double in [0, 1) that sample_token draws with for (seed, step).
 double sampling_uniform(uint64_t seed, uint64_t step);
 
+// Per-row parameters of sample_tokens: arrays of one element per logits row, in the memory of
+// the logits' device (a plain struct of pointers: there is no 64-bit Tensor dtype, and the GPU
+// engine keeps them at fixed offsets of one staging block).
+struct SamplerRows {
+  const float* temperature = nullptr;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+  const uint64_t* seed = nullptr;
+  const int64_t* step = nullptr;  // the counter of each row's random stream
+};
+
+// logits: [rows, vocab] f32, out_tokens: [rows] i32 on the same device. out_tokens[r] = the
+// token sample_token draws for row r with row r's parameters (on the GPU, from f32 sums: a
+// draw within rounding of a boundary between two tokens may pick the other one). On the GPU it
+// only enqueues work on `stream` (nothing is synchronized or allocated, so a CUDA graph can
+// capture it) and treats a temperature <= 0 as greedy; on the CPU the parameters are checked as
+// sample_token checks them.
+void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& out_tokens,
+                   void* stream = nullptr);
+
 // logits: [vocab]. The k most probable tokens (descending, ties toward the lower index) and their
 // log-probabilities under log_softmax(logits), for returned logprobs.
 std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab, int k);
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+// Same contract as sample_tokens; every pointer is device memory.
+void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const SamplerRows& params,
+                   int32_t* out_tokens, void* stream);
+}  // namespace cuda
+#endif
 
 }  // namespace pagedlm::ops

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/ops/op_check.h"
 #include "pagedlm/ops/sampling.h"
 
 namespace pagedlm::ops {
@@ -56,8 +57,8 @@ double sampling_uniform(uint64_t seed, uint64_t step) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
-                     uint64_t seed, uint64_t step) {
+int32_t sample_token(const float* logits, int64_t vocab, const SamplerParams& params, uint64_t seed,
+                     uint64_t step) {
   PAGEDLM_CHECK(vocab > 0, "sample_token: empty vocabulary");
   PAGEDLM_CHECK(params.temperature >= 0.f, "sample_token: negative temperature ",
                 params.temperature);
@@ -120,6 +121,34 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   }
   // Only reachable through rounding when target lands on kept_total.
   return last_kept;
+}
+
+void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& out_tokens,
+                   void* stream) {
+  constexpr const char* kOp = "sample_tokens";
+  detail::expect(logits, kOp, "logits", DType::kF32, {detail::kAnyDim, detail::kAnyDim});
+  const int64_t num_rows = logits.dim(0), vocab = logits.dim(1);
+  detail::expect(out_tokens, kOp, "out_tokens", DType::kI32, {num_rows});
+  detail::expect_device(out_tokens, logits.device(), kOp, "out_tokens");
+  PAGEDLM_CHECK(num_rows == 0 || (rows.temperature && rows.top_k && rows.top_p && rows.min_p &&
+                                  rows.seed && rows.step),
+                kOp, ": a per-row parameter array is null");
+  if (logits.device() == Device::kCpu) {
+    const float* x = logits.data<float>();
+    int32_t* out = out_tokens.data<int32_t>();
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const SamplerParams params{rows.temperature[r], rows.top_k[r], rows.top_p[r], rows.min_p[r]};
+      out[r] = sample_token(x + r * vocab, vocab, params, rows.seed[r],
+                            static_cast<uint64_t>(rows.step[r]));
+    }
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::sample_tokens(logits.data<float>(), num_rows, vocab, rows, out_tokens.data<int32_t>(),
+                      stream);
+#else
+  detail::fail_no_cuda(kOp);
+#endif
 }
 
 std::vector<std::pair<int32_t, float>> log_softmax_topk(const float* logits, int64_t vocab, int k) {

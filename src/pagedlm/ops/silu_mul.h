@@ -1,4 +1,6 @@
-// SwiGLU activation of the fused gate/up projection.
+// Gated activations of the fused gate/up projection: SwiGLU (silu_mul, here) and GeGLU
+// (gelu_tanh_mul, ops/gelu_tanh_mul.h). One implementation per device serves both,
+// parameterized by the activation.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +15,30 @@ namespace pagedlm::ops {
 // out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
 void silu_mul(const Tensor& gate_up, const Tensor& out, void* stream = nullptr);
 
+enum class GatedActivation : uint8_t {
+  kSilu,      // silu_mul
+  kGeluTanh,  // gelu_tanh_mul
+};
+
+// The op's name, for error messages.
+constexpr const char* gated_mul_name(GatedActivation act) {
+  return act == GatedActivation::kSilu ? "silu_mul" : "gelu_tanh_mul";
+}
+
+// What silu_mul and gelu_tanh_mul do: checks the layout above and runs `act` on the tensors'
+// device.
+void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream);
+
 namespace cpu {
-void silu_mul(const float* gate_up, float* out, int64_t n_tokens, int64_t ffn);
+void gated_mul(GatedActivation act, const float* gate_up, float* out, int64_t n_tokens,
+               int64_t ffn);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contract as cpu::silu_mul; both pointers hold `dtype` elements.
-void silu_mul(const void* gate_up, void* out, int64_t n_tokens, int64_t ffn, DType dtype,
-              void* stream);
+// Same contract as cpu::gated_mul; both pointers hold `dtype` elements.
+void gated_mul(GatedActivation act, const void* gate_up, void* out, int64_t n_tokens, int64_t ffn,
+               DType dtype, void* stream);
 }  // namespace cuda
 #endif
 

@@ -5,40 +5,71 @@
 namespace pagedlm::ops {
 
 namespace cpu {
+namespace {
 
-void silu_mul(const float* gate_up, float* out, int64_t n_tokens, int64_t ffn) {
+// The activations in f32, through the vectorizable exp so that the loops below vectorize.
+struct Silu {
+  float operator()(float g) const { return g / (1.f + exp_vectorizable(-g)); }
+};
+// HF's 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), as the equal g * sigmoid(2 y):
+// for very negative g, 1 + tanh(y) would cancel to a few bits (or to 0) where
+// g / (1 + exp(-2 y)) keeps full relative precision; where g^3 overflows, exp(-2 y) is 0 or
+// infinity and the result g or -0, never NaN.
+struct GeluTanh {
+  float operator()(float g) const {
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.f + exp_vectorizable(-2.f * y));
+  }
+};
+
+template <typename Act>
+void gated_rows(const float* gate_up, float* out, int64_t n_tokens, int64_t ffn) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* gate = gate_up + t * 2 * ffn;
     const float* up = gate + ffn;
     float* o = out + t * ffn;
-    for (int64_t i = 0; i < ffn; ++i) {
-      o[i] = gate[i] / (1.f + exp_vectorizable(-gate[i])) * up[i];
-    }
+    const Act act{};
+    for (int64_t i = 0; i < ffn; ++i) o[i] = act(gate[i]) * up[i];
+  }
+}
+
+}  // namespace
+
+void gated_mul(GatedActivation act, const float* gate_up, float* out, int64_t n_tokens,
+               int64_t ffn) {
+  if (act == GatedActivation::kSilu) {
+    gated_rows<Silu>(gate_up, out, n_tokens, ffn);
+  } else {
+    gated_rows<GeluTanh>(gate_up, out, n_tokens, ffn);
   }
 }
 
 }  // namespace cpu
 
-void silu_mul(const Tensor& gate_up, const Tensor& out, void* stream) {
+void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream) {
   using detail::kAnyDim;
-  constexpr const char* kOp = "silu_mul";
-  const DType dt = detail::compute_dtype(gate_up, kOp, "gate_up");
-  detail::expect(gate_up, kOp, "gate_up", dt, {kAnyDim, kAnyDim});
-  PAGEDLM_CHECK(gate_up.dim(1) % 2 == 0, kOp, ": gate_up has an odd number of columns (",
+  const char* op = gated_mul_name(act);
+  const DType dt = detail::compute_dtype(gate_up, op, "gate_up");
+  detail::expect(gate_up, op, "gate_up", dt, {kAnyDim, kAnyDim});
+  PAGEDLM_CHECK(gate_up.dim(1) % 2 == 0, op, ": gate_up has an odd number of columns (",
                 gate_up.dim(1), ")");
   const int64_t n_tokens = gate_up.dim(0), ffn = gate_up.dim(1) / 2;
-  detail::expect(out, kOp, "out", dt, {n_tokens, ffn});
-  detail::expect_device(out, gate_up.device(), kOp, "out");
+  detail::expect(out, op, "out", dt, {n_tokens, ffn});
+  detail::expect_device(out, gate_up.device(), op, "out");
   if (gate_up.device() == Device::kCpu) {
-    cpu::silu_mul(gate_up.data<float>(), out.data<float>(), n_tokens, ffn);
+    cpu::gated_mul(act, gate_up.data<float>(), out.data<float>(), n_tokens, ffn);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::silu_mul(gate_up.raw(), out.raw(), n_tokens, ffn, dt, stream);
+  cuda::gated_mul(act, gate_up.raw(), out.raw(), n_tokens, ffn, dt, stream);
 #else
-  detail::fail_no_cuda(kOp);
+  detail::fail_no_cuda(op);
 #endif
+}
+
+void silu_mul(const Tensor& gate_up, const Tensor& out, void* stream) {
+  gated_mul(GatedActivation::kSilu, gate_up, out, stream);
 }
 
 }  // namespace pagedlm::ops

@@ -6,13 +6,13 @@
 #include <utility>
 #include <vector>
 
+#include "pagedlm/core/sampler_params.h"
+
 namespace pagedlm {
 
-struct SamplingParams {
-  float temperature = 0.f;  // 0 means greedy
-  int32_t top_k = 0;        // 0 means off
-  float top_p = 1.f;        // 1 means off
-  float min_p = 0.f;        // 0 means off
+// The sampler's own parameters (temperature, top_k, top_p, min_p) come from the base, so a
+// SamplingParams passes to ops::sample_token as it is.
+struct SamplingParams : SamplerParams {
   // OpenAI's penalties over the tokens generated so far: logit -= presence * (count > 0) +
   // frequency * count, before temperature and the filters. 0 means off; range [-2, 2].
   float presence_penalty = 0.f;

@@ -1,9 +1,12 @@
 // Small memory-bound kernels of a decoder layer: embedding gather (into the fp32 residual
 // stream), RMSNorm (plain, per head, fused with the fp32 residual add), rotary embedding fused
-// with the paged K/V cache write, SiLU-and-mul and row gather. Each reads and writes its bytes
-// once; vectorized where rows are multiples of 16 bytes.
+// with the paged K/V cache write, gated activations (SwiGLU, GeGLU), row gather and the logits'
+// soft-cap. Each reads and writes its bytes once; vectorized where rows are multiples of 16
+// bytes.
 
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -14,10 +17,11 @@ namespace {
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
 
-// Widens one bf16 row to f32, 8 values (16 bytes in, 32 out) at a time when dim % 8 == 0.
-// table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] f32;
-// grid: num_tokens blocks.
-__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, float* out, int dim) {
+// Widens one bf16 row to f32 and scales it in f32, 8 values (16 bytes in, 32 out) at a time
+// when dim % 8 == 0. table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim]
+// f32; grid: num_tokens blocks.
+__global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, float* out, int dim,
+                                 float scale) {
   const int t = blockIdx.x;
   const bf16* src = table + static_cast<size_t>(token_ids[t]) * dim;
   float* dst = out + static_cast<size_t>(t) * dim;
@@ -27,20 +31,23 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, fl
       const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
       const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
       const float2 c = __bfloat1622float2(pairs[2]), d = __bfloat1622float2(pairs[3]);
-      reinterpret_cast<float4*>(dst)[2 * i] = make_float4(a.x, a.y, b.x, b.y);
-      reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(c.x, c.y, d.x, d.y);
+      reinterpret_cast<float4*>(dst)[2 * i] =
+          make_float4(a.x * scale, a.y * scale, b.x * scale, b.y * scale);
+      reinterpret_cast<float4*>(dst)[2 * i + 1] =
+          make_float4(c.x * scale, c.y * scale, d.x * scale, d.y * scale);
     }
   } else {
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = __bfloat162float(src[i]) * scale;
   }
 }
 
 // One warp per row (t, h): row at x + t * x_stride + h * dim. Rows here are head_dim or a
 // model width, short enough that a warp's two passes (sum of squares, then scale) hit L1.
-// x: [num_tokens, (strided) num_heads * dim], weight: [dim]
+// x: [num_tokens, (strided) num_heads * dim], weight: [dim]. Every norm kernel scales by
+// weight_offset + weight in f32 (Gemma's 1 + w, which bf16 weights could not hold exactly).
 __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* weight, bf16* out,
                                 int64_t out_stride, int num_tokens, int num_heads, int dim,
-                                float eps) {
+                                float eps, float weight_offset) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<int64_t>(num_tokens) * num_heads) return;
@@ -55,7 +62,8 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* wei
   ss = detail::warp_sum(ss);
   const float inv = rsqrtf(ss / dim + eps);
   for (int i = lane; i < dim; i += 32) {
-    outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv * __bfloat162float(weight[i]));
+    outr[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv *
+                               (weight_offset + __bfloat162float(weight[i])));
   }
 }
 
@@ -83,7 +91,7 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float* f) {
 // squares adds in another order.
 template <int kChunks>
 __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
-                                        bf16* out, int dim, float eps) {
+                                        bf16* out, int dim, float eps, float weight_offset) {
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
   float* res = residual + base;
@@ -124,7 +132,7 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
     float w[8], y[8];
     bf16x8_to_float(*reinterpret_cast<const uint4*>(weight + i), w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = v[c][j] * inv * w[j];
+    for (int j = 0; j < 8; ++j) y[j] = v[c][j] * inv * (weight_offset + w[j]);
     *reinterpret_cast<uint4*>(out + base + i) = float_to_bf16x8(y);
   }
 }
@@ -133,7 +141,7 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
 // added and the residual is not written: the plain norm of an f32 row), weight: [dim] bf16,
 // out: [rows, dim] bf16
 __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* weight, bf16* out,
-                                    int dim, float eps) {
+                                    int dim, float eps, float weight_offset) {
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
   float* res = residual + base;
@@ -150,7 +158,7 @@ __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* 
   const float inv = rsqrtf(ss / dim + eps);
   // Each thread re-reads only the elements it wrote itself, so no barrier is needed.
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    out[base + i] = __float2bfloat16(res[i] * inv * __bfloat162float(weight[i]));
+    out[base + i] = __float2bfloat16(res[i] * inv * (weight_offset + __bfloat162float(weight[i])));
   }
 }
 
@@ -227,27 +235,84 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
   }
 }
 
-// silu_mul_kernel 8 values at a time, for dim % 8 == 0; grid: (ceil(dim / 8 / 256), rows).
-__global__ void silu_mul_vec_kernel(const bf16* gate_up, bf16* out, int dim) {
+// The activations of the gated MLPs, in f32.
+// SiLU: g * sigmoid(g).
+struct Silu {
+  __device__ __forceinline__ float operator()(float g) const { return g / (1.f + __expf(-g)); }
+};
+// HF's gelu_pytorch_tanh, 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), as the
+// equal g * sigmoid(2 y): for very negative g, 1 + tanh(y) would cancel to a few bits (or to 0)
+// where g / (1 + exp(-2 y)) keeps full relative precision, and |g| too large for g^3 gives
+// exp(-2 y) = 0 or inf, hence g or -0, never NaN.
+struct GeluTanh {
+  __device__ __forceinline__ float operator()(float g) const {
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.f + __expf(-2.f * y));
+  }
+};
+
+// gated_mul_kernel 8 values at a time, for dim % 8 == 0; grid: (ceil(dim / 8 / 256), rows).
+template <typename Act>
+__global__ void gated_mul_vec_kernel(const bf16* gate_up, bf16* out, int dim) {
   const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i >= dim) return;
   const size_t r = blockIdx.y;
   float gt[8], up[8], y[8];
   bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + i), gt);
   bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + dim + i), up);
+  const Act act{};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) y[j] = gt[j] / (1.f + __expf(-gt[j])) * up[j];
+  for (int j = 0; j < 8; ++j) y[j] = act(gt[j]) * up[j];
   *reinterpret_cast<uint4*>(out + r * dim + i) = float_to_bf16x8(y);
 }
 
-// gate_up: [rows, 2 * dim], out: [rows, dim]; grid: (ceil(dim / 256), rows)
-__global__ void silu_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
+// out = Act(gate) * up. gate_up: [rows, 2 * dim], out: [rows, dim]; grid: (ceil(dim / 256), rows)
+template <typename Act>
+__global__ void gated_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= dim) return;
   const size_t r = blockIdx.y;
   const float gt = __bfloat162float(gate_up[r * 2 * dim + i]);
   const float up = __bfloat162float(gate_up[r * 2 * dim + dim + i]);
-  out[r * dim + i] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+  const Act act{};
+  out[r * dim + i] = __float2bfloat16(act(gt) * up);
+}
+
+template <typename Act>
+cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim,
+                             cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (dim % 8 == 0) {
+    gated_mul_vec_kernel<Act><<<dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream>>>(
+        static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
+    return cudaGetLastError();
+  }
+  gated_mul_kernel<Act><<<dim3(ceil_div(dim, 256), rows), 256, 0, stream>>>(
+      static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
+  return cudaGetLastError();
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  return __float2bfloat16(v);
+}
+
+// x = cap * tanh(x / cap) in place, in f32 (tanhf: within 2 ulp; x / cap as HF divides);
+// x: [n]; grid-stride.
+template <typename T>
+__global__ void softcap_kernel(T* x, int64_t n, float cap) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = from_float<T>(cap * tanhf(to_float(x[i]) / cap));
+  }
 }
 
 // Copies rows of `words` Word-sized units: Word = uint4 when rows are multiples of 16 bytes,
@@ -262,21 +327,21 @@ __global__ void gather_rows_kernel(const Word* in, const int32_t* rows, Word* ou
 }  // namespace
 
 cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
-                             int num_tokens, int dim, cudaStream_t stream) {
+                             int num_tokens, int dim, float scale, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids, out,
-                                                   dim);
+                                                   dim, scale);
   return cudaGetLastError();
 }
 
 cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* weight, void* out,
                             int64_t out_token_stride, int num_tokens, int num_heads, int dim,
-                            float eps, cudaStream_t stream) {
+                            float eps, float weight_offset, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(num_tokens) * num_heads;
   if (rows <= 0) return cudaSuccess;
   rms_norm_kernel<<<ceil_div(rows, 4), 128, 0, stream>>>(
       static_cast<const bf16*>(x), x_token_stride, static_cast<const bf16*>(weight),
-      static_cast<bf16*>(out), out_token_stride, num_tokens, num_heads, dim, eps);
+      static_cast<bf16*>(out), out_token_stride, num_tokens, num_heads, dim, eps, weight_offset);
   return cudaGetLastError();
 }
 
@@ -285,7 +350,7 @@ namespace {
 // One block per row, 16-byte accesses held in registers where the row allows (widths up to
 // 8192), else the scalar kernel.
 cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, void* out, int rows,
-                         int dim, float eps, cudaStream_t stream) {
+                         int dim, float eps, float weight_offset, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   const auto* w = static_cast<const bf16*>(weight);
   auto* y = static_cast<bf16*>(out);
@@ -294,13 +359,16 @@ cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, voi
   // Fewer threads for narrow rows (SmolLM2's 576 is 72 chunks of 8), so none sits idle.
   const int threads = chunks == 1 ? static_cast<int>(ceil_div(dim / 8, 32)) * 32 : kThreads;
   if (chunks == 1) {
-    add_rms_norm_vec_kernel<1><<<rows, threads, 0, stream>>>(residual, x, w, y, dim, eps);
+    add_rms_norm_vec_kernel<1>
+        <<<rows, threads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
   } else if (chunks == 2) {
-    add_rms_norm_vec_kernel<2><<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+    add_rms_norm_vec_kernel<2>
+        <<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
   } else if (chunks == 3 || chunks == 4) {
-    add_rms_norm_vec_kernel<4><<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+    add_rms_norm_vec_kernel<4>
+        <<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
   } else {
-    add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps);
+    add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
   }
   return cudaGetLastError();
 }
@@ -308,14 +376,17 @@ cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, voi
 }  // namespace
 
 cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
-                                float eps, cudaStream_t stream) {
+                                float eps, float weight_offset, cudaStream_t stream) {
   // With no x to add the kernel only reads the residual, so dropping const is safe.
-  return add_rms_norm(const_cast<float*>(x), nullptr, weight, out, rows, dim, eps, stream);
+  return add_rms_norm(const_cast<float*>(x), nullptr, weight, out, rows, dim, eps, weight_offset,
+                      stream);
 }
 
 cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
-                                int rows, int dim, float eps, cudaStream_t stream) {
-  return add_rms_norm(residual, static_cast<const bf16*>(x), weight, out, rows, dim, eps, stream);
+                                int rows, int dim, float eps, float weight_offset,
+                                cudaStream_t stream) {
+  return add_rms_norm(residual, static_cast<const bf16*>(x), weight, out, rows, dim, eps,
+                      weight_offset, stream);
 }
 
 cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
@@ -356,15 +427,12 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
 
 cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim,
                             cudaStream_t stream) {
-  if (rows <= 0 || dim <= 0) return cudaSuccess;
-  if (dim % 8 == 0) {
-    silu_mul_vec_kernel<<<dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream>>>(
-        static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
-    return cudaGetLastError();
-  }
-  silu_mul_kernel<<<dim3(ceil_div(dim, 256), rows), 256, 0, stream>>>(
-      static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
-  return cudaGetLastError();
+  return launch_gated_mul<Silu>(gate_up, out, rows, dim, stream);
+}
+
+cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int dim,
+                                 cudaStream_t stream) {
+  return launch_gated_mul<GeluTanh>(gate_up, out, rows, dim, stream);
 }
 
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
@@ -377,6 +445,19 @@ cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, i
   } else {
     gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const uint16_t*>(in), rows,
                                                      static_cast<uint16_t*>(out), row_bytes / 2);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softcap(void* x, bool f32, int64_t n, float cap, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!(cap > 0.f)) return cudaErrorInvalidValue;
+  // Enough blocks to fill the GPU several times over; each thread strides over the rest.
+  const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096);
+  if (f32) {
+    softcap_kernel<<<blocks, 256, 0, stream>>>(static_cast<float*>(x), n, cap);
+  } else {
+    softcap_kernel<<<blocks, 256, 0, stream>>>(static_cast<bf16*>(x), n, cap);
   }
   return cudaGetLastError();
 }

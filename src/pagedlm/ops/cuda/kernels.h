@@ -108,28 +108,33 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_d
 // ---------------------------------------------------------------------------------------------
 
 // table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] f32 (the residual
-// stream starts at the embedding).
+// stream starts at the embedding). out = table[id] * scale in f32 (Gemma scales by
+// sqrt(hidden_size); 1 elsewhere).
 cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
-                             int num_tokens, int dim, cudaStream_t stream);
+                             int num_tokens, int dim, float scale, cudaStream_t stream);
+
+// The norms below scale by (weight_offset + weight) computed in f32: 0 for Llama-style norms,
+// 1 for Gemma's (1 + w), which bf16 weights could not hold without rounding.
 
 // RMSNorm over rows (t, h): x row at x + t * x_token_stride + h * dim (elements), same for out
 // with out_token_stride (out may alias x). Plain norm: num_heads = 1, strides = dim. Qwen3's
 // per-head q/k norm: num_heads = heads, dim = head_dim, strides = the fused qkv row length.
-// out = x * rsqrt(mean(x^2) + eps) * weight; weight: [dim] bf16.
+// out = x * rsqrt(mean(x^2) + eps) * (weight_offset + weight); weight: [dim] bf16.
 cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* weight, void* out,
                             int64_t out_token_stride, int num_tokens, int num_heads, int dim,
-                            float eps, cudaStream_t stream);
+                            float eps, float weight_offset, cudaStream_t stream);
 
 // x: [rows, dim] f32 (the residual stream), weight: [dim] bf16, out: [rows, dim] bf16.
-// out = x * rsqrt(mean(x^2) + eps) * weight: the first layer's input norm.
+// out = x * rsqrt(mean(x^2) + eps) * (weight_offset + weight): the first layer's input norm.
 cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
-                                float eps, cudaStream_t stream);
+                                float eps, float weight_offset, cudaStream_t stream);
 
 // residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 (a sublayer's output), weight: [dim]
 // bf16, out: [rows, dim] bf16 (the next GEMM's input).
-// residual += x in fp32; out = rms_norm(residual) * weight.
+// residual += x in fp32; out = rms_norm(residual) * (weight_offset + weight).
 cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
-                                int rows, int dim, float eps, cudaStream_t stream);
+                                int rows, int dim, float eps, float weight_offset,
+                                cudaStream_t stream);
 
 // Rotary embedding (NEOX rotate_half: pair i with i + d/2, angle = float(pos) * inv_freq[i] in
 // fp32) on q, written to q_out (q_out == q: in place), and on k in place, then k and v are
@@ -147,8 +152,17 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
                                  void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
                                  int head_dim, cudaStream_t stream);
 
-// gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] = silu(gate) * up.
+// Gated MLP activations, one kernel for both (templated on the activation), in f32:
+// gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] bf16 = act(gate) * up.
+// SwiGLU: act = silu(g) = g / (1 + exp(-g)).
 cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream);
+// GeGLU (Gemma): act = HF's gelu_pytorch_tanh, 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int dim,
+                                 cudaStream_t stream);
+
+// x: [n] in place, f32 (f32 true: the logits) or bf16: x = cap * tanh(x / cap) in f32 (Gemma 2's
+// final logit soft-cap). cap > 0, else cudaErrorInvalidValue.
+cudaError_t launch_softcap(void* x, bool f32, int64_t n, float cap, cudaStream_t stream);
 
 // in: [*, row_bytes], rows: [num_rows], out: [num_rows, row_bytes] = in[rows[i]]. Rows are
 // copied as bytes, so one kernel serves the bf16 activations and the f32 residual stream;

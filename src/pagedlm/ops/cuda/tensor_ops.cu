@@ -17,7 +17,9 @@
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
+#include "pagedlm/ops/sampling.h"
 #include "pagedlm/ops/silu_mul.h"
+#include "pagedlm/ops/softcap.h"
 
 namespace pagedlm::ops::cuda {
 
@@ -55,10 +57,10 @@ raw::GemmHandle* gemm_handle() {
 }  // namespace
 
 void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
-               int64_t dim, DType dtype, void* stream) {
+               int64_t dim, float scale, DType dtype, void* stream) {
   require_bf16(dtype, "embedding");
   raw::check(raw::launch_embedding(table, ids, out, static_cast<int>(n_tokens),
-                                   static_cast<int>(dim), as_stream(stream)),
+                                   static_cast<int>(dim), scale, as_stream(stream)),
              "embedding");
 }
 
@@ -86,45 +88,62 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
 void set_linear_tuning(bool on) { raw::gemm_set_tuning(gemm_handle(), on); }
 
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
-              int64_t dim, float eps, DType dtype, void* stream) {
+              int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
   require_bf16(dtype, "rms_norm");
   if (x_dtype == DType::kF32) {
     raw::check(
         raw::launch_rms_norm_f32(static_cast<const float*>(x), weight, out, static_cast<int>(rows),
-                                 static_cast<int>(dim), eps, as_stream(stream)),
+                                 static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
         "rms_norm");
     return;
   }
   require_bf16(x_dtype, "rms_norm x");
   raw::check(raw::launch_rms_norm(x, dim, weight, out, dim, static_cast<int>(rows), 1,
-                                  static_cast<int>(dim), eps, as_stream(stream)),
+                                  static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
              "rms_norm");
 }
 
 void add_rms_norm(float* residual, const void* x, const void* weight, void* out, int64_t rows,
-                  int64_t dim, float eps, DType dtype, void* stream) {
+                  int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
   require_bf16(dtype, "add_rms_norm");
   raw::check(raw::launch_add_rms_norm(residual, x, weight, out, static_cast<int>(rows),
-                                      static_cast<int>(dim), eps, as_stream(stream)),
+                                      static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
              "add_rms_norm");
 }
 
 void head_rms_norm(void* x, int64_t rows, int64_t width, int64_t first_head, int64_t num_heads,
-                   int64_t head_dim, const void* weight, float eps, DType dtype, void* stream) {
+                   int64_t head_dim, const void* weight, float eps, float weight_offset,
+                   DType dtype, void* stream) {
   require_bf16(dtype, "head_rms_norm");
   void* heads = static_cast<__nv_bfloat16*>(x) + first_head * head_dim;
   raw::check(raw::launch_rms_norm(heads, width, weight, heads, width, static_cast<int>(rows),
                                   static_cast<int>(num_heads), static_cast<int>(head_dim), eps,
-                                  as_stream(stream)),
+                                  weight_offset, as_stream(stream)),
              "head_rms_norm");
 }
 
-void silu_mul(const void* gate_up, void* out, int64_t n_tokens, int64_t ffn, DType dtype,
-              void* stream) {
-  require_bf16(dtype, "silu_mul");
-  raw::check(raw::launch_silu_mul(gate_up, out, static_cast<int>(n_tokens), static_cast<int>(ffn),
-                                  as_stream(stream)),
-             "silu_mul");
+void gated_mul(GatedActivation act, const void* gate_up, void* out, int64_t n_tokens, int64_t ffn,
+               DType dtype, void* stream) {
+  const char* op = gated_mul_name(act);
+  require_bf16(dtype, op);
+  const auto launch =
+      act == GatedActivation::kSilu ? raw::launch_silu_mul : raw::launch_gelu_tanh_mul;
+  raw::check(
+      launch(gate_up, out, static_cast<int>(n_tokens), static_cast<int>(ffn), as_stream(stream)),
+      op);
+}
+
+void softcap(void* x, int64_t n, float cap, DType dtype, void* stream) {
+  if (dtype != DType::kF32) require_bf16(dtype, "softcap");
+  raw::check(raw::launch_softcap(x, dtype == DType::kF32, n, cap, as_stream(stream)), "softcap");
+}
+
+void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const SamplerRows& params,
+                   int32_t* out_tokens, void* stream) {
+  raw::check(raw::launch_sample(logits, static_cast<int>(rows), static_cast<int>(vocab),
+                                params.temperature, params.top_k, params.top_p, params.min_p,
+                                params.seed, params.step, out_tokens, as_stream(stream)),
+             "sampling");
 }
 
 // The k part of qkv is rotated in place before it is written to the cache; q leaves the fused
