@@ -4,9 +4,7 @@
 #include <cstring>
 #include <sstream>
 
-#ifdef PAGEDLM_HAS_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "pagedlm/core/device_memory.h"
 
 namespace pagedlm {
 
@@ -36,15 +34,7 @@ std::shared_ptr<void> allocate(size_t bytes, Device device) {
     PAGEDLM_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
     return std::shared_ptr<void>(p, std::free);
   }
-#ifdef PAGEDLM_HAS_CUDA
-  void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
-  PAGEDLM_CHECK(err == cudaSuccess, "cudaMalloc of ", bytes,
-                " bytes failed: ", cudaGetErrorString(err));
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-#else
-  fail("this build of pagedlm has no CUDA support");
-#endif
+  return std::shared_ptr<void>(device_memory::allocate(bytes), device_memory::release);
 }
 
 }  // namespace
@@ -66,9 +56,7 @@ Tensor Tensor::zeros(DType dtype, Shape shape, Device device) {
   if (device == Device::kCpu) {
     std::memset(t.data_, 0, t.nbytes());
   } else {
-#ifdef PAGEDLM_HAS_CUDA
-    cudaMemset(t.data_, 0, t.nbytes());
-#endif
+    device_memory::zero(t.data_, t.nbytes());
   }
   return t;
 }
@@ -125,13 +113,8 @@ Tensor Tensor::to(Device device) const {
     std::memcpy(out.data_, data_, nbytes());
     return out;
   }
-#ifdef PAGEDLM_HAS_CUDA
-  cudaError_t err = cudaMemcpy(out.data_, data_, nbytes(), cudaMemcpyDefault);
-  PAGEDLM_CHECK(err == cudaSuccess, "cudaMemcpy failed: ", cudaGetErrorString(err));
+  device_memory::copy(out.data_, data_, nbytes());
   return out;
-#else
-  fail("this build of pagedlm has no CUDA support");
-#endif
 }
 
 Tensor Tensor::to_f32() const {
