@@ -15,9 +15,9 @@
 
 #include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

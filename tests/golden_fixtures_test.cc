@@ -9,8 +9,8 @@
 
 #include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/safetensors.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

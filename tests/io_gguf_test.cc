@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "pagedlm/core/dtype.h"
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "io_test_util.h"
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/safetensors.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {
@@ -132,8 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
                              FixtureCase{"llama-gqa", "LlamaForCausalLM", "llama", 64, true, false,
                                          false, 1e4f, RopeType::kDefault, DType::kF32, 20},
                              FixtureCase{"llama3-rope", "LlamaForCausalLM", "llama", 64, false,
-                                         false, false, 5e5f, RopeType::kLlama3, DType::kBF16,
-                                         21},
+                                         false, false, 5e5f, RopeType::kLlama3, DType::kBF16, 21},
                              // + q/k/v biases per layer.
                              FixtureCase{"qwen2-bias", "Qwen2ForCausalLM", "qwen2", 64, true, true,
                                          false, 1e6f, RopeType::kDefault, DType::kBF16, 26},
@@ -149,10 +148,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
                              FixtureCase{"gemma3", "Gemma3ForCausalLM", "gemma3", 64, true, false,
                                          true, 1e6f, RopeType::kDefault, DType::kBF16, 28},
                              // 6 per layer: fused qkv_proj and gate_up_proj; untied.
-                             FixtureCase{"phi3", "Phi3ForCausalLM", "phi3", 64, false, false,
-                                         false, 1e4f, RopeType::kDefault, DType::kBF16, 15},
-                             FixtureCase{"qwen3-yarn", "Qwen3ForCausalLM", "qwen3", 64, true,
-                                         false, true, 1e6f, RopeType::kYarn, DType::kBF16, 24}),
+                             FixtureCase{"phi3", "Phi3ForCausalLM", "phi3", 64, false, false, false,
+                                         1e4f, RopeType::kDefault, DType::kBF16, 15},
+                             FixtureCase{"qwen3-yarn", "Qwen3ForCausalLM", "qwen3", 64, true, false,
+                                         true, 1e6f, RopeType::kYarn, DType::kBF16, 24}),
                          [](const auto& info) {
                            std::string name = info.param.name;
                            for (char& ch : name)

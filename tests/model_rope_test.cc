@@ -105,7 +105,8 @@ TEST(RopeInvFreq, YarnMatchesPaperFormula) {
   // The dimension d at which a frequency turns r times over the original context:
   // old_context / (2 pi theta^(d/dim)) = r.
   const auto dim_of = [&](double turns) {
-    return head_dim * std::log(old_context / (turns * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    return head_dim * std::log(old_context / (turns * 2 * std::numbers::pi)) /
+           (2 * std::log(theta));
   };
   const double low = std::max(0.0, std::floor(dim_of(32))),
                high = std::min(static_cast<double>(head_dim - 1), std::ceil(dim_of(1)));

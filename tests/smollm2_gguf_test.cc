@@ -9,9 +9,9 @@
 
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm {
 namespace {

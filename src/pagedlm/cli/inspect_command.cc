@@ -33,9 +33,10 @@ void print_layers(const ModelConfig& c) {
       ++j;
     }
     const LayerSpec& l = c.layers[i];
-    std::printf("layers %zu-%zu%*s scale %g, window %d, soft-cap %g; rope %s theta %g (factor %g)\n",
-                i, j - 1, i < 10 && j - 1 < 10 ? 4 : 2, "", l.attention.scale, l.attention.window,
-                l.attention.softcap, rope_type_name(l.rope.type), l.rope.theta, l.rope.factor);
+    std::printf(
+        "layers %zu-%zu%*s scale %g, window %d, soft-cap %g; rope %s theta %g (factor %g)\n", i,
+        j - 1, i < 10 && j - 1 < 10 ? 4 : 2, "", l.attention.scale, l.attention.window,
+        l.attention.softcap, rope_type_name(l.rope.type), l.rope.theta, l.rope.factor);
     i = j;
   }
 }

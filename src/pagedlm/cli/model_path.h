@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/io/model_cache.h"
+#include "pagedlm/model/checkpoint.h"
 
 namespace pagedlm::cli {
 

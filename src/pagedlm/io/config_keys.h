@@ -93,8 +93,8 @@ class ConfigKeys {
     std::vector<std::string> out;
     const nlohmann::json* v = find(key);
     if (v == nullptr) return out;
-    PAGEDLM_CHECK(v->is_array(), "config key \"", prefix_, key, "\" must be a list of strings, got ",
-                  v->dump());
+    PAGEDLM_CHECK(v->is_array(), "config key \"", prefix_, key,
+                  "\" must be a list of strings, got ", v->dump());
     for (const nlohmann::json& s : *v) {
       PAGEDLM_CHECK(s.is_string(), "config key \"", prefix_, key,
                     "\" must be a list of strings, got ", v->dump());

@@ -11,8 +11,8 @@
 #include <variant>
 #include <vector>
 
-#include "pagedlm/core/tensor.h"
 #include "pagedlm/core/quantized.h"
+#include "pagedlm/core/tensor.h"
 
 namespace pagedlm {
 

@@ -64,7 +64,7 @@ Tensor gguf_tensor_f32(const GgufTensorInfo& t, int64_t n_heads, const std::stri
 
 // A Q4_1 or Q8_0 matrix's blocks, rows reordered as dequantize() reorders them.
 std::optional<QuantizedMatrix> gguf_tensor_blocks(const GgufTensorInfo& t, int64_t n_heads,
-                                           const std::string& path) {
+                                                  const std::string& path) {
   if (t.dims.size() != 2 || (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) return {};
   QuantizedMatrix q;
   q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;

@@ -223,7 +223,6 @@ Checkpoint load_hf_checkpoint(const std::string& dir, const LoadProgress& progre
   return ckpt;
 }
 
-
 ModelConfig config_from_gguf(const GgufFile& f) {
   const std::string& arch = f.get_string("general.architecture");
   const Family* family = nullptr;
@@ -341,8 +340,6 @@ Checkpoint load_gguf_checkpoint(const std::string& path, const LoadProgress& pro
   return ckpt;
 }
 
-
-
 Checkpoint load_checkpoint(const std::string& path, const LoadProgress& progress) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -353,6 +350,5 @@ Checkpoint load_checkpoint(const std::string& path, const LoadProgress& progress
   }
   fail(path, " is neither a Hugging Face checkpoint folder nor a GGUF file");
 }
-
 
 }  // namespace pagedlm

@@ -171,8 +171,8 @@ RopeSpec read_rope(const ConfigKeys* params, double theta) {
   r.factor = static_cast<float>(params->get_float("factor"));
   PAGEDLM_CHECK(r.factor > 0, "rope scaling factor must be positive, got ", r.factor);
   if (r.type == RopeType::kYarn) {
-    r.attention_factor = static_cast<float>(
-        params->get_float("attention_factor", yarn_attention_factor(r.factor)));
+    r.attention_factor =
+        static_cast<float>(params->get_float("attention_factor", yarn_attention_factor(r.factor)));
     PAGEDLM_CHECK(r.attention_factor > 0, "yarn attention_factor must be positive, got ",
                   r.attention_factor);
   }
@@ -188,15 +188,18 @@ void read_layer_types(const ConfigKeys& keys, ModelConfig& c,
       types.push_back(sliding_default(i) ? "sliding_attention" : "full_attention");
     }
   }
-  PAGEDLM_CHECK(static_cast<int64_t>(types.size()) == c.num_layers, "config key \"layer_types\" has ",
-                types.size(), " entries for ", c.num_layers, " layers");
-  const bool any_sliding = std::find(types.begin(), types.end(), "sliding_attention") != types.end();
+  PAGEDLM_CHECK(static_cast<int64_t>(types.size()) == c.num_layers,
+                "config key \"layer_types\" has ", types.size(), " entries for ", c.num_layers,
+                " layers");
+  const bool any_sliding =
+      std::find(types.begin(), types.end(), "sliding_attention") != types.end();
   const int64_t window = any_sliding ? keys.get_positive_int("sliding_window") : 0;
   PAGEDLM_CHECK(window <= INT32_MAX, "config key \"sliding_window\" is too large: ", window);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (types[i] == "full_attention") continue;
-    PAGEDLM_CHECK(types[i] == "sliding_attention", "unsupported layer type \"", types[i],
-                  "\" in config key \"layer_types\" (supported: full_attention, sliding_attention)");
+    PAGEDLM_CHECK(
+        types[i] == "sliding_attention", "unsupported layer type \"", types[i],
+        "\" in config key \"layer_types\" (supported: full_attention, sliding_attention)");
     // A window as long as the model's context is no window at all.
     if (window < c.max_position_embeddings) {
       c.layers[i].attention.window = static_cast<int32_t>(window);

@@ -21,15 +21,15 @@ class GgufFile;
 
 // A decoder layer's weights, by what they do.
 enum class LayerWeight : uint8_t {
-  kAttnNorm,     // before attention
-  kQ,            // q/k/v projections, or all three in one (Phi-3)
+  kAttnNorm,  // before attention
+  kQ,         // q/k/v projections, or all three in one (Phi-3)
   kK,
   kV,
   kQkv,
-  kQBias,        // q/k/v biases (Qwen2)
+  kQBias,  // q/k/v biases (Qwen2)
   kKBias,
   kVBias,
-  kQNorm,        // per-head norms of q and k (Qwen3, Gemma 3)
+  kQNorm,  // per-head norms of q and k (Qwen3, Gemma 3)
   kKNorm,
   kO,            // attention output projection
   kAttnOutNorm,  // after attention (sandwich norms)

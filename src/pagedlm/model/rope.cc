@@ -13,8 +13,7 @@ std::vector<float> rope_inv_freq(const RopeSpec& spec, int64_t head_dim) {
   const int64_t dim = head_dim;
   PAGEDLM_CHECK(dim > 0 && dim % 2 == 0, "rope_inv_freq: head_dim ", dim,
                 " must be positive and even");
-  PAGEDLM_CHECK(spec.theta > 0.f, "rope_inv_freq: rope_theta ", spec.theta,
-                " must be positive");
+  PAGEDLM_CHECK(spec.theta > 0.f, "rope_inv_freq: rope_theta ", spec.theta, " must be positive");
   // HF: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), every step in float32.
   std::vector<float> inv_freq(dim / 2);
   for (int64_t i = 0; i < dim / 2; ++i) {
@@ -25,8 +24,8 @@ std::vector<float> rope_inv_freq(const RopeSpec& spec, int64_t head_dim) {
     case RopeType::kDefault:
       break;
     case RopeType::kLinear:
-      PAGEDLM_CHECK(spec.factor > 0.f, "rope_inv_freq: linear rope factor ",
-                    spec.factor, " must be positive");
+      PAGEDLM_CHECK(spec.factor > 0.f, "rope_inv_freq: linear rope factor ", spec.factor,
+                    " must be positive");
       for (float& f : inv_freq) f /= spec.factor;
       break;
     case RopeType::kLlama3: {
@@ -62,15 +61,15 @@ std::vector<float> rope_inv_freq(const RopeSpec& spec, int64_t head_dim) {
       // a linear ramp over the dimensions between blends the two.
       const double base = spec.theta;
       const double old_context = static_cast<double>(spec.original_max_position);
-      PAGEDLM_CHECK(spec.factor > 0.f && old_context > 0 && spec.beta_fast > 0.f &&
-                        spec.beta_slow > 0.f,
-                    "rope_inv_freq: bad yarn rope scaling (factor ", spec.factor,
-                    ", original_max_position_embeddings ", spec.original_max_position,
-                    ", beta_fast ", spec.beta_fast, ", beta_slow ", spec.beta_slow, ")");
+      PAGEDLM_CHECK(
+          spec.factor > 0.f && old_context > 0 && spec.beta_fast > 0.f && spec.beta_slow > 0.f,
+          "rope_inv_freq: bad yarn rope scaling (factor ", spec.factor,
+          ", original_max_position_embeddings ", spec.original_max_position, ", beta_fast ",
+          spec.beta_fast, ", beta_slow ", spec.beta_slow, ")");
       // HF's find_correction_dim, in Python floats (double).
       const auto correction_dim = [&](double rotations) {
-        return static_cast<double>(dim) * std::log(old_context / (rotations * 2 * std::numbers::pi)) /
-               (2 * std::log(base));
+        return static_cast<double>(dim) *
+               std::log(old_context / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
       };
       double low = correction_dim(spec.beta_fast), high = correction_dim(spec.beta_slow);
       if (spec.truncate) {
@@ -91,8 +90,8 @@ std::vector<float> rope_inv_freq(const RopeSpec& spec, int64_t head_dim) {
             std::pow(spec.theta, static_cast<float>(2 * i) / static_cast<float>(dim));
         const float interpolation = 1.f / (spec.factor * pos_freq);
         const float extrapolation = 1.f / pos_freq;
-        inv_freq[i] = interpolation * (1.f - extrapolation_factor) +
-                      extrapolation * extrapolation_factor;
+        inv_freq[i] =
+            interpolation * (1.f - extrapolation_factor) + extrapolation * extrapolation_factor;
       }
       break;
     }
@@ -101,7 +100,8 @@ std::vector<float> rope_inv_freq(const RopeSpec& spec, int64_t head_dim) {
 }
 
 float yarn_attention_factor(float factor) {
-  return factor <= 1.f ? 1.f : static_cast<float>(0.1 * std::log(static_cast<double>(factor)) + 1.0);
+  return factor <= 1.f ? 1.f
+                       : static_cast<float>(0.1 * std::log(static_cast<double>(factor)) + 1.0);
 }
 
 }  // namespace pagedlm

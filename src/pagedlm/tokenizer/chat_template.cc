@@ -3,8 +3,8 @@
 #include <filesystem>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/core/json.h"
 #include "pagedlm/core/file.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/tokenizer/jinja.h"
 
 namespace pagedlm {

@@ -46,8 +46,8 @@ void read_gemma_block(const ConfigKeys& keys, ModelConfig& c) {
   const std::string act = keys.has("hidden_activation")
                               ? keys.get_string("hidden_activation")
                               : keys.get_string("hidden_act", "gelu_pytorch_tanh");
-  PAGEDLM_CHECK(act == "gelu_pytorch_tanh", "unsupported hidden_activation \"", act,
-                "\" for ", c.architecture, " (only gelu_pytorch_tanh is supported)");
+  PAGEDLM_CHECK(act == "gelu_pytorch_tanh", "unsupported hidden_activation \"", act, "\" for ",
+                c.architecture, " (only gelu_pytorch_tanh is supported)");
   PAGEDLM_CHECK(!keys.get_bool("attention_bias", false), "attention_bias=true is unsupported for ",
                 c.architecture);
   c.norm_weight_offset = 1.f;
@@ -83,8 +83,7 @@ void read_gemma3(const ConfigKeys& keys, ModelConfig& c) {
     global = read_rope(full ? &*full : nullptr, 1e6);
     local = read_rope(sliding ? &*sliding : nullptr, 1e4);
   } else {
-    const std::optional<ConfigKeys> scaling =
-        params ? params : keys.get_object("rope_scaling");
+    const std::optional<ConfigKeys> scaling = params ? params : keys.get_object("rope_scaling");
     global = read_rope(scaling ? &*scaling : nullptr, keys.get_float("rope_theta", 1e6));
     local = read_rope(nullptr, keys.get_float("rope_local_base_freq", 1e4));
   }
@@ -93,7 +92,8 @@ void read_gemma3(const ConfigKeys& keys, ModelConfig& c) {
   const int64_t pattern = keys.has("sliding_window_pattern")
                               ? keys.get_positive_int("sliding_window_pattern")
                               : keys.get_positive_int("_sliding_window_pattern", 6);
-  read_layer_types(keys, c, [&](int64_t i) { return (i + 1) % pattern != 0; }, &local);
+  read_layer_types(
+      keys, c, [&](int64_t i) { return (i + 1) % pattern != 0; }, &local);
 }
 
 // GGUF: llama.cpp's converter stores the norms as 1 + w already, and llama.cpp derives the
@@ -165,12 +165,12 @@ void read_gemma3_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
 }  // namespace
 
 extern const Family kGemma2Family = {
-    "gemma2", {"Gemma2ForCausalLM"}, {"gemma2"}, "gemma2", kGemmaNames, read_gemma2,
-    read_gemma2_gguf,
+    "gemma2",    {"Gemma2ForCausalLM"}, {"gemma2"},       "gemma2",
+    kGemmaNames, read_gemma2,           read_gemma2_gguf,
 };
 extern const Family kGemma3Family = {
-    "gemma3", {"Gemma3ForCausalLM"}, {"gemma3_text"}, "gemma3", kGemmaNames, read_gemma3,
-    read_gemma3_gguf,
+    "gemma3",    {"Gemma3ForCausalLM"}, {"gemma3_text"},  "gemma3",
+    kGemmaNames, read_gemma3,           read_gemma3_gguf,
 };
 
 }  // namespace pagedlm

@@ -78,13 +78,19 @@ void read_llama_gguf(const GgufFile& f, const std::string&, ModelConfig& c) {
 }  // namespace
 
 extern const Family kLlamaFamily = {
-    "llama", {"LlamaForCausalLM"}, {"llama"}, "llama", kLlamaNames, read_llama, read_llama_gguf,
+    "llama",
+    {"LlamaForCausalLM"},
+    {"llama"},
+    "llama",
+    kLlamaNames,
+    read_llama,
+    read_llama_gguf,
     /*gguf_interleaves_qk=*/true,
 };
 // Mistral's GGUF files say "llama".
 extern const Family kMistralFamily = {
-    "mistral", {"MistralForCausalLM"}, {"mistral"}, nullptr, kLlamaNames, read_mistral,
-    read_llama_gguf,
+    "mistral",   {"MistralForCausalLM"}, {"mistral"},     nullptr,
+    kLlamaNames, read_mistral,           read_llama_gguf,
 };
 extern const Family kQwen2Family = {
     "qwen2", {"Qwen2ForCausalLM"}, {"qwen2"}, "qwen2", kLlamaNames, read_qwen2, read_llama_gguf,
