@@ -3,7 +3,8 @@
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
 # build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test,
 # cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench. Then e.g.:
-# build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda. Run from anywhere; JOBS sets the parallelism.
+# build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
+# Run from anywhere; JOBS sets the parallelism.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deps=$PWD/.gpu-deps
