@@ -1,5 +1,6 @@
-// Token sampling: greedy, reproducibility, filters on handcrafted logits, and the empirical
-// distribution against an independent computation of the filtered softmax.
+// The host sampler (sample_token): greedy, reproducibility, filters on handcrafted logits, and the
+// empirical distribution against an independent computation of the filtered softmax. The batched
+// op over device tensors (sample_tokens) is in tests/backend_ops_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -163,56 +164,6 @@ TEST(Sampling, RejectsBadParams) {
   expect_error([&] { ops::sample_token(logits.data(), 2, params(-1.f), 0, 0); }, {"temperature"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, 0, 0.f), 0, 0); }, {"top_p"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, -2), 0, 0); }, {"top_k"});
-}
-
-// The batched op draws each row as sample_token draws it alone, with that row's parameters.
-TEST(Sampling, SampleTokensDrawsEachRowWithItsParams) {
-  const std::vector<SamplerParams> rows = {params(0.f),
-                                           params(1.f),
-                                           params(0.7f, 3),
-                                           params(1.2f, 0, 0.6f),
-                                           params(1.f, 0, 1.f, 0.2f),
-                                           params(0.9f, 5, 0.9f, 0.05f)};
-  const int64_t num_rows = static_cast<int64_t>(rows.size()), vocab = 300;
-  std::vector<float> logits(num_rows * vocab);
-  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 3.f * std::sin(0.37f * i);
-  std::vector<float> temperature, top_p, min_p;
-  std::vector<int32_t> top_k;
-  std::vector<uint64_t> seed;
-  std::vector<int64_t> step;
-  for (int64_t r = 0; r < num_rows; ++r) {
-    temperature.push_back(rows[r].temperature);
-    top_k.push_back(rows[r].top_k);
-    top_p.push_back(rows[r].top_p);
-    min_p.push_back(rows[r].min_p);
-    seed.push_back(1000 + r);
-    step.push_back(7 * r);
-  }
-  const ops::SamplerRows arrays{temperature.data(), top_k.data(), top_p.data(),
-                                min_p.data(),       seed.data(),  step.data()};
-  // Over many seeds, so that every sampling row draws several different tokens.
-  for (int round = 0; round < 20; ++round) {
-    for (uint64_t& s : seed) s += 1;
-    Tensor out = Tensor::from_i32(std::vector<int32_t>(num_rows, -1), {num_rows});
-    ops::sample_tokens(Tensor::from_f32(logits, {num_rows, vocab}), arrays, out);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      EXPECT_EQ(out.data<int32_t>()[r],
-                ops::sample_token(logits.data() + r * vocab, vocab, rows[r], seed[r], step[r]))
-          << "row " << r;
-    }
-  }
-  Tensor logits_t = Tensor::from_f32(logits, {num_rows, vocab});
-  expect_error(
-      [&] {
-        ops::sample_tokens(logits_t, arrays, Tensor::from_i32({0, 0}, {2}));
-      },
-      {"sample_tokens", "out_tokens"});
-  expect_error(
-      [&] {
-        ops::sample_tokens(logits_t, ops::SamplerRows{},
-                           Tensor::from_i32(std::vector<int32_t>(num_rows, 0), {num_rows}));
-      },
-      {"sample_tokens", "null"});
 }
 
 TEST(LogSoftmaxTopK, MatchesDoubleReference) {

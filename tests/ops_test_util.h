@@ -1,4 +1,4 @@
-// Helpers shared by the op tests: random data, poisoned outputs, float32-scale comparisons.
+// Helpers shared by the CPU op tests: random data, poisoned outputs, expected errors.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -37,26 +37,6 @@ inline Tensor poisoned_f32(const Shape& shape) {
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
   return t;
-}
-
-// Expects every element of `got` to be finite and ||got - want|| / ||want|| < tol.
-inline void expect_close(const Tensor& got, const std::vector<double>& want, double tol,
-                         const std::string& what) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
-  const float* g = got.data<float>();
-  double diff = 0.0, norm = 0.0;
-  int64_t not_finite = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(g[i])) {
-      ++not_finite;
-      continue;
-    }
-    diff += (g[i] - want[i]) * (g[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  EXPECT_EQ(not_finite, 0) << what << ": elements not written or not finite";
-  ASSERT_GT(norm, 0.0) << what;
-  EXPECT_LT(std::sqrt(diff / norm), tol) << what;
 }
 
 // Expects `fn` to throw a pagedlm::Error whose message contains every one of `parts`.

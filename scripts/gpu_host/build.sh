@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds pagedlm on a GPU host that has only the CUDA toolkit and g++ (no CMake packages), from
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
-# build-gpu/: pagedlm, cuda_kernels_test, cuda_model_test, cuda_decode_step_bench, cuda_gemm_bench,
-# cuda_attention_bench. Then e.g.: build-gpu/cuda_model_test; build-gpu/pagedlm bench --dummy
-# configs/smollm2-135m.json --device cuda. Run from anywhere; JOBS sets the parallelism.
+# build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test,
+# cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench. Then e.g.:
+# build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
+# Run from anywhere; JOBS sets the parallelism.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deps=$PWD/.gpu-deps
@@ -28,7 +29,8 @@ export -f compile
 objof() { echo "$obj/$(echo "$1" | tr / _).o"; }
 lib_srcs=$(find src/pagedlm -name '*.cc' -o -name '*.cu' | grep -v "src/pagedlm/cli/" | sort)
 cli_srcs=$(ls src/pagedlm/cli/*.cc)
-extra="scripts/gpu_host/blas_stub.cc tests/cuda_model_test.cc tests/cuda_kernels_test.cu
+extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_test.cc
+  tests/cuda_kernels_test.cu
   bench/cuda_decode_step_bench.cc bench/cuda_attention_bench.cu bench/cuda_gemm_bench.cc
   $deps/gtest/src/gtest-all.cc $deps/gtest/src/gtest_main.cc"
 printf '%s\n' $lib_srcs $cli_srcs $extra | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile {}' |
@@ -44,9 +46,10 @@ libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a $httplib -Wl,-rpath,$deps/so
   -Wl,-rpath-link,$deps/so -L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart
   -lcublasLt -lcublas -fopenmp -lpthread"
 g++ -o $out/pagedlm $cli $lib $libs
+g++ -o $out/backend_ops_test "$(objof tests/backend_ops_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_kernels_test "$(objof tests/cuda_kernels_test.cu)" $lib $gtest $libs
 g++ -o $out/cuda_decode_step_bench "$(objof bench/cuda_decode_step_bench.cc)" $lib $libs
 g++ -o $out/cuda_attention_bench "$(objof bench/cuda_attention_bench.cu)" $lib $libs
 g++ -o $out/cuda_gemm_bench "$(objof bench/cuda_gemm_bench.cc)" $lib $libs
-echo "built $out/{pagedlm,cuda_model_test,cuda_kernels_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"
+echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,cuda_kernels_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"

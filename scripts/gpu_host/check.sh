@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check of a GPU host in one command, logs under LOG_DIR (default /tmp/pagedlm-check):
-# build (scripts/gpu_host/build.sh), the CUDA kernel and model tests, compute-sanitizer memcheck
-# on the small kernel cases, then the benchmark table (scripts/gpu_host/bench.sh; MODELS, default
+# build (scripts/gpu_host/build.sh), the op tests on both backends, the CUDA kernel and model
+# tests, compute-sanitizer memcheck on the CUDA op cases of attention, rope and the norms and on
+# the graph replay, then the benchmark table (scripts/gpu_host/bench.sh; MODELS, default
 # "smollm2-135m llama-3.1-8b", and its REPEAT / WORKLOADS / FLAGS env). Prints a short summary.
 #   JOBS=16 scripts/gpu_host/check.sh [LOG_DIR]
 set -uo pipefail
@@ -11,14 +12,16 @@ mkdir -p "$logs/bench"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
 scripts/gpu_host/build.sh >"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
 status=0
-for t in cuda_kernels_test cuda_model_test; do
+for t in backend_ops_test cuda_kernels_test cuda_model_test; do
   timeout 300 "build-gpu/$t" >"$logs/$t.log" 2>&1 || status=1
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
 done
-timeout 300 compute-sanitizer --tool memcheck build-gpu/cuda_kernels_test \
-  --gtest_filter='*Cascade*:*DecodeSmall*:*Rope*:*RmsNorm*:*SiluMul*:*GraphReplay*' \
+timeout 300 compute-sanitizer --tool memcheck build-gpu/backend_ops_test \
+  --gtest_filter='Cuda/*Cascade*:Cuda/*PagedAttentionDecode/*:Cuda/*RopeWriteKv*:Cuda/*RmsNorm*:Cuda/*SiluMul*' \
   >"$logs/memcheck.log" 2>&1 || status=1
-echo "memcheck: $(grep -E 'ERROR SUMMARY' "$logs/memcheck.log" | tail -1)"
+timeout 300 compute-sanitizer --tool memcheck build-gpu/cuda_kernels_test \
+  --gtest_filter='*GraphReplay*:*SeveralTokens*' >>"$logs/memcheck.log" 2>&1 || status=1
+echo "memcheck: $(grep -E 'ERROR SUMMARY' "$logs/memcheck.log" | tr '\n' ' ')"
 # shellcheck disable=SC2086  # MODELS is a list
 scripts/gpu_host/bench.sh "$logs/bench" ${MODELS:-smollm2-135m llama-3.1-8b}
 exit $status
