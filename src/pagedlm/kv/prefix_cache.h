@@ -56,8 +56,8 @@ class PrefixCache {
 
   // Records that `page` holds its first num_filled tokens, page_tokens[0 .. num_filled), after
   // the prefix hashed as `parent`. Call again as the page fills; insert() records full pages.
-  void record(int32_t page, const BlockHash& parent, const int32_t* page_tokens,
-              int32_t num_filled, const BlockHash& extra_key);
+  void record(int32_t page, const BlockHash& parent, const int32_t* page_tokens, int32_t num_filled,
+              const BlockHash& extra_key);
   // Among recorded pages after `parent` with this extra key (the same salt chain), the one whose
   // leading tokens share the longest run with tokens[0 .. max_tokens), skipping `excluded`.
   // Does not acquire the page. num_tokens is 0 when nothing matches.
@@ -76,7 +76,7 @@ class PrefixCache {
   std::vector<BlockHash> extra_keys_;  // [num_pages]
   // Partial-hit index: tokens recorded per page (0: none), the pool generation they belong to,
   // the key the page is listed under in children_.
-  std::vector<int32_t> num_recorded_;        // [num_pages]
+  std::vector<int32_t> num_recorded_;          // [num_pages]
   std::vector<uint32_t> recorded_generation_;  // [num_pages]
   std::vector<BlockHash> child_key_;           // [num_pages]
   std::unordered_multimap<BlockHash, int32_t, BlockHashHasher> children_;

@@ -246,7 +246,8 @@ struct Scheduler::State {
                       [this](int32_t page) { return pool.ref_count(page) == 0; }));
     const auto pages_needed = [&](const PartialMatch& hit) {
       const int32_t num_hit_tokens = num_full_hits * page_size + hit.num_tokens;
-      const int32_t num_tokens = num_hit_tokens + std::min(seq.num_tokens() - num_hit_tokens, budget);
+      const int32_t num_tokens =
+          num_hit_tokens + std::min(seq.num_tokens() - num_hit_tokens, budget);
       const bool holds_free_page = hit.num_tokens > 0 && pool.ref_count(hit.page) == 0;
       return ceil_div(num_tokens, page_size) - num_full_hits + num_free_hits +
              (holds_free_page ? 1 : 0);
@@ -562,12 +563,11 @@ std::vector<SequenceView> Scheduler::sequence_map() const {
     view.page_ref_counts.reserve(seq->pages.size());
     for (const int32_t page : view.pages) {
       // A copy source held through the step is no sequence's: it does not count as a holder.
-      const int32_t refs =
-          page == SequenceView::kReleasedPage
-              ? 0
-              : state.pool.ref_count(page) -
-                    static_cast<int32_t>(std::count(state.copy_holds.begin(),
-                                                    state.copy_holds.end(), page));
+      const int32_t refs = page == SequenceView::kReleasedPage
+                               ? 0
+                               : state.pool.ref_count(page) -
+                                     static_cast<int32_t>(std::count(state.copy_holds.begin(),
+                                                                     state.copy_holds.end(), page));
       view.page_shared.push_back(refs > 1 ? 1 : 0);
       view.page_ref_counts.push_back(refs);
     }

@@ -65,11 +65,11 @@ struct SequenceView {
   static constexpr int32_t kReleasedPage = -1;
 
   int64_t request_id = 0;
-  int32_t num_tokens = 0;            // prompt + generated so far
-  int32_t num_computed = 0;          // tokens whose K/V are in the cache
-  int32_t num_cached_tokens = 0;     // prompt tokens served by the prefix cache at admission
-  std::vector<int32_t> pages;        // the page table; released entries are kReleasedPage
-  std::vector<uint8_t> page_shared;  // per page: 1 if another sequence holds it too
+  int32_t num_tokens = 0;                // prompt + generated so far
+  int32_t num_computed = 0;              // tokens whose K/V are in the cache
+  int32_t num_cached_tokens = 0;         // prompt tokens served by the prefix cache at admission
+  std::vector<int32_t> pages;            // the page table; released entries are kReleasedPage
+  std::vector<uint8_t> page_shared;      // per page: 1 if another sequence holds it too
   std::vector<int32_t> page_ref_counts;  // per page: its holders (0 for released entries)
   // The partial-page hit of the admission, if any: page table entry copy_page_index received
   // the first num_copied_tokens slots of copy_src_page (-1: no partial hit).
