@@ -274,8 +274,10 @@ struct CudaStepRunner::Impl {
     std::memcpy(h<int32_t>(off_pages), plan.kv_page_indices.data(), num_pages * sizeof(int32_t));
     PAGEDLM_CHECK(plan.num_kv_copies() <= max_bucket, "step of ", plan.num_kv_copies(),
                   " partial-page copies exceeds the GPU buffers (", max_bucket, ")");
-    std::memcpy(h<int32_t>(off_copies), plan.kv_copies.data(),
-                plan.kv_copies.size() * sizeof(int32_t));
+    if (!plan.kv_copies.empty()) {
+      std::memcpy(h<int32_t>(off_copies), plan.kv_copies.data(),
+                  plan.kv_copies.size() * sizeof(int32_t));
+    }
     std::fill(h<float>(off_temperature), h<float>(off_temperature) + logit_rows, 0.f);
     std::fill(h<int32_t>(off_top_k), h<int32_t>(off_top_k) + logit_rows, 0);
     std::fill(h<float>(off_top_p), h<float>(off_top_p) + logit_rows, 1.f);
