@@ -88,16 +88,38 @@ TEST_P(CudaModel, GreedyGenerationMatchesReference) {
   }
 }
 
-TEST_P(CudaModel, PrefixCacheReusesTwoPagesAndKeepsLogits) {
+// Cases 1 and 2 share their first 33 tokens: case 2 is served all 33 from case 1's pages at
+// every page size (whole pages shared, the rest of the last one copied on the device).
+TEST_P(CudaModel, PrefixCacheServesTheCommon33TokensAndKeepsLogits) {
+  constexpr int32_t kCommon = 33;
+  for (const int32_t page_size : {1, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page size " << page_size);
+    EngineOptions o = cuda_options();
+    o.page_size = page_size;
+    o.num_pages = 1024 / page_size + 8;
+    Engine engine(checkpoint_, o);
+    Request first = logits_request(expected_.prompts[1]);
+    first.use_prefix_cache = true;
+    engine.generate({first});
+    Request second = logits_request(expected_.prompts[2]);
+    second.use_prefix_cache = true;
+    const std::vector<RequestOutput> out = engine.generate({second});
+    EXPECT_EQ(out[0].num_cached_tokens, kCommon);
+    EXPECT_EQ(engine.stats().prefix_partial_hit_tokens, kCommon % page_size);
+    EXPECT_LT(relative_error(out[0].prompt_logits, expected_.logits[2], kCommon), kLogitsTolerance);
+  }
+}
+
+// The same prompts again: each is cached whole, so its first step computes only its last token
+// (one row, shaped like a decode) after copying the rest of its last page. Such steps must run
+// their copies, never a captured graph without them.
+TEST_P(CudaModel, WholePromptHitsCopyTheirLastPageAndMatchTheReference) {
   Engine engine(checkpoint_, cuda_options());
-  Request first = logits_request(expected_.prompts[1]);
-  first.use_prefix_cache = true;
-  engine.generate({first});
-  Request second = logits_request(expected_.prompts[2]);
-  second.use_prefix_cache = true;
-  const std::vector<RequestOutput> out = engine.generate({second});
-  EXPECT_EQ(out[0].num_cached_tokens, 32);
-  EXPECT_LT(relative_error(out[0].prompt_logits, expected_.logits[2], 32), kLogitsTolerance);
+  engine.generate(greedy_requests(expected_));
+  const int64_t partial_before = engine.stats().prefix_partial_hits;
+  expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_, kMarginThreshold,
+                          GetParam());
+  EXPECT_GT(engine.stats().prefix_partial_hits, partial_before);
 }
 
 // Decode steps are padded to the same buckets with or without graphs, so a replayed graph must

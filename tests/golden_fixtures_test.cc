@@ -68,22 +68,53 @@ TEST_P(GoldenFixture, GreedyGenerationMatchesReference) {
                           GetParam());
 }
 
-TEST_P(GoldenFixture, PrefixCacheReusesExactlyTwoPagesAndKeepsLogits) {
+// Cases 1 and 2 share their first 33 tokens. Whatever the page size, case 2 is served all 33
+// from case 1's pages: whole pages shared, the rest of the last one copied (none at page size 1,
+// 1 token at 16, all 33 at 64, where case 1 never filled a page), and its remaining logits are
+// the reference's.
+TEST_P(GoldenFixture, PrefixCacheServesTheCommon33TokensAndKeepsLogits) {
+  constexpr int32_t kCommon = 33;
+  for (const int32_t page_size : {1, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page size " << page_size);
+    EngineOptions opts;
+    opts.page_size = page_size;
+    opts.num_pages = 1024 / page_size + 8;
+    Engine engine(checkpoint_, opts);
+    Request first = logits_request(expected_.prompts[1]);
+    first.use_prefix_cache = true;
+    engine.generate({first});
+    const SchedulerStats before = engine.stats();
+    Request second = logits_request(expected_.prompts[2]);
+    second.use_prefix_cache = true;
+    auto out = engine.generate({second});
+    const SchedulerStats after = engine.stats();
+    EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, kCommon);
+    EXPECT_EQ(out[0].num_cached_tokens, kCommon);
+    EXPECT_EQ(after.prefix_partial_hit_tokens - before.prefix_partial_hit_tokens,
+              kCommon % page_size);
+    EXPECT_EQ(after.prefix_partial_hits - before.prefix_partial_hits,
+              kCommon % page_size == 0 ? 0 : 1);
+    EXPECT_LT(relative_error(out[0].prompt_logits, expected_.logits[2], kCommon), kLogitsTolerance);
+  }
+}
+
+// The same prompts again: cached whole, each computes only its last token, the rest of its last
+// page copied from the first run's pages; the continuations stay the reference's.
+TEST_P(GoldenFixture, WholePromptHitsCopyTheirLastPageAndMatchTheReference) {
   EngineOptions opts;
-  opts.page_size = 16;
-  opts.num_pages = 64;
+  opts.num_pages = 256;
   Engine engine(checkpoint_, opts);
-  Request first = logits_request(expected_.prompts[1]);
-  first.use_prefix_cache = true;
-  engine.generate({first});
+  engine.generate(greedy_requests(expected_));
   const SchedulerStats before = engine.stats();
-  Request second = logits_request(expected_.prompts[2]);
-  second.use_prefix_cache = true;
-  auto out = engine.generate({second});
+  expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_, kMarginThreshold,
+                          GetParam());
   const SchedulerStats after = engine.stats();
-  EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, 32);
-  EXPECT_EQ(out[0].num_cached_tokens, 32);
-  EXPECT_LT(relative_error(out[0].prompt_logits, expected_.logits[2], 32), kLogitsTolerance);
+  // Every prompt of more than one token ends inside a page or on its edge; all but the last
+  // token of each is served.
+  int64_t servable = 0;
+  for (const auto& p : expected_.prompts) servable += static_cast<int64_t>(p.size()) - 1;
+  EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, servable);
+  EXPECT_GT(after.prefix_partial_hits, before.prefix_partial_hits);
 }
 
 TEST_P(GoldenFixture, NoPrefixCacheSharesNothing) {

@@ -158,3 +158,58 @@ TEST(PrefixCache, RejectsPageSizeThatIsNotAPowerOfTwo) {
 
 }  // namespace
 }  // namespace pagedlm
+
+namespace pagedlm {
+namespace {
+
+// The partial-page index: pages recorded as they fill, found by their longest leading run.
+TEST(PrefixCachePartial, FindsTheLongestLeadingRunUnderTheSameParentAndSalt) {
+  BlockPool pool(8);
+  PrefixCache cache(&pool, 8);
+  const BlockHash salt = PrefixCache::extra_key(""), other = PrefixCache::extra_key("b");
+  const BlockHash parent =
+      PrefixCache::page_hash(PrefixCache::kRootHash, std::vector<int32_t>(8, 1).data(), 8, salt);
+  const int32_t a = pool.allocate(), b = pool.allocate();
+  const std::vector<int32_t> a_tokens = {5, 6, 7, 8, 9};
+  cache.record(a, parent, a_tokens.data(), 3, salt);  // a holds 5 6 7 so far
+  const std::vector<int32_t> b_tokens = {5, 6, 0, 0};
+  cache.record(b, parent, b_tokens.data(), 4, salt);
+
+  const std::vector<int32_t> query = {5, 6, 7, 8, 1};
+  PartialMatch match = cache.find_partial(parent, query.data(), 5, salt);
+  EXPECT_EQ(match.page, a);
+  EXPECT_EQ(match.num_tokens, 3);                     // only what a has recorded
+  cache.record(a, parent, a_tokens.data(), 5, salt);  // a fills on
+  EXPECT_EQ(cache.find_partial(parent, query.data(), 5, salt).num_tokens, 4);
+  EXPECT_EQ(cache.find_partial(parent, query.data(), 2, salt).num_tokens, 2);  // capped
+  // Excluding a leaves b's two tokens.
+  match = cache.find_partial(parent, query.data(), 5, salt, {a});
+  EXPECT_EQ(match.page, b);
+  EXPECT_EQ(match.num_tokens, 2);
+  // Another salt or parent finds nothing, though the tokens are equal.
+  EXPECT_EQ(cache.find_partial(parent, query.data(), 5, other).num_tokens, 0);
+  EXPECT_EQ(cache.find_partial(PrefixCache::kRootHash, query.data(), 5, salt).num_tokens, 0);
+  EXPECT_EQ(cache.num_recorded(a), 5);
+}
+
+TEST(PrefixCachePartial, ARecordDiesWhenThePageIsHandedOutAgain) {
+  BlockPool pool(1);
+  PrefixCache cache(&pool, 4);
+  const BlockHash salt = PrefixCache::extra_key("");
+  const int32_t page = pool.allocate();
+  const std::vector<int32_t> tokens = {3, 4};
+  cache.record(page, PrefixCache::kRootHash, tokens.data(), 2, salt);
+  pool.release(page);  // free, still recorded: a partial hit may still take it
+  EXPECT_EQ(cache.find_partial(PrefixCache::kRootHash, tokens.data(), 2, salt).page, page);
+  EXPECT_EQ(pool.allocate(), page);  // reused: its slots are about to be overwritten
+  EXPECT_EQ(cache.num_recorded(page), 0);
+  EXPECT_EQ(cache.find_partial(PrefixCache::kRootHash, tokens.data(), 2, salt).num_tokens, 0);
+  // Recorded anew with other content under another first token, only that is found.
+  const std::vector<int32_t> fresh = {9, 4, 4};
+  cache.record(page, PrefixCache::kRootHash, fresh.data(), 3, salt);
+  EXPECT_EQ(cache.find_partial(PrefixCache::kRootHash, tokens.data(), 2, salt).num_tokens, 0);
+  EXPECT_EQ(cache.find_partial(PrefixCache::kRootHash, fresh.data(), 3, salt).num_tokens, 3);
+}
+
+}  // namespace
+}  // namespace pagedlm

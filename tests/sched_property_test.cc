@@ -4,7 +4,9 @@
 // back through its page table, checks it, and samples a hash of that history. A wrong page
 // table, slot or shared page therefore shows up as a wrong history or a wrong output. With a
 // sliding window it reads only the keys its queries see, so a page released too early shows up
-// as a wrong history too, and one released too late as a broken invariant.
+// as a wrong history too, and one released too late as a broken invariant. Partial-page prefix
+// hits are copies the fake model applies after the step's writes (StepPlan::kv_copies): a wrong
+// source, destination or length shows up as a wrong history as well.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@ struct StreamResult {
   std::map<int64_t, Outcome> outcomes;
   SchedulerStats stats;
   int64_t released_entries = 0;  // page-table entries released behind the window, summed over steps
+  int64_t copies = 0;            // partial-page copies the plans asked for
 };
 
 class FakeModel {
@@ -76,6 +79,25 @@ class FakeModel {
       EXPECT_NE(slot / page_size_, plan.null_page) << "a row writes into the null page";
       written_[slot] = 1;
       slots_[slot] = {plan.token_ids[row], plan.positions[row]};
+    }
+    // Then the partial-page copies, as the engine does after each layer's cache write: leading
+    // slots of a page that nobody writes into those slots this step, to a page that is no
+    // source of this step and whose copied slots no row writes.
+    EXPECT_EQ(plan.kv_copies.size() % 3, 0u);
+    for (int32_t c = 0; c < plan.num_kv_copies(); ++c) {
+      const int32_t src = plan.kv_copies[3 * c], dst = plan.kv_copies[3 * c + 1];
+      const int32_t count = plan.kv_copies[3 * c + 2];
+      EXPECT_TRUE(count >= 1 && count < page_size_) << "copy of " << count << " tokens";
+      EXPECT_NE(src, dst);
+      EXPECT_NE(src, plan.null_page);
+      EXPECT_NE(dst, plan.null_page);
+      for (int32_t other = 0; other < plan.num_kv_copies(); ++other) {
+        EXPECT_NE(plan.kv_copies[3 * other + 1], src) << "copy " << c << " reads a copied page";
+      }
+      for (int32_t i = 0; i < count; ++i) {
+        EXPECT_FALSE(written_[dst * page_size_ + i]) << "a row writes a copied slot";
+        slots_[dst * page_size_ + i] = slots_[src * page_size_ + i];
+      }
     }
 
     Ints sampled(num_seqs, -1);
@@ -254,6 +276,7 @@ StreamResult run_stream(const SchedulerConfig& config, const std::vector<Request
       if (known.empty()) continue;
       break;
     }
+    result.copies += plan.num_kv_copies();
     const Ints sampled = model.run(plan, known, requests);
     if (::testing::Test::HasFailure()) break;
     cancel_due(true, &plan);
@@ -359,6 +382,7 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
   int64_t total_preemptions = 0;
   int64_t total_hit_tokens = 0;
   int64_t total_released = 0;
+  int64_t total_copies = 0, total_partial_hits = 0, total_partial_tokens = 0;
   for (int32_t seed = 0; seed < kNumStreams; ++seed) {
     std::mt19937 rng(static_cast<uint32_t>(page_size * 7919 + seed));
     const SchedulerConfig config = random_config(rng, page_size);
@@ -372,6 +396,10 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
     total_preemptions += together.stats.preemptions;
     total_hit_tokens += together.stats.prefix_hit_tokens;
     total_released += together.released_entries;
+    total_copies += together.copies;
+    total_partial_hits += together.stats.prefix_partial_hits;
+    total_partial_tokens += together.stats.prefix_partial_hit_tokens;
+    EXPECT_LE(together.stats.prefix_partial_hit_tokens, together.stats.prefix_hit_tokens);
 
     for (const RequestSpec& spec : specs) {
       RequestSpec solo_spec = spec;
@@ -395,9 +423,17 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
   EXPECT_GT(total_preemptions, 0);
   EXPECT_GT(total_hit_tokens, 0);
   EXPECT_GT(total_released, 0);
+  // Every partial hit is one copy; a page of one token has no partial hits.
+  EXPECT_EQ(total_copies, total_partial_hits);
+  if (page_size > 1) {
+    EXPECT_GT(total_partial_hits, 0);
+    EXPECT_GE(total_partial_tokens, total_partial_hits);
+  } else {
+    EXPECT_EQ(total_partial_hits, 0);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(PageSizes, SchedulerPropertyTest, ::testing::Values(1, 4, 16));
+INSTANTIATE_TEST_SUITE_P(PageSizes, SchedulerPropertyTest, ::testing::Values(1, 4, 16, 32));
 
 }  // namespace
 }  // namespace pagedlm

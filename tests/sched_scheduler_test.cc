@@ -172,9 +172,11 @@ TEST(Scheduler, ChunkedPrefillUnderABudgetOf16) {
   EXPECT_EQ(scheduler.stats().pages_used, 0);
 }
 
+// Whole pages are shared by reference; where the common prefix ends inside a page, its leading
+// tokens are copied from the cached page into the new request's own page (StepPlan::kv_copies).
 class PrefixHitTest : public ::testing::Test {
  protected:
-  // A 40-token prompt and one sharing only its first 33 tokens.
+  // A 40-token prompt and one sharing only its first 33 tokens: two whole pages and one token.
   static Ints first_prompt() { return iota_tokens(40, 1000); }
   static Ints second_prompt() {
     Ints prompt = first_prompt();
@@ -191,7 +193,7 @@ class PrefixHitTest : public ::testing::Test {
   }
 };
 
-TEST_F(PrefixHitTest, SharesExactlyTheTwoCommonFullPages) {
+TEST_F(PrefixHitTest, SharesTheTwoCommonFullPagesAndCopiesTheCommonToken) {
   Scheduler scheduler(config(true));
   scheduler.add(make_request(1, first_prompt(), 8));
   step(scheduler);
@@ -199,8 +201,8 @@ TEST_F(PrefixHitTest, SharesExactlyTheTwoCommonFullPages) {
 
   const StepPlan plan = scheduler.schedule();
   ASSERT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(scheduler.num_cached_tokens(2), 32);
-  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 32));
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 33);
+  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(7, 33));
   const Ints first_pages = plan_pages(plan, 0);
   const Ints second_pages = plan_pages(plan, 1);
   ASSERT_EQ(first_pages.size(), 3u);
@@ -208,17 +210,32 @@ TEST_F(PrefixHitTest, SharesExactlyTheTwoCommonFullPages) {
   EXPECT_EQ(second_pages[0], first_pages[0]);
   EXPECT_EQ(second_pages[1], first_pages[1]);
   EXPECT_NE(second_pages[2], first_pages[2]);
+  // Token 32 is slot 0 of 1's third page; 2's own third page gets it, and 2 writes from slot 1.
+  EXPECT_EQ(plan.kv_copies, (Ints{first_pages[2], second_pages[2], 1}));
+  EXPECT_EQ(plan.slot_mapping[plan.q_indptr[1]], second_pages[2] * 16 + 1);
 
   const std::vector<SequenceView> views = scheduler.sequence_map();
   const SequenceView* second = find_view(views, 2);
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(second->page_shared, (std::vector<uint8_t>{1, 1, 0}));
-  EXPECT_EQ(second->num_cached_tokens, 32);
+  EXPECT_EQ(second->page_ref_counts, (Ints{2, 2, 1}));
+  EXPECT_EQ(second->num_cached_tokens, 33);
+  EXPECT_EQ(second->copy_page_index, 2);
+  EXPECT_EQ(second->copy_src_page, first_pages[2]);
+  EXPECT_EQ(second->num_copied_tokens, 1);
+  // The copy source is held through the step, but by no sequence: 1 still holds it alone.
   EXPECT_EQ(find_view(views, 1)->page_shared, (std::vector<uint8_t>{1, 1, 0}));
-  const SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(find_view(views, 1)->copy_page_index, -1);
+  SchedulerStats stats = scheduler.stats();
   EXPECT_EQ(stats.prefix_query_tokens, 80);
-  EXPECT_EQ(stats.prefix_hit_tokens, 32);
+  EXPECT_EQ(stats.prefix_hit_tokens, 33);
+  EXPECT_EQ(stats.prefix_partial_hits, 1);
+  EXPECT_EQ(stats.prefix_partial_hit_tokens, 1);
   EXPECT_EQ(stats.pages_used, 4);
+
+  // The next step copies nothing: the copy happens once, in the step that admits.
+  scheduler.update(plan, {7, 7});
+  EXPECT_TRUE(scheduler.schedule().kv_copies.empty());
 }
 
 TEST_F(PrefixHitTest, FinishedRequestLeavesItsFullPagesCached) {
@@ -229,12 +246,33 @@ TEST_F(PrefixHitTest, FinishedRequestLeavesItsFullPagesCached) {
   EXPECT_EQ(scheduler.stats().pages_cached, 2);  // the third page held only 8 tokens
   EXPECT_EQ(scheduler.stats().pages_free, 32);
 
+  // Freed tail first: the partly filled third page (8 prompt tokens computed; the sampled token
+  // never was) is reused last but one, the shared first page last.
+  const std::vector<CachedPageView> cached = scheduler.cached_pages(100);
+  ASSERT_EQ(cached.size(), 3u);
+  EXPECT_EQ(cached[0].page, 2);
+  EXPECT_EQ(cached[0].num_tokens, 8);
+  EXPECT_FALSE(cached[0].full);
+  EXPECT_EQ(cached[1].page, 1);
+  EXPECT_EQ(cached[1].num_tokens, 16);
+  EXPECT_TRUE(cached[1].full);
+  EXPECT_EQ(cached[2].page, 0);
+  EXPECT_EQ(scheduler.cached_pages(1).size(), 1u);
+
   scheduler.add(make_request(2, second_prompt(), 1));
   const StepPlan plan = scheduler.schedule();
-  EXPECT_EQ(scheduler.num_cached_tokens(2), 32);
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 33);
   EXPECT_EQ(plan_pages(plan, 0)[0], 0);
   EXPECT_EQ(plan_pages(plan, 0)[1], 1);
+  // The free third page is the copy source: held through the step, so no allocation takes it.
+  EXPECT_EQ(plan.kv_copies, (Ints{2, plan_pages(plan, 0)[2], 1}));
+  EXPECT_NE(plan_pages(plan, 0)[2], 2);
   EXPECT_EQ(scheduler.stats().pages_cached, 0);
+  EXPECT_EQ(scheduler.stats().pages_used, 4);
+  scheduler.update(plan, {7});
+  // After the step the source is free again, still cached, and nothing leaked.
+  EXPECT_EQ(scheduler.stats().pages_used, 0);
+  EXPECT_EQ(scheduler.stats().pages_free, 32);
 }
 
 TEST_F(PrefixHitTest, HitLeavesAtLeastOneTokenToCompute) {
@@ -243,8 +281,14 @@ TEST_F(PrefixHitTest, HitLeavesAtLeastOneTokenToCompute) {
   step(scheduler);
   scheduler.add(make_request(2, iota_tokens(32, 1), 1));
   const StepPlan plan = scheduler.schedule();
-  EXPECT_EQ(scheduler.num_cached_tokens(2), 16);
-  EXPECT_EQ(plan.positions, iota_tokens(16, 16));
+  // The whole prompt is cached, but its last token is computed for its logits: one full page
+  // is shared and the copy covers the second page up to the prompt's second-to-last token.
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 31);
+  EXPECT_EQ(plan.positions, (Ints{31}));
+  EXPECT_EQ(plan_pages(plan, 0)[0], 0);
+  EXPECT_EQ(plan.kv_copies, (Ints{1, plan_pages(plan, 0)[1], 15}));
+  EXPECT_EQ(plan.slot_mapping, (Ints{plan_pages(plan, 0)[1] * 16 + 15}));
+  EXPECT_EQ(plan.samples, (std::vector<uint8_t>{1}));
 }
 
 TEST_F(PrefixHitTest, PagesFilledInAStepAreSharedInThatStep) {
@@ -252,10 +296,84 @@ TEST_F(PrefixHitTest, PagesFilledInAStepAreSharedInThatStep) {
   scheduler.add(make_request(1, first_prompt(), 1));
   scheduler.add(make_request(2, first_prompt(), 1));
   const StepPlan plan = scheduler.schedule();
-  EXPECT_EQ(scheduler.num_cached_tokens(2), 32);
-  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 32));
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 39);
+  EXPECT_EQ(plan_positions(plan, 1), (Ints{39}));
   EXPECT_EQ(plan_pages(plan, 1)[0], plan_pages(plan, 0)[0]);
   EXPECT_EQ(plan_pages(plan, 1)[1], plan_pages(plan, 0)[1]);
+  // 1's third page is being filled in this very step: the copy runs after each layer's cache
+  // write, so its 7 leading slots are there when copied.
+  EXPECT_EQ(plan.kv_copies, (Ints{plan_pages(plan, 0)[2], plan_pages(plan, 1)[2], 7}));
+}
+
+TEST_F(PrefixHitTest, ACopyDestinationIsNoSourceInTheSameStep) {
+  Scheduler scheduler(config(true));
+  scheduler.add(make_request(1, first_prompt(), 1));
+  step(scheduler);
+  // Both copy from 1's freed third page; neither from the other's fresh page, whose leading
+  // slots are only being copied in this step.
+  scheduler.add(make_request(2, second_prompt(), 1));
+  scheduler.add(make_request(3, second_prompt(), 1));
+  const StepPlan plan = scheduler.schedule();
+  ASSERT_EQ(plan.num_seqs(), 2);
+  ASSERT_EQ(plan.num_kv_copies(), 2);
+  EXPECT_EQ(plan.kv_copies[0], 2);
+  EXPECT_EQ(plan.kv_copies[3], 2);
+  EXPECT_EQ(plan.kv_copies[1], plan_pages(plan, 0)[2]);
+  EXPECT_EQ(plan.kv_copies[4], plan_pages(plan, 1)[2]);
+  // 3 shares 2's whole pages 0-1 (1's, in fact) and copies one token; its 7 other tokens are
+  // 2's too, but they are in this step's plan only from 2's page, a copy destination.
+  EXPECT_EQ(scheduler.num_cached_tokens(3), 33);
+  scheduler.update(plan, {7, 7});
+  EXPECT_EQ(scheduler.stats().pages_used, 0);
+  EXPECT_EQ(scheduler.stats().pages_free, 32);
+}
+
+TEST_F(PrefixHitTest, PreemptingASequenceWhoseFirstPageCameFromACopy) {
+  SchedulerConfig small = config(true);
+  small.num_pages = 4;
+  small.max_model_len = 64;
+  Scheduler scheduler(small);
+  scheduler.add(make_request(1, iota_tokens(10, 1), 1));
+  step(scheduler);  // page 0 keeps 10 computed tokens
+  // 3 is admitted after 2, so it is the one preempted when they outgrow the pool.
+  Ints prompt = iota_tokens(10, 1);
+  for (int32_t t = 0; t < 5; ++t) prompt.push_back(500 + t);
+  scheduler.add(make_request(2, iota_tokens(16, 900), 30));
+  scheduler.add(make_request(3, prompt, 40));
+  StepPlan plan = scheduler.schedule();
+  ASSERT_EQ(plan.request_ids, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(plan.kv_copies, (Ints{0, plan_pages(plan, 1)[0], 10}));
+  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(5, 10));
+  scheduler.update(plan, {7, 7});
+  for (int i = 0; i < 200 && scheduler.stats().preemptions == 0; ++i) step(scheduler);
+  ASSERT_EQ(scheduler.stats().preemptions, 1);
+  // 3 gave its pages back; its copy is forgotten with them.
+  EXPECT_EQ(find_view(scheduler.sequence_map(), 3), nullptr);
+  EXPECT_EQ(scheduler.stats().num_waiting, 1);
+
+  // When 3 comes back it finds its own first page again; every copy of the run reads a page
+  // that no slot of its step writes.
+  int32_t readmission_hits = -1;
+  while (scheduler.has_unfinished()) {
+    plan = scheduler.schedule();
+    for (int32_t c = 0; c < plan.num_kv_copies(); ++c) {
+      const int32_t src = plan.kv_copies[3 * c], dst = plan.kv_copies[3 * c + 1];
+      EXPECT_NE(src, dst);
+      for (const int32_t slot : plan.slot_mapping) EXPECT_NE(slot / 16, src);
+    }
+    for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+      if (plan.request_ids[b] == 3 && readmission_hits < 0) {
+        readmission_hits = scheduler.num_cached_tokens(3);
+        EXPECT_EQ(plan_positions(plan, b).front(), readmission_hits);
+      }
+    }
+    scheduler.update(plan, Ints(plan.num_seqs(), 7));
+  }
+  // Its first page, 10 slots copied and 6 computed, was full when 3 was preempted and nothing
+  // reused it while 2 finished: a whole-page hit now, whatever its slots' origin.
+  EXPECT_EQ(readmission_hits, 16);
+  EXPECT_EQ(scheduler.stats().pages_used, 0);
+  EXPECT_EQ(scheduler.stats().pages_free, 4);
 }
 
 TEST_F(PrefixHitTest, NothingIsSharedWhenTheCacheIsDisabled) {
@@ -292,7 +410,7 @@ TEST_F(PrefixHitTest, OptedOutRequestDoesNotLookUpButStillRegisters) {
   scheduler.cancel(1);  // its pages stay cached, but so do 2's: either may serve
   scheduler.add(make_request(3, first_prompt(), 8));
   step(scheduler);
-  EXPECT_EQ(scheduler.num_cached_tokens(3), 32);
+  EXPECT_EQ(scheduler.num_cached_tokens(3), 39);
 }
 
 TEST_F(PrefixHitTest, DifferentSaltsNeverShare) {
@@ -308,8 +426,31 @@ TEST_F(PrefixHitTest, DifferentSaltsNeverShare) {
   same_tenant.cache_salt = "tenant-a";
   scheduler.add(same_tenant);
   step(scheduler);
+  // Not even a partial hit on the first page, whose parent is the same root for every tenant.
   EXPECT_EQ(scheduler.num_cached_tokens(2), 0);
-  EXPECT_EQ(scheduler.num_cached_tokens(3), 32);
+  EXPECT_EQ(scheduler.num_cached_tokens(3), 39);
+}
+
+TEST_F(PrefixHitTest, PartialHitsNeedTheSameSalt) {
+  // A prompt shorter than a page is only ever a partial hit.
+  Scheduler scheduler(config(true));
+  Request first = make_request(1, iota_tokens(10, 1), 1);
+  first.cache_salt = "tenant-a";
+  scheduler.add(first);
+  step(scheduler);
+  Request other_tenant = make_request(2, iota_tokens(10, 1), 1);
+  other_tenant.cache_salt = "tenant-b";
+  Request no_salt = make_request(3, iota_tokens(10, 1), 1);
+  Request same_tenant = make_request(4, iota_tokens(10, 1), 1);
+  same_tenant.cache_salt = "tenant-a";
+  scheduler.add(other_tenant);
+  scheduler.add(no_salt);
+  scheduler.add(same_tenant);
+  const StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 0);
+  EXPECT_EQ(scheduler.num_cached_tokens(3), 0);
+  EXPECT_EQ(scheduler.num_cached_tokens(4), 9);
+  EXPECT_EQ(plan.kv_copies, (Ints{0, plan_pages(plan, 2)[0], 9}));
 }
 
 TEST(Scheduler, RespectsMaxNumSeqs) {
@@ -576,14 +717,17 @@ TEST_F(WindowTest, ReleasedPagesAreHitsForNewRequestsAndSharedOnesLoseOneHolder)
   ASSERT_EQ(table(scheduler, 1), (Ints{R, R, R, 3, 4}));
 
   // The same prompt finds the released pages 0-2 (free, still hashed) and page 3 (held by 1),
-  // as it would without a window; it computes positions 16-19 into a new page.
+  // as it would without a window.
   scheduler.add(make_request(2, iota_tokens(20, 1), 8));
   const StepPlan plan = scheduler.schedule();
   ASSERT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(plan_pages(plan, 0), (Ints{kNullPage, kNullPage, kNullPage, 3, 4, 5}));
+  // Page 4, full and held by 1, serves 16-18 as a partial hit (copied into 2's page 6);
+  // position 19 is computed for its logits.
   EXPECT_EQ(plan_pages(plan, 1), (Ints{0, 1, 2, 3, 6}));
-  EXPECT_EQ(plan_positions(plan, 1), (Ints{16, 17, 18, 19}));
-  EXPECT_EQ(scheduler.num_cached_tokens(2), 16);
+  EXPECT_EQ(plan_positions(plan, 1), (Ints{19}));
+  EXPECT_EQ(plan.kv_copies, (Ints{4, 6, 3}));
+  EXPECT_EQ(scheduler.num_cached_tokens(2), 19);
   scheduler.update(plan, {7, 7});
 
   // 1 lets go of page 3, which 2 still holds; 2 lets go of 0-2 again.

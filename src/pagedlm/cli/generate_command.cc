@@ -67,23 +67,35 @@ const char* reason_name(FinishReason r) {
 }
 
 void print_cache(const Engine& engine, bool page_tables) {
-  if (page_tables)
-    std::printf("--- KV cache: page tables (* = page shared with another sequence)\n");
+  if (page_tables) {
+    std::printf(
+        "--- KV cache: page tables (* = page shared with another sequence, - = released behind "
+        "the window, p<-s:n = page p got its first n tokens copied from cached page s)\n");
+  }
   for (const SequenceView& s : page_tables ? engine.sequence_map() : std::vector<SequenceView>{}) {
     std::printf("seq %lld: %d tokens, %d from the prefix cache, pages [",
                 static_cast<long long>(s.request_id), s.num_tokens, s.num_cached_tokens);
     for (size_t i = 0; i < s.pages.size(); ++i) {
-      std::printf("%s%d%s", i ? " " : "", s.pages[i], s.page_shared[i] ? "*" : "");
+      if (i) std::printf(" ");
+      if (s.pages[i] == SequenceView::kReleasedPage) {
+        std::printf("-");
+      } else if (static_cast<int32_t>(i) == s.copy_page_index) {
+        std::printf("%d<-%d:%d%s", s.pages[i], s.copy_src_page, s.num_copied_tokens,
+                    s.page_shared[i] ? "*" : "");
+      } else {
+        std::printf("%d%s", s.pages[i], s.page_shared[i] ? "*" : "");
+      }
     }
     std::printf("]\n");
   }
   const SchedulerStats st = engine.stats();
   std::printf(
       "pages: %d total, %d used, %d free (%d cached); prefix cache: %lld of %lld prompt tokens "
-      "hit; %lld preemptions\n",
+      "hit (%lld copied by %lld partial-page hits); %lld preemptions\n",
       st.pages_total, st.pages_used, st.pages_free, st.pages_cached,
       static_cast<long long>(st.prefix_hit_tokens), static_cast<long long>(st.prefix_query_tokens),
-      static_cast<long long>(st.preemptions));
+      static_cast<long long>(st.prefix_partial_hit_tokens),
+      static_cast<long long>(st.prefix_partial_hits), static_cast<long long>(st.preemptions));
 }
 
 struct Args {

@@ -68,7 +68,8 @@ struct CudaStepRunner::Impl {
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
          off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0,
-         off_items = 0, off_members = 0, off_seq_order = 0, off_pages = 0, total_bytes = 0;
+         off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0, off_pages = 0,
+         total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -169,6 +170,9 @@ struct CudaStepRunner::Impl {
     off_items = take(16 * B);
     off_members = take(4 * B);
     off_seq_order = take(4 * B);
+    // Partial-page copies: at most one per sequence admitted in the step, which takes at least
+    // one token of the budget and a place under max_num_seqs.
+    off_copies = take(4 * 3 * B);
     off_pages = take(4 * static_cast<size_t>(pages));
     total_bytes = off;
     cuda::check(cudaMallocHost(&host, total_bytes), "cudaMallocHost (step plan)");
@@ -268,6 +272,12 @@ struct CudaStepRunner::Impl {
     fill(h<int32_t>(off_kv_indptr), plan.kv_indptr, num_seqs + 1, plan.kv_indptr[B]);
     fill(h<int32_t>(off_last_len), plan.kv_last_page_len, num_seqs, 0);
     std::memcpy(h<int32_t>(off_pages), plan.kv_page_indices.data(), num_pages * sizeof(int32_t));
+    PAGEDLM_CHECK(plan.num_kv_copies() <= max_bucket, "step of ", plan.num_kv_copies(),
+                  " partial-page copies exceeds the GPU buffers (", max_bucket, ")");
+    if (!plan.kv_copies.empty()) {
+      std::memcpy(h<int32_t>(off_copies), plan.kv_copies.data(),
+                  plan.kv_copies.size() * sizeof(int32_t));
+    }
     std::fill(h<float>(off_temperature), h<float>(off_temperature) + logit_rows, 0.f);
     std::fill(h<int32_t>(off_top_k), h<int32_t>(off_top_k) + logit_rows, 0);
     std::fill(h<float>(off_top_p), h<float>(off_top_p) + logit_rows, 1.f);
@@ -322,7 +332,7 @@ struct CudaStepRunner::Impl {
   // ops::AttentionPlan). The tensors view the fixed device block, sized by its capacity where
   // the step's length varies (stream rows, page indices).
   void bind(int32_t num_seqs, int32_t max_q_len, bool decode, bool cascade,
-            int32_t leading_decodes = 0) {
+            int32_t leading_decodes = 0, int32_t num_copies = 0) {
     auto view = [&](size_t off, Shape shape) {
       return Tensor::wrap(dev + off, DType::kI32, std::move(shape), Device::kCuda, {});
     };
@@ -348,7 +358,7 @@ struct CudaStepRunner::Impl {
     }
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
-    kv_cache->bind(p, stream);
+    kv_cache->bind(p, stream, num_copies > 0 ? view(off_copies, {num_copies, 3}) : Tensor());
   }
 
   // Replays the bucket's graph, capturing it first if this is the bucket's first step (the
@@ -427,8 +437,10 @@ struct CudaStepRunner::Impl {
       cascade_steps += shared.empty() ? 0 : 1;
     }
     stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared);
-    bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes);
-    if (use_graphs && bucketed) {
+    bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
+    // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
+    // token was cached can look like a decode) runs eagerly.
+    if (use_graphs && bucketed && plan.kv_copies.empty()) {
       run_decode_graph(num_seqs, !shared.empty());
     } else {
       forward_and_sample(rows, logit_rows);

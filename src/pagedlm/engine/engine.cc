@@ -350,6 +350,10 @@ int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 
 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 
+std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
+  return scheduler_->cached_pages(max_pages);
+}
+
 void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);

@@ -112,6 +112,7 @@ class Engine {
 
   SchedulerStats stats() const;
   std::vector<SequenceView> sequence_map() const;
+  std::vector<CachedPageView> cached_pages(int32_t max_pages) const;
   int64_t num_steps() const { return num_steps_; }
   const StepShape& last_step() const { return last_step_; }
   // Decode steps that read the pages several sequences share once for all of them (CUDA's

@@ -1,5 +1,7 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 
+#include "pagedlm/ops/copy_kv.h"
+
 namespace pagedlm {
 
 PagedKvCache::PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_size,
@@ -33,12 +35,19 @@ void PagedKvCache::bind(const StepPlan& plan) {
   plan_.kv_indptr = index_tensor(plan.kv_indptr);
   plan_.kv_page_indices = index_tensor(plan.kv_page_indices);
   plan_.kv_last_page_len = index_tensor(plan.kv_last_page_len);
+  kv_copies_ = plan.kv_copies.empty() ? Tensor()
+                                      : Tensor::from_i32(plan.kv_copies, {plan.num_kv_copies(), 3});
   stream_ = nullptr;
 }
 
 void PagedKvCache::attend(int layer, const AttentionVariant& variant, const Tensor& qkv,
                           const Tensor& q, const Tensor& inv_freq, const Tensor& out) {
   ops::rope_write_kv(qkv, inv_freq, plan_, q, k_cache_[layer], v_cache_[layer], stream_);
+  // After the write, so that a source page filled in this step is complete; before attention,
+  // which reads the copied slots. Per layer, as each layer has its own cache.
+  if (kv_copies_.raw() != nullptr) {
+    ops::copy_kv_slots(k_cache_[layer], v_cache_[layer], kv_copies_, stream_);
+  }
   ops::paged_attention(q, k_cache_[layer], v_cache_[layer], plan_, variant, out, stream_);
 }
 

@@ -1,9 +1,11 @@
 // The engine's paged K/V storage and the Attention the model calls: each layer's new K/V go
-// into the pages named by the step's slot mapping, then attention reads every sequence's
-// pages through the step's page table. This is the only place that knows about pages.
+// into the pages named by the step's slot mapping, then the step's partial-page prefix hits are
+// copied (StepPlan::kv_copies), then attention reads every sequence's pages through the step's
+// page table. This is the only place that knows about pages.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -23,13 +25,15 @@ class PagedKvCache final : public Attention {
   static int64_t bytes_per_page(int64_t num_layers, int32_t page_size, int64_t num_kv_heads,
                                 int64_t head_dim, DType dtype);
 
-  // CPU: makes the step's page table current for the following attend() calls.
+  // CPU: makes the step's page table and copies current for the following attend() calls.
   void bind(const StepPlan& plan);
   // GPU: the same, from arrays the engine has already copied to the device; the ops run on
-  // `stream` (cudaStream_t).
-  void bind(const ops::AttentionPlan& plan, void* stream) {
+  // `stream` (cudaStream_t). kv_copies: [num_copies, 3] i32 on the device, or undefined for
+  // none (a captured decode graph must have none: the copies are launched only when present).
+  void bind(const ops::AttentionPlan& plan, void* stream, Tensor kv_copies = {}) {
     plan_ = plan;
     stream_ = stream;
+    kv_copies_ = std::move(kv_copies);
   }
 
   void attend(int layer, const AttentionVariant& variant, const Tensor& qkv, const Tensor& q,
@@ -38,6 +42,7 @@ class PagedKvCache final : public Attention {
  private:
   std::vector<Tensor> k_cache_, v_cache_;
   ops::AttentionPlan plan_;
+  Tensor kv_copies_;  // the step's partial-page copies; no storage when there are none
   void* stream_ = nullptr;
 };
 

@@ -6,6 +6,7 @@ namespace pagedlm {
 
 BlockPool::BlockPool(int32_t num_pages, bool reserve_null_page)
     : ref_counts_(num_pages, 0),
+      generations_(num_pages, 0),
       prev_(num_pages, kNone),
       next_(num_pages, kNone),
       hashes_(num_pages),
@@ -30,6 +31,7 @@ int32_t BlockPool::allocate() {
     --num_cached_;
   }
   ref_counts_[page] = 1;
+  ++generations_[page];
   return page;
 }
 

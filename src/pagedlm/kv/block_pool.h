@@ -42,6 +42,10 @@ class BlockPool {
   bool can_allocate(int32_t num_new_pages) const { return num_free_ >= num_new_pages; }
 
   int32_t ref_count(int32_t page) const { return ref_counts_[page]; }
+  // How often allocate() has handed `page` out: content recorded against one generation is
+  // stale once it changes (the prefix cache's partial-page index checks this, since pages
+  // without a hash leave no entry here for allocate() to drop).
+  uint32_t generation(int32_t page) const { return generations_[page]; }
 
   // Takes the least recently freed page (head of the free list), drops its hash from the
   // index and returns it with ref count 1; -1 when no page is free.
@@ -69,6 +73,7 @@ class BlockPool {
   static constexpr int32_t kNone = -1;
 
   std::vector<int32_t> ref_counts_;
+  std::vector<uint32_t> generations_;
   std::vector<int32_t> prev_;  // free-list links, kNone at the ends or off the list
   std::vector<int32_t> next_;
   int32_t head_ = kNone;  // least recently freed: evicted first

@@ -15,6 +15,11 @@ struct Sequence {
   int32_t num_prompt = 0;
   int32_t num_computed = 0;  // tokens whose K/V are written or in the plan being run
   int32_t num_cached_tokens = 0;
+  // The admission's partial-page hit: pages[copy_page_index] got its first num_copied_tokens
+  // slots from copy_src_page (-1: none). For inspection only.
+  int32_t copy_page_index = -1;
+  int32_t copy_src_page = -1;
+  int32_t num_copied_tokens = 0;
   std::vector<int32_t> pages;
   // Leading entries of `pages` released behind the window: they point to the null page.
   int32_t num_released_pages = 0;
@@ -61,8 +66,16 @@ struct Scheduler::State {
   std::vector<ScheduledSeq> scheduled;  // the last plan's sequences, in plan order
   std::vector<int32_t> hit_pages;       // scratch of admission
   std::vector<Sequence*> finished;      // scratch of update
+  // The plan's partial-page copies, (src, dst, tokens) triples. Each source page is held (one
+  // more reference) until update() has seen the step, so that no allocation of the same
+  // schedule() reuses it before the step has copied from it.
+  std::vector<int32_t> kv_copies;
+  std::vector<int32_t> copy_holds;
+  std::vector<int32_t> copy_dsts;  // written by this step's copies: no source for another one
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t prefix_partial_hits = 0;
+  int64_t prefix_partial_hit_tokens = 0;
   int64_t preemptions = 0;
 
   const BlockHash& page_hash(Sequence& seq, int32_t page_index) {
@@ -119,10 +132,12 @@ struct Scheduler::State {
     }
   }
 
-  // Makes the full pages among tokens [begin, end) findable; called once those tokens are in
-  // the plan, because every layer writes its new K/V before any attention reads them.
-  void register_full_pages(Sequence& seq, int32_t begin, int32_t end) {
-    if (!config.enable_prefix_cache) return;
+  // Makes the pages among tokens [begin, end) findable: full ones by hash, and the last one,
+  // if the range ends inside it, for partial hits on its leading tokens. Called once those
+  // tokens are in the plan, because every layer writes its new K/V before any attention (or
+  // partial-hit copy) reads them.
+  void register_pages(Sequence& seq, int32_t begin, int32_t end) {
+    if (!config.enable_prefix_cache || end <= begin) return;
     const int32_t page_size = config.page_size;
     for (int32_t index = begin / page_size; index < end / page_size; ++index) {
       const int32_t page = seq.pages[index];
@@ -131,6 +146,20 @@ struct Scheduler::State {
       cache.insert(page, hash, parent_hash(seq, index),
                    seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
     }
+    if (end % page_size == 0) return;
+    const int32_t index = end / page_size;
+    if (index > 0) page_hash(seq, index - 1);  // the parent of the partly filled page
+    cache.record(seq.pages[index], parent_hash(seq, index),
+                 seq.tokens.data() + static_cast<size_t>(index) * page_size,
+                 end - index * page_size, seq.extra_key);
+  }
+
+  // Gives back the holds on the last plan's copy sources.
+  void release_copy_holds() {
+    for (const int32_t page : copy_holds) pool.release(page);
+    copy_holds.clear();
+    copy_dsts.clear();
+    kv_copies.clear();
   }
 
   // Frees the victim's pages and queues it first for recompute. Returns the tokens it had in
@@ -139,6 +168,8 @@ struct Scheduler::State {
     running.pop_back();
     free_pages(*victim);
     victim->num_computed = 0;
+    victim->copy_page_index = victim->copy_src_page = -1;
+    victim->num_copied_tokens = 0;
     victim->status = SeqStatus::kWaiting;
     waiting.push_front(victim);
     ++preemptions;
@@ -196,22 +227,58 @@ struct Scheduler::State {
         hit_pages.push_back(page);
       }
     }
-    const int32_t num_hit_tokens = static_cast<int32_t>(hit_pages.size()) * page_size;
+    const auto num_full_hits = static_cast<int32_t>(hit_pages.size());
+    // Where the whole-page hits end, the request's next tokens may still equal the leading
+    // tokens of a page someone else filled: those are copied into the request's own fresh page
+    // rather than computed. The last token stays to compute, as above.
+    PartialMatch partial;
+    if (can_lookup) {
+      const int32_t begin = num_full_hits * page_size;
+      const int32_t max_tokens = std::min(page_size - 1, seq.num_tokens() - 1 - begin);
+      if (num_full_hits > 0) page_hash(seq, num_full_hits - 1);  // the parent (already hashed)
+      partial = cache.find_partial(parent_hash(seq, num_full_hits), seq.tokens.data() + begin,
+                                   max_tokens, seq.extra_key, copy_dsts);
+    }
+    // Hits on free pages revive them, so they no longer count as allocatable; so does holding a
+    // free copy source through the step.
+    const auto num_free_hits = static_cast<int32_t>(
+        std::count_if(hit_pages.begin(), hit_pages.end(),
+                      [this](int32_t page) { return pool.ref_count(page) == 0; }));
+    const auto pages_needed = [&](const PartialMatch& hit) {
+      const int32_t num_hit_tokens = num_full_hits * page_size + hit.num_tokens;
+      const int32_t num_tokens =
+          num_hit_tokens + std::min(seq.num_tokens() - num_hit_tokens, budget);
+      const bool holds_free_page = hit.num_tokens > 0 && pool.ref_count(hit.page) == 0;
+      return ceil_div(num_tokens, page_size) - num_full_hits + num_free_hits +
+             (holds_free_page ? 1 : 0);
+    };
+    // The held source is one page more than the request keeps: a request that fits the pool
+    // only without it computes those tokens instead, or it would wait for good.
+    if (partial.num_tokens > 0 && !pool.can_allocate(pages_needed(partial))) partial = {};
+    if (!pool.can_allocate(pages_needed(partial))) return false;
+    const int32_t num_hit_tokens = num_full_hits * page_size + partial.num_tokens;
     const int32_t num_new_tokens = std::min(seq.num_tokens() - num_hit_tokens, budget);
     const int32_t num_tokens = num_hit_tokens + num_new_tokens;
-    // Hits on free pages revive them, so they no longer count as allocatable.
-    const auto num_free_hits =
-        std::count_if(hit_pages.begin(), hit_pages.end(),
-                      [this](int32_t page) { return pool.ref_count(page) == 0; });
-    const int32_t num_new_pages =
-        ceil_div(num_tokens, page_size) - static_cast<int32_t>(hit_pages.size());
-    if (!pool.can_allocate(num_new_pages + static_cast<int32_t>(num_free_hits))) return false;
 
     for (const int32_t page : hit_pages) {
       pool.acquire(page);
       seq.pages.push_back(page);
     }
+    if (partial.num_tokens > 0) {
+      pool.acquire(partial.page);  // before allocate_pages, which must not hand it out
+      copy_holds.push_back(partial.page);
+    }
     allocate_pages(seq, num_tokens);
+    if (partial.num_tokens > 0) {
+      const int32_t dst = seq.pages[num_full_hits];
+      kv_copies.insert(kv_copies.end(), {partial.page, dst, partial.num_tokens});
+      copy_dsts.push_back(dst);
+      seq.copy_page_index = num_full_hits;
+      seq.copy_src_page = partial.page;
+      seq.num_copied_tokens = partial.num_tokens;
+      ++prefix_partial_hits;
+      prefix_partial_hit_tokens += partial.num_tokens;
+    }
     if (can_lookup) {
       prefix_query_tokens += seq.num_tokens();
       prefix_hit_tokens += num_hit_tokens;
@@ -221,7 +288,7 @@ struct Scheduler::State {
     seq.status = SeqStatus::kRunning;
     running.push_back(&seq);
     // Admission never preempts, so this chunk is final and its pages can be shared at once.
-    register_full_pages(seq, num_hit_tokens, num_tokens);
+    register_pages(seq, num_hit_tokens, num_tokens);
     scheduled.push_back({&seq, num_new_tokens});
     budget -= num_new_tokens;
     return true;
@@ -258,6 +325,7 @@ void Scheduler::State::emit(StepPlan& plan) const {
   const size_t num_seqs = scheduled.size();
   plan.page_size = page_size;
   plan.null_page = pool.null_page();
+  plan.kv_copies = kv_copies;
   plan.token_ids.reserve(num_tokens);
   plan.positions.reserve(num_tokens);
   plan.slot_mapping.reserve(num_tokens);
@@ -381,13 +449,14 @@ bool Scheduler::has_unfinished() const {
 StepPlan Scheduler::schedule() {
   State& state = *state_;
   state.scheduled.clear();
+  state.release_copy_holds();  // none unless the last plan never reached update()
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = state.schedule_running(/*decodes=*/true, budget);
   preempted |= state.schedule_running(/*decodes=*/false, budget);
   // Running sequences can be preempted until both passes are done; only then is their chunk
   // final, and only then may others find its pages.
   for (const auto& [seq, num_new_tokens] : state.scheduled) {
-    state.register_full_pages(*seq, seq->num_computed, seq->num_computed + num_new_tokens);
+    state.register_pages(*seq, seq->num_computed, seq->num_computed + num_new_tokens);
   }
   // Admitting right after a preemption would only thrash: the pool just proved too small.
   if (!preempted) {
@@ -455,6 +524,8 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
     for (const Sequence* seq : state.finished) state.sequences.erase(seq->request.id);
   }
   state.scheduled.clear();
+  // The step has run its copies: their sources may be reused now.
+  state.release_copy_holds();
   return updates;
 }
 
@@ -470,6 +541,8 @@ SchedulerStats Scheduler::stats() const {
   stats.pages_cached = state.pool.num_cached();
   stats.prefix_query_tokens = state.prefix_query_tokens;
   stats.prefix_hit_tokens = state.prefix_hit_tokens;
+  stats.prefix_partial_hits = state.prefix_partial_hits;
+  stats.prefix_partial_hit_tokens = state.prefix_partial_hit_tokens;
   stats.preemptions = state.preemptions;
   return stats;
 }
@@ -487,10 +560,32 @@ std::vector<SequenceView> Scheduler::sequence_map() const {
     view.pages = seq->pages;
     std::fill_n(view.pages.begin(), seq->num_released_pages, SequenceView::kReleasedPage);
     view.page_shared.reserve(seq->pages.size());
+    view.page_ref_counts.reserve(seq->pages.size());
     for (const int32_t page : view.pages) {
-      const bool shared = page != SequenceView::kReleasedPage && state.pool.ref_count(page) > 1;
-      view.page_shared.push_back(shared ? 1 : 0);
+      // A copy source held through the step is no sequence's: it does not count as a holder.
+      const int32_t refs = page == SequenceView::kReleasedPage
+                               ? 0
+                               : state.pool.ref_count(page) -
+                                     static_cast<int32_t>(std::count(state.copy_holds.begin(),
+                                                                     state.copy_holds.end(), page));
+      view.page_shared.push_back(refs > 1 ? 1 : 0);
+      view.page_ref_counts.push_back(refs);
     }
+    view.copy_page_index = seq->copy_page_index;
+    view.copy_src_page = seq->copy_src_page;
+    view.num_copied_tokens = seq->num_copied_tokens;
+  }
+  return views;
+}
+
+std::vector<CachedPageView> Scheduler::cached_pages(int32_t max_pages) const {
+  const State& state = *state_;
+  std::vector<CachedPageView> views;
+  for (const int32_t page : state.pool.free_pages_in_eviction_order()) {
+    if (static_cast<int32_t>(views.size()) >= max_pages) break;
+    const bool full = state.pool.has_hash(page);
+    const int32_t num_tokens = full ? config_.page_size : state.cache.num_recorded(page);
+    if (num_tokens > 0) views.push_back({page, num_tokens, full});
   }
   return views;
 }

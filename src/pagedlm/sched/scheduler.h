@@ -50,7 +50,11 @@ struct SchedulerStats {
   int32_t pages_free = 0;      // ref count == 0 (cached or empty)
   int32_t pages_cached = 0;    // ref count == 0 and still findable by hash
   int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_hit_tokens = 0;  // whole pages and partial-page hits together
+  // Admissions whose hit ended inside a page, and the tokens those partial pages served (copied
+  // from a cached page instead of computed); both are part of prefix_hit_tokens too.
+  int64_t prefix_partial_hits = 0;
+  int64_t prefix_partial_hit_tokens = 0;
   int64_t preemptions = 0;
 };
 
@@ -61,11 +65,24 @@ struct SequenceView {
   static constexpr int32_t kReleasedPage = -1;
 
   int64_t request_id = 0;
-  int32_t num_tokens = 0;            // prompt + generated so far
-  int32_t num_computed = 0;          // tokens whose K/V are in the cache
-  int32_t num_cached_tokens = 0;     // prompt tokens served by the prefix cache at admission
-  std::vector<int32_t> pages;        // the page table; released entries are kReleasedPage
-  std::vector<uint8_t> page_shared;  // per page: 1 if another sequence holds it too
+  int32_t num_tokens = 0;                // prompt + generated so far
+  int32_t num_computed = 0;              // tokens whose K/V are in the cache
+  int32_t num_cached_tokens = 0;         // prompt tokens served by the prefix cache at admission
+  std::vector<int32_t> pages;            // the page table; released entries are kReleasedPage
+  std::vector<uint8_t> page_shared;      // per page: 1 if another sequence holds it too
+  std::vector<int32_t> page_ref_counts;  // per page: its holders (0 for released entries)
+  // The partial-page hit of the admission, if any: page table entry copy_page_index received
+  // the first num_copied_tokens slots of copy_src_page (-1: no partial hit).
+  int32_t copy_page_index = -1;
+  int32_t copy_src_page = -1;
+  int32_t num_copied_tokens = 0;
+};
+
+// A page no sequence holds whose content the prefix cache can still serve.
+struct CachedPageView {
+  int32_t page = 0;
+  int32_t num_tokens = 0;  // leading tokens it can serve: page_size for a full page
+  bool full = false;       // findable by hash (whole-page hits); else partial hits only
 };
 
 struct Sequence;  // defined in scheduler.cc
@@ -88,6 +105,9 @@ class Scheduler {
 
   SchedulerStats stats() const;
   std::vector<SequenceView> sequence_map() const;
+  // Free pages still holding servable content, the next one to be reused first, at most
+  // max_pages of them.
+  std::vector<CachedPageView> cached_pages(int32_t max_pages) const;
   const SchedulerConfig& config() const { return config_; }
   // Tokens generated so far by a live request (empty if unknown).
   std::vector<int32_t> output_tokens(int64_t request_id) const;

@@ -30,6 +30,14 @@ struct StepPlan {
   // entries never mean shared content.
   int32_t null_page = -1;
 
+  // Partial-page prefix hits: (src_page, dst_page, num_tokens) triples, [3 * C]. Before any
+  // attention of the step reads them (after each layer's cache write, so a source page filled
+  // in this very step is ready), slots 0 .. num_tokens-1 of src_page are copied to the same
+  // slots of dst_page, in every layer's K and V cache. dst_page is a fresh page of the
+  // sequence that hit, whose own tokens start at slot num_tokens; src_page is never written and
+  // no page is both a source and a destination in one step.
+  std::vector<int32_t> kv_copies;
+
   // Rows of the stream that produce logits. Sequence b's rows are
   // logits_rows[logits_indptr[b] .. logits_indptr[b+1]]; if samples[b], the last of them
   // is sampled to extend the sequence.
@@ -41,6 +49,7 @@ struct StepPlan {
   std::vector<uint8_t> samples;      // [B] 1 if this step ends the sequence's pending tokens
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_kv_copies() const { return static_cast<int32_t>(kv_copies.size() / 3); }
   int32_t num_seqs() const { return static_cast<int32_t>(request_ids.size()); }
   bool empty() const { return token_ids.empty(); }
 };

@@ -1,5 +1,6 @@
 #include "pagedlm/server/engine_loop.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -86,12 +87,55 @@ SchedulerStats EngineLoop::stats() const {
   return stats_;
 }
 
+bool EngineLoop::cache_snapshot(int32_t max_free_pages, std::chrono::milliseconds timeout,
+                                CacheSnapshot* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return false;
+  const int64_t ticket = ++cache_requests_;
+  cache_max_free_pages_ = std::max(cache_max_free_pages_, max_free_pages);
+  cv_.notify_all();
+  if (!cv_.wait_for(lock, timeout, [&] { return cache_served_ >= ticket || stop_; })) return false;
+  if (cache_served_ < ticket) return false;
+  *out = cache_;
+  if (static_cast<int32_t>(out->free_pages.size()) > max_free_pages) {
+    out->free_pages.resize(max_free_pages);
+  }
+  return true;
+}
+
+// The engine's state is read here only, on its own thread, between steps.
+void EngineLoop::serve_cache_request() {
+  int64_t requested = 0;
+  int32_t max_free_pages = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_requests_ == cache_served_) return;
+    requested = cache_requests_;
+    max_free_pages = cache_max_free_pages_;
+    cache_max_free_pages_ = 0;
+  }
+  CacheSnapshot snapshot;
+  snapshot.page_size = engine_.options().page_size;
+  snapshot.stats = engine_.stats();
+  snapshot.sequences = engine_.sequence_map();
+  snapshot.free_pages = engine_.cached_pages(max_free_pages);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_ = std::move(snapshot);
+    cache_served_ = requested;
+  }
+  cv_.notify_all();
+}
+
 void EngineLoop::run() {
   while (true) {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || woken_ || !inbox_.empty() || !active_.empty(); });
+      cv_.wait(lock, [&] {
+        return stop_ || woken_ || !inbox_.empty() || !active_.empty() ||
+               cache_requests_ != cache_served_;
+      });
       if (stop_) break;
       woken_ = false;
       incoming.swap(inbox_);
@@ -110,8 +154,11 @@ void EngineLoop::run() {
     }
     process(events);
     const SchedulerStats stats = engine_.stats();
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_ = stats;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = stats;
+    }
+    serve_cache_request();
   }
   fail_all("the server is shutting down", 503);
   std::vector<Pending> left;

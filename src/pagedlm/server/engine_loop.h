@@ -56,6 +56,14 @@ class OutputChannel {
   bool all_cancelled_ = false;
 };
 
+// The KV cache as the engine thread saw it between two steps (GET /v1/cache).
+struct CacheSnapshot {
+  int32_t page_size = 0;
+  SchedulerStats stats;
+  std::vector<SequenceView> sequences;     // running sequences' page tables
+  std::vector<CachedPageView> free_pages;  // free pages still serving hits, next reused first
+};
+
 struct GenerationJob {
   Request request;
   int32_t choice = 0;
@@ -80,6 +88,11 @@ class EngineLoop {
 
   std::string prometheus_text() const;
   SchedulerStats stats() const;
+  // Asks the engine thread for a snapshot of the KV cache (at most max_free_pages free pages
+  // listed), taken after its current step, and waits up to `timeout` for it. False on timeout
+  // or shutdown.
+  bool cache_snapshot(int32_t max_free_pages, std::chrono::milliseconds timeout,
+                      CacheSnapshot* out);
 
  private:
   struct Pending {
@@ -100,6 +113,7 @@ class EngineLoop {
   void drop_cancelled();
   void process(const std::vector<RequestEvent>& events);
   void fail_all(const std::string& message, int status);
+  void serve_cache_request();
 
   Engine& engine_;
   const int32_t max_waiting_;
@@ -112,6 +126,12 @@ class EngineLoop {
   bool woken_ = false;
   SchedulerStats stats_;
   ServingCounters counters_;
+  // Cache snapshots: requests_ counts the ones asked for, served_ the last one answered (the
+  // engine thread answers every request pending when it looks, with one snapshot).
+  int64_t cache_requests_ = 0;
+  int64_t cache_served_ = 0;
+  int32_t cache_max_free_pages_ = 0;
+  CacheSnapshot cache_;
 
   ServingMetrics metrics_;  // thread-safe itself
   std::thread thread_;

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -690,6 +691,77 @@ void HttpServer::Impl::setup_routes() {
   });
   route("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(loop.prometheus_text(), "text/plain; version=0.0.4");
+  });
+  // The KV cache map, behind the API key: each running sequence's page table (shared pages,
+  // the partial-page copy of its admission, entries released behind the window) and the free
+  // pages the prefix cache can still serve, next reused first.
+  route("GET", "/v1/cache", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] {
+      int32_t max_free_pages = 256;
+      if (req.has_param("max_free_pages")) {
+        const std::string value = req.get_param_value("max_free_pages");
+        char* end = nullptr;
+        const long parsed = std::strtol(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || parsed < 0 || parsed > (1 << 20)) {
+          send_error(res, 400, "max_free_pages must be an integer in [0, 1048576]",
+                     "invalid_request_error");
+          return;
+        }
+        max_free_pages = static_cast<int32_t>(parsed);
+      }
+      CacheSnapshot snap;
+      if (!loop.cache_snapshot(max_free_pages, std::chrono::seconds(10), &snap)) {
+        send_error(res, 503, "the engine did not answer in time", "server_error");
+        return;
+      }
+      json sequences = json::array();
+      for (const SequenceView& s : snap.sequences) {
+        json pages = json::array();
+        for (size_t i = 0; i < s.pages.size(); ++i) {
+          if (s.pages[i] == SequenceView::kReleasedPage) {
+            pages.push_back(json{{"released", true}});
+          } else {
+            pages.push_back(json{{"page", s.pages[i]},
+                                 {"ref_count", s.page_ref_counts[i]},
+                                 {"shared", s.page_shared[i] != 0}});
+          }
+        }
+        json copy = nullptr;
+        if (s.copy_page_index >= 0) {
+          copy = json{{"page_index", s.copy_page_index},
+                      {"page", s.pages[s.copy_page_index]},
+                      {"src_page", s.copy_src_page},
+                      {"num_tokens", s.num_copied_tokens}};
+        }
+        sequences.push_back(json{{"request_id", s.request_id},
+                                 {"num_tokens", s.num_tokens},
+                                 {"num_computed", s.num_computed},
+                                 {"num_cached_tokens", s.num_cached_tokens},
+                                 {"pages", std::move(pages)},
+                                 {"partial_copy", std::move(copy)}});
+      }
+      json free_pages = json::array();
+      for (const CachedPageView& p : snap.free_pages) {
+        free_pages.push_back(json{
+            {"page", p.page}, {"ref_count", 0}, {"num_tokens", p.num_tokens}, {"full", p.full}});
+      }
+      const SchedulerStats& st = snap.stats;
+      send_json(res, 200,
+                json{{"page_size", snap.page_size},
+                     {"pages",
+                      {{"total", st.pages_total},
+                       {"reserved", st.pages_reserved},
+                       {"used", st.pages_used},
+                       {"free", st.pages_free},
+                       {"cached", st.pages_cached}}},
+                     {"prefix_cache",
+                      {{"query_tokens", st.prefix_query_tokens},
+                       {"hit_tokens", st.prefix_hit_tokens},
+                       {"partial_hits", st.prefix_partial_hits},
+                       {"partial_hit_tokens", st.prefix_partial_hit_tokens}}},
+                     {"sequences", std::move(sequences)},
+                     {"free_pages", std::move(free_pages)}});
+    });
   });
   route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200,

@@ -66,6 +66,12 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
              "Prompt tokens looked up in the prefix cache.", stats.prefix_query_tokens);
   add_metric(&out, "counter", "pagedlm_prefix_cache_hits_total",
              "Prompt tokens served by the prefix cache.", stats.prefix_hit_tokens);
+  add_metric(&out, "counter", "pagedlm_prefix_cache_partial_hits_total",
+             "Admissions whose prefix-cache hit ended inside a page (its leading tokens copied).",
+             stats.prefix_partial_hits);
+  add_metric(&out, "counter", "pagedlm_prefix_cache_partial_hit_tokens_total",
+             "Prompt tokens served by copying a cached page's leading tokens (part of the hits).",
+             stats.prefix_partial_hit_tokens);
   add_metric(&out, "counter", "pagedlm_num_preemptions_total", "Requests preempted.",
              stats.preemptions);
   add_metric(&out, "counter", "pagedlm_prompt_tokens_total", "Prompt tokens of admitted requests.",

@@ -164,6 +164,15 @@ cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int d
 // final logit soft-cap). cap > 0, else cudaErrorInvalidValue.
 cudaError_t launch_softcap(void* x, bool f32, int64_t n, float cap, cudaStream_t stream);
 
+// Partial-page prefix hits (ops/copy_kv.h): copies: [num_copies][3] (src_page, dst_page,
+// num_tokens) on the device; slots 0 .. num_tokens-1 of src_page go to the same slots of
+// dst_page in k_cache and v_cache, each [num_pages, page_size] slots of row_bytes bytes (any
+// dtype: bytes are moved as they are). No page may be both a source and a destination of one
+// launch. Rows are not range-checked on the device.
+cudaError_t launch_copy_kv_slots(void* k_cache, void* v_cache, const int32_t* copies,
+                                 int num_copies, int page_size, int64_t row_bytes,
+                                 cudaStream_t stream);
+
 // in: [*, row_bytes], rows: [num_rows], out: [num_rows, row_bytes] = in[rows[i]]. Rows are
 // copied as bytes, so one kernel serves the bf16 activations and the f32 residual stream;
 // row_bytes must be even (any 2- or 4-byte dtype).
