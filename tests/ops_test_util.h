@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/io/gguf.h"
 
 namespace pagedlm::testing {
 
@@ -52,6 +54,39 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
     return;
   }
   ADD_FAILURE() << "no pagedlm::Error thrown";
+}
+
+// Random ggml blocks: f16 scales of either sign and magnitude 1e-3..1e-1, random quants.
+inline QuantizedMatrix random_blocks(QuantType type, int64_t rows, int64_t cols,
+                                     std::mt19937& rng) {
+  QuantizedMatrix q;
+  q.type = type;
+  q.rows = rows;
+  q.cols = cols;
+  q.blocks.resize(rows * q.row_bytes());
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(1e-3f, 1e-1f);
+  const int64_t block_bytes = quant_block_bytes(type);
+  for (size_t at = 0; at < q.blocks.size(); at += block_bytes) {
+    for (int64_t i = 0; i < block_bytes; ++i) q.blocks[at + i] = static_cast<uint8_t>(byte(rng));
+    const int num_scales = type == QuantType::kQ4_1 ? 2 : 1;  // d (and m) are f16
+    for (int s = 0; s < num_scales; ++s) {
+      const uint16_t h = f32_to_f16((byte(rng) % 2 ? 1.f : -1.f) * scale(rng));
+      q.blocks[at + 2 * s] = static_cast<uint8_t>(h & 0xff);
+      q.blocks[at + 2 * s + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  }
+  return q;
+}
+
+// The weights the blocks stand for, expanded by the GGUF reader's dequantizer.
+inline std::vector<float> dequantized(const QuantizedMatrix& q) {
+  std::vector<float> w(q.rows * q.cols);
+  const GgmlType type = q.type == QuantType::kQ4_1 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    dequantize_row(type, q.blocks.data() + r * q.row_bytes(), w.data() + r * q.cols, q.cols);
+  }
+  return w;
 }
 
 }  // namespace pagedlm::testing
