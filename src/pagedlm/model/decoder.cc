@@ -1,7 +1,7 @@
 // The decoder every family runs: pre-norm attention and a gated MLP per layer, with the pieces a
 // family switches on in its ModelConfig (q/k/v biases, q/k norms, sandwich norms, (1 + w) norms,
-// GeGLU, scaled embeddings, a final soft-cap) and one attention spec per layer. Weights are
-// found under the family's names (model/family.h).
+// GeGLU, scaled embeddings, a final soft-cap, mixture-of-experts MLPs) and one attention spec
+// per layer. Weights are found under the family's names (model/family.h).
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -12,8 +12,8 @@
 #include "pagedlm/model/rope.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
-#include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/softcap.h"
@@ -45,7 +45,9 @@ struct LayerWeights {
   Tensor q_norm, k_norm;               // [d], with qk_norm only
   Projection gate_up_proj;             // [2F, D]: gate rows then up rows, one GEMM
   Projection down_proj;                // [D, F]
-  Tensor inv_freq;                     // [d/2] f32: the layer's rope (shared between layers)
+  Projection router;                   // [E, D]: sparse MLPs only, with `experts`
+  ops::ExpertWeights experts;
+  Tensor inv_freq;  // [d/2] f32: the layer's rope (shared between layers)
 };
 
 // The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
@@ -79,8 +81,8 @@ Tensor upload(const Tensor& t, Device device) {
     if (t.dtype() == DType::kF32 && reinterpret_cast<uintptr_t>(t.raw()) % 64 == 0) return t;
     return t.to_f32();
   }
-  // f32 checkpoints (and dummy weights) convert in place of a copy, in parallel: an 8B model
-  // is 8G conversions.
+  if (t.dtype() == DType::kBF16) return t.to(device);
+  // f32 checkpoints convert in place of a copy, in parallel: an 8B model is 8G conversions.
   const Tensor f32 = t.dtype() == DType::kF32 ? t : t.to_f32();
   Tensor bf16 = Tensor::empty(DType::kBF16, f32.shape());
   const float* src = f32.data<float>();
@@ -91,19 +93,72 @@ Tensor upload(const Tensor& t, Device device) {
   return bf16.to(device);
 }
 
-// Stacks tensors along their first dimension (f32): weights [rows, cols] or biases [rows].
-Tensor concat_rows(const std::vector<Tensor>& parts) {
-  Shape shape = parts.front().shape();
+// The named tensors (shapes checked) stacked along their first dimension, in the compute dtype
+// on `device`, converted part by part: a whole layer of experts is never held in f32.
+Tensor stacked(const Checkpoint& ckpt, const std::vector<std::pair<std::string, Shape>>& parts,
+               Device device) {
+  if (parts.size() == 1) return upload(ckpt.get(parts[0].first, parts[0].second), device);
+  const DType dtype = compute_dtype_of(device);
+  Shape shape = parts.front().second;
   shape[0] = 0;
-  for (const Tensor& t : parts) shape[0] += t.dim(0);
-  Tensor out = Tensor::empty(DType::kF32, shape);
-  float* dst = out.data<float>();
-  for (const Tensor& t : parts) {
-    const Tensor f = t.to_f32();
-    std::memcpy(dst, f.data<float>(), f.nbytes());
-    dst += f.numel();
+  for (const auto& [name, part_shape] : parts) shape[0] += part_shape[0];
+  Tensor host = Tensor::empty(dtype, shape);
+  auto* dst = static_cast<char*>(host.raw());
+  for (const auto& [name, part_shape] : parts) {
+    const Tensor part = ckpt.get(name, part_shape);
+    if (part.dtype() == dtype) {
+      std::memcpy(dst, part.raw(), part.nbytes());
+      dst += part.nbytes();
+      continue;
+    }
+    const Tensor f32 = part.to_f32();
+    const int64_t n = f32.numel();
+    if (dtype == DType::kF32) {
+      std::memcpy(dst, f32.raw(), f32.nbytes());
+    } else {
+      const float* src = f32.data<float>();
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(src[i]);
+    }
+    dst += n * static_cast<int64_t>(dtype_size(dtype));
   }
-  return out;
+  return device == Device::kCpu ? host : host.to(device);
+}
+
+// A sparse layer's experts as ops::moe_experts takes them: per-expert blocks on the CPU where
+// every expert's matrices have them (GGUF Q4_1 / Q8_0), else stacked in the compute dtype.
+ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, int64_t layer,
+                                Device device) {
+  const Family& family = family_of(c);
+  const int64_t E = c.moe.num_experts, D = c.hidden_size, F = c.moe.expert_intermediate_size;
+  ops::ExpertWeights w;
+  w.num_experts = E;
+  w.hidden = D;
+  w.ffn = F;
+  std::vector<std::pair<std::string, Shape>> gate_up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertGate, e), Shape{F, D});
+    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertUp, e), Shape{F, D});
+    down.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertDown, e), Shape{D, F});
+  }
+  if (device == Device::kCpu) {
+    for (int64_t e = 0; e < E; ++e) {
+      QuantizedMatrix gu = stacked_blocks(ckpt, {gate_up[2 * e], gate_up[2 * e + 1]});
+      QuantizedMatrix dn = stacked_blocks(ckpt, {down[e]});
+      if (gu.empty() || dn.empty()) {
+        w.gate_up_blocks.clear();
+        w.down_blocks.clear();
+        break;
+      }
+      w.gate_up_blocks.push_back(std::move(gu));
+      w.down_blocks.push_back(std::move(dn));
+    }
+    if (w.quantized()) return w;
+  }
+  w.gate_up = stacked(ckpt, gate_up, device).reshape({E, 2 * F, D});
+  w.down = stacked(ckpt, down, device).reshape({E, D, F});
+  return w;
 }
 
 class DecoderModel final : public CausalLM {
@@ -121,12 +176,7 @@ class DecoderModel final : public CausalLM {
     auto projection = [&](const std::vector<std::pair<std::string, Shape>>& parts) {
       Projection proj;
       if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, parts);
-      if (proj.blocks.empty()) {
-        std::vector<Tensor> dense;
-        dense.reserve(parts.size());
-        for (const auto& [name, shape] : parts) dense.push_back(ckpt.get(name, shape));
-        proj.dense = upload(dense.size() == 1 ? dense.front() : concat_rows(dense), device);
-      }
+      if (proj.blocks.empty()) proj.dense = stacked(ckpt, parts, device);
       return proj;
     };
     embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
@@ -176,23 +226,40 @@ class DecoderModel final : public CausalLM {
                                      {name(i, LayerWeight::kV), {kv_rows, D}}});
       w.o_proj = projection({{name(i, LayerWeight::kO), {D, q_rows}}});
       if (c.attention_bias) {
-        w.qkv_bias = upload(concat_rows({ckpt.get(name(i, LayerWeight::kQBias), {q_rows}),
-                                         ckpt.get(name(i, LayerWeight::kKBias), {kv_rows}),
-                                         ckpt.get(name(i, LayerWeight::kVBias), {kv_rows})}),
-                            device);
+        w.qkv_bias = stacked(ckpt,
+                             {{name(i, LayerWeight::kQBias), {q_rows}},
+                              {name(i, LayerWeight::kKBias), {kv_rows}},
+                              {name(i, LayerWeight::kVBias), {kv_rows}}},
+                             device);
       }
       if (c.qk_norm) {
         w.q_norm = vector(name(i, LayerWeight::kQNorm), d);
         w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
-      w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
-                           ? projection({{name(i, LayerWeight::kGateUp), {2 * F, D}}})
-                           : projection({{name(i, LayerWeight::kGate), {F, D}},
-                                         {name(i, LayerWeight::kUp), {F, D}}});
-      w.down_proj = projection({{name(i, LayerWeight::kDown), {D, F}}});
+      if (c.layers[i].sparse_mlp) {
+        w.router = projection({{name(i, LayerWeight::kRouter), {c.moe.num_experts, D}}});
+        w.experts = load_experts(ckpt, c, i, device);
+      } else {
+        w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
+                             ? projection({{name(i, LayerWeight::kGateUp), {2 * F, D}}})
+                             : projection({{name(i, LayerWeight::kGate), {F, D}},
+                                           {name(i, LayerWeight::kUp), {F, D}}});
+        w.down_proj = projection({{name(i, LayerWeight::kDown), {D, F}}});
+      }
       w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
     }
+    experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
+  }
+
+  int64_t expert_bytes_read() const override {
+    const ModelConfig& c = config_;
+    if (c.moe.num_experts == 0) return 0;
+    const Tensor counts = experts_activated_.to(Device::kCpu);
+    int64_t activated = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) activated += counts.data<int32_t>()[i];
+    return activated * 3 * c.moe.expert_intermediate_size * c.hidden_size *
+           static_cast<int64_t>(dtype_size(dtype_));
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -221,6 +288,17 @@ class DecoderModel final : public CausalLM {
     b.proj_out = make({rows, D});
     b.gate_up = make({rows, 2 * F});
     b.act = make({rows, F});
+    if (c.moe.num_experts > 0) {
+      const int64_t E = c.moe.num_experts, k = c.moe.experts_per_token;
+      const int64_t Fe = c.moe.expert_intermediate_size;
+      b.router_logits = make_f32({rows, E});
+      b.expert_ids = Tensor::empty(DType::kI32, {rows, k}, device_);
+      b.expert_weights = make_f32({rows, k});
+      b.moe.plan = Tensor::empty(DType::kI32, {ops::moe_plan_size(rows * k, E)}, device_);
+      b.moe.gate_up = make({rows * k, 2 * Fe});
+      b.moe.act = make({rows * k, Fe});
+      b.moe.expert_out = make({rows * k, D});
+    }
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
@@ -261,13 +339,22 @@ class DecoderModel final : public CausalLM {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
       ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
-      w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
-      if (c.activation == Activation::kGeluTanh) {
-        ops::gelu_tanh_mul(gate_up, act, stream);
+      if (c.layers[i].sparse_mlp) {
+        const Tensor router_logits = buffers_.router_logits.rows(0, L);
+        const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
+        const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
+        w.router.apply(hidden, Tensor(), router_logits, stream);
+        ops::moe_route(router_logits, c.moe.normalize_top_k, expert_ids, expert_weights, stream);
+        ops::MoeWorkspace ws = buffers_.moe;
+        ws.activated =
+            experts_activated_.rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+        ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
+                         proj_out, stream);
       } else {
-        ops::silu_mul(gate_up, act, stream);
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
+        ops::gated_mul(gated_activation(c), gate_up, act, stream);
+        w.down_proj.apply(act, Tensor(), proj_out, stream);
       }
-      w.down_proj.apply(act, Tensor(), proj_out, stream);
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
       }
@@ -288,7 +375,16 @@ class DecoderModel final : public CausalLM {
     int64_t capacity = 0;                                               // rows
     Tensor residual, hidden, qkv, q, attn_out, proj_out, gate_up, act;  // [rows, ...]
     Tensor last, last_residual, last_update;                            // [rows, D]
+    // Mixture-of-experts layers: router logits [rows, E], each token's experts and weights
+    // [rows, k], and the experts' scratch for rows * k (token, slot) pairs.
+    Tensor router_logits, expert_ids, expert_weights;
+    ops::MoeWorkspace moe;
   };
+
+  static ops::GatedActivation gated_activation(const ModelConfig& c) {
+    return c.activation == Activation::kGeluTanh ? ops::GatedActivation::kGeluTanh
+                                                 : ops::GatedActivation::kSilu;
+  }
 
   ModelConfig config_;
   Device device_;
@@ -297,6 +393,7 @@ class DecoderModel final : public CausalLM {
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;
+  Tensor experts_activated_;  // [layers] i32: experts that received tokens, summed over calls
 };
 
 }  // namespace
