@@ -4,6 +4,7 @@
 // per layer. Weights are found under the family's names (model/family.h).
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -93,35 +94,43 @@ Tensor upload(const Tensor& t, Device device) {
   return bf16.to(device);
 }
 
-// The named tensors (shapes checked) stacked along their first dimension, in the compute dtype
-// on `device`, converted part by part: a whole layer of experts is never held in f32.
+// Where row `row` of part `part` goes in a stacked tensor.
+using RowPlacement = std::function<int64_t(size_t part, int64_t row)>;
+
+// The named tensors (shapes checked) stacked along their first dimension (in order, or where
+// `place` says), in the compute dtype on `device`, converted part by part: a whole layer of
+// experts is never held in f32.
 Tensor stacked(const Checkpoint& ckpt, const std::vector<std::pair<std::string, Shape>>& parts,
-               Device device) {
-  if (parts.size() == 1) return upload(ckpt.get(parts[0].first, parts[0].second), device);
+               Device device, const RowPlacement& place = nullptr) {
+  if (parts.size() == 1 && !place) {
+    return upload(ckpt.get(parts[0].first, parts[0].second), device);
+  }
   const DType dtype = compute_dtype_of(device);
   Shape shape = parts.front().second;
   shape[0] = 0;
   for (const auto& [name, part_shape] : parts) shape[0] += part_shape[0];
   Tensor host = Tensor::empty(dtype, shape);
-  auto* dst = static_cast<char*>(host.raw());
-  for (const auto& [name, part_shape] : parts) {
-    const Tensor part = ckpt.get(name, part_shape);
-    if (part.dtype() == dtype) {
-      std::memcpy(dst, part.raw(), part.nbytes());
-      dst += part.nbytes();
-      continue;
-    }
-    const Tensor f32 = part.to_f32();
-    const int64_t n = f32.numel();
-    if (dtype == DType::kF32) {
-      std::memcpy(dst, f32.raw(), f32.nbytes());
-    } else {
-      const float* src = f32.data<float>();
-      auto* out = reinterpret_cast<uint16_t*>(dst);
+  const int64_t row_elems = shape[0] == 0 ? 0 : host.numel() / shape[0];
+  const auto elem_bytes = static_cast<int64_t>(dtype_size(dtype));
+  int64_t next_row = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Tensor part = ckpt.get(parts[p].first, parts[p].second);
+    const Tensor converted = part.dtype() == dtype ? part : part.to_f32();
+    const int64_t rows = part.dim(0);
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(src[i]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t dst_row = place ? place(p, r) : next_row + r;
+      char* dst = static_cast<char*>(host.raw()) + dst_row * row_elems * elem_bytes;
+      if (converted.dtype() == dtype) {
+        std::memcpy(dst, static_cast<const char*>(converted.raw()) + r * row_elems * elem_bytes,
+                    row_elems * elem_bytes);
+      } else {
+        const float* src = converted.data<float>() + r * row_elems;
+        auto* out = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < row_elems; ++i) out[i] = f32_to_bf16(src[i]);
+      }
     }
-    dst += n * static_cast<int64_t>(dtype_size(dtype));
+    next_row += rows;
   }
   return device == Device::kCpu ? host : host.to(device);
 }
@@ -156,7 +165,13 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, in
     }
     if (w.quantized()) return w;
   }
-  w.gate_up = stacked(ckpt, gate_up, device).reshape({E, 2 * F, D});
+  PAGEDLM_CHECK(device == Device::kCpu || F % 8 == 0, "the GPU's experts need a size that is a ",
+                "multiple of 8, got ", F);
+  // gate_up lists each expert's gate, then its up projection: part p is expert p / 2.
+  w.gate_up = stacked(ckpt, gate_up, device, [&](size_t p, int64_t r) {
+                const auto e = static_cast<int64_t>(p / 2);
+                return e * 2 * F + ops::moe_gate_up_row(r, p % 2 == 1, F, device);
+              }).reshape({E, 2 * F, D});
   w.down = stacked(ckpt, down, device).reshape({E, D, F});
   return w;
 }
@@ -295,7 +310,7 @@ class DecoderModel final : public CausalLM {
       b.expert_ids = Tensor::empty(DType::kI32, {rows, k}, device_);
       b.expert_weights = make_f32({rows, k});
       b.moe.plan = Tensor::empty(DType::kI32, {ops::moe_plan_size(rows * k, E)}, device_);
-      b.moe.gate_up = make({rows * k, 2 * Fe});
+      if (device_ == Device::kCpu) b.moe.gate_up = make({rows * k, 2 * Fe});
       b.moe.act = make({rows * k, Fe});
       b.moe.expert_out = make({rows * k, D});
     }

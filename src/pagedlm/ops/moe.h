@@ -24,9 +24,10 @@ inline constexpr int64_t kMaxExpertsPerToken = 16;
 void moe_route(const Tensor& logits, bool normalize, const Tensor& expert_ids,
                const Tensor& expert_weights, void* stream = nullptr);
 
-// One layer's experts. Dense: gate_up [E, 2F, D] (each expert's gate rows, then its up rows) and
-// down [E, D, F] in the compute dtype. On the CPU, a GGUF's Q4_1 / Q8_0 experts stay in their
-// blocks instead: gate_up_blocks[e] is [2F, D], down_blocks[e] [D, F].
+// One layer's experts. Dense: gate_up [E, 2F, D] (each expert's gate and up rows, placed as
+// moe_gate_up_row says) and down [E, D, F] in the compute dtype. On the CPU, a GGUF's Q4_1 /
+// Q8_0 experts stay in their blocks instead: gate_up_blocks[e] is [2F, D], gate rows then up
+// rows, down_blocks[e] [D, F].
 struct ExpertWeights {
   int64_t num_experts = 0, hidden = 0, ffn = 0;  // E, D, F
   Tensor gate_up, down;
@@ -35,11 +36,18 @@ struct ExpertWeights {
   bool quantized() const { return !gate_up_blocks.empty(); }
 };
 
+// Where row r of an expert's gate (up when `up`) projection sits among its 2F gate_up rows: on
+// the CPU all gate rows, then all up rows; on the GPU blocks of 8 alternate (gate 0-7, up 0-7,
+// gate 8-15, ...), so the grouped GEMM's epilogue holds each feature's gate and up values side
+// by side and applies the activation itself (the GPU needs ffn % 8 == 0).
+int64_t moe_gate_up_row(int64_t r, bool up, int64_t ffn, Device device);
+
 // Scratch for moe_experts over up to `rows` (token, slot) pairs (tokens * k) of E experts, on
-// the op's device: plan (i32, moe_plan_size), gate_up [rows, 2F], act [rows, F] (compute
-// dtype), expert_out [rows, D] (compute dtype). Allocated once by the model, so a step
-// allocates nothing. `activated` (i32 [1], optional) counts, over all calls, the experts that
-// received at least one token: what a step had to read (see CausalLM::expert_bytes_read).
+// the op's device: plan (i32, moe_plan_size), gate_up [rows, 2F] (CPU only: the GPU fuses the
+// activation into its gate/up GEMM), act [rows, F] and expert_out [rows, D] (compute dtype).
+// Allocated once by the model, so a step allocates nothing. `activated` (i32 [1], optional) counts,
+// over all calls, the experts that received at least one token: what a step had to read (see
+// CausalLM::expert_bytes_read).
 struct MoeWorkspace {
   Tensor plan, gate_up, act, expert_out, activated;
 };

@@ -24,6 +24,11 @@ int64_t moe_plan_size(int64_t rows, int64_t num_experts) {
   return 2 * num_experts + 2 + 2 * max_tiles + 2 * rows;
 }
 
+int64_t moe_gate_up_row(int64_t r, bool up, int64_t ffn, Device device) {
+  if (device == Device::kCpu) return up ? ffn + r : r;
+  return r / 8 * 16 + (up ? 8 : 0) + r % 8;
+}
+
 namespace cpu {
 
 void moe_route(const float* logits, bool normalize, int32_t* expert_ids, float* expert_weights,
@@ -148,19 +153,22 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
     detail::expect(w.down, kOp, "down", dt, {E, D, F});
     detail::expect_devices(kOp, x.device(), {{&w.gate_up, "gate_up"}, {&w.down, "down"}});
   }
-  PAGEDLM_CHECK(
-      ws.plan.dtype() == DType::kI32 && ws.plan.numel() >= moe_plan_size(rows, E) &&
-          ws.gate_up.dtype() == dt && ws.gate_up.ndim() == 2 && ws.gate_up.dim(0) >= rows &&
-          ws.gate_up.dim(1) == 2 * F && ws.act.dtype() == dt && ws.act.ndim() == 2 &&
-          ws.act.dim(0) >= rows && ws.act.dim(1) == F && ws.expert_out.dtype() == dt &&
-          ws.expert_out.ndim() == 2 && ws.expert_out.dim(0) >= rows && ws.expert_out.dim(1) == D,
-      kOp, ": the workspace is too small for ", rows, " rows");
+  // The GPU applies the activation in the gate/up GEMM's epilogue: no gate_up scratch there.
+  const bool gate_up_ok =
+      x.device() != Device::kCpu ||
+      (ws.gate_up.dtype() == dt && ws.gate_up.ndim() == 2 && ws.gate_up.dim(0) >= rows &&
+       ws.gate_up.dim(1) == 2 * F && ws.gate_up.device() == Device::kCpu);
+  PAGEDLM_CHECK(ws.plan.dtype() == DType::kI32 && ws.plan.numel() >= moe_plan_size(rows, E) &&
+                    gate_up_ok && ws.act.dtype() == dt && ws.act.ndim() == 2 &&
+                    ws.act.dim(0) >= rows && ws.act.dim(1) == F && ws.expert_out.dtype() == dt &&
+                    ws.expert_out.ndim() == 2 && ws.expert_out.dim(0) >= rows &&
+                    ws.expert_out.dim(1) == D,
+                kOp, ": the workspace is too small for ", rows, " rows");
   detail::expect_devices(kOp, x.device(),
                          {{&expert_ids, "expert_ids"},
                           {&expert_weights, "expert_weights"},
                           {&out, "out"},
                           {&ws.plan, "workspace plan"},
-                          {&ws.gate_up, "workspace gate_up"},
                           {&ws.act, "workspace act"},
                           {&ws.expert_out, "workspace expert_out"}});
   if (x.device() != Device::kCpu) {
