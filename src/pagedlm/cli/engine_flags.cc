@@ -16,6 +16,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                 "ranks that split the model (a divisor of its attention heads)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--device", flags.device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();

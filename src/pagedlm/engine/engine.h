@@ -18,6 +18,7 @@
 namespace pagedlm {
 
 class CausalLM;
+class CpuRanks;
 class CudaStepRunner;
 class PagedKvCache;
 
@@ -46,6 +47,11 @@ struct EngineOptions {
   bool free_pages_outside_window = true;
   int32_t threads = 0;  // 0: all hardware threads
   Device device = Device::kCpu;
+  // Ranks that split the model between them (model/tensor_parallel.h); on the CPU, threads of
+  // this process. Every rank runs the one StepPlan the scheduler makes each step.
+  int32_t tensor_parallel_size = 1;
+  // How long a rank waits in a collective for the others before the whole group fails.
+  int32_t collective_timeout_ms = 300000;
 };
 
 // What one step produced for one request.
@@ -143,7 +149,8 @@ class Engine {
                      const Tensor& logits);
 
   EngineOptions options_;
-  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<CpuRanks> cpu_ranks_;   // tensor parallelism on the CPU: the group
+  std::unique_ptr<CausalLM> model_;       // rank 0's
   std::unique_ptr<CudaStepRunner> cuda_;  // set when the engine runs on the GPU
   std::unique_ptr<PagedKvCache> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -10,6 +10,8 @@
 #include "pagedlm/model/family.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/model/rope.h"
+#include "pagedlm/model/tensor_parallel.h"
+#include "pagedlm/ops/communicator.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
@@ -48,20 +50,66 @@ struct LayerWeights {
   Tensor inv_freq;                     // [d/2] f32: the layer's rope (shared between layers)
 };
 
-// The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
-// blocks of one format.
-QuantizedMatrix stacked_blocks(const Checkpoint& ckpt,
-                               const std::vector<std::pair<std::string, Shape>>& parts) {
+// A weight of a projection: its HF name and full shape, and how tensor parallelism splits it.
+struct WeightPart {
+  std::string name;
+  Shape shape;
+  Shard shard;
+};
+
+// This rank's share of the named matrices' blocks (shapes checked) stacked by rows, or nothing
+// unless all have blocks of one format. A split by input columns must keep whole blocks.
+QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                               const std::vector<WeightPart>& parts) {
   QuantizedMatrix out;
-  for (const auto& [name, shape] : parts) {
-    const QuantizedMatrix* blocks = ckpt.blocks(name, shape);
+  for (const WeightPart& part : parts) {
+    const QuantizedMatrix* blocks = ckpt.blocks(part.name, part.shape);
     if (blocks == nullptr) return {};
     const QuantizedMatrix& q = *blocks;
-    if (out.rows > 0 && (q.type != out.type || q.cols != out.cols)) return {};
+    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    int64_t cols = q.cols;
+    if (shard.by_cols) {
+      const auto [begin, end] = shard.ranges.front();
+      PAGEDLM_CHECK(begin % kQuantBlock == 0 && end % kQuantBlock == 0, "tensor ", part.name,
+                    " keeps ", kQuantBlock, "-weight blocks along its ", q.cols,
+                    " input columns; tensor parallel size ", tp.size, " would split it at column ",
+                    begin % kQuantBlock != 0 ? begin : end, ", inside a block");
+      cols = end - begin;
+    }
+    if (out.rows > 0 && (q.type != out.type || cols != out.cols)) return {};
     out.type = q.type;
-    out.cols = q.cols;
-    out.rows += q.rows;
-    out.blocks.insert(out.blocks.end(), q.blocks.begin(), q.blocks.end());
+    out.cols = cols;
+    const int64_t row_bytes = q.row_bytes();
+    if (shard.by_cols) {
+      const int64_t block_bytes = quant_block_bytes(q.type);
+      const int64_t first = shard.ranges.front().first / kQuantBlock * block_bytes;
+      const int64_t bytes = cols / kQuantBlock * block_bytes;
+      for (int64_t r = 0; r < q.rows; ++r) {
+        const uint8_t* src = q.blocks.data() + r * row_bytes + first;
+        out.blocks.insert(out.blocks.end(), src, src + bytes);
+      }
+      out.rows += q.rows;
+      continue;
+    }
+    for (const auto& [begin, end] : shard.ranges) {
+      out.blocks.insert(out.blocks.end(), q.blocks.begin() + begin * row_bytes,
+                        q.blocks.begin() + end * row_bytes);
+      out.rows += end - begin;
+    }
+  }
+  return out;
+}
+
+// Columns [begin, end) of every row of a CPU matrix (any dtype), copied.
+Tensor slice_cols(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  const auto elem = static_cast<int64_t>(dtype_size(t.dtype()));
+  Tensor out = Tensor::empty(t.dtype(), {rows, end - begin});
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * (end - begin) * elem, src + (r * cols + begin) * elem,
+                (end - begin) * elem);
   }
   return out;
 }
@@ -91,7 +139,8 @@ Tensor upload(const Tensor& t, Device device) {
   return bf16.to(device);
 }
 
-// Stacks tensors along their first dimension (f32): weights [rows, cols] or biases [rows].
+// Stacks tensors along their first dimension into a new f32 tensor: weights [rows, cols] or
+// biases [rows].
 Tensor concat_rows(const std::vector<Tensor>& parts) {
   Shape shape = parts.front().shape();
   shape[0] = 0;
@@ -106,42 +155,71 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
+// This rank's share of the parts, stacked by rows. Unsplit, a part is the checkpoint's tensor
+// itself (a view of the mapped file); a share is always copied, so that no rank keeps a whole
+// tensor alive through a view (a GGUF matrix dequantized for this call is freed after it).
+Tensor shard_of(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                const std::vector<WeightPart>& parts) {
+  std::vector<Tensor> pieces;
+  bool whole = true;
+  for (const WeightPart& part : parts) {
+    const Tensor t = ckpt.get(part.name, part.shape);
+    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    if (shard.by_cols) {
+      pieces.push_back(slice_cols(t, shard.ranges.front().first, shard.ranges.front().second));
+      whole = false;
+      continue;
+    }
+    for (const auto& [begin, end] : shard.ranges) {
+      pieces.push_back(t.rows(begin, end));
+      whole &= begin == 0 && end == t.dim(0);
+    }
+  }
+  return pieces.size() == 1 && whole ? pieces.front() : concat_rows(pieces);
+}
+
 class DecoderModel final : public CausalLM {
  public:
-  DecoderModel(const Checkpoint& ckpt, Device device)
-      : config_(ckpt.config), device_(device), dtype_(compute_dtype_of(device)) {
+  DecoderModel(const Checkpoint& ckpt, Device device, TensorParallel tp, ops::Communicator* comm)
+      : config_(ckpt.config),
+        device_(device),
+        dtype_(compute_dtype_of(device)),
+        dims_(rank_dims(ckpt.config, tp)),
+        comm_(tp.size > 1 ? comm : nullptr) {
 #ifndef PAGEDLM_HAS_CUDA
     PAGEDLM_CHECK(device == Device::kCpu, "this build of pagedlm has no CUDA support");
 #endif
+    PAGEDLM_CHECK(
+        tp.size == 1 || (comm != nullptr && comm->size() == tp.size && comm->rank() == tp.rank),
+        "tensor-parallel rank ", tp.rank, " of ", tp.size,
+        " needs a communicator of that rank and size");
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
-    // Stacks the named [rows, D_in] parts (shapes checked) into one projection; the CPU keeps
-    // GGUF blocks where every part has them.
-    auto projection = [&](const std::vector<std::pair<std::string, Shape>>& parts) {
+    // Stacks this rank's share of the named [rows, D_in] parts (shapes checked) into one
+    // projection; the CPU keeps GGUF blocks where every part has them.
+    auto projection = [&](const std::vector<WeightPart>& parts) {
       Projection proj;
-      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, parts);
-      if (proj.blocks.empty()) {
-        std::vector<Tensor> dense;
-        dense.reserve(parts.size());
-        for (const auto& [name, shape] : parts) dense.push_back(ckpt.get(name, shape));
-        proj.dense = upload(dense.size() == 1 ? dense.front() : concat_rows(dense), device);
-      }
+      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
+      if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
       return proj;
     };
-    embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
+    // The embedding and the lm_head are split by vocabulary rows.
+    const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
+    embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
       lm_head_.blocks =
-          device == Device::kCpu
-              ? stacked_blocks(ckpt, {{"model.embed_tokens.weight", {c.vocab_size, D}}})
-              : QuantizedMatrix{};
+          device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
     } else {
-      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}}});
+      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
     const Family& family = family_of(c);
     auto name = [&](int64_t layer, LayerWeight w) { return hf_weight_name(family, layer, w); };
+    auto part = [&](int64_t layer, LayerWeight w, Shape shape) {
+      return WeightPart{name(layer, w), std::move(shape), layer_weight_shard(family, w)};
+    };
     auto vector = [&](const std::string& tensor, int64_t n) {
       return upload(ckpt.get(tensor, {n}), device);
     };
@@ -170,15 +248,16 @@ class DecoderModel final : public CausalLM {
         w.ffn_out_norm = vector(name(i, LayerWeight::kFfnOutNorm), D);
       }
       w.qkv_proj = has_layer_weight(family, LayerWeight::kQkv)
-                       ? projection({{name(i, LayerWeight::kQkv), {q_rows + 2 * kv_rows, D}}})
-                       : projection({{name(i, LayerWeight::kQ), {q_rows, D}},
-                                     {name(i, LayerWeight::kK), {kv_rows, D}},
-                                     {name(i, LayerWeight::kV), {kv_rows, D}}});
-      w.o_proj = projection({{name(i, LayerWeight::kO), {D, q_rows}}});
+                       ? projection({part(i, LayerWeight::kQkv, {q_rows + 2 * kv_rows, D})})
+                       : projection({part(i, LayerWeight::kQ, {q_rows, D}),
+                                     part(i, LayerWeight::kK, {kv_rows, D}),
+                                     part(i, LayerWeight::kV, {kv_rows, D})});
+      w.o_proj = projection({part(i, LayerWeight::kO, {D, q_rows})});
       if (c.attention_bias) {
-        w.qkv_bias = upload(concat_rows({ckpt.get(name(i, LayerWeight::kQBias), {q_rows}),
-                                         ckpt.get(name(i, LayerWeight::kKBias), {kv_rows}),
-                                         ckpt.get(name(i, LayerWeight::kVBias), {kv_rows})}),
+        w.qkv_bias = upload(shard_of(ckpt, c, tp,
+                                     {part(i, LayerWeight::kQBias, {q_rows}),
+                                      part(i, LayerWeight::kKBias, {kv_rows}),
+                                      part(i, LayerWeight::kVBias, {kv_rows})}),
                             device);
       }
       if (c.qk_norm) {
@@ -186,10 +265,10 @@ class DecoderModel final : public CausalLM {
         w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
       w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
-                           ? projection({{name(i, LayerWeight::kGateUp), {2 * F, D}}})
-                           : projection({{name(i, LayerWeight::kGate), {F, D}},
-                                         {name(i, LayerWeight::kUp), {F, D}}});
-      w.down_proj = projection({{name(i, LayerWeight::kDown), {D, F}}});
+                           ? projection({part(i, LayerWeight::kGateUp, {2 * F, D})})
+                           : projection({part(i, LayerWeight::kGate, {F, D}),
+                                         part(i, LayerWeight::kUp, {F, D})});
+      w.down_proj = projection({part(i, LayerWeight::kDown, {D, F})});
       w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
     }
@@ -203,7 +282,9 @@ class DecoderModel final : public CausalLM {
   void reserve(int64_t rows) override {
     if (rows <= buffers_.capacity) return;
     const ModelConfig& c = config_;
-    const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
+    // This rank's share of the heads and of the MLP (all of them without tensor parallelism).
+    const int64_t D = c.hidden_size, F = dims_.ffn, d = c.head_dim;
+    const int64_t Hq = dims_.q_heads, Hk = dims_.kv_heads;
     auto make = [&](Shape shape) { return Tensor::empty(dtype_, std::move(shape), device_); };
     // The residual stream is f32 on every device: in bf16 it would be rounded at each of a
     // layer's two adds, the largest avoidable error of bf16 compute.
@@ -215,22 +296,23 @@ class DecoderModel final : public CausalLM {
     b.capacity = rows;
     b.residual = make_f32({rows, D});
     b.hidden = make({rows, D});
-    b.qkv = make({rows, (c.num_heads + 2 * c.num_kv_heads) * d});
-    b.q = make({rows, c.num_heads, d});
-    b.attn_out = make({rows, c.num_heads, d});
+    b.qkv = make({rows, (Hq + 2 * Hk) * d});
+    b.q = make({rows, Hq, d});
+    b.attn_out = make({rows, Hq, d});
     b.proj_out = make({rows, D});
     b.gate_up = make({rows, 2 * F});
     b.act = make({rows, F});
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
+    if (comm_ != nullptr) b.local_logits = make_f32({rows, dims_.vocab});
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
   void forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
     const ModelConfig& c = config_;
     const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
-    const int64_t d = c.head_dim, Hq = c.num_heads, Hk = c.num_kv_heads;
+    const int64_t d = c.head_dim, Hq = dims_.q_heads, Hk = dims_.kv_heads;
     const float eps = c.rms_norm_eps;
     void* const stream = in.stream;
     reserve(L);
@@ -242,7 +324,14 @@ class DecoderModel final : public CausalLM {
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
 
     const float offset = c.norm_weight_offset;
-    ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+    if (comm_ == nullptr) {
+      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+    } else {
+      // Each rank embeds the tokens of its share of the vocabulary (zeros elsewhere): the sum
+      // over the ranks is every token's row.
+      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale, dims_.vocab_begin);
+      comm_->all_reduce_sum(residual, stream);
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       if (i == 0) {
@@ -257,6 +346,7 @@ class DecoderModel final : public CausalLM {
       }
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
+      if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
@@ -268,6 +358,7 @@ class DecoderModel final : public CausalLM {
         ops::silu_mul(gate_up, act, stream);
       }
       w.down_proj.apply(act, Tensor(), proj_out, stream);
+      if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
       }
@@ -279,7 +370,14 @@ class DecoderModel final : public CausalLM {
     ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
-    lm_head_.apply(last, Tensor(), logits, stream);
+    if (comm_ == nullptr) {
+      lm_head_.apply(last, Tensor(), logits, stream);
+    } else {
+      // Each rank scores its share of the vocabulary; the gather lays them side by side.
+      const Tensor local = buffers_.local_logits.rows(0, S);
+      lm_head_.apply(last, Tensor(), local, stream);
+      comm_->all_gather_cols(local, logits, stream);
+    }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
   }
 
@@ -288,11 +386,14 @@ class DecoderModel final : public CausalLM {
     int64_t capacity = 0;                                               // rows
     Tensor residual, hidden, qkv, q, attn_out, proj_out, gate_up, act;  // [rows, ...]
     Tensor last, last_residual, last_update;                            // [rows, D]
+    Tensor local_logits;  // [rows, vocab / ranks] f32: this rank's lm_head rows (TP only)
   };
 
   ModelConfig config_;
   Device device_;
   DType dtype_;
+  RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
+  ops::Communicator* comm_;  // null without tensor parallelism
   Tensor embed_, final_norm_;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
@@ -301,8 +402,9 @@ class DecoderModel final : public CausalLM {
 
 }  // namespace
 
-std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device) {
-  return std::make_unique<DecoderModel>(checkpoint, device);
+std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
+                                       TensorParallel tp, ops::Communicator* comm) {
+  return std::make_unique<DecoderModel>(checkpoint, device, tp, comm);
 }
 
 }  // namespace pagedlm

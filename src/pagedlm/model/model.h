@@ -9,6 +9,7 @@
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model_config.h"
+#include "pagedlm/model/tensor_parallel.h"
 
 namespace pagedlm {
 
@@ -46,9 +47,17 @@ class CausalLM {
   virtual void forward(const ForwardInputs& inputs, Attention& attention, const Tensor& logits) = 0;
 };
 
+namespace ops {
+class Communicator;
+}
+
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
 // bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
 // naming an unsupported architecture or a missing / mis-shaped tensor.
-std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device);
+// With tp.size > 1 it holds rank tp.rank's share only (model/tensor_parallel.h), loaded from the
+// checkpoint's tensors share by share, and joins the other ranks' results through `comm` (that
+// rank of a group of that size), which must outlive it.
+std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
+                                       TensorParallel tp = {}, ops::Communicator* comm = nullptr);
 
 }  // namespace pagedlm

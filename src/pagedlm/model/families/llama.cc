@@ -11,21 +11,22 @@ namespace {
 
 // HF's Llama-style names, and llama.cpp's (after "model.layers.N." / "blk.N.").
 const std::vector<LayerWeightName> kLlamaNames = {
-    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight"},
-    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight"},
-    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight"},
-    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight"},
-    {LayerWeight::kQBias, "self_attn.q_proj.bias", "attn_q.bias"},
-    {LayerWeight::kKBias, "self_attn.k_proj.bias", "attn_k.bias"},
-    {LayerWeight::kVBias, "self_attn.v_proj.bias", "attn_v.bias"},
-    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"},
-    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"},
-    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight"},
+    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight", Shard::kReplicated},
+    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight", Shard::kRows},
+    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight", Shard::kKvHeadRows},
+    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight", Shard::kKvHeadRows},
+    {LayerWeight::kQBias, "self_attn.q_proj.bias", "attn_q.bias", Shard::kRows},
+    {LayerWeight::kKBias, "self_attn.k_proj.bias", "attn_k.bias", Shard::kKvHeadRows},
+    {LayerWeight::kVBias, "self_attn.v_proj.bias", "attn_v.bias", Shard::kKvHeadRows},
+    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight", Shard::kReplicated},
+    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight", Shard::kReplicated},
+    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight", Shard::kCols},
     // Llama calls the norm before its MLP "post_attention_layernorm".
-    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"},
-    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight"},
-    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight"},
-    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight"},
+    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight",
+     Shard::kReplicated},
+    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight", Shard::kRows},
+    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight", Shard::kRows},
+    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight", Shard::kCols},
 };
 
 // The keys that would ask for what this block does not have.
