@@ -305,7 +305,10 @@ class DecoderModel final : public CausalLM {
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
-    if (comm_ != nullptr) b.local_logits = make_f32({rows, dims_.vocab});
+    if (comm_ != nullptr) {
+      b.local_logits = make_f32({rows, dims_.vocab});
+      comm_->reserve(rows, dims_.vocab);
+    }
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32

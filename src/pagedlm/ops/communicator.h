@@ -27,6 +27,9 @@ class Communicator {
   // local: [rows, cols] f32 -> out: [rows, size() * cols] f32, rank r's local at columns
   // [r * cols, (r + 1) * cols) (the vocabulary-split lm_head's logits).
   virtual void all_gather_cols(const Tensor& local, const Tensor& out, void* stream) = 0;
+  // Allocates what all_gather_cols needs for local tensors of up to [rows, cols], so that a
+  // step captured as a CUDA graph allocates nothing (the thread communicator needs nothing).
+  virtual void reserve(int64_t rows, int64_t cols) {}
   // Ends the group for every rank: their collectives in progress and later ones throw an Error
   // that carries `why` (a rank that failed). Safe to call from any thread, more than once.
   virtual void abort(const std::string& why) = 0;
