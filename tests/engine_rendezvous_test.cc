@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "pagedlm/engine/plan_wire.h"
 #include "pagedlm/engine/rendezvous.h"
 #include "pagedlm/model/checkpoint.h"
 
@@ -149,6 +150,47 @@ TEST(Rendezvous, TheFingerprintTellsModelsApart) {
   EXPECT_EQ(model_fingerprint(a), model_fingerprint(b));
   b.num_layers += 1;
   EXPECT_NE(model_fingerprint(a), model_fingerprint(b));
+}
+
+// What rank 0 sends each step comes out whole on the other side; a cut message is an error.
+TEST(PlanWire, AStepRoundTripsAndACutOneIsRefused) {
+  StepPlan p;
+  p.page_size = 64;
+  p.null_page = 7;
+  p.token_ids = {5, 6, 7};
+  p.positions = {0, 1, 9};
+  p.q_indptr = {0, 2, 3};
+  p.kv_indptr = {0, 1, 3};
+  p.kv_page_indices = {4, 7, 2};
+  p.kv_last_page_len = {2, 10};
+  p.slot_mapping = {256, 257, 137};
+  p.kv_copies = {1, 2, 3};
+  p.logits_rows = {1, 2};
+  p.logits_indptr = {0, 1, 2};
+  p.request_ids = {11, int64_t{1} << 40};
+  p.samples = {1, 0};
+  const std::string bytes = encode_step(p, true);
+  const WireStep s = decode_step(bytes);
+  EXPECT_TRUE(s.want_logits);
+  EXPECT_EQ(s.plan.page_size, 64);
+  EXPECT_EQ(s.plan.null_page, 7);
+  EXPECT_EQ(s.plan.token_ids, p.token_ids);
+  EXPECT_EQ(s.plan.positions, p.positions);
+  EXPECT_EQ(s.plan.q_indptr, p.q_indptr);
+  EXPECT_EQ(s.plan.kv_indptr, p.kv_indptr);
+  EXPECT_EQ(s.plan.kv_page_indices, p.kv_page_indices);
+  EXPECT_EQ(s.plan.kv_last_page_len, p.kv_last_page_len);
+  EXPECT_EQ(s.plan.slot_mapping, p.slot_mapping);
+  EXPECT_EQ(s.plan.kv_copies, p.kv_copies);
+  EXPECT_EQ(s.plan.logits_rows, p.logits_rows);
+  EXPECT_EQ(s.plan.logits_indptr, p.logits_indptr);
+  EXPECT_EQ(s.plan.request_ids, p.request_ids);
+  EXPECT_EQ(s.plan.samples, p.samples);
+  EXPECT_FALSE(decode_step(encode_step(p, false)).want_logits);
+  EXPECT_NE(error_of([&] { decode_step(bytes.substr(0, bytes.size() - 1)); }).find("cut short"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { decode_step(bytes + "x"); }).find("1 bytes too many"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -11,6 +12,7 @@
 #include "pagedlm/engine/cpu_ranks.h"
 #include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/engine/process_group.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
 
@@ -97,15 +99,26 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   }
   const int32_t tp = options_.tensor_parallel_size;
   check_tensor_parallel(checkpoint.config, tp);
-  if (tp > 1) {
-    PAGEDLM_CHECK(!on_gpu, "tensor parallelism on the GPU runs one process per GPU; this engine ",
-                  "runs its ranks as CPU threads only");
+  PAGEDLM_CHECK(options_.tensor_parallel_rank == 0 || on_gpu,
+                "a tensor-parallel rank other than 0 runs on a GPU (on the CPU the ranks are ",
+                "threads of one process)");
+  ops::Communicator* comm = nullptr;
+  if (tp > 1 && on_gpu) {
+    // A rank other than 0 serves rank 0's steps, then its process ends: it has no requests of
+    // its own (a command that builds an engine runs unchanged on every rank).
+    if (options_.tensor_parallel_rank > 0) {
+      run_tensor_parallel_rank(checkpoint, options_);
+      std::exit(0);
+    }
+    group_ = std::make_unique<ProcessGroup>(options_, checkpoint.config);
+    comm = group_->communicator();
+  } else if (tp > 1) {
     cpu_ranks_ = std::make_unique<CpuRanks>(
         checkpoint, ops::make_thread_communicators(
                         tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
+    comm = cpu_ranks_->communicator(0);
   }
-  model_ = create_model(checkpoint, options_.device, {0, tp},
-                        cpu_ranks_ ? cpu_ranks_->communicator(0) : nullptr);
+  model_ = create_model(checkpoint, options_.device, {0, tp}, comm);
   const ModelConfig& c = model_->config();
   // Each rank's cache holds its share of the kv heads in the same pages.
   const int64_t kv_heads = rank_dims(c, {0, tp}).kv_heads;
@@ -130,6 +143,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
       std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size, kv_heads,
                                      c.head_dim, options_.device, model_->compute_dtype());
   if (cpu_ranks_) cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size);
+  if (group_) group_->send_num_pages(options_.num_pages);
   if (cuda_) {
     cuda_->set_kv_cache(kv_cache_.get());
     cuda_->warm_up();
@@ -288,6 +302,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
       sampling[b] = {&live[b]->sampling, live[b]->seed,
                      static_cast<int64_t>(live[b]->output.tokens.size())};
     }
+    if (group_) group_->send_step(plan, want_logits);
     return cuda_->run(plan, sampling, want_logits ? logits : nullptr);
   }
   const int64_t vocab = model_->config().vocab_size;

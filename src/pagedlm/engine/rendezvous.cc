@@ -112,6 +112,34 @@ void no_delay(int fd) {
 
 }  // namespace
 
+void HangupWatch::start(std::vector<int> fds, std::vector<std::string> names,
+                        std::function<void(const std::string&)> on_gone) {
+  stop();
+  stop_ = false;
+  thread_ = std::thread(
+      [this, fds = std::move(fds), names = std::move(names), on_gone = std::move(on_gone)] {
+        std::vector<pollfd> polls;
+        for (const int fd : fds) polls.push_back(pollfd{fd, POLLRDHUP, 0});
+        while (!stop_) {
+          // A short timeout, so that stop() is noticed; a hangup is reported whether or not data
+          // is waiting to be read (POLLRDHUP), and reading is left to the owner.
+          const int n = ::poll(polls.data(), polls.size(), 100);
+          if (n <= 0) continue;
+          for (size_t i = 0; i < polls.size(); ++i) {
+            if (polls[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+              if (!stop_) on_gone(cat("tensor-parallel ", names[i], "'s process is gone"));
+              return;
+            }
+          }
+        }
+      });
+}
+
+void HangupWatch::stop() {
+  stop_ = true;
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
 uint64_t model_fingerprint(const ModelConfig& c) {
   // FNV-1a over the fields that fix every weight's shape and the model's family.
   uint64_t h = 1469598103934665603ULL;
@@ -174,6 +202,7 @@ RendezvousServer::RendezvousServer(const std::string& host, int port, int32_t wo
 }
 
 RendezvousServer::~RendezvousServer() {
+  watch_.stop();
   for (const int fd : peers_) {
     if (fd >= 0) ::close(fd);
   }
@@ -251,6 +280,21 @@ void RendezvousServer::broadcast(const std::string& message) {
   }
 }
 
+void RendezvousServer::watch(std::function<void(const std::string&)> on_gone) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < peers_.size(); ++i) names.push_back(cat("rank ", i + 1));
+  watch_.start(peers_, std::move(names), std::move(on_gone));
+}
+
+void RendezvousServer::wait_closed(std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  for (const int fd : peers_) {
+    char byte;
+    while (fd >= 0 && wait_readable(fd, deadline) && ::recv(fd, &byte, 1, 0) > 0) {
+    }
+  }
+}
+
 RendezvousClient::RendezvousClient(const std::string& host, int port, int32_t rank,
                                    int32_t world_size, uint64_t fingerprint,
                                    std::chrono::milliseconds timeout)
@@ -293,7 +337,12 @@ RendezvousClient::RendezvousClient(const std::string& host, int port, int32_t ra
   payload_ = reply.substr(1);
 }
 
+void RendezvousClient::watch(std::function<void(const std::string&)> on_gone) {
+  watch_.start({fd_}, {"rank 0"}, std::move(on_gone));
+}
+
 RendezvousClient::~RendezvousClient() {
+  watch_.stop();
   if (fd_ >= 0) ::close(fd_);
 }
 

@@ -6,9 +6,12 @@
 // whose process dies closes its end, which the other side sees as an error, never a hang.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pagedlm/model/model_config.h"
@@ -20,6 +23,24 @@ uint64_t model_fingerprint(const ModelConfig& config);
 
 // "host:port" -> (host, port); throws naming the text when it is not one.
 std::pair<std::string, int> parse_endpoint(const std::string& endpoint);
+
+// A thread that calls `on_gone` (once, from that thread) when the peer of one of the sockets
+// closes its end or the connection breaks: another rank's process is gone. stop() ends it.
+class HangupWatch {
+ public:
+  HangupWatch() = default;
+  ~HangupWatch() { stop(); }
+  HangupWatch(const HangupWatch&) = delete;
+  HangupWatch& operator=(const HangupWatch&) = delete;
+  // names[i] says whose socket fds[i] is ("rank 2"), for the message.
+  void start(std::vector<int> fds, std::vector<std::string> names,
+             std::function<void(const std::string&)> on_gone);
+  void stop();
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 class RendezvousServer {
  public:
@@ -39,7 +60,14 @@ class RendezvousServer {
   // Sends `message` to every rank; throws naming the first rank whose process is gone.
   void broadcast(const std::string& message);
 
+  // Calls on_gone when a rank's process is gone (see HangupWatch), until stop_watching().
+  void watch(std::function<void(const std::string&)> on_gone);
+  void stop_watching() { watch_.stop(); }
+  // Waits up to `timeout` for every rank to close its end (after a last message telling them to).
+  void wait_closed(std::chrono::milliseconds timeout);
+
  private:
+  HangupWatch watch_;
   int listen_fd_ = -1;
   int port_ = 0;
   int32_t world_size_;
@@ -62,7 +90,12 @@ class RendezvousClient {
   // The next message rank 0 broadcasts; throws when rank 0's process is gone or after `timeout`.
   std::string receive(std::chrono::milliseconds timeout);
 
+  // Calls on_gone when rank 0's process is gone (see HangupWatch), until stop_watching().
+  void watch(std::function<void(const std::string&)> on_gone);
+  void stop_watching() { watch_.stop(); }
+
  private:
+  HangupWatch watch_;
   int fd_ = -1;
   int32_t rank_;
   std::string payload_;
