@@ -182,6 +182,35 @@ TEST(TensorParallel, RanksOfFewerKvHeadsShareTheirGroupsKvHead) {
   EXPECT_EQ(s.ranges[2], std::make_pair(11 * dh, 12 * dh));
 }
 
+// A rank's random weights are the single rank's in its share (the rest is never read).
+TEST(TensorParallel, ARanksDummyWeightsAreTheWholeModelsInItsShare) {
+  const ModelConfig c = fixture_config();
+  const Checkpoint whole = make_dummy_checkpoint(c, 5);
+  const Checkpoint rank1 = make_dummy_checkpoint(c, 5, DType::kF32, {1, 2});
+  const Family& family = family_of(c);
+  const int64_t D = c.hidden_size, F = c.intermediate_size, dh = c.head_dim;
+  for (const auto& [w, begin, end, by_cols] :
+       {std::tuple<LayerWeight, int64_t, int64_t, bool>{LayerWeight::kQ, 2 * dh, 4 * dh, false},
+        {LayerWeight::kK, dh, 2 * dh, false},
+        {LayerWeight::kDown, F / 2, F, true},
+        {LayerWeight::kO, 2 * dh, 4 * dh, true}}) {
+    const std::string name = hf_weight_name(family, 1, w);
+    const Tensor a = whole.tensors.at(name), b = rank1.tensors.at(name);
+    const int64_t cols = a.dim(1);
+    for (int64_t r = 0; r < a.dim(0); ++r) {
+      for (int64_t col = 0; col < cols; ++col) {
+        if ((by_cols ? col : r) < begin || (by_cols ? col : r) >= end) continue;
+        ASSERT_EQ(a.data<float>()[r * cols + col], b.data<float>()[r * cols + col]) << name;
+      }
+    }
+  }
+  const Tensor& embed = rank1.tensors.at("model.embed_tokens.weight");
+  EXPECT_EQ(embed.data<float>()[(c.vocab_size - 1) * D],
+            whole.tensors.at("model.embed_tokens.weight").data<float>()[(c.vocab_size - 1) * D]);
+  EXPECT_EQ(shard_of_tensor(c, "model.norm.weight"), Shard::kReplicated);
+  EXPECT_EQ(shard_of_tensor(c, hf_weight_name(family, 0, LayerWeight::kUp)), Shard::kRows);
+}
+
 // GGUF blocks hold 32 weights along a row: a split of the input columns inside a block is
 // refused, naming the tensor.
 TEST(TensorParallel, RefusesAColumnSplitInsideAQuantizedBlock) {

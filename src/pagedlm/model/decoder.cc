@@ -184,6 +184,7 @@ class DecoderModel final : public CausalLM {
       : config_(ckpt.config),
         device_(device),
         dtype_(compute_dtype_of(device)),
+        tp_(tp),
         dims_(rank_dims(ckpt.config, tp)),
         comm_(tp.size > 1 ? comm : nullptr) {
 #ifndef PAGEDLM_HAS_CUDA
@@ -277,6 +278,7 @@ class DecoderModel final : public CausalLM {
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return device_; }
   DType compute_dtype() const override { return dtype_; }
+  TensorParallel tensor_parallel() const override { return tp_; }
 
   // Stream rows -> buffers; see CausalLM::reserve.
   void reserve(int64_t rows) override {
@@ -395,6 +397,7 @@ class DecoderModel final : public CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
+  TensorParallel tp_;
   RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
   ops::Communicator* comm_;  // null without tensor parallelism
   Tensor embed_, final_norm_;

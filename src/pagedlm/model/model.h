@@ -40,6 +40,9 @@ class CausalLM {
   virtual Device device() const = 0;
   // The dtype of activations and weights: f32 on the CPU, bf16 on the GPU.
   virtual DType compute_dtype() const = 0;
+  // Which share of the model this is (config() describes the whole model; rank_dims() of these
+  // gives this rank's heads, MLP and vocabulary).
+  virtual TensorParallel tensor_parallel() const { return {}; }
   // Allocates the activations for steps of up to `rows` stream rows. Forward calls within that
   // size allocate nothing, which a captured CUDA graph requires; larger ones grow the buffers.
   virtual void reserve(int64_t rows) = 0;

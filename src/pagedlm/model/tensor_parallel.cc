@@ -37,6 +37,19 @@ RankDims rank_dims(const ModelConfig& c, TensorParallel tp) {
   return d;
 }
 
+Shard shard_of_tensor(const ModelConfig& config, const std::string& name) {
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Shard::kRows;
+  const Family& family = family_of(config);
+  for (const LayerWeightName& w : family.layer_weights) {
+    const std::string suffix = std::string(".") + w.hf;
+    if (name.rfind("model.layers.", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return w.shard;
+    }
+  }
+  return Shard::kReplicated;
+}
+
 ShardRanges shard_ranges(const ModelConfig& c, TensorParallel tp, Shard rule, const Shape& shape) {
   PAGEDLM_CHECK(!shape.empty(), "a sharded tensor needs at least one dimension");
   ShardRanges out;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,5 +45,10 @@ struct ShardRanges {
 };
 ShardRanges shard_ranges(const ModelConfig& config, TensorParallel tp, Shard rule,
                          const Shape& shape);
+
+// The rule of a tensor the model reads, by its HF name (expected_tensor_shapes' names): a
+// layer weight's from its family's table, the embedding's and the lm_head's by vocabulary
+// (kRows), the rest (the final norm, rope_freqs) kReplicated.
+Shard shard_of_tensor(const ModelConfig& config, const std::string& name);
 
 }  // namespace pagedlm
