@@ -57,6 +57,9 @@ std::string launch_local_ranks(int32_t size) {
     PAGEDLM_CHECK(pid >= 0, "cannot start tensor-parallel rank ", r);
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // A Ctrl-C in the terminal reaches the whole process group: rank 0 stops cleanly and tells
+      // this rank to stop, which a SIGINT of its own would pre-empt.
+      signal(SIGINT, SIG_IGN);
       if (getppid() != parent) _exit(1);  // rank 0 already gone
       execv("/proc/self/exe", argv.data());
       std::fprintf(stderr, "pagedlm: cannot start tensor-parallel rank %d\n", r);

@@ -132,7 +132,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     const int64_t kv_bytes =
         on_gpu ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
                                       options_.gpu_memory_fraction)
-               : options_.kv_cache_bytes;
+               : options_.kv_cache_bytes / tp;  // the CPU's ranks share the host's memory
     // With a window the scheduler reserves the cache's last page as the null page (never handed
     // out, zeroed on the GPU), so the count covers it and one page to use.
     const int64_t min_pages = window > 0 ? 2 : 1;

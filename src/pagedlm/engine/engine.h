@@ -26,7 +26,7 @@ class PagedKvCache;
 struct EngineOptions {
   int32_t page_size = 16;
   int32_t num_pages = 0;  // 0: sized from kv_cache_bytes (CPU) or gpu_memory_fraction (CUDA)
-  int64_t kv_cache_bytes = int64_t{2} << 30;
+  int64_t kv_cache_bytes = int64_t{2} << 30;  // CPU: all tensor-parallel ranks' caches together
   // CUDA: the share of the device memory left free after weights and activations that the KV
   // cache takes when num_pages is 0.
   float gpu_memory_fraction = 0.9f;
