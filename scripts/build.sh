@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${PAGEDLM_CMAKE_ARGS:-} >/dev/null
+# A CUDA build takes NCCL from its pinned wheel (tensor parallelism over GPUs).
+nccl=()
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  nccl=(-DPAGEDLM_NCCL_ROOT="$(scripts/fetch_nccl.sh)")
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${nccl[@]}" ${PAGEDLM_CMAKE_ARGS:-} >/dev/null
 cmake --build build -j"$(nproc)"

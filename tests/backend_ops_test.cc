@@ -128,6 +128,32 @@ TEST_P(BackendOps, EmbeddingScalesRowsInF32) {
   }
 }
 
+// A tensor-parallel rank's share of the vocabulary, rows [begin, begin + rows) of the table:
+// its ids are embedded as by the whole table, every other id (either side, both ends) to zeros.
+TEST_P(BackendOps, EmbeddingOfAVocabularyShareZeroesOtherIds) {
+  const Backend b = backend();
+  std::mt19937 rng(22);
+  const int64_t vocab = 96, dim = 48, begin = 32, rows = 32;
+  std::vector<float> table = uniform(vocab * dim, rng, -2.f, 2.f);
+  b.round(table);
+  const std::vector<float> share(table.begin() + begin * dim, table.begin() + (begin + rows) * dim);
+  const std::vector<int32_t> ids = {0, 31, 32, 50, 63, 64, 95, 40};
+  const auto n = static_cast<int64_t>(ids.size());
+  for (const float scale : {1.f, 3.f}) {
+    Tensor out = b.poisoned({n, dim}, DType::kF32);
+    ops::embedding(b.tensor(share, {rows, dim}), b.i32(ids, {n}), out, nullptr, scale, begin);
+    const std::vector<float> got = host_f32(out);
+    for (int64_t t = 0; t < n; ++t) {
+      const bool mine = ids[t] >= begin && ids[t] < begin + rows;
+      for (int64_t i = 0; i < dim; ++i) {
+        const float want =
+            mine ? static_cast<float>(static_cast<double>(table[ids[t] * dim + i]) * scale) : 0.f;
+        ASSERT_EQ(got[t * dim + i], want) << "id " << ids[t] << " element " << i;
+      }
+    }
+  }
+}
+
 // out[i] = x[rows[i]], bit for bit, for the compute dtype and the f32 residual stream; rows
 // repeat and include both ends.
 TEST_P(BackendOps, GatherRowsCopiesRows) {

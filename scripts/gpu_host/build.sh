@@ -15,6 +15,24 @@ mkdir -p "$obj"
 inc="-Isrc -I$deps/include -I$deps/gtest/include -I$deps/gtest -I$cuda_home/include"
 def="-DPAGEDLM_HAS_CUDA=1 -DPAGEDLM_TESTDATA=\"$PWD/testdata\" -DPAGEDLM_BINARY=\"$PWD/$out/pagedlm\""
 def="$def -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT -DCPPHTTPLIB_BROTLI_SUPPORT"
+# NCCL (tensor parallelism over GPUs): the pinned wheel's files if pack_deps.sh packed them
+# (PACK_NCCL=1), else the nvidia-nccl package of the host's Python (PyTorch's).
+nccl=$deps/nccl
+if [[ ! -f $nccl/include/nccl.h ]]; then
+  nccl=$(python3 -c 'import importlib.util as u
+s = u.find_spec("nvidia.nccl")
+print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null || true)
+fi
+nccl_libs=""
+if [[ -n $nccl && -f $nccl/include/nccl.h && -f $nccl/lib/libnccl.so.2 ]]; then
+  echo "NCCL: $nccl"
+  inc="$inc -I$nccl/include"
+  def="$def -DPAGEDLM_HAS_NCCL=1"
+  mkdir -p $out/nccl && ln -sf "$nccl/lib/libnccl.so.2" $out/nccl/libnccl.so
+  nccl_libs="-L$out/nccl -lnccl -Wl,-rpath,$nccl/lib"
+else
+  echo "no NCCL found: tensor parallelism over GPUs is off in this build" >&2
+fi
 export CXX_CMD="g++ -std=c++20 -O2 -march=native -fopenmp -w $inc $def"
 export NVCC_CMD="nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -lineinfo -w $inc $def"
 export OBJ=$obj
@@ -44,7 +62,7 @@ httplib=$(ls "$deps"/so/libcpp-httplib.so.* | head -1)
 # The library objects include the server, so every binary links cpp-httplib.
 libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a $httplib -Wl,-rpath,$deps/so
   -Wl,-rpath-link,$deps/so -L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart
-  -lcublasLt -lcublas -fopenmp -lpthread"
+  -lcublasLt -lcublas -fopenmp -lpthread $nccl_libs"
 g++ -o $out/pagedlm $cli $lib $libs
 g++ -o $out/backend_ops_test "$(objof tests/backend_ops_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $libs

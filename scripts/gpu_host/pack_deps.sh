@@ -22,4 +22,7 @@ cp "$httplib" "$out/so/"
 ldd "$httplib" | awk '/=> \// {print $3}' | grep -E "ssl|crypto|brotli|libz" |
   xargs -I{} cp {} "$out/so/"
 cp -r /usr/src/googletest/googletest/include /usr/src/googletest/googletest/src "$out/gtest/"
+# NCCL from its pinned wheel (330 MB) only when asked: build.sh otherwise takes the GPU host's
+# own Python package (PyTorch ships one).
+if [[ ${PACK_NCCL:-0} == 1 ]]; then cp -r "$(scripts/fetch_nccl.sh)" "$out/nccl"; fi
 du -sh "$out"

@@ -130,13 +130,25 @@ void register_bench(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
-    Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
-                                          : make_dummy_checkpoint(args->dummy, args->spec.seed);
+    // Random weights in the compute dtype of the device. On GPUs each tensor-parallel rank is a
+    // process drawing its share only (model/dummy_checkpoint.h); the CPU's ranks are threads
+    // sharing one checkpoint.
+    const bool on_gpu = options.device == Device::kCuda;
+    const DType dummy_dtype = on_gpu ? DType::kBF16 : DType::kF32;
+    const TensorParallel tp =
+        on_gpu ? TensorParallel{options.tensor_parallel_rank, options.tensor_parallel_size}
+               : TensorParallel{};
+    Checkpoint ckpt = args->dummy.empty()
+                          ? load_with_progress(resolve_model_path(args->model))
+                          : make_dummy_checkpoint(args->dummy, args->spec.seed, dummy_dtype, tp);
     Engine engine(ckpt, options);
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
     if (engine.options().device == Device::kCuda) {
       if (peaks.bytes_per_s <= 0) peaks.bytes_per_s = 4280e9;
       if (peaks.flops_per_s <= 0) peaks.flops_per_s = 790e12;
+      // The peaks are one GPU's; tensor-parallel ranks read their shares side by side.
+      peaks.bytes_per_s *= options.tensor_parallel_size;
+      peaks.flops_per_s *= options.tensor_parallel_size;
     }
     const bool tty = isatty(fileno(stderr));
     auto progress = [tty](int64_t done, int64_t total) {

@@ -1,9 +1,76 @@
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/core/error.h"
+#include "pagedlm/engine/rendezvous.h"
 
 namespace pagedlm::cli {
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace {
+
+// This process's command line, as it was started.
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end - at));
+    at = end == std::string::npos ? all.size() : end + 1;
+  }
+  PAGEDLM_CHECK(!args.empty(), "cannot read this process's command line");
+  return args;
+}
+
+// The default launch of tensor parallelism on GPUs: this process is rank 0, and ranks 1..N-1 are
+// this same command line started again with their rank and rank 0's loopback endpoint. They end
+// with this process (PR_SET_PDEATHSIG), whatever way it ends.
+std::string launch_local_ranks(int32_t size) {
+  int port = 0;
+  {
+    RendezvousServer probe("127.0.0.1", 0, size, 0);  // a free port, released for rank 0
+    port = probe.port();
+  }
+  const std::string endpoint = cat("127.0.0.1:", port);
+  const std::vector<std::string> base = own_arguments();
+  const pid_t parent = getpid();
+  for (int32_t r = 1; r < size; ++r) {
+    std::vector<std::string> args = base;
+    for (const std::string& a : {std::string("--tensor-parallel-rank"), std::to_string(r),
+                                 std::string("--tensor-parallel-endpoint"), endpoint}) {
+      args.push_back(a);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    PAGEDLM_CHECK(pid >= 0, "cannot start tensor-parallel rank ", r);
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // A Ctrl-C in the terminal reaches the whole process group: rank 0 stops cleanly and tells
+      // this rank to stop, which a SIGINT of its own would pre-empt.
+      signal(SIGINT, SIG_IGN);
+      if (getppid() != parent) _exit(1);  // rank 0 already gone
+      execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "pagedlm: cannot start tensor-parallel rank %d\n", r);
+      _exit(127);
+    }
+  }
+  return endpoint;
+}
+
+}  // namespace
+#endif
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   EngineOptions& o = flags.options;
@@ -16,6 +83,18 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
+                 "ranks that split the model (a divisor of its attention heads)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--tensor-parallel-endpoint", o.tensor_parallel_endpoint,
+                 "GPUs: rank 0's HOST:PORT, where it listens and the other ranks connect "
+                 "(default: rank 0 starts ranks 1..N-1 on this machine itself)");
+  app.add_option("--tensor-parallel-rank", o.tensor_parallel_rank,
+                 "GPUs: this process's rank (with --tensor-parallel-endpoint)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--tensor-parallel-device", o.tensor_parallel_device,
+                 "GPUs: this rank's GPU (default: its rank modulo the GPUs it sees)");
   app.add_option("--device", flags.device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -42,6 +121,9 @@ EngineOptions EngineFlags::resolve() const {
 #ifdef PAGEDLM_HAS_CUDA
   if (cuda_device_available()) {
     o.device = Device::kCuda;
+    if (o.tensor_parallel_size > 1 && o.tensor_parallel_endpoint.empty()) {
+      o.tensor_parallel_endpoint = launch_local_ranks(o.tensor_parallel_size);
+    }
   } else if (device == "cuda") {
     fail("--device cuda: no CUDA device found");
   } else {

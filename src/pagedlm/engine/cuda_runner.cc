@@ -60,6 +60,10 @@ struct CudaStepRunner::Impl {
   double last_gpu_ms = 0;
   std::chrono::steady_clock::time_point wait_begin, wait_end;  // host clock around the last wait
   int num_sms = 1;
+  // The GPU current when the runner was made (a tensor-parallel rank's own): steps may run on
+  // another thread than the one that made it (the server's engine thread), and the current
+  // device is per thread.
+  int device = 0;
   cudaStream_t stream = nullptr;
 
   int32_t max_tokens = 0;  // T
@@ -87,12 +91,13 @@ struct CudaStepRunner::Impl {
         page_size(o.page_size),
         max_model_len(max_len) {
     const ModelConfig& c = m.config();
-    num_q_heads = static_cast<int32_t>(c.num_heads);
-    num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
+    // This rank's heads (all of them without tensor parallelism): the attention it runs.
+    const RankDims dims = rank_dims(c, m.tensor_parallel());
+    num_q_heads = static_cast<int32_t>(dims.q_heads);
+    num_kv_heads = static_cast<int32_t>(dims.kv_heads);
     head_dim = static_cast<int32_t>(c.head_dim);
     vocab = c.vocab_size;
     members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
-    int device = 0;
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
                 "cudaDeviceGetAttribute");
@@ -381,6 +386,7 @@ struct CudaStepRunner::Impl {
   // attention: with and without the shared pass). Every row and sequence is padding, so the KV
   // cache is not touched.
   void warm_up() {
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
     struct Tuning {  // on for the warm-up's new GEMM shapes only, even if a step throws
       explicit Tuning(bool on) { ops::cuda::set_linear_tuning(on); }
       ~Tuning() { ops::cuda::set_linear_tuning(false); }
@@ -409,6 +415,7 @@ struct CudaStepRunner::Impl {
 
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
                            Tensor* logits_out) {
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
     PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,

@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 
 #include "pagedlm/core/parallel.h"
+#include "pagedlm/engine/cpu_ranks.h"
 #include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/engine/process_group.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
 
@@ -94,28 +97,53 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     PAGEDLM_CHECK(options_.gpu_memory_fraction > 0.f && options_.gpu_memory_fraction <= 1.f,
                   "gpu_memory_fraction must be in (0, 1], got ", options_.gpu_memory_fraction);
   }
-  model_ = create_model(checkpoint, options_.device);
+  const int32_t tp = options_.tensor_parallel_size;
+  check_tensor_parallel(checkpoint.config, tp);
+  PAGEDLM_CHECK(options_.tensor_parallel_rank == 0 || on_gpu,
+                "a tensor-parallel rank other than 0 runs on a GPU (on the CPU the ranks are ",
+                "threads of one process)");
+  ops::Communicator* comm = nullptr;
+  if (tp > 1 && on_gpu) {
+    // A rank other than 0 serves rank 0's steps, then its process ends: it has no requests of
+    // its own (a command that builds an engine runs unchanged on every rank).
+    if (options_.tensor_parallel_rank > 0) {
+      run_tensor_parallel_rank(checkpoint, options_);
+      std::exit(0);
+    }
+    group_ = std::make_unique<ProcessGroup>(options_, checkpoint.config);
+    comm = group_->communicator();
+  } else if (tp > 1) {
+    cpu_ranks_ = std::make_unique<CpuRanks>(
+        checkpoint, ops::make_thread_communicators(
+                        tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
+    comm = cpu_ranks_->communicator(0);
+  }
+  model_ = create_model(checkpoint, options_.device, {0, tp}, comm);
   const ModelConfig& c = model_->config();
+  // Each rank's cache holds its share of the kv heads in the same pages.
+  const int64_t kv_heads = rank_dims(c, {0, tp}).kv_heads;
   // Weights, activations and step buffers first, so the KV cache takes what is left.
   if (on_gpu)
     cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
   const int64_t page_bytes = PagedKvCache::bytes_per_page(
-      c.num_layers, options_.page_size, c.num_kv_heads, c.head_dim, model_->compute_dtype());
+      c.num_layers, options_.page_size, kv_heads, c.head_dim, model_->compute_dtype());
   const int32_t window = options_.free_pages_outside_window ? c.window_of_all_layers() : 0;
   if (options_.num_pages <= 0) {
     const int64_t kv_bytes =
         on_gpu ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
                                       options_.gpu_memory_fraction)
-               : options_.kv_cache_bytes;
+               : options_.kv_cache_bytes / tp;  // the CPU's ranks share the host's memory
     // With a window the scheduler reserves the cache's last page as the null page (never handed
     // out, zeroed on the GPU), so the count covers it and one page to use.
     const int64_t min_pages = window > 0 ? 2 : 1;
     options_.num_pages = static_cast<int32_t>(
         std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
   }
-  kv_cache_ = std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size,
-                                             c.num_kv_heads, c.head_dim, options_.device,
-                                             model_->compute_dtype());
+  kv_cache_ =
+      std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size, kv_heads,
+                                     c.head_dim, options_.device, model_->compute_dtype());
+  if (cpu_ranks_) cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size);
+  if (group_) group_->send_num_pages(options_.num_pages);
   if (cuda_) {
     cuda_->set_kv_cache(kv_cache_.get());
     cuda_->warm_up();
@@ -274,6 +302,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
       sampling[b] = {&live[b]->sampling, live[b]->seed,
                      static_cast<int64_t>(live[b]->output.tokens.size())};
     }
+    if (group_) group_->send_step(plan, want_logits);
     return cuda_->run(plan, sampling, want_logits ? logits : nullptr);
   }
   const int64_t vocab = model_->config().vocab_size;
@@ -282,7 +311,11 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
                        Tensor::from_i32(plan.logits_rows, {num_rows})};
   *logits = Tensor::empty(DType::kF32, {num_rows, vocab});
   kv_cache_->bind(plan);
-  model_->forward(inputs, *kv_cache_, *logits);
+  if (cpu_ranks_) {
+    cpu_ranks_->forward(plan, inputs, [&] { model_->forward(inputs, *kv_cache_, *logits); });
+  } else {
+    model_->forward(inputs, *kv_cache_, *logits);
+  }
   std::vector<int32_t> sampled(B, -1);
   for (int32_t b = 0; b < B; ++b) {
     if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {

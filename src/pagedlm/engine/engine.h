@@ -18,13 +18,15 @@
 namespace pagedlm {
 
 class CausalLM;
+class CpuRanks;
+class ProcessGroup;
 class CudaStepRunner;
 class PagedKvCache;
 
 struct EngineOptions {
   int32_t page_size = 16;
   int32_t num_pages = 0;  // 0: sized from kv_cache_bytes (CPU) or gpu_memory_fraction (CUDA)
-  int64_t kv_cache_bytes = int64_t{2} << 30;
+  int64_t kv_cache_bytes = int64_t{2} << 30;  // CPU: all tensor-parallel ranks' caches together
   // CUDA: the share of the device memory left free after weights and activations that the KV
   // cache takes when num_pages is 0.
   float gpu_memory_fraction = 0.9f;
@@ -46,6 +48,16 @@ struct EngineOptions {
   bool free_pages_outside_window = true;
   int32_t threads = 0;  // 0: all hardware threads
   Device device = Device::kCpu;
+  // Ranks that split the model between them (model/tensor_parallel.h). Every rank runs the one
+  // StepPlan rank 0's scheduler makes each step. On the CPU the ranks are threads of this
+  // process; on GPUs each is a process with its own GPU (engine/process_group.h): rank 0 listens
+  // at tensor_parallel_endpoint (HOST:PORT) and the others connect to it.
+  int32_t tensor_parallel_size = 1;
+  int32_t tensor_parallel_rank = 0;
+  std::string tensor_parallel_endpoint;
+  int32_t tensor_parallel_device = -1;  // this rank's GPU; -1: its rank modulo the GPUs seen
+  // How long a rank waits in a collective for the others before the whole group fails.
+  int32_t collective_timeout_ms = 300000;
 };
 
 // What one step produced for one request.
@@ -146,7 +158,9 @@ class Engine {
                      const Tensor& logits);
 
   EngineOptions options_;
-  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<ProcessGroup> group_;   // tensor parallelism on GPUs: rank 0's link
+  std::unique_ptr<CpuRanks> cpu_ranks_;   // tensor parallelism on the CPU: the group
+  std::unique_ptr<CausalLM> model_;       // rank 0's
   std::unique_ptr<CudaStepRunner> cuda_;  // set when the engine runs on the GPU
   std::unique_ptr<PagedKvCache> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;

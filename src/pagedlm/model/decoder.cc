@@ -11,6 +11,8 @@
 #include "pagedlm/model/family.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/model/rope.h"
+#include "pagedlm/model/tensor_parallel.h"
+#include "pagedlm/ops/communicator.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
@@ -47,24 +49,70 @@ struct LayerWeights {
   Projection gate_up_proj;             // [2F, D]: gate rows then up rows, one GEMM
   Projection down_proj;                // [D, F]
   Projection router;                   // [E, D]: sparse MLPs only, with `experts`
-  ops::ExpertWeights experts;
-  Tensor inv_freq;  // [d/2] f32: the layer's rope (shared between layers)
+  ops::ExpertWeights experts;          // [E, 2F, D] and [E, D, F] (F: this rank's share)
+  Tensor inv_freq;                     // [d/2] f32: the layer's rope (shared between layers)
 };
 
-// The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
-// blocks of one format.
-QuantizedMatrix stacked_blocks(const Checkpoint& ckpt,
-                               const std::vector<std::pair<std::string, Shape>>& parts) {
+// A weight of a projection: its HF name and full shape, and how tensor parallelism splits it.
+struct WeightPart {
+  std::string name;
+  Shape shape;
+  Shard shard;
+};
+
+// This rank's share of the named matrices' blocks (shapes checked) stacked by rows, or nothing
+// unless all have blocks of one format. A split by input columns must keep whole blocks.
+QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                               const std::vector<WeightPart>& parts) {
   QuantizedMatrix out;
-  for (const auto& [name, shape] : parts) {
-    const QuantizedMatrix* blocks = ckpt.blocks(name, shape);
+  for (const WeightPart& part : parts) {
+    const QuantizedMatrix* blocks = ckpt.blocks(part.name, part.shape);
     if (blocks == nullptr) return {};
     const QuantizedMatrix& q = *blocks;
-    if (out.rows > 0 && (q.type != out.type || q.cols != out.cols)) return {};
+    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    int64_t cols = q.cols;
+    if (shard.by_cols) {
+      const auto [begin, end] = shard.ranges.front();
+      PAGEDLM_CHECK(begin % kQuantBlock == 0 && end % kQuantBlock == 0, "tensor ", part.name,
+                    " keeps ", kQuantBlock, "-weight blocks along its ", q.cols,
+                    " input columns; tensor parallel size ", tp.size, " would split it at column ",
+                    begin % kQuantBlock != 0 ? begin : end, ", inside a block");
+      cols = end - begin;
+    }
+    if (out.rows > 0 && (q.type != out.type || cols != out.cols)) return {};
     out.type = q.type;
-    out.cols = q.cols;
-    out.rows += q.rows;
-    out.blocks.insert(out.blocks.end(), q.blocks.begin(), q.blocks.end());
+    out.cols = cols;
+    const int64_t row_bytes = q.row_bytes();
+    if (shard.by_cols) {
+      const int64_t block_bytes = quant_block_bytes(q.type);
+      const int64_t first = shard.ranges.front().first / kQuantBlock * block_bytes;
+      const int64_t bytes = cols / kQuantBlock * block_bytes;
+      for (int64_t r = 0; r < q.rows; ++r) {
+        const uint8_t* src = q.blocks.data() + r * row_bytes + first;
+        out.blocks.insert(out.blocks.end(), src, src + bytes);
+      }
+      out.rows += q.rows;
+      continue;
+    }
+    for (const auto& [begin, end] : shard.ranges) {
+      out.blocks.insert(out.blocks.end(), q.blocks.begin() + begin * row_bytes,
+                        q.blocks.begin() + end * row_bytes);
+      out.rows += end - begin;
+    }
+  }
+  return out;
+}
+
+// Columns [begin, end) of every row of a CPU matrix (any dtype), copied.
+Tensor slice_cols(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  const auto elem = static_cast<int64_t>(dtype_size(t.dtype()));
+  Tensor out = Tensor::empty(t.dtype(), {rows, end - begin});
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * (end - begin) * elem, src + (r * cols + begin) * elem,
+                (end - begin) * elem);
   }
   return out;
 }
@@ -94,67 +142,100 @@ Tensor upload(const Tensor& t, Device device) {
   return bf16.to(device);
 }
 
-// Where row `row` of part `part` goes in a stacked tensor.
-using RowPlacement = std::function<int64_t(size_t part, int64_t row)>;
-
-// The named tensors (shapes checked) stacked along their first dimension (in order, or where
-// `place` says), in the compute dtype on `device`, converted part by part: a whole layer of
-// experts is never held in f32.
-Tensor stacked(const Checkpoint& ckpt, const std::vector<std::pair<std::string, Shape>>& parts,
-               Device device, const RowPlacement& place = nullptr) {
-  if (parts.size() == 1 && !place) {
-    return upload(ckpt.get(parts[0].first, parts[0].second), device);
-  }
-  const DType dtype = compute_dtype_of(device);
-  Shape shape = parts.front().second;
+// Stacks tensors along their first dimension into a new f32 tensor: weights [rows, cols] or
+// biases [rows].
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  Shape shape = parts.front().shape();
   shape[0] = 0;
-  for (const auto& [name, part_shape] : parts) shape[0] += part_shape[0];
-  Tensor host = Tensor::empty(dtype, shape);
-  const int64_t row_elems = shape[0] == 0 ? 0 : host.numel() / shape[0];
-  const auto elem_bytes = static_cast<int64_t>(dtype_size(dtype));
-  int64_t next_row = 0;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const Tensor part = ckpt.get(parts[p].first, parts[p].second);
-    const Tensor converted = part.dtype() == dtype ? part : part.to_f32();
-    const int64_t rows = part.dim(0);
+  for (const Tensor& t : parts) shape[0] += t.dim(0);
+  Tensor out = Tensor::empty(DType::kF32, shape);
+  float* dst = out.data<float>();
+  for (const Tensor& t : parts) {
+    const Tensor f = t.to_f32();
+    std::memcpy(dst, f.data<float>(), f.nbytes());
+    dst += f.numel();
+  }
+  return out;
+}
+
+// This rank's share of the parts, stacked by rows. Unsplit, a part is the checkpoint's tensor
+// itself (a view of the mapped file); a share is always copied, so that no rank keeps a whole
+// tensor alive through a view (a GGUF matrix dequantized for this call is freed after it).
+Tensor shard_of(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                const std::vector<WeightPart>& parts) {
+  std::vector<Tensor> pieces;
+  bool whole = true;
+  for (const WeightPart& part : parts) {
+    const Tensor t = ckpt.get(part.name, part.shape);
+    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    if (shard.by_cols) {
+      pieces.push_back(slice_cols(t, shard.ranges.front().first, shard.ranges.front().second));
+      whole = false;
+      continue;
+    }
+    for (const auto& [begin, end] : shard.ranges) {
+      pieces.push_back(t.rows(begin, end));
+      whole &= begin == 0 && end == t.dim(0);
+    }
+  }
+  return pieces.size() == 1 && whole ? pieces.front() : concat_rows(pieces);
+}
+
+// Where row `row` of piece `piece` goes in a stacked tensor.
+using RowPlacement = std::function<int64_t(size_t piece, int64_t row)>;
+
+// The pieces ([rows_i, cols] each, f32, f16 or bf16) stacked into one [rows, cols] tensor, row r
+// of piece p at row place(p, r), in the compute dtype on `device`, converted piece by piece: a
+// layer of experts is never held in f32.
+Tensor stack_converted(const std::vector<Tensor>& pieces, int64_t rows, Device device,
+                       const RowPlacement& place) {
+  const DType dtype = compute_dtype_of(device);
+  const int64_t cols = pieces.front().dim(1);
+  Tensor host = Tensor::empty(dtype, {rows, cols});
+  const auto elem = static_cast<int64_t>(dtype_size(dtype));
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Tensor converted = pieces[p].dtype() == dtype ? pieces[p] : pieces[p].to_f32();
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t dst_row = place ? place(p, r) : next_row + r;
-      char* dst = static_cast<char*>(host.raw()) + dst_row * row_elems * elem_bytes;
+    for (int64_t r = 0; r < converted.dim(0); ++r) {
+      char* dst = static_cast<char*>(host.raw()) + place(p, r) * cols * elem;
       if (converted.dtype() == dtype) {
-        std::memcpy(dst, static_cast<const char*>(converted.raw()) + r * row_elems * elem_bytes,
-                    row_elems * elem_bytes);
+        std::memcpy(dst, static_cast<const char*>(converted.raw()) + r * cols * elem, cols * elem);
       } else {
-        const float* src = converted.data<float>() + r * row_elems;
+        const float* src = converted.data<float>() + r * cols;
         auto* out = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < row_elems; ++i) out[i] = f32_to_bf16(src[i]);
+        for (int64_t i = 0; i < cols; ++i) out[i] = f32_to_bf16(src[i]);
       }
     }
-    next_row += rows;
   }
   return device == Device::kCpu ? host : host.to(device);
 }
 
-// A sparse layer's experts as ops::moe_experts takes them: per-expert blocks on the CPU where
-// every expert's matrices have them (GGUF Q4_1 / Q8_0), else stacked in the compute dtype.
-ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, int64_t layer,
-                                Device device) {
+// A sparse layer's experts (this rank's share of each expert's intermediate size) as
+// ops::moe_experts takes them: per-expert blocks on the CPU where every expert's matrices have
+// them (GGUF Q4_1 / Q8_0), else stacked in the compute dtype.
+ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, TensorParallel tp,
+                                int64_t layer, Device device) {
   const Family& family = family_of(c);
   const int64_t E = c.moe.num_experts, D = c.hidden_size, F = c.moe.expert_intermediate_size;
+  const int64_t Fr = F / tp.size;  // check_tensor_parallel: the ranks divide F
   ops::ExpertWeights w;
   w.num_experts = E;
   w.hidden = D;
-  w.ffn = F;
-  std::vector<std::pair<std::string, Shape>> gate_up, down;
+  w.ffn = Fr;
+  auto part = [&](LayerWeight lw, int64_t e, Shape shape) {
+    return WeightPart{hf_weight_name(family, layer, lw, e), std::move(shape),
+                      layer_weight_shard(family, lw)};
+  };
+  std::vector<WeightPart> gate_up, down;  // gate_up: each expert's gate, then its up
   for (int64_t e = 0; e < E; ++e) {
-    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertGate, e), Shape{F, D});
-    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertUp, e), Shape{F, D});
-    down.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertDown, e), Shape{D, F});
+    gate_up.push_back(part(LayerWeight::kExpertGate, e, {F, D}));
+    gate_up.push_back(part(LayerWeight::kExpertUp, e, {F, D}));
+    down.push_back(part(LayerWeight::kExpertDown, e, {D, F}));
   }
   if (device == Device::kCpu) {
     for (int64_t e = 0; e < E; ++e) {
-      QuantizedMatrix gu = stacked_blocks(ckpt, {gate_up[2 * e], gate_up[2 * e + 1]});
-      QuantizedMatrix dn = stacked_blocks(ckpt, {down[e]});
+      QuantizedMatrix gu = stacked_blocks(ckpt, c, tp, {gate_up[2 * e], gate_up[2 * e + 1]});
+      QuantizedMatrix dn = stacked_blocks(ckpt, c, tp, {down[e]});
       if (gu.empty() || dn.empty()) {
         w.gate_up_blocks.clear();
         w.down_blocks.clear();
@@ -165,48 +246,65 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, in
     }
     if (w.quantized()) return w;
   }
-  PAGEDLM_CHECK(device == Device::kCpu || F % 8 == 0, "the GPU's experts need a size that is a ",
-                "multiple of 8, got ", F);
-  // gate_up lists each expert's gate, then its up projection: part p is expert p / 2.
-  w.gate_up = stacked(ckpt, gate_up, device, [&](size_t p, int64_t r) {
+  PAGEDLM_CHECK(device == Device::kCpu || Fr % 8 == 0, "the GPU's experts need a size (per ",
+                "tensor-parallel rank) that is a multiple of 8, got ", Fr);
+  std::vector<Tensor> pieces;
+  for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt, c, tp, {p}));
+  w.gate_up = stack_converted(pieces, E * 2 * Fr, device, [&](size_t p, int64_t r) {
                 const auto e = static_cast<int64_t>(p / 2);
-                return e * 2 * F + ops::moe_gate_up_row(r, p % 2 == 1, F, device);
-              }).reshape({E, 2 * F, D});
-  w.down = stacked(ckpt, down, device).reshape({E, D, F});
+                return e * 2 * Fr + ops::moe_gate_up_row(r, p % 2 == 1, Fr, device);
+              }).reshape({E, 2 * Fr, D});
+  pieces.clear();
+  for (const WeightPart& p : down) pieces.push_back(shard_of(ckpt, c, tp, {p}));
+  w.down = stack_converted(pieces, E * D, device, [&](size_t p, int64_t r) {
+             return static_cast<int64_t>(p) * D + r;
+           }).reshape({E, D, Fr});
   return w;
 }
 
 class DecoderModel final : public CausalLM {
  public:
-  DecoderModel(const Checkpoint& ckpt, Device device)
-      : config_(ckpt.config), device_(device), dtype_(compute_dtype_of(device)) {
+  DecoderModel(const Checkpoint& ckpt, Device device, TensorParallel tp, ops::Communicator* comm)
+      : config_(ckpt.config),
+        device_(device),
+        dtype_(compute_dtype_of(device)),
+        tp_(tp),
+        dims_(rank_dims(ckpt.config, tp)),
+        comm_(tp.size > 1 ? comm : nullptr) {
 #ifndef PAGEDLM_HAS_CUDA
     PAGEDLM_CHECK(device == Device::kCpu, "this build of pagedlm has no CUDA support");
 #endif
+    PAGEDLM_CHECK(
+        tp.size == 1 || (comm != nullptr && comm->size() == tp.size && comm->rank() == tp.rank),
+        "tensor-parallel rank ", tp.rank, " of ", tp.size,
+        " needs a communicator of that rank and size");
     const ModelConfig& c = config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
-    // Stacks the named [rows, D_in] parts (shapes checked) into one projection; the CPU keeps
-    // GGUF blocks where every part has them.
-    auto projection = [&](const std::vector<std::pair<std::string, Shape>>& parts) {
+    // Stacks this rank's share of the named [rows, D_in] parts (shapes checked) into one
+    // projection; the CPU keeps GGUF blocks where every part has them.
+    auto projection = [&](const std::vector<WeightPart>& parts) {
       Projection proj;
-      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, parts);
-      if (proj.blocks.empty()) proj.dense = stacked(ckpt, parts, device);
+      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
+      if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
       return proj;
     };
-    embed_ = upload(ckpt.get("model.embed_tokens.weight", {c.vocab_size, D}), device);
+    // The embedding and the lm_head are split by vocabulary rows.
+    const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
+    embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
       lm_head_.blocks =
-          device == Device::kCpu
-              ? stacked_blocks(ckpt, {{"model.embed_tokens.weight", {c.vocab_size, D}}})
-              : QuantizedMatrix{};
+          device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
     } else {
-      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}}});
+      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
     const Family& family = family_of(c);
     auto name = [&](int64_t layer, LayerWeight w) { return hf_weight_name(family, layer, w); };
+    auto part = [&](int64_t layer, LayerWeight w, Shape shape) {
+      return WeightPart{name(layer, w), std::move(shape), layer_weight_shard(family, w)};
+    };
     auto vector = [&](const std::string& tensor, int64_t n) {
       return upload(ckpt.get(tensor, {n}), device);
     };
@@ -235,31 +333,31 @@ class DecoderModel final : public CausalLM {
         w.ffn_out_norm = vector(name(i, LayerWeight::kFfnOutNorm), D);
       }
       w.qkv_proj = has_layer_weight(family, LayerWeight::kQkv)
-                       ? projection({{name(i, LayerWeight::kQkv), {q_rows + 2 * kv_rows, D}}})
-                       : projection({{name(i, LayerWeight::kQ), {q_rows, D}},
-                                     {name(i, LayerWeight::kK), {kv_rows, D}},
-                                     {name(i, LayerWeight::kV), {kv_rows, D}}});
-      w.o_proj = projection({{name(i, LayerWeight::kO), {D, q_rows}}});
+                       ? projection({part(i, LayerWeight::kQkv, {q_rows + 2 * kv_rows, D})})
+                       : projection({part(i, LayerWeight::kQ, {q_rows, D}),
+                                     part(i, LayerWeight::kK, {kv_rows, D}),
+                                     part(i, LayerWeight::kV, {kv_rows, D})});
+      w.o_proj = projection({part(i, LayerWeight::kO, {D, q_rows})});
       if (c.attention_bias) {
-        w.qkv_bias = stacked(ckpt,
-                             {{name(i, LayerWeight::kQBias), {q_rows}},
-                              {name(i, LayerWeight::kKBias), {kv_rows}},
-                              {name(i, LayerWeight::kVBias), {kv_rows}}},
-                             device);
+        w.qkv_bias = upload(shard_of(ckpt, c, tp,
+                                     {part(i, LayerWeight::kQBias, {q_rows}),
+                                      part(i, LayerWeight::kKBias, {kv_rows}),
+                                      part(i, LayerWeight::kVBias, {kv_rows})}),
+                            device);
       }
       if (c.qk_norm) {
         w.q_norm = vector(name(i, LayerWeight::kQNorm), d);
         w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
       if (c.layers[i].sparse_mlp) {
-        w.router = projection({{name(i, LayerWeight::kRouter), {c.moe.num_experts, D}}});
-        w.experts = load_experts(ckpt, c, i, device);
+        w.router = projection({part(i, LayerWeight::kRouter, {c.moe.num_experts, D})});
+        w.experts = load_experts(ckpt, c, tp, i, device);
       } else {
         w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
-                             ? projection({{name(i, LayerWeight::kGateUp), {2 * F, D}}})
-                             : projection({{name(i, LayerWeight::kGate), {F, D}},
-                                           {name(i, LayerWeight::kUp), {F, D}}});
-        w.down_proj = projection({{name(i, LayerWeight::kDown), {D, F}}});
+                             ? projection({part(i, LayerWeight::kGateUp, {2 * F, D})})
+                             : projection({part(i, LayerWeight::kGate, {F, D}),
+                                           part(i, LayerWeight::kUp, {F, D})});
+        w.down_proj = projection({part(i, LayerWeight::kDown, {D, F})});
       }
       w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
@@ -273,19 +371,23 @@ class DecoderModel final : public CausalLM {
     const Tensor counts = experts_activated_.to(Device::kCpu);
     int64_t activated = 0;
     for (int64_t i = 0; i < c.num_layers; ++i) activated += counts.data<int32_t>()[i];
-    return activated * 3 * c.moe.expert_intermediate_size * c.hidden_size *
+    // This rank's share of each activated expert.
+    return activated * 3 * (c.moe.expert_intermediate_size / tp_.size) * c.hidden_size *
            static_cast<int64_t>(dtype_size(dtype_));
   }
 
   const ModelConfig& config() const override { return config_; }
   Device device() const override { return device_; }
   DType compute_dtype() const override { return dtype_; }
+  TensorParallel tensor_parallel() const override { return tp_; }
 
   // Stream rows -> buffers; see CausalLM::reserve.
   void reserve(int64_t rows) override {
     if (rows <= buffers_.capacity) return;
     const ModelConfig& c = config_;
-    const int64_t D = c.hidden_size, F = c.intermediate_size, d = c.head_dim;
+    // This rank's share of the heads and of the MLP (all of them without tensor parallelism).
+    const int64_t D = c.hidden_size, F = dims_.ffn, d = c.head_dim;
+    const int64_t Hq = dims_.q_heads, Hk = dims_.kv_heads;
     auto make = [&](Shape shape) { return Tensor::empty(dtype_, std::move(shape), device_); };
     // The residual stream is f32 on every device: in bf16 it would be rounded at each of a
     // layer's two adds, the largest avoidable error of bf16 compute.
@@ -297,15 +399,15 @@ class DecoderModel final : public CausalLM {
     b.capacity = rows;
     b.residual = make_f32({rows, D});
     b.hidden = make({rows, D});
-    b.qkv = make({rows, (c.num_heads + 2 * c.num_kv_heads) * d});
-    b.q = make({rows, c.num_heads, d});
-    b.attn_out = make({rows, c.num_heads, d});
+    b.qkv = make({rows, (Hq + 2 * Hk) * d});
+    b.q = make({rows, Hq, d});
+    b.attn_out = make({rows, Hq, d});
     b.proj_out = make({rows, D});
     b.gate_up = make({rows, 2 * F});
     b.act = make({rows, F});
     if (c.moe.num_experts > 0) {
       const int64_t E = c.moe.num_experts, k = c.moe.experts_per_token;
-      const int64_t Fe = c.moe.expert_intermediate_size;
+      const int64_t Fe = c.moe.expert_intermediate_size / tp_.size;
       b.router_logits = make_f32({rows, E});
       b.expert_ids = Tensor::empty(DType::kI32, {rows, k}, device_);
       b.expert_weights = make_f32({rows, k});
@@ -317,13 +419,17 @@ class DecoderModel final : public CausalLM {
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
+    if (comm_ != nullptr) {
+      b.local_logits = make_f32({rows, dims_.vocab});
+      comm_->reserve(rows, dims_.vocab);
+    }
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
   void forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
     const ModelConfig& c = config_;
     const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
-    const int64_t d = c.head_dim, Hq = c.num_heads, Hk = c.num_kv_heads;
+    const int64_t d = c.head_dim, Hq = dims_.q_heads, Hk = dims_.kv_heads;
     const float eps = c.rms_norm_eps;
     void* const stream = in.stream;
     reserve(L);
@@ -335,7 +441,14 @@ class DecoderModel final : public CausalLM {
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
 
     const float offset = c.norm_weight_offset;
-    ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+    if (comm_ == nullptr) {
+      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+    } else {
+      // Each rank embeds the tokens of its share of the vocabulary (zeros elsewhere): the sum
+      // over the ranks is every token's row.
+      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale, dims_.vocab_begin);
+      comm_->all_reduce_sum(residual, stream);
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       if (i == 0) {
@@ -350,11 +463,14 @@ class DecoderModel final : public CausalLM {
       }
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
+      if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
       ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
       if (c.layers[i].sparse_mlp) {
+        // Every rank routes alike (the router is replicated) and runs its share of each
+        // expert's intermediate size: the all-reduce below sums the shares.
         const Tensor router_logits = buffers_.router_logits.rows(0, L);
         const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
         const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
@@ -370,6 +486,7 @@ class DecoderModel final : public CausalLM {
         ops::gated_mul(gated_activation(c), gate_up, act, stream);
         w.down_proj.apply(act, Tensor(), proj_out, stream);
       }
+      if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
       }
@@ -381,7 +498,14 @@ class DecoderModel final : public CausalLM {
     ops::gather_rows(proj_out, in.logits_rows, last_update, stream);
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
-    lm_head_.apply(last, Tensor(), logits, stream);
+    if (comm_ == nullptr) {
+      lm_head_.apply(last, Tensor(), logits, stream);
+    } else {
+      // Each rank scores its share of the vocabulary; the gather lays them side by side.
+      const Tensor local = buffers_.local_logits.rows(0, S);
+      lm_head_.apply(last, Tensor(), local, stream);
+      comm_->all_gather_cols(local, logits, stream);
+    }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
   }
 
@@ -390,6 +514,7 @@ class DecoderModel final : public CausalLM {
     int64_t capacity = 0;                                               // rows
     Tensor residual, hidden, qkv, q, attn_out, proj_out, gate_up, act;  // [rows, ...]
     Tensor last, last_residual, last_update;                            // [rows, D]
+    Tensor local_logits;  // [rows, vocab / ranks] f32: this rank's lm_head rows (TP only)
     // Mixture-of-experts layers: router logits [rows, E], each token's experts and weights
     // [rows, k], and the experts' scratch for rows * k (token, slot) pairs.
     Tensor router_logits, expert_ids, expert_weights;
@@ -404,6 +529,9 @@ class DecoderModel final : public CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
+  TensorParallel tp_;
+  RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
+  ops::Communicator* comm_;  // null without tensor parallelism
   Tensor embed_, final_norm_;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
@@ -413,8 +541,9 @@ class DecoderModel final : public CausalLM {
 
 }  // namespace
 
-std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device) {
-  return std::make_unique<DecoderModel>(checkpoint, device);
+std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
+                                       TensorParallel tp, ops::Communicator* comm) {
+  return std::make_unique<DecoderModel>(checkpoint, device, tp, comm);
 }
 
 }  // namespace pagedlm

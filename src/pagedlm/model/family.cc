@@ -94,6 +94,13 @@ bool has_layer_weight(const Family& family, LayerWeight w) {
   return find_weight(family, w) != nullptr;
 }
 
+Shard layer_weight_shard(const Family& family, LayerWeight w) {
+  const LayerWeightName* n = find_weight(family, w);
+  PAGEDLM_CHECK(n != nullptr, "model family ", family.name, " has no layer weight ",
+                static_cast<int>(w));
+  return n->shard;
+}
+
 std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w, int64_t expert) {
   const LayerWeightName* n = find_weight(family, w);
   PAGEDLM_CHECK(n != nullptr, "model family ", family.name, " has no layer weight ",

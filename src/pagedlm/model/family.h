@@ -48,12 +48,25 @@ enum class LayerWeight : uint8_t {
   kExpertDown,
 };
 
-// How a family's files name one layer weight: HF's name after "model.layers.N.", GGUF's after
-// "blk.N.".
+// How tensor parallelism splits a weight between ranks (model/tensor_parallel.h computes the
+// ranges). Each weight declares its rule in its family's table, so the loader holds no list of
+// names and a new kind of weight brings its own rule.
+enum class Shard : uint8_t {
+  kReplicated,   // every rank holds all of it (norms)
+  kRows,         // output rows split evenly: q (by q heads, which the ranks divide), gate, up
+  kKvHeadRows,   // output rows by kv head; a kv head is replicated when ranks outnumber them
+  kQkvHeadRows,  // fused q|k|v rows: the q part as kRows, the k and v parts as kKvHeadRows
+  kHalvesRows,   // fused gate|up rows: each half split evenly
+  kCols,         // input columns split evenly (o, down); the partial outputs are all-reduced
+};
+
+// How a family's files name one layer weight (HF's name after "model.layers.N.", GGUF's after
+// "blk.N.") and how tensor parallelism splits it.
 struct LayerWeightName {
   LayerWeight weight;
   const char* hf;
   const char* gguf;
+  Shard shard;
 };
 
 struct Family {
@@ -91,6 +104,8 @@ const Family& family_of(const ModelConfig& config);
 std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w, int64_t expert = -1);
 // Whether the family stores this weight (kQkv: q/k/v fused).
 bool has_layer_weight(const Family& family, LayerWeight w);
+// How tensor parallelism splits the family's weight `w`; throws if the family has no such weight.
+Shard layer_weight_shard(const Family& family, LayerWeight w);
 
 // Every tensor the model reads, under its HF name with its HF shape, in load order:
 // embeddings, each layer's attention then MLP, the final norm, and lm_head unless tied.

@@ -9,6 +9,7 @@
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model_config.h"
+#include "pagedlm/model/tensor_parallel.h"
 
 namespace pagedlm {
 
@@ -39,6 +40,9 @@ class CausalLM {
   virtual Device device() const = 0;
   // The dtype of activations and weights: f32 on the CPU, bf16 on the GPU.
   virtual DType compute_dtype() const = 0;
+  // Which share of the model this is (config() describes the whole model; rank_dims() of these
+  // gives this rank's heads, MLP and vocabulary).
+  virtual TensorParallel tensor_parallel() const { return {}; }
   // Allocates the activations for steps of up to `rows` stream rows. Forward calls within that
   // size allocate nothing, which a captured CUDA graph requires; larger ones grow the buffers.
   virtual void reserve(int64_t rows) = 0;
@@ -50,9 +54,17 @@ class CausalLM {
   virtual int64_t expert_bytes_read() const { return 0; }
 };
 
+namespace ops {
+class Communicator;
+}
+
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
 // bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
 // naming an unsupported architecture or a missing / mis-shaped tensor.
-std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device);
+// With tp.size > 1 it holds rank tp.rank's share only (model/tensor_parallel.h), loaded from the
+// checkpoint's tensors share by share, and joins the other ranks' results through `comm` (that
+// rank of a group of that size), which must outlive it.
+std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
+                                       TensorParallel tp = {}, ops::Communicator* comm = nullptr);
 
 }  // namespace pagedlm

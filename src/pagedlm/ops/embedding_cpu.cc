@@ -22,10 +22,25 @@ void embedding(const float* table, const int32_t* ids, float* out, int64_t n_tok
   for (int64_t i = 0; i < n_tokens * dim; ++i) out[i] *= scale;
 }
 
+void embedding_shard(const float* table, const int32_t* ids, float* out, int64_t n_tokens,
+                     int64_t vocab, int64_t dim, float scale, int64_t vocab_begin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t row = int64_t{ids[t]} - vocab_begin;
+    float* dst = out + t * dim;
+    if (row < 0 || row >= vocab) {
+      for (int64_t i = 0; i < dim; ++i) dst[i] = 0.f;
+      continue;
+    }
+    const float* src = table + row * dim;
+    for (int64_t i = 0; i < dim; ++i) dst[i] = src[i] * scale;
+  }
+}
+
 }  // namespace cpu
 
-void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream,
-               float scale) {
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream, float scale,
+               std::optional<int64_t> vocab_begin) {
   using detail::kAnyDim;
   constexpr const char* kOp = "embedding";
   const DType dt = detail::compute_dtype(table, kOp, "table");
@@ -35,14 +50,21 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
   detail::expect(out, kOp, "out", DType::kF32, {n_tokens, dim});
   detail::expect_device(ids, table.device(), kOp, "ids");
   detail::expect_device(out, table.device(), kOp, "out");
+  PAGEDLM_CHECK(!vocab_begin || *vocab_begin >= 0, "embedding: vocab_begin must be >= 0, got ",
+                vocab_begin.value_or(0));
   if (table.device() == Device::kCpu) {
+    if (vocab_begin) {
+      cpu::embedding_shard(table.data<float>(), ids.data<int32_t>(), out.data<float>(), n_tokens,
+                           vocab, dim, scale, *vocab_begin);
+      return;
+    }
     cpu::embedding(table.data<float>(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab,
                    dim, scale);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::embedding(table.raw(), ids.data<int32_t>(), out.data<float>(), n_tokens, vocab, dim, scale,
-                  dt, stream);
+                  dt, stream, vocab_begin.value_or(-1));
 #else
   detail::fail_no_cuda(kOp);
 #endif

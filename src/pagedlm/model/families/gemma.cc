@@ -16,20 +16,23 @@ namespace pagedlm {
 namespace {
 
 const std::vector<LayerWeightName> kGemmaNames = {
-    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight"},
-    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight"},
-    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight"},
-    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight"},
-    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"},
-    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"},
-    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight"},
+    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight", Shard::kReplicated},
+    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight", Shard::kRows},
+    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight", Shard::kKvHeadRows},
+    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight", Shard::kKvHeadRows},
+    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight", Shard::kReplicated},
+    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight", Shard::kReplicated},
+    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight", Shard::kCols},
     // Gemma's "post_attention_layernorm" normalizes the attention output, unlike Llama's.
-    {LayerWeight::kAttnOutNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"},
-    {LayerWeight::kFfnNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight"},
-    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight"},
-    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight"},
-    {LayerWeight::kFfnOutNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+    {LayerWeight::kAttnOutNorm, "post_attention_layernorm.weight", "post_attention_norm.weight",
+     Shard::kReplicated},
+    {LayerWeight::kFfnNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight",
+     Shard::kReplicated},
+    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight", Shard::kRows},
+    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight", Shard::kRows},
+    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight", Shard::kCols},
+    {LayerWeight::kFfnOutNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight",
+     Shard::kReplicated},
 };
 
 // A soft-cap key: null or absent is none.

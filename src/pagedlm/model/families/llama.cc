@@ -14,30 +14,33 @@ namespace {
 
 // HF's Llama-style names, and llama.cpp's (after "model.layers.N." / "blk.N.").
 const std::vector<LayerWeightName> kLlamaNames = {
-    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight"},
-    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight"},
-    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight"},
-    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight"},
-    {LayerWeight::kQBias, "self_attn.q_proj.bias", "attn_q.bias"},
-    {LayerWeight::kKBias, "self_attn.k_proj.bias", "attn_k.bias"},
-    {LayerWeight::kVBias, "self_attn.v_proj.bias", "attn_v.bias"},
-    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"},
-    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"},
-    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight"},
+    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight", Shard::kReplicated},
+    {LayerWeight::kQ, "self_attn.q_proj.weight", "attn_q.weight", Shard::kRows},
+    {LayerWeight::kK, "self_attn.k_proj.weight", "attn_k.weight", Shard::kKvHeadRows},
+    {LayerWeight::kV, "self_attn.v_proj.weight", "attn_v.weight", Shard::kKvHeadRows},
+    {LayerWeight::kQBias, "self_attn.q_proj.bias", "attn_q.bias", Shard::kRows},
+    {LayerWeight::kKBias, "self_attn.k_proj.bias", "attn_k.bias", Shard::kKvHeadRows},
+    {LayerWeight::kVBias, "self_attn.v_proj.bias", "attn_v.bias", Shard::kKvHeadRows},
+    {LayerWeight::kQNorm, "self_attn.q_norm.weight", "attn_q_norm.weight", Shard::kReplicated},
+    {LayerWeight::kKNorm, "self_attn.k_norm.weight", "attn_k_norm.weight", Shard::kReplicated},
+    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight", Shard::kCols},
     // Llama calls the norm before its MLP "post_attention_layernorm".
-    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"},
-    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight"},
-    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight"},
-    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight"},
+    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight",
+     Shard::kReplicated},
+    {LayerWeight::kGate, "mlp.gate_proj.weight", "ffn_gate.weight", Shard::kRows},
+    {LayerWeight::kUp, "mlp.up_proj.weight", "ffn_up.weight", Shard::kRows},
+    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight", Shard::kCols},
 };
 
 // The expert weights: HF's per-expert tensors ('*' is the expert) and llama.cpp's 3-D stacks.
 std::vector<LayerWeightName> with_experts(std::vector<LayerWeightName> names, const char* router,
                                           const char* gate, const char* up, const char* down) {
-  names.push_back({LayerWeight::kRouter, router, "ffn_gate_inp.weight"});
-  names.push_back({LayerWeight::kExpertGate, gate, "ffn_gate_exps.weight"});
-  names.push_back({LayerWeight::kExpertUp, up, "ffn_up_exps.weight"});
-  names.push_back({LayerWeight::kExpertDown, down, "ffn_down_exps.weight"});
+  // Tensor parallelism splits each expert as the dense MLP: gate and up by rows of its
+  // intermediate size, down by those columns; every rank routes with the whole router.
+  names.push_back({LayerWeight::kRouter, router, "ffn_gate_inp.weight", Shard::kReplicated});
+  names.push_back({LayerWeight::kExpertGate, gate, "ffn_gate_exps.weight", Shard::kRows});
+  names.push_back({LayerWeight::kExpertUp, up, "ffn_up_exps.weight", Shard::kRows});
+  names.push_back({LayerWeight::kExpertDown, down, "ffn_down_exps.weight", Shard::kCols});
   return names;
 }
 

@@ -9,13 +9,14 @@ namespace pagedlm {
 namespace {
 
 const std::vector<LayerWeightName> kPhi3Names = {
-    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight"},
-    {LayerWeight::kQkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"},
-    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight"},
-    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight"},
+    {LayerWeight::kAttnNorm, "input_layernorm.weight", "attn_norm.weight", Shard::kReplicated},
+    {LayerWeight::kQkv, "self_attn.qkv_proj.weight", "attn_qkv.weight", Shard::kQkvHeadRows},
+    {LayerWeight::kO, "self_attn.o_proj.weight", "attn_output.weight", Shard::kCols},
+    {LayerWeight::kFfnNorm, "post_attention_layernorm.weight", "ffn_norm.weight",
+     Shard::kReplicated},
     // llama.cpp keeps the fused [2F, D] matrix under ffn_up.
-    {LayerWeight::kGateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"},
-    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight"},
+    {LayerWeight::kGateUp, "mlp.gate_up_proj.weight", "ffn_up.weight", Shard::kHalvesRows},
+    {LayerWeight::kDown, "mlp.down_proj.weight", "ffn_down.weight", Shard::kCols},
 };
 
 void read_phi3(const ConfigKeys& keys, ModelConfig& c) {

@@ -23,10 +23,18 @@ using detail::Silu;
 // when dim % 8 == 0. table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim]
 // f32; grid: num_tokens blocks.
 __global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, float* out, int dim,
-                                 float scale) {
+                                 float scale, int vocab_begin, int vocab) {
   const int t = blockIdx.x;
-  const bf16* src = table + static_cast<size_t>(token_ids[t]) * dim;
   float* dst = out + static_cast<size_t>(t) * dim;
+  int row = token_ids[t];
+  if (vocab_begin >= 0) {  // a tensor-parallel rank's rows of the vocabulary; others read 0
+    row -= vocab_begin;
+    if (row < 0 || row >= vocab) {
+      for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = 0.f;
+      return;
+    }
+  }
+  const bf16* src = table + static_cast<size_t>(row) * dim;
   if (dim % 8 == 0) {
     for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
       const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
@@ -313,10 +321,11 @@ __global__ void gather_rows_kernel(const Word* in, const int32_t* rows, Word* ou
 }  // namespace
 
 cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
-                             int num_tokens, int dim, float scale, cudaStream_t stream) {
+                             int num_tokens, int dim, float scale, cudaStream_t stream,
+                             int vocab_begin, int vocab) {
   if (num_tokens <= 0) return cudaSuccess;
   embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids, out,
-                                                   dim, scale);
+                                                   dim, scale, vocab_begin, vocab);
   return cudaGetLastError();
 }
 

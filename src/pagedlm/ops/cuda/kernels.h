@@ -109,9 +109,11 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_d
 
 // table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim] f32 (the residual
 // stream starts at the embedding). out = table[id] * scale in f32 (Gemma scales by
-// sqrt(hidden_size); 1 elsewhere).
+// sqrt(hidden_size); 1 elsewhere). vocab_begin >= 0: the table is a tensor-parallel rank's rows
+// [vocab_begin, vocab_begin + vocab) of the vocabulary and other ids give zero rows.
 cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float* out,
-                             int num_tokens, int dim, float scale, cudaStream_t stream);
+                             int num_tokens, int dim, float scale, cudaStream_t stream,
+                             int vocab_begin = -1, int vocab = 0);
 
 // The norms below scale by (weight_offset + weight) computed in f32: 0 for Llama-style norms,
 // 1 for Gemma's (1 + w), which bf16 weights could not hold without rounding.

@@ -57,10 +57,11 @@ raw::GemmHandle* gemm_handle() {
 }  // namespace
 
 void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
-               int64_t dim, float scale, DType dtype, void* stream) {
+               int64_t dim, float scale, DType dtype, void* stream, int64_t vocab_begin) {
   require_bf16(dtype, "embedding");
   raw::check(raw::launch_embedding(table, ids, out, static_cast<int>(n_tokens),
-                                   static_cast<int>(dim), scale, as_stream(stream)),
+                                   static_cast<int>(dim), scale, as_stream(stream),
+                                   static_cast<int>(vocab_begin), static_cast<int>(vocab)),
              "embedding");
 }
 

@@ -1,0 +1,70 @@
+#include "pagedlm/engine/cpu_ranks.h"
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "pagedlm/core/error.h"
+#include "pagedlm/engine/paged_kv_cache.h"
+
+namespace pagedlm {
+
+CpuRanks::CpuRanks(const Checkpoint& checkpoint,
+                   std::vector<std::unique_ptr<ops::Communicator>> comms)
+    : comms_(std::move(comms)) {
+  PAGEDLM_CHECK(!comms_.empty(), "a tensor-parallel group needs at least one rank");
+  check_tensor_parallel(checkpoint.config, size());
+}
+
+CpuRanks::~CpuRanks() = default;
+
+void CpuRanks::create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size) {
+  const ModelConfig& c = checkpoint.config;
+  for (int32_t r = 1; r < size(); ++r) {
+    Rank rank;
+    rank.model = create_model(checkpoint, Device::kCpu, {r, size()}, comms_[r].get());
+    const RankDims dims = rank_dims(c, {r, size()});
+    rank.kv_cache =
+        std::make_unique<PagedKvCache>(c.num_layers, num_pages, page_size, dims.kv_heads,
+                                       c.head_dim, Device::kCpu, rank.model->compute_dtype());
+    ranks_.push_back(std::move(rank));
+  }
+}
+
+void CpuRanks::forward(const StepPlan& plan, const ForwardInputs& inputs,
+                       const std::function<void()>& rank0) {
+  const int64_t rows = inputs.logits_rows.dim(0);
+  std::mutex mutex;
+  std::string first_failure;  // the first rank to fail: the cause, the others its consequence
+  auto run = [&](int32_t r, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      const std::string why = cat("rank ", r, ": ", e.what());
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (first_failure.empty()) first_failure = why;
+      }
+      comms_[r]->abort(why);
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(ranks_.size());
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& rank = ranks_[i];
+    rank.kv_cache->bind(plan);
+    threads.emplace_back([&, i] {
+      run(static_cast<int32_t>(i + 1), [&] {
+        // Every rank receives the whole logits; only rank 0's are sampled.
+        const Tensor logits = Tensor::empty(DType::kF32, {rows, rank.model->config().vocab_size});
+        rank.model->forward(inputs, *rank.kv_cache, logits);
+      });
+    });
+  }
+  run(0, rank0);
+  for (std::thread& t : threads) t.join();
+  if (!first_failure.empty()) fail("tensor-parallel step failed on ", first_failure);
+}
+
+}  // namespace pagedlm

@@ -1,0 +1,145 @@
+#include "pagedlm/engine/process_group.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "pagedlm/core/error.h"
+#include "pagedlm/engine/cuda_runner.h"
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/engine/rendezvous.h"
+#include "pagedlm/model/model.h"
+
+#ifdef PAGEDLM_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace pagedlm {
+namespace {
+
+// Messages of rank 0's channel after the rendezvous.
+constexpr char kPages = 'P', kStep = 'S', kDone = 'D';
+// A rank waits this long for rank 0's next message: a server may idle for days.
+constexpr std::chrono::hours kIdle{24 * 365};
+
+#ifdef PAGEDLM_HAS_CUDA
+[[noreturn]] void end_process(const std::string& why) {
+  std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+#endif
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& config)
+    : rank_(options.tensor_parallel_rank) {
+  const int32_t size = options.tensor_parallel_size;
+  PAGEDLM_CHECK(rank_ >= 0 && rank_ < size, "tensor-parallel rank ", rank_, " is outside [0, ",
+                size, ")");
+  PAGEDLM_CHECK(!options.tensor_parallel_endpoint.empty(),
+                "a tensor-parallel group of processes needs rank 0's HOST:PORT");
+#ifdef PAGEDLM_HAS_CUDA
+  int devices = 0;
+  PAGEDLM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "tensor-parallel rank ",
+                rank_, " sees no GPU");
+  const int device =
+      options.tensor_parallel_device >= 0 ? options.tensor_parallel_device : rank_ % devices;
+  PAGEDLM_CHECK(device < devices, "tensor-parallel rank ", rank_, ": GPU ", device,
+                " does not exist (", devices, " visible)");
+  PAGEDLM_CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice(", device, ") failed");
+  const auto [host, port] = parse_endpoint(options.tensor_parallel_endpoint);
+  const auto timeout = std::chrono::milliseconds(options.collective_timeout_ms);
+  const uint64_t fingerprint = model_fingerprint(config);
+  ops::NcclUniqueId id{};
+  if (rank_ == 0) {
+    id = ops::nccl_unique_id();
+    server_ = std::make_unique<RendezvousServer>(host, port, size, fingerprint);
+    server_->accept_all(std::string(id.data(), id.size()), timeout);
+  } else {
+    client_ = std::make_unique<RendezvousClient>(host, port, rank_, size, fingerprint, timeout);
+    PAGEDLM_CHECK(client_->payload().size() == id.size(), "tensor-parallel rank ", rank_,
+                  ": rank 0 sent an NCCL id of ", client_->payload().size(), " bytes");
+    std::memcpy(id.data(), client_->payload().data(), id.size());
+  }
+  comm_ = ops::make_nccl_communicator(id, rank_, size);
+  // From here a dead rank would leave the others inside a collective forever.
+  if (server_) server_->watch(end_process);
+  if (client_) client_->watch(end_process);
+#else
+  (void)config;
+  fail("tensor parallelism over processes needs the CUDA build (NCCL)");
+#endif
+}
+
+ProcessGroup::~ProcessGroup() {
+  if (!server_) return;
+  server_->stop_watching();
+  try {
+    server_->broadcast(std::string(1, kDone));
+    server_->wait_closed(std::chrono::seconds(30));
+  } catch (const Error&) {
+    // A rank already gone needs no telling.
+  }
+}
+
+void ProcessGroup::send_num_pages(int32_t num_pages) {
+  std::string m(1, kPages);
+  m.append(reinterpret_cast<const char*>(&num_pages), sizeof(num_pages));
+  server_->broadcast(m);
+}
+
+void ProcessGroup::send_step(const StepPlan& plan, bool want_logits) {
+  server_->broadcast(kStep + encode_step(plan, want_logits));
+}
+
+int32_t ProcessGroup::receive_num_pages() {
+  const std::string m = client_->receive(kIdle);
+  PAGEDLM_CHECK(m.size() == 1 + sizeof(int32_t) && m[0] == kPages, "tensor-parallel rank ", rank_,
+                ": expected the KV cache's page count from rank 0");
+  int32_t n = 0;
+  std::memcpy(&n, m.data() + 1, sizeof(n));
+  return n;
+}
+
+std::optional<WireStep> ProcessGroup::receive_step() {
+  const std::string m = client_->receive(kIdle);
+  PAGEDLM_CHECK(!m.empty() && (m[0] == kStep || m[0] == kDone), "tensor-parallel rank ", rank_,
+                ": unexpected message from rank 0");
+  if (m[0] == kDone) {
+    client_->stop_watching();  // rank 0 closes next: that is no failure
+    return std::nullopt;
+  }
+  return decode_step(m.substr(1));
+}
+
+void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions& options) {
+  PAGEDLM_CHECK(options.device == Device::kCuda,
+                "a tensor-parallel rank in its own process runs on a GPU");
+  ProcessGroup group(options, checkpoint.config);
+  const int32_t tp = options.tensor_parallel_size;
+  std::unique_ptr<CausalLM> model =
+      create_model(checkpoint, Device::kCuda, {group.rank(), tp}, group.communicator());
+  const ModelConfig& c = model->config();
+  // The same order as rank 0's engine: runner, cache, warm-up (whose steps hold collectives).
+  CudaStepRunner runner(*model, options, c.max_position_embeddings);
+  const int32_t num_pages = group.receive_num_pages();
+  PagedKvCache kv_cache(c.num_layers, num_pages, options.page_size,
+                        rank_dims(c, {group.rank(), tp}).kv_heads, c.head_dim, Device::kCuda,
+                        model->compute_dtype());
+  runner.set_kv_cache(&kv_cache);
+  runner.warm_up();
+  // This rank's sampled tokens are thrown away: rank 0 samples. Greedy rows keep the sampler
+  // cheap.
+  SamplingParams greedy;
+  greedy.temperature = 0.f;
+  while (std::optional<WireStep> step = group.receive_step()) {
+    std::vector<SeqSampling> sampling(step->plan.num_seqs(), SeqSampling{&greedy, 0, 0});
+    Tensor logits;
+    runner.run(step->plan, sampling, step->want_logits ? &logits : nullptr);
+  }
+}
+
+}  // namespace pagedlm

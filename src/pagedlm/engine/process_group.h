@@ -1,0 +1,53 @@
+// Tensor parallelism over GPUs: one process per rank, each on its own GPU. Rank 0 runs the
+// engine (scheduler, sampling, the API); every step it sends the StepPlan to the other ranks,
+// which run their share of the model on it, the NCCL collectives joining them on each rank's
+// stream. They meet through engine/rendezvous.h (rank 0 listens at the endpoint and hands out
+// the NCCL id), so the ranks may span machines. A rank whose process is gone ends every other
+// rank's process with a message naming it: a collective waiting for a dead peer never returns,
+// so exiting is the only way not to hang.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pagedlm/engine/plan_wire.h"
+#include "pagedlm/model/checkpoint.h"
+#include "pagedlm/ops/communicator.h"
+
+namespace pagedlm {
+
+struct EngineOptions;
+class RendezvousClient;
+class RendezvousServer;
+
+class ProcessGroup {
+ public:
+  // Makes the rank's GPU current (options.tensor_parallel_device, or the rank's own ordinal
+  // when negative), meets the other ranks and joins the NCCL group.
+  ProcessGroup(const EngineOptions& options, const ModelConfig& config);
+  // Rank 0 tells the others to stop and waits for them a while.
+  ~ProcessGroup();
+
+  int32_t rank() const { return rank_; }
+  ops::Communicator* communicator() const { return comm_.get(); }
+
+  // Rank 0.
+  void send_num_pages(int32_t num_pages);
+  void send_step(const StepPlan& plan, bool want_logits);
+  // The other ranks: the next step, or nothing when rank 0 is done.
+  int32_t receive_num_pages();
+  std::optional<WireStep> receive_step();
+
+ private:
+  int32_t rank_ = 0;
+  std::unique_ptr<RendezvousServer> server_;  // rank 0
+  std::unique_ptr<RendezvousClient> client_;  // the others
+  std::unique_ptr<ops::Communicator> comm_;
+};
+
+// A rank > 0 of a group of processes: builds its share of the model, its KV cache and its step
+// runner as rank 0's engine does, then runs rank 0's steps until rank 0 is done.
+void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions& options);
+
+}  // namespace pagedlm
