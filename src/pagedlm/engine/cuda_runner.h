@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,7 +26,11 @@ struct SeqSampling {
   const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
   int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
+  bool masked = false;  // sampled under a token bitmask (structured output)
 };
+
+// Writes sequence b's token bitmask (ceil(vocab / 32) words) into `words`.
+using MaskFill = std::function<void(int32_t b, int32_t* words)>;
 
 class CudaStepRunner {
  public:
@@ -48,9 +53,13 @@ class CudaStepRunner {
 
   // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
   // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
-  // logits [S, vocab] f32 on the host.
+  // logits [S, vocab] f32 on the host. For the masked sequences, fill_mask runs on the host
+  // while the device runs the forward pass; the masks go into a fixed device buffer that the
+  // sampler reads.
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out);
+                           Tensor* logits_out, const MaskFill& fill_mask = {});
+  // Whether the last run()'s forward pass was still running when its masks were done.
+  bool last_mask_hidden() const;
 
   int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.
