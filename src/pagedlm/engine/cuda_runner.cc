@@ -67,10 +67,10 @@ struct CudaStepRunner::Impl {
   int32_t max_bucket = 0;  // largest decode bucket (B = max_bucket)
   int64_t max_pages = 0;   // P
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
-         off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0, off_mask_slot = 0,
-         off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0,
-         off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0, off_pages = 0,
-         total_bytes = 0;
+         off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
+         off_mask_slot = 0, off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0,
+         off_num_items = 0, off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0,
+         off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -110,8 +110,7 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
-    cuda::check(cudaEventCreateWithFlags(&forward_done, cudaEventDisableTiming),
-                "cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&forward_done, cudaEventDisableTiming), "cudaEventCreate");
     // A decode step holds at most min(max_num_seqs, token budget) sequences.
     max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
@@ -511,10 +510,10 @@ struct CudaStepRunner::Impl {
         fill_mask(masked[i], host_masks + i * static_cast<size_t>(mask_words));
       }
       mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
-      cuda::check(cudaMemcpyAsync(dev_masks, host_masks,
-                                  sizeof(int32_t) * mask_words * masked.size(),
-                                  cudaMemcpyHostToDevice, stream),
-                  "token masks upload");
+      cuda::check(
+          cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
+                          cudaMemcpyHostToDevice, stream),
+          "token masks upload");
       sample(logit_rows);
     }
     cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
@@ -603,8 +602,8 @@ void CudaStepRunner::set_kv_cache(PagedKvCache*) {}
 
 void CudaStepRunner::warm_up() {}
 
-std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&,
-                                         Tensor*, const MaskFill&) {
+std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&, Tensor*,
+                                         const MaskFill&) {
   fail("this build of pagedlm has no CUDA support");
 }
 

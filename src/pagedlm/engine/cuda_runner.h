@@ -25,7 +25,7 @@ struct EngineOptions;
 struct SeqSampling {
   const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
-  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
+  int64_t step = 0;     // tokens generated so far: the counter of the request's random stream
   bool masked = false;  // sampled under a token bitmask (structured output)
 };
 

@@ -296,9 +296,8 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   const auto fill_mask = [&](int32_t b, int32_t* words) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
-    last_mask_ms_ += std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - t0)
-                         .count();
+    last_mask_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
@@ -419,8 +418,9 @@ void Engine::set_grammar(int64_t request_id,
   // After the grammar's stop token the output would run on unconstrained.
   PAGEDLM_CHECK(!it->second.sampling.ignore_eos, "a grammar cannot be combined with ignore_eos");
   auto matcher = std::make_shared<grammar::Matcher>(std::move(compiled));
-  PAGEDLM_CHECK(matcher->vocab_size() == model_->config().vocab_size, "the grammar was compiled for ",
-                matcher->vocab_size(), " tokens, the model has ", model_->config().vocab_size);
+  PAGEDLM_CHECK(matcher->vocab_size() == model_->config().vocab_size,
+                "the grammar was compiled for ", matcher->vocab_size(), " tokens, the model has ",
+                model_->config().vocab_size);
   it->second.matcher = std::move(matcher);
 }
 

@@ -145,7 +145,7 @@ class Engine {
     RequestOutput output;
     SamplingParams sampling;
     uint64_t seed = 0;
-    int32_t logprobs_top_k = -1;  // -1: no logprobs
+    int32_t logprobs_top_k = -1;                // -1: no logprobs
     std::shared_ptr<grammar::Matcher> matcher;  // structured output
   };
 

@@ -1,14 +1,14 @@
 #include "pagedlm/grammar/grammar.h"
 
+#include <xgrammar/xgrammar.h>
+
 #include <atomic>
 #include <cstdio>
 #include <exception>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
-#include <xgrammar/xgrammar.h>
-
-#include <nlohmann/json.hpp>
 
 #include "pagedlm/tokenizer/tokenizer.h"
 
@@ -27,9 +27,8 @@ using nlohmann::json;
 // Keywords xgrammar 0.1.27 reads past with a warning (json_schema_converter.cc): the output
 // would not be held to them, so a schema that uses them is refused rather than half enforced.
 constexpr const char* kUnsupportedKeywords[] = {
-    "not",          "if",          "then",        "else",        "dependentRequired",
-    "dependentSchemas", "multipleOf", "uniqueItems", "contains",   "minContains",
-    "maxContains"};
+    "not",        "if",          "then",     "else",        "dependentRequired", "dependentSchemas",
+    "multipleOf", "uniqueItems", "contains", "minContains", "maxContains"};
 
 struct SchemaCheck {
   const CompilerLimits& limits;
@@ -81,8 +80,8 @@ struct SchemaCheck {
         }
       }
     }
-    for (const char* k : {"items", "additionalProperties", "propertyNames",
-                          "unevaluatedProperties", "unevaluatedItems", "additionalItems"}) {
+    for (const char* k : {"items", "additionalProperties", "propertyNames", "unevaluatedProperties",
+                          "unevaluatedItems", "additionalItems"}) {
       if (auto it = s.find(k); it != s.end()) {
         if (it->is_array()) {
           for (size_t i = 0; i < it->size(); ++i) {
@@ -157,9 +156,23 @@ struct GrammarCompiler::Impl {
     switch (spec.kind) {
       case GrammarSpec::Kind::kJsonObject:
         return compiler.CompileBuiltinJSONGrammar();
-      case GrammarSpec::Kind::kJsonSchema:
-        return compiler.CompileJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
-                                          std::nullopt, spec.strict);
+      case GrammarSpec::Kind::kJsonSchema: {
+        // Compact JSON (no free whitespace): fewer tokens, and no run of spaces to get lost in.
+        if (spec.prefix.empty() && spec.suffix.empty()) {
+          return compiler.CompileJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
+                                            std::nullopt, spec.strict);
+        }
+        std::vector<xgrammar::Grammar> parts;
+        if (!spec.prefix.empty()) {
+          parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.prefix)));
+        }
+        parts.push_back(xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false,
+                                                          std::nullopt, std::nullopt, spec.strict));
+        if (!spec.suffix.empty()) {
+          parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.suffix)));
+        }
+        return compiler.CompileGrammar(xgrammar::Grammar::Concat(parts));
+      }
       case GrammarSpec::Kind::kRegex:
         return compiler.CompileRegex(spec.text);
       case GrammarSpec::Kind::kEbnf:

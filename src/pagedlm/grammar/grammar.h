@@ -35,6 +35,8 @@ struct GrammarSpec {
   // kJsonSchema: OpenAI's strict. xgrammar's strict mode treats absent additionalProperties and
   // additionalItems as false; off, they follow JSON Schema (anything allowed).
   bool strict = false;
+  // kJsonSchema: literal text before and after the JSON (a tool call's tags).
+  std::string prefix, suffix;
 };
 
 struct CompilerLimits {
