@@ -155,6 +155,10 @@ TEST(Grammar, BadSchemasAreRefused) {
                  "at /properties/a: the keyword 'not'");
   expect_refused(schema(R"({"$ref":"http://example.com/s.json"})"), "only local '$ref'");
   expect_refused(schema(R"({"type":"string","pattern":"a+","maxLength":3})"), "'pattern' together");
+  expect_refused(schema(R"({"type":"string","format":"email","maxLength":30})"),
+                 "'format' together");
+  expect_refused(schema(R"({"type":"string","format":"credit-card"})"), "is not supported");
+  expect_refused(schema(R"({"type":"number","exclusiveMinimum":0})"), "on integers only");
   std::string deep;
   for (int i = 0; i < 200; ++i) deep += R"({"type":"object","properties":{"a":)";
   deep += R"({"type":"integer"})";

@@ -2,10 +2,12 @@
 
 #include <xgrammar/xgrammar.h>
 
-#include <atomic>
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
 #include <future>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
@@ -48,6 +50,28 @@ struct SchemaCheck {
     if (s.contains("pattern") &&
         (s.contains("format") || s.contains("minLength") || s.contains("maxLength"))) {
       fail(where, "'pattern' together with 'format', 'minLength' or 'maxLength' is not supported");
+    }
+    // xgrammar 0.1.27 reads a format and skips the lengths, treats a number's exclusive bounds
+    // as inclusive, and lets unknown formats through as any string.
+    if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
+      fail(where, "'format' together with 'minLength' or 'maxLength' is not supported");
+    }
+    if (auto it = s.find("format"); it != s.end()) {
+      static constexpr const char* kFormats[] = {"email",         "date",
+                                                 "time",          "date-time",
+                                                 "duration",      "hostname",
+                                                 "ipv4",          "ipv6",
+                                                 "uuid",          "uri",
+                                                 "uri-reference", "uri-template",
+                                                 "json-pointer",  "relative-json-pointer"};
+      if (!it->is_string() || std::find(std::begin(kFormats), std::end(kFormats),
+                                        it->get<std::string>()) == std::end(kFormats)) {
+        fail(where, "the format " + it->dump() + " is not supported");
+      }
+    }
+    if ((s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) &&
+        s.value("type", json()) != "integer") {
+      fail(where, "'exclusiveMinimum' and 'exclusiveMaximum' are supported on integers only");
     }
     if (auto it = s.find("$ref"); it != s.end()) {
       if (!it->is_string() || (*it != "#" && it->get<std::string>().rfind("#/", 0) != 0)) {
@@ -192,7 +216,9 @@ struct GrammarCompiler::Impl {
   int32_t vocab_size;
   xgrammar::TokenizerInfo info;
   xgrammar::GrammarCompiler compiler;
-  std::atomic<int> running{0};
+  std::mutex mu;
+  std::condition_variable slot_freed;
+  int running = 0;  // compilations whose thread has not ended (under mu)
 };
 
 GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int32_t vocab_size,
@@ -251,9 +277,17 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
   // The compilation runs on its own thread so that the caller can give up on it after
   // compile_timeout; the thread holds the compiler alive until it ends and then lands its
   // result in the cache.
-  if (impl_->running.fetch_add(1) >= limits.max_running_compiles) {
-    impl_->running.fetch_sub(1);
-    throw GrammarError("too many grammars are compiling; retry later");
+  const auto deadline = std::chrono::steady_clock::now() + limits.compile_timeout;
+  {
+    // A slot among max_running_compiles, waited for within the same time bound.
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (!impl_->slot_freed.wait_until(
+            lock, deadline, [&] { return impl_->running < limits.max_running_compiles; })) {
+      throw GrammarError(std::string(what) + " could not start compiling within " +
+                         std::to_string(limits.compile_timeout.count()) +
+                         " ms: too many grammars are compiling");
+    }
+    ++impl_->running;
   }
   auto promise = std::make_shared<std::promise<xgrammar::CompiledGrammar>>();
   std::future<xgrammar::CompiledGrammar> result = promise->get_future();
@@ -263,9 +297,13 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
     } catch (...) {
       promise->set_exception(std::current_exception());
     }
-    impl->running.fetch_sub(1);
+    {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      --impl->running;
+    }
+    impl->slot_freed.notify_one();
   }).detach();
-  if (result.wait_for(limits.compile_timeout) != std::future_status::ready) {
+  if (result.wait_until(deadline) != std::future_status::ready) {
     throw GrammarError(std::string(what) + " did not compile within " +
                        std::to_string(limits.compile_timeout.count()) + " ms");
   }
