@@ -71,8 +71,8 @@ void run_on(Device device) {
   const std::vector<int32_t> alone = engine.generate({request(0.8f, 99, 24)})[0].tokens;
 
   std::vector<int64_t> constrained;
-  for (int i = 0; i < 6; ++i) {
-    const int64_t id = engine.add_request(request(i == 0 ? 0.f : 1.f, 100 + i, 96));
+  for (int i = 0; i < 3; ++i) {
+    const int64_t id = engine.add_request(request(i == 0 ? 0.f : 1.f, 100 + i, 64));
     engine.set_grammar(id, schema);
     constrained.push_back(id);
   }
