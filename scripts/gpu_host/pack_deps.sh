@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on a Debian machine with pagedlm's build dependencies (scripts/install_deps.sh): gathers
 # into .gpu-deps/ what a GPU host that has only the CUDA toolkit and a compiler lacks (headers,
-# static libraries, cpp-httplib's shared library and its dependencies, GoogleTest's sources).
+# static libraries, cpp-httplib's shared library and its dependencies, GoogleTest's sources,
+# xgrammar's sources, Llama 3's tokenizer).
 # Copy the checkout with .gpu-deps/ to the GPU host and run scripts/gpu_host/build.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,4 +23,8 @@ cp "$httplib" "$out/so/"
 ldd "$httplib" | awk '/=> \// {print $3}' | grep -E "ssl|crypto|brotli|libz" |
   xargs -I{} cp {} "$out/so/"
 cp -r /usr/src/googletest/googletest/include /usr/src/googletest/googletest/src "$out/gtest/"
+# xgrammar's checked sdist (structured output), and Llama 3's 128k tokenizer for
+# structured_bench.py: the GPU host reaches no package index.
+cp -r "$(scripts/fetch_xgrammar.sh)" "$out/xgrammar"
+python3 scripts/gpu_host/structured_bench.py --fetch-tokenizer "$out/llama3-tokenizer.json"
 du -sh "$out"

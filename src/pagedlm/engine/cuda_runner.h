@@ -29,8 +29,15 @@ struct SeqSampling {
   bool masked = false;  // sampled under a token bitmask (structured output)
 };
 
-// Writes sequence b's token bitmask (ceil(vocab / 32) words) into `words`.
+// Writes sequence b's token bitmask (ceil(vocab / 32) words) into `words`; called from several
+// threads at once for different sequences.
 using MaskFill = std::function<void(int32_t b, int32_t* words)>;
+
+// Runs fill(b) for every b of `seqs` on the OpenMP threads (one sequence's mask takes tens of
+// microseconds; a batch of 256 would not fit under a forward pass on one thread). Rethrows the
+// first exception on the calling thread.
+void fill_masks_parallel(const std::vector<int32_t>& seqs,
+                         const std::function<void(int32_t b)>& fill);
 
 class CudaStepRunner {
  public:
@@ -58,8 +65,10 @@ class CudaStepRunner {
   // sampler reads.
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
                            Tensor* logits_out, const MaskFill& fill_mask = {});
-  // Whether the last run()'s forward pass was still running when its masks were done.
+  // Whether the last run()'s forward pass was still running when its masks were done, and the
+  // host time the masks took.
   bool last_mask_hidden() const;
+  double last_mask_ms() const;
 
   int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.

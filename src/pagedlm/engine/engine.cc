@@ -292,12 +292,10 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   }
   masks_.resize(static_cast<size_t>(num_masks) * mask_words_);
   last_mask_ms_ = 0;
-  // Fills sequence b's mask; rows whose grammar allows every token keep no mask.
+  // Fills sequence b's mask (all ones where the grammar allows every token). Several threads
+  // fill different sequences at once: each matcher is its own, the compiled grammar read-only.
   const auto fill_mask = [&](int32_t b, int32_t* words) {
-    const auto t0 = std::chrono::steady_clock::now();
     if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
-    last_mask_ms_ +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
@@ -307,10 +305,13 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
     }
     // The runner calls fill_mask while the device runs the forward pass, then uploads the masks
     // before its sampler; rows sampled again on the host read the same masks from masks_.
-    return cuda_->run(plan, sampling, want_logits ? logits : nullptr, [&](int32_t b, int32_t* w) {
-      fill_mask(b, w);
-      std::copy(w, w + mask_words_, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
-    });
+    std::vector<int32_t> sampled =
+        cuda_->run(plan, sampling, want_logits ? logits : nullptr, [&](int32_t b, int32_t* w) {
+          fill_mask(b, w);
+          std::copy(w, w + mask_words_, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
+        });
+    last_mask_ms_ = cuda_->last_mask_ms();
+    return sampled;
   }
   const int64_t vocab = model_->config().vocab_size;
   const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
@@ -319,8 +320,17 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   *logits = Tensor::empty(DType::kF32, {num_rows, vocab});
   kv_cache_->bind(plan);
   model_->forward(inputs, *kv_cache_, *logits);
+  std::vector<int32_t> masked;
   for (int32_t b = 0; b < B; ++b) {
-    if (mask_row_[b] >= 0) fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
+    if (mask_row_[b] >= 0) masked.push_back(b);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  fill_masks_parallel(masked, [&](int32_t b) {
+    fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
+  });
+  if (!masked.empty()) {
+    last_mask_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<int32_t> sampled(B, -1);
   for (int32_t b = 0; b < B; ++b) {

@@ -32,6 +32,13 @@ constexpr const char* kUnsupportedKeywords[] = {
     "not",        "if",          "then",     "else",        "dependentRequired", "dependentSchemas",
     "multipleOf", "uniqueItems", "contains", "minContains", "maxContains"};
 
+// where + "/" + a + "/" + b, a JSON-pointer-like place in the schema for error messages.
+std::string child(const std::string& where, const std::string& a, const std::string& b) {
+  std::string out = where;
+  out.append("/").append(a).append("/").append(b);
+  return out;
+}
+
 struct SchemaCheck {
   const CompilerLimits& limits;
   size_t enum_values = 0;
@@ -93,14 +100,14 @@ struct SchemaCheck {
     for (const char* k : {"properties", "patternProperties", "$defs", "definitions"}) {
       if (auto it = s.find(k); it != s.end()) {
         if (!it->is_object()) fail(where, std::string("'") + k + "' must be an object");
-        for (const auto& [name, sub] : it->items()) visit(sub, where + "/" + k + "/" + name);
+        for (const auto& [name, sub] : it->items()) visit(sub, child(where, k, name));
       }
     }
     for (const char* k : {"anyOf", "oneOf", "allOf", "prefixItems"}) {
       if (auto it = s.find(k); it != s.end()) {
         if (!it->is_array()) fail(where, std::string("'") + k + "' must be an array");
         for (size_t i = 0; i < it->size(); ++i) {
-          visit((*it)[i], where + "/" + k + "/" + std::to_string(i));
+          visit((*it)[i], child(where, k, std::to_string(i)));
         }
       }
     }
@@ -109,10 +116,10 @@ struct SchemaCheck {
       if (auto it = s.find(k); it != s.end()) {
         if (it->is_array()) {
           for (size_t i = 0; i < it->size(); ++i) {
-            visit((*it)[i], where + "/" + k + "/" + std::to_string(i));
+            visit((*it)[i], child(where, k, std::to_string(i)));
           }
         } else {
-          visit(*it, where + "/" + k);
+          visit(*it, std::string(where).append("/").append(k));
         }
       }
     }
