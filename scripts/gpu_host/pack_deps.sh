@@ -25,6 +25,10 @@ ldd "$httplib" | awk '/=> \// {print $3}' | grep -E "ssl|crypto|brotli|libz" |
 cp -r /usr/src/googletest/googletest/include /usr/src/googletest/googletest/src "$out/gtest/"
 # xgrammar's checked sdist (structured output), and Llama 3's 128k tokenizer for
 # structured_bench.py: the GPU host reaches no package index.
-cp -r "$(scripts/fetch_xgrammar.sh)" "$out/xgrammar"
+xg=$(scripts/fetch_xgrammar.sh)
+mkdir -p "$out/xgrammar/3rdparty/dlpack"
+cp -r "$xg/cpp" "$xg/include" "$out/xgrammar/"
+cp -r "$xg/3rdparty/picojson" "$out/xgrammar/3rdparty/"
+cp -r "$xg/3rdparty/dlpack/include" "$out/xgrammar/3rdparty/dlpack/"
 python3 scripts/gpu_host/structured_bench.py --fetch-tokenizer "$out/llama3-tokenizer.json"
 du -sh "$out"
