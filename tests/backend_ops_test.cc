@@ -991,6 +991,86 @@ TEST_P(BackendOps, SampleTokensFlatDistribution) {
   EXPECT_NE(got.data<int32_t>()[0], got.data<int32_t>()[1]);
 }
 
+// Token bitmasks (structured output): a row with a mask slot draws as if its forbidden tokens
+// were -inf (the reference gets logits with those set to -inf), never a forbidden token, even
+// when the forbidden ones hold the largest logits; a row without a slot is drawn as usual.
+TEST_P(BackendOps, SampleTokensHonoursMasks) {
+  const Backend b = backend();
+  std::mt19937 rng(11);
+  const int vocab = 50000, words = (vocab + 31) / 32;
+  std::vector<SampleRow> rows = {{0.f, 0, 1.f, 0.f, 1, 0},    {1.f, 0, 1.f, 0.f, 2, 3},
+                                 {0.8f, 50, 0.9f, 0.f, 3, 5}, {1.2f, 0, 0.7f, 0.02f, 4, 9},
+                                 {1.f, 0, 1.f, 0.f, 5, 1},    {0.f, 0, 1.f, 0.f, 6, 2},
+                                 {1.f, 0, 1.f, 0.f, 7, 4}};
+  const std::vector<int32_t> slot = {0, 1, 2, 1, -1, 3, 3};  // row 4 unmasked; rows share slots
+  const auto num_rows = static_cast<int64_t>(rows.size());
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(num_rows * vocab);
+  for (float& v : logits) v = normal(rng);
+  std::vector<int32_t> masks(4 * words, 0);
+  std::bernoulli_distribution keep(0.1);
+  for (int m = 0; m < 3; ++m) {
+    for (int t = 0; t < vocab; ++t) {
+      if (keep(rng)) masks[m * words + t / 32] |= static_cast<int32_t>(1u << (t % 32));
+    }
+  }
+  masks[3 * words + 4321 / 32] = static_cast<int32_t>(1u << (4321 % 32));  // one token allowed
+  auto allowed = [&](int m, int t) {
+    return (static_cast<uint32_t>(masks[m * words + t / 32]) >> (t % 32)) & 1u;
+  };
+  // The largest logit of every masked row is forbidden.
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int m = slot[r] < 0 ? 0 : slot[r];
+    for (int t = 0; t < vocab; ++t) {
+      if (!allowed(m, t)) {
+        logits[r * vocab + t] = 50.f;
+        break;
+      }
+    }
+  }
+  std::vector<float> temperature, top_p, min_p;
+  std::vector<int32_t> top_k;
+  std::vector<uint64_t> seed;
+  std::vector<int64_t> step;
+  for (const SampleRow& r : rows) {
+    temperature.push_back(r.temperature);
+    top_k.push_back(r.top_k);
+    top_p.push_back(r.top_p);
+    min_p.push_back(r.min_p);
+    seed.push_back(r.seed);
+    step.push_back(r.step);
+  }
+  const Tensor t_t = b.f32(temperature, {num_rows}), k_t = b.i32(top_k, {num_rows});
+  const Tensor p_t = b.f32(top_p, {num_rows}), m_t = b.f32(min_p, {num_rows});
+  const Tensor seed_t = bytes_on(b, seed), step_t = bytes_on(b, step);
+  const Tensor mask_t = b.i32(masks, {4, words}), slot_t = b.i32(slot, {num_rows});
+  ops::SamplerRows arrays{t_t.data<float>(), k_t.data<int32_t>(),     p_t.data<float>(),
+                          m_t.data<float>(), seed_t.data<uint64_t>(), step_t.data<int64_t>()};
+  arrays.mask = mask_t.data<int32_t>();
+  arrays.mask_slot = slot_t.data<int32_t>();
+  arrays.mask_words = words;
+  const Tensor out = b.i32(std::vector<int32_t>(num_rows, -1), {num_rows});
+  ops::sample_tokens(b.f32(logits, {num_rows, vocab}), arrays, out);
+  const Tensor got = out.to(Device::kCpu);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int32_t token = got.data<int32_t>()[r];
+    std::vector<float> ref(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+    if (slot[r] >= 0) {
+      ASSERT_TRUE(allowed(slot[r], token)) << "row " << r << " drew forbidden token " << token;
+      for (int t = 0; t < vocab; ++t) {
+        if (!allowed(slot[r], t)) ref[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    double margin = 0;
+    const int32_t want = sample_ref(ref.data(), vocab, rows[r], &margin);
+    if (margin > 1e-5) EXPECT_EQ(token, want) << "row " << r;
+  }
+  EXPECT_EQ(got.data<int32_t>()[5], 4321);
+  EXPECT_EQ(got.data<int32_t>()[6], 4321);
+  // The unmasked row 4 may take the forbidden-elsewhere 50.0 logit: it is its argmax-by-far.
+  EXPECT_EQ(logits[4 * vocab + got.data<int32_t>()[4]], 50.f);
+}
+
 TEST(BackendOpsCpu, SampleTokensErrors) {
   const int64_t num_rows = 2, vocab = 4;
   const std::vector<float> temperature = {1.f, 1.f}, top_p = {1.f, 1.f}, min_p = {0.f, 0.f};

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -164,6 +166,26 @@ TEST(Sampling, RejectsBadParams) {
   expect_error([&] { ops::sample_token(logits.data(), 2, params(-1.f), 0, 0); }, {"temperature"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, 0, 0.f), 0, 0); }, {"top_p"});
   expect_error([&] { ops::sample_token(logits.data(), 2, params(1.f, -2), 0, 0); }, {"top_k"});
+}
+
+// A token mask: the draw's frequencies are the softmax over the allowed tokens alone (a
+// flat distribution over ids 1 and 3 here), greedy takes the best allowed token, and a mask
+// that allows no token with a finite logit is an error, not a silent pick.
+TEST(Sampling, MaskedTokensAreNeverDrawn) {
+  const std::vector<float> logits = {9.f, 1.f, 8.f, 1.f, -std::numeric_limits<float>::infinity()};
+  const int32_t mask = 0b01010;  // tokens 1 and 3
+  EXPECT_EQ(ops::sample_token(logits.data(), 5, params(0.f), 0, 0, &mask), 1);
+  std::map<int32_t, int> counts;
+  const int n = 4000;
+  for (int step = 0; step < n; ++step) {
+    ++counts[ops::sample_token(logits.data(), 5, params(1.f), 7, step, &mask)];
+  }
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_NEAR(counts[1] / double(n), 0.5, 0.03);
+  EXPECT_NEAR(counts[3] / double(n), 0.5, 0.03);
+  const int32_t only_inf = 0b10000;
+  expect_error([&] { ops::sample_token(logits.data(), 5, params(1.f), 0, 0, &only_inf); },
+               {"mask allows no token"});
 }
 
 TEST(LogSoftmaxTopK, MatchesDoubleReference) {

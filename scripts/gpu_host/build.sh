@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds pagedlm on a GPU host that has only the CUDA toolkit and g++ (no CMake packages), from
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
-# build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test,
+# build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test, engine_grammar_test,
 # cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench. Then e.g.:
 # build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
 # Run from anywhere; JOBS sets the parallelism.
@@ -12,8 +12,11 @@ deps=$PWD/.gpu-deps
 cuda_home=$(dirname "$(dirname "$(which nvcc)")")
 out=build-gpu obj=build-gpu/obj
 mkdir -p "$obj"
+xg=$deps/xgrammar
 inc="-Isrc -I$deps/include -I$deps/gtest/include -I$deps/gtest -I$cuda_home/include"
+inc="$inc -I$xg/include -I$xg/3rdparty/picojson -I$xg/3rdparty/dlpack/include"
 def="-DPAGEDLM_HAS_CUDA=1 -DPAGEDLM_TESTDATA=\"$PWD/testdata\" -DPAGEDLM_BINARY=\"$PWD/$out/pagedlm\""
+def="$def -DXGRAMMAR_ENABLE_CPPTRACE=0 -DXGRAMMAR_ENABLE_INTERNAL_CHECK=0"
 def="$def -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT -DCPPHTTPLIB_BROTLI_SUPPORT"
 # NCCL (tensor parallelism over GPUs): the pinned wheel's files if pack_deps.sh packed them
 # (PACK_NCCL=1), else the nvidia-nccl package of the host's Python (PyTorch's).
@@ -40,14 +43,17 @@ compile() {
   local o=$OBJ/$(echo "$1" | tr / _).o
   case $1 in
     *.cu) $NVCC_CMD -c "$1" -o "$o" ;;
+    */xgrammar/cpp/*) $CXX_CMD -std=c++17 -c "$1" -o "$o" ;;
     *) $CXX_CMD -c "$1" -o "$o" ;;
   esac || echo "COMPILE FAILED $1"
 }
 export -f compile
 objof() { echo "$obj/$(echo "$1" | tr / _).o"; }
 lib_srcs=$(find src/pagedlm -name '*.cc' -o -name '*.cu' | grep -v "src/pagedlm/cli/" | sort)
+lib_srcs="$lib_srcs $(find "$xg/cpp" -name '*.cc' -not -path '*/nanobind/*' | sort)"
 cli_srcs=$(ls src/pagedlm/cli/*.cc)
 extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_test.cc
+  tests/engine_grammar_test.cc
   tests/cuda_kernels_test.cu
   bench/cuda_decode_step_bench.cc bench/cuda_attention_bench.cu bench/cuda_gemm_bench.cc
   $deps/gtest/src/gtest-all.cc $deps/gtest/src/gtest_main.cc"
@@ -66,8 +72,9 @@ libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a $httplib -Wl,-rpath,$deps/so
 g++ -o $out/pagedlm $cli $lib $libs
 g++ -o $out/backend_ops_test "$(objof tests/backend_ops_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $libs
+g++ -o $out/engine_grammar_test "$(objof tests/engine_grammar_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_kernels_test "$(objof tests/cuda_kernels_test.cu)" $lib $gtest $libs
 g++ -o $out/cuda_decode_step_bench "$(objof bench/cuda_decode_step_bench.cc)" $lib $libs
 g++ -o $out/cuda_attention_bench "$(objof bench/cuda_attention_bench.cu)" $lib $libs
 g++ -o $out/cuda_gemm_bench "$(objof bench/cuda_gemm_bench.cc)" $lib $libs
-echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,cuda_kernels_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"
+echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,engine_grammar_test,cuda_kernels_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on a Debian machine with pagedlm's build dependencies (scripts/install_deps.sh): gathers
 # into .gpu-deps/ what a GPU host that has only the CUDA toolkit and a compiler lacks (headers,
-# static libraries, cpp-httplib's shared library and its dependencies, GoogleTest's sources).
+# static libraries, cpp-httplib's shared library and its dependencies, GoogleTest's sources,
+# xgrammar's sources, Llama 3's tokenizer).
 # Copy the checkout with .gpu-deps/ to the GPU host and run scripts/gpu_host/build.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,4 +26,12 @@ cp -r /usr/src/googletest/googletest/include /usr/src/googletest/googletest/src 
 # NCCL from its pinned wheel (330 MB) only when asked: build.sh otherwise takes the GPU host's
 # own Python package (PyTorch ships one).
 if [[ ${PACK_NCCL:-0} == 1 ]]; then cp -r "$(scripts/fetch_nccl.sh)" "$out/nccl"; fi
+# xgrammar's checked sdist (structured output), and Llama 3's 128k tokenizer for
+# structured_bench.py: the GPU host reaches no package index.
+xg=$(scripts/fetch_xgrammar.sh)
+mkdir -p "$out/xgrammar/3rdparty/dlpack"
+cp -r "$xg/cpp" "$xg/include" "$out/xgrammar/"
+cp -r "$xg/3rdparty/picojson" "$out/xgrammar/3rdparty/"
+cp -r "$xg/3rdparty/dlpack/include" "$out/xgrammar/3rdparty/dlpack/"
+python3 scripts/gpu_host/structured_bench.py --fetch-tokenizer "$out/llama3-tokenizer.json"
 du -sh "$out"

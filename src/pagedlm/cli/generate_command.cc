@@ -8,8 +8,10 @@
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/cli/model_path.h"
+#include "pagedlm/core/file.h"
 #include "pagedlm/engine/stop_strings.h"
 #include "pagedlm/engine/text_model.h"
+#include "pagedlm/grammar/grammar.h"
 
 namespace pagedlm::cli {
 
@@ -99,7 +101,7 @@ void print_cache(const Engine& engine, bool page_tables) {
 }
 
 struct Args {
-  std::string model, prompts_file, system, chat_template;
+  std::string model, prompts_file, system, chat_template, json_schema, grammar;
   std::vector<std::string> prompts, token_prompts, stop;
   bool chat = false, show_cache = false;
   SamplingParams sampling;
@@ -164,6 +166,26 @@ void run_generate(const Args& args) {
   const auto prompts = build_prompts(args, model, &labels);
   const Tokenizer* tokenizer = model.tokenizer.get();
   PAGEDLM_CHECK(args.stop.empty() || tokenizer, "--stop needs a model with a tokenizer");
+  // --json-schema / --grammar: every output is held to it (compiled once for all prompts).
+  grammar::CompiledGrammarPtr constraint;
+  if (!args.json_schema.empty() || !args.grammar.empty()) {
+    PAGEDLM_CHECK(args.json_schema.empty() || args.grammar.empty(),
+                  "give --json-schema or --grammar, not both");
+    PAGEDLM_CHECK(tokenizer, "--json-schema and --grammar need a model with a tokenizer");
+    grammar::GrammarSpec spec;
+    spec.kind = args.json_schema.empty() ? grammar::GrammarSpec::Kind::kEbnf
+                                         : grammar::GrammarSpec::Kind::kJsonSchema;
+    spec.text = read_file(args.json_schema.empty() ? args.grammar : args.json_schema);
+    spec.strict = true;
+    grammar::GrammarCompiler compiler(*tokenizer,
+                                      static_cast<int32_t>(model.checkpoint.config.vocab_size),
+                                      model.checkpoint.config.eos_token_ids);
+    try {
+      constraint = compiler.compile(spec);
+    } catch (const grammar::GrammarError& e) {
+      fail(args.json_schema.empty() ? "--grammar: " : "--json-schema: ", e.what());
+    }
+  }
   Engine engine(model.checkpoint, options);
   std::vector<int64_t> ids;
   std::map<int64_t, TextOutput> texts;
@@ -173,6 +195,7 @@ void run_generate(const Args& args) {
     r.sampling = args.sampling;
     if (args.seed != 0 || args.sampling.temperature > 0) r.sampling.seed = args.seed;
     const int64_t id = engine.add_request(std::move(r));
+    if (constraint) engine.set_grammar(id, constraint);
     ids.push_back(id);
     if (tokenizer)
       texts.emplace(std::piecewise_construct, std::forward_as_tuple(id),
@@ -264,6 +287,10 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "seed for reproducible sampling");
   cmd->add_option("--stop", args->stop, "stop at this text, which is not printed (repeatable)");
   cmd->add_flag("--show-cache", args->show_cache, "print page tables and prefix-cache counters");
+  cmd->add_option("--json-schema", args->json_schema,
+                  "hold every output to the JSON schema in this file (strict)");
+  cmd->add_option("--grammar", args->grammar,
+                  "hold every output to the EBNF/GBNF grammar in this file (root rule 'root')");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] { run_generate(*args); });
 }

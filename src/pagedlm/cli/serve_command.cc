@@ -36,7 +36,7 @@ void request_stop(int) { g_stop_requested = true; }
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the OpenAI API (completions, chat) over HTTP");
   struct Args {
-    std::string model, dummy, chat_template;
+    std::string model, dummy, chat_template, tokenizer;
     server::ServerOptions server;
     EngineFlags flags;
   };
@@ -47,6 +47,11 @@ void register_serve(CLI::App& app) {
                   "config.json: serve random weights of that shape, without a tokenizer (for "
                   "benchmarks: prompts must be token ids)")
       ->excludes(cmd->get_option("--model"));
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "with --dummy: a tokenizer.json to serve text with (benchmarks of text-only "
+                  "paths such as structured output)")
+      ->needs(cmd->get_option("--dummy"))
+      ->check(CLI::ExistingFile);
   cmd->add_option("--host", s.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", s.port, "port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", s.api_keys,
@@ -81,6 +86,14 @@ void register_serve(CLI::App& app) {
     TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
                             : load_text_model(path, progress_bar());
     if (!args->chat_template.empty()) replace_chat_template(model, args->chat_template);
+    if (!args->tokenizer.empty()) {
+      model.tokenizer =
+          std::make_unique<Tokenizer>(Tokenizer::from_tokenizer_json(args->tokenizer));
+      PAGEDLM_CHECK(model.tokenizer->vocab_size() <= model.checkpoint.config.vocab_size,
+                    "--tokenizer: ", model.tokenizer->vocab_size(),
+                    " tokens, more than the model's vocabulary of ",
+                    model.checkpoint.config.vocab_size);
+    }
     Engine engine(model.checkpoint, options);
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();

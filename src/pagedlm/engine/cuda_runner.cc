@@ -1,5 +1,8 @@
 #include "pagedlm/engine/cuda_runner.h"
 
+#include <exception>
+#include <mutex>
+
 #include "pagedlm/core/error.h"
 
 #ifdef PAGEDLM_HAS_CUDA
@@ -9,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "pagedlm/engine/engine.h"
@@ -22,6 +26,24 @@
 #endif
 
 namespace pagedlm {
+
+void fill_masks_parallel(const std::vector<int32_t>& seqs,
+                         const std::function<void(int32_t b)>& fill) {
+  const auto n = static_cast<int64_t>(seqs.size());
+  std::exception_ptr error;
+  std::mutex mu;
+  // An exception must not leave an OpenMP region: the first is kept and rethrown here.
+#pragma omp parallel for schedule(dynamic, 4) if (n > 4)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      fill(seqs[i]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 #ifdef PAGEDLM_HAS_CUDA
 
@@ -71,9 +93,9 @@ struct CudaStepRunner::Impl {
   int64_t max_pages = 0;   // P
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
-         off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0,
-         off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0, off_pages = 0,
-         total_bytes = 0;
+         off_mask_slot = 0, off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0,
+         off_num_items = 0, off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0,
+         off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -81,7 +103,18 @@ struct CudaStepRunner::Impl {
   Tensor logits;                   // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<std::pair<int32_t, bool>, cudaGraphExec_t> graphs;  // (decode bucket, cascade)
+  // Token bitmasks of the masked sequences of a step (structured output): filled on the host
+  // while the forward runs, uploaded into one fixed device buffer that the sampler reads through
+  // each logits row's slot (off_mask_slot, -1: unmasked).
+  int32_t mask_words = 0, max_masks = 0;
+  int32_t* host_masks = nullptr;  // [max_masks, mask_words], pinned
+  int32_t* dev_masks = nullptr;
+  cudaEvent_t forward_done = nullptr;
+  bool mask_hidden = false;
+  double mask_ms = 0;
+  // (decode bucket, cascade, forward only): forward-only graphs serve masked decode steps, whose
+  // sampler runs after the masks' upload.
+  std::map<std::tuple<int32_t, bool, bool>, cudaGraphExec_t> graphs;
 
   Impl(CausalLM& m, const EngineOptions& o, int64_t max_len)
       : model(m),
@@ -104,6 +137,7 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&forward_done, cudaEventDisableTiming), "cudaEventCreate");
     // A decode step holds at most min(max_num_seqs, token budget) sequences.
     max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
@@ -112,6 +146,11 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaMallocHost(&host_tokens, sizeof(int32_t) * max_tokens), "cudaMallocHost");
     cuda::check(cudaMalloc(&dev_tokens, sizeof(int32_t) * max_tokens), "cudaMalloc");
     logits = Tensor::empty(DType::kF32, {max_tokens, vocab}, Device::kCuda);
+    mask_words = static_cast<int32_t>((vocab + 31) / 32);
+    max_masks = o.max_num_seqs;
+    const size_t mask_bytes = sizeof(int32_t) * mask_words * max_masks;
+    cuda::check(cudaMallocHost(&host_masks, mask_bytes), "cudaMallocHost (token masks)");
+    cuda::check(cudaMalloc(&dev_masks, mask_bytes), "cudaMalloc (token masks)");
     m.reserve(max_tokens);
     // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
     // so scan every batch size at the longest context, plus the cascade's shared splits.
@@ -134,6 +173,9 @@ struct CudaStepRunner::Impl {
     if (workspace) cudaFree(workspace);
     if (step_begin) cudaEventDestroy(step_begin);
     if (step_end) cudaEventDestroy(step_end);
+    if (forward_done) cudaEventDestroy(forward_done);
+    if (host_masks) cudaFreeHost(host_masks);
+    if (dev_masks) cudaFree(dev_masks);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -167,6 +209,7 @@ struct CudaStepRunner::Impl {
     off_min_p = take(4 * T);
     off_seed = take(8 * T);
     off_step = take(8 * T);
+    off_mask_slot = take(4 * T);
     off_q_indptr = take(4 * (B + 1));
     off_kv_indptr = take(4 * (B + 1));
     off_last_len = take(4 * B);
@@ -215,6 +258,11 @@ struct CudaStepRunner::Impl {
 
   // The model and the sampler for a staged step of `rows` stream rows and `logit_rows` logits.
   void forward_and_sample(int32_t rows, int32_t logit_rows) {
+    forward(rows, logit_rows);
+    sample(logit_rows);
+  }
+
+  void forward(int32_t rows, int32_t logit_rows) {
     ForwardInputs in;
     in.token_ids = Tensor::wrap(d<int32_t>(off_token_ids), DType::kI32, {rows}, Device::kCuda, {});
     in.logits_rows =
@@ -222,6 +270,10 @@ struct CudaStepRunner::Impl {
     in.stream = stream;
     const Tensor step_logits = logits.rows(0, logit_rows);
     model.forward(in, *kv_cache, step_logits);
+  }
+
+  void sample(int32_t logit_rows) {
+    const Tensor step_logits = logits.rows(0, logit_rows);
     ops::SamplerRows params;
     params.temperature = d<float>(off_temperature);
     params.top_k = d<int32_t>(off_top_k);
@@ -229,17 +281,24 @@ struct CudaStepRunner::Impl {
     params.min_p = d<float>(off_min_p);
     params.seed = d<uint64_t>(off_seed);
     params.step = d<int64_t>(off_step);
+    params.mask = dev_masks;
+    params.mask_slot = d<int32_t>(off_mask_slot);
+    params.mask_words = mask_words;
     ops::sample_tokens(step_logits, params,
                        Tensor::wrap(dev_tokens, DType::kI32, {logit_rows}, Device::kCuda, {}),
                        stream);
   }
 
-  void capture(std::pair<int32_t, bool> key, int32_t rows) {
+  void capture(std::tuple<int32_t, bool, bool> key, int32_t rows) {
     cudaGraph_t graph = nullptr;
     cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
                 "cudaStreamBeginCapture");
     try {
-      forward_and_sample(rows, rows);
+      if (std::get<2>(key)) {
+        forward(rows, rows);
+      } else {
+        forward_and_sample(rows, rows);
+      }
     } catch (...) {
       cudaStreamEndCapture(stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -289,6 +348,8 @@ struct CudaStepRunner::Impl {
     std::fill(h<float>(off_min_p), h<float>(off_min_p) + logit_rows, 0.f);
     std::fill(h<uint64_t>(off_seed), h<uint64_t>(off_seed) + logit_rows, 0);
     std::fill(h<int64_t>(off_step), h<int64_t>(off_step) + logit_rows, 0);
+    std::fill(h<int32_t>(off_mask_slot), h<int32_t>(off_mask_slot) + logit_rows, -1);
+    int32_t num_masks = 0;
     for (int32_t b = 0; b < B; ++b) {
       const int32_t last = plan.logits_indptr[b + 1];
       if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
@@ -299,6 +360,10 @@ struct CudaStepRunner::Impl {
       h<float>(off_min_p)[last - 1] = s.params->min_p;
       h<uint64_t>(off_seed)[last - 1] = s.seed;
       h<int64_t>(off_step)[last - 1] = s.step;
+      if (s.masked) {
+        PAGEDLM_CHECK(num_masks < max_masks, "more masked sequences than max_num_seqs");
+        h<int32_t>(off_mask_slot)[last - 1] = num_masks++;
+      }
     }
     std::fill(h<int32_t>(off_kv_skip), h<int32_t>(off_kv_skip) + num_seqs, 0);
     int32_t num_items = 0, num_members = 0;
@@ -369,14 +434,18 @@ struct CudaStepRunner::Impl {
   // Replays the bucket's graph, capturing it first if this is the bucket's first step (the
   // eager run before the capture is its warm-up: it sets the attention kernel's shared-memory
   // limit and builds the cuBLASLt plans for this shape, so the capture only records launches).
-  void run_decode_graph(int32_t bucket, bool cascade) {
-    const std::pair<int32_t, bool> key{bucket, cascade};
+  void run_decode_graph(int32_t bucket, bool cascade, bool forward_only = false) {
+    const std::tuple<int32_t, bool, bool> key{bucket, cascade, forward_only};
     auto it = graphs.find(key);
     if (it != graphs.end()) {
       cuda::check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
       return;
     }
-    forward_and_sample(bucket, bucket);
+    if (forward_only) {
+      forward(bucket, bucket);
+    } else {
+      forward_and_sample(bucket, bucket);
+    }
     capture(key, bucket);
   }
 
@@ -414,7 +483,7 @@ struct CudaStepRunner::Impl {
   }
 
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out) {
+                           Tensor* logits_out, const MaskFill& fill_mask) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
@@ -447,10 +516,40 @@ struct CudaStepRunner::Impl {
     bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
     // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
     // token was cached can look like a decode) runs eagerly.
-    if (use_graphs && bucketed && plan.kv_copies.empty()) {
-      run_decode_graph(num_seqs, !shared.empty());
-    } else {
+    // Masked sequences: the forward pass is enqueued first, the host fills the masks while the
+    // device runs it, and the sampler follows their upload on the same stream.
+    std::vector<int32_t> masked;
+    for (int32_t b = 0; b < B; ++b) {
+      if (sampling[b].masked) masked.push_back(b);
+    }
+    PAGEDLM_CHECK(masked.empty() || fill_mask, "masked sequences need a mask fill");
+    const bool graph = use_graphs && bucketed && plan.kv_copies.empty();
+    if (graph) {
+      run_decode_graph(num_seqs, !shared.empty(), !masked.empty());
+    } else if (masked.empty()) {
       forward_and_sample(rows, logit_rows);
+    } else {
+      forward(rows, logit_rows);
+    }
+    mask_hidden = false;
+    mask_ms = 0;
+    if (!masked.empty()) {
+      cuda::check(cudaEventRecord(forward_done, stream), "cudaEventRecord");
+      // Slots in sequence order, as stage() numbered them.
+      std::vector<int32_t> slot_of(B, -1);
+      for (size_t i = 0; i < masked.size(); ++i) slot_of[masked[i]] = static_cast<int32_t>(i);
+      const auto t0 = std::chrono::steady_clock::now();
+      fill_masks_parallel(masked, [&](int32_t b) {
+        fill_mask(b, host_masks + static_cast<size_t>(slot_of[b]) * mask_words);
+      });
+      mask_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
+      cuda::check(
+          cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
+                          cudaMemcpyHostToDevice, stream),
+          "token masks upload");
+      sample(logit_rows);
     }
     cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
                                 cudaMemcpyDeviceToHost, stream),
@@ -500,9 +599,13 @@ void CudaStepRunner::warm_up() { impl_->warm_up(); }
 
 std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
                                          const std::vector<SeqSampling>& sampling,
-                                         Tensor* logits_out) {
-  return impl_->run(plan, sampling, logits_out);
+                                         Tensor* logits_out, const MaskFill& fill_mask) {
+  return impl_->run(plan, sampling, logits_out, fill_mask);
 }
+
+bool CudaStepRunner::last_mask_hidden() const { return impl_->mask_hidden; }
+
+double CudaStepRunner::last_mask_ms() const { return impl_->mask_ms; }
 
 int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
@@ -536,10 +639,14 @@ void CudaStepRunner::set_kv_cache(PagedKvCache*) {}
 
 void CudaStepRunner::warm_up() {}
 
-std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&,
-                                         Tensor*) {
+std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&, Tensor*,
+                                         const MaskFill&) {
   fail("this build of pagedlm has no CUDA support");
 }
+
+bool CudaStepRunner::last_mask_hidden() const { return false; }
+
+double CudaStepRunner::last_mask_ms() const { return 0; }
 
 int64_t CudaStepRunner::num_graphs() const { return 0; }
 

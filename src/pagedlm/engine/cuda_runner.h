@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,8 +25,19 @@ struct EngineOptions;
 struct SeqSampling {
   const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
-  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
+  int64_t step = 0;     // tokens generated so far: the counter of the request's random stream
+  bool masked = false;  // sampled under a token bitmask (structured output)
 };
+
+// Writes sequence b's token bitmask (ceil(vocab / 32) words) into `words`; called from several
+// threads at once for different sequences.
+using MaskFill = std::function<void(int32_t b, int32_t* words)>;
+
+// Runs fill(b) for every b of `seqs` on the OpenMP threads (one sequence's mask takes tens of
+// microseconds; a batch of 256 would not fit under a forward pass on one thread). Rethrows the
+// first exception on the calling thread.
+void fill_masks_parallel(const std::vector<int32_t>& seqs,
+                         const std::function<void(int32_t b)>& fill);
 
 class CudaStepRunner {
  public:
@@ -48,9 +60,15 @@ class CudaStepRunner {
 
   // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
   // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
-  // logits [S, vocab] f32 on the host.
+  // logits [S, vocab] f32 on the host. For the masked sequences, fill_mask runs on the host
+  // while the device runs the forward pass; the masks go into a fixed device buffer that the
+  // sampler reads.
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out);
+                           Tensor* logits_out, const MaskFill& fill_mask = {});
+  // Whether the last run()'s forward pass was still running when its masks were done, and the
+  // host time the masks took.
+  bool last_mask_hidden() const;
+  double last_mask_ms() const;
 
   int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,6 +14,7 @@
 #include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/engine/process_group.h"
+#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
 
@@ -158,6 +160,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   sc.enable_prefix_cache = options_.enable_prefix_cache;
   sc.eos_token_ids = c.eos_token_ids;
   scheduler_ = std::make_unique<Scheduler>(sc);
+  mask_words_ = grammar::bitmask_words(c.vocab_size);
 }
 
 Engine::~Engine() = default;
@@ -240,9 +243,19 @@ std::vector<RequestEvent> Engine::step() {
     // The device sampler knows no logit adjustments: those rows are sampled again here.
     for (int32_t b = 0; b < plan.num_seqs(); ++b) {
       if (sampled[b] >= 0 && adjusts_logits(live[b]->sampling)) {
-        sampled[b] = sample_row(plan, b, *live[b], logits);
+        sampled[b] = sample_row(plan, b, *live[b], logits, mask_of(b));
       }
     }
+  }
+
+  // Sampled tokens advance their grammars. The mask only allows tokens the grammar accepts, so a
+  // refusal is a defect: the output ends there (EOS) rather than leaving the grammar.
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    grammar::Matcher* m = live[b]->matcher.get();
+    if (!m || sampled[b] < 0 || m->terminated() || m->accept(sampled[b])) continue;
+    std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
+                 static_cast<long long>(plan.request_ids[b]), sampled[b]);
+    sampled[b] = model_->config().eos_token_ids.at(0);
   }
 
   const int64_t vocab = model_->config().vocab_size;
@@ -296,14 +309,38 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
                                                 const std::vector<LiveRequest*>& live,
                                                 bool want_logits, Tensor* logits) {
   const int32_t B = plan.num_seqs();
+  // Rows of masks_ for the sequences this step samples under a grammar.
+  mask_row_.assign(B, -1);
+  int32_t num_masks = 0;
+  for (int32_t b = 0; b < B; ++b) {
+    if (live[b]->matcher && !live[b]->matcher->terminated() && plan.samples[b] &&
+        plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
+      mask_row_[b] = num_masks++;
+    }
+  }
+  masks_.resize(static_cast<size_t>(num_masks) * mask_words_);
+  last_mask_ms_ = 0;
+  // Fills sequence b's mask (all ones where the grammar allows every token). Several threads
+  // fill different sequences at once: each matcher is its own, the compiled grammar read-only.
+  const auto fill_mask = [&](int32_t b, int32_t* words) {
+    if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
+  };
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
       sampling[b] = {&live[b]->sampling, live[b]->seed,
-                     static_cast<int64_t>(live[b]->output.tokens.size())};
+                     static_cast<int64_t>(live[b]->output.tokens.size()), mask_row_[b] >= 0};
     }
     if (group_) group_->send_step(plan, want_logits);
-    return cuda_->run(plan, sampling, want_logits ? logits : nullptr);
+    // The runner calls fill_mask while the device runs the forward pass, then uploads the masks
+    // before its sampler; rows sampled again on the host read the same masks from masks_.
+    std::vector<int32_t> sampled =
+        cuda_->run(plan, sampling, want_logits ? logits : nullptr, [&](int32_t b, int32_t* w) {
+          fill_mask(b, w);
+          std::copy(w, w + mask_words_, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
+        });
+    last_mask_ms_ = cuda_->last_mask_ms();
+    return sampled;
   }
   const int64_t vocab = model_->config().vocab_size;
   const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
@@ -316,23 +353,39 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   } else {
     model_->forward(inputs, *kv_cache_, *logits);
   }
+  std::vector<int32_t> masked;
+  for (int32_t b = 0; b < B; ++b) {
+    if (mask_row_[b] >= 0) masked.push_back(b);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  fill_masks_parallel(masked, [&](int32_t b) {
+    fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
+  });
+  if (!masked.empty()) {
+    last_mask_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   std::vector<int32_t> sampled(B, -1);
   for (int32_t b = 0; b < B; ++b) {
     if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
-      sampled[b] = sample_row(plan, b, *live[b], *logits);
+      sampled[b] = sample_row(plan, b, *live[b], *logits, mask_of(b));
     }
   }
   return sampled;
 }
 
+const int32_t* Engine::mask_of(int32_t b) const {
+  return mask_row_[b] >= 0 ? masks_.data() + int64_t{mask_row_[b]} * mask_words_ : nullptr;
+}
+
 int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
-                           const Tensor& logits) {
+                           const Tensor& logits, const int32_t* mask) {
   const int64_t vocab = model_->config().vocab_size;
   const SamplingParams& params = request.sampling;
   const std::vector<int32_t>& generated = request.output.tokens;
   const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
   if (!adjusts_logits(params)) {
-    return ops::sample_token(row, vocab, params, request.seed, generated.size());
+    return ops::sample_token(row, vocab, params, request.seed, generated.size(), mask);
   }
   // vLLM's order: the bias, then the repetition penalty (prompt and output), then presence and
   // frequency (output only).
@@ -353,7 +406,7 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& r
   for (const auto& [token, count] : counts) {
     penalized[token] -= params.presence_penalty + params.frequency_penalty * count;
   }
-  return ops::sample_token(penalized.data(), vocab, params, request.seed, generated.size());
+  return ops::sample_token(penalized.data(), vocab, params, request.seed, generated.size(), mask);
 }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
@@ -379,6 +432,8 @@ RequestOutput Engine::take_output(int64_t request_id) {
 
 SchedulerStats Engine::stats() const { return scheduler_->stats(); }
 
+bool Engine::last_mask_hidden() const { return cuda_ && cuda_->last_mask_hidden(); }
+
 int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 0; }
 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
@@ -394,6 +449,22 @@ void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
   it->second.logprobs_top_k = top_k;
+}
+
+void Engine::set_grammar(int64_t request_id,
+                         std::shared_ptr<const grammar::CompiledGrammar> compiled) {
+  auto it = requests_.find(request_id);
+  PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
+  PAGEDLM_CHECK(compiled, "set_grammar: no grammar");
+  PAGEDLM_CHECK(it->second.output.tokens.empty(), "request ", request_id,
+                " has already generated tokens; a grammar must be set before its first step");
+  // After the grammar's stop token the output would run on unconstrained.
+  PAGEDLM_CHECK(!it->second.sampling.ignore_eos, "a grammar cannot be combined with ignore_eos");
+  auto matcher = std::make_shared<grammar::Matcher>(std::move(compiled));
+  PAGEDLM_CHECK(matcher->vocab_size() == model_->config().vocab_size,
+                "the grammar was compiled for ", matcher->vocab_size(), " tokens, the model has ",
+                model_->config().vocab_size);
+  it->second.matcher = std::move(matcher);
 }
 
 }  // namespace pagedlm

@@ -22,6 +22,10 @@ class CpuRanks;
 class ProcessGroup;
 class CudaStepRunner;
 class PagedKvCache;
+namespace grammar {
+class CompiledGrammar;
+class Matcher;
+}  // namespace grammar
 
 struct EngineOptions {
   int32_t page_size = 16;
@@ -138,13 +142,23 @@ class Engine {
   // every token this request samples from now on (the server's logprobs option).
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
+  // Holds the request's output to a compiled grammar (structured output) from its first token:
+  // each step samples it under the grammar's token mask, and its output is complete when the
+  // grammar accepts a stop token (EOS). Call before the request's first step.
+  void set_grammar(int64_t request_id, std::shared_ptr<const grammar::CompiledGrammar> grammar);
+  // Host time the last step spent computing token masks; on the GPU, whether the forward pass was
+  // still running when they were done (the mask time was hidden behind it).
+  double last_mask_ms() const { return last_mask_ms_; }
+  bool last_mask_hidden() const;
+
  private:
   // What the engine keeps of a request until take_output().
   struct LiveRequest {
     RequestOutput output;
     SamplingParams sampling;
     uint64_t seed = 0;
-    int32_t logprobs_top_k = -1;  // -1: no logprobs
+    int32_t logprobs_top_k = -1;                // -1: no logprobs
+    std::shared_ptr<grammar::Matcher> matcher;  // structured output
   };
 
   // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
@@ -154,8 +168,11 @@ class Engine {
                                           const std::vector<LiveRequest*>& live, bool want_logits,
                                           Tensor* logits);
   // Samples sequence b's token from its last logits row (host), penalties applied.
+  // mask: the request's token bitmask for this step, or null.
   int32_t sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
-                     const Tensor& logits);
+                     const Tensor& logits, const int32_t* mask);
+  // Sequence b's row of masks_ this step, or null.
+  const int32_t* mask_of(int32_t b) const;
 
   EngineOptions options_;
   std::unique_ptr<ProcessGroup> group_;   // tensor parallelism on GPUs: rank 0's link
@@ -169,6 +186,11 @@ class Engine {
   int64_t num_steps_ = 0;
   StepShape last_step_;
   uint64_t seed_counter_;
+  // This step's token bitmasks, one row of mask_words_ per sequence with a grammar.
+  std::vector<int32_t> masks_;
+  std::vector<int32_t> mask_row_;  // per sequence of the step: its row of masks_, -1 none
+  int32_t mask_words_ = 0;
+  double last_mask_ms_ = 0;
 };
 
 }  // namespace pagedlm

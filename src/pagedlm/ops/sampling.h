@@ -25,8 +25,11 @@ namespace pagedlm::ops {
 // then the first kept token, in ascending id order, where the running kept mass exceeds
 // u * (kept mass), u = uniform(seed, step), a counter-based hash: the same (logits, params,
 // seed, step) gives the same token whatever else is in the batch and across preemption.
+// A -inf logit is never kept. mask (structured output), when given, holds ceil(vocab / 32)
+// words: a token whose bit (id % 32 of word id / 32) is clear counts as -inf, before every rule
+// above, greedy included. At least one allowed token must have a finite logit.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplerParams& params, uint64_t seed,
-                     uint64_t step);
+                     uint64_t step, const int32_t* mask = nullptr);
 
 // The uniform double in [0, 1) that sample_token draws with for (seed, step).
 double sampling_uniform(uint64_t seed, uint64_t step);
@@ -41,6 +44,11 @@ struct SamplerRows {
   const float* min_p = nullptr;
   const uint64_t* seed = nullptr;
   const int64_t* step = nullptr;  // the counter of each row's random stream
+  // Token bitmasks (optional): row r uses mask + mask_slot[r] * mask_words when mask_slot[r] >= 0
+  // (see sample_token); null mask_slot: no row is masked.
+  const int32_t* mask = nullptr;
+  const int32_t* mask_slot = nullptr;
+  int32_t mask_words = 0;
 };
 
 // logits: [rows, vocab] f32, out_tokens: [rows] i32 on the same device. out_tokens[r] = the

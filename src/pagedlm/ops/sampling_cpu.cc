@@ -58,8 +58,22 @@ double sampling_uniform(uint64_t seed, uint64_t step) {
 }
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplerParams& params, uint64_t seed,
-                     uint64_t step) {
+                     uint64_t step, const int32_t* mask) {
   PAGEDLM_CHECK(vocab > 0, "sample_token: empty vocabulary");
+  std::vector<float> masked;
+  if (mask) {
+    masked.assign(logits, logits + vocab);
+    bool any = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!((static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & 1u)) {
+        masked[i] = -std::numeric_limits<float>::infinity();
+      } else {
+        any |= std::isfinite(masked[i]);
+      }
+    }
+    PAGEDLM_CHECK(any, "sample_token: the mask allows no token with a finite logit");
+    logits = masked.data();
+  }
   PAGEDLM_CHECK(params.temperature >= 0.f, "sample_token: negative temperature ",
                 params.temperature);
   PAGEDLM_CHECK(params.top_k >= 0, "sample_token: negative top_k ", params.top_k);
@@ -75,7 +89,8 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplerParams& pa
   const double inv_temp = 1.0 / static_cast<double>(params.temperature);
   const double max_logit = logits[ids[0]];
   auto weight = [&](int32_t id) { return std::exp((logits[id] - max_logit) * inv_temp); };
-  float cut = logits[ids.back()];
+  // -inf logits (masked tokens) stay out of the kept set even when no filter cuts.
+  float cut = std::max(logits[ids.back()], std::numeric_limits<float>::lowest());
   if (params.top_p < 1.f) {
     double total = 0.0;
     for (int64_t i = 0; i < vocab; ++i) {
@@ -133,13 +148,17 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
   PAGEDLM_CHECK(num_rows == 0 || (rows.temperature && rows.top_k && rows.top_p && rows.min_p &&
                                   rows.seed && rows.step),
                 kOp, ": a per-row parameter array is null");
+  PAGEDLM_CHECK(!rows.mask_slot || (rows.mask && rows.mask_words == (vocab + 31) / 32), kOp,
+                ": masks need ", (vocab + 31) / 32, " words per row, got ", rows.mask_words);
   if (logits.device() == Device::kCpu) {
     const float* x = logits.data<float>();
     int32_t* out = out_tokens.data<int32_t>();
     for (int64_t r = 0; r < num_rows; ++r) {
       const SamplerParams params{rows.temperature[r], rows.top_k[r], rows.top_p[r], rows.min_p[r]};
+      const int32_t slot = rows.mask_slot ? rows.mask_slot[r] : -1;
       out[r] = sample_token(x + r * vocab, vocab, params, rows.seed[r],
-                            static_cast<uint64_t>(rows.step[r]));
+                            static_cast<uint64_t>(rows.step[r]),
+                            slot >= 0 ? rows.mask + int64_t{slot} * rows.mask_words : nullptr);
     }
     return;
   }

@@ -181,13 +181,17 @@ void EngineLoop::admit(std::vector<Pending> incoming) {
     const int32_t choice = p.job.choice;
     if (p.channel->is_cancelled(choice)) continue;
     const int64_t prompt_tokens = static_cast<int64_t>(p.job.request.prompt.size());
+    int64_t id = -1;
     try {
-      const int64_t id = engine_.add_request(std::move(p.job.request));
+      id = engine_.add_request(std::move(p.job.request));
       if (p.job.top_logprobs >= 0) engine_.enable_logprobs(id, p.job.top_logprobs);
+      if (p.job.grammar) engine_.set_grammar(id, p.job.grammar);
       active_[id] = Active{p.channel, choice, p.arrival, p.arrival, false};
       std::lock_guard<std::mutex> lock(mu_);
       counters_.prompt_tokens += prompt_tokens;
     } catch (const std::exception& e) {
+      // Queued, then refused: it must not run unseen.
+      if (id >= 0 && engine_.cancel(id)) engine_.take_output(id);
       TokenEvent event;
       event.choice = choice;
       event.finished = true;
@@ -247,6 +251,11 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
   std::lock_guard<std::mutex> lock(mu_);
   counters_.generation_tokens += generated;
   counters_.requests_finished += finished;
+  if (engine_.last_mask_ms() > 0) {
+    ++counters_.masked_steps;
+    counters_.mask_seconds += engine_.last_mask_ms() / 1000.0;
+    counters_.mask_hidden_steps += engine_.last_mask_hidden() ? 1 : 0;
+  }
 }
 
 void EngineLoop::fail_all(const std::string& message, int status) {

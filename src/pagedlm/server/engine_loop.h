@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pagedlm/engine/engine.h"
+#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/server/metrics.h"
 
 namespace pagedlm::server {
@@ -67,7 +68,8 @@ struct CacheSnapshot {
 struct GenerationJob {
   Request request;
   int32_t choice = 0;
-  int32_t top_logprobs = -1;  // -1: no logprobs; 0: only the sampled token's
+  int32_t top_logprobs = -1;            // -1: no logprobs; 0: only the sampled token's
+  grammar::CompiledGrammarPtr grammar;  // structured output; null: none
 };
 
 class EngineLoop {

@@ -167,6 +167,7 @@ class Generation {
         job.request.cache_salt = request_.cache_salt;
         job.choice = static_cast<int32_t>(p * request_.n + j);
         job.top_logprobs = request_.top_logprobs;
+        job.grammar = request_.grammar;
         jobs.push_back(std::move(job));
       }
     }
@@ -491,6 +492,12 @@ struct HttpServer::Impl {
     info.max_model_len = engine.config().max_position_embeddings;
     info.max_prompt_tokens =
         static_cast<int64_t>(engine.options().num_pages) * engine.options().page_size;
+    if (model.tokenizer) {
+      grammar_compiler = std::make_unique<grammar::GrammarCompiler>(
+          *model.tokenizer, static_cast<int32_t>(engine.config().vocab_size),
+          engine.config().eos_token_ids);
+      info.grammar = grammar_compiler.get();
+    }
     setup_routes();
   }
 
@@ -511,6 +518,7 @@ struct HttpServer::Impl {
   void route(const char* method, const std::string& path, Handler handler);
 
   ServerOptions options;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler;  // structured output
   ModelInfo info;
   std::map<std::string, std::string> allowed_methods;  // path -> the Allow header's value
   EngineLoop loop;

@@ -78,6 +78,13 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
              counters.prompt_tokens);
   add_metric(&out, "counter", "pagedlm_generation_tokens_total", "Tokens generated.",
              counters.generation_tokens);
+  add_metric(&out, "counter", "pagedlm_grammar_masked_steps_total",
+             "Steps that filled token masks for structured output.", counters.masked_steps);
+  add_metric(&out, "counter", "pagedlm_grammar_mask_seconds_total",
+             "Host time spent filling token masks.", counters.mask_seconds);
+  add_metric(&out, "counter", "pagedlm_grammar_mask_hidden_steps_total",
+             "Masked steps whose masks were done before the GPU forward pass.",
+             counters.mask_hidden_steps);
   add_metric(&out, "counter", "pagedlm_requests_finished_total", "Requests that ran to completion.",
              counters.requests_finished);
   add_metric(&out, "counter", "pagedlm_requests_cancelled_total",

@@ -8,6 +8,7 @@
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/server/reasoning.h"
+#include "pagedlm/server/structured_output.h"
 
 namespace pagedlm::server {
 
@@ -173,31 +174,18 @@ void reject_unsupported(const json& body, bool chat) {
   if (!chat && !get_string(body, "suffix").empty()) {
     bad("suffix", "'suffix' is not supported by this server");
   }
-  if (const json* format = field(body, "response_format")) {
-    if (!format->is_object() || format->value("type", "text") != "text") {
-      bad("response_format", "only a 'text' response_format is supported");
-    }
-  }
 }
 
 // The call form to read out of the reply (kNone: none): `tools` given, tool_choice "auto" (the
-// default) and a template whose form the server reads. Without constrained decoding nothing can
-// make the model call a tool, so "required" and a named function are refused.
+// default) and a template whose form the server reads. tool_choice "required" and a named
+// function are forced calls, which parse_structured_output (server/structured_output.h) reads.
 ToolCallFormat wanted_tool_calls(const json& body, const ModelInfo& model) {
   const json* tools = field(body, "tools");
   if (tools != nullptr && !tools->is_array()) bad("tools", "'tools' must be a list");
   std::string choice = "auto";
   if (const json* c = field(body, "tool_choice")) {
-    if (!c->is_string()) {
-      bad("tool_choice",
-          "only tool_choice 'auto' and 'none' are supported (no constrained decoding)");
-    }
+    if (!c->is_string()) return ToolCallFormat::kNone;
     choice = c->get<std::string>();
-    if (choice != "auto" && choice != "none") {
-      bad("tool_choice", cat("only tool_choice 'auto' and 'none' are supported (no constrained "
-                             "decoding), got '",
-                             choice, "'"));
-    }
   }
   if (tools == nullptr || tools->empty() || choice != "auto" || model.chat_template == nullptr) {
     return ToolCallFormat::kNone;
@@ -338,6 +326,14 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
     r.reasoning_opened = r.reasoning && prompt_opens_reasoning(prompt);
   } else {
     r.prompts = parse_prompts(body, model);
+  }
+  {
+    const ToolCallFormat template_format = model.chat_template
+                                               ? tool_call_format(model.chat_template->source())
+                                               : ToolCallFormat::kNone;
+    StructuredOutput so = parse_structured_output(body, chat, model.grammar, template_format);
+    r.grammar = std::move(so.grammar);
+    if (so.forced_tool_calls != ToolCallFormat::kNone) r.tool_calls = so.forced_tool_calls;
   }
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) {
     bad("n", cat("prompts x n must be at most ", kMaxChoices));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/sched/sampling_params.h"
 #include "pagedlm/server/tool_calls.h"
 #include "pagedlm/tokenizer/chat_template.h"
@@ -44,7 +45,8 @@ struct ModelInfo {
   bool parse_reasoning = false;  // chat replies' <think> blocks become reasoning_content
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
-  int64_t max_prompt_tokens = 0;  // what the KV page pool holds for one sequence
+  int64_t max_prompt_tokens = 0;                // what the KV page pool holds for one sequence
+  grammar::GrammarCompiler* grammar = nullptr;  // null: structured output is refused
 };
 
 // The most choices one HTTP request may ask for (prompts x n), which bounds its memory.
@@ -70,6 +72,9 @@ struct CompletionRequest {
   // left the <think> block open for the reply.
   bool reasoning = false;
   bool reasoning_opened = false;
+  // response_format, tool_choice "required"/named, regex, choice, grammar: the compiled grammar
+  // every choice's output is held to (server/structured_output.h); null: none.
+  grammar::CompiledGrammarPtr grammar;
 };
 
 // The model's tokenizer; throws ApiError 400 naming `param` when the model has none.

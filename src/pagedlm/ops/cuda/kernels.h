@@ -195,11 +195,15 @@ cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, i
 //  6. u = splitmix64(seed ^ (step * 0x9E3779B97F4A7C15)) >> 11, times 2^-53 (a double in
 //     [0, 1)); return the first kept index i (ascending) where the running kept mass exceeds
 //     u * (total kept mass).
+// A -inf logit is never kept. Token bitmasks (structured output): when mask_slot is given and
+// mask_slot[r] >= 0, row r's tokens whose bit is clear in mask + mask_slot[r] * mask_words
+// (bit id % 32 of word id / 32) count as -inf before step 1.
 // ---------------------------------------------------------------------------------------------
 cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const float* temperature,
                           const int32_t* top_k, const float* top_p, const float* min_p,
                           const uint64_t* seed, const int64_t* step, int32_t* out_tokens,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const int32_t* mask = nullptr,
+                          const int32_t* mask_slot = nullptr, int mask_words = 0);
 
 // The counter-based uniform of step 6, for host code and tests.
 double sampling_uniform(uint64_t seed, int64_t step);

@@ -38,7 +38,8 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int vocab, const float* temperature, const int32_t* top_k,
                   const float* top_p, const float* min_p, const uint64_t* seed, const int64_t* step,
-                  int32_t* out_tokens) {
+                  int32_t* out_tokens, const int32_t* masks, const int32_t* mask_slot,
+                  int mask_words) {
   __shared__ float scratch[32];
   __shared__ float hist_mass[kBins];
   __shared__ int hist_count[kBins];
@@ -50,7 +51,15 @@ __global__ void __launch_bounds__(kThreads)
 
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * vocab;
+  const float* row_logits = logits + static_cast<size_t>(row) * vocab;
+  const int slot = mask_slot ? mask_slot[row] : -1;
+  const uint32_t* row_mask =
+      slot >= 0 ? reinterpret_cast<const uint32_t*>(masks) + static_cast<size_t>(slot) * mask_words
+                : nullptr;
+  // Token i's logit, -inf where the row's grammar forbids it.
+  const auto x = [&](int i) {
+    return (!row_mask || ((row_mask[i >> 5] >> (i & 31)) & 1u)) ? row_logits[i] : -INFINITY;
+  };
   const float temp = temperature[row];
   const int k = top_k[row];
 
@@ -58,8 +67,8 @@ __global__ void __launch_bounds__(kThreads)
     float best = -INFINITY;
     int best_i = vocab;  // stays past the end only if every logit is -inf or NaN
     for (int i = tid; i < vocab; i += kThreads) {
-      if (x[i] > best) {
-        best = x[i];
+      if (x(i) > best) {
+        best = x(i);
         best_i = i;
       }
     }
@@ -93,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const float inv_temp = 1.f / temp;
   float local_max = -INFINITY;
-  for (int i = tid; i < vocab; i += kThreads) local_max = fmaxf(local_max, x[i] * inv_temp);
+  for (int i = tid; i < vocab; i += kThreads) local_max = fmaxf(local_max, x(i) * inv_temp);
   const float max_x = detail::block_max(local_max, scratch);
 
   float thresh = -INFINITY;
@@ -105,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int b = tid; b < kBins; b += kThreads) hist_count[b] = 0;
       __syncthreads();
       for (int i = tid; i < vocab; i += kThreads) {
-        const uint32_t key = float_key(x[i] * inv_temp);
+        const uint32_t key = float_key(x(i) * inv_temp);
         if ((key & mask) == prefix) atomicAdd(&hist_count[(key >> shift) & 0xFF], 1);
       }
       __syncthreads();
@@ -131,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tp < 1.f) {
     float local_mass = 0.f;
     for (int i = tid; i < vocab; i += kThreads) {
-      const float xi = x[i] * inv_temp;
+      const float xi = x(i) * inv_temp;
       if (xi >= thresh) local_mass += __expf(xi - max_x);
     }
     const float target = tp * detail::block_sum(local_mass, scratch);
@@ -143,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int b = tid; b < kBins; b += kThreads) hist_mass[b] = 0.f;
       __syncthreads();
       for (int i = tid; i < vocab; i += kThreads) {
-        const float xi = x[i] * inv_temp;
+        const float xi = x(i) * inv_temp;
         const uint32_t key = float_key(xi);
         if (xi >= thresh && (key & mask) == prefix) {
           atomicAdd(&hist_mass[(key >> shift) & 0xFF], __expf(xi - max_x));
@@ -182,9 +191,9 @@ __global__ void __launch_bounds__(kThreads)
   double sum = 0.0;
   int last_kept = -1;
   for (int i = lo; i < hi; ++i) {
-    const float xi = x[i] * inv_temp;
+    const float xi = x(i) * inv_temp;
     const float e = __expf(xi - max_x);
-    if (xi >= thresh && e >= min_e) {
+    if (xi >= thresh && e >= min_e && xi > -INFINITY) {
       sum += e;
       last_kept = i;
     }
@@ -211,9 +220,9 @@ __global__ void __launch_bounds__(kThreads)
     double run = before;
     int pick = last_kept;
     for (int i = lo; i < hi; ++i) {
-      const float xi = x[i] * inv_temp;
+      const float xi = x(i) * inv_temp;
       const float e = __expf(xi - max_x);
-      if (xi >= thresh && e >= min_e) {
+      if (xi >= thresh && e >= min_e && xi > -INFINITY) {
         run += e;
         if (run > target) {
           pick = i;
@@ -240,11 +249,13 @@ double sampling_uniform(uint64_t seed, int64_t step) { return uniform01(seed, st
 cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const float* temperature,
                           const int32_t* top_k, const float* top_p, const float* min_p,
                           const uint64_t* seed, const int64_t* step, int32_t* out_tokens,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const int32_t* mask, const int32_t* mask_slot,
+                          int mask_words) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
   sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p, min_p,
-                                                   seed, step, out_tokens);
+                                                   seed, step, out_tokens, mask, mask_slot,
+                                                   mask_words);
   return cudaGetLastError();
 }
 

@@ -143,7 +143,8 @@ void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const Sampl
                    int32_t* out_tokens, void* stream) {
   raw::check(raw::launch_sample(logits, static_cast<int>(rows), static_cast<int>(vocab),
                                 params.temperature, params.top_k, params.top_p, params.min_p,
-                                params.seed, params.step, out_tokens, as_stream(stream)),
+                                params.seed, params.step, out_tokens, as_stream(stream),
+                                params.mask, params.mask_slot, params.mask_words),
              "sampling");
 }
 

@@ -1,0 +1,367 @@
+#include "pagedlm/grammar/grammar.h"
+
+#include <xgrammar/xgrammar.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <utility>
+
+#include "pagedlm/tokenizer/tokenizer.h"
+
+namespace pagedlm::grammar {
+
+class CompiledGrammar {
+ public:
+  explicit CompiledGrammar(xgrammar::CompiledGrammar g) : grammar(std::move(g)) {}
+  xgrammar::CompiledGrammar grammar;
+};
+
+namespace {
+
+using nlohmann::json;
+
+// Keywords xgrammar 0.1.27 reads past with a warning (json_schema_converter.cc): the output
+// would not be held to them, so a schema that uses them is refused rather than half enforced.
+constexpr const char* kUnsupportedKeywords[] = {
+    "not",        "if",          "then",     "else",        "dependentRequired", "dependentSchemas",
+    "multipleOf", "uniqueItems", "contains", "minContains", "maxContains"};
+
+// where + "/" + a + "/" + b, a JSON-pointer-like place in the schema for error messages.
+std::string child(const std::string& where, const std::string& a, const std::string& b) {
+  std::string out = where;
+  out.append("/").append(a).append("/").append(b);
+  return out;
+}
+
+struct SchemaCheck {
+  const CompilerLimits& limits;
+  size_t enum_values = 0;
+
+  [[noreturn]] static void fail(const std::string& where, const std::string& what) {
+    throw GrammarError("unsupported JSON schema at " + (where.empty() ? "/" : where) + ": " + what);
+  }
+
+  // Walks the schema positions of the document (not property names or enum values).
+  void visit(const json& s, const std::string& where) {
+    if (s.is_boolean()) return;
+    if (!s.is_object()) fail(where, "a schema must be an object or a boolean");
+    for (const char* k : kUnsupportedKeywords) {
+      if (s.contains(k)) fail(where, std::string("the keyword '") + k + "' is not supported");
+    }
+    if (s.contains("pattern") &&
+        (s.contains("format") || s.contains("minLength") || s.contains("maxLength"))) {
+      fail(where, "'pattern' together with 'format', 'minLength' or 'maxLength' is not supported");
+    }
+    // xgrammar 0.1.27 reads a format and skips the lengths, treats a number's exclusive bounds
+    // as inclusive, and lets unknown formats through as any string.
+    if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
+      fail(where, "'format' together with 'minLength' or 'maxLength' is not supported");
+    }
+    if (auto it = s.find("format"); it != s.end()) {
+      static constexpr const char* kFormats[] = {"email",         "date",
+                                                 "time",          "date-time",
+                                                 "duration",      "hostname",
+                                                 "ipv4",          "ipv6",
+                                                 "uuid",          "uri",
+                                                 "uri-reference", "uri-template",
+                                                 "json-pointer",  "relative-json-pointer"};
+      if (!it->is_string() || std::find(std::begin(kFormats), std::end(kFormats),
+                                        it->get<std::string>()) == std::end(kFormats)) {
+        fail(where, "the format " + it->dump() + " is not supported");
+      }
+    }
+    if ((s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) &&
+        s.value("type", json()) != "integer") {
+      fail(where, "'exclusiveMinimum' and 'exclusiveMaximum' are supported on integers only");
+    }
+    if (auto it = s.find("$ref"); it != s.end()) {
+      if (!it->is_string() || (*it != "#" && it->get<std::string>().rfind("#/", 0) != 0)) {
+        fail(where, "only local '$ref's ('#' or '#/...') are supported");
+      }
+    }
+    if (auto it = s.find("allOf"); it != s.end() && (!it->is_array() || it->size() > 1)) {
+      fail(where, "'allOf' with more than one schema is not supported");
+    }
+    for (const char* k : {"enum"}) {
+      if (auto it = s.find(k); it != s.end()) {
+        if (!it->is_array()) fail(where, "'enum' must be an array");
+        enum_values += it->size();
+      }
+    }
+    if (enum_values > limits.max_enum_values) {
+      fail(where, "more than " + std::to_string(limits.max_enum_values) + " enum values");
+    }
+    for (const char* k : {"properties", "patternProperties", "$defs", "definitions"}) {
+      if (auto it = s.find(k); it != s.end()) {
+        if (!it->is_object()) fail(where, std::string("'") + k + "' must be an object");
+        for (const auto& [name, sub] : it->items()) visit(sub, child(where, k, name));
+      }
+    }
+    for (const char* k : {"anyOf", "oneOf", "allOf", "prefixItems"}) {
+      if (auto it = s.find(k); it != s.end()) {
+        if (!it->is_array()) fail(where, std::string("'") + k + "' must be an array");
+        for (size_t i = 0; i < it->size(); ++i) {
+          visit((*it)[i], child(where, k, std::to_string(i)));
+        }
+      }
+    }
+    for (const char* k : {"items", "additionalProperties", "propertyNames", "unevaluatedProperties",
+                          "unevaluatedItems", "additionalItems"}) {
+      if (auto it = s.find(k); it != s.end()) {
+        if (it->is_array()) {
+          for (size_t i = 0; i < it->size(); ++i) {
+            visit((*it)[i], child(where, k, std::to_string(i)));
+          }
+        } else {
+          visit(*it, std::string(where).append("/").append(k));
+        }
+      }
+    }
+  }
+};
+
+// Parses a JSON document, refusing nesting deeper than max_depth before xgrammar (whose schema
+// converter recurses) ever sees it.
+json parse_bounded(const std::string& text, int max_depth, const char* what) {
+  bool too_deep = false;
+  json doc = json::parse(
+      text,
+      [&](int depth, json::parse_event_t, json&) {
+        if (depth > max_depth) too_deep = true;
+        return true;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) {
+    throw GrammarError(std::string(what) + " nests deeper than " + std::to_string(max_depth) +
+                       " levels");
+  }
+  if (doc.is_discarded()) throw GrammarError(std::string(what) + " is not valid JSON");
+  return doc;
+}
+
+// A choice as an EBNF string literal: quotes and backslashes escaped, control characters as \x.
+std::string ebnf_literal(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// The tokenizer's vocabulary as xgrammar reads it: each token's bytes; special tokens (chat
+// markers, EOS) as "" so that no grammar ever writes them as text.
+std::vector<std::string> encoded_vocab(const Tokenizer& tokenizer) {
+  std::vector<std::string> vocab(tokenizer.vocab_size());
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (!tokenizer.is_special(id)) vocab[id] = tokenizer.token_to_bytes(id);
+  }
+  return vocab;
+}
+
+}  // namespace
+
+struct GrammarCompiler::Impl {
+  Impl(const Tokenizer& tokenizer, int32_t vocab, std::vector<int32_t> stops, CompilerLimits l)
+      : limits(l),
+        vocab_size(vocab),
+        info(encoded_vocab(tokenizer), xgrammar::VocabType::RAW, vocab, std::move(stops)),
+        // One thread per compilation: the request's own thread does the work.
+        compiler(info, /*max_threads=*/1, /*cache_enabled=*/true, l.cache_bytes) {}
+
+  xgrammar::CompiledGrammar compile_now(const GrammarSpec& spec) {
+    switch (spec.kind) {
+      case GrammarSpec::Kind::kJsonObject:
+        return compiler.CompileBuiltinJSONGrammar();
+      case GrammarSpec::Kind::kJsonSchema: {
+        // Compact JSON (no free whitespace): fewer tokens, and no run of spaces to get lost in.
+        if (spec.prefix.empty() && spec.suffix.empty()) {
+          return compiler.CompileJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
+                                            std::nullopt, spec.strict);
+        }
+        std::vector<xgrammar::Grammar> parts;
+        if (!spec.prefix.empty()) {
+          parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.prefix)));
+        }
+        parts.push_back(xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false,
+                                                          std::nullopt, std::nullopt, spec.strict));
+        if (!spec.suffix.empty()) {
+          parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.suffix)));
+        }
+        return compiler.CompileGrammar(xgrammar::Grammar::Concat(parts));
+      }
+      case GrammarSpec::Kind::kRegex:
+        return compiler.CompileRegex(spec.text);
+      case GrammarSpec::Kind::kEbnf:
+        return compiler.CompileGrammar(spec.text, "root");
+      case GrammarSpec::Kind::kChoice: {
+        std::string ebnf = "root ::= ";
+        for (size_t i = 0; i < spec.choices.size(); ++i) {
+          ebnf += (i ? " | " : "") + ebnf_literal(spec.choices[i]);
+        }
+        return compiler.CompileGrammar(ebnf, "root");
+      }
+    }
+    throw GrammarError("unknown grammar kind");
+  }
+
+  CompilerLimits limits;
+  int32_t vocab_size;
+  xgrammar::TokenizerInfo info;
+  xgrammar::GrammarCompiler compiler;
+  std::mutex mu;
+  std::condition_variable slot_freed;
+  int running = 0;  // compilations whose thread has not ended (under mu)
+};
+
+GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int32_t vocab_size,
+                                 std::vector<int32_t> stop_token_ids, CompilerLimits limits) {
+  if (vocab_size < tokenizer.vocab_size()) {
+    throw GrammarError("the model's vocabulary (" + std::to_string(vocab_size) +
+                       ") is smaller than the tokenizer's (" +
+                       std::to_string(tokenizer.vocab_size()) + ")");
+  }
+  impl_ = std::make_shared<Impl>(tokenizer, vocab_size, std::move(stop_token_ids), limits);
+}
+
+GrammarCompiler::~GrammarCompiler() = default;
+
+int32_t GrammarCompiler::vocab_size() const { return impl_->vocab_size; }
+
+int64_t GrammarCompiler::cache_bytes() const { return impl_->compiler.GetCacheSizeBytes(); }
+
+CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
+  const CompilerLimits& limits = impl_->limits;
+  const char* what = spec.kind == GrammarSpec::Kind::kJsonSchema ? "the JSON schema"
+                     : spec.kind == GrammarSpec::Kind::kRegex    ? "the regex"
+                                                                 : "the grammar";
+  if (spec.text.size() > limits.max_text_bytes) {
+    throw GrammarError(std::string(what) + " is longer than " +
+                       std::to_string(limits.max_text_bytes) + " bytes");
+  }
+  switch (spec.kind) {
+    case GrammarSpec::Kind::kJsonSchema: {
+      SchemaCheck check{limits};
+      check.visit(parse_bounded(spec.text, limits.max_json_depth, what), "");
+      break;
+    }
+    case GrammarSpec::Kind::kRegex:
+    case GrammarSpec::Kind::kEbnf:
+      if (spec.text.empty()) throw GrammarError(std::string(what) + " is empty");
+      break;
+    case GrammarSpec::Kind::kChoice: {
+      if (spec.choices.empty()) throw GrammarError("choice needs at least one string");
+      if (spec.choices.size() > limits.max_enum_values) {
+        throw GrammarError("choice has more than " + std::to_string(limits.max_enum_values) +
+                           " strings");
+      }
+      size_t bytes = 0;
+      for (const std::string& c : spec.choices) {
+        if (c.empty()) throw GrammarError("choice strings must not be empty");
+        bytes += c.size();
+      }
+      if (bytes > limits.max_text_bytes) throw GrammarError("choice strings are too long");
+      break;
+    }
+    case GrammarSpec::Kind::kJsonObject:
+      break;
+  }
+
+  // The compilation runs on its own thread so that the caller can give up on it after
+  // compile_timeout; the thread holds the compiler alive until it ends and then lands its
+  // result in the cache.
+  const auto deadline = std::chrono::steady_clock::now() + limits.compile_timeout;
+  {
+    // A slot among max_running_compiles, waited for within the same time bound.
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (!impl_->slot_freed.wait_until(
+            lock, deadline, [&] { return impl_->running < limits.max_running_compiles; })) {
+      throw GrammarError(std::string(what) + " could not start compiling within " +
+                         std::to_string(limits.compile_timeout.count()) +
+                         " ms: too many grammars are compiling");
+    }
+    ++impl_->running;
+  }
+  auto promise = std::make_shared<std::promise<xgrammar::CompiledGrammar>>();
+  std::future<xgrammar::CompiledGrammar> result = promise->get_future();
+  std::thread([impl = impl_, spec, promise] {
+    try {
+      promise->set_value(impl->compile_now(spec));
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+    {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      --impl->running;
+    }
+    impl->slot_freed.notify_one();
+  }).detach();
+  if (result.wait_until(deadline) != std::future_status::ready) {
+    throw GrammarError(std::string(what) + " did not compile within " +
+                       std::to_string(limits.compile_timeout.count()) + " ms");
+  }
+  try {
+    return std::make_shared<const CompiledGrammar>(result.get());
+  } catch (const GrammarError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // xgrammar reports a bad schema, regex or grammar by throwing with its parser's message.
+    throw GrammarError(std::string(what) + " cannot be compiled: " + e.what());
+  }
+}
+
+int32_t bitmask_words(int64_t vocab_size) {
+  return xgrammar::GetBitmaskSize(static_cast<int>(vocab_size));
+}
+
+struct Matcher::Impl {
+  explicit Impl(CompiledGrammarPtr g)
+      : grammar(std::move(g)),
+        matcher(grammar->grammar),
+        words(bitmask_words(grammar->grammar.GetTokenizerInfo().GetVocabSize())) {}
+  CompiledGrammarPtr grammar;
+  xgrammar::GrammarMatcher matcher;
+  int64_t words;
+};
+
+Matcher::Matcher(CompiledGrammarPtr grammar) : impl_(std::make_unique<Impl>(std::move(grammar))) {}
+Matcher::~Matcher() = default;
+Matcher::Matcher(Matcher&&) noexcept = default;
+Matcher& Matcher::operator=(Matcher&&) noexcept = default;
+
+bool Matcher::fill_mask(int32_t* words) {
+  int64_t shape = impl_->words;
+  DLTensor t{};
+  t.data = words;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = &shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  return impl_->matcher.FillNextTokenBitmask(&t);
+}
+
+bool Matcher::accept(int32_t token) { return impl_->matcher.AcceptToken(token); }
+
+bool Matcher::terminated() const { return impl_->matcher.IsTerminated(); }
+
+int64_t Matcher::vocab_size() const {
+  return impl_->grammar->grammar.GetTokenizerInfo().GetVocabSize();
+}
+
+}  // namespace pagedlm::grammar
