@@ -57,9 +57,32 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted")
       ->capture_default_str();
-  cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")
+  cmd->add_option("--http-threads", s.http_threads,
+                  "threads that parse, template and tokenize requests (connections and streams "
+                  "hold none)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", s.max_connections,
+                  "open connections beyond which new ones are closed at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto seconds = [cmd](const char* name, std::chrono::milliseconds& value, const char* help) {
+    cmd->add_option_function<double>(
+           name,
+           [&value](double s) {
+             value = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+           },
+           help)
+        ->default_str(std::to_string(value.count() / 1000))
+        ->check(CLI::Range(0.001, 86400.0));
+  };
+  seconds("--header-timeout", s.header_timeout,
+          "seconds a client has to send a whole request head (slow clients are dropped)");
+  seconds("--body-timeout", s.body_timeout, "seconds a client has to send a whole request body");
+  seconds("--shutdown-timeout", s.shutdown_timeout,
+          "on SIGTERM, seconds running requests may still finish before they are ended");
+  cmd->add_flag("--metrics-auth", s.metrics_auth,
+                "/metrics needs an --api-key too (it shows all tenants' counters)");
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model id clients use (default: the model file or folder name)");
   cmd->add_option("--chat-template", args->chat_template,

@@ -7,11 +7,19 @@
 namespace pagedlm::server {
 
 void OutputChannel::push(TokenEvent event) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(event));
+    listener = listener_;
   }
   cv_.notify_one();
+  if (listener) listener();
+}
+
+void OutputChannel::set_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
 }
 
 bool OutputChannel::wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout) {
@@ -51,6 +59,20 @@ void EngineLoop::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<void> EngineLoop::admit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t waiting = admitted_ + static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
+  if (stop_ || waiting >= max_waiting_) {
+    ++counters_.requests_rejected;
+    return nullptr;
+  }
+  ++admitted_;
+  return std::shared_ptr<void>(static_cast<void*>(this), [this](void*) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --admitted_;
+  });
 }
 
 bool EngineLoop::submit(std::vector<GenerationJob> jobs,

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,9 @@ struct TokenEvent {
 class OutputChannel {
  public:
   void push(TokenEvent event);
+  // Called (on the pushing thread, outside the lock) after each push: how an event-driven
+  // reader learns that events wait, without a thread blocked in wait_pop.
+  void set_listener(std::function<void()> listener);
   // Waits up to `timeout` for events and moves them all into `out`; false if none came.
   bool wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout);
 
@@ -52,6 +56,7 @@ class OutputChannel {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;
+  std::function<void()> listener_;
   std::set<int32_t> cancelled_;
   bool all_cancelled_ = false;
 };
@@ -79,6 +84,10 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
+  // Admission before any parsing work: a token counted as one waiting request while it is
+  // held (until the request was submitted or refused); null when requests held or queued
+  // (here and in the engine) already reach max_waiting.
+  std::shared_ptr<void> admit();
   // Queues every job of one HTTP request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
@@ -124,6 +133,7 @@ class EngineLoop {
   std::vector<Pending> inbox_;
   bool stop_ = false;
   bool woken_ = false;
+  int64_t admitted_ = 0;  // tokens from admit() still held
   SchedulerStats stats_;
   ServingCounters counters_;
   // Cache snapshots: requests_ counts the ones asked for, served_ the last one answered (the
