@@ -52,10 +52,8 @@ ParsedRequest parse_request(std::string_view bytes, size_t max_body_bytes) {
   bool head_checked = false;
   while (!parser.is_done()) {
     boost::system::error_code ec;
-    const size_t used =
-        parser.put(boost::asio::const_buffer(bytes.data() + out.consumed,
-                                             bytes.size() - out.consumed),
-                   ec);
+    const size_t used = parser.put(
+        boost::asio::const_buffer(bytes.data() + out.consumed, bytes.size() - out.consumed), ec);
     out.consumed += used;
     if (ec == http::error::need_more) return out;
     if (ec) {

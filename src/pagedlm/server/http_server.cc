@@ -162,9 +162,7 @@ class Generation {
   }
 
   // `listener` runs on the engine's thread after each of its events.
-  void set_listener(std::function<void()> listener) {
-    channel_->set_listener(std::move(listener));
-  }
+  void set_listener(std::function<void()> listener) { channel_->set_listener(std::move(listener)); }
 
   // Every choice finished and the stream's closing events were rendered.
   bool ended() const { return ended_; }
@@ -603,8 +601,8 @@ HttpReply HttpServer::Impl::completions(const HttpRequest& req, bool chat) {
   }
   auto gen = std::make_shared<Generation>(std::move(request), info, info.name, loop);
   if (!gen->submit()) {
-    HttpResponse r = error_response(503, "the server is overloaded; retry later",
-                                    "server_overloaded");
+    HttpResponse r =
+        error_response(503, "the server is overloaded; retry later", "server_overloaded");
     r.headers.emplace_back("Retry-After", "1");
     return reply(std::move(r));
   }
@@ -705,13 +703,13 @@ void HttpServer::Impl::setup_routes() {
   http.route("GET", "/v1/cache", RouteWork::kWorker,
              [this](HttpRequest& req) { return guarded([&] { return cache_map(req); }); });
   http.route("GET", "/v1/models", RouteWork::kInline, [this](HttpRequest&) {
-    return reply(json_response(200, json{{"object", "list"},
-                                         {"data", json::array({{{"id", info.name},
-                                                                {"object", "model"},
-                                                                {"created", unix_time()},
-                                                                {"owned_by", "pagedlm"},
-                                                                {"max_model_len",
-                                                                 info.max_model_len}}})}}));
+    return reply(
+        json_response(200, json{{"object", "list"},
+                                {"data", json::array({{{"id", info.name},
+                                                       {"object", "model"},
+                                                       {"created", unix_time()},
+                                                       {"owned_by", "pagedlm"},
+                                                       {"max_model_len", info.max_model_len}}})}}));
   });
   http.route("POST", "/v1/completions", RouteWork::kGeneration, [this](HttpRequest& req) {
     return guarded([&] { return completions(req, /*chat=*/false); });
@@ -722,9 +720,9 @@ void HttpServer::Impl::setup_routes() {
   http.route("POST", "/tokenize", RouteWork::kWorker, [this](HttpRequest& req) {
     return guarded([&] {
       const std::vector<int32_t> ids = parse_tokenize_request(parse_json<json>(req.body), info);
-      return reply(json_response(200, json{{"count", ids.size()},
-                                           {"max_model_len", info.max_model_len},
-                                           {"tokens", ids}}));
+      return reply(json_response(
+          200,
+          json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}}));
     });
   });
   http.route("POST", "/detokenize", RouteWork::kWorker, [this](HttpRequest& req) {

@@ -157,11 +157,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void start() { read_head(); }
 
-  // Shutdown: a connection waiting for (or reading) a request head closes now.
-  void close_if_idle() {
-    if (idle_) close();
-  }
-
   // Shutdown: an answer still in progress ends now.
   void abort() {
     if (!pending_) return;
@@ -196,18 +191,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     parser_.emplace();
     bound_parser(*parser_, server_.options.max_body_bytes);
-    idle_ = true;
     // What a long request left behind is not kept for the connection's life.
     if (buffer_.size() == 0 && buffer_.capacity() > kMaxHeadBytes) buffer_ = beast::flat_buffer();
     stream_.expires_after(server_.options.header_timeout);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->on_head(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_head(ec); });
   }
 
   void on_head(beast::error_code ec) {
-    idle_ = false;
     if (closed_) return;
     if (ec) {
       // A client that left, or whose head did not arrive in time, gets no answer.
@@ -271,10 +263,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read_body() {
     if (parser_->is_done()) return on_body({});
     stream_.expires_after(server_.options.body_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_body(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
   }
 
   void on_body(beast::error_code ec) {
@@ -493,7 +484,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<RequestParser> parser_;
   HttpRequest request_;
   const HttpTransport::Impl::Route* route_ = nullptr;
-  bool idle_ = true;  // waiting for a request head
   bool keep_alive_ = false;
   unsigned version_ = 11;
   bool head_only_ = false;  // a HEAD request: the head of the GET answer
@@ -598,7 +588,6 @@ void HttpTransport::shutdown(std::chrono::milliseconds drain) {
     s.acceptor.close(ec);
     s.accept_retry.cancel();
   });
-  each(&Connection::close_if_idle);
   wait_answers(drain);
   each(&Connection::abort);
   wait_answers(std::chrono::seconds(1));

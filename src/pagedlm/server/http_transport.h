@@ -38,7 +38,7 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;  // beyond the framing ones
-  bool close = false;  // the connection closes after it
+  bool close = false;                                        // the connection closes after it
 };
 
 // An answer the engine is still producing. Every method but the callback given to set_notify
@@ -103,9 +103,10 @@ class HttpTransport {
   int bind();
   // Serves on the calling thread until shutdown() has finished.
   void run();
-  // From another thread: stops accepting, closes idle connections, answers new requests on open
-  // ones with 503, lets running answers finish for up to `drain`, then aborts the rest and
-  // returns once they were written (or a second later).
+  // From another thread: stops accepting; on open connections, answers cheap routes (/health
+  // says draining) and refuses others with 503, closing each after its answer; lets running
+  // answers finish for up to `drain`, then aborts the rest, and returns once they were written
+  // (or a second later) and every connection closed.
   void shutdown(std::chrono::milliseconds drain);
   bool draining() const;
 
