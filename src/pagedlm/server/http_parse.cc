@@ -55,21 +55,18 @@ ParsedRequest parse_request(std::string_view bytes, size_t max_body_bytes) {
     const size_t used = parser.put(
         boost::asio::const_buffer(bytes.data() + out.consumed, bytes.size() - out.consumed), ec);
     out.consumed += used;
-    if (ec == http::error::need_more) return out;
-    if (ec) {
-      out.refusal = refusal_for(ec);
-      return out;
-    }
+    // The head's checks come first, as on a connection, which runs them before reading the body.
     if (parser.is_header_done() && !head_checked) {
       head_checked = true;
       out.refusal = check_head(parser.get().base());
       if (out.refusal.status != 0) return out;
     }
+    if (ec == http::error::need_more) return out;
+    if (ec) {
+      out.refusal = refusal_for(ec);
+      return out;
+    }
     if (used == 0 && !parser.is_done()) return out;  // needs bytes that are not there
-  }
-  if (!head_checked) {
-    out.refusal = check_head(parser.get().base());
-    if (out.refusal.status != 0) return out;
   }
   http::request<http::string_body> request = parser.release();
   out.complete = true;
