@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -120,7 +121,13 @@ void register_serve(CLI::App& app) {
       while (!g_stop_requested && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      http.stop();
+      if (!http.stop()) {
+        // Every client has its answer; only the engine's current step (which it cannot leave
+        // midway) is left, and waiting for it could take minutes on the CPU.
+        std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
+        std::fflush(stderr);
+        std::_Exit(0);
+      }
     });
     http.listen();
     listening_done = true;

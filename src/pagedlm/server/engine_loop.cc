@@ -61,6 +61,17 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool EngineLoop::stop_within(std::chrono::milliseconds wait) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, wait, [&] { return exited_; })) return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
 std::shared_ptr<void> EngineLoop::admit() {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t waiting = admitted_ + static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
@@ -196,6 +207,11 @@ void EngineLoop::run() {
     event.error_status = 503;
     p.channel->push(std::move(event));
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exited_ = true;
+  }
+  cv_.notify_all();
 }
 
 void EngineLoop::admit(std::vector<Pending> incoming) {

@@ -94,6 +94,10 @@ class EngineLoop {
   // Makes the engine thread look for cancelled channels now rather than after its next step.
   void wake();
   void stop();
+  // Stops as stop() does, but waits at most `wait` for the engine thread to leave its current
+  // step; false when it has not (the thread still uses the Engine, which must then outlive it:
+  // the caller exits the process instead).
+  bool stop_within(std::chrono::milliseconds wait);
 
   std::string prometheus_text() const;
   SchedulerStats stats() const;
@@ -132,6 +136,7 @@ class EngineLoop {
   std::condition_variable cv_;
   std::vector<Pending> inbox_;
   bool stop_ = false;
+  bool exited_ = false;  // the engine thread has ended every request and returns
   bool woken_ = false;
   int64_t admitted_ = 0;  // tokens from admit() still held
   SchedulerStats stats_;

@@ -742,11 +742,11 @@ int HttpServer::bind() { return impl_->http.bind(); }
 
 void HttpServer::listen() { impl_->http.run(); }
 
-void HttpServer::stop() {
+bool HttpServer::stop() {
   // The front end first: running answers get --shutdown-timeout to finish, then end without
   // the engine (whose current step may be long), and only then does the engine stop.
   impl_->http.shutdown(impl_->options.shutdown_timeout);
-  impl_->loop.stop();
+  return impl_->loop.stop_within(std::chrono::seconds(1));
 }
 
 }  // namespace pagedlm::server
