@@ -47,7 +47,7 @@ constexpr std::chrono::milliseconds kHeartbeat{1000};
 // client reads the refusal instead of a reset.
 constexpr std::chrono::seconds kLinger{2};
 // After a body this large is freed, malloc_trim hands the memory back: glibc keeps freed memory
-// in its per-thread arenas otherwise, and 16 concurrent 8 MB bodies kept 4.5 GB resident.
+// in its arenas otherwise, where what a burst of large bodies took stays resident.
 constexpr size_t kTrimAfterBytes = size_t{1} << 20;
 
 std::string status_line(int status) {
