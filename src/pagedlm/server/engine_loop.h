@@ -1,6 +1,6 @@
 // The engine thread: the only thread that touches the Engine. HTTP workers hand it requests
-// through a bounded queue and read what each produced from a per-request OutputChannel; a
-// request joins the running batch at the next step.
+// through a bounded queue; what each produced goes to a per-request OutputChannel, whose
+// listener wakes the front end. A request joins the running batch at the next step.
 #pragma once
 
 #include <chrono>
