@@ -22,9 +22,10 @@ trap 'kill $server 2>/dev/null || true' EXIT
 bench=(python3 scripts/serve_bench.py --url "http://127.0.0.1:$port" --wait-ready 300 --rates inf
        --num-requests 256 --prompt-min 100 --prompt-max 1024 --max-tokens 128 --processes 8
        --timeout 120 --max-duration 120)
-"${bench[@]}" --json "$out/unloaded.json"
-"${bench[@]}" --slow-clients 5000 --idle-clients 1000 --json "$out/loaded.json"
-"${bench[@]}" --json "$out/unloaded-again.json"
+# A new seed per run: the same prompts again would be served from the prefix cache.
+"${bench[@]}" --seed 1 --json "$out/unloaded.json"
+"${bench[@]}" --seed 2 --slow-clients 5000 --idle-clients 1000 --json "$out/loaded.json"
+"${bench[@]}" --seed 3 --json "$out/unloaded-again.json"
 python3 - "$out" <<'PY'
 import json, os, sys
 r = {n: json.load(open(os.path.join(sys.argv[1], n + ".json")))["results"][0]
