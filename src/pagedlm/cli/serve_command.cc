@@ -53,7 +53,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", s.api_keys,
                   "accept only requests with this bearer token (repeatable; each key also "
                   "salts the prefix cache)");
-  cmd->add_option("--max-waiting", s.max_waiting, "queued requests beyond which to answer 503")
+  cmd->add_option("--max-waiting", s.max_waiting,
+                  "requests admitted but not yet running (parsed, queued, waiting) beyond which "
+                  "to answer 503 at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted")
@@ -83,7 +85,8 @@ void register_serve(CLI::App& app) {
   seconds("--shutdown-timeout", s.shutdown_timeout,
           "on SIGTERM, seconds running requests may still finish before they are ended");
   cmd->add_flag("--metrics-auth", s.metrics_auth,
-                "/metrics needs an --api-key too (it shows all tenants' counters)");
+                "/metrics needs an --api-key too (it shows all tenants' counters)")
+      ->needs(cmd->get_option("--api-key"));
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model id clients use (default: the model file or folder name)");
   cmd->add_option("--chat-template", args->chat_template,
