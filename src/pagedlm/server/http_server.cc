@@ -746,7 +746,7 @@ bool HttpServer::stop() {
   // The front end first: running answers get --shutdown-timeout to finish, then end without
   // the engine (whose current step may be long), and only then does the engine stop.
   impl_->http.shutdown(impl_->options.shutdown_timeout);
-  return impl_->loop.stop_within(std::chrono::seconds(1));
+  return impl_->loop.stop_within(std::chrono::milliseconds(500));
 }
 
 }  // namespace pagedlm::server

@@ -50,9 +50,9 @@ class HttpServer {
   void listen();
   // Graceful shutdown, from another thread: stops accepting, lets running requests finish for
   // up to shutdown_timeout, then ends streams with finish_reason "abort" and other requests
-  // with 503; listen() then returns. False when the engine is still inside a step a second
-  // later (a long prefill on the CPU): the Engine is then still in use, and the caller should
-  // end the process rather than destroy it.
+  // with 503; listen() then returns. False when the engine is still inside a step half a
+  // second later (a long prefill on the CPU): the Engine is then still in use, and the caller
+  // should end the process rather than destroy it.
   bool stop();
 
  private:
