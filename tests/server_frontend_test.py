@@ -14,8 +14,8 @@ import socket
 import threading
 import time
 
-from server_harness import (Server, parse_args, post_json, request, rss_bytes, run_checks,
-                            sse_events, wait_idle)
+from server_harness import (Server, metrics, parse_args, post_json, request, rss_bytes,
+                            run_checks, sse_events, wait_idle)
 
 GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 
@@ -288,7 +288,7 @@ def shutdown(pagedlm, model):
         for t in threads:
             t.start()
         deadline = time.time() + 60
-        while wait_running(server) < 9:
+        while metrics(server)["pagedlm_num_requests_running"] < 9:
             assert time.time() < deadline, "the requests did not start"
             time.sleep(0.1)
         start = time.time()
@@ -332,7 +332,6 @@ def shutdown_mid_prefill(pagedlm, model):
         short = threading.Thread(target=stream, args=("short", {**completion_body(4000),
                                                                 "ignore_eos": True}))
         short.start()
-        from server_harness import metrics
         deadline = time.time() + 60
         while metrics(server)["pagedlm_generation_tokens_total"] < 2:
             assert time.time() < deadline, "the short stream did not start"
@@ -358,11 +357,6 @@ def shutdown_mid_prefill(pagedlm, model):
             events = results[name]
             assert events[-1] == "[DONE]", (name, events[-2:])
             assert events[-2]["choices"][0]["finish_reason"] == "abort", (name, events[-2])
-
-
-def wait_running(server):
-    from server_harness import metrics
-    return metrics(server)["pagedlm_num_requests_running"]
 
 
 def metrics_auth(pagedlm, model):
