@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ pkg-config libopenblas-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
-          libcli11-dev libcpp-httplib-dev libgtest-dev libbenchmark-dev python3 python3-pip)
+          libcli11-dev libboost-dev libgtest-dev libbenchmark-dev python3 python3-pip)
 [[ "${1:-}" == "--tests" ]] && packages+=(chromium)
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,11 @@ a list of random token ids (so no tokenizer is needed, and prompts never share a
 a fixed max_tokens and ignore_eos. Per rate it reports completed requests, duration, request
 and output token throughput, time to first token (TTFT) and inter-token latency (ITL) p50/p99.
 
+With --slow-clients / --idle-clients, another process holds that many hostile connections for
+the whole run: slow ones drip a request head one byte per second, idle ones send nothing, and
+any the server drops is reopened, so the measured clients' ITL can be compared with and without
+them (slowloris).
+
 Standard library only, so it runs on machines without our Python packages.
 
   python3 scripts/serve_bench.py --url http://127.0.0.1:8000 --rates 4,16,inf \\
@@ -19,6 +24,8 @@ import json
 import math
 import multiprocessing
 import random
+import resource
+import socket
 import sys
 import threading
 import time
@@ -184,6 +191,51 @@ def run_rate(args, url, rate):
     }
 
 
+def hostile_clients(url, slow, idle, stop, counts):
+    """Holds `slow` connections that drip a request head (one byte per connection per second)
+    and `idle` ones that send nothing, reopening any the server closes, until `stop` is set.
+    Runs in its own process, so its work does not slow the measured clients' reading."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+
+    def connect():
+        try:
+            s = socket.create_connection((url.hostname, url.port or 80), timeout=10)
+            s.setblocking(False)
+            return s
+        except OSError:
+            return None
+
+    socks = [[connect(), 0, kind] for kind, n in (("slow", slow), ("idle", idle))
+             for _ in range(n)]
+    reopened = 0
+    while not stop.is_set():
+        round_start = time.perf_counter()
+        for entry in socks:
+            sock, sent, kind = entry
+            try:
+                if sock is None:
+                    raise OSError
+                if kind == "slow":
+                    sock.send(head[sent % len(head):sent % len(head) + 1])
+                    entry[1] = sent + 1
+                elif sock.recv(1) == b"":  # an idle connection the server closed
+                    raise OSError
+            except BlockingIOError:
+                pass
+            except OSError:
+                if sock is not None:
+                    sock.close()
+                entry[0], entry[1] = connect(), 0
+                reopened += 1
+        stop.wait(max(0.0, 1.0 - (time.perf_counter() - round_start)))
+    counts.value = reopened
+    for sock, _, _ in socks:
+        if sock is not None:
+            sock.close()
+
+
 def get_json(url, path, timeout):
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
     try:
@@ -244,6 +296,10 @@ def main():
                    help="bound on one rate's run (s); requests unfinished by then are errors")
     p.add_argument("--wait-ready", type=float, default=0,
                    help="first wait up to this long (s) for GET /health to answer 200")
+    p.add_argument("--slow-clients", type=int, default=0,
+                   help="connections that drip a request head a byte per second (slowloris)")
+    p.add_argument("--idle-clients", type=int, default=0,
+                   help="connections that send nothing")
     p.add_argument("--json", default="", help="write the results (and settings) here")
     args = p.parse_args()
     if not 1 <= args.prompt_min <= args.prompt_max:
@@ -266,12 +322,27 @@ def main():
         if r["errors"]:
             sys.exit(f"serve_bench: warmup failed: {r['error_examples']}")
 
+    hostile = None
+    if args.slow_clients or args.idle_clients:
+        ctx = multiprocessing.get_context("fork")
+        stop, reopened = ctx.Event(), ctx.Value("q", 0)
+        hostile = ctx.Process(target=hostile_clients,
+                              args=(url, args.slow_clients, args.idle_clients, stop, reopened))
+        hostile.start()
+        time.sleep(5)  # every hostile connection is open and dripping
     rows = []
-    for rate in rates:
-        rows.append(run_rate(args, url, rate))
-        print_table(rows[-1:], header=len(rows) == 1)  # progress; the full table comes last
-        for e in rows[-1]["error_examples"]:
-            print("  error:", e)
+    try:
+        for rate in rates:
+            rows.append(run_rate(args, url, rate))
+            print_table(rows[-1:], header=len(rows) == 1)  # progress; the full table comes last
+            for e in rows[-1]["error_examples"]:
+                print("  error:", e)
+    finally:
+        if hostile is not None:
+            stop.set()
+            hostile.join()
+            print(f"hostile: {args.slow_clients} slow and {args.idle_clients} idle connections "
+                  f"held, {reopened.value} reopened after the server closed them")
     print()
     print_table(rows)
     if args.json:

@@ -17,7 +17,6 @@ inc="-Isrc -I$deps/include -I$deps/gtest/include -I$deps/gtest -I$cuda_home/incl
 inc="$inc -I$xg/include -I$xg/3rdparty/picojson -I$xg/3rdparty/dlpack/include"
 def="-DPAGEDLM_HAS_CUDA=1 -DPAGEDLM_TESTDATA=\"$PWD/testdata\" -DPAGEDLM_BINARY=\"$PWD/$out/pagedlm\""
 def="$def -DXGRAMMAR_ENABLE_CPPTRACE=0 -DXGRAMMAR_ENABLE_INTERNAL_CHECK=0"
-def="$def -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT -DCPPHTTPLIB_BROTLI_SUPPORT"
 # NCCL (tensor parallelism over GPUs): the pinned wheel's files if pack_deps.sh packed them
 # (PACK_NCCL=1), else the nvidia-nccl package of the host's Python (PyTorch's).
 nccl=$deps/nccl
@@ -64,11 +63,8 @@ for f in $lib_srcs scripts/gpu_host/blas_stub.cc; do lib="$lib $(objof "$f")"; d
 cli=""
 for f in $cli_srcs; do cli="$cli $(objof "$f")"; done
 gtest="$(objof "$deps/gtest/src/gtest-all.cc") $(objof "$deps/gtest/src/gtest_main.cc")"
-httplib=$(ls "$deps"/so/libcpp-httplib.so.* | head -1)
-# The library objects include the server, so every binary links cpp-httplib.
-libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a $httplib -Wl,-rpath,$deps/so
-  -Wl,-rpath-link,$deps/so -L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart
-  -lcublasLt -lcublas -fopenmp -lpthread $nccl_libs"
+libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a -L$cuda_home/lib64
+  -L$cuda_home/targets/x86_64-linux/lib -lcudart -lcublasLt -lcublas -fopenmp -lpthread $nccl_libs"
 g++ -o $out/pagedlm $cli $lib $libs
 g++ -o $out/backend_ops_test "$(objof tests/backend_ops_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $libs

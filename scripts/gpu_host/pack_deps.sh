@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
 # Run on a Debian machine with pagedlm's build dependencies (scripts/install_deps.sh): gathers
 # into .gpu-deps/ what a GPU host that has only the CUDA toolkit and a compiler lacks (headers,
-# static libraries, cpp-httplib's shared library and its dependencies, GoogleTest's sources,
-# xgrammar's sources, Llama 3's tokenizer).
+# static libraries, the Boost headers the server includes, GoogleTest's sources, xgrammar's
+# sources, Llama 3's tokenizer).
 # Copy the checkout with .gpu-deps/ to the GPU host and run scripts/gpu_host/build.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-deps
-rm -rf "$out" && mkdir -p "$out/include" "$out/lib" "$out/so" "$out/gtest"
+rm -rf "$out" && mkdir -p "$out/include" "$out/lib" "$out/gtest"
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 cp -r /usr/include/nlohmann /usr/include/CLI "$out/include/"
-cp /usr/include/xxhash.h /usr/include/pcre2.h /usr/include/httplib.h "$out/include/"
-cp -r /usr/include/openssl /usr/include/brotli "$out/include/" 2>/dev/null || true
-cp /usr/include/zlib.h /usr/include/zconf.h "$out/include/" 2>/dev/null || true
-cp /usr/include/"$arch"/openssl/* "$out/include/openssl/" 2>/dev/null || true
-cp /usr/include/"$arch"/zconf.h "$out/include/" 2>/dev/null || true
+cp /usr/include/xxhash.h /usr/include/pcre2.h "$out/include/"
+# Boost.Beast and Asio are header-only: the Boost headers the server's sources reach (a few MB of
+# the 160 MB tree).
+g++ -std=c++20 -Isrc -M src/pagedlm/server/*.cc | tr ' \\' '\n\n' | grep '^/usr/include/boost/' |
+  sort -u | while read -r h; do
+  mkdir -p "$out/include/$(dirname "${h#/usr/include/}")"
+  cp "$h" "$out/include/${h#/usr/include/}"
+done
 blas=/usr/include/"$arch"/openblas-pthread
 cp "$blas/cblas.h" "$blas/openblas_config.h" "$out/include/"
 cp /usr/lib/"$arch"/libxxhash.a /usr/lib/"$arch"/libpcre2-8.a "$out/lib/"
-httplib=$(ls /usr/lib/"$arch"/libcpp-httplib.so.* | head -1)
-cp "$httplib" "$out/so/"
-ldd "$httplib" | awk '/=> \// {print $3}' | grep -E "ssl|crypto|brotli|libz" |
-  xargs -I{} cp {} "$out/so/"
 cp -r /usr/src/googletest/googletest/include /usr/src/googletest/googletest/src "$out/gtest/"
 # NCCL from its pinned wheel (330 MB) only when asked: build.sh otherwise takes the GPU host's
 # own Python package (PyTorch ships one).

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -57,14 +58,40 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", s.api_keys,
                   "accept only requests with this bearer token (repeatable; each key also "
                   "salts the prefix cache)");
-  cmd->add_option("--max-waiting", s.max_waiting, "queued requests beyond which to answer 503")
+  cmd->add_option("--max-waiting", s.max_waiting,
+                  "requests admitted but not yet running (parsed, queued, waiting) beyond which "
+                  "to answer 503 at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted")
       ->capture_default_str();
-  cmd->add_option("--http-threads", s.http_threads, "HTTP worker threads")
+  cmd->add_option("--http-threads", s.http_threads,
+                  "threads that parse, template and tokenize requests (connections and streams "
+                  "hold none)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", s.max_connections,
+                  "open connections beyond which new ones are closed at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto seconds = [cmd](const char* name, std::chrono::milliseconds& value, const char* help) {
+    cmd->add_option_function<double>(
+           name,
+           [&value](double s) {
+             value = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+           },
+           help)
+        ->default_str(std::to_string(value.count() / 1000))
+        ->check(CLI::Range(0.001, 86400.0));
+  };
+  seconds("--header-timeout", s.header_timeout,
+          "seconds a client has to send a whole request head (slow clients are dropped)");
+  seconds("--body-timeout", s.body_timeout, "seconds a client has to send a whole request body");
+  seconds("--shutdown-timeout", s.shutdown_timeout,
+          "on SIGTERM, seconds running requests may still finish before they are ended");
+  cmd->add_flag("--metrics-auth", s.metrics_auth,
+                "/metrics needs an --api-key too (it shows all tenants' counters)")
+      ->needs(cmd->get_option("--api-key"));
   cmd->add_option("--served-model-name", s.served_model_name,
                   "model id clients use (default: the model file or folder name)");
   cmd->add_option("--chat-template", args->chat_template,
@@ -110,7 +137,13 @@ void register_serve(CLI::App& app) {
       while (!g_stop_requested && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      http.stop();
+      if (!http.stop()) {
+        // Every client has its answer; only the engine's current step (which it cannot leave
+        // midway) is left, and waiting for it could take minutes on the CPU.
+        std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
+        std::fflush(stderr);
+        std::_Exit(0);
+      }
     });
     http.listen();
     listening_done = true;

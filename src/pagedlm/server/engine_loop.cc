@@ -7,11 +7,19 @@
 namespace pagedlm::server {
 
 void OutputChannel::push(TokenEvent event) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(event));
+    listener = listener_;
   }
   cv_.notify_one();
+  if (listener) listener();
+}
+
+void OutputChannel::set_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
 }
 
 bool OutputChannel::wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout) {
@@ -51,6 +59,31 @@ void EngineLoop::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+bool EngineLoop::stop_within(std::chrono::milliseconds wait) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, wait, [&] { return exited_; })) return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+std::shared_ptr<void> EngineLoop::admit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t waiting = admitted_ + static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
+  if (stop_ || waiting >= max_waiting_) {
+    ++counters_.requests_rejected;
+    return nullptr;
+  }
+  ++admitted_;
+  return std::shared_ptr<void>(static_cast<void*>(this), [this](void*) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --admitted_;
+  });
 }
 
 bool EngineLoop::submit(std::vector<GenerationJob> jobs,
@@ -174,6 +207,11 @@ void EngineLoop::run() {
     event.error_status = 503;
     p.channel->push(std::move(event));
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exited_ = true;
+  }
+  cv_.notify_all();
 }
 
 void EngineLoop::admit(std::vector<Pending> incoming) {

@@ -1,12 +1,13 @@
 // The engine thread: the only thread that touches the Engine. HTTP workers hand it requests
-// through a bounded queue and read what each produced from a per-request OutputChannel; a
-// request joins the running batch at the next step.
+// through a bounded queue; what each produced goes to a per-request OutputChannel, whose
+// listener wakes the front end. A request joins the running batch at the next step.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,9 @@ struct TokenEvent {
 class OutputChannel {
  public:
   void push(TokenEvent event);
+  // Called (on the pushing thread, outside the lock) after each push: how an event-driven
+  // reader learns that events wait, without a thread blocked in wait_pop.
+  void set_listener(std::function<void()> listener);
   // Waits up to `timeout` for events and moves them all into `out`; false if none came.
   bool wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout);
 
@@ -53,6 +57,7 @@ class OutputChannel {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;
+  std::function<void()> listener_;
   std::set<int32_t> cancelled_;
   bool all_cancelled_ = false;
 };
@@ -81,12 +86,20 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
+  // Admission before any parsing work: a token counted as one waiting request while it is
+  // held (until the request was submitted or refused); null when requests held or queued
+  // (here and in the engine) already reach max_waiting.
+  std::shared_ptr<void> admit();
   // Queues every job of one HTTP request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
   // Makes the engine thread look for cancelled channels now rather than after its next step.
   void wake();
   void stop();
+  // Stops as stop() does, but waits at most `wait` for the engine thread to leave its current
+  // step; false when it has not (the thread still uses the Engine, which must then outlive it:
+  // the caller exits the process instead).
+  bool stop_within(std::chrono::milliseconds wait);
 
   std::string prometheus_text() const;
   SchedulerStats stats() const;
@@ -125,7 +138,9 @@ class EngineLoop {
   std::condition_variable cv_;
   std::vector<Pending> inbox_;
   bool stop_ = false;
+  bool exited_ = false;  // the engine thread has ended every request and returns
   bool woken_ = false;
+  int64_t admitted_ = 0;  // tokens from admit() still held
   SchedulerStats stats_;
   ServingCounters counters_;
   // Cache snapshots: requests_ counts the ones asked for, served_ the last one answered (the

@@ -1,7 +1,5 @@
 #include "pagedlm/server/http_server.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -17,9 +15,9 @@
 #include "pagedlm/core/error.h"
 #include "pagedlm/core/json.h"
 #include "pagedlm/engine/stop_strings.h"
-#include "pagedlm/server/bounded_server.h"
 #include "pagedlm/server/chat_page.h"
 #include "pagedlm/server/engine_loop.h"
+#include "pagedlm/server/http_transport.h"
 #include "pagedlm/server/openai_api.h"
 #include "pagedlm/server/reasoning.h"
 #include "pagedlm/server/tool_calls.h"
@@ -29,10 +27,6 @@ namespace pagedlm::server {
 using json = nlohmann::ordered_json;
 
 namespace {
-
-// How long a streaming worker waits for tokens before probing the client with an SSE comment;
-// a write to a closed connection fails, which is how a silent disconnect is noticed.
-constexpr std::chrono::milliseconds kHeartbeat{1000};
 
 std::string dump(const json& j) {
   // Token strings in logprobs may be partial UTF-8; replace rather than throw.
@@ -51,42 +45,28 @@ const char* error_type(int status) {
   return status >= 500 ? "server_error" : "invalid_request_error";
 }
 
+// What a request the server ends on its way out is told (503).
+constexpr const char* kShuttingDown = "the server is shutting down";
+
 int64_t unix_time() { return static_cast<int64_t>(std::time(nullptr)); }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump(body), "application/json");
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump(body);
+  return r;
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message,
-                const std::string& type = "invalid_request_error", const std::string& param = "") {
-  send_json(res, status, error_body(message, type, param, status));
+HttpResponse error_response(int status, const std::string& message,
+                            const std::string& type = "invalid_request_error",
+                            const std::string& param = "") {
+  return json_response(status, error_body(message, type, param, status));
 }
 
-// The message of a request refused while it is read (bounded_server.h).
-std::string refusal_message(int status) {
-  if (status == 413) return "the request body is too large";
-  if (status == 431) return "the request headers are too large";
-  return "malformed request head: a header line without a colon";
-}
+HttpReply reply(HttpResponse response) { return HttpReply{std::move(response), nullptr, false}; }
 
-// Where the body ends must be unambiguous: a proxy in front may read it one way and httplib
-// another (request smuggling). Null when the head is fine.
-const char* framing_problem(const httplib::Request& req) {
-  const size_t lengths = req.get_header_value_count("Content-Length");
-  if (lengths > 0 && req.has_header("Transfer-Encoding")) {
-    return "a request must not have both Content-Length and Transfer-Encoding";
-  }
-  for (size_t i = 1; i < lengths; ++i) {
-    if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length")) {
-      return "conflicting Content-Length headers";
-    }
-  }
-  return nullptr;
-}
-
-std::string bearer_token(const httplib::Request& req) {
-  const std::string auth = req.get_header_value("Authorization");
+std::string bearer_token(const HttpRequest& req) {
+  const std::string auth = req.header("Authorization");
   const std::string prefix = "Bearer ";
   return auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
 }
@@ -174,13 +154,16 @@ class Generation {
     return loop_.submit(std::move(jobs), channel_);
   }
 
-  // Waits up to `timeout` for output; false if none came.
-  bool wait(std::chrono::milliseconds timeout) {
+  // Takes in the output that arrived; false if none had.
+  bool poll() {
     std::vector<TokenEvent> events;
-    if (!channel_->wait_pop(&events, timeout)) return false;
+    if (!channel_->wait_pop(&events, std::chrono::milliseconds(0))) return false;
     for (TokenEvent& e : events) handle(e);
     return true;
   }
+
+  // `listener` runs on the engine's thread after each of its events.
+  void set_listener(std::function<void()> listener) { channel_->set_listener(std::move(listener)); }
 
   // Every choice finished and the stream's closing events were rendered.
   bool ended() const { return ended_; }
@@ -194,6 +177,18 @@ class Generation {
   void cancel() {
     channel_->cancel_all();
     loop_.wake();
+  }
+
+  // The server stops: every unfinished choice ends now, as the engine would end it on its way
+  // out (which a long step may delay).
+  void abort() {
+    for (ChoiceState& c : choices_) {
+      if (c.finish_reason) continue;
+      c.error = kShuttingDown;
+      c.error_status = 503;
+      c.finish_reason = "abort";
+    }
+    cancel();
   }
 
   // The first error a choice met, as (status, message); status 0 when none.
@@ -261,8 +256,13 @@ class Generation {
         c.token_ids.clear();
       }
       if (!c.error.empty() && !c.finish_sent) {
-        out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
-        c.finish_sent = true;  // the error event ends this choice
+        if (c.error_status == 503) {
+          // Shutting down: the stream ends as vLLM ends an aborted one, with a finish_reason.
+          c.finish_reason = "abort";
+        } else {
+          out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
+          c.finish_sent = true;  // the error event ends this choice
+        }
       }
       if (!c.calls.empty() && !c.calls_sent) {
         out +=
@@ -475,15 +475,51 @@ class Generation {
   bool ended_ = false;
 };
 
+// A generation as the front end sees it: output drained on its thread when the engine's
+// events arrive, rendered as SSE (a stream) or one response once done.
+class GenerationReply final : public PendingReply {
+ public:
+  GenerationReply(std::shared_ptr<Generation> gen, bool stream)
+      : gen_(std::move(gen)), stream_(stream) {}
+  ~GenerationReply() override { gen_->set_listener(nullptr); }
+
+  void set_notify(std::function<void()> notify) override { gen_->set_listener(std::move(notify)); }
+
+  std::string take_stream(bool* ended) override {
+    gen_->poll();
+    std::string out = gen_->stream_chunks(first_);
+    first_ = false;
+    *ended = gen_->ended();
+    return out;
+  }
+
+  std::optional<HttpResponse> take_response() override {
+    gen_->poll();
+    if (!gen_->done()) return std::nullopt;
+    if (auto [status, message] = gen_->error(); status != 0) {
+      HttpResponse r = error_response(status, message, error_type(status));
+      if (status == 503) r.close = true;
+      return r;
+    }
+    return json_response(200, gen_->response());
+  }
+
+  void cancel() override { gen_->cancel(); }
+  void abort() override { gen_->abort(); }
+
+ private:
+  std::shared_ptr<Generation> gen_;
+  bool stream_;
+  bool first_ = true;
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
       : options(std::move(options)),
         loop(engine, this->options.max_waiting),
-        http(this->options.max_body_bytes, [](int status) {
-          return dump(error_body(refusal_message(status), "invalid_request_error", "", status));
-        }) {
+        http(transport_options(this->options), hooks()) {
     info.name = this->options.served_model_name;
     info.tokenizer = model.tokenizer.get();
     info.chat_template = model.chat_template ? &*model.chat_template : nullptr;
@@ -501,57 +537,70 @@ struct HttpServer::Impl {
     setup_routes();
   }
 
+  static TransportOptions transport_options(const ServerOptions& o) {
+    TransportOptions t;
+    t.host = o.host;
+    t.port = o.port;
+    t.max_body_bytes = o.max_body_bytes;
+    t.header_timeout = o.header_timeout;
+    t.body_timeout = o.body_timeout;
+    t.worker_threads = o.http_threads;
+    t.max_connections = o.max_connections;
+    return t;
+  }
+
+  TransportHooks hooks() {
+    TransportHooks h;
+    h.pre_route = [this](const HttpRequest& req) -> std::optional<HttpResponse> {
+      const bool open = req.path == "/" || req.path == "/health" ||
+                        (req.path == "/metrics" && !options.metrics_auth);
+      if (open || authorized(req)) return std::nullopt;
+      return error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                            "authentication_error");
+    };
+    h.admit = [this] { return loop.admit(); };
+    h.error_body = [](int status, const std::string& message, const std::string& type) {
+      return dump(error_body(message, type, "", status));
+    };
+    return h;
+  }
+
   void setup_routes();
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  HttpReply completions(const HttpRequest& req, bool chat);
   // Runs `handler` with OpenAI-shaped errors for everything it throws.
   template <typename F>
-  void guarded(httplib::Response& res, F&& handler);
-  bool authorized(const httplib::Request& req) const {
+  static HttpReply guarded(F&& handler);
+  bool authorized(const HttpRequest& req) const {
     if (options.api_keys.empty()) return true;
     const std::string token = bearer_token(req);
     return std::find(options.api_keys.begin(), options.api_keys.end(), token) !=
            options.api_keys.end();
   }
-
-  // Registers a route and remembers its method for 405 answers.
-  template <typename Handler>
-  void route(const char* method, const std::string& path, Handler handler);
+  HttpReply cache_map(const HttpRequest& req);
 
   ServerOptions options;
   std::unique_ptr<grammar::GrammarCompiler> grammar_compiler;  // structured output
   ModelInfo info;
-  std::map<std::string, std::string> allowed_methods;  // path -> the Allow header's value
   EngineLoop loop;
-  BoundedServer http;
+  HttpTransport http;
 };
 
-template <typename Handler>
-void HttpServer::Impl::route(const char* method, const std::string& path, Handler handler) {
-  if (std::string_view(method) == "GET") {
-    http.Get(path, std::move(handler));
-    allowed_methods[path] = "GET, HEAD";  // httplib answers HEAD with the GET route
-  } else {
-    http.Post(path, std::move(handler));
-    allowed_methods[path] = "POST";
-  }
-}
-
 template <typename F>
-void HttpServer::Impl::guarded(httplib::Response& res, F&& handler) {
+HttpReply HttpServer::Impl::guarded(F&& handler) {
   try {
-    handler();
+    return handler();
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.what(), e.type(), e.param());
+    return reply(error_response(e.status(), e.what(), e.type(), e.param()));
   } catch (const json::exception& e) {
-    send_error(res, 400, std::string("malformed JSON: ") + e.what());
+    return reply(error_response(400, std::string("malformed JSON: ") + e.what()));
   } catch (const Error& e) {
-    send_error(res, 400, e.what());
+    return reply(error_response(400, e.what()));
   } catch (const std::exception& e) {
-    send_error(res, 500, e.what(), "server_error");
+    return reply(error_response(500, e.what(), "server_error"));
   }
 }
 
-void HttpServer::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+HttpReply HttpServer::Impl::completions(const HttpRequest& req, bool chat) {
   CompletionRequest request = parse_completion_request(parse_json<json>(req.body), chat, info);
   const bool stream = request.stream;
   // The api key salts the cache too, so tenants with different keys never share pages.
@@ -560,245 +609,134 @@ void HttpServer::Impl::completions(const httplib::Request& req, httplib::Respons
   }
   auto gen = std::make_shared<Generation>(std::move(request), info, info.name, loop);
   if (!gen->submit()) {
-    res.set_header("Retry-After", "1");
-    send_error(res, 503, "the server is overloaded; retry later", "server_overloaded");
-    return;
+    HttpResponse r =
+        error_response(503, "the server is overloaded; retry later", "server_overloaded");
+    r.headers.emplace_back("Retry-After", "1");
+    return reply(std::move(r));
   }
-  if (!stream) {
-    // Most requests finish within a heartbeat and get a plain response with its real status.
-    const auto deadline = std::chrono::steady_clock::now() + kHeartbeat;
-    while (!gen->done() && std::chrono::steady_clock::now() < deadline) gen->wait(kHeartbeat / 4);
-    if (gen->done()) {
-      if (auto [status, message] = gen->error(); status != 0) {
-        send_error(res, status, message, error_type(status));
-        return;
-      }
-      send_json(res, 200, gen->response());
-      return;
+  HttpReply out;
+  out.pending = std::make_shared<GenerationReply>(gen, stream);
+  out.stream = stream;
+  if (stream) {
+    out.response.content_type = "text/event-stream";
+    out.response.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+  }
+  return out;
+}
+
+// The KV cache map, behind the API key: each running sequence's page table (shared pages, the
+// partial-page copy of its admission, entries released behind the window) and the free pages
+// the prefix cache can still serve, next reused first.
+HttpReply HttpServer::Impl::cache_map(const HttpRequest& req) {
+  int32_t max_free_pages = 256;
+  if (const std::optional<std::string> value = req.query_param("max_free_pages")) {
+    char* end = nullptr;
+    const long parsed = std::strtol(value->c_str(), &end, 10);
+    if (value->empty() || *end != '\0' || parsed < 0 || parsed > (1 << 20)) {
+      return reply(error_response(400, "max_free_pages must be an integer in [0, 1048576]"));
     }
-    // Longer ones send a space (leading whitespace is valid JSON) each heartbeat before the
-    // body: a failed write is the only way to notice that the client left, and then the
-    // request is cancelled and its pages freed, as for a stream.
-    res.set_chunked_content_provider(
-        "application/json",
-        [gen, last_write = std::chrono::steady_clock::now()](size_t,
-                                                             httplib::DataSink& sink) mutable {
-          if (!gen->done()) {
-            gen->wait(kHeartbeat / 4);
-            const auto now = std::chrono::steady_clock::now();
-            if (now - last_write < kHeartbeat) return true;
-            last_write = now;
-            return sink.write(" ", 1);
-          }
-          const auto [status, message] = gen->error();
-          const std::string body = dump(
-              status != 0 ? error_body(message, error_type(status), "", status) : gen->response());
-          if (!sink.write(body.data(), body.size())) return false;
-          sink.done();
-          return true;
-        },
-        [gen](bool) { gen->cancel(); });
-    return;
+    max_free_pages = static_cast<int32_t>(parsed);
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  auto first = std::make_shared<bool>(true);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [gen, first](size_t, httplib::DataSink& sink) {
-        std::string out;
-        if (*first) {
-          out = gen->stream_chunks(true);
-          *first = false;
-        } else if (gen->wait(kHeartbeat)) {
-          out = gen->stream_chunks(false);
-        } else {
-          out = ": keep-alive\n\n";
-        }
-        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-        if (gen->ended()) sink.done();
-        return true;
-      },
-      [gen](bool) { gen->cancel(); });
+  CacheSnapshot snap;
+  if (!loop.cache_snapshot(max_free_pages, std::chrono::seconds(10), &snap)) {
+    return reply(error_response(503, "the engine did not answer in time", "server_error"));
+  }
+  json sequences = json::array();
+  for (const SequenceView& s : snap.sequences) {
+    json pages = json::array();
+    for (size_t i = 0; i < s.pages.size(); ++i) {
+      if (s.pages[i] == SequenceView::kReleasedPage) {
+        pages.push_back(json{{"released", true}});
+      } else {
+        pages.push_back(json{{"page", s.pages[i]},
+                             {"ref_count", s.page_ref_counts[i]},
+                             {"shared", s.page_shared[i] != 0}});
+      }
+    }
+    json copy = nullptr;
+    if (s.copy_page_index >= 0) {
+      copy = json{{"page_index", s.copy_page_index},
+                  {"page", s.pages[s.copy_page_index]},
+                  {"src_page", s.copy_src_page},
+                  {"num_tokens", s.num_copied_tokens}};
+    }
+    sequences.push_back(json{{"request_id", s.request_id},
+                             {"num_tokens", s.num_tokens},
+                             {"num_computed", s.num_computed},
+                             {"num_cached_tokens", s.num_cached_tokens},
+                             {"pages", std::move(pages)},
+                             {"partial_copy", std::move(copy)}});
+  }
+  json free_pages = json::array();
+  for (const CachedPageView& p : snap.free_pages) {
+    free_pages.push_back(
+        json{{"page", p.page}, {"ref_count", 0}, {"num_tokens", p.num_tokens}, {"full", p.full}});
+  }
+  const SchedulerStats& st = snap.stats;
+  return reply(json_response(200, json{{"page_size", snap.page_size},
+                                       {"pages",
+                                        {{"total", st.pages_total},
+                                         {"reserved", st.pages_reserved},
+                                         {"used", st.pages_used},
+                                         {"free", st.pages_free},
+                                         {"cached", st.pages_cached}}},
+                                       {"prefix_cache",
+                                        {{"query_tokens", st.prefix_query_tokens},
+                                         {"hit_tokens", st.prefix_hit_tokens},
+                                         {"partial_hits", st.prefix_partial_hits},
+                                         {"partial_hit_tokens", st.prefix_partial_hit_tokens}}},
+                                       {"sequences", std::move(sequences)},
+                                       {"free_pages", std::move(free_pages)}}));
 }
 
 void HttpServer::Impl::setup_routes() {
-  http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(n); };
-  http.set_payload_max_length(options.max_body_bytes);
-  http.set_read_timeout(30, 0);
-  http.set_write_timeout(30, 0);
-
-  // A client that asks first (curl does for large and chunked bodies) learns of a body past
-  // the limit before sending it.
-  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
-    // Not stoull: this runs outside httplib's exception handling, and the header is the
-    // client's.
-    const std::string length = req.get_header_value("Content-Length");
-    uint64_t n = 0;
-    const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
-    const bool too_large =
-        ec == std::errc::result_out_of_range || (ec == std::errc() && n > options.max_body_bytes);
-    if (!too_large) return 100;
-    res.status = 413;  // httplib answers with res, not the returned status
-    return 413;
+  http.route("GET", "/", RouteWork::kInline, [](HttpRequest&) {
+    HttpResponse r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = kChatPageHtml;
+    return reply(std::move(r));
   });
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    // These run before the body is read, so the connection closes after the refusal.
-    if (const char* problem = framing_problem(req)) {
-      send_error(res, 400, problem);
-      BoundedServer::close_after_response(res);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // httplib would inflate a gzip or deflate body into memory past --max-body-bytes, which
-    // bounds the body as sent; no client of this API compresses requests.
-    const std::string encoding = req.get_header_value("Content-Encoding");
-    if (!encoding.empty() && encoding != "identity") {
-      send_error(res, 415, "compressed request bodies (Content-Encoding) are not supported");
-      BoundedServer::close_after_response(res);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    const bool open = req.path == "/" || req.path == "/health" || req.path == "/metrics";
-    if (open || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, 401, "missing or invalid API key (Authorization: Bearer <key>)",
-               "authentication_error");
-    BoundedServer::close_after_response(res);  // its body, if any, was not read
-    return httplib::Server::HandlerResponse::Handled;
+  // A load balancer stops sending here once the drain starts.
+  http.route("GET", "/health", RouteWork::kInline, [this](HttpRequest&) {
+    return reply(http.draining() ? json_response(503, json{{"status", "draining"}})
+                                 : json_response(200, json{{"status", "ok"}}));
   });
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (auto it = allowed_methods.find(req.path);
-        res.status == 404 && it != allowed_methods.end()) {
-      // The path exists, the method does not (httplib itself only knows "no route").
-      res.set_header("Allow", it->second);
-      send_error(res, 405, cat(req.method, " is not allowed on ", req.path, "; use ", it->second),
-                 "invalid_request_error");
-    } else if (res.status == 404) {
-      send_error(res, 404, "no route for " + req.method + " " + req.path, "not_found_error");
-    } else if (res.status == 413) {
-      send_error(res, 413, refusal_message(413));
-    } else {
-      send_error(res, res.status, "request failed", "invalid_request_error");
-    }
+  http.route("GET", "/metrics", RouteWork::kInline, [this](HttpRequest&) {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = loop.prometheus_text();
+    return reply(std::move(r));
   });
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          send_error(res, 500, e.what(), "server_error");
-        } catch (...) {
-          send_error(res, 500, "unknown error", "server_error");
-        }
-      });
-
-  route("GET", "/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(kChatPageHtml, "text/html; charset=utf-8");
+  // Waits for the engine thread: on a worker.
+  http.route("GET", "/v1/cache", RouteWork::kWorker,
+             [this](HttpRequest& req) { return guarded([&] { return cache_map(req); }); });
+  http.route("GET", "/v1/models", RouteWork::kInline, [this](HttpRequest&) {
+    return reply(
+        json_response(200, json{{"object", "list"},
+                                {"data", json::array({{{"id", info.name},
+                                                       {"object", "model"},
+                                                       {"created", unix_time()},
+                                                       {"owned_by", "pagedlm"},
+                                                       {"max_model_len", info.max_model_len}}})}}));
   });
-  route("GET", "/health", [](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, json{{"status", "ok"}});
+  http.route("POST", "/v1/completions", RouteWork::kGeneration, [this](HttpRequest& req) {
+    return guarded([&] { return completions(req, /*chat=*/false); });
   });
-  route("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(loop.prometheus_text(), "text/plain; version=0.0.4");
+  http.route("POST", "/v1/chat/completions", RouteWork::kGeneration, [this](HttpRequest& req) {
+    return guarded([&] { return completions(req, /*chat=*/true); });
   });
-  // The KV cache map, behind the API key: each running sequence's page table (shared pages,
-  // the partial-page copy of its admission, entries released behind the window) and the free
-  // pages the prefix cache can still serve, next reused first.
-  route("GET", "/v1/cache", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
-      int32_t max_free_pages = 256;
-      if (req.has_param("max_free_pages")) {
-        const std::string value = req.get_param_value("max_free_pages");
-        char* end = nullptr;
-        const long parsed = std::strtol(value.c_str(), &end, 10);
-        if (value.empty() || *end != '\0' || parsed < 0 || parsed > (1 << 20)) {
-          send_error(res, 400, "max_free_pages must be an integer in [0, 1048576]",
-                     "invalid_request_error");
-          return;
-        }
-        max_free_pages = static_cast<int32_t>(parsed);
-      }
-      CacheSnapshot snap;
-      if (!loop.cache_snapshot(max_free_pages, std::chrono::seconds(10), &snap)) {
-        send_error(res, 503, "the engine did not answer in time", "server_error");
-        return;
-      }
-      json sequences = json::array();
-      for (const SequenceView& s : snap.sequences) {
-        json pages = json::array();
-        for (size_t i = 0; i < s.pages.size(); ++i) {
-          if (s.pages[i] == SequenceView::kReleasedPage) {
-            pages.push_back(json{{"released", true}});
-          } else {
-            pages.push_back(json{{"page", s.pages[i]},
-                                 {"ref_count", s.page_ref_counts[i]},
-                                 {"shared", s.page_shared[i] != 0}});
-          }
-        }
-        json copy = nullptr;
-        if (s.copy_page_index >= 0) {
-          copy = json{{"page_index", s.copy_page_index},
-                      {"page", s.pages[s.copy_page_index]},
-                      {"src_page", s.copy_src_page},
-                      {"num_tokens", s.num_copied_tokens}};
-        }
-        sequences.push_back(json{{"request_id", s.request_id},
-                                 {"num_tokens", s.num_tokens},
-                                 {"num_computed", s.num_computed},
-                                 {"num_cached_tokens", s.num_cached_tokens},
-                                 {"pages", std::move(pages)},
-                                 {"partial_copy", std::move(copy)}});
-      }
-      json free_pages = json::array();
-      for (const CachedPageView& p : snap.free_pages) {
-        free_pages.push_back(json{
-            {"page", p.page}, {"ref_count", 0}, {"num_tokens", p.num_tokens}, {"full", p.full}});
-      }
-      const SchedulerStats& st = snap.stats;
-      send_json(res, 200,
-                json{{"page_size", snap.page_size},
-                     {"pages",
-                      {{"total", st.pages_total},
-                       {"reserved", st.pages_reserved},
-                       {"used", st.pages_used},
-                       {"free", st.pages_free},
-                       {"cached", st.pages_cached}}},
-                     {"prefix_cache",
-                      {{"query_tokens", st.prefix_query_tokens},
-                       {"hit_tokens", st.prefix_hit_tokens},
-                       {"partial_hits", st.prefix_partial_hits},
-                       {"partial_hit_tokens", st.prefix_partial_hit_tokens}}},
-                     {"sequences", std::move(sequences)},
-                     {"free_pages", std::move(free_pages)}});
-    });
-  });
-  route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200,
-              json{{"object", "list"},
-                   {"data", json::array({{{"id", info.name},
-                                          {"object", "model"},
-                                          {"created", unix_time()},
-                                          {"owned_by", "pagedlm"},
-                                          {"max_model_len", info.max_model_len}}})}});
-  });
-  route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { completions(req, res, /*chat=*/false); });
-  });
-  route("POST", "/v1/chat/completions",
-        [this](const httplib::Request& req, httplib::Response& res) {
-          guarded(res, [&] { completions(req, res, /*chat=*/true); });
-        });
-  route("POST", "/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
+  http.route("POST", "/tokenize", RouteWork::kWorker, [this](HttpRequest& req) {
+    return guarded([&] {
       const std::vector<int32_t> ids = parse_tokenize_request(parse_json<json>(req.body), info);
-      send_json(
-          res, 200,
-          json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}});
+      return reply(json_response(
+          200,
+          json{{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}}));
     });
   });
-  route("POST", "/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
+  http.route("POST", "/detokenize", RouteWork::kWorker, [this](HttpRequest& req) {
+    return guarded([&] {
       const std::vector<int32_t> ids = parse_detokenize_request(parse_json<json>(req.body), info);
-      send_json(res, 200, json{{"prompt", info.tokenizer->decode(ids)}});
+      return reply(json_response(200, json{{"prompt", info.tokenizer->decode(ids)}}));
     });
   });
 }
@@ -806,23 +744,17 @@ void HttpServer::Impl::setup_routes() {
 HttpServer::HttpServer(const TextModel& model, Engine& engine, ServerOptions options)
     : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() { impl_->loop.stop(); }
 
-int HttpServer::bind() {
-  const ServerOptions& o = impl_->options;
-  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
-                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  PAGEDLM_CHECK(port > 0, "cannot listen on ", o.host, ":", o.port);
-  return port;
-}
+int HttpServer::bind() { return impl_->http.bind(); }
 
-void HttpServer::listen() { impl_->http.listen_after_bind(); }
+void HttpServer::listen() { impl_->http.run(); }
 
-void HttpServer::stop() {
-  // The engine first: it ends every open stream with an error event, so the HTTP workers
-  // return and the listener can join them.
-  impl_->loop.stop();
-  impl_->http.stop();
+bool HttpServer::stop() {
+  // The front end first: running answers get --shutdown-timeout to finish, then end without
+  // the engine (whose current step may be long), and only then does the engine stop.
+  impl_->http.shutdown(impl_->options.shutdown_timeout);
+  return impl_->loop.stop_within(std::chrono::milliseconds(500));
 }
 
 }  // namespace pagedlm::server

@@ -1,7 +1,9 @@
-// The OpenAI-compatible HTTP server: routes, auth, streaming, errors. HTTP worker threads parse,
-// template and tokenize; the EngineLoop's thread runs the model.
+// The OpenAI-compatible HTTP server: routes, auth, streaming, errors, on the event-driven front
+// end of http_transport.h. Its workers parse, template and tokenize; the EngineLoop's thread
+// runs the model.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,9 +21,17 @@ struct ServerOptions {
   // Bearer tokens that may call the API; empty: no auth. Each key also salts the prefix cache,
   // so clients with different keys never share cached pages.
   std::vector<std::string> api_keys;
-  int32_t max_waiting = 256;  // past it, 503 with Retry-After
+  // Requests admitted but not yet running (being parsed, queued, waiting in the engine); past
+  // it, 503 with Retry-After before any parsing.
+  int32_t max_waiting = 64;
   size_t max_body_bytes = size_t{8} << 20;
-  int32_t http_threads = 128;     // each streaming client holds one while it streams
+  int32_t http_threads = 4;  // workers that parse, template and tokenize (streams hold none)
+  int32_t max_connections = 10000;
+  std::chrono::milliseconds header_timeout{10000};  // for a whole request head
+  std::chrono::milliseconds body_timeout{60000};    // for a whole body
+  // On stop(): how long running requests may still finish before they are ended.
+  std::chrono::milliseconds shutdown_timeout{5000};
+  bool metrics_auth = false;      // /metrics (all tenants' counters) needs an API key too
   std::string served_model_name;  // the model id clients send and see
   // "deepseek_r1" or "qwen3" (one parser serves both): a chat reply's <think> block becomes
   // the message's reasoning_content (server/reasoning.h). Empty: replies are returned whole.
@@ -38,8 +48,12 @@ class HttpServer {
   int bind();
   // Serves until stop(); call bind() first.
   void listen();
-  // Ends open requests with an error and stops listening; callable from any thread.
-  void stop();
+  // Graceful shutdown, from another thread: stops accepting, lets running requests finish for
+  // up to shutdown_timeout, then ends streams with finish_reason "abort" and other requests
+  // with 503; listen() then returns. False when the engine is still inside a step half a
+  // second later (a long prefill on the CPU): the Engine is then still in use, and the caller
+  // should end the process rather than destroy it.
+  bool stop();
 
  private:
   struct Impl;
