@@ -19,6 +19,10 @@ constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
 // Nested arrays are legal, but a hostile file could nest deeply enough to exhaust the stack.
 constexpr int kMaxArrayDepth = 16;
+// Each array element becomes a GgufValue of ~50 bytes, so one byte of a u8 array would cost 50
+// of memory: the elements of all arrays together are bounded. Real files hold well under a
+// million (Qwen's 151k tokens and merges; Gemma's 256k tokens).
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 
 enum ValueType : uint32_t {
   kU8 = 0,
@@ -91,6 +95,12 @@ class Reader {
       : path_(path), base_(base), size_(size) {}
 
   uint64_t pos() const { return pos_; }
+  // Counts `n` more array elements against kMaxMetadataValues; false past it.
+  bool take_values(uint64_t n) {
+    if (n > kMaxMetadataValues - values_) return false;
+    values_ += n;
+    return true;
+  }
   uint64_t remaining() const { return size_ - pos_; }
 
   template <typename... Args>
@@ -129,6 +139,7 @@ class Reader {
   const uint8_t* base_;
   uint64_t size_;
   uint64_t pos_ = 0;
+  uint64_t values_ = 0;  // array elements read so far
 };
 
 GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int depth) {
@@ -181,6 +192,9 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int dept
         r.error(what, " has an array of unknown value type ", elem_type);
       }
       const uint64_t count = r.read<uint64_t>(what + " element count");
+      if (!r.take_values(count)) {
+        r.error(what, " takes the metadata past ", kMaxMetadataValues, " array elements in all");
+      }
       if (count > r.remaining() / min_encoded_size(elem_type)) {
         r.error(what, " claims ", count, " array elements but only ", r.remaining(),
                 " bytes remain");
