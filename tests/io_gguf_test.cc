@@ -361,6 +361,14 @@ TEST_F(GgufReader, RejectsDuplicatesAndDeepNesting) {
                     {"'deep'", "nests"});
 }
 
+// A size bound next to the depth bound: array elements in all, before any is read.
+TEST_F(GgufReader, RejectsMoreMetadataValuesThanTheBound) {
+  Bytes many;
+  many.put<uint32_t>(kU8).put<uint64_t>((uint64_t{1} << 24) + 1);
+  expect_open_error(write(build_gguf({{"many", kArray, many.bytes()}}, {}).bytes),
+                    {"'many'", "array elements in all"});
+}
+
 TEST_F(GgufReader, EveryTruncationIsAnError) {
   const Built v = valid_tiny();
   for (size_t cut = 0; cut < v.bytes.size(); ++cut) {
