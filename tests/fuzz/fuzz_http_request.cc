@@ -31,7 +31,8 @@ constexpr size_t kMaxBodyBytes = 1024;
 std::atomic<size_t> largest_body{0};
 
 int start_server() {
-  static pagedlm::server::BoundedServer server(
+  // Never destroyed: its threads serve until the process exits.
+  static auto& server = *new pagedlm::server::BoundedServer(
       kMaxBodyBytes, [](int status) { return "{\"error\": " + std::to_string(status) + "}"; });
   server.set_read_timeout(2, 0);
   server.set_write_timeout(2, 0);
