@@ -30,9 +30,9 @@ class TemplateException : public Error {
 constexpr int64_t kMaxBuiltItems = int64_t{1} << 20;  // list items
 constexpr int64_t kMaxBuiltBytes = int64_t{1} << 24;  // string bytes
 
-int64_t checked(bool overflowed, int64_t result, const std::string& op) {
+// Fails when an integer operation `op` overflowed (checked before its result is used).
+void check_no_overflow(bool overflowed, const std::string& op) {
   PAGEDLM_CHECK(!overflowed, "integer overflow in '", op, "' (integers are 64-bit here)");
-  return result;
 }
 
 // Python's int(x) of a float.
@@ -682,7 +682,8 @@ class Renderer {
         require_defined(v);
         if (v.kind() == Kind::kFloat) return Value::number(-v.as_double());
         PAGEDLM_CHECK(v.is_number(), "bad operand type for unary -: '", v.type_name(), "'");
-        return Value::integer(checked(v.as_int() == INT64_MIN, -v.as_int(), "-"));
+        check_no_overflow(v.as_int() == INT64_MIN, "-");
+        return Value::integer(-v.as_int());
       }
       case Expr::Kind::kBinary:
         return binary(e.name, eval(*e.args[0]), eval(*e.args[1]));
@@ -787,16 +788,19 @@ class Renderer {
       int64_t i = a.as_int(), j = b.as_int();
       int64_t r = 0;
       if (op == "+") {
-        return floats ? Value::number(x + y)
-                      : Value::integer(checked(__builtin_add_overflow(i, j, &r), r, op));
+        if (floats) return Value::number(x + y);
+        check_no_overflow(__builtin_add_overflow(i, j, &r), op);
+        return Value::integer(r);
       }
       if (op == "-") {
-        return floats ? Value::number(x - y)
-                      : Value::integer(checked(__builtin_sub_overflow(i, j, &r), r, op));
+        if (floats) return Value::number(x - y);
+        check_no_overflow(__builtin_sub_overflow(i, j, &r), op);
+        return Value::integer(r);
       }
       if (op == "*") {
-        return floats ? Value::number(x * y)
-                      : Value::integer(checked(__builtin_mul_overflow(i, j, &r), r, op));
+        if (floats) return Value::number(x * y);
+        check_no_overflow(__builtin_mul_overflow(i, j, &r), op);
+        return Value::integer(r);
       }
       if (op == "/") {
         PAGEDLM_CHECK(y != 0.0, "division by zero");
@@ -808,10 +812,18 @@ class Renderer {
           double q = std::floor(x / y);
           return op == "//" ? Value::number(q) : Value::number(x - q * y);
         }
-        checked(i == INT64_MIN && j == -1, 0, op);  // the one quotient that overflows
+        // Python floors; C++ truncates. The remainder is corrected on its own (i - q * j can
+        // overflow), and j == -1 kept apart (INT64_MIN / -1 overflows, INT64_MIN % -1 traps).
+        if (op == "%") {
+          if (j == -1) return Value::integer(0);
+          int64_t m = i % j;
+          if (m != 0 && (m < 0) != (j < 0)) m += j;
+          return Value::integer(m);
+        }
+        check_no_overflow(i == INT64_MIN && j == -1, op);
         int64_t q = i / j;
         if ((i % j != 0) && ((i < 0) != (j < 0))) --q;
-        return op == "//" ? Value::integer(q) : Value::integer(i - q * j);
+        return Value::integer(q);
       }
       if (op == "**") {
         if (!floats && j >= 0) {
@@ -820,7 +832,7 @@ class Renderer {
           if (i == 0 || i == 1) return Value::integer(j == 0 ? 1 : i);
           if (i == -1) return Value::integer(j % 2 == 0 ? 1 : -1);
           int64_t p = 1;
-          for (int64_t k = 0; k < j; ++k) p = checked(__builtin_mul_overflow(p, i, &p), p, op);
+          for (int64_t k = 0; k < j; ++k) check_no_overflow(__builtin_mul_overflow(p, i, &p), op);
           return Value::integer(p);
         }
         return Value::number(std::pow(x, y));
@@ -1076,9 +1088,9 @@ class Renderer {
       return items_of(v);
     }
     if (name == "abs") {
-      return v.kind() == Kind::kFloat
-                 ? Value::number(std::fabs(v.as_double()))
-                 : Value::integer(checked(v.as_int() == INT64_MIN, std::llabs(v.as_int()), "abs"));
+      if (v.kind() == Kind::kFloat) return Value::number(std::fabs(v.as_double()));
+      check_no_overflow(v.as_int() == INT64_MIN, "abs");
+      return Value::integer(std::llabs(v.as_int()));
     }
     if (name == "reverse") {
       if (v.is_string()) return slice(v, Value(), Value(), Value::integer(-1));
