@@ -15,8 +15,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -62,20 +64,28 @@ int server_port() {
 }
 
 int connect_to(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) pagedlm::fuzz::violated("socket() failed");
-  // A server that neither answers nor closes within this is stuck.
-  const timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    pagedlm::fuzz::violated("cannot connect to the server (did it die?)");
+  // Thousands of connections a second can run the machine out of local ports for a moment
+  // (other programs' TIME_WAIT sockets): that is retried, a refusal (the server died) is not.
+  for (int attempt = 0;; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) pagedlm::fuzz::violated("socket() failed");
+    // A server that neither answers nor closes within this is stuck.
+    const timeval timeout{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    const int err = errno;
+    close(fd);
+    if ((err != EADDRNOTAVAIL && err != EAGAIN) || attempt == 100) {
+      const std::string why = std::string("cannot connect to the server: ") + std::strerror(err);
+      pagedlm::fuzz::violated(why.c_str());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return fd;
 }
 
 }  // namespace

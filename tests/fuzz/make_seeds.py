@@ -3,6 +3,9 @@
 (tests/fuzz/seeds/<target>/). Text formats also start from the repo's own test data
 (scripts/fuzz.sh passes testdata/ folders as extra seed folders). Standard library only.
 
+Files named regression_* are inputs that once broke a property, kept so that every run replays
+them first; this script leaves them alone.
+
 Run from anywhere: python3 tests/fuzz/make_seeds.py
 """
 import json

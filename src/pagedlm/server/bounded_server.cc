@@ -120,10 +120,12 @@ class BoundedStream final : public httplib::Stream {
     for (; in_head_ && i < bytes.size(); ++i) {
       const char c = bytes[i];
       if (++head_bytes_ > kMaxHeadBytes) return refuse(431);
-      // The head ends at its first blank line, "\r\n\r\n".
-      const char want = "\r\n\r\n"[blank_line_match_];
-      blank_line_match_ = c == want ? blank_line_match_ + 1 : (c == '\r' ? 1 : 0);
-      if (blank_line_match_ == 4) in_head_ = false;
+      // The head ends at its first blank line: "\r\n" after any line's '\n', as httplib reads
+      // it. Waiting for "\r\n\r\n" instead missed the end after a line httplib skips for its
+      // bare '\n', and counted the body as head, past max_body_bytes (found by fuzzing).
+      const char want = "\n\r\n"[blank_line_match_];
+      blank_line_match_ = c == want ? blank_line_match_ + 1 : (c == '\n' ? 1 : 0);
+      if (blank_line_match_ == 3) in_head_ = false;
       // httplib skips a header line without a colon; a proxy in front may not, so the two
       // would disagree on the request.
       if (c == '\n') {
@@ -202,7 +204,7 @@ class BoundedStream final : public httplib::Stream {
   size_t begin_ = 0, end_ = 0;  // unread bytes of buffer_
   bool in_head_ = true;
   size_t head_bytes_ = 0, body_bytes_ = 0;
-  int blank_line_match_ = 0;  // how much of "\r\n\r\n" the head ends with
+  int blank_line_match_ = 0;  // how much of "\n\r\n" the head ends with
   bool first_line_ = true;    // the request line, which needs no colon
   size_t line_bytes_ = 0;     // of the head's current line, without \r
   bool line_has_colon_ = false;
