@@ -369,6 +369,21 @@ TEST_F(GgufReader, RejectsMoreMetadataValuesThanTheBound) {
                     {"'many'", "array elements in all"});
 }
 
+// ne0 = 0 passes the block-size check: such a tensor is empty, not a division by zero (found by
+// fuzzing).
+TEST_F(GgufReader, EmptyQuantizedTensorsHaveNoRows) {
+  const GgufFile f = GgufFile::open(write(
+      build_gguf({}, {{"e2", {0, 4}, GgmlType::kQ8_0, ""}, {"e3", {0, 2, 3}, GgmlType::kQ4_1, ""}})
+          .bytes));
+  for (const char* name : {"e2", "e3"}) {
+    const std::optional<QuantizedMatrix> q = gguf_tensor_blocks(*f.find_tensor(name), 0, "t");
+    ASSERT_TRUE(q.has_value()) << name;
+    EXPECT_EQ(q->rows, 0) << name;
+    EXPECT_TRUE(q->blocks.empty()) << name;
+    EXPECT_EQ(gguf_tensor_f32(*f.find_tensor(name), 0, "t").numel(), 0) << name;
+  }
+}
+
 TEST_F(GgufReader, EveryTruncationIsAnError) {
   const Built v = valid_tiny();
   for (size_t cut = 0; cut < v.bytes.size(); ++cut) {
