@@ -112,8 +112,12 @@ def gguf_seeds():
                ("blk.0.ffn_up.weight", [256, 1], GGML_Q6_K),
                ("output_norm.weight", [8], GGML_F32),
                ("blk.0.attn_norm.weight", [8], GGML_F16),
-               ("blk.0.ffn_norm.weight", [8], GGML_BF16)]
+               ("blk.0.ffn_norm.weight", [8], GGML_BF16),
+               ("blk.0.ffn_up_exps.weight", [32, 2, 3], GGML_Q8_0)]  # experts: 3-D
     write("fuzz_gguf", "tokenizer_and_tensors.gguf", gguf(tokenizer, tensors))
+    # ne0 = 0 is legal: gguf_tensor_blocks once divided by it.
+    write("fuzz_gguf", "regression_empty_quantized_tensor.gguf",
+          gguf([], [("e", [0, 4, 2], GGML_Q8_0), ("f", [0, 3], GGML_Q4_1)]))
     every_type = [("u8", U8, 1), ("i8", I8, -1), ("u16", U16, 2), ("i16", I16, -2),
                   ("u32", U32, 3), ("i32", I32, -3), ("f32", F32, 0.5), ("bool", BOOL, False),
                   ("str", STRING, "x"), ("u64", U64, 2**63), ("i64", I64, -4),
