@@ -35,12 +35,14 @@ void check_no_overflow(bool overflowed, const std::string& op) {
   PAGEDLM_CHECK(!overflowed, "integer overflow in '", op, "' (integers are 64-bit here)");
 }
 
+// Whether int(d) fits int64 (false for inf and NaN): 2^63 is exact as a double, and every
+// double below it converts without overflow.
+bool fits_int64(double d) { return d >= -9223372036854775808.0 && d < 9223372036854775808.0; }
+
 // Python's int(x) of a float.
 int64_t float_to_int(double d) {
   PAGEDLM_CHECK(std::isfinite(d), "cannot convert float ", d, " to integer");
-  // 2^63 is exact as a double; every double below it converts without overflow.
-  PAGEDLM_CHECK(d >= -9223372036854775808.0 && d < 9223372036854775808.0, "float ", d,
-                " does not fit a 64-bit integer");
+  PAGEDLM_CHECK(fits_int64(d), "float ", d, " does not fit a 64-bit integer");
   return static_cast<int64_t>(d);
 }
 
@@ -316,10 +318,8 @@ Value to_int_value(const Value& v, const Value& dflt) {
     try {
       size_t used = 0;
       double d = std::stod(s, &used);
-      if (used == s.size() && std::isfinite(d) && d >= -9223372036854775808.0 &&
-          d < 9223372036854775808.0) {
-        return Value::integer(static_cast<int64_t>(d));
-      }
+      // Jinja's int filter falls back to the default where Python's int() raises.
+      if (used == s.size() && fits_int64(d)) return Value::integer(static_cast<int64_t>(d));
     } catch (const std::exception&) {
     }
   }
