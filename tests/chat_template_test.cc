@@ -212,6 +212,19 @@ TEST(Jinja, IntegerOverflowAndHugeValuesAreErrors) {
   EXPECT_NE(error_of("{{ [1, 2] * 100000000000 }}").find("would exceed"), std::string::npos);
   EXPECT_NE(error_of("{{ 'a' | indent(100000000000) }}").find("would exceed"), std::string::npos);
   EXPECT_NE(error_of("{{ [1] | tojson(indent=100000) }}").find("too large"), std::string::npos);
+  // Values grown step by step, each step within the bounds: a string or list doubled in a loop,
+  // a list printed whole, output written in a loop.
+  for (const char* source :
+       {"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+        "{% endfor %}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+        "{% endfor %}",
+        "{% set s = 'x' * 10000000 %}{{ [s, s, s] }}",
+        "{% set s = 'x' * 10000000 %}{{ [s, s] | tojson }}",
+        "{% set s = 'x' * 10000000 %}{% for i in range(3) %}{{ s }}{% endfor %}"}) {
+    const std::string error = error_of(source);
+    EXPECT_TRUE(error.find("would pass") != std::string::npos) << source << ": " << error;
+  }
   // The values Python's Jinja2 (3.1) renders for the same templates.
   EXPECT_EQ(
       render("{{ 2 ** 62 }} {{ 0 ** 1000000000000 }} {{ (-1) ** 1000000000001 }} "

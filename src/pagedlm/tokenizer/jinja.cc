@@ -24,11 +24,8 @@ class TemplateException : public Error {
 // ---------------------------------------------------------------------------------------------
 // Integers and sizes. Python's integers are unbounded; ours are int64, so a result outside
 // them is an error rather than undefined behaviour. What one operation builds (range(), a
-// repeated string or list, padding) is bounded far beyond any chat template, so that a hostile
-// template fails instead of exhausting memory or time.
-
-constexpr int64_t kMaxBuiltItems = int64_t{1} << 20;  // list items
-constexpr int64_t kMaxBuiltBytes = int64_t{1} << 24;  // string bytes
+// repeated string or list, padding) is checked against kMaxValueItems / kMaxValueBytes before
+// it is built, as every string, list and the output are once built (jinja_value.h).
 
 // Fails when an integer operation `op` overflowed (checked before its result is used).
 void check_no_overflow(bool overflowed, const std::string& op) {
@@ -428,8 +425,8 @@ class Renderer {
         PAGEDLM_CHECK(step != 0, "range() arg 3 must not be zero");
         std::vector<Value> out;
         for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
-          PAGEDLM_CHECK(static_cast<int64_t>(out.size()) < kMaxBuiltItems, "range() of more than ",
-                        kMaxBuiltItems, " items");
+          PAGEDLM_CHECK(static_cast<int64_t>(out.size()) < kMaxValueItems, "range() of more than ",
+                        kMaxValueItems, " items");
           out.push_back(Value::integer(i));
           if (__builtin_add_overflow(i, step, &i)) break;
         }
@@ -480,9 +477,11 @@ class Renderer {
     switch (s.kind) {
       case Stmt::Kind::kText:
         out += s.text;
+        check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
         out += eval(*s.expr).str();
+        check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (size_t i = 0; i < s.conditions.size(); ++i) {
@@ -848,9 +847,9 @@ class Renderer {
     }
     if (op == "*" && (a.is_string() || a.is_list()) && b.kind() == Kind::kInt) {
       if (a.is_string()) {
-        built_size(static_cast<int64_t>(a.as_string().size()), b.as_int(), kMaxBuiltBytes);
+        built_size(static_cast<int64_t>(a.as_string().size()), b.as_int(), kMaxValueBytes);
       } else {
-        built_size(static_cast<int64_t>(a.as_list().size()), b.as_int(), kMaxBuiltItems);
+        built_size(static_cast<int64_t>(a.as_list().size()), b.as_int(), kMaxValueItems);
       }
       std::vector<Value> items;
       std::string s;
@@ -1133,7 +1132,7 @@ class Renderer {
       // Python's " " * width: nothing for a negative width.
       std::string pad = width.is_string()
                             ? width.as_string()
-                            : std::string(built_size(1, width.as_int(), kMaxBuiltBytes), ' ');
+                            : std::string(built_size(1, width.as_int(), kMaxValueBytes), ' ');
       bool first = args.get(1, "first", Value::boolean(false)).truthy();
       bool blank = args.get(2, "blank", Value::boolean(false)).truthy();
       std::vector<Value> lines = python_split(v.str(), Value::string("\n"), -1);
