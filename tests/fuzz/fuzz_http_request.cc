@@ -69,7 +69,8 @@ int connect_to(int port) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // Thousands of connections a second can run the machine out of local ports for a moment
-  // (other programs' TIME_WAIT sockets): that is retried, a refusal (the server died) is not.
+  // (other programs' TIME_WAIT sockets), and libFuzzer's timer signal interrupts a connect:
+  // those are retried, a refusal (the server died) is not.
   for (int attempt = 0;; ++attempt) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) pagedlm::fuzz::violated("socket() failed");
@@ -80,7 +81,7 @@ int connect_to(int port) {
     if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
     const int err = errno;
     close(fd);
-    if ((err != EADDRNOTAVAIL && err != EAGAIN) || attempt == 100) {
+    if ((err != EADDRNOTAVAIL && err != EAGAIN && err != EINTR) || attempt == 100) {
       const std::string why = std::string("cannot connect to the server: ") + std::strerror(err);
       pagedlm::fuzz::violated(why.c_str());
     }
@@ -95,6 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The server may refuse and close before it has read everything: a failed send is fine.
   for (size_t sent = 0; sent < size;) {
     const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     sent += static_cast<size_t>(n);
   }
