@@ -384,6 +384,18 @@ TEST_F(GgufReader, EmptyQuantizedTensorsHaveNoRows) {
   }
 }
 
+// With a 0 dim the element count is 0 whatever follows, but the HF shape multiplies the dims
+// in the other order: the other dims' product must fit too (found by fuzzing: UBSan reported the
+// overflow in Tensor::numel).
+TEST_F(GgufReader, DimsAfterAZeroDimMustNotOverflow) {
+  expect_open_error(
+      write(build_gguf({}, {{"z", {0, uint64_t{1} << 59, 219}, GgmlType::kF32, ""}}).bytes),
+      {"'z'", "overflows"});
+  const GgufFile f = GgufFile::open(
+      write(build_gguf({}, {{"z", {0, uint64_t{1} << 20, 7}, GgmlType::kF32, ""}}).bytes));
+  EXPECT_EQ(gguf_tensor_f32(*f.find_tensor("z"), 0, "t").numel(), 0);
+}
+
 TEST_F(GgufReader, EveryTruncationIsAnError) {
   const Built v = valid_tiny();
   for (size_t cut = 0; cut < v.bytes.size(); ++cut) {

@@ -331,17 +331,23 @@ GgufFile GgufFile::open(const std::string& path) {
     const std::string what = cat("tensor '", t.name, "'");
     const uint32_t n_dims = r.read<uint32_t>(what + " n_dims");
     if (n_dims > kMaxDims) r.error(what, " has ", n_dims, " dims (at most ", kMaxDims, ")");
-    int64_t numel = 1;
+    // The product of the nonzero dims must fit, not just the element count: with a 0 dim the
+    // count is 0 whatever follows, but a product taken in another order (the HF shape is the
+    // reverse) would overflow before it reached the 0 (found by fuzzing).
+    int64_t nonzero = 1;
+    bool empty = false;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = r.read<uint64_t>(what + " dims");
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (dim != 0 && static_cast<uint64_t>(numel) >
+          (dim != 0 && static_cast<uint64_t>(nonzero) >
                            static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dim)) {
         r.error(what, " has dims whose element count overflows");
       }
       t.dims.push_back(static_cast<int64_t>(dim));
-      numel *= static_cast<int64_t>(dim);
+      if (dim == 0) empty = true;
+      if (dim != 0) nonzero *= static_cast<int64_t>(dim);
     }
+    const int64_t numel = empty ? 0 : nonzero;
     const uint32_t type = r.read<uint32_t>(what + " type");
     if (!known_ggml_type(type)) r.error(what, " has unknown or unsupported ggml type ", type);
     t.type = static_cast<GgmlType>(type);
