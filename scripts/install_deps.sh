@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages pagedlm builds against, only those that are missing.
-# --tests adds what the test suite drives (headless Chromium for the chat-page test).
+# --tests adds what the test suite drives (headless Chromium for the chat-page test; clang with
+# its sanitizer and libFuzzer runtimes and OpenMP for scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(cmake g++ pkg-config libopenblas-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
           libcli11-dev libboost-dev libgtest-dev libbenchmark-dev python3 python3-pip)
-[[ "${1:-}" == "--tests" ]] && packages+=(chromium)
+[[ "${1:-}" == "--tests" ]] && packages+=(chromium clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

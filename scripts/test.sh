@@ -9,3 +9,5 @@ scripts/fetch_model.sh >/dev/null
 PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
 scripts/check_tidy.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+# The parsers of outside input under libFuzzer (ASan, UBSan), a short run of each target.
+scripts/fuzz.sh

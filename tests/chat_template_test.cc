@@ -186,6 +186,57 @@ TEST(Jinja, DeepTemplatesAreRefused) {
   EXPECT_EQ(render("{{ 1" + repeat(" + 1", 100) + " }}"), "101");
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_jinja.cc): integers past 64 bits and values too large to
+// build used to throw std::out_of_range, run into undefined behaviour (signed overflow, a float
+// cast past int64, INT64_MIN / -1) or exhaust memory and time. Each is an error now, and values
+// within the bounds still match Python's.
+TEST(Jinja, IntegerOverflowAndHugeValuesAreErrors) {
+  for (const char* source :
+       {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+        "{{ 4294967296 * 4294967296 }}", "{{ 2 ** 63 }}", "{{ 3 ** 1000000000000 }}",
+        "{{ (-9223372036854775807 - 1) // -1 }}", "{{ -(-9223372036854775807 - 1) }}",
+        "{{ (-9223372036854775807 - 1) | abs }}"}) {
+    EXPECT_NE(error_of(source).find("integer overflow in"), std::string::npos) << source;
+  }
+  EXPECT_NE(error_of("{{ 99999999999999999999 }}")
+                .find("integer literal 99999999999999999999 is "
+                      "too large"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 1e300 | int }}").find("does not fit a 64-bit integer"), std::string::npos);
+  EXPECT_NE(error_of("{{ (1e999 - 1e999) | int }}").find("cannot convert float"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 4 is divisibleby 0 }}").find("modulo by zero"), std::string::npos);
+  EXPECT_NE(error_of("{{ range(10000000000) | length }}").find("range() of more than"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'ab' * 100000000000 }}").find("would exceed"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1, 2] * 100000000000 }}").find("would exceed"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'a' | indent(100000000000) }}").find("would exceed"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | tojson(indent=100000) }}").find("too large"), std::string::npos);
+  // Values grown step by step, each step within the bounds: a string or list doubled in a loop,
+  // a list printed whole, output written in a loop.
+  for (const char* source :
+       {"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+        "{% endfor %}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+        "{% endfor %}",
+        "{% set s = 'x' * 10000000 %}{{ [s, s, s] }}",
+        "{% set s = 'x' * 10000000 %}{{ [s, s] | tojson }}",
+        "{% set s = 'x' * 10000000 %}{% for i in range(3) %}{{ s }}{% endfor %}"}) {
+    const std::string error = error_of(source);
+    EXPECT_TRUE(error.find("would pass") != std::string::npos) << source << ": " << error;
+  }
+  // The values Python's Jinja2 (3.1) renders for the same templates.
+  EXPECT_EQ(
+      render("{{ 2 ** 62 }} {{ 0 ** 1000000000000 }} {{ (-1) ** 1000000000001 }} "
+             "{{ (-9223372036854775807 - 1) // -2 }} {{ 1e999 }} {{ 1e-999 }} "
+             "{{ '1e3' | int }} {{ 4 is divisibleby(-1) }} {{ [1, 2, 3][::9223372036854775807] }}"),
+      "4611686018427387904 0 -1 4611686018427387904 inf 0.0 1000 True [1]");
+  // Floored remainders next to the int64 edges (Python's values).
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }} {{ (-9223372036854775807) % 3 }} "
+                   "{{ 9223372036854775807 % -3 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ -7 // 2 }}"),
+            "0 2 -2 2 -2 -4");
+}
+
 TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
   EXPECT_EQ(error_of("\n{{ raise_exception('Roles must alternate ' ~ n) }}", {{"n", 2}}),
             "Roles must alternate 2");
@@ -277,6 +328,18 @@ TEST_F(LoadChatTemplate, MissingTemplateNamesTheFolder) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(dir_.string()), std::string::npos) << e.what();
+  }
+}
+
+// nlohmann reads a number too large for a double as out_of_range, not parse_error: it used to
+// escape as a non-pagedlm exception.
+TEST_F(LoadChatTemplate, NumberTooLargeIsAnError) {
+  write("tokenizer_config.json", R"({"chat_template": "x", "model_max_length": 1e999})");
+  try {
+    load_chat_template(dir_.string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot parse"), std::string::npos) << e.what();
   }
 }
 

@@ -361,6 +361,41 @@ TEST_F(GgufReader, RejectsDuplicatesAndDeepNesting) {
                     {"'deep'", "nests"});
 }
 
+// A size bound next to the depth bound: array elements in all, before any is read.
+TEST_F(GgufReader, RejectsMoreMetadataValuesThanTheBound) {
+  Bytes many;
+  many.put<uint32_t>(kU8).put<uint64_t>((uint64_t{1} << 24) + 1);
+  expect_open_error(write(build_gguf({{"many", kArray, many.bytes()}}, {}).bytes),
+                    {"'many'", "array elements in all"});
+}
+
+// ne0 = 0 passes the block-size check: such a tensor is empty, not a division by zero (found by
+// fuzzing).
+TEST_F(GgufReader, EmptyQuantizedTensorsHaveNoRows) {
+  const GgufFile f = GgufFile::open(write(
+      build_gguf({}, {{"e2", {0, 4}, GgmlType::kQ8_0, ""}, {"e3", {0, 2, 3}, GgmlType::kQ4_1, ""}})
+          .bytes));
+  for (const char* name : {"e2", "e3"}) {
+    const std::optional<QuantizedMatrix> q = gguf_tensor_blocks(*f.find_tensor(name), 0, "t");
+    ASSERT_TRUE(q.has_value()) << name;
+    EXPECT_EQ(q->rows, 0) << name;
+    EXPECT_TRUE(q->blocks.empty()) << name;
+    EXPECT_EQ(gguf_tensor_f32(*f.find_tensor(name), 0, "t").numel(), 0) << name;
+  }
+}
+
+// With a 0 dim the element count is 0 whatever follows, but the HF shape multiplies the dims
+// in the other order: the other dims' product must fit too (found by fuzzing: UBSan reported the
+// overflow in Tensor::numel).
+TEST_F(GgufReader, DimsAfterAZeroDimMustNotOverflow) {
+  expect_open_error(
+      write(build_gguf({}, {{"z", {0, uint64_t{1} << 59, 219}, GgmlType::kF32, ""}}).bytes),
+      {"'z'", "overflows"});
+  const GgufFile f = GgufFile::open(
+      write(build_gguf({}, {{"z", {0, uint64_t{1} << 20, 7}, GgmlType::kF32, ""}}).bytes));
+  EXPECT_EQ(gguf_tensor_f32(*f.find_tensor("z"), 0, "t").numel(), 0);
+}
+
 TEST_F(GgufReader, EveryTruncationIsAnError) {
   const Built v = valid_tiny();
   for (size_t cut = 0; cut < v.bytes.size(); ++cut) {

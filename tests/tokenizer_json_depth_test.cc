@@ -1,5 +1,6 @@
 // JSON from outside is parsed with a depth bound (core/json.h), and the loaders that read it
-// refuse nesting past the bound with an Error naming the file.
+// refuse nesting past the bound with an Error naming the file. Size bounds of tokenizer files
+// live here too.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -36,6 +37,27 @@ TEST(Json, DeepTokenizerJsonIsRefused) {
     EXPECT_NE(std::string(e.what()).find("deep/tokenizer.json"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nests deeper"), std::string::npos) << e.what();
   }
+}
+
+// One huge token id (in the vocab or among the added tokens) used to size the id tables by
+// itself: 2e9 ids asked for 64 GB (ASan reports it under fuzz_tokenizer_json), INT32_MAX
+// overflowed the size.
+TEST(Json, HugeTokenIdsAreRefused) {
+  for (const char* text :
+       {R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []}})",
+        R"({"added_tokens": [{"id": 2147483647, "content": "<x>"}],
+            "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})"}) {
+    try {
+      Tokenizer::from_tokenizer_json_text(text, "huge/tokenizer.json");
+      FAIL() << "no error for " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a valid token id"), std::string::npos) << e.what();
+    }
+  }
+  TokenizerSpec spec;  // another loader's spec is checked the same way
+  spec.tokens = {"a"};
+  spec.added_tokens.push_back({.id = kMaxVocabSize, .content = "<x>"});
+  EXPECT_THROW(Tokenizer{spec}, Error);
 }
 
 }  // namespace

@@ -17,7 +17,8 @@ namespace pagedlm {
 inline constexpr int kMaxJsonDepth = 128;
 
 // Parses `text`. Throws pagedlm::Error when arrays and objects nest more than `max_depth`
-// levels, and nlohmann's parse_error when the text is not JSON.
+// levels, and a nlohmann exception when the text is not JSON: parse_error, or out_of_range for
+// a number too large for a double (1e999).
 template <typename Json = nlohmann::json>
 Json parse_json(std::string_view text, int max_depth = kMaxJsonDepth) {
   // The callback sees each container open at its depth (0 for the root) before anything

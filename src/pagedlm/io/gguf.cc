@@ -19,6 +19,10 @@ constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
 // Nested arrays are legal, but a hostile file could nest deeply enough to exhaust the stack.
 constexpr int kMaxArrayDepth = 16;
+// Each array element becomes a GgufValue of ~50 bytes, so one byte of a u8 array would cost 50
+// of memory: the elements of all arrays together are bounded. Real files hold well under a
+// million (Qwen's 151k tokens and merges; Gemma's 256k tokens).
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 
 enum ValueType : uint32_t {
   kU8 = 0,
@@ -91,6 +95,12 @@ class Reader {
       : path_(path), base_(base), size_(size) {}
 
   uint64_t pos() const { return pos_; }
+  // Counts `n` more array elements against kMaxMetadataValues; false past it.
+  bool take_values(uint64_t n) {
+    if (n > kMaxMetadataValues - values_) return false;
+    values_ += n;
+    return true;
+  }
   uint64_t remaining() const { return size_ - pos_; }
 
   template <typename... Args>
@@ -129,6 +139,7 @@ class Reader {
   const uint8_t* base_;
   uint64_t size_;
   uint64_t pos_ = 0;
+  uint64_t values_ = 0;  // array elements read so far
 };
 
 GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int depth) {
@@ -181,6 +192,9 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int dept
         r.error(what, " has an array of unknown value type ", elem_type);
       }
       const uint64_t count = r.read<uint64_t>(what + " element count");
+      if (!r.take_values(count)) {
+        r.error(what, " takes the metadata past ", kMaxMetadataValues, " array elements in all");
+      }
       if (count > r.remaining() / min_encoded_size(elem_type)) {
         r.error(what, " claims ", count, " array elements but only ", r.remaining(),
                 " bytes remain");
@@ -317,17 +331,23 @@ GgufFile GgufFile::open(const std::string& path) {
     const std::string what = cat("tensor '", t.name, "'");
     const uint32_t n_dims = r.read<uint32_t>(what + " n_dims");
     if (n_dims > kMaxDims) r.error(what, " has ", n_dims, " dims (at most ", kMaxDims, ")");
-    int64_t numel = 1;
+    // The product of the nonzero dims must fit, not just the element count: with a 0 dim the
+    // count is 0 whatever follows, but a product taken in another order (the HF shape is the
+    // reverse) would overflow before it reached the 0 (found by fuzzing).
+    int64_t nonzero = 1;
+    bool empty = false;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = r.read<uint64_t>(what + " dims");
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (dim != 0 && static_cast<uint64_t>(numel) >
+          (dim != 0 && static_cast<uint64_t>(nonzero) >
                            static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dim)) {
         r.error(what, " has dims whose element count overflows");
       }
       t.dims.push_back(static_cast<int64_t>(dim));
-      numel *= static_cast<int64_t>(dim);
+      if (dim == 0) empty = true;
+      if (dim != 0) nonzero *= static_cast<int64_t>(dim);
     }
+    const int64_t numel = empty ? 0 : nonzero;
     const uint32_t type = r.read<uint32_t>(what + " type");
     if (!known_ggml_type(type)) r.error(what, " has unknown or unsupported ggml type ", type);
     t.type = static_cast<GgmlType>(type);

@@ -72,7 +72,7 @@ std::optional<QuantizedMatrix> gguf_tensor_blocks(const GgufTensorInfo& t, int64
   QuantizedMatrix q;
   q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;
   q.cols = t.dims[0];
-  q.rows = t.numel() / t.dims[0];
+  q.rows = q.cols == 0 ? 0 : t.numel() / q.cols;  // ne0 = 0 is a legal, empty tensor
   const size_t row_bytes = t.row_bytes();
   q.blocks.resize(row_bytes * q.rows);
   const int64_t head_rows = head_rows_of(t, n_heads, path);

@@ -114,7 +114,7 @@ ChatTemplate load_chat_template(const std::string& model_dir) {
   if (fs::exists(config_path)) {
     try {
       config = parse_json<ojson>(read_file(config_path.string()));
-    } catch (const ojson::parse_error& e) {
+    } catch (const ojson::exception& e) {  // parse_error, or out_of_range for 1e999
       fail("cannot parse ", config_path.string(), ": ", e.what());
     } catch (const Error& e) {
       fail("cannot parse ", config_path.string(), ": ", e.what());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <unordered_map>
 
@@ -18,6 +20,36 @@ class TemplateException : public Error {
  public:
   using Error::Error;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Integers and sizes. Python's integers are unbounded; ours are int64, so a result outside
+// them is an error rather than undefined behaviour. What one operation builds (range(), a
+// repeated string or list, padding) is checked against kMaxValueItems / kMaxValueBytes before
+// it is built, as every string, list and the output are once built (jinja_value.h).
+
+// Fails when an integer operation `op` overflowed (checked before its result is used).
+void check_no_overflow(bool overflowed, const std::string& op) {
+  PAGEDLM_CHECK(!overflowed, "integer overflow in '", op, "' (integers are 64-bit here)");
+}
+
+// Whether int(d) fits int64 (false for inf and NaN): 2^63 is exact as a double, and every
+// double below it converts without overflow.
+bool fits_int64(double d) { return d >= -9223372036854775808.0 && d < 9223372036854775808.0; }
+
+// Python's int(x) of a float.
+int64_t float_to_int(double d) {
+  PAGEDLM_CHECK(std::isfinite(d), "cannot convert float ", d, " to integer");
+  PAGEDLM_CHECK(fits_int64(d), "float ", d, " does not fit a 64-bit integer");
+  return static_cast<int64_t>(d);
+}
+
+// How many of `unit` (items or bytes) `count` repetitions make; fails past `limit`.
+int64_t built_size(int64_t unit, int64_t count, int64_t limit) {
+  if (count <= 0 || unit == 0) return 0;
+  PAGEDLM_CHECK(unit <= limit / count, "a template value would exceed ", limit,
+                unit == 1 ? " bytes" : " items");
+  return unit * count;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Python string helpers (code point based).
@@ -146,8 +178,10 @@ std::vector<size_t> slice_indices(int64_t size, const Value& start_v, const Valu
   int64_t start = clamp(start_v, step > 0 ? 0 : size - 1);
   int64_t stop = clamp(stop_v, step > 0 ? size : -1);
   std::vector<size_t> out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+  // A step past the end would overflow i; it ends the loop instead.
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     out.push_back(static_cast<size_t>(i));
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   return out;
 }
@@ -269,15 +303,20 @@ bool contains(const Value& container, const Value& item) {
 
 Value to_int_value(const Value& v, const Value& dflt) {
   if (v.kind() == Kind::kInt || v.kind() == Kind::kBool) return Value::integer(v.as_int());
-  if (v.kind() == Kind::kFloat) return Value::integer(static_cast<int64_t>(v.as_double()));
+  if (v.kind() == Kind::kFloat) return Value::integer(float_to_int(v.as_double()));
   if (v.is_string()) {
     std::string s = strip_chars(v.as_string(), Value(), true, true);
     try {
       size_t used = 0;
       int64_t i = std::stoll(s, &used);
       if (used == s.size()) return Value::integer(i);
+    } catch (const std::exception&) {
+    }
+    try {
+      size_t used = 0;
       double d = std::stod(s, &used);
-      if (used == s.size()) return Value::integer(static_cast<int64_t>(d));
+      // Jinja's int filter falls back to the default where Python's int() raises.
+      if (used == s.size() && fits_int64(d)) return Value::integer(static_cast<int64_t>(d));
     } catch (const std::exception&) {
     }
   }
@@ -312,7 +351,11 @@ bool apply_test(const std::string& name, const Value& v, const std::vector<Value
   if (name == "callable") return v.kind() == Kind::kFunction;
   if (name == "odd") return v.as_int() % 2 != 0;
   if (name == "even") return v.as_int() % 2 == 0;
-  if (name == "divisibleby") return v.as_int() % arg(0).as_int() == 0;
+  if (name == "divisibleby") {
+    const int64_t d = arg(0).as_int();
+    PAGEDLM_CHECK(d != 0, "integer division or modulo by zero");
+    return d == -1 || v.as_int() % d == 0;  // INT64_MIN % -1 traps
+  }
   if (name == "lower" || name == "upper") {
     std::string s = v.str();
     bool cased = false;
@@ -381,8 +424,11 @@ class Renderer {
         int64_t step = n.size() == 3 ? n[2] : 1;
         PAGEDLM_CHECK(step != 0, "range() arg 3 must not be zero");
         std::vector<Value> out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+        for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+          PAGEDLM_CHECK(static_cast<int64_t>(out.size()) < kMaxValueItems, "range() of more than ",
+                        kMaxValueItems, " items");
           out.push_back(Value::integer(i));
+          if (__builtin_add_overflow(i, step, &i)) break;
         }
         return Value::list(std::move(out));
       });
@@ -431,9 +477,11 @@ class Renderer {
     switch (s.kind) {
       case Stmt::Kind::kText:
         out += s.text;
+        check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
         out += eval(*s.expr).str();
+        check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (size_t i = 0; i < s.conditions.size(); ++i) {
@@ -633,6 +681,7 @@ class Renderer {
         require_defined(v);
         if (v.kind() == Kind::kFloat) return Value::number(-v.as_double());
         PAGEDLM_CHECK(v.is_number(), "bad operand type for unary -: '", v.type_name(), "'");
+        check_no_overflow(v.as_int() == INT64_MIN, "-");
         return Value::integer(-v.as_int());
       }
       case Expr::Kind::kBinary:
@@ -736,9 +785,22 @@ class Renderer {
       bool floats = a.kind() == Kind::kFloat || b.kind() == Kind::kFloat;
       double x = a.as_double(), y = b.as_double();
       int64_t i = a.as_int(), j = b.as_int();
-      if (op == "+") return floats ? Value::number(x + y) : Value::integer(i + j);
-      if (op == "-") return floats ? Value::number(x - y) : Value::integer(i - j);
-      if (op == "*") return floats ? Value::number(x * y) : Value::integer(i * j);
+      int64_t r = 0;
+      if (op == "+") {
+        if (floats) return Value::number(x + y);
+        check_no_overflow(__builtin_add_overflow(i, j, &r), op);
+        return Value::integer(r);
+      }
+      if (op == "-") {
+        if (floats) return Value::number(x - y);
+        check_no_overflow(__builtin_sub_overflow(i, j, &r), op);
+        return Value::integer(r);
+      }
+      if (op == "*") {
+        if (floats) return Value::number(x * y);
+        check_no_overflow(__builtin_mul_overflow(i, j, &r), op);
+        return Value::integer(r);
+      }
       if (op == "/") {
         PAGEDLM_CHECK(y != 0.0, "division by zero");
         return Value::number(x / y);
@@ -749,15 +811,28 @@ class Renderer {
           double q = std::floor(x / y);
           return op == "//" ? Value::number(q) : Value::number(x - q * y);
         }
+        // Python floors; C++ truncates. The remainder is corrected on its own (i - q * j can
+        // overflow), and j == -1 kept apart (INT64_MIN / -1 overflows, INT64_MIN % -1 traps).
+        if (op == "%") {
+          if (j == -1) return Value::integer(0);
+          int64_t m = i % j;
+          if (m != 0 && (m < 0) != (j < 0)) m += j;
+          return Value::integer(m);
+        }
+        check_no_overflow(i == INT64_MIN && j == -1, op);
         int64_t q = i / j;
         if ((i % j != 0) && ((i < 0) != (j < 0))) --q;
-        return op == "//" ? Value::integer(q) : Value::integer(i - q * j);
+        return Value::integer(q);
       }
       if (op == "**") {
         if (!floats && j >= 0) {
-          int64_t r = 1;
-          for (int64_t k = 0; k < j; ++k) r *= i;
-          return Value::integer(r);
+          // 0, 1 and -1 never overflow, whatever the exponent; any other base overflows within
+          // 63 steps, so the loop is short.
+          if (i == 0 || i == 1) return Value::integer(j == 0 ? 1 : i);
+          if (i == -1) return Value::integer(j % 2 == 0 ? 1 : -1);
+          int64_t p = 1;
+          for (int64_t k = 0; k < j; ++k) check_no_overflow(__builtin_mul_overflow(p, i, &p), op);
+          return Value::integer(p);
         }
         return Value::number(std::pow(x, y));
       }
@@ -771,6 +846,11 @@ class Renderer {
       return Value::list(std::move(items));
     }
     if (op == "*" && (a.is_string() || a.is_list()) && b.kind() == Kind::kInt) {
+      if (a.is_string()) {
+        built_size(static_cast<int64_t>(a.as_string().size()), b.as_int(), kMaxValueBytes);
+      } else {
+        built_size(static_cast<int64_t>(a.as_list().size()), b.as_int(), kMaxValueItems);
+      }
       std::vector<Value> items;
       std::string s;
       for (int64_t k = 0; k < b.as_int(); ++k) {
@@ -978,8 +1058,13 @@ class Renderer {
     if (name == "tojson") {
       // transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None, ...).
       Value indent = args.get(1, "indent");
-      return Value::string(v.to_json(args.get(0, "ensure_ascii").truthy(),
-                                     indent.is_number() ? static_cast<int>(indent.as_int()) : -1));
+      int width = -1;  // none: one line
+      if (indent.is_number()) {
+        // json.dumps treats a negative indent as 0; a huge one would only build a huge string.
+        PAGEDLM_CHECK(indent.as_int() <= 1024, "tojson indent ", indent.as_int(), " is too large");
+        width = static_cast<int>(std::max<int64_t>(indent.as_int(), 0));
+      }
+      return Value::string(v.to_json(args.get(0, "ensure_ascii").truthy(), width));
     }
     if (name == "string") return Value::string(v.str());
     if (name == "safe" || name == "e" || name == "escape") {
@@ -1002,8 +1087,9 @@ class Renderer {
       return items_of(v);
     }
     if (name == "abs") {
-      return v.kind() == Kind::kFloat ? Value::number(std::fabs(v.as_double()))
-                                      : Value::integer(std::llabs(v.as_int()));
+      if (v.kind() == Kind::kFloat) return Value::number(std::fabs(v.as_double()));
+      check_no_overflow(v.as_int() == INT64_MIN, "abs");
+      return Value::integer(std::llabs(v.as_int()));
     }
     if (name == "reverse") {
       if (v.is_string()) return slice(v, Value(), Value(), Value::integer(-1));
@@ -1043,8 +1129,10 @@ class Renderer {
     }
     if (name == "indent") {
       Value width = args.get(0, "width", Value::integer(4));
-      std::string pad = width.is_string() ? width.as_string()
-                                          : std::string(static_cast<size_t>(width.as_int()), ' ');
+      // Python's " " * width: nothing for a negative width.
+      std::string pad = width.is_string()
+                            ? width.as_string()
+                            : std::string(built_size(1, width.as_int(), kMaxValueBytes), ' ');
       bool first = args.get(1, "first", Value::boolean(false)).truthy();
       bool blank = args.get(2, "blank", Value::boolean(false)).truthy();
       std::vector<Value> lines = python_split(v.str(), Value::string("\n"), -1);

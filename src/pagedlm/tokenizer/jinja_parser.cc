@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <set>
 
 #include "pagedlm/core/error.h"
@@ -364,9 +366,13 @@ class Lexer {
     }
     Token t{is_float ? Tok::kFloat : Tok::kInt, line_, text};
     if (is_float) {
-      t.float_value = std::stod(text);
+      // strtod, not stod: Python reads 1e999 as inf and 1e-999 as 0.0 where stod throws.
+      t.float_value = std::strtod(text.c_str(), nullptr);
     } else {
-      t.int_value = std::stoll(text);
+      errno = 0;
+      t.int_value = std::strtoll(text.c_str(), nullptr, 10);
+      // Python's integers are unbounded, ours 64-bit.
+      if (errno == ERANGE) syntax_error(line_, "integer literal " + text + " is too large");
     }
     tokens_.push_back(t);
     advance_to(p);

@@ -25,7 +25,16 @@ uint16_t Value::items_nesting(const Dict& dict) {
   return container_nesting(deepest);
 }
 
+void check_text_size(size_t bytes) {
+  PAGEDLM_CHECK(bytes <= static_cast<size_t>(kMaxValueBytes),
+                "chat template: a value or the "
+                "output would pass ",
+                kMaxValueBytes, " bytes");
+}
+
 Value Value::list(std::vector<Value> items) {
+  PAGEDLM_CHECK(items.size() <= static_cast<size_t>(kMaxValueItems),
+                "chat template: a list would pass ", kMaxValueItems, " items");
   Value v(Kind::kList);
   int deepest = 0;
   for (const Value& item : items) deepest = std::max<int>(deepest, item.nesting_);
@@ -274,6 +283,7 @@ std::string Value::repr(int depth) const {
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
         out += (*list_)[i].repr(depth + 1);
+        check_text_size(out.size());
       }
       if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
@@ -284,6 +294,7 @@ std::string Value::repr(int depth) const {
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
         out += repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr(depth + 1);
+        check_text_size(out.size());
       }
       return out + (kind_ == Kind::kNamespace ? "}>" : "}");
     }
@@ -338,6 +349,7 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
         if (i) out += indent >= 0 ? "," : ", ";
         if (indent >= 0) newline(depth + 1);
         (*list_)[i].append_json(out, ensure_ascii, indent, depth + 1);
+        check_text_size(out.size());
       }
       if (indent >= 0) newline(depth);
       out += ']';
@@ -355,6 +367,7 @@ void Value::append_json(std::string& out, bool ensure_ascii, int indent, int dep
         append_json_string(out, dict_->items[i].first, ensure_ascii);
         out += ": ";
         dict_->items[i].second.append_json(out, ensure_ascii, indent, depth + 1);
+        check_text_size(out.size());
       }
       if (indent >= 0) newline(depth);
       out += '}';

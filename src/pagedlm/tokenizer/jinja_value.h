@@ -23,6 +23,16 @@ struct Dict;
 // stack. Requests are parsed with a lower bound (kMaxJsonDepth), so templates can wrap them.
 inline constexpr int kMaxValueDepth = 256;
 
+// The most items a list may hold and bytes a string, or a value's text (repr, tojson) or the
+// rendered output, may take: far beyond any chat template or request (bodies are 8 MB at most
+// by default), so that a hostile template (doubling a string in a loop, range(10**10), ...)
+// fails with an Error instead of exhausting memory or time.
+inline constexpr int64_t kMaxValueItems = int64_t{1} << 20;
+inline constexpr int64_t kMaxValueBytes = int64_t{1} << 24;
+
+// Throws pagedlm::Error when text of `bytes` bytes would pass kMaxValueBytes.
+void check_text_size(size_t bytes);
+
 // Arguments of a call: positional, then keyword in source order.
 struct CallArgs {
   std::vector<Value> positional;
@@ -69,6 +79,7 @@ class Value {
     return v;
   }
   static Value string(std::string s) {
+    check_text_size(s.size());
     Value v(Kind::kString);
     v.str_ = std::make_shared<std::string>(std::move(s));
     return v;

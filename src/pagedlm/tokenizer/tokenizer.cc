@@ -58,9 +58,12 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
   PAGEDLM_CHECK(spec.token_types.empty() || spec.token_types.size() == spec.tokens.size(),
                 "token types: ", spec.token_types.size(), " entries for ", spec.tokens.size(),
                 " tokens");
+  PAGEDLM_CHECK(spec.tokens.size() <= static_cast<size_t>(kMaxVocabSize), "the vocabulary has ",
+                spec.tokens.size(), " tokens, more than ", kMaxVocabSize);
   int32_t size = static_cast<int32_t>(spec.tokens.size());
   for (const AddedToken& added : added_tokens_) {
-    PAGEDLM_CHECK(added.id >= 0, "added token '", added.content, "' has negative id ", added.id);
+    PAGEDLM_CHECK(added.id >= 0 && added.id < kMaxVocabSize, "added token '", added.content,
+                  "' has id ", added.id, ", outside [0, ", kMaxVocabSize, ")");
     PAGEDLM_CHECK(!added.content.empty(), "added token ", added.id, " has empty content");
     PAGEDLM_CHECK(unicode::is_valid_utf8(added.content), "added token ", added.id,
                   " is not valid UTF-8");

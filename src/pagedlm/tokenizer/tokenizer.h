@@ -32,6 +32,11 @@ enum class TokenType : int32_t {
   kByte = 6,
 };
 
+// Token ids are below this. Every id up to the largest costs its table entries (~70 bytes), so
+// one hostile id in a tokenizer file could otherwise ask for gigabytes; real vocabularies stay
+// well under it (Gemma 3: 262k).
+inline constexpr int32_t kMaxVocabSize = int32_t{1} << 22;
+
 // A token matched verbatim in the input before pre-tokenization (HF AddedToken).
 struct AddedToken {
   int32_t id = -1;

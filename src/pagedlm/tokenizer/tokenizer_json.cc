@@ -50,7 +50,9 @@ class JsonFields {
   }
   int32_t id(const json& value, const std::string& where) const {
     const int64_t v = integer(value, where);
-    if (v < 0 || v > INT32_MAX) error(where, cat("is not a valid token id: ", v));
+    if (v < 0 || v >= kMaxVocabSize) {
+      error(where, cat("is not a valid token id: ", v, " (ids are below ", kMaxVocabSize, ")"));
+    }
     return static_cast<int32_t>(v);
   }
   const json& array(const json& value, const std::string& where) const {
