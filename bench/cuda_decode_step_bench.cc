@@ -2,7 +2,9 @@
 // CUDA graphs, split by timing variants: the step's GEMMs alone (replayed as one graph at the
 // step's shapes), its attention alone (the decode kernel over the same page table shape), and
 // the rest (norms, rope + cache write, embedding, sampling, plan upload, host scheduling) as the
-// difference. Prints the bandwidth lower bound: weights + KV read once at copy speed. One
+// difference. A mixture of experts adds its router (projection and top-k) and its experts
+// (plan, grouped GEMMs, combine) alone, routed as the random model routes: uniformly. Prints the
+// bandwidth lower bound: weights (the experts a step activates) + KV read once at copy speed. One
 // further step runs between cudaProfilerStart and Stop, for a profiler's kernel-by-kernel view.
 // Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s]
 #include <cuda_profiler_api.h>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #include "cuda_timing.h"
@@ -20,6 +23,8 @@
 #include "pagedlm/model/dummy_checkpoint.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/kernels.h"
+#include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/paged_attention.h"
 
 using namespace pagedlm;
@@ -79,12 +84,21 @@ int main(int argc, char** argv) {
   struct Shape {
     int n, k;
   };
-  // As the model runs them: fused q/k/v, o, fused gate/up, down.
-  const std::vector<Shape> shapes = {{(Hq + 2 * Hk) * d, D}, {D, Hq * d}, {2 * F, D}, {D, F}};
+  // As the model runs them: fused q/k/v, o, fused gate/up, down; a sparse layer's router (f32
+  // logits) in place of gate/up and down.
+  const int E = static_cast<int>(c.moe.num_experts), k = static_cast<int>(c.moe.experts_per_token);
+  std::vector<std::vector<Shape>> layer_shapes;
+  for (int l = 0; l < layers; ++l) {
+    if (c.layers[l].sparse_mlp) {
+      layer_shapes.push_back({{(Hq + 2 * Hk) * d, D}, {D, Hq * d}, {E, D}});
+    } else {
+      layer_shapes.push_back({{(Hq + 2 * Hk) * d, D}, {D, Hq * d}, {2 * F, D}, {D, F}});
+    }
+  }
   std::vector<void*> weights;
   size_t weight_bytes = 0;
   for (int l = 0; l < layers; ++l) {
-    for (const Shape& sh : shapes) {
+    for (const Shape& sh : layer_shapes[l]) {
       void* w;
       cuda::check(cudaMalloc(&w, size_t{2} * sh.n * sh.k), "malloc");
       weights.push_back(w);
@@ -101,10 +115,12 @@ int main(int argc, char** argv) {
   cudaMemset(x, 0, size_t{2} * batch * std::max(F, std::max(D, Hq * d)));
   for (void* w : weights) cudaMemset(w, 0, 2);
   auto step_gemms = [&] {
+    size_t w = 0;
     for (int l = 0; l < layers; ++l) {
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        cuda::check(cuda::launch_gemm_bf16(gemm, x, weights[l * shapes.size() + i], nullptr, y,
-                                           /*y_f32=*/false, batch, shapes[i].n, shapes[i].k, s),
+      for (const Shape& sh : layer_shapes[l]) {
+        const bool router = c.layers[l].sparse_mlp && sh.n == E && sh.k == D;
+        cuda::check(cuda::launch_gemm_bf16(gemm, x, weights[w++], nullptr, y, /*y_f32=*/router,
+                                           batch, sh.n, sh.k, s),
                     "gemm");
       }
     }
@@ -158,17 +174,83 @@ int main(int argc, char** argv) {
   };
   const double attn_ms = bench::graph_mean_ms(s, step_attention, 50);
 
+  // 3. Mixtures of experts: top-k over the router's logits, and the experts (two layers'
+  // weights, used in turn: each is far larger than the L2).
+  double route_ms = 0, experts_ms = 0, expert_bytes = 0;
+  int sparse_layers = 0;
+  for (int l = 0; l < layers; ++l) sparse_layers += c.layers[l].sparse_mlp ? 1 : 0;
+  if (sparse_layers > 0) {
+    const int Fe = static_cast<int>(c.moe.expert_intermediate_size);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    auto random_bf16 = [&](pagedlm::Shape shape, float scale) {
+      Tensor t = Tensor::empty(DType::kBF16, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<uint16_t>()[i] = f32_to_bf16(scale * uni(rng));
+      return t.to(Device::kCuda);
+    };
+    ops::ExpertWeights experts[2];
+    for (ops::ExpertWeights& w : experts) {
+      w.num_experts = E;
+      w.hidden = D;
+      w.ffn = Fe;
+      w.gate_up = random_bf16({E, 2 * Fe, D}, 1.f / std::sqrt(static_cast<float>(D)));
+      w.down = random_bf16({E, D, Fe}, 1.f / std::sqrt(static_cast<float>(Fe)));
+    }
+    std::vector<float> logits_host(static_cast<size_t>(batch) * E);
+    for (float& v : logits_host) v = uni(rng);
+    const Tensor logits = Tensor::from_f32(logits_host, {batch, E}).to(Device::kCuda);
+    const Tensor ids = Tensor::empty(DType::kI32, {batch, k}, Device::kCuda);
+    const Tensor weights_k = Tensor::empty(DType::kF32, {batch, k}, Device::kCuda);
+    auto step_route = [&] {
+      for (int l = 0; l < sparse_layers; ++l) {
+        ops::moe_route(logits, c.moe.normalize_top_k, ids, weights_k, s);
+      }
+    };
+    route_ms = bench::graph_mean_ms(s, step_route, 50);
+    const Tensor xs = random_bf16({batch, D}, 1.f);
+    const Tensor out_moe = Tensor::empty(DType::kBF16, {batch, D}, Device::kCuda);
+    ops::MoeWorkspace ws;
+    ws.plan =
+        Tensor::empty(DType::kI32, {ops::moe_plan_size(int64_t{batch} * k, E)}, Device::kCuda);
+    ws.act = Tensor::empty(DType::kBF16, {int64_t{batch} * k, Fe}, Device::kCuda);
+    ws.expert_out = Tensor::empty(DType::kBF16, {int64_t{batch} * k, D}, Device::kCuda);
+    ws.activated = Tensor::zeros(DType::kI32, {1}, Device::kCuda);
+    auto step_experts = [&] {
+      for (int l = 0; l < sparse_layers; ++l) {
+        ops::moe_experts(xs, ids, weights_k, experts[l % 2], ops::GatedActivation::kSilu, ws,
+                         out_moe, s);
+      }
+    };
+    experts_ms = bench::graph_mean_ms(s, step_experts, 20);
+    // The experts the routed batch activates, in every sparse layer.
+    const Tensor host_ids = ids.to(Device::kCpu);
+    std::vector<bool> used(E, false);
+    for (int64_t i = 0; i < host_ids.numel(); ++i) used[host_ids.data<int32_t>()[i]] = true;
+    const auto activated = std::count(used.begin(), used.end(), true);
+    expert_bytes = 2.0 * sparse_layers * static_cast<double>(activated) * 3 * D * Fe;
+    weight_bytes += static_cast<size_t>(expert_bytes);
+    std::printf("experts: %d of %d activated by %d tokens (top %d) in each of %d layers\n",
+                static_cast<int>(activated), E, batch, k, sparse_layers);
+  }
+
   const double kv_bytes = 2.0 * layers * batch * kv_len * Hk * d * 2;
   const double bound_ms = (weight_bytes + kv_bytes) / (copy_gbs * 1e9) * 1e3;
   std::printf("decode step: batch %d, context %d, %d layers, splits %d\n", batch, kv_len, layers,
               plan.num_splits);
   std::printf("  step (engine, graphs, wall)  %8.3f ms  %8.0f tok/s\n", step_ms,
               batch / step_ms * 1e3);
+  const double dense_bytes = static_cast<double>(weight_bytes) - expert_bytes;
   std::printf("  GEMMs alone                  %8.3f ms  (%.0f MB of weights: %.0f GB/s)\n", gemm_ms,
-              weight_bytes / 1e6, weight_bytes / gemm_ms / 1e6);
+              dense_bytes / 1e6, dense_bytes / gemm_ms / 1e6);
+  if (sparse_layers > 0) {
+    std::printf("  router top-k alone           %8.3f ms\n", route_ms);
+    std::printf("  experts alone                %8.3f ms  (%.0f MB of experts: %.0f GB/s)\n",
+                experts_ms, expert_bytes / 1e6, expert_bytes / experts_ms / 1e6);
+  }
   std::printf("  attention alone              %8.3f ms  (%.0f MB of KV: %.0f GB/s)\n", attn_ms,
               kv_bytes / 1e6, kv_bytes / attn_ms / 1e6);
-  std::printf("  rest (step - GEMM - attn)    %8.3f ms\n", step_ms - gemm_ms - attn_ms);
+  std::printf("  rest (step - the above)      %8.3f ms\n",
+              step_ms - gemm_ms - attn_ms - route_ms - experts_ms);
   std::printf("  bandwidth lower bound        %8.3f ms  (weights + KV at %.0f GB/s)\n", bound_ms,
               copy_gbs);
   return 0;

@@ -17,17 +17,22 @@ GGUFWriter's add_* methods (gguf.Keys). What each architecture gets follows conv
     Nothing says which layers slide: llama.cpp fixes the pattern (every 6th layer is global).
   * phi3: fused attn_qkv and ffn_up (gate and up) kept as HF stores them; sliding_window 0 when
     the config has none (llama.cpp's marker for "no window"); rope.scaling.original_context_length.
+  * qwen3moe (Qwen3MoeForCausalLM) and llama (MixtralForCausalLM): each layer's per-expert
+    matrices stacked into one 3-D tensor per projection ([experts, rows, cols]); expert_count and
+    expert_used_count, and Qwen3-MoE's expert_feed_forward_length.
 
 One deviation: real converted files carry the tokenizer, whose token list tells the vocabulary
 size. The fixtures have no tokenizer, so every file gets {arch}.vocab_size instead (a key
 llama.cpp reads for any architecture).
 
-Usage: hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|q8_0]
+Usage: hf_to_gguf.py MODEL_DIR OUT.gguf [--type f32|q8_0|q8_0-as-f32]
+(q8_0-as-f32: the values a Q8_0 file holds, dequantized by gguf-py and stored as F32.)
 Requires numpy and gguf (see tests/gguf_families_test.py for the pinned versions).
 """
 import argparse
 import json
 import math
+import re
 import struct
 import sys
 from pathlib import Path
@@ -45,7 +50,12 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": gguf.MODEL_ARCH.GEMMA2,
     "Gemma3ForCausalLM": gguf.MODEL_ARCH.GEMMA3,
     "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3,
+    "Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
+    "MixtralForCausalLM": gguf.MODEL_ARCH.LLAMA,
 }
+
+# A per-expert HF weight: layer, MLP prefix, expert, projection.
+EXPERT_WEIGHT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
 
 
 def read_safetensors(path):
@@ -218,6 +228,12 @@ def write_metadata(w, arch, config):
             head_dim = config.get("head_dim") or config["hidden_size"] // config[
                 "num_attention_heads"]
             w.add_rope_dimension_count(head_dim)
+    # TextModel.set_gguf_parameters (experts) and Qwen2MoeModel's expert size.
+    if (n_experts := config.get("num_local_experts", config.get("num_experts"))) is not None:
+        w.add_expert_count(n_experts)
+        w.add_expert_used_count(config["num_experts_per_tok"])
+    if arch == gguf.MODEL_ARCH.QWEN3MOE:
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
     # See the module docstring: the token list that would give the vocabulary size is missing.
     w.add_vocab_size(config["vocab_size"])
 
@@ -230,6 +246,15 @@ def tensors_to_write(arch, config, hf):
     names = gguf.get_tensor_name_map(arch, n_layers)
     gemma = arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
     out = []
+    # convert_hf_to_gguf.py merges each layer's experts, in expert order, into one tensor named
+    # as HF's without the expert index.
+    experts = {}
+    for name in list(hf):
+        if m := EXPERT_WEIGHT.fullmatch(name):
+            merged = f"model.layers.{m[1]}.{m[2]}.experts.{m[4]}.weight"
+            experts.setdefault(merged, {})[int(m[3])] = hf.pop(name)
+    for merged, by_expert in experts.items():
+        hf[merged] = np.stack([by_expert[e] for e in range(len(by_expert))])
     for name, data in hf.items():
         if gemma and name == "lm_head.weight":
             continue  # convert_hf_to_gguf.py skips it: llama.cpp ties Gemma's output
@@ -264,14 +289,19 @@ def convert(model_dir, out_path, out_type="f32"):
     w = gguf.GGUFWriter(str(out_path), gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(model_dir.name)
     write_metadata(w, arch, config)
-    q8 = out_type == "q8_0"
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
+    q8 = out_type in ("q8_0", "q8_0-as-f32")
+    as_f32 = out_type != "q8_0"
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if as_f32 else gguf.LlamaFileType.MOSTLY_Q8_0)
     for name, data in tensors_to_write(arch, config, hf):
         data = np.ascontiguousarray(data, dtype=np.float32)
         # As llama.cpp's converter: 1-D tensors (norms, biases, rope factors) stay F32.
-        if q8 and data.ndim == 2 and data.shape[-1] % 32 == 0:
+        if q8 and data.ndim in (2, 3) and data.shape[-1] % 32 == 0:
             qtype = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            blocks = gguf.quants.quantize(data, qtype)
+            if as_f32:  # the values Q8_0 holds, dequantized by gguf-py
+                w.add_tensor(name, gguf.quants.dequantize(blocks, qtype).reshape(data.shape))
+            else:
+                w.add_tensor(name, blocks, raw_dtype=qtype)
         else:
             w.add_tensor(name, data)
     w.write_header_to_file()
@@ -284,7 +314,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir")
     parser.add_argument("out")
-    parser.add_argument("--type", choices=["f32", "q8_0"], default="f32")
+    parser.add_argument("--type", choices=["f32", "q8_0", "q8_0-as-f32"], default="f32")
     args = parser.parse_args()
     convert(args.model_dir, args.out, args.type)
     return 0

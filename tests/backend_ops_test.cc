@@ -46,6 +46,7 @@
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/rope.h"
@@ -1652,6 +1653,279 @@ TEST(BackendOpsCpu, PagedAttentionRejectsInconsistentPlans) {
   expect_error([&] { run(three_heads, bad, {1.f}); }, {"paged_attention", "3 q heads"});
   expect_error([&] { run(c, good, {1.f, -1}); }, {"paged_attention", "window -1"});
   expect_error([&] { run(c, good, {1.f, 0, -2.f}); }, {"paged_attention", "softcap -2"});
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_route, moe_experts
+// ------------------------------------------------------------------------------------------
+
+// HF's router in double: softmax, the k largest (the lower expert first on ties), renormalized.
+void route_ref(const std::vector<float>& logits, int64_t E, int64_t k, bool normalize,
+               std::vector<int32_t>& ids, std::vector<double>& weights) {
+  const int64_t T = static_cast<int64_t>(logits.size()) / E;
+  ids.assign(T * k, -1);
+  weights.assign(T * k, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * E;
+    const double max = *std::max_element(row, row + E);
+    std::vector<double> p(E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(row[e] - max);
+    std::vector<int64_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double picked = 0;
+    for (int64_t j = 0; j < k; ++j) picked += p[order[j]] / sum;
+    for (int64_t j = 0; j < k; ++j) {
+      ids[t * k + j] = static_cast<int32_t>(order[j]);
+      weights[t * k + j] = p[order[j]] / sum / (normalize ? picked : 1.0);
+    }
+  }
+}
+
+// Expert counts from Mixtral's (8 of 2) to beyond Qwen3-30B-A3B's (128 of 8) and the largest
+// the router takes (512 of 16), with and without renormalizing; ids must match exactly (random
+// logits have no ties), weights to f32 rounding on both backends (the router is f32 throughout).
+TEST_P(BackendOps, MoeRoute) {
+  const Backend b = backend();
+  std::mt19937 rng(31);
+  for (auto [T, E, k, normalize] : {std::tuple<int64_t, int64_t, int64_t, bool>{5, 8, 2, true},
+                                    {33, 4, 2, true},
+                                    {70, 128, 8, true},
+                                    {17, 60, 4, false},
+                                    {3, 512, 16, true},
+                                    {9, 1, 1, true}}) {
+    const std::vector<float> logits = uniform(T * E, rng, -4.f, 4.f);
+    Tensor ids = b.i32(std::vector<int32_t>(T * k, -7), {T, k});
+    Tensor weights = b.poisoned({T, k}, DType::kF32);
+    ops::moe_route(b.f32(logits, {T, E}), normalize, ids, weights);
+    std::vector<int32_t> want_ids;
+    std::vector<double> want_weights;
+    route_ref(logits, E, k, normalize, want_ids, want_weights);
+    const Tensor got_ids = ids.to(Device::kCpu);
+    EXPECT_EQ(std::vector<int32_t>(got_ids.data<int32_t>(), got_ids.data<int32_t>() + T * k),
+              want_ids)
+        << "moe_route T " << T << " E " << E << " k " << k;
+    expect_nmse(host_f32(weights), want_weights, 1e-12,
+                cat("moe_route weights T ", T, " E ", E, " k ", k));
+  }
+}
+
+struct MoeCase {
+  int64_t T, E, k, D, F;
+  const char* load;  // "one": every token's first expert is expert 0; "spread": tokens take
+                     // experts round robin, so every expert gets the same rows; "random"
+};
+
+// Each token's k distinct experts for the case's load.
+std::vector<int32_t> moe_ids(const MoeCase& c, std::mt19937& rng) {
+  std::vector<int32_t> ids(c.T * c.k);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::vector<int32_t> experts(c.E);
+    std::iota(experts.begin(), experts.end(), 0);
+    if (std::string(c.load) == "random") {
+      std::shuffle(experts.begin(), experts.end(), rng);
+    } else if (std::string(c.load) == "spread") {
+      std::rotate(experts.begin(), experts.begin() + (t * c.k) % c.E, experts.end());
+    }  // "one": experts 0 .. k-1 for every token
+    for (int64_t j = 0; j < c.k; ++j) ids[t * c.k + j] = experts[j];
+  }
+  return ids;
+}
+
+struct MoeData {
+  std::vector<float> x, gate, up, down, weights;  // gate/up [E, F, D], down [E, D, F]
+  std::vector<int32_t> ids;
+};
+
+MoeData moe_data(const MoeCase& c, const Backend& b, std::mt19937& rng) {
+  MoeData d;
+  d.x = uniform(c.T * c.D, rng);
+  // Weights scaled so that activations stay O(1) through gate/up and down.
+  d.gate = uniform(c.E * c.F * c.D, rng, -2.f / std::sqrt(c.D), 2.f / std::sqrt(c.D));
+  d.up = uniform(c.E * c.F * c.D, rng, -2.f / std::sqrt(c.D), 2.f / std::sqrt(c.D));
+  d.down = uniform(c.E * c.D * c.F, rng, -2.f / std::sqrt(c.F), 2.f / std::sqrt(c.F));
+  d.weights = uniform(c.T * c.k, rng, 0.05f, 1.f);
+  for (std::vector<float>* v : {&d.x, &d.gate, &d.up, &d.down}) b.round(*v);
+  d.ids = moe_ids(c, rng);
+  return d;
+}
+
+// out[t] = sum_j w * down_e(silu(gate_e x) * up_e x), in double from the rounded inputs.
+std::vector<double> moe_ref(const MoeCase& c, const MoeData& d) {
+  std::vector<double> out(c.T * c.D, 0.0), act(c.F);
+  for (int64_t t = 0; t < c.T; ++t) {
+    const float* x = d.x.data() + t * c.D;
+    for (int64_t j = 0; j < c.k; ++j) {
+      const int64_t e = d.ids[t * c.k + j];
+      for (int64_t f = 0; f < c.F; ++f) {
+        double g = 0, u = 0;
+        const float* gw = d.gate.data() + (e * c.F + f) * c.D;
+        const float* uw = d.up.data() + (e * c.F + f) * c.D;
+        for (int64_t i = 0; i < c.D; ++i) {
+          g += static_cast<double>(gw[i]) * x[i];
+          u += static_cast<double>(uw[i]) * x[i];
+        }
+        act[f] = silu_ref(g) * u;
+      }
+      for (int64_t o = 0; o < c.D; ++o) {
+        const float* dw = d.down.data() + (e * c.D + o) * c.F;
+        double y = 0;
+        for (int64_t f = 0; f < c.F; ++f) y += static_cast<double>(dw[f]) * act[f];
+        out[t * c.D + o] += d.weights[t * c.k + j] * y;
+      }
+    }
+  }
+  return out;
+}
+
+// The experts' weights on the backend, gate and up rows placed as the backend wants them.
+ops::ExpertWeights moe_weights(const MoeCase& c, const MoeData& d, const Backend& b) {
+  std::vector<float> gate_up(c.E * 2 * c.F * c.D);
+  for (int64_t e = 0; e < c.E; ++e) {
+    for (int64_t f = 0; f < c.F; ++f) {
+      for (const bool up : {false, true}) {
+        const float* src = (up ? d.up : d.gate).data() + (e * c.F + f) * c.D;
+        const int64_t row = e * 2 * c.F + ops::moe_gate_up_row(f, up, c.F, b.device());
+        std::copy(src, src + c.D, gate_up.begin() + row * c.D);
+      }
+    }
+  }
+  ops::ExpertWeights w;
+  w.num_experts = c.E;
+  w.hidden = c.D;
+  w.ffn = c.F;
+  w.gate_up = b.tensor(gate_up, {c.E, 2 * c.F, c.D});
+  w.down = b.tensor(d.down, {c.E, c.D, c.F});
+  return w;
+}
+
+ops::MoeWorkspace moe_workspace(const MoeCase& c, const Backend& b, Tensor activated) {
+  const int64_t rows = c.T * c.k;
+  ops::MoeWorkspace ws;
+  ws.plan = b.i32(std::vector<int32_t>(ops::moe_plan_size(rows, c.E), -1),
+                  {ops::moe_plan_size(rows, c.E)});
+  if (b.cpu()) ws.gate_up = b.poisoned({rows, 2 * c.F});
+  ws.act = b.poisoned({rows, c.F});
+  ws.expert_out = b.poisoned({rows, c.D});
+  ws.activated = std::move(activated);
+  return ws;
+}
+
+std::vector<float> run_moe(const MoeCase& c, const MoeData& d, const ops::ExpertWeights& w,
+                           const Backend& b, Tensor activated = Tensor()) {
+  Tensor out = b.poisoned({c.T, c.D});
+  ops::moe_experts(b.tensor(d.x, {c.T, c.D}), b.i32(d.ids, {c.T, c.k}),
+                   b.f32(d.weights, {c.T, c.k}), w, ops::GatedActivation::kSilu,
+                   moe_workspace(c, b, std::move(activated)), out);
+  return host_f32(out);
+}
+
+// Expert loads from all tokens on one expert to perfectly spread, decode-sized and
+// prefill-sized (the GPU's 128-row tiles from 128 rows per expert on), Mixtral-like (4 / 8
+// experts, top 2) to Qwen3-30B-A3B-like (128 experts, top 8) counts. The GPU rounds the
+// activation to bf16 between its two GEMMs, as the dense MLP does.
+TEST_P(BackendOps, MoeExperts) {
+  const Backend b = backend();
+  std::mt19937 rng(37);
+  for (const MoeCase& c :
+       {MoeCase{1, 8, 2, 256, 128, "random"}, MoeCase{7, 4, 2, 256, 128, "one"},
+        MoeCase{40, 8, 2, 256, 128, "spread"}, MoeCase{64, 128, 8, 128, 64, "random"},
+        MoeCase{300, 8, 2, 128, 64, "one"}, MoeCase{600, 8, 2, 64, 32, "spread"},
+        MoeCase{33, 16, 4, 96, 40, "random"}}) {
+    const MoeData d = moe_data(c, b, rng);
+    const ops::ExpertWeights w = moe_weights(c, d, b);
+    Tensor activated = b.i32({3}, {1});
+    expect_nmse(
+        run_moe(c, d, w, b, activated), moe_ref(c, d), b.tol(kSums),
+        cat("moe_experts T ", c.T, " E ", c.E, " k ", c.k, " D ", c.D, " F ", c.F, " ", c.load));
+    // Experts with at least one row, added to what the counter held.
+    std::vector<bool> used(c.E, false);
+    for (int32_t e : d.ids) used[e] = true;
+    const Tensor count = activated.to(Device::kCpu);
+    EXPECT_EQ(count.data<int32_t>()[0], 3 + std::count(used.begin(), used.end(), true))
+        << "activated experts, " << c.load;
+  }
+}
+
+// A token's output bits do not depend on the other tokens of the call, on either backend: the
+// GPU's grouping puts its rows in other places and other tile heights, the CPU's in other
+// tiles.
+TEST_P(BackendOps, MoeExpertsBatchInvariant) {
+  const Backend b = backend();
+  std::mt19937 rng(41);
+  const MoeCase batch{1100, 8, 2, 64, 32, "random"};  // GPU: 128-row tiles
+  const MoeData d = moe_data(batch, b, rng);
+  const ops::ExpertWeights w = moe_weights(batch, d, b);
+  const std::vector<float> all = run_moe(batch, d, w, b);
+  for (int64_t t : {0, 517, 1099}) {
+    MoeCase one = batch;
+    one.T = 1;
+    MoeData alone = d;
+    alone.x.assign(d.x.begin() + t * batch.D, d.x.begin() + (t + 1) * batch.D);
+    alone.ids.assign(d.ids.begin() + t * batch.k, d.ids.begin() + (t + 1) * batch.k);
+    alone.weights.assign(d.weights.begin() + t * batch.k, d.weights.begin() + (t + 1) * batch.k);
+    const std::vector<float> got = run_moe(one, alone, w, b);
+    EXPECT_EQ(0, std::memcmp(got.data(), all.data() + t * batch.D, batch.D * sizeof(float)))
+        << "token " << t;
+  }
+}
+
+// GGUF experts in their blocks (CPU): against the double reference of the dequantized weights.
+TEST(BackendOpsCpu, MoeExpertsQuantizedBlocks) {
+  std::mt19937 rng(43);
+  const Backend b(Device::kCpu);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    const MoeCase c{21, 4, 2, 64, 32, "random"};
+    MoeData d = moe_data(c, b, rng);
+    ops::ExpertWeights w;
+    w.num_experts = c.E;
+    w.hidden = c.D;
+    w.ffn = c.F;
+    for (int64_t e = 0; e < c.E; ++e) {
+      const QuantizedMatrix gate_up = random_blocks(type, 2 * c.F, c.D, rng);
+      const QuantizedMatrix down = random_blocks(type, c.D, c.F, rng);
+      const std::vector<float> gu = dequantized(gate_up), dn = dequantized(down);
+      std::copy(gu.begin(), gu.begin() + c.F * c.D, d.gate.begin() + e * c.F * c.D);
+      std::copy(gu.begin() + c.F * c.D, gu.end(), d.up.begin() + e * c.F * c.D);
+      std::copy(dn.begin(), dn.end(), d.down.begin() + e * c.D * c.F);
+      w.gate_up_blocks.push_back(gate_up);
+      w.down_blocks.push_back(down);
+    }
+    expect_nmse(run_moe(c, d, w, b), moe_ref(c, d), 1e-10,
+                cat("quantized moe_experts ", type == QuantType::kQ4_1 ? "Q4_1" : "Q8_0"));
+  }
+}
+
+TEST(BackendOpsCpu, MoeErrors) {
+  std::mt19937 rng(47);
+  const Backend b(Device::kCpu);
+  Tensor ids = b.i32(std::vector<int32_t>(4, 0), {2, 2});
+  Tensor weights = b.f32(std::vector<float>(4, 0.5f), {2, 2});
+  expect_error(
+      [&] {
+        ops::moe_route(random_f32({2, 600}, rng), true, ids, weights);
+      },
+      {"moe_route", "600 experts"});
+  expect_error(
+      [&] {
+        ops::moe_route(random_f32({3, 8}, rng), true, ids, weights);
+      },
+      {"moe_route", "expert_ids"});
+  const MoeCase c{2, 4, 2, 32, 16, "random"};
+  MoeData d = moe_data(c, b, rng);
+  const ops::ExpertWeights w = moe_weights(c, d, b);
+  d.ids[3] = 9;
+  expect_error([&] { run_moe(c, d, w, b); }, {"moe_experts", "expert id 9"});
+  Tensor out = b.poisoned({c.T, c.D});
+  ops::MoeWorkspace small = moe_workspace(c, b, Tensor());
+  small.act = b.poisoned({1, c.F});
+  expect_error(
+      [&] {
+        ops::moe_experts(b.tensor(d.x, {c.T, c.D}), ids, weights, w, ops::GatedActivation::kSilu,
+                         small, out);
+      },
+      {"moe_experts", "workspace is too small"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendOps, ::testing::Values(Device::kCpu),

@@ -31,6 +31,34 @@ constexpr double kLogitsTolerance = 2e-2;
 // Greedy tokens must match while the reference's top-2 gap is above what bf16 noise can flip.
 constexpr float kMarginThreshold = 0.1f;
 
+// Mixtures of experts are discontinuous where two experts' router probabilities are within
+// rounding of each other: a bf16 forward may pick the other expert there, and that position's
+// logits then differ by the two experts' difference, far beyond bf16 rounding. HF's own bf16
+// forward does so at 82 of qwen3-moe's 518 positions, pagedlm at 28 (H200, 2026-12-01;
+// scripts/gpu_host/fixture_accuracy.py measures both). So these fixtures are held, over all
+// cases, to a median position within kLogitsTolerance and at most 1 in 10 positions beyond
+// kFlippedPosition.
+constexpr double kFlippedPosition = 5e-2;
+
+// Per-position relative errors of logits [rows, vocab] against the reference.
+std::vector<double> position_errors(const Tensor& got, const Tensor& ref) {
+  const int64_t rows = ref.dim(0), vocab = ref.dim(1);
+  std::vector<double> errors;
+  for (int64_t r = 0; r < rows; ++r) {
+    double diff = 0, norm = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double want = ref.data<float>()[r * vocab + v];
+      const double d = got.data<float>()[r * vocab + v] - want;
+      diff += d * d;
+      norm += want * want;
+    }
+    errors.push_back(std::sqrt(diff / norm));
+  }
+  return errors;
+}
+
+bool has_experts(const Checkpoint& ckpt) { return ckpt.config.moe.num_experts > 0; }
+
 EngineOptions cuda_options() {
   EngineOptions o;
   o.device = Device::kCuda;
@@ -60,16 +88,35 @@ class CudaModel : public ::testing::TestWithParam<const char*> {
 TEST_P(CudaModel, LogitsMatchReferenceUnchunkedAndChunked) {
   const std::vector<RequestOutput> whole = logits_run(4096);
   const std::vector<RequestOutput> chunked = logits_run(16);
+  const bool moe = has_experts(checkpoint_);
+  std::vector<double> positions;  // MoE: every case's per-position errors
   for (int i = 0; i < kNumCases; ++i) {
     const double err = relative_error(whole[i].prompt_logits, expected_.logits[i]);
     const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
     std::printf("%s case %d: rel err %.2e (chunked %.2e)\n", GetParam(), i, err, chunked_err);
-    EXPECT_LT(err, kLogitsTolerance) << GetParam() << " case " << i;
-    EXPECT_LT(chunked_err, kLogitsTolerance) << GetParam() << " case " << i << " chunked";
+    if (moe) {
+      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
+        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
+        positions.insert(positions.end(), e.begin(), e.end());
+      }
+    } else {
+      EXPECT_LT(err, kLogitsTolerance) << GetParam() << " case " << i;
+      EXPECT_LT(chunked_err, kLogitsTolerance) << GetParam() << " case " << i << " chunked";
+    }
     // Chunking changes GEMM shapes only, so both runs agree far better than with the reference.
     EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits),
               kLogitsTolerance / 2)
         << GetParam() << " case " << i << " chunked vs unchunked";
+  }
+  if (moe) {
+    const auto flipped = std::count_if(positions.begin(), positions.end(),
+                                       [](double e) { return e > kFlippedPosition; });
+    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
+    const double median = positions[positions.size() / 2];
+    std::printf("%s: median position error %.2e, %lld of %zu positions beyond %.0e\n", GetParam(),
+                median, static_cast<long long>(flipped), positions.size(), kFlippedPosition);
+    EXPECT_LT(median, kLogitsTolerance) << GetParam();
+    EXPECT_LE(flipped * 10, static_cast<int64_t>(positions.size())) << GetParam();
   }
 }
 

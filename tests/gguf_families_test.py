@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "testdata" / "fixtures"
 CONVERTER = ROOT / "scripts" / "hf_to_gguf.py"
 NAMES = ["gemma2", "gemma3", "phi3", "llama3-rope", "qwen2-bias", "qwen3-qknorm", "mistral",
-         "qwen3-yarn"]
+         "qwen3-yarn", "qwen3-moe", "mixtral"]
 TOLERANCE = 1e-4
 
 # gguf-py 0.19.0 (llama.cpp's GGUF library) and the two packages it imports at load time, as
@@ -185,6 +185,21 @@ def check_fixture(binary, converter, name, work):
     print(f"  {name} vs {source}: rel err per case " + " ".join(f"{e:.1e}" for e in errors))
     failures += [f"{name} case {i}: rel err {e:.2e} vs {source}" for i, e in enumerate(errors)
                  if not e < TOLERANCE]
+
+    if "num_experts_per_tok" in config:
+        # Experts quantized to Q8_0 by gguf-py, which pagedlm keeps in blocks and splits per
+        # expert, against the same values dequantized by gguf-py and stored as F32 (Q8_0's own
+        # error would flip routing decisions, so HF's logits are no reference for it).
+        q8_path, q8_f32_path = work / f"{name}-q8_0.gguf", work / f"{name}-q8_0-f32.gguf"
+        converter.convert(folder, q8_path, "q8_0")
+        converter.convert(folder, q8_f32_path, "q8_0-as-f32")
+        q8_refs = logits(binary, q8_f32_path, prompts, work)
+        q8_errors = [rel_error(g, r) for g, r in zip(logits(binary, q8_path, prompts, work),
+                                                     q8_refs)]
+        print(f"  {name} Q8_0 blocks vs their F32 values: rel err per case " +
+              " ".join(f"{e:.1e}" for e in q8_errors))
+        failures += [f"{name} Q8_0 case {i}: rel err {e:.2e} vs its F32 values"
+                     for i, e in enumerate(q8_errors) if not e < TOLERANCE]
 
     hf_layout, gguf_layout = (attention_layout(binary, m) for m in (reference_model, gguf_path))
     if hf_layout != gguf_layout:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -462,6 +463,70 @@ TEST(Checkpoint, Phi3) {
   EXPECT_EQ(windows_of(parse_hf_config(j)), (std::vector<int32_t>{16, 16}));
   j["rope_parameters"]["partial_rotary_factor"] = 0.75;
   EXPECT_CONTAINS(error_of([&] { parse_hf_config(j); }), "partial_rotary_factor=0.75");
+}
+
+std::vector<bool> sparse_of(const ModelConfig& c) {
+  std::vector<bool> out;
+  for (const LayerSpec& l : c.layers) out.push_back(l.sparse_mlp);
+  return out;
+}
+
+// Qwen3-MoE: both spellings of the expert count, HF's norm_topk_prob default, which layers are
+// sparse (decoder_sparse_step, mlp_only_layers), and what is refused.
+TEST(Checkpoint, Qwen3MoeExpertsAndSparseLayers) {
+  json j = fixture_config("qwen3-moe");
+  ModelConfig c = parse_hf_config(j);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.experts_per_token, 2);
+  EXPECT_EQ(c.moe.expert_intermediate_size, 128);
+  EXPECT_TRUE(c.moe.normalize_top_k);
+  EXPECT_EQ(sparse_of(c), (std::vector<bool>{true, true}));
+  j.erase("num_local_experts");
+  j["num_experts"] = 6;  // the Hub's key
+  j.erase("norm_topk_prob");
+  j["num_hidden_layers"] = 4;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  c = parse_hf_config(j);
+  EXPECT_EQ(c.moe.num_experts, 6);
+  EXPECT_FALSE(c.moe.normalize_top_k);  // HF's default
+  EXPECT_EQ(sparse_of(c), (std::vector<bool>{false, true, false, false}));
+  // The dense layers read the dense MLP's names and shapes, the sparse one the experts'.
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, shape] : expected_tensor_shapes(c)) shapes.emplace(name, shape);
+  EXPECT_EQ(shapes.at("model.layers.0.mlp.down_proj.weight"), (Shape{256, 512}));
+  EXPECT_EQ(shapes.at("model.layers.1.mlp.gate.weight"), (Shape{6, 256}));
+  EXPECT_EQ(shapes.at("model.layers.1.mlp.experts.5.down_proj.weight"), (Shape{256, 128}));
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.down_proj.weight"), 0u);
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.experts.6.up_proj.weight"), 0u);
+
+  json bad = fixture_config("qwen3-moe");
+  bad["num_experts_per_tok"] = 9;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(bad); }), "experts per token (9)");
+  bad = fixture_config("qwen3-moe");
+  bad["num_local_experts"] = 1000;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(bad); }), "1000 experts");
+  bad = fixture_config("qwen3-moe");
+  bad["mlp_only_layers"] = {7};
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(bad); }), "mlp_only_layers");
+  bad = fixture_config("qwen3-moe");
+  bad["shared_expert_intermediate_size"] = 64;
+  EXPECT_CONTAINS(error_of([&] { parse_hf_config(bad); }), "shared experts");
+}
+
+// Mixtral: every layer sparse, intermediate_size is the experts', always renormalized.
+TEST(Checkpoint, MixtralExperts) {
+  const ModelConfig c = parse_hf_config(fixture_config("mixtral"));
+  EXPECT_EQ(c.model_type, "mixtral");
+  EXPECT_EQ(c.moe.num_experts, 4);
+  EXPECT_EQ(c.moe.experts_per_token, 2);
+  EXPECT_EQ(c.moe.expert_intermediate_size, 128);
+  EXPECT_TRUE(c.moe.normalize_top_k);
+  EXPECT_EQ(sparse_of(c), (std::vector<bool>{true, true}));
+  EXPECT_EQ(hf_weight_name(family_of(c), 1, LayerWeight::kExpertDown, 3),
+            "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  EXPECT_CONTAINS(error_of([&] { hf_weight_name(family_of(c), 1, LayerWeight::kExpertDown); }),
+                  "needs an expert index");
 }
 
 class BrokenCheckpoint : public ::testing::Test {

@@ -74,6 +74,10 @@ def main():
     failed = []
     for name in names:
         d = os.path.join(FIXTURES, name)
+        config = json.load(open(os.path.join(d, "config.json")))
+        if config.get("num_experts") or config.get("num_local_experts"):
+            print(f"{name:14s} {'':10s} {'':10s} {'':11s} {'':>10s}  skipped: MoE has no split yet")
+            continue
         exp = read_safetensors(os.path.join(d, "expected.safetensors"))
         cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
         prompts = [exp[f"case{i}.prompt"].astype(int).tolist() for i in cases]

@@ -60,6 +60,17 @@ void print_model(const TextModel& model, bool list_tensors) {
               c.activation == Activation::kGeluTanh ? "GeGLU (tanh)" : "SwiGLU",
               c.norm_weight_offset, c.sandwich_norms ? ", around both sublayers" : "",
               c.embedding_scale, c.final_logit_softcap);
+  if (c.moe.num_experts > 0) {
+    std::string sparse;
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      if (c.layers[i].sparse_mlp) sparse += cat(sparse.empty() ? "" : ",", i);
+    }
+    std::printf("experts           %lld, top %lld%s, expert ffn %lld; sparse layers %s\n",
+                static_cast<long long>(c.moe.num_experts),
+                static_cast<long long>(c.moe.experts_per_token),
+                c.moe.normalize_top_k ? " renormalized" : "",
+                static_cast<long long>(c.moe.expert_intermediate_size), sparse.c_str());
+  }
   std::printf("eos ids          ");
   for (int32_t id : c.eos_token_ids) std::printf(" %d", id);
   std::printf("\n");

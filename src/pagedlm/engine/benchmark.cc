@@ -59,11 +59,14 @@ Request make_request(std::vector<int32_t> prompt, int32_t max_tokens) {
   return r;
 }
 
-// Bytes and FLOPs of the model that do not depend on the step's contents.
+// Bytes and FLOPs of the model that do not depend on the step's contents. The experts of a
+// mixture of experts are not among the weights read every step: a step reads those it activated
+// (CausalLM::expert_bytes_read), and each token computes with its k.
 struct ModelCosts {
-  double layer_params = 0;  // weights every token goes through
-  double head_params = 0;   // lm_head: once per logits row
-  double weight_bytes = 0;  // all of those, read once per step
+  double layer_params = 0;  // weights every token goes through (attention, dense MLPs, routers)
+  double expert_params_per_token = 0;  // the k experts' weights each token multiplies with
+  double head_params = 0;              // lm_head: once per logits row
+  double weight_bytes = 0;             // layer and head weights, read once per step
   double kv_bytes_per_token = 0;
   double attention_flops_per_pair = 0;  // per (query, key) pair over all layers and heads
 
@@ -72,8 +75,16 @@ struct ModelCosts {
     const double q = static_cast<double>(c.num_heads) * d,
                  kv = static_cast<double>(c.num_kv_heads) * d;
     const double layers = static_cast<double>(c.num_layers);
-    layer_params =
-        layers * (D * (q + 2 * kv) + q * D + 3 * D * static_cast<double>(c.intermediate_size));
+    for (const LayerSpec& layer : c.layers) {
+      layer_params += D * (q + 2 * kv) + q * D;
+      if (layer.sparse_mlp) {
+        layer_params += static_cast<double>(c.moe.num_experts) * D;  // the router
+        expert_params_per_token += static_cast<double>(c.moe.experts_per_token) * 3 * D *
+                                   static_cast<double>(c.moe.expert_intermediate_size);
+      } else {
+        layer_params += 3 * D * static_cast<double>(c.intermediate_size);
+      }
+    }
     head_params = static_cast<double>(c.vocab_size) * D;
     weight_bytes = (layer_params + head_params) * dtype_bytes;
     kv_bytes_per_token = 2 * layers * kv * dtype_bytes;
@@ -166,15 +177,22 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   for (size_t c = 0; c < conversations.size(); ++c) next_turn(static_cast<int64_t>(c));
 
   int64_t done = 0;
+  const bool moe = engine.config().moe.num_experts > 0;
+  int64_t expert_bytes = moe ? engine.expert_bytes_read() : 0;
   Clock::time_point step_start = Clock::now();
   while (engine.has_unfinished()) {
     const auto events = engine.step();
     const Clock::time_point now = Clock::now();
     const StepShape& shape = engine.last_step();
-    const double step_bytes =
+    double step_bytes =
         costs.weight_bytes + costs.kv_bytes_per_token * static_cast<double>(shape.kv_tokens);
+    if (moe) {  // the step has finished on the device: reading its counters waits for nothing
+      const int64_t read = engine.expert_bytes_read();
+      step_bytes += static_cast<double>(read - expert_bytes);
+      expert_bytes = read;
+    }
     result.bytes += step_bytes;
-    result.flops += 2 * costs.layer_params * shape.num_tokens +
+    result.flops += 2 * (costs.layer_params + costs.expert_params_per_token) * shape.num_tokens +
                     2 * costs.head_params * shape.num_seqs +
                     costs.attention_flops_per_pair * static_cast<double>(shape.attention_pairs);
     if (shape.decode) {

@@ -388,6 +388,8 @@ std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
   return scheduler_->cached_pages(max_pages);
 }
 
+int64_t Engine::expert_bytes_read() const { return model_->expert_bytes_read(); }
+
 void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);

@@ -65,11 +65,14 @@ Tensor gguf_tensor_f32(const GgufTensorInfo& t, int64_t n_heads, const std::stri
 // A Q4_1 or Q8_0 matrix's blocks, rows reordered as dequantize() reorders them.
 std::optional<QuantizedMatrix> gguf_tensor_blocks(const GgufTensorInfo& t, int64_t n_heads,
                                                   const std::string& path) {
-  if (t.dims.size() != 2 || (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) return {};
+  if (t.dims.size() < 2 || t.dims.size() > 3 ||
+      (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) {
+    return {};
+  }
   QuantizedMatrix q;
   q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;
   q.cols = t.dims[0];
-  q.rows = t.dims[1];
+  q.rows = t.numel() / t.dims[0];
   const size_t row_bytes = t.row_bytes();
   q.blocks.resize(row_bytes * q.rows);
   const int64_t head_rows = head_rows_of(t, n_heads, path);

@@ -122,6 +122,37 @@ int64_t interleaved_heads(const Family& family, const std::string& gguf_name,
   return 0;
 }
 
+// Stores a GGUF 3-D expert tensor [experts, rows, cols] as one HF tensor per expert, the
+// expert's index in place of the name's '*': quantized ones keep their blocks.
+void add_experts(Checkpoint& ckpt, const GgufTensorInfo& t, const std::string& name_pattern,
+                 const std::string& path) {
+  PAGEDLM_CHECK(t.dims.size() == 3 && t.dims[2] > 0, "GGUF file '", path, "' tensor '", t.name,
+                "' must be 3-D [experts, rows, cols], got ", t.dims.size(), " dims");
+  const int64_t experts = t.dims[2], rows = t.dims[1];
+  const size_t star = name_pattern.find('*');
+  auto name_of = [&](int64_t e) {
+    std::string name = name_pattern;
+    return name.replace(star, 1, std::to_string(e));
+  };
+  if (std::optional<QuantizedMatrix> blocks = gguf_tensor_blocks(t, 0, path)) {
+    const size_t expert_bytes = static_cast<size_t>(rows * blocks->row_bytes());
+    for (int64_t e = 0; e < experts; ++e) {
+      QuantizedMatrix q;
+      q.type = blocks->type;
+      q.rows = rows;
+      q.cols = blocks->cols;
+      const auto first = blocks->blocks.begin() + static_cast<ptrdiff_t>(e * expert_bytes);
+      q.blocks.assign(first, first + static_cast<ptrdiff_t>(expert_bytes));
+      ckpt.quantized.emplace(name_of(e), std::move(q));
+    }
+    return;
+  }
+  const Tensor all = gguf_tensor_f32(t, 0, path).reshape({experts * rows, t.dims[0]});
+  for (int64_t e = 0; e < experts; ++e) {
+    ckpt.tensors.emplace(name_of(e), all.rows(e * rows, (e + 1) * rows));
+  }
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& config) {
@@ -227,7 +258,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   const std::string& arch = f.get_string("general.architecture");
   const Family* family = nullptr;
   try {
-    family = &family_for_gguf_architecture(arch);
+    family = &family_for_gguf_architecture(
+        arch, f.find(arch + ".expert_count") != nullptr && f.get_int(arch + ".expert_count") > 0);
   } catch (const Error& e) {
     fail("GGUF file '", f.path(), "': ", e.what());
   }
@@ -324,6 +356,11 @@ Checkpoint load_gguf_checkpoint(const std::string& path, const LoadProgress& pro
   for (const GgufTensorInfo& t : f.tensors()) {
     std::string name = hf_name_of_gguf(family, t.name, path);
     const int64_t heads = interleaved_heads(family, t.name, ckpt.config);
+    if (name.find('*') != std::string::npos) {  // all experts in one 3-D tensor: one per expert
+      add_experts(ckpt, t, name, path);
+      if (progress) progress(++done, total);
+      continue;
+    }
     if (auto blocks = gguf_tensor_blocks(t, heads, path)) {
       ckpt.quantized.emplace(std::move(name), std::move(*blocks));
       if (progress) progress(++done, total);

@@ -1,9 +1,10 @@
 // The decoder every family runs: pre-norm attention and a gated MLP per layer, with the pieces a
 // family switches on in its ModelConfig (q/k/v biases, q/k norms, sandwich norms, (1 + w) norms,
-// GeGLU, scaled embeddings, a final soft-cap) and one attention spec per layer. Weights are
-// found under the family's names (model/family.h).
+// GeGLU, scaled embeddings, a final soft-cap, mixture-of-experts MLPs) and one attention spec
+// per layer. Weights are found under the family's names (model/family.h).
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,8 @@
 #include "pagedlm/ops/communicator.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
-#include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/softcap.h"
@@ -47,8 +48,53 @@ struct LayerWeights {
   Tensor q_norm, k_norm;               // [d], with qk_norm only
   Projection gate_up_proj;             // [2F, D]: gate rows then up rows, one GEMM
   Projection down_proj;                // [D, F]
-  Tensor inv_freq;                     // [d/2] f32: the layer's rope (shared between layers)
+  Projection router;                   // [E, D]: sparse MLPs only, with `experts`
+  ops::ExpertWeights experts;
+  Tensor inv_freq;  // [d/2] f32: the layer's rope (shared between layers)
 };
+
+// The named matrices' blocks (shapes checked) stacked by rows, or nothing unless all have
+// blocks of one format.
+QuantizedMatrix stacked_blocks(const Checkpoint& ckpt,
+                               const std::vector<std::pair<std::string, Shape>>& parts) {
+  QuantizedMatrix out;
+  for (const auto& [name, shape] : parts) {
+    const QuantizedMatrix* blocks = ckpt.blocks(name, shape);
+    if (blocks == nullptr) return {};
+    const QuantizedMatrix& q = *blocks;
+    if (out.rows > 0 && (q.type != out.type || q.cols != out.cols)) return {};
+    out.type = q.type;
+    out.cols = q.cols;
+    out.rows += q.rows;
+    out.blocks.insert(out.blocks.end(), q.blocks.begin(), q.blocks.end());
+  }
+  return out;
+}
+
+DType compute_dtype_of(Device device) {
+  return device == Device::kCpu ? DType::kF32 : DType::kBF16;
+}
+
+// Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
+// f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
+Tensor upload(const Tensor& t, Device device) {
+  if (device == Device::kCpu) {
+    // f32 is shared, not copied (a GGUF matrix Checkpoint::get dequantized for this call, an f32
+    // tensor in a mapped safetensors file), where it is aligned like the buffers we allocate.
+    if (t.dtype() == DType::kF32 && reinterpret_cast<uintptr_t>(t.raw()) % 64 == 0) return t;
+    return t.to_f32();
+  }
+  if (t.dtype() == DType::kBF16) return t.to(device);
+  // f32 checkpoints convert in place of a copy, in parallel: an 8B model is 8G conversions.
+  const Tensor f32 = t.dtype() == DType::kF32 ? t : t.to_f32();
+  Tensor bf16 = Tensor::empty(DType::kBF16, f32.shape());
+  const float* src = f32.data<float>();
+  uint16_t* dst = bf16.data<uint16_t>();
+  const int64_t n = f32.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  return bf16.to(device);
+}
 
 // A weight of a projection: its HF name and full shape, and how tensor parallelism splits it.
 struct WeightPart {
@@ -59,8 +105,8 @@ struct WeightPart {
 
 // This rank's share of the named matrices' blocks (shapes checked) stacked by rows, or nothing
 // unless all have blocks of one format. A split by input columns must keep whole blocks.
-QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
-                               const std::vector<WeightPart>& parts) {
+QuantizedMatrix shard_blocks(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                             const std::vector<WeightPart>& parts) {
   QuantizedMatrix out;
   for (const WeightPart& part : parts) {
     const QuantizedMatrix* blocks = ckpt.blocks(part.name, part.shape);
@@ -114,68 +160,119 @@ Tensor slice_cols(const Tensor& t, int64_t begin, int64_t end) {
   return out;
 }
 
-DType compute_dtype_of(Device device) {
-  return device == Device::kCpu ? DType::kF32 : DType::kBF16;
-}
+// Where row `row` of part `part` goes in a stacked tensor.
+using RowPlacement = std::function<int64_t(size_t part, int64_t row)>;
 
-// Weights in the compute dtype on the target device: f32 on the CPU, bf16 on the GPU (f16 and
-// f32 checkpoints are rounded to bf16 too, so one set of kernels serves every checkpoint).
-Tensor upload(const Tensor& t, Device device) {
-  if (device == Device::kCpu) {
-    // f32 is shared, not copied (a GGUF matrix Checkpoint::get dequantized for this call, an f32
-    // tensor in a mapped safetensors file), where it is aligned like the buffers we allocate.
-    if (t.dtype() == DType::kF32 && reinterpret_cast<uintptr_t>(t.raw()) % 64 == 0) return t;
-    return t.to_f32();
+// The named tensors (shapes checked) stacked along their first dimension (in order, or where
+// `place` says), in the compute dtype on `device`, converted part by part: a whole layer of
+// experts is never held in f32.
+Tensor stacked(const Checkpoint& ckpt, const std::vector<std::pair<std::string, Shape>>& parts,
+               Device device, const RowPlacement& place = nullptr) {
+  if (parts.size() == 1 && !place) {
+    return upload(ckpt.get(parts[0].first, parts[0].second), device);
   }
-  // f32 checkpoints (and dummy weights) convert in place of a copy, in parallel: an 8B model
-  // is 8G conversions.
-  const Tensor f32 = t.dtype() == DType::kF32 ? t : t.to_f32();
-  Tensor bf16 = Tensor::empty(DType::kBF16, f32.shape());
-  const float* src = f32.data<float>();
-  uint16_t* dst = bf16.data<uint16_t>();
-  const int64_t n = f32.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-  return bf16.to(device);
-}
-
-// Stacks tensors along their first dimension into a new f32 tensor: weights [rows, cols] or
-// biases [rows].
-Tensor concat_rows(const std::vector<Tensor>& parts) {
-  Shape shape = parts.front().shape();
+  const DType dtype = compute_dtype_of(device);
+  Shape shape = parts.front().second;
   shape[0] = 0;
-  for (const Tensor& t : parts) shape[0] += t.dim(0);
-  Tensor out = Tensor::empty(DType::kF32, shape);
-  float* dst = out.data<float>();
-  for (const Tensor& t : parts) {
-    const Tensor f = t.to_f32();
-    std::memcpy(dst, f.data<float>(), f.nbytes());
-    dst += f.numel();
+  for (const auto& [name, part_shape] : parts) shape[0] += part_shape[0];
+  Tensor host = Tensor::empty(dtype, shape);
+  const int64_t row_elems = shape[0] == 0 ? 0 : host.numel() / shape[0];
+  const auto elem_bytes = static_cast<int64_t>(dtype_size(dtype));
+  int64_t next_row = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Tensor part = ckpt.get(parts[p].first, parts[p].second);
+    const Tensor converted = part.dtype() == dtype ? part : part.to_f32();
+    const int64_t rows = part.dim(0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t dst_row = place ? place(p, r) : next_row + r;
+      char* dst = static_cast<char*>(host.raw()) + dst_row * row_elems * elem_bytes;
+      if (converted.dtype() == dtype) {
+        std::memcpy(dst, static_cast<const char*>(converted.raw()) + r * row_elems * elem_bytes,
+                    row_elems * elem_bytes);
+      } else {
+        const float* src = converted.data<float>() + r * row_elems;
+        auto* out = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < row_elems; ++i) out[i] = f32_to_bf16(src[i]);
+      }
+    }
+    next_row += rows;
   }
-  return out;
+  return device == Device::kCpu ? host : host.to(device);
 }
 
-// This rank's share of the parts, stacked by rows. Unsplit, a part is the checkpoint's tensor
-// itself (a view of the mapped file); a share is always copied, so that no rank keeps a whole
-// tensor alive through a view (a GGUF matrix dequantized for this call is freed after it).
+// This rank's share of the parts, stacked by rows in the compute dtype on `device`. Unsplit
+// (one rank) this is stacked(); a share is always copied out of the checkpoint's tensor, so that
+// no rank keeps a whole tensor alive through a view.
 Tensor shard_of(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
-                const std::vector<WeightPart>& parts) {
+                const std::vector<WeightPart>& parts, Device device) {
+  if (tp.size == 1) {
+    std::vector<std::pair<std::string, Shape>> whole;
+    for (const WeightPart& part : parts) whole.emplace_back(part.name, part.shape);
+    return stacked(ckpt, whole, device);
+  }
   std::vector<Tensor> pieces;
-  bool whole = true;
   for (const WeightPart& part : parts) {
     const Tensor t = ckpt.get(part.name, part.shape);
     const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
     if (shard.by_cols) {
       pieces.push_back(slice_cols(t, shard.ranges.front().first, shard.ranges.front().second));
-      whole = false;
       continue;
     }
-    for (const auto& [begin, end] : shard.ranges) {
-      pieces.push_back(t.rows(begin, end));
-      whole &= begin == 0 && end == t.dim(0);
-    }
+    for (const auto& [begin, end] : shard.ranges) pieces.push_back(t.rows(begin, end));
   }
-  return pieces.size() == 1 && whole ? pieces.front() : concat_rows(pieces);
+  Shape shape = pieces.front().shape();
+  shape[0] = 0;
+  for (const Tensor& p : pieces) shape[0] += p.dim(0);
+  Tensor host = Tensor::empty(DType::kF32, shape);
+  float* dst = host.data<float>();
+  for (const Tensor& p : pieces) {
+    const Tensor f = p.to_f32();
+    std::memcpy(dst, f.data<float>(), f.nbytes());
+    dst += f.numel();
+  }
+  return upload(host, device);
+}
+
+// A sparse layer's experts as ops::moe_experts takes them: per-expert blocks on the CPU where
+// every expert's matrices have them (GGUF Q4_1 / Q8_0), else stacked in the compute dtype.
+ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, int64_t layer,
+                                Device device) {
+  const Family& family = family_of(c);
+  const int64_t E = c.moe.num_experts, D = c.hidden_size, F = c.moe.expert_intermediate_size;
+  ops::ExpertWeights w;
+  w.num_experts = E;
+  w.hidden = D;
+  w.ffn = F;
+  std::vector<std::pair<std::string, Shape>> gate_up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertGate, e), Shape{F, D});
+    gate_up.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertUp, e), Shape{F, D});
+    down.emplace_back(hf_weight_name(family, layer, LayerWeight::kExpertDown, e), Shape{D, F});
+  }
+  if (device == Device::kCpu) {
+    for (int64_t e = 0; e < E; ++e) {
+      QuantizedMatrix gu = stacked_blocks(ckpt, {gate_up[2 * e], gate_up[2 * e + 1]});
+      QuantizedMatrix dn = stacked_blocks(ckpt, {down[e]});
+      if (gu.empty() || dn.empty()) {
+        w.gate_up_blocks.clear();
+        w.down_blocks.clear();
+        break;
+      }
+      w.gate_up_blocks.push_back(std::move(gu));
+      w.down_blocks.push_back(std::move(dn));
+    }
+    if (w.quantized()) return w;
+  }
+  PAGEDLM_CHECK(device == Device::kCpu || F % 8 == 0, "the GPU's experts need a size that is a ",
+                "multiple of 8, got ", F);
+  // gate_up lists each expert's gate, then its up projection: part p is expert p / 2.
+  w.gate_up = stacked(ckpt, gate_up, device, [&](size_t p, int64_t r) {
+                const auto e = static_cast<int64_t>(p / 2);
+                return e * 2 * F + ops::moe_gate_up_row(r, p % 2 == 1, F, device);
+              }).reshape({E, 2 * F, D});
+  w.down = stacked(ckpt, down, device).reshape({E, D, F});
+  return w;
 }
 
 class DecoderModel final : public CausalLM {
@@ -201,17 +298,18 @@ class DecoderModel final : public CausalLM {
     // projection; the CPU keeps GGUF blocks where every part has them.
     auto projection = [&](const std::vector<WeightPart>& parts) {
       Projection proj;
-      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
-      if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
+      if (device == Device::kCpu) proj.blocks = shard_blocks(ckpt, c, tp, parts);
+      if (proj.blocks.empty()) proj.dense = shard_of(ckpt, c, tp, parts, device);
       return proj;
     };
     // The embedding and the lm_head are split by vocabulary rows.
     const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
-    embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
+    embed_ = tp.size == 1 ? upload(ckpt.get(embed_part.name, embed_part.shape), device)
+                          : shard_of(ckpt, c, tp, {embed_part}, device);
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
       lm_head_.blocks =
-          device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
+          device == Device::kCpu ? shard_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
@@ -255,24 +353,40 @@ class DecoderModel final : public CausalLM {
                                      part(i, LayerWeight::kV, {kv_rows, D})});
       w.o_proj = projection({part(i, LayerWeight::kO, {D, q_rows})});
       if (c.attention_bias) {
-        w.qkv_bias = upload(shard_of(ckpt, c, tp,
-                                     {part(i, LayerWeight::kQBias, {q_rows}),
-                                      part(i, LayerWeight::kKBias, {kv_rows}),
-                                      part(i, LayerWeight::kVBias, {kv_rows})}),
-                            device);
+        w.qkv_bias = shard_of(
+            ckpt, c, tp,
+            {part(i, LayerWeight::kQBias, {q_rows}), part(i, LayerWeight::kKBias, {kv_rows}),
+             part(i, LayerWeight::kVBias, {kv_rows})},
+            device);
       }
       if (c.qk_norm) {
         w.q_norm = vector(name(i, LayerWeight::kQNorm), d);
         w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
-      w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
-                           ? projection({part(i, LayerWeight::kGateUp, {2 * F, D})})
-                           : projection({part(i, LayerWeight::kGate, {F, D}),
-                                         part(i, LayerWeight::kUp, {F, D})});
-      w.down_proj = projection({part(i, LayerWeight::kDown, {D, F})});
+      if (c.layers[i].sparse_mlp) {
+        w.router = projection({part(i, LayerWeight::kRouter, {c.moe.num_experts, D})});
+        w.experts = load_experts(ckpt, c, i, device);
+      } else {
+        w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
+                             ? projection({part(i, LayerWeight::kGateUp, {2 * F, D})})
+                             : projection({part(i, LayerWeight::kGate, {F, D}),
+                                           part(i, LayerWeight::kUp, {F, D})});
+        w.down_proj = projection({part(i, LayerWeight::kDown, {D, F})});
+      }
       w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
     }
+    experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
+  }
+
+  int64_t expert_bytes_read() const override {
+    const ModelConfig& c = config_;
+    if (c.moe.num_experts == 0) return 0;
+    const Tensor counts = experts_activated_.to(Device::kCpu);
+    int64_t activated = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) activated += counts.data<int32_t>()[i];
+    return activated * 3 * c.moe.expert_intermediate_size * c.hidden_size *
+           static_cast<int64_t>(dtype_size(dtype_));
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -304,13 +418,24 @@ class DecoderModel final : public CausalLM {
     b.proj_out = make({rows, D});
     b.gate_up = make({rows, 2 * F});
     b.act = make({rows, F});
-    b.last = make({rows, D});
-    b.last_residual = make_f32({rows, D});
-    b.last_update = make({rows, D});
     if (comm_ != nullptr) {
       b.local_logits = make_f32({rows, dims_.vocab});
       comm_->reserve(rows, dims_.vocab);
     }
+    if (c.moe.num_experts > 0) {
+      const int64_t E = c.moe.num_experts, k = c.moe.experts_per_token;
+      const int64_t Fe = c.moe.expert_intermediate_size;
+      b.router_logits = make_f32({rows, E});
+      b.expert_ids = Tensor::empty(DType::kI32, {rows, k}, device_);
+      b.expert_weights = make_f32({rows, k});
+      b.moe.plan = Tensor::empty(DType::kI32, {ops::moe_plan_size(rows * k, E)}, device_);
+      if (device_ == Device::kCpu) b.moe.gate_up = make({rows * k, 2 * Fe});
+      b.moe.act = make({rows * k, Fe});
+      b.moe.expert_out = make({rows * k, D});
+    }
+    b.last = make({rows, D});
+    b.last_residual = make_f32({rows, D});
+    b.last_update = make({rows, D});
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
@@ -356,14 +481,23 @@ class DecoderModel final : public CausalLM {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
       ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
-      w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
-      if (c.activation == Activation::kGeluTanh) {
-        ops::gelu_tanh_mul(gate_up, act, stream);
+      if (c.layers[i].sparse_mlp) {
+        const Tensor router_logits = buffers_.router_logits.rows(0, L);
+        const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
+        const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
+        w.router.apply(hidden, Tensor(), router_logits, stream);
+        ops::moe_route(router_logits, c.moe.normalize_top_k, expert_ids, expert_weights, stream);
+        ops::MoeWorkspace ws = buffers_.moe;
+        ws.activated =
+            experts_activated_.rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+        ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
+                         proj_out, stream);
       } else {
-        ops::silu_mul(gate_up, act, stream);
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
+        ops::gated_mul(gated_activation(c), gate_up, act, stream);
+        w.down_proj.apply(act, Tensor(), proj_out, stream);
+        if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       }
-      w.down_proj.apply(act, Tensor(), proj_out, stream);
-      if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
       }
@@ -391,8 +525,17 @@ class DecoderModel final : public CausalLM {
     int64_t capacity = 0;                                               // rows
     Tensor residual, hidden, qkv, q, attn_out, proj_out, gate_up, act;  // [rows, ...]
     Tensor last, last_residual, last_update;                            // [rows, D]
+    // Mixture-of-experts layers: router logits [rows, E], each token's experts and weights
+    // [rows, k], and the experts' scratch for rows * k (token, slot) pairs.
+    Tensor router_logits, expert_ids, expert_weights;
+    ops::MoeWorkspace moe;
     Tensor local_logits;  // [rows, vocab / ranks] f32: this rank's lm_head rows (TP only)
   };
+
+  static ops::GatedActivation gated_activation(const ModelConfig& c) {
+    return c.activation == Activation::kGeluTanh ? ops::GatedActivation::kGeluTanh
+                                                 : ops::GatedActivation::kSilu;
+  }
 
   ModelConfig config_;
   Device device_;
@@ -404,6 +547,7 @@ class DecoderModel final : public CausalLM {
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;
+  Tensor experts_activated_;  // [layers] i32: experts that received tokens, summed over calls
 };
 
 }  // namespace

@@ -12,13 +12,14 @@ namespace pagedlm {
 
 // The families, each defined in model/families/<name>.cc.
 extern const Family kLlamaFamily, kMistralFamily, kQwen2Family, kQwen3Family, kPhi3Family,
-    kGemma2Family, kGemma3Family;
+    kGemma2Family, kGemma3Family, kQwen3MoeFamily, kMixtralFamily;
 
 namespace {
 
 // The registry: the one list of what pagedlm runs.
-const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
-                                   &kPhi3Family,  &kGemma2Family,  &kGemma3Family};
+const Family* const kFamilies[] = {&kLlamaFamily,  &kMistralFamily,  &kQwen2Family,
+                                   &kQwen3Family,  &kPhi3Family,     &kGemma2Family,
+                                   &kGemma3Family, &kQwen3MoeFamily, &kMixtralFamily};
 
 template <typename Names>
 std::string list_of(Names names_of) {
@@ -68,11 +69,18 @@ const Family& family_for_hf_model_type(const std::string& model_type) {
   return *f;
 }
 
-const Family& family_for_gguf_architecture(const std::string& architecture) {
-  const Family* f = find_family(architecture, kGgufOf);
-  PAGEDLM_CHECK(f != nullptr, "GGUF architecture '", architecture,
-                "' is not supported (supported: ", list_of(kGgufOf), ")");
-  return *f;
+const Family& family_for_gguf_architecture(const std::string& architecture, bool has_experts) {
+  const Family* named = nullptr;
+  for (const Family* f : kFamilies) {
+    if (f->gguf_architecture == nullptr || architecture != f->gguf_architecture) continue;
+    if (f->mixture_of_experts == has_experts) return *f;
+    named = f;
+  }
+  PAGEDLM_CHECK(named == nullptr, "GGUF architecture '", architecture, "' ",
+                has_experts ? "with experts (expert_count > 0) is not supported"
+                            : "needs experts (expert_count > 0)");
+  fail("GGUF architecture '", architecture, "' is not supported (supported: ", list_of(kGgufOf),
+       ")");
 }
 
 const Family& family_of(const ModelConfig& config) {
@@ -93,11 +101,16 @@ Shard layer_weight_shard(const Family& family, LayerWeight w) {
   return n->shard;
 }
 
-std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w) {
+std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w, int64_t expert) {
   const LayerWeightName* n = find_weight(family, w);
   PAGEDLM_CHECK(n != nullptr, "model family ", family.name, " has no layer weight ",
                 static_cast<int>(w));
-  return cat("model.layers.", layer, ".", n->hf);
+  std::string name = cat("model.layers.", layer, ".", n->hf);
+  const size_t star = name.find('*');
+  PAGEDLM_CHECK((star != std::string::npos) == (expert >= 0), "layer weight ", name,
+                expert >= 0 ? " is not an expert's" : " needs an expert index");
+  if (star != std::string::npos) name.replace(star, 1, std::to_string(expert));
+  return name;
 }
 
 std::vector<std::pair<std::string, Shape>> expected_tensor_shapes(const ModelConfig& c) {
@@ -130,13 +143,21 @@ std::vector<std::pair<std::string, Shape>> expected_tensor_shapes(const ModelCon
     add(LayerWeight::kO, {D, q_rows});
     if (c.sandwich_norms) add(LayerWeight::kAttnOutNorm, {D});
     add(LayerWeight::kFfnNorm, {D});
-    if (has_layer_weight(family, LayerWeight::kGateUp)) {
+    if (c.layers[i].sparse_mlp) {
+      const int64_t E = c.moe.num_experts, Fe = c.moe.expert_intermediate_size;
+      add(LayerWeight::kRouter, {E, D});
+      for (int64_t e = 0; e < E; ++e) {
+        shapes.emplace_back(hf_weight_name(family, i, LayerWeight::kExpertGate, e), Shape{Fe, D});
+        shapes.emplace_back(hf_weight_name(family, i, LayerWeight::kExpertUp, e), Shape{Fe, D});
+        shapes.emplace_back(hf_weight_name(family, i, LayerWeight::kExpertDown, e), Shape{D, Fe});
+      }
+    } else if (has_layer_weight(family, LayerWeight::kGateUp)) {
       add(LayerWeight::kGateUp, {2 * F, D});
     } else {
       add(LayerWeight::kGate, {F, D});
       add(LayerWeight::kUp, {F, D});
     }
-    add(LayerWeight::kDown, {D, F});
+    if (!c.layers[i].sparse_mlp) add(LayerWeight::kDown, {D, F});
     if (c.sandwich_norms) add(LayerWeight::kFfnOutNorm, {D});
   }
   shapes.emplace_back("model.norm.weight", Shape{D});

@@ -39,6 +39,13 @@ enum class LayerWeight : uint8_t {
   kGateUp,
   kDown,
   kFfnOutNorm,  // after the MLP (sandwich norms)
+  // Mixture-of-experts layers (LayerSpec::sparse_mlp): the router's [num_experts, hidden]
+  // matrix and each expert's gate, up and down projections. HF names hold a '*' where the
+  // expert's index goes; GGUF files stack all experts in one 3-D tensor.
+  kRouter,
+  kExpertGate,
+  kExpertUp,
+  kExpertDown,
 };
 
 // How tensor parallelism splits a weight between ranks (model/tensor_parallel.h computes the
@@ -51,6 +58,7 @@ enum class Shard : uint8_t {
   kQkvHeadRows,  // fused q|k|v rows: the q part as kRows, the k and v parts as kKvHeadRows
   kHalvesRows,   // fused gate|up rows: each half split evenly
   kCols,         // input columns split evenly (o, down); the partial outputs are all-reduced
+  kNotSplit,     // no rule yet (the experts of MoE layers): more than one rank is refused
 };
 
 // How a family's files name one layer weight (HF's name after "model.layers.N.", GGUF's after
@@ -79,19 +87,22 @@ struct Family {
   void (*read_gguf_config)(const GgufFile& file, const std::string& prefix, ModelConfig& c);
   // llama.cpp's converter interleaves the rope halves of this family's Q/K rows in GGUF files.
   bool gguf_interleaves_qk = false;
+  // A mixture-of-experts family: its GGUF files may share general.architecture with a dense
+  // family (Mixtral's say "llama") and are told apart by {arch}.expert_count.
+  bool mixture_of_experts = false;
 };
 
 // The family of a config.json's architectures (or model_type when it has none), or of a GGUF
 // file's general.architecture; throws naming the unsupported name and the supported ones.
 const Family& family_for_hf_architecture(const std::string& architecture);
 const Family& family_for_hf_model_type(const std::string& model_type);
-const Family& family_for_gguf_architecture(const std::string& architecture);
+const Family& family_for_gguf_architecture(const std::string& architecture, bool has_experts);
 // The family whose ModelConfig::model_type this is; throws if none.
 const Family& family_of(const ModelConfig& config);
 
 // HF's name of layer `layer`'s weight `w` ("model.layers.3.self_attn.q_proj.weight"); throws if
-// the family has no such weight.
-std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w);
+// the family has no such weight. For an expert weight, `expert` fills the name's '*'.
+std::string hf_weight_name(const Family& family, int64_t layer, LayerWeight w, int64_t expert = -1);
 // Whether the family stores this weight (kQkv: q/k/v fused).
 bool has_layer_weight(const Family& family, LayerWeight w);
 // How tensor parallelism splits the family's weight `w`; throws if the family has no such weight.

@@ -48,6 +48,10 @@ class CausalLM {
   virtual void reserve(int64_t rows) = 0;
   // logits: [S, vocab] f32 on the model's device.
   virtual void forward(const ForwardInputs& inputs, Attention& attention, const Tensor& logits) = 0;
+  // Mixture-of-experts models: the bytes of expert weights the forward calls so far had to read
+  // (in each sparse layer of each call, every expert that received a token, read once). Waits
+  // for the device. 0 for dense models.
+  virtual int64_t expert_bytes_read() const { return 0; }
 };
 
 namespace ops {

@@ -36,10 +36,22 @@ struct RopeSpec {
 struct LayerSpec {
   AttentionVariant attention;
   RopeSpec rope;
+  // The layer's MLP is the mixture of experts (ModelConfig::moe), not the dense gated MLP.
+  bool sparse_mlp = false;
 };
 
 // The gated MLP's activation: SwiGLU (Llama) or GeGLU with tanh-approximated GELU (Gemma).
 enum class Activation : uint8_t { kSilu, kGeluTanh };
+
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks `experts_per_token` of
+// `num_experts` gated MLPs per token (softmax over the router's logits, the top k, renormalized
+// to sum 1 when `normalize_top_k`), and the token's output is their weighted sum.
+struct MoeSpec {
+  int64_t num_experts = 0;  // 0: every layer's MLP is dense
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  bool normalize_top_k = true;
+};
 
 struct ModelConfig {
   std::string architecture;  // HF class name, e.g. "LlamaForCausalLM"
@@ -67,6 +79,8 @@ struct ModelConfig {
   bool sandwich_norms = false;
   float embedding_scale = 1.f;      // Gemma: sqrt(hidden_size)
   float final_logit_softcap = 0.f;  // Gemma 2: logits = cap * tanh(logits / cap); 0: none
+
+  MoeSpec moe;  // the layers with LayerSpec::sparse_mlp use it
 
   // The rope of layers whose own spec says nothing else (GGUF Llama 3 files carry rope_freqs).
   RopeSpec rope;

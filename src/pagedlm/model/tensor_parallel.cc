@@ -16,6 +16,10 @@ void check_tensor_parallel(const ModelConfig& c, int32_t size) {
                 " neither divides the ", Hk, " kv heads of this model nor is a multiple of them");
   PAGEDLM_CHECK(c.intermediate_size % size == 0, "tensor parallel size ", size,
                 " does not divide the MLP's intermediate size ", c.intermediate_size);
+  for (const LayerSpec& layer : c.layers) {
+    PAGEDLM_CHECK(!layer.sparse_mlp, "tensor parallelism does not split mixture-of-experts ",
+                  "layers yet; run this model with tensor parallel size 1");
+  }
   PAGEDLM_CHECK(c.vocab_size % size == 0, "tensor parallel size ", size,
                 " does not divide the vocabulary of ", c.vocab_size,
                 " tokens (the embedding and the lm_head are split by vocabulary)");
@@ -73,6 +77,8 @@ ShardRanges shard_ranges(const ModelConfig& c, TensorParallel tp, Shard rule, co
   switch (rule) {
     case Shard::kReplicated:
       break;
+    case Shard::kNotSplit:
+      fail("a weight of shape ", shape_str(shape), " has no tensor-parallel split yet");
     case Shard::kRows:
       even(0, rows);
       break;

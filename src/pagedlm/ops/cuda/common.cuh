@@ -64,4 +64,20 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// The activations of the gated MLPs, in f32.
+// SiLU: g * sigmoid(g).
+struct Silu {
+  __device__ __forceinline__ float operator()(float g) const { return g / (1.f + __expf(-g)); }
+};
+// HF's gelu_pytorch_tanh, 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), as the
+// equal g * sigmoid(2 y): for very negative g, 1 + tanh(y) would cancel to a few bits (or to 0)
+// where g / (1 + exp(-2 y)) keeps full relative precision, and |g| too large for g^3 gives
+// exp(-2 y) = 0 or inf, hence g or -0, never NaN.
+struct GeluTanh {
+  __device__ __forceinline__ float operator()(float g) const {
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.f + __expf(-2.f * y));
+  }
+};
+
 }  // namespace pagedlm::cuda::detail

@@ -16,6 +16,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
+using detail::GeluTanh;
+using detail::Silu;
 
 // Widens one bf16 row to f32 and scales it in f32, 8 values (16 bytes in, 32 out) at a time
 // when dim % 8 == 0. table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim]
@@ -242,22 +244,6 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
     for (int i = threadIdx.x; i < row; i += blockDim.x) v_dst[i] = vt[i];
   }
 }
-
-// The activations of the gated MLPs, in f32.
-// SiLU: g * sigmoid(g).
-struct Silu {
-  __device__ __forceinline__ float operator()(float g) const { return g / (1.f + __expf(-g)); }
-};
-// HF's gelu_pytorch_tanh, 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), as the
-// equal g * sigmoid(2 y): for very negative g, 1 + tanh(y) would cancel to a few bits (or to 0)
-// where g / (1 + exp(-2 y)) keeps full relative precision, and |g| too large for g^3 gives
-// exp(-2 y) = 0 or inf, hence g or -0, never NaN.
-struct GeluTanh {
-  __device__ __forceinline__ float operator()(float g) const {
-    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return g / (1.f + __expf(-2.f * y));
-  }
-};
 
 // gated_mul_kernel 8 values at a time, for dim % 8 == 0; grid: (ceil(dim / 8 / 256), rows).
 template <typename Act>
