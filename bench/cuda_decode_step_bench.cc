@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const int batch = argc > 2 ? std::atoi(argv[2]) : 256;
   const int context = argc > 3 ? std::atoi(argv[3]) : 1024;
   const double copy_gbs = argc > 4 ? std::atof(argv[4]) : 4280;
-  const Checkpoint ckpt = make_dummy_checkpoint(argv[1], 0, DType::kBF16);
+  const Checkpoint ckpt = make_dummy_checkpoint(argv[1]);
   const ModelConfig& c = ckpt.config;
   const int page_size = 16;
 

@@ -66,6 +66,8 @@ class TensorParallelFixture : public ::testing::TestWithParam<const char*> {
 
 // The fixtures have 4 q heads and 2 kv heads: at 2 ranks each holds one kv head, at 4 each kv
 // head is held by two ranks.
+// Mixture-of-experts fixtures split each expert's intermediate size (128: 64 or 32 a rank).
+
 TEST_P(TensorParallelFixture, LogitsMatchTheReferenceAtOneTwoAndFourRanks) {
   std::vector<RequestOutput> single;
   for (const int32_t tp : {1, 2, 4}) {
@@ -186,7 +188,7 @@ TEST(TensorParallel, RanksOfFewerKvHeadsShareTheirGroupsKvHead) {
 TEST(TensorParallel, ARanksDummyWeightsAreTheWholeModelsInItsShare) {
   const ModelConfig c = fixture_config();
   const Checkpoint whole = make_dummy_checkpoint(c, 5);
-  const Checkpoint rank1 = make_dummy_checkpoint(c, 5, DType::kF32, {1, 2});
+  const Checkpoint rank1 = make_dummy_checkpoint(c, 5, {1, 2});
   const Family& family = family_of(c);
   const int64_t D = c.hidden_size, F = c.intermediate_size, dh = c.head_dim;
   for (const auto& [w, begin, end, by_cols] :
@@ -200,13 +202,13 @@ TEST(TensorParallel, ARanksDummyWeightsAreTheWholeModelsInItsShare) {
     for (int64_t r = 0; r < a.dim(0); ++r) {
       for (int64_t col = 0; col < cols; ++col) {
         if ((by_cols ? col : r) < begin || (by_cols ? col : r) >= end) continue;
-        ASSERT_EQ(a.data<float>()[r * cols + col], b.data<float>()[r * cols + col]) << name;
+        ASSERT_EQ(a.data<uint16_t>()[r * cols + col], b.data<uint16_t>()[r * cols + col]) << name;
       }
     }
   }
   const Tensor& embed = rank1.tensors.at("model.embed_tokens.weight");
-  EXPECT_EQ(embed.data<float>()[(c.vocab_size - 1) * D],
-            whole.tensors.at("model.embed_tokens.weight").data<float>()[(c.vocab_size - 1) * D]);
+  EXPECT_EQ(embed.data<uint16_t>()[(c.vocab_size - 1) * D],
+            whole.tensors.at("model.embed_tokens.weight").data<uint16_t>()[(c.vocab_size - 1) * D]);
   EXPECT_EQ(shard_of_tensor(c, "model.norm.weight"), Shard::kReplicated);
   EXPECT_EQ(shard_of_tensor(c, hf_weight_name(family, 0, LayerWeight::kUp)), Shard::kRows);
 }

@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_accuracy import FIXTURES, read_safetensors, rel_err  # noqa: E402
+from fixture_accuracy import FIXTURES, read_safetensors, rel_err, row_errors  # noqa: E402
 
 TOLERANCE = 2e-2  # tests/cuda_model_test.cc kLogitsTolerance
 MARGIN = 0.1  # tests/cuda_model_test.cc kMarginThreshold
@@ -87,7 +87,16 @@ def main():
         margins = [exp[f"case{i}.greedy_margin"].tolist() for i in cases]
         got = greedy(args.pagedlm, d, prompts, 2, len(ref_greedy[0]))
         g_ok = all(greedy_ok(g, w, m) for g, w, m in zip(got, ref_greedy, margins))
-        ok = max(e2) < TOLERANCE and g_ok
+        with open(os.path.join(d, "config.json")) as f:
+            moe = "num_experts_per_tok" in json.load(f)
+        if moe:
+            # Mixtures of experts flip routes where experts tie within rounding (see
+            # tests/cuda_model_test.cc): held as cuda_model_test holds them, a median position
+            # within the tolerance and at most 1 in 10 positions beyond 5%.
+            rows = np.concatenate([row_errors(g, w) for g, w in zip(two, want)])
+            ok = np.median(rows) < TOLERANCE and (rows > 0.05).sum() * 10 <= len(rows) and g_ok
+        else:
+            ok = max(e2) < TOLERANCE and g_ok
         if not ok:
             failed.append(name)
         print(f"{name:14s} {max(e1):10.3e} {max(e2):10.3e} {max(e21):11.3e} "

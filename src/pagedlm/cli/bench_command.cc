@@ -130,17 +130,14 @@ void register_bench(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
-    // Random weights in the compute dtype of the device. On GPUs each tensor-parallel rank is a
-    // process drawing its share only (model/dummy_checkpoint.h); the CPU's ranks are threads
-    // sharing one checkpoint.
+    // On GPUs each tensor-parallel rank is a process drawing its share of the random weights
+    // only (model/dummy_checkpoint.h); the CPU's ranks are threads sharing one checkpoint.
     const bool on_gpu = options.device == Device::kCuda;
-    const DType dummy_dtype = on_gpu ? DType::kBF16 : DType::kF32;
     const TensorParallel tp =
         on_gpu ? TensorParallel{options.tensor_parallel_rank, options.tensor_parallel_size}
                : TensorParallel{};
-    Checkpoint ckpt = args->dummy.empty()
-                          ? load_with_progress(resolve_model_path(args->model))
-                          : make_dummy_checkpoint(args->dummy, args->spec.seed, dummy_dtype, tp);
+    Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
+                                          : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
     Engine engine(ckpt, options);
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
     if (engine.options().device == Device::kCuda) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/cpu_ranks.h"
@@ -85,7 +86,7 @@ StepShape shape_of(const StepPlan& plan) {
 bool cuda_device_available() { return CudaStepRunner::available(); }
 
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
-    : options_(options), seed_counter_(std::random_device{}()) {
+    : options_(std::move(options)), seed_counter_(std::random_device{}()) {
   set_num_threads(options_.threads);
   PAGEDLM_CHECK(options_.page_size >= 1 && (options_.page_size & (options_.page_size - 1)) == 0,
                 "page size must be a power of two, got ", options_.page_size);

@@ -35,47 +35,39 @@ int64_t available_memory_bytes() {
 
 }  // namespace
 
-Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, DType dtype,
-                                 TensorParallel tp) {
-  PAGEDLM_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-                "random weights are f32 or bf16, not ", dtype_name(dtype));
+Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, TensorParallel tp) {
   check_tensor_parallel(config, tp.size);
-  // The weights are drawn on the host first: refuse a config that cannot fit rather than be
-  // killed by the kernel half-way (an 8B config needs 32 GB in f32). A rank writes about its
-  // share.
+  // The weights are drawn as bf16 on the host first (the GPU's compute dtype, so they upload
+  // without conversion; a Mixtral-8x7B config would not fit a host in f32): refuse a config
+  // that cannot fit rather than be killed by the kernel half-way (an 8B config needs 16 GB).
+  // A tensor-parallel rank writes about its share.
   double bytes = 0;  // double: an absurd config must not overflow the estimate
   for (const auto& [name, shape] : expected_tensor_shapes(config)) {
-    double n = static_cast<double>(dtype_size(dtype));
+    double n = sizeof(uint16_t);
     for (const int64_t dim : shape) n *= static_cast<double>(dim);
     bytes += n / (shard_of_tensor(config, name) == Shard::kReplicated ? 1 : tp.size);
   }
   const int64_t available = available_memory_bytes();
   PAGEDLM_CHECK(available < 0 || bytes <= static_cast<double>(available),
                 "random weights of this config take ", static_cast<int64_t>(bytes / (1 << 20)),
-                " MiB of host memory (f32) and only ", available >> 20, " MiB are available");
+                " MiB of host memory (bf16) and only ", available >> 20, " MiB are available");
   Checkpoint ckpt;
   ckpt.config = config;
   uint64_t tensor_seed = seed;
   for (const auto& [name, shape] : expected_tensor_shapes(config)) {
-    Tensor t = Tensor::empty(dtype, shape);
+    Tensor t = Tensor::empty(DType::kBF16, shape);
     const bool is_norm = name.find("norm") != std::string::npos;
     // Projections scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
     const float scale = is_norm ? 0.1f : 1.f / std::sqrt(static_cast<float>(shape.back()));
     // Norm weights near 1 as the model multiplies them (Gemma stores w - 1).
     const float offset = is_norm ? 1.f - config.norm_weight_offset : 0.f;
+    uint16_t* data = t.data<uint16_t>();
     const uint64_t s = ++tensor_seed * 0x2545f4914f6cdd1dULL;
     // Element i of the tensor (row-major) is drawn from counter i whatever the rank.
     auto fill = [&](int64_t begin, int64_t end) {
-      if (dtype == DType::kF32) {
-        float* data = t.data<float>();
 #pragma omp parallel for schedule(static)
-        for (int64_t i = begin; i < end; ++i) data[i] = offset + scale * uniform_at(s, i);
-      } else {
-        uint16_t* data = t.data<uint16_t>();
-#pragma omp parallel for schedule(static)
-        for (int64_t i = begin; i < end; ++i) {
-          data[i] = f32_to_bf16(offset + scale * uniform_at(s, i));
-        }
+      for (int64_t i = begin; i < end; ++i) {
+        data[i] = f32_to_bf16(offset + scale * uniform_at(s, i));
       }
     };
     const int64_t row = shape[0] == 0 ? 0 : t.numel() / shape[0];
@@ -91,9 +83,9 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, DType
   return ckpt;
 }
 
-Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed, DType dtype,
+Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed,
                                  TensorParallel tp) {
-  return make_dummy_checkpoint(parse_hf_config(read_json_file(config_json_path)), seed, dtype, tp);
+  return make_dummy_checkpoint(parse_hf_config(read_json_file(config_json_path)), seed, tp);
 }
 
 }  // namespace pagedlm

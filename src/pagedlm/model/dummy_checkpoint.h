@@ -10,16 +10,15 @@
 
 namespace pagedlm {
 
-// Every tensor the model needs, in `dtype` (f32, or bf16 for a GPU, which computes in bf16 and
-// so gets the same weights in half the host memory), seeded: norms near 1, projections small
-// and random. Each element is drawn on its own, so for a tensor-parallel rank only the elements
-// its share reads are written (the rest of each tensor is allocated, never touched, so the OS
-// never backs it): a 70B config at 2 ranks fits a host that could not hold it twice, and every
-// rank's share holds the values a single rank would.
+// Every tensor the model needs, bf16, seeded: norms near 1, projections small and random. Each
+// element is drawn on its own, so for a tensor-parallel rank only the elements its share reads
+// are written (the rest of each tensor is allocated, never touched, so the OS never backs it):
+// a 70B config at 2 ranks fits a host that could not hold it twice, and every rank's share
+// holds the values a single rank would.
 Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed = 0,
-                                 DType dtype = DType::kF32, TensorParallel tp = {});
+                                 TensorParallel tp = {});
 // Reads an HF config.json file and makes its dummy checkpoint.
 Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed = 0,
-                                 DType dtype = DType::kF32, TensorParallel tp = {});
+                                 TensorParallel tp = {});
 
 }  // namespace pagedlm

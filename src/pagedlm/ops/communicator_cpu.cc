@@ -149,6 +149,7 @@ std::vector<std::unique_ptr<Communicator>> make_thread_communicators(
   PAGEDLM_CHECK(timeout.count() > 0, "the collective timeout must be positive");
   auto group = std::make_shared<ThreadGroup>(size, timeout);
   std::vector<std::unique_ptr<Communicator>> out;
+  out.reserve(size);
   for (int32_t r = 0; r < size; ++r) out.push_back(std::make_unique<ThreadCommunicator>(group, r));
   return out;
 }
