@@ -125,7 +125,7 @@ StructuredOutput parse_structured_output(const json& body, bool chat,
       if (!tools || !tools->is_array()) bad("tool_choice", "a named tool_choice needs 'tools'");
       for (const json& t : *tools) {
         if (t.is_object() && t.contains("function") && t["function"].is_object() &&
-            t["function"].value("name", "") == (*fn)["name"]) {
+            t["function"].value("name", "") == (*fn)["name"].get<std::string>()) {
           forced.push_back(&t);
         }
       }
