@@ -259,7 +259,7 @@ struct CudaStepRunner::Impl {
   // The model and the sampler for a staged step of `rows` stream rows and `logit_rows` logits.
   void forward_and_sample(int32_t rows, int32_t logit_rows) {
     forward(rows, logit_rows);
-    sample(logit_rows);
+    sample(logit_rows, /*masked=*/false);
   }
 
   void forward(int32_t rows, int32_t logit_rows) {
@@ -272,7 +272,9 @@ struct CudaStepRunner::Impl {
     model.forward(in, *kv_cache, step_logits);
   }
 
-  void sample(int32_t logit_rows) {
+  // masked: some rows have token masks (uploaded into dev_masks); otherwise the sampler takes
+  // its unmasked kernel, which never looks at a mask.
+  void sample(int32_t logit_rows, bool masked) {
     const Tensor step_logits = logits.rows(0, logit_rows);
     ops::SamplerRows params;
     params.temperature = d<float>(off_temperature);
@@ -281,9 +283,11 @@ struct CudaStepRunner::Impl {
     params.min_p = d<float>(off_min_p);
     params.seed = d<uint64_t>(off_seed);
     params.step = d<int64_t>(off_step);
-    params.mask = dev_masks;
-    params.mask_slot = d<int32_t>(off_mask_slot);
-    params.mask_words = mask_words;
+    if (masked) {
+      params.mask = dev_masks;
+      params.mask_slot = d<int32_t>(off_mask_slot);
+      params.mask_words = mask_words;
+    }
     ops::sample_tokens(step_logits, params,
                        Tensor::wrap(dev_tokens, DType::kI32, {logit_rows}, Device::kCuda, {}),
                        stream);
@@ -549,7 +553,7 @@ struct CudaStepRunner::Impl {
           cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
                           cudaMemcpyHostToDevice, stream),
           "token masks upload");
-      sample(logit_rows);
+      sample(logit_rows, /*masked=*/true);
     }
     cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
                                 cudaMemcpyDeviceToHost, stream),

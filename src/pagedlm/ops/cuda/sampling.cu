@@ -35,6 +35,9 @@ __device__ __forceinline__ float key_float(uint32_t k) {
 }
 
 // logits: [num_rows, vocab] f32; out_tokens: [num_rows]; grid: num_rows blocks of kThreads.
+// kMasked: rows may have token masks (mask_slot); the unmasked instantiation, which steps
+// without structured output take, reads the logits alone.
+template <bool kMasked>
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int vocab, const float* temperature, const int32_t* top_k,
                   const float* top_p, const float* min_p, const uint64_t* seed, const int64_t* step,
@@ -52,12 +55,13 @@ __global__ void __launch_bounds__(kThreads)
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
   const float* row_logits = logits + static_cast<size_t>(row) * vocab;
-  const int slot = mask_slot ? mask_slot[row] : -1;
+  const int slot = kMasked ? mask_slot[row] : -1;
   const uint32_t* row_mask =
       slot >= 0 ? reinterpret_cast<const uint32_t*>(masks) + static_cast<size_t>(slot) * mask_words
                 : nullptr;
   // Token i's logit, -inf where the row's grammar forbids it.
   const auto x = [&](int i) {
+    if (!kMasked) return row_logits[i];
     return (!row_mask || ((row_mask[i >> 5] >> (i & 31)) & 1u)) ? row_logits[i] : -INFINITY;
   };
   const float temp = temperature[row];
@@ -253,9 +257,15 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
                           int mask_words) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
-  sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p, min_p,
-                                                   seed, step, out_tokens, mask, mask_slot,
-                                                   mask_words);
+  if (mask != nullptr && mask_slot != nullptr) {
+    sample_kernel<true><<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p,
+                                                           min_p, seed, step, out_tokens, mask,
+                                                           mask_slot, mask_words);
+  } else {
+    sample_kernel<false><<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k,
+                                                            top_p, min_p, seed, step, out_tokens,
+                                                            nullptr, nullptr, 0);
+  }
   return cudaGetLastError();
 }
 
