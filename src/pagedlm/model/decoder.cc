@@ -249,6 +249,7 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, Te
   PAGEDLM_CHECK(device == Device::kCpu || Fr % 8 == 0, "the GPU's experts need a size (per ",
                 "tensor-parallel rank) that is a multiple of 8, got ", Fr);
   std::vector<Tensor> pieces;
+  pieces.reserve(gate_up.size());
   for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt, c, tp, {p}));
   w.gate_up = stack_converted(pieces, E * 2 * Fr, device, [&](size_t p, int64_t r) {
                 const auto e = static_cast<int64_t>(p / 2);
