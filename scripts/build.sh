@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configures and builds pagedlm into build/ (CUDA too when nvcc is present).
+# Configures and builds pagedlm into build/ (CUDA too when nvcc is present): everything, or only
+# the targets named (scripts/build.sh pagedlm: the binary alone, without the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -9,4 +10,6 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   nccl=(-DPAGEDLM_NCCL_ROOT="$(scripts/fetch_nccl.sh)")
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${nccl[@]}" ${PAGEDLM_CMAKE_ARGS:-} >/dev/null
-cmake --build build -j"$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build build -j"$(nproc)" "${targets[@]}"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 model=$(scripts/fetch_model.sh)
-scripts/build.sh
+scripts/build.sh pagedlm  # the binary only: the tests are scripts/test.sh's
 build/pagedlm generate --model "$model" --chat --show-cache --max-tokens 64 \
   --system "You are a concise and friendly assistant. Answer every question in one or two short
 sentences of plain English. If you are not sure of an answer, say so instead of guessing." \

@@ -1,7 +1,8 @@
 // The engine's paged K/V storage and the Attention the model calls: each layer's new K/V go
 // into the pages named by the step's slot mapping, then the step's partial-page prefix hits are
 // copied (StepPlan::kv_copies), then attention reads every sequence's pages through the step's
-// page table. This is the only place that knows about pages.
+// page table. The model never sees pages: they are known here and, on the GPU, in the CUDA
+// runner (cuda_runner.cc), which stages each step's page table for the device.
 #pragma once
 
 #include <cstdint>
