@@ -41,7 +41,7 @@ std::string launch_local_ranks(int32_t size) {
     RendezvousServer probe("127.0.0.1", 0, size, 0);  // a free port, released for rank 0
     port = probe.port();
   }
-  const std::string endpoint = cat("127.0.0.1:", port);
+  std::string endpoint = cat("127.0.0.1:", port);
   const std::vector<std::string> base = own_arguments();
   const pid_t parent = getpid();
   for (int32_t r = 1; r < size; ++r) {
@@ -51,6 +51,7 @@ std::string launch_local_ranks(int32_t size) {
       args.push_back(a);
     }
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const pid_t pid = fork();

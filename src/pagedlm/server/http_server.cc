@@ -479,8 +479,7 @@ class Generation {
 // events arrive, rendered as SSE (a stream) or one response once done.
 class GenerationReply final : public PendingReply {
  public:
-  GenerationReply(std::shared_ptr<Generation> gen, bool stream)
-      : gen_(std::move(gen)), stream_(stream) {}
+  explicit GenerationReply(std::shared_ptr<Generation> gen) : gen_(std::move(gen)) {}
   ~GenerationReply() override { gen_->set_listener(nullptr); }
 
   void set_notify(std::function<void()> notify) override { gen_->set_listener(std::move(notify)); }
@@ -509,7 +508,6 @@ class GenerationReply final : public PendingReply {
 
  private:
   std::shared_ptr<Generation> gen_;
-  bool stream_;
   bool first_ = true;
 };
 
@@ -615,7 +613,7 @@ HttpReply HttpServer::Impl::completions(const HttpRequest& req, bool chat) {
     return reply(std::move(r));
   }
   HttpReply out;
-  out.pending = std::make_shared<GenerationReply>(gen, stream);
+  out.pending = std::make_shared<GenerationReply>(gen);
   out.stream = stream;
   if (stream) {
     out.response.content_type = "text/event-stream";

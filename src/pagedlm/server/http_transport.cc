@@ -60,10 +60,11 @@ std::string status_line(int status) {
 std::string serialize(const HttpResponse& r, bool keep_alive, unsigned version, bool head_only,
                       bool stream) {
   std::string out = status_line(r.status);
-  if (!r.content_type.empty()) out += "Content-Type: " + r.content_type + "\r\n";
-  for (const auto& [name, value] : r.headers) out += name + ": " + value + "\r\n";
+  if (!r.content_type.empty()) out.append("Content-Type: ").append(r.content_type).append("\r\n");
+  for (const auto& [name, value] : r.headers)
+    out.append(name).append(": ").append(value).append("\r\n");
   if (!stream) {
-    out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+    out.append("Content-Length: ").append(std::to_string(r.body.size())).append("\r\n");
   } else if (version >= 11) {
     out += "Transfer-Encoding: chunked\r\n";
   }
@@ -431,7 +432,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     after_flush_ = Then::kLinger;
   }
 
-  void queue(std::string data) {
+  void queue(const std::string& data) {
     outbox_ += data;
     if (!writing_) flush();
   }
