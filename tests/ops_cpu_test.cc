@@ -95,13 +95,14 @@ TEST(QuantizedLinearPortable, MatchesFloat64OverDequantizedWeights) {
   }
 }
 
-// Both block kernels: every row again inside calls of 1, 3 and 10 rows, at every offset, gives
-// the same bits as in the whole batch.
+// Both block kernels: every row again inside calls of 1, 3, 10, 17 and 40 rows (the row kernels
+// of decode steps and the panel GEMM of prefill-sized ones), at every offset, gives the same bits
+// as in the whole batch.
 TEST(QuantizedLinear, RowsAreBatchInvariant) {
   for (const bool use_portable : {false, true}) {
     std::mt19937 rng(9);
     for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
-      const int64_t out_features = 150, in_features = 192, rows = 21;
+      const int64_t out_features = 150, in_features = 192, rows = 45;
       const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
       const Tensor x = random_f32({rows, in_features}, rng);
       auto run = [&](const Tensor& in, const Tensor& out) {
@@ -113,7 +114,7 @@ TEST(QuantizedLinear, RowsAreBatchInvariant) {
       };
       Tensor all = poisoned_f32({rows, out_features});
       run(x, all);
-      for (int64_t batch : {1, 3, 10}) {
+      for (int64_t batch : {1, 3, 10, 17, 40}) {
         for (int64_t start = 0; start + batch <= rows; ++start) {
           Tensor part = poisoned_f32({batch, out_features});
           run(x.rows(start, start + batch), part);
@@ -125,6 +126,34 @@ TEST(QuantizedLinear, RowsAreBatchInvariant) {
       }
     }
   }
+}
+
+// The SIMD kernels (row kernels and panel GEMM) give the portable loops' bits: one arithmetic per
+// output, whichever kernel computes it; shapes with ragged panels, micro-tiles and thread splits.
+TEST(QuantizedLinear, SimdMatchesPortableBitForBit) {
+  std::mt19937 rng(21);
+  const int saved = num_threads();
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    for (auto [rows, out_features, in_features] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 32},
+                                                   {7, 70, 96},
+                                                   {16, 17, 64},
+                                                   {37, 150, 576},
+                                                   {300, 45, 1536}}) {
+      const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
+      const Tensor x = random_f32({rows, in_features}, rng);
+      const Tensor bias = random_f32({out_features}, rng);
+      Tensor want = poisoned_f32({rows, out_features});
+      portable(x, w, bias, want);
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        Tensor got = poisoned_f32({rows, out_features});
+        ops::linear(x, w, bias, got);
+        EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+            << rows << "x" << out_features << "x" << in_features << ", " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(saved);
 }
 
 }  // namespace

@@ -19,10 +19,12 @@ inline constexpr int64_t kLinearRowTile = 16;
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             void* stream = nullptr);
 
-// The same with the weight in ggml blocks (CPU, f32 x / bias / out): each weight block is
-// expanded in registers, so a decode step streams the blocks instead of float32. Batch invariant
-// as well: every output is its own 16-lane accumulation over the blocks in order, the same
-// instructions whatever the other rows.
+// The same with the weight in ggml blocks (CPU, f32 x / bias / out). A decode step expands each
+// block in registers, so it streams the blocks instead of float32; a prefill-sized step (16 rows
+// or more, AVX-512) expands panels of 16 weight rows once into float32 and multiplies them with
+// a register-blocked micro-kernel. Batch invariant as well: every output is defined by one
+// arithmetic (its own 16-lane accumulation over the blocks in order, summed as a tree; see
+// linear_cpu.cc) that every kernel and the portable loops reproduce bit for bit.
 void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out);
 
 namespace cpu {
@@ -31,8 +33,8 @@ void linear(const float* x, const float* weight, const float* bias, float* out, 
             int64_t out_features, int64_t in_features);
 void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
             int64_t rows);
-// The same with the portable block kernel (plain loops), which builds without AVX2 + FMA + F16C
-// run; exposed so that tests cover it on machines that have them.
+// The same with the portable block kernel (plain loops), which machines without AVX2 + FMA +
+// F16C run; exposed so that tests hold the SIMD kernels to it bit for bit.
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                      int64_t rows);
 }  // namespace cpu

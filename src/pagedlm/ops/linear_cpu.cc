@@ -1,9 +1,12 @@
 #include <cblas.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#include <omp.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -81,9 +84,26 @@ void linear(const float* x, const float* weight, const float* bias, float* out, 
 
 namespace {
 
-constexpr int kLanes = 16;  // accumulator width: one AVX-512 register, two AVX2 ones
+// Every output of the block kernels is defined by one arithmetic, whichever kernel computes it
+// (that is what makes them batch invariant: a decode step's 1-row kernel, a prefill's panel GEMM
+// and the portable loops give the same bits):
+//   - a weight is expanded as fma(q, d, m) (Q4_1) or q * d (Q8_0), ggml's dequantization;
+//   - 16 lanes accumulate with fused multiply-adds, block by block in order: lane l adds
+//     w[l] * x[l], then w[l + 16] * x[l + 16];
+//   - the lanes are summed as a tree (reduce_lanes), then the bias (or 0) is added.
+constexpr int kLanes = 16;
 constexpr int64_t kQuantRowTile = 8;
 constexpr int64_t kQuantColChunk = 64;
+
+// The lane sum: halves added pairwise (l + 8, then l + 4, l + 2, l + 1), the order AVX-512 and
+// AVX2 reduce a register in, and the one the panel GEMM's transposing reduction keeps.
+inline float reduce_lanes(const float* a) {
+  float u[8], v[4], w[2];
+  for (int l = 0; l < 8; ++l) u[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) v[l] = u[l] + u[l + 4];
+  for (int l = 0; l < 2; ++l) w[l] = v[l] + v[l + 2];
+  return w[0] + w[1];
+}
 
 // Block b of a weight row as 32 floats, with the arithmetic of ggml's dequantization.
 inline void expand_block(QuantType type, const uint8_t* block, float* w) {
@@ -91,41 +111,36 @@ inline void expand_block(QuantType type, const uint8_t* block, float* w) {
   if (type == QuantType::kQ4_1) {
     const float m = f16_to_f32(static_cast<uint16_t>(block[2] | (block[3] << 8)));
     const uint8_t* qs = block + 4;
-#pragma omp simd
     for (int j = 0; j < kQuantBlock / 2; ++j) {
-      w[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
-      w[j + kQuantBlock / 2] = static_cast<float>(qs[j] >> 4) * d + m;
+      w[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
+      w[j + kQuantBlock / 2] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
     }
   } else {
     const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
-#pragma omp simd
     for (int j = 0; j < kQuantBlock; ++j) w[j] = static_cast<float>(qs[j]) * d;
   }
 }
 
-// out[i] = dot(x row i, weight row) for the R rows of a tile: per row kLanes partial sums, lane
-// l adding the products of block elements l and l + 16, block by block in order, then the lanes
-// summed in a fixed order. The AVX2 path and the portable one keep that lane assignment.
+// out[i] = dot(x row i, weight row) for the R rows of a tile, in plain loops (std::fma keeps the
+// products unrounded as the SIMD kernels' FMAs do).
 template <int R>
 void quant_dot_rows_portable(const float* x, int64_t in_features, const uint8_t* weight_row,
                              QuantType type, float* out) {
   const int64_t num_blocks = in_features / kQuantBlock;
   const int64_t block_bytes = quant_block_bytes(type);
   float acc[R][kLanes] = {};
-  alignas(64) float w[kQuantBlock];
+  float w[kQuantBlock];
   for (int64_t b = 0; b < num_blocks; ++b) {
     expand_block(type, weight_row + b * block_bytes, w);
     for (int i = 0; i < R; ++i) {
       const float* xb = x + i * in_features + b * kQuantBlock;
-      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[l] * xb[l];
-      for (int l = 0; l < kLanes; ++l) acc[i][l] += w[kLanes + l] * xb[kLanes + l];
+      for (int l = 0; l < kLanes; ++l) acc[i][l] = std::fma(w[l], xb[l], acc[i][l]);
+      for (int l = 0; l < kLanes; ++l) {
+        acc[i][l] = std::fma(w[kLanes + l], xb[kLanes + l], acc[i][l]);
+      }
     }
   }
-  for (int i = 0; i < R; ++i) {
-    float sum = 0.f;
-    for (int l = 0; l < kLanes; ++l) sum += acc[i][l];
-    out[i] = sum;
-  }
+  for (int i = 0; i < R; ++i) out[i] = reduce_lanes(acc[i]);
 }
 
 using QuantDotFn = void (*)(const float*, int64_t, const uint8_t*, QuantType, float*);
@@ -134,11 +149,263 @@ constexpr QuantDotFn kPortableDot[kQuantRowTile] = {
     quant_dot_rows_portable<4>, quant_dot_rows_portable<5>, quant_dot_rows_portable<6>,
     quant_dot_rows_portable<7>, quant_dot_rows_portable<8>};
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The column-chunk / row-tile driver over one of the row kernels: the decode path (few rows,
+// bound by streaming the blocks) and the portable one.
+void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& weight,
+                 const float* bias, float* out, int64_t rows) {
+  const int64_t out_features = weight.rows, in_features = weight.cols;
+  const int64_t row_bytes = weight.row_bytes();
+  const int64_t num_chunks = (out_features + kQuantColChunk - 1) / kQuantColChunk;
+  // Column chunks across threads (a column's arithmetic never depends on the split); within a
+  // chunk, row tiles outer so a tile of x stays in L1 while the chunk's weight rows pass by.
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    const int64_t col0 = chunk * kQuantColChunk;
+    const int64_t col1 = std::min(out_features, col0 + kQuantColChunk);
+    float tile_out[kQuantRowTile];
+    for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowTile) {
+      const int64_t tile_rows = std::min(kQuantRowTile, rows - r0);
+      for (int64_t n = col0; n < col1; ++n) {
+        dot[tile_rows - 1](x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes,
+                           weight.type, tile_out);
+        for (int64_t i = 0; i < tile_rows; ++i) {
+          out[(r0 + i) * out_features + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
+        }
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__) && defined(__F16C__)
+// GCC 12's AVX-512 headers start conversions from _mm512_undefined_*() and then warn about it.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
+// A block as two registers: weights 0-15 and 16-31.
+inline void expand_block(QuantType type, const uint8_t* block, __m512& lo, __m512& hi) {
+  const __m512 d = _mm512_set1_ps(half_to_float(block));
+  if (type == QuantType::kQ4_1) {
+    const __m512 m = _mm512_set1_ps(half_to_float(block + 2));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
+    const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+    const __m128i q_lo = _mm_and_si128(qs, low_nibbles);
+    const __m128i q_hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
+    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_lo)), d, m);
+    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_hi)), d, m);
+  } else {
+    const __m128i q_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m128i q_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_lo)), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_hi)), d);
+  }
+}
+
+// Every AVX-512 path runs one micro-kernel: kMicroRows x kMicroCols outputs in registers, each
+// its own 16-lane accumulator, whose weight columns come either from a panel expanded once to
+// float32 (prefill-sized steps: the expansion is shared by many rows) or straight from the
+// blocks (decode steps: bound by streaming the blocks, and four columns give four independent
+// FMA chains instead of one).
+constexpr int kMicroRows = 4, kMicroCols = 4;
+constexpr int64_t kPanelCols = 8;      // weight rows expanded together (x 4-row tiles, in L1)
+constexpr int64_t kPanelMinRows = 16;  // fewer rows: straight from the blocks
+constexpr int64_t kDecodeColChunk = 64;
+
+// reduce_lanes of 16 registers at once, transposing as it adds: sums[o] = reduce_lanes(acc[o]).
+// Each stage adds the two halves the scalar tree adds, two registers' worth per instruction.
+inline __m512 reduce_lanes_16(const __m512* acc) {
+  __m512 h1[8], h2[4], h3[2];
+  for (int k = 0; k < 8; ++k) {  // u = lanes 0-7 + 8-15: [u(2k) | u(2k+1)]
+    h1[k] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0x44),
+                          _mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0xEE));
+  }
+  for (int k = 0; k < 4; ++k) {  // v = u 0-3 + 4-7: [v(4k) | v(4k+1) | v(4k+2) | v(4k+3)]
+    h2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(h1[2 * k], h1[2 * k + 1], 0x88),
+                          _mm512_shuffle_f32x4(h1[2 * k], h1[2 * k + 1], 0xDD));
+  }
+  for (int k = 0; k < 2; ++k) {  // w = v 0-1 + 2-3; quarter q: [w(8k+q) | w(8k+4+q)]
+    h3[k] = _mm512_add_ps(_mm512_shuffle_ps(h2[2 * k], h2[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(h2[2 * k], h2[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // w0 + w1; quarter q: [s(q), s(q + 4), s(q + 8), s(q + 12)], so lane 4q + r holds s(q + 4r).
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(h3[0], h3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(h3[0], h3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, s);
+}
+
+// Weight columns of the micro-kernel: kMicroCols rows of a float32 panel (zero past the
+// matrix's edge) ...
+struct PanelColumns {
+  const float* first;  // column 0, element 0
+  int64_t stride;      // floats from one column to the next
+  void load(int j, int64_t k, __m512& lo, __m512& hi) const {
+    lo = _mm512_loadu_ps(first + j * stride + k);
+    hi = _mm512_loadu_ps(first + j * stride + k + kLanes);
+  }
+};
+
+// ... or kMicroCols weight rows expanded from their blocks as they are read.
+struct BlockColumns {
+  const uint8_t* first;  // column 0's row of blocks
+  int64_t row_bytes;
+  QuantType type;
+  int64_t n_cols;  // columns past it are zero
+  void load(int j, int64_t k, __m512& lo, __m512& hi) const {
+    if (j >= n_cols) {
+      lo = hi = _mm512_setzero_ps();
+      return;
+    }
+    expand_block(type, first + j * row_bytes + k / kQuantBlock * quant_block_bytes(type), lo, hi);
+  }
+};
+
+// out rows [MR][n_cols] (row stride out_stride) = x rows [MR] (stride in_features) times the
+// kMicroCols columns, plus bias4 (kMicroCols values).
+template <int MR, typename Columns>
+void micro_kernel(const float* x, int64_t in_features, const Columns& w, const float* bias4,
+                  float* out, int64_t out_stride, int64_t n_cols) {
+  __m512 acc[kMicroRows * kMicroCols];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t k = 0; k < in_features; k += kQuantBlock) {
+    __m512 x_lo[MR], x_hi[MR];
+    for (int i = 0; i < MR; ++i) {
+      x_lo[i] = _mm512_loadu_ps(x + i * in_features + k);
+      x_hi[i] = _mm512_loadu_ps(x + i * in_features + k + kLanes);
+    }
+    for (int j = 0; j < kMicroCols; ++j) {
+      __m512 w_lo, w_hi;
+      w.load(j, k, w_lo, w_hi);
+      for (int i = 0; i < MR; ++i) {
+        acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_lo, x_lo[i], acc[i * kMicroCols + j]);
+      }
+      for (int i = 0; i < MR; ++i) {
+        acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_hi, x_hi[i], acc[i * kMicroCols + j]);
+      }
+    }
+  }
+  // Quarter i of the sums: row i's kMicroCols outputs.
+  alignas(64) float sums[kMicroRows * kMicroCols];
+  _mm512_store_ps(sums, reduce_lanes_16(acc));
+  for (int i = 0; i < MR; ++i) {
+    for (int64_t j = 0; j < n_cols; ++j)
+      out[i * out_stride + j] = sums[i * kMicroCols + j] + bias4[j];
+  }
+}
+
+// The micro-kernel over rows [r0, r1) and weight columns [col0, col0 + n_cols), in 4-row tiles.
+template <typename Columns>
+void micro_tiles(const float* x, int64_t in_features, int64_t r0, int64_t r1, const Columns& w,
+                 const float* bias4, float* out, int64_t out_features) {
+  for (int64_t r = r0; r < r1; r += kMicroRows) {
+    const float* xr = x + r * in_features;
+    float* o = out + r * out_features;
+    const int64_t n_cols = std::min<int64_t>(kMicroCols, w.n_cols);
+    switch (std::min<int64_t>(kMicroRows, r1 - r)) {
+      case 1:
+        micro_kernel<1>(xr, in_features, w, bias4, o, out_features, n_cols);
+        break;
+      case 2:
+        micro_kernel<2>(xr, in_features, w, bias4, o, out_features, n_cols);
+        break;
+      case 3:
+        micro_kernel<3>(xr, in_features, w, bias4, o, out_features, n_cols);
+        break;
+      default:
+        micro_kernel<4>(xr, in_features, w, bias4, o, out_features, n_cols);
+        break;
+    }
+  }
+}
+
+// Expands weight rows [col0, col0 + n_cols) into panel[kPanelCols][in_features]; columns past
+// n_cols are zero (their outputs are computed and dropped).
+void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
+  const int64_t in_features = weight.cols, num_blocks = in_features / kQuantBlock;
+  const int64_t row_bytes = weight.row_bytes(), block_bytes = quant_block_bytes(weight.type);
+  for (int64_t c = 0; c < kPanelCols; ++c) {
+    float* dst = panel + c * in_features;
+    if (c >= n_cols) {
+      std::memset(dst, 0, in_features * sizeof(float));
+      continue;
+    }
+    const uint8_t* row = weight.blocks.data() + (col0 + c) * row_bytes;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      __m512 lo, hi;
+      expand_block(weight.type, row + b * block_bytes, lo, hi);
+      _mm512_storeu_ps(dst + b * kQuantBlock, lo);
+      _mm512_storeu_ps(dst + b * kQuantBlock + kLanes, hi);
+    }
+  }
+}
+
+struct PanelTile : PanelColumns {
+  int64_t n_cols;
+};
+
+void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                   int64_t rows) {
+  const int64_t out_features = weight.rows, in_features = weight.cols;
+  const int64_t row_bytes = weight.row_bytes();
+  if (rows < kPanelMinRows) {
+    const int64_t num_chunks = (out_features + kDecodeColChunk - 1) / kDecodeColChunk;
+    // Column chunks across threads (a column's arithmetic never depends on the split).
+#pragma omp parallel for schedule(static)
+    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+      alignas(16) float bias4[kMicroCols] = {};
+      const int64_t col1 = std::min(out_features, (chunk + 1) * kDecodeColChunk);
+      for (int64_t c = chunk * kDecodeColChunk; c < col1; c += kMicroCols) {
+        const BlockColumns w{weight.blocks.data() + c * row_bytes, row_bytes, weight.type,
+                             std::min<int64_t>(kMicroCols, col1 - c)};
+        for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
+        micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_features);
+      }
+    }
+    return;
+  }
+  const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
+  // Rows sharing one expansion of a panel: about 512 KiB of x, which stays in L2 while the
+  // thread's panels pass by, so a panel is expanded once per that many rows.
+  const int64_t block_rows = std::clamp<int64_t>(
+      ((int64_t{1} << 19) / (in_features * 4)) / kMicroRows * kMicroRows, 16, 256);
+#pragma omp parallel
+  {
+    // Panels split into one contiguous range per thread (a column's arithmetic never depends
+    // on the split).
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t p0 = num_panels * t / threads, p1 = num_panels * (t + 1) / threads;
+    thread_local std::vector<float> panel;
+    panel.resize(kPanelCols * in_features);
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+      const int64_t r1 = std::min(rows, r0 + block_rows);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col0 = p * kPanelCols;
+        const int64_t n_cols = std::min(kPanelCols, out_features - col0);
+        expand_panel(weight, col0, n_cols, panel.data());
+        alignas(16) float bias_panel[kPanelCols] = {};
+        if (bias != nullptr) std::copy(bias + col0, bias + col0 + n_cols, bias_panel);
+        for (int64_t c = 0; c < n_cols; c += kMicroCols) {
+          const PanelTile w{{panel.data() + c * in_features, in_features}, n_cols - c};
+          micro_tiles(x, in_features, r0, r1, w, bias_panel + c, out + col0 + c, out_features);
+        }
+      }
+    }
+  }
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline float half_to_float(const uint8_t* p) {
+  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+}
+
+// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15.
 template <int R>
 void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
                     float* out) {
@@ -179,9 +446,7 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
     alignas(32) float lanes[kLanes];
     _mm256_store_ps(lanes, acc[i][0]);
     _mm256_store_ps(lanes + 8, acc[i][1]);
-    float sum = 0.f;
-    for (int l = 0; l < kLanes; ++l) sum += lanes[l];
-    out[i] = sum;
+    out[i] = reduce_lanes(lanes);
   }
 }
 
@@ -192,43 +457,22 @@ constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
 constexpr const QuantDotFn* kQuantDot = kPortableDot;
 #endif
 
-// The column-chunk / row-tile driver over one of the tables above.
-void linear_blocks(const QuantDotFn* dot, const float* x, const QuantizedMatrix& weight,
-                   const float* bias, float* out, int64_t rows) {
-  const int64_t out_features = weight.rows, in_features = weight.cols;
-  if (rows == 0 || out_features == 0) return;
-  const int64_t row_bytes = weight.row_bytes();
-  const int64_t num_chunks = (out_features + kQuantColChunk - 1) / kQuantColChunk;
-  // Column chunks across threads (a column's arithmetic never depends on the split); within a
-  // chunk, row tiles outer so a tile of x stays in L1 while the chunk's weight rows pass by.
-#pragma omp parallel for schedule(static)
-  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-    const int64_t col0 = chunk * kQuantColChunk;
-    const int64_t col1 = std::min(out_features, col0 + kQuantColChunk);
-    float tile_out[kQuantRowTile];
-    for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowTile) {
-      const int64_t tile_rows = std::min(kQuantRowTile, rows - r0);
-      for (int64_t n = col0; n < col1; ++n) {
-        dot[tile_rows - 1](x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes,
-                           weight.type, tile_out);
-        for (int64_t i = 0; i < tile_rows; ++i) {
-          out[(r0 + i) * out_features + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
-        }
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
             int64_t rows) {
-  linear_blocks(kQuantDot, x, weight, bias, out, rows);
+  if (rows == 0 || weight.rows == 0) return;
+#if defined(__AVX512F__) && defined(__F16C__)
+  linear_avx512(x, weight, bias, out, rows);
+#else
+  linear_rows(kQuantDot, x, weight, bias, out, rows);
+#endif
 }
 
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                      int64_t rows) {
-  linear_blocks(kPortableDot, x, weight, bias, out, rows);
+  if (rows == 0 || weight.rows == 0) return;
+  linear_rows(kPortableDot, x, weight, bias, out, rows);
 }
 
 }  // namespace cpu
