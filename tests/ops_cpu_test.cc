@@ -95,7 +95,7 @@ TEST(QuantizedLinearPortable, MatchesFloat64OverDequantizedWeights) {
   }
 }
 
-// Both block kernels: every row again inside calls of 1, 3, 10, 17 and 40 rows (the row kernels
+// Both block kernels: every row again inside calls of 1, 3, 10, 17 and 40 rows (the blocks kernel
 // of decode steps and the panel GEMM of prefill-sized ones), at every offset, gives the same bits
 // as in the whole batch.
 TEST(QuantizedLinear, RowsAreBatchInvariant) {
@@ -128,15 +128,17 @@ TEST(QuantizedLinear, RowsAreBatchInvariant) {
   }
 }
 
-// The SIMD kernels (row kernels and panel GEMM) give the portable loops' bits: one arithmetic per
-// output, whichever kernel computes it; shapes with ragged panels, micro-tiles and thread splits.
+// The SIMD kernels (blocks expanded in registers or in panels) give the portable loops' bits: one
+// arithmetic per output, whichever kernel computes it; shapes with ragged panels, micro-tiles and
+// thread splits.
 TEST(QuantizedLinear, SimdMatchesPortableBitForBit) {
   std::mt19937 rng(21);
   const int saved = num_threads();
   for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
     for (auto [rows, out_features, in_features] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 32},
+                                                   {4, 9, 64},
+                                                   {5, 17, 64},
                                                    {7, 70, 96},
-                                                   {16, 17, 64},
                                                    {37, 150, 576},
                                                    {300, 45, 1536}}) {
       const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);

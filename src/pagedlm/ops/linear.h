@@ -19,12 +19,13 @@ inline constexpr int64_t kLinearRowTile = 16;
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
             void* stream = nullptr);
 
-// The same with the weight in ggml blocks (CPU, f32 x / bias / out). A decode step expands each
-// block in registers, so it streams the blocks instead of float32; a prefill-sized step (16 rows
-// or more, AVX-512) expands panels of 16 weight rows once into float32 and multiplies them with
-// a register-blocked micro-kernel. Batch invariant as well: every output is defined by one
-// arithmetic (its own 16-lane accumulation over the blocks in order, summed as a tree; see
-// linear_cpu.cc) that every kernel and the portable loops reproduce bit for bit.
+// The same with the weight in ggml blocks (CPU, f32 x / bias / out). With AVX-512, one
+// register-blocked micro-kernel (4 rows x 4 weight rows) computes every step: a step of up to 4
+// rows feeds it blocks expanded in registers, so it streams the blocks instead of float32; a
+// larger one first expands panels of 8 weight rows to float32, once per step, and multiplies all
+// its rows with them. Batch invariant as well: every output is defined by one arithmetic (its
+// own 16-lane accumulation over the blocks in order, summed as a tree; see linear_cpu.cc) that
+// every kernel and the portable loops reproduce bit for bit.
 void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out);
 
 namespace cpu {

@@ -212,8 +212,8 @@ inline void expand_block(QuantType type, const uint8_t* block, __m512& lo, __m51
 // blocks (decode steps: bound by streaming the blocks, and four columns give four independent
 // FMA chains instead of one).
 constexpr int kMicroRows = 4, kMicroCols = 4;
-constexpr int64_t kPanelCols = 8;      // weight rows expanded together (x 4-row tiles, in L1)
-constexpr int64_t kPanelMinRows = 16;  // fewer rows: straight from the blocks
+constexpr int64_t kPanelCols = 8;     // weight rows expanded together (x 4-row tiles, in L1)
+constexpr int64_t kPanelMinRows = 5;  // fewer rows: straight from the blocks (measured)
 constexpr int64_t kDecodeColChunk = 64;
 
 // reduce_lanes of 16 registers at once, transposing as it adds: sums[o] = reduce_lanes(acc[o]).
