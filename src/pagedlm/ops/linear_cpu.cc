@@ -206,13 +206,13 @@ inline void expand_block(QuantType type, const uint8_t* block, __m512& lo, __m51
   }
 }
 
-// Every AVX-512 path runs one micro-kernel: kMicroRows x kMicroCols outputs in registers, each
-// its own 16-lane accumulator, whose weight columns come either from a panel expanded once to
-// float32 (prefill-sized steps: the expansion is shared by many rows) or straight from the
-// blocks (decode steps: bound by streaming the blocks, and four columns give four independent
-// FMA chains instead of one).
+// The AVX-512 kernels keep a tile of outputs in registers, each its own 16-lane accumulator.
+// Decode steps (up to 4 rows): micro_kernel, kMicroRows x kMicroCols outputs, weights expanded
+// from the blocks as they stream by (four columns give four independent FMA chains instead of
+// one). Larger steps: panel_kernel (below), which expands each weight once per step into packed
+// float32 panels shared by all the step's rows.
 constexpr int kMicroRows = 4, kMicroCols = 4;
-constexpr int64_t kPanelCols = 8;     // weight rows expanded together (x 4-row tiles, in L1)
+constexpr int64_t kPanelCols = 8;     // weight rows expanded together (32 KiB at 1024 inputs)
 constexpr int64_t kPanelMinRows = 5;  // fewer rows: straight from the blocks (measured)
 constexpr int64_t kDecodeColChunk = 64;
 
@@ -239,18 +239,8 @@ inline __m512 reduce_lanes_16(const __m512* acc) {
   return _mm512_permutexvar_ps(order, s);
 }
 
-// Weight columns of the micro-kernel: kMicroCols rows of a float32 panel (zero past the
-// matrix's edge) ...
-struct PanelColumns {
-  const float* first;  // column 0, element 0
-  int64_t stride;      // floats from one column to the next
-  void load(int j, int64_t k, __m512& lo, __m512& hi) const {
-    lo = _mm512_loadu_ps(first + j * stride + k);
-    hi = _mm512_loadu_ps(first + j * stride + k + kLanes);
-  }
-};
-
-// ... or kMicroCols weight rows expanded from their blocks as they are read.
+// Weight columns of the micro-kernel: kMicroCols weight rows expanded from their blocks as they
+// are read.
 struct BlockColumns {
   const uint8_t* first;  // column 0's row of blocks
   int64_t row_bytes;
@@ -323,30 +313,100 @@ void micro_tiles(const float* x, int64_t in_features, int64_t r0, int64_t r1, co
   }
 }
 
-// Expands weight rows [col0, col0 + n_cols) into panel[kPanelCols][in_features]; columns past
-// n_cols are zero (their outputs are computed and dropped).
-void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
-  const int64_t in_features = weight.cols, num_blocks = in_features / kQuantBlock;
-  const int64_t row_bytes = weight.row_bytes(), block_bytes = quant_block_bytes(weight.type);
-  for (int64_t c = 0; c < kPanelCols; ++c) {
-    float* dst = panel + c * in_features;
-    if (c >= n_cols) {
-      std::memset(dst, 0, in_features * sizeof(float));
-      continue;
+// ---- Prefill-sized steps: packed panels ----
+// x is packed once per step into tiles of kTileRows rows, block-interleaved (tile t, block b:
+// row 0's 32 floats, row 1's, ...; rows past the end are zero), and each panel of kPanelCols
+// weight rows is expanded once per block of rows into the same layout, so the kernel reads two
+// sequential streams from two pointers. Its tile is kTileRows x kMicroCols outputs (24
+// accumulators), fed half a block at a time: each lane's first FMA of a block, then its second,
+// exactly as in micro_kernel.
+constexpr int kTileRows = 6;
+
+template <typename T>
+inline T* align64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  const auto misalign = reinterpret_cast<uintptr_t>(v.data()) % 64;
+  return v.data() + (misalign == 0 ? 0 : (64 - misalign) / sizeof(T));
+}
+
+// out rows [n_rows][n_cols] (row stride out_stride) = the packed tile times the packed panel's
+// columns [c, c + kMicroCols), plus bias4.
+// MR: the tile's rows that exist (the last tile of a step may have fewer).
+template <int MR>
+void panel_kernel(const float* x_tile, const float* panel, int64_t num_blocks, const float* bias4,
+                  float* out, int64_t out_stride, int64_t n_cols) {
+  constexpr int kAcc = MR * kMicroCols;
+  __m512 acc[kAcc];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const float* xb = x_tile + b * kTileRows * kQuantBlock;
+    const float* wb = panel + b * kPanelCols * kQuantBlock;
+    for (int h = 0; h < kQuantBlock; h += kLanes) {
+      __m512 w[kMicroCols];
+      for (int j = 0; j < kMicroCols; ++j) w[j] = _mm512_load_ps(wb + j * kQuantBlock + h);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_load_ps(xb + i * kQuantBlock + h);
+        for (int j = 0; j < kMicroCols; ++j) {
+          acc[i * kMicroCols + j] = _mm512_fmadd_ps(w[j], xv, acc[i * kMicroCols + j]);
+        }
+      }
     }
-    const uint8_t* row = weight.blocks.data() + (col0 + c) * row_bytes;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      __m512 lo, hi;
-      expand_block(weight.type, row + b * block_bytes, lo, hi);
-      _mm512_storeu_ps(dst + b * kQuantBlock, lo);
-      _mm512_storeu_ps(dst + b * kQuantBlock + kLanes, hi);
+  }
+  // Sixteen outputs per reduction: quarter q of group g holds row 4g + q's kMicroCols outputs.
+  alignas(64) float sums[32];
+  for (int g = 0; g * 16 < kAcc; ++g) {
+    __m512 group[16];
+    for (int o = 0; o < 16; ++o) {
+      group[o] = 16 * g + o < kAcc ? acc[16 * g + o] : _mm512_setzero_ps();
+    }
+    _mm512_store_ps(sums + 16 * g, reduce_lanes_16(group));
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int64_t j = 0; j < n_cols; ++j) {
+      out[i * out_stride + j] = sums[i * kMicroCols + j] + bias4[j];
     }
   }
 }
 
-struct PanelTile : PanelColumns {
-  int64_t n_cols;
-};
+using PanelKernelFn = void (*)(const float*, const float*, int64_t, const float*, float*, int64_t,
+                               int64_t);
+constexpr PanelKernelFn kPanelKernel[kTileRows] = {panel_kernel<1>, panel_kernel<2>,
+                                                   panel_kernel<3>, panel_kernel<4>,
+                                                   panel_kernel<5>, panel_kernel<6>};
+
+// Packs rows [r0, r0 + kTileRows) of x (rows past `rows` zero) into one tile.
+void pack_tile(const float* x, int64_t rows, int64_t in_features, int64_t r0, float* tile) {
+  const int64_t num_blocks = in_features / kQuantBlock;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t i = 0; i < kTileRows; ++i) {
+      float* dst = tile + (b * kTileRows + i) * kQuantBlock;
+      if (r0 + i < rows) {
+        std::memcpy(dst, x + (r0 + i) * in_features + b * kQuantBlock, kQuantBlock * sizeof(float));
+      } else {
+        std::memset(dst, 0, kQuantBlock * sizeof(float));
+      }
+    }
+  }
+}
+
+// Expands weight rows [col0, col0 + n_cols) into a packed panel; columns past n_cols are zero
+// (their outputs are computed and dropped).
+void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
+  const int64_t num_blocks = weight.cols / kQuantBlock;
+  const int64_t row_bytes = weight.row_bytes(), block_bytes = quant_block_bytes(weight.type);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t c = 0; c < kPanelCols; ++c) {
+      float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
+      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+      if (c < n_cols) {
+        expand_block(weight.type, weight.blocks.data() + (col0 + c) * row_bytes + b * block_bytes,
+                     lo, hi);
+      }
+      _mm512_store_ps(dst, lo);
+      _mm512_store_ps(dst + kLanes, hi);
+    }
+  }
+}
 
 void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                    int64_t rows) {
@@ -368,30 +428,44 @@ void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
     }
     return;
   }
+  const int64_t num_blocks = in_features / kQuantBlock;
   const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
-  // Rows sharing one expansion of a panel: about 512 KiB of x, which stays in L2 while the
-  // thread's panels pass by, so a panel is expanded once per that many rows.
-  const int64_t block_rows = std::clamp<int64_t>(
-      ((int64_t{1} << 19) / (in_features * 4)) / kMicroRows * kMicroRows, 16, 256);
+  const int64_t num_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t tile_floats = kTileRows * in_features;
+  // Tiles sharing one expansion of a panel: about 512 KiB of packed x, which stays in L2 while
+  // the thread's panels pass by, so a panel is expanded once per that many rows.
+  const int64_t block_tiles = std::max<int64_t>(1, (int64_t{1} << 19) / (tile_floats * 4));
+  thread_local std::vector<float>
+      packed_storage;  // the calling thread's; grows to its largest step
+  float* packed = align64(packed_storage, num_tiles * tile_floats);
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < num_tiles; ++t) {
+      pack_tile(x, rows, in_features, t * kTileRows, packed + t * tile_floats);
+    }
     // Panels split into one contiguous range per thread (a column's arithmetic never depends
     // on the split).
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t p0 = num_panels * t / threads, p1 = num_panels * (t + 1) / threads;
-    thread_local std::vector<float> panel;
-    panel.resize(kPanelCols * in_features);
-    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-      const int64_t r1 = std::min(rows, r0 + block_rows);
+    thread_local std::vector<float> panel_storage;
+    float* panel = align64(panel_storage, kPanelCols * in_features);
+    for (int64_t t0 = 0; t0 < num_tiles; t0 += block_tiles) {
+      const int64_t t1 = std::min(num_tiles, t0 + block_tiles);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col0 = p * kPanelCols;
         const int64_t n_cols = std::min(kPanelCols, out_features - col0);
-        expand_panel(weight, col0, n_cols, panel.data());
+        expand_panel(weight, col0, n_cols, panel);
         alignas(16) float bias_panel[kPanelCols] = {};
         if (bias != nullptr) std::copy(bias + col0, bias + col0 + n_cols, bias_panel);
-        for (int64_t c = 0; c < n_cols; c += kMicroCols) {
-          const PanelTile w{{panel.data() + c * in_features, in_features}, n_cols - c};
-          micro_tiles(x, in_features, r0, r1, w, bias_panel + c, out + col0 + c, out_features);
+        for (int64_t tile = t0; tile < t1; ++tile) {
+          const int64_t r = tile * kTileRows;
+          for (int64_t c = 0; c < n_cols; c += kMicroCols) {
+            kPanelKernel[std::min<int64_t>(kTileRows, rows - r) - 1](
+                packed + tile * tile_floats, panel + c * kQuantBlock, num_blocks, bias_panel + c,
+                out + r * out_features + col0 + c, out_features,
+                std::min<int64_t>(kMicroCols, n_cols - c));
+          }
         }
       }
     }
