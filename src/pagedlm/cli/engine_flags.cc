@@ -84,6 +84,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_flag("--cpu-q8-activations", o.cpu_q8_activations,
+               "CPU, Q4_1 / Q8_0 GGUF: quantize the projections' inputs to 8 bits and multiply "
+               "in integers (faster, not exact; like llama.cpp)");
   app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
                  "ranks that split the model (a divisor of its attention heads)")
       ->check(CLI::PositiveNumber)

@@ -19,11 +19,13 @@ CpuRanks::CpuRanks(const Checkpoint& checkpoint,
 
 CpuRanks::~CpuRanks() = default;
 
-void CpuRanks::create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size) {
+void CpuRanks::create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size,
+                            const ModelOptions& model_options) {
   const ModelConfig& c = checkpoint.config;
   for (int32_t r = 1; r < size(); ++r) {
     Rank rank;
-    rank.model = create_model(checkpoint, Device::kCpu, {r, size()}, comms_[r].get());
+    rank.model =
+        create_model(checkpoint, Device::kCpu, {r, size()}, comms_[r].get(), model_options);
     const RankDims dims = rank_dims(c, {r, size()});
     rank.kv_cache =
         std::make_unique<PagedKvCache>(c.num_layers, num_pages, page_size, dims.kv_heads,

@@ -29,7 +29,8 @@ class CpuRanks {
   int32_t size() const { return static_cast<int32_t>(comms_.size()); }
 
   // Builds ranks 1..N-1's models and KV caches (the engine builds rank 0's).
-  void create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size);
+  void create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size,
+                    const ModelOptions& model_options = {});
 
   // Runs one step on every rank: `rank0` (rank 0's forward) on this thread, the others' forward
   // with the same inputs and plan on their own threads. A rank that throws aborts the group, so

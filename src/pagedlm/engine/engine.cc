@@ -121,7 +121,9 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
                         tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
     comm = cpu_ranks_->communicator(0);
   }
-  model_ = create_model(checkpoint, options_.device, {0, tp}, comm);
+  PAGEDLM_CHECK(!options_.cpu_q8_activations || !on_gpu,
+                "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
+  model_ = create_model(checkpoint, options_.device, {0, tp}, comm, {options_.cpu_q8_activations});
   const ModelConfig& c = model_->config();
   // Each rank's cache holds its share of the kv heads in the same pages.
   const int64_t kv_heads = rank_dims(c, {0, tp}).kv_heads;
@@ -145,7 +147,9 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   kv_cache_ =
       std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size, kv_heads,
                                      c.head_dim, options_.device, model_->compute_dtype());
-  if (cpu_ranks_) cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size);
+  if (cpu_ranks_)
+    cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size,
+                             {options_.cpu_q8_activations});
   if (group_) group_->send_num_pages(options_.num_pages);
   if (cuda_) {
     cuda_->set_kv_cache(kv_cache_.get());

@@ -51,6 +51,8 @@ struct EngineOptions {
   // sequence keeps all its pages, as for models with a global layer).
   bool free_pages_outside_window = true;
   int32_t threads = 0;  // 0: all hardware threads
+  // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
+  bool cpu_q8_activations = false;
   Device device = Device::kCpu;
   // Ranks that split the model between them (model/tensor_parallel.h). Every rank runs the one
   // StepPlan rank 0's scheduler makes each step. On the CPU the ranks are threads of this

@@ -25,13 +25,17 @@ namespace pagedlm {
 namespace {
 
 // A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
-// CPU for a GGUF's Q4_1 / Q8_0 matrices, their blocks (ops::linear expands them in registers).
+// CPU for a GGUF's Q4_1 / Q8_0 matrices, their blocks (ops::linear expands them in registers),
+// or those blocks regrouped for 8-bit activations (ModelOptions::cpu_q8_activations).
 struct Projection {
   Tensor dense;
   QuantizedMatrix blocks;
+  ops::Q8PackedMatrix q8;
 
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream) const {
-    if (!blocks.empty()) {
+    if (!q8.empty()) {
+      ops::linear_q8(x, q8, bias, out);
+    } else if (!blocks.empty()) {
       ops::linear(x, blocks, bias, out);
     } else {
       ops::linear(x, dense, bias, out, stream);
@@ -265,7 +269,8 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, Te
 
 class DecoderModel final : public CausalLM {
  public:
-  DecoderModel(const Checkpoint& ckpt, Device device, TensorParallel tp, ops::Communicator* comm)
+  DecoderModel(const Checkpoint& ckpt, Device device, TensorParallel tp, ops::Communicator* comm,
+               const ModelOptions& options)
       : config_(ckpt.config),
         device_(device),
         dtype_(compute_dtype_of(device)),
@@ -284,10 +289,20 @@ class DecoderModel final : public CausalLM {
     const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
     // Stacks this rank's share of the named [rows, D_in] parts (shapes checked) into one
     // projection; the CPU keeps GGUF blocks where every part has them.
+    PAGEDLM_CHECK(!options.cpu_q8_activations || device == Device::kCpu,
+                  "8-bit activations (--cpu-q8-activations) are a CPU option");
+    int64_t num_q8 = 0;
+    auto to_q8 = [&](Projection& proj) {
+      if (!options.cpu_q8_activations || proj.blocks.empty()) return;
+      proj.q8 = ops::pack_for_q8(proj.blocks);
+      proj.blocks = QuantizedMatrix{};
+      ++num_q8;
+    };
     auto projection = [&](const std::vector<WeightPart>& parts) {
       Projection proj;
       if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
       if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
+      to_q8(proj);
       return proj;
     };
     // The embedding and the lm_head are split by vocabulary rows.
@@ -298,6 +313,7 @@ class DecoderModel final : public CausalLM {
       lm_head_.blocks =
           device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
+      to_q8(lm_head_);
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
@@ -363,6 +379,10 @@ class DecoderModel final : public CausalLM {
       w.inv_freq = inv_freq_of(c.layers[i].rope);
       layers_.push_back(std::move(w));
     }
+    // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
+    PAGEDLM_CHECK(!options.cpu_q8_activations || num_q8 > 0,
+                  "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_1 or Q8_0 "
+                  "projection weights; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
@@ -543,8 +563,9 @@ class DecoderModel final : public CausalLM {
 }  // namespace
 
 std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
-                                       TensorParallel tp, ops::Communicator* comm) {
-  return std::make_unique<DecoderModel>(checkpoint, device, tp, comm);
+                                       TensorParallel tp, ops::Communicator* comm,
+                                       const ModelOptions& options) {
+  return std::make_unique<DecoderModel>(checkpoint, device, tp, comm, options);
 }
 
 }  // namespace pagedlm

@@ -58,6 +58,13 @@ namespace ops {
 class Communicator;
 }
 
+// Choices about how the model computes that are not in its checkpoint.
+struct ModelOptions {
+  // CPU: projections over Q4_1 / Q8_0 blocks quantize their input rows to 8 bits and multiply
+  // in integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
+  bool cpu_q8_activations = false;
+};
+
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
 // bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
 // naming an unsupported architecture or a missing / mis-shaped tensor.
@@ -65,6 +72,7 @@ class Communicator;
 // checkpoint's tensors share by share, and joins the other ranks' results through `comm` (that
 // rank of a group of that size), which must outlive it.
 std::unique_ptr<CausalLM> create_model(const Checkpoint& checkpoint, Device device,
-                                       TensorParallel tp = {}, ops::Communicator* comm = nullptr);
+                                       TensorParallel tp = {}, ops::Communicator* comm = nullptr,
+                                       const ModelOptions& options = {});
 
 }  // namespace pagedlm

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/quantized.h"
@@ -28,6 +29,25 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 // every kernel and the portable loops reproduce bit for bit.
 void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out);
 
+// 8-bit activations (an option, not the default): each row of x is quantized to int8 per block
+// of 32 and the block dot products are computed in integers, as llama.cpp does. Faster, but
+// no longer exact (see linear_q8_cpu.cc). The weight's blocks regrouped for it: 16 output
+// features side by side, so one int32 / f32 lane of a 512-bit register is one output feature.
+struct Q8PackedMatrix {
+  QuantType type = QuantType::kQ4_1;
+  int64_t rows = 0, cols = 0;  // [out_features, in_features], as the QuantizedMatrix
+  std::vector<uint8_t> data;
+
+  bool empty() const { return rows == 0; }
+};
+Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
+
+// y = x W^T + b with x quantized to 8 bits (CPU, f32 x / bias / out). Batch invariant: each
+// output is one lane's own sequence of operations over the blocks in order, whatever the rows
+// around it.
+void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias,
+               const Tensor& out);
+
 namespace cpu {
 // bias may be null.
 void linear(const float* x, const float* weight, const float* bias, float* out, int64_t rows,
@@ -38,6 +58,26 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
 // F16C run; exposed so that tests hold the SIMD kernels to it bit for bit.
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                      int64_t rows);
+
+// x quantized row by row, 32 values a block, as ggml's Q8_1 (which also keeps the block sum for
+// Q4_1's min term) but with f32 scales: d = max |x| / 127, q = x * (1 / d) rounded to nearest,
+// ties to even (as ggml's AVX2 quantizer rounds), the block's sum of q and d * sum.
+struct Q8Activations {
+  int64_t rows = 0, cols = 0;
+  std::vector<int8_t> qs;         // [rows, cols]
+  std::vector<float> scale;       // [rows, cols / 32]: d
+  std::vector<int32_t> sum;       // [rows, cols / 32]: sum of the block's q
+  std::vector<float> scaled_sum;  // [rows, cols / 32]: d * sum
+};
+void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out);
+
+// The integer dot-product kernels this build has (all give the same bits): portable C++;
+// AVX2 (maddubs / madd); 256-bit VNNI (AVX-VNNI or AVX-512 VL); 512-bit AVX-512 VNNI.
+enum class Q8Kernel { kPortable, kAvx2, kAvxVnni, kAvx512Vnni };
+std::vector<Q8Kernel> q8_kernels();  // those built, the one linear_q8 uses by default first
+const char* q8_kernel_name(Q8Kernel kernel);
+void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, float* out,
+               int64_t rows, Q8Kernel kernel);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

@@ -1,0 +1,265 @@
+// The CPU projections with 8-bit activations (ops/linear_q8_cpu.cc) against a reference written
+// here from the formats' definitions: ggml's blocks (Q4_1: w = q * d + m with q the low then high
+// nibbles; Q8_0: w = q * d) read from the unpacked QuantizedMatrix, x quantized per block of 32
+// with d = max |x| / 127 and q = round(x / d), the block dot products summed in integers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ops_test_util.h"
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/ops/linear.h"
+
+namespace pagedlm {
+namespace {
+
+using ops::cpu::Q8Kernel;
+using testing::expect_error;
+using testing::poisoned_f32;
+using testing::random_blocks;
+using testing::random_f32;
+
+float half_at(const uint8_t* p) { return f16_to_f32(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
+
+// Element k of block b of weight row n, as an integer quant, with the block's d and m.
+struct WeightBlock {
+  int32_t q[32];
+  float d, m;
+};
+WeightBlock weight_block(const QuantizedMatrix& w, int64_t n, int64_t b) {
+  WeightBlock out{};
+  const uint8_t* p = w.blocks.data() + n * w.row_bytes() + b * quant_block_bytes(w.type);
+  out.d = half_at(p);
+  if (w.type == QuantType::kQ4_1) {
+    out.m = half_at(p + 2);
+    for (int k = 0; k < 16; ++k) {
+      out.q[k] = p[4 + k] & 0x0F;
+      out.q[k + 16] = p[4 + k] >> 4;
+    }
+  } else {
+    out.m = 0.f;
+    for (int k = 0; k < 32; ++k) out.q[k] = static_cast<int8_t>(p[2 + k]);
+  }
+  return out;
+}
+
+// ggml's quantization of one block of x, rounding to nearest with ties to even.
+struct XBlock {
+  int32_t q[32];
+  float d;
+  int32_t sum;
+};
+XBlock quantize_block(const float* x) {
+  XBlock out{};
+  float amax = 0.f;
+  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+  out.d = amax / 127.f;
+  const float id = out.d != 0.f ? 1.f / out.d : 0.f;
+  for (int k = 0; k < 32; ++k) {
+    out.q[k] = static_cast<int32_t>(std::nearbyint(x[k] * id));
+    out.sum += out.q[k];
+  }
+  return out;
+}
+
+// Random x with one block of zeros (d = 0) in row 0 when there is room.
+Tensor random_x(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Tensor x = random_f32({rows, cols}, rng, -3.f, 3.f);
+  if (cols >= 64) std::fill(x.data<float>() + 32, x.data<float>() + 64, 0.f);
+  return x;
+}
+
+void run(Q8Kernel kernel, const Tensor& x, const ops::Q8PackedMatrix& w, const Tensor& bias,
+         const Tensor& out) {
+  ops::cpu::linear_q8(x.data<float>(), w, bias.defined() ? bias.data<float>() : nullptr,
+                      out.data<float>(), x.dim(0), kernel);
+}
+
+TEST(Q8Activations, QuantizeMatchesGgmlDefinition) {
+  std::mt19937 rng(3);
+  const int64_t rows = 23, cols = 320;
+  const Tensor x = random_x(rows, cols, rng);
+  ops::cpu::Q8Activations q;
+  ops::cpu::quantize_q8(x.data<float>(), rows, cols, q);
+  ASSERT_EQ(q.rows, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const float* xb = x.data<float>() + r * cols + b * 32;
+      const XBlock want = quantize_block(xb);
+      const int64_t at = r * (cols / 32) + b;
+      ASSERT_EQ(q.scale[at], want.d) << r << " " << b;
+      ASSERT_EQ(q.sum[at], want.sum) << r << " " << b;
+      ASSERT_EQ(q.scaled_sum[at], want.d * static_cast<float>(want.sum));
+      int32_t qmax = 0;
+      for (int k = 0; k < 32; ++k) {
+        ASSERT_EQ(q.qs[r * cols + b * 32 + k], want.q[k]) << r << " " << b << " " << k;
+        qmax = std::max(qmax, std::abs(want.q[k]));
+        // Within half a step of x (and a rounding of x / d).
+        EXPECT_LE(std::fabs(xb[k] - static_cast<float>(want.q[k]) * want.d), 0.5001f * want.d);
+      }
+      EXPECT_EQ(qmax, want.d != 0.f ? 127 : 0);
+    }
+  }
+}
+
+// Scales that are powers of two make every product and partial sum exact in float, so each
+// kernel's output must equal the exact integer result: the integer dot products, the nibble /
+// byte order, the min term and the placement of every feature and row are checked bit for bit.
+TEST(Q8Linear, ExactWhenEveryProductIsExact) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> q127(-127, 127), exp_w(2, 6), exp_x(0, 4), m4(-15, 15);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    const int64_t rows = 11, out_features = 37, in_features = 256, nb = in_features / 32;
+    QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
+    std::vector<int> ew(out_features), ex(rows);
+    for (int64_t n = 0; n < out_features; ++n) {
+      ew[n] = exp_w(rng);
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* p = w.blocks.data() + n * w.row_bytes() + b * quant_block_bytes(type);
+        const uint16_t d = f32_to_f16(std::ldexp(1.f, -ew[n]));
+        p[0] = static_cast<uint8_t>(d & 0xff);
+        p[1] = static_cast<uint8_t>(d >> 8);
+        if (type == QuantType::kQ4_1) {
+          const uint16_t m = f32_to_f16(std::ldexp(static_cast<float>(m4(rng)), -ew[n]));
+          p[2] = static_cast<uint8_t>(m & 0xff);
+          p[3] = static_cast<uint8_t>(m >> 8);
+        }
+      }
+    }
+    // x = k * 2^-e with k in [-127, 127] and one k of each block at +-127: d = 2^-e, q = k.
+    Tensor x = Tensor::empty(DType::kF32, {rows, in_features});
+    for (int64_t r = 0; r < rows; ++r) {
+      ex[r] = exp_x(rng);
+      for (int64_t k = 0; k < in_features; ++k) {
+        const int v = k % 32 == 5 ? (q127(rng) < 0 ? -127 : 127) : q127(rng);
+        x.data<float>()[r * in_features + k] = std::ldexp(static_cast<float>(v), -ex[r]);
+      }
+    }
+    const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+    for (Q8Kernel kernel : ops::cpu::q8_kernels()) {
+      Tensor out = poisoned_f32({rows, out_features});
+      run(kernel, x, packed, Tensor(), out);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t n = 0; n < out_features; ++n) {
+          // In units of 2^-(ew + ex): below 2^24, so the float sum is exact.
+          int64_t units = 0;
+          for (int64_t b = 0; b < nb; ++b) {
+            const WeightBlock wb = weight_block(w, n, b);
+            const XBlock xb = quantize_block(x.data<float>() + r * in_features + b * 32);
+            int64_t dot = 0;
+            for (int k = 0; k < 32; ++k) dot += int64_t{wb.q[k]} * xb.q[k];
+            units += dot + static_cast<int64_t>(std::ldexp(wb.m, ew[n])) * xb.sum;
+          }
+          ASSERT_LT(std::llabs(units), int64_t{1} << 24);
+          const float want = std::ldexp(static_cast<float>(units), -(ew[n] + ex[r]));
+          ASSERT_EQ(out.data<float>()[r * out_features + n], want)
+              << ops::cpu::q8_kernel_name(kernel) << " row " << r << " feature " << n;
+        }
+      }
+    }
+  }
+}
+
+// Random blocks and x: the portable kernel within float rounding of the reference (integer block
+// sums, float64 combination), every other kernel bit for bit equal to the portable one.
+TEST(Q8Linear, MatchesReferenceAndKernelsAgree) {
+  std::mt19937 rng(7);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    for (auto [rows, out_features, in_features] :
+         {std::tuple{1, 1, 32}, std::tuple{5, 17, 96}, std::tuple{13, 40, 576},
+          std::tuple{9, 130, 1536}}) {
+      const QuantizedMatrix w = random_blocks(type, out_features, in_features, rng);
+      const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+      const Tensor x = random_x(rows, in_features, rng);
+      const Tensor bias = random_f32({out_features}, rng);
+      Tensor portable = poisoned_f32({rows, out_features});
+      run(Q8Kernel::kPortable, x, packed, bias, portable);
+      const int64_t nb = in_features / 32;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t n = 0; n < out_features; ++n) {
+          double ref = bias.data<float>()[n], magnitude = std::fabs(ref);
+          for (int64_t b = 0; b < nb; ++b) {
+            const WeightBlock wb = weight_block(w, n, b);
+            const XBlock xb = quantize_block(x.data<float>() + r * in_features + b * 32);
+            int64_t dot = 0;
+            for (int k = 0; k < 32; ++k) dot += int64_t{wb.q[k]} * xb.q[k];
+            const double t1 = static_cast<double>(wb.d) * xb.d * static_cast<double>(dot);
+            const double t2 = static_cast<double>(wb.m) * xb.d * xb.sum;
+            ref += t1 + t2;
+            magnitude += std::fabs(t1) + std::fabs(t2);
+          }
+          // Float32 recursive summation of 2 nb + 1 terms, each term also carrying the rounding
+          // of its scale product: |error| <= (2 nb + 4) u sum |terms|, u = 2^-24.
+          const double bound = (2.0 * nb + 4) * std::ldexp(1.0, -24) * magnitude;
+          const double got = portable.data<float>()[r * out_features + n];
+          ASSERT_LE(std::fabs(got - ref), bound)
+              << "row " << r << " feature " << n << " of " << rows << "x" << out_features << "x"
+              << in_features;
+        }
+      }
+      for (Q8Kernel kernel : ops::cpu::q8_kernels()) {
+        Tensor out = poisoned_f32({rows, out_features});
+        run(kernel, x, packed, bias, out);
+        EXPECT_EQ(std::memcmp(out.data<float>(), portable.data<float>(), out.nbytes()), 0)
+            << ops::cpu::q8_kernel_name(kernel) << " " << rows << "x" << out_features << "x"
+            << in_features;
+      }
+    }
+  }
+}
+
+// Every row again inside calls of 1, 3 and 10 rows, at every offset, gives the same bits as in
+// the whole batch (row tiles of 4 and 8 meet every tail).
+TEST(Q8Linear, RowsAreBatchInvariant) {
+  std::mt19937 rng(9);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    const int64_t out_features = 150, in_features = 192, rows = 21;
+    const ops::Q8PackedMatrix w =
+        ops::pack_for_q8(random_blocks(type, out_features, in_features, rng));
+    const Tensor x = random_x(rows, in_features, rng);
+    for (Q8Kernel kernel : ops::cpu::q8_kernels()) {
+      Tensor all = poisoned_f32({rows, out_features});
+      run(kernel, x, w, Tensor(), all);
+      for (int64_t batch : {1, 3, 10}) {
+        for (int64_t start = 0; start + batch <= rows; ++start) {
+          Tensor part = poisoned_f32({batch, out_features});
+          run(kernel, x.rows(start, start + batch), w, Tensor(), part);
+          EXPECT_EQ(std::memcmp(part.data<float>(), all.data<float>() + start * out_features,
+                                batch * out_features * sizeof(float)),
+                    0)
+              << ops::cpu::q8_kernel_name(kernel) << " rows " << start << ".." << start + batch;
+        }
+      }
+    }
+  }
+}
+
+TEST(Q8Linear, TensorEntryUsesTheFirstKernelAndChecksItsArguments) {
+  std::mt19937 rng(1);
+  const QuantizedMatrix q = random_blocks(QuantType::kQ4_1, 20, 64, rng);
+  const ops::Q8PackedMatrix w = ops::pack_for_q8(q);
+  const Tensor x = random_x(3, 64, rng);
+  Tensor out = poisoned_f32({3, 20}), want = poisoned_f32({3, 20});
+  ops::linear_q8(x, w, Tensor(), out);
+  run(ops::cpu::q8_kernels().front(), x, w, Tensor(), want);
+  EXPECT_EQ(std::memcmp(out.data<float>(), want.data<float>(), out.nbytes()), 0);
+  expect_error([&] { ops::linear_q8(random_x(3, 96, rng), w, Tensor(), out); },
+               {"linear (8-bit activations)", "x"});
+  expect_error([&] { ops::linear_q8(x, w, Tensor(), poisoned_f32({3, 21})); }, {"out"});
+  expect_error([&] { ops::linear_q8(x, w, random_f32({19}, rng), out); }, {"bias"});
+  ops::Q8PackedMatrix short_w = w;
+  short_w.data.resize(short_w.data.size() - 1);
+  expect_error([&] { ops::linear_q8(x, short_w, Tensor(), out); },
+               {"packed weight does not match its shape [20, 64]"});
+  QuantizedMatrix bad = q;
+  bad.blocks.pop_back();
+  expect_error([&] { (void)ops::pack_for_q8(bad); }, {"pack_for_q8", "[20, 64]"});
+}
+
+}  // namespace
+}  // namespace pagedlm
