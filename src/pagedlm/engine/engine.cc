@@ -94,6 +94,8 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   if (options_.max_num_batched_tokens == 0) options_.max_num_batched_tokens = on_gpu ? 16384 : 2048;
   PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
   PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
+  PAGEDLM_CHECK(!options_.cpu_q8_activations || !on_gpu,
+                "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
   if (on_gpu) {
     PAGEDLM_CHECK(cuda_device_available(), "the CUDA device was asked for but ",
                   "this build has no CUDA support or the machine has no GPU");
@@ -121,8 +123,6 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
                         tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
     comm = cpu_ranks_->communicator(0);
   }
-  PAGEDLM_CHECK(!options_.cpu_q8_activations || !on_gpu,
-                "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
   model_ = create_model(checkpoint, options_.device, {0, tp}, comm, {options_.cpu_q8_activations});
   const ModelConfig& c = model_->config();
   // Each rank's cache holds its share of the kv heads in the same pages.
