@@ -193,6 +193,9 @@ TEST_F(CliTest, BadTokenPromptsFailClearly) {
                  "power of two");
   expect_failure("generate --model " + kFixture + " --tokens \"1 2\" --temperature -1",
                  "temperature");
+  // The fixture is float32 safetensors: no blocks for 8-bit activations to multiply.
+  expect_failure("generate --model " + kFixture + " --tokens \"1 2\" --cpu-q8-activations",
+                 "need a GGUF with Q4_1 or Q8_0");
 }
 
 TEST_F(CliTest, BrokenModelFilesFailClearly) {
