@@ -2,8 +2,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "pagedlm/core/parallel.h"
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/op_check.h"
 #include "pagedlm/ops/paged_attention.h"
@@ -55,7 +61,11 @@ void validate_plan(const int32_t* q_indptr, const int32_t* kv_indptr,
 // [h0, h1) of kv head hk's group, all reading the same pages.
 struct RowBlock {
   int64_t b, hk, t0, t1, h0, h1;
+  bool prefill;  // the sequence has kPrefillTokenBlock new tokens or more
 };
+
+// Blocks per thread below which decode-like rows of one kv head are split over several blocks.
+constexpr int64_t kBlocksPerThread = 2;
 
 // Tokens of one prefill block: its rows share each tile of keys and values while it is in cache
 // (a 1k-token prompt otherwise re-reads every key once per query row).
@@ -68,8 +78,10 @@ constexpr int64_t kTransposedMinRows = 8;
 // Per-row online-softmax state of a block, reused across blocks by one thread.
 struct RowScratch {
   std::vector<float> acc, running_max, running_sum, scores;
-  std::vector<float> keys_t;                // [head_dim][kKvTile]: the tile's keys transposed
-  std::vector<int64_t> first_key, end_key;  // the row's kv positions [first_key, end_key)
+  std::vector<float> keys_t;                 // [head_dim][kKvTile]: the tile's keys transposed
+  std::vector<int64_t> first_key, end_key;   // the row's kv positions [first_key, end_key)
+  std::vector<const float*> q;               // the row's query
+  std::vector<float*> score_rows, acc_rows;  // the row's part of scores and acc
   void resize(int64_t rows, int64_t head_dim) {
     acc.assign(rows * head_dim, 0.f);
     running_max.assign(rows, -std::numeric_limits<float>::infinity());
@@ -78,6 +90,9 @@ struct RowScratch {
     keys_t.resize(head_dim * kKvTile);
     first_key.resize(rows);
     end_key.resize(rows);
+    q.resize(rows);
+    score_rows.resize(rows);
+    acc_rows.resize(rows);
   }
 };
 
@@ -86,45 +101,148 @@ struct RowScratch {
 constexpr int64_t kWidth = 16;
 using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
 
-// q . k: 16 lane sums (lane l over dims l, l + 16, ...), then the lanes added in order, as the
-// vectorized reduction loop did; in registers rather than through a spill of the lanes.
-float dot_product(const float* q, const float* k, int64_t head_dim) {
-  if (head_dim % kWidth != 0) {
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
-    return dot;
+// Rows that score a transposed key tile together (each key vector loaded once for all of them)
+// and rows that add a full tile's values together (each value vector loaded once for all of
+// them): as many as leave the accumulators in registers (32 AVX-512 registers hold one Vec
+// each, 16 AVX2 registers half of one).
+#if defined(__AVX512F__)
+constexpr int64_t kScoreRows = 8;  // 16 accumulators
+constexpr int64_t kValueRows = 4;  // 4 rows x kValueVecs accumulators
+#else
+constexpr int64_t kScoreRows = 2;
+constexpr int64_t kValueRows = 1;
+#endif
+// Value vectors (of kWidth dims) a row accumulates per pass over a tile's keys.
+constexpr int64_t kValueVecs = 4;
+
+#if defined(__AVX512F__)
+// m[r][c] = m[c][r] for a 16 x 16 block: at each level b (8, 4, 2, 1), rows r and r + b swap
+// their off-diagonal halves, which exchanges bit b of the row and of the column index.
+template <int B>
+void transpose_level(__m512* m) {
+  // Lanes c with bit B clear keep row r's lane c; lanes with it set take row r + B's lane c - B
+  // (indices 16.. name the second operand); row r + B gets the mirror image.
+  alignas(64) int32_t lo_idx[kWidth], hi_idx[kWidth];
+  for (int c = 0; c < kWidth; ++c) {
+    lo_idx[c] = (c & B) != 0 ? kWidth + c - B : c;
+    hi_idx[c] = (c & B) != 0 ? kWidth + c : c + B;
   }
-  Vec part = {};
-  for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
-    Vec qv, kv;
-    std::memcpy(&qv, q + i0, sizeof(qv));
-    std::memcpy(&kv, k + i0, sizeof(kv));
-    part += qv * kv;
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int r = 0; r < kWidth; ++r) {
+    if ((r & B) != 0) continue;
+    const __m512 a = m[r], b = m[r + B];
+    m[r] = _mm512_permutex2var_ps(a, lo, b);
+    m[r + B] = _mm512_permutex2var_ps(a, hi, b);
   }
-  float dot = 0.f;
-  for (int64_t l = 0; l < kWidth; ++l) dot += part[l];
-  return dot;
 }
 
-// scale * q . k_j for the tile's kKvTile keys, from their transposed copy (keys_t[i * kKvTile +
-// j] = dim i of key j): each dim adds q[i] times a vector of the keys' values, so the scores
-// build up in two registers without a horizontal sum per key.
-void tile_scores(const float* q, const float* keys_t, int64_t head_dim, float scale,
-                 float* scores) {
+void transpose16(__m512* m) {
+  transpose_level<8>(m);
+  transpose_level<4>(m);
+  transpose_level<2>(m);
+  transpose_level<1>(m);
+}
+#endif
+
+// scale * q . k_j for the tile's first `count` keys, each as dot_product did it: 16 lane sums
+// (lane l over dims l, l + 16, ...) from zero, then the lanes added in order from zero. With
+// AVX-512, the lane sums of 16 keys are transposed so that their 16 in-order additions run
+// as 16 vector additions instead of a chain of scalar ones per key.
+void dot_products(const float* q, const float* const* keys, int64_t count, int64_t head_dim,
+                  float scale, float* scores) {
+  if (head_dim % kWidth != 0) {
+    for (int64_t j = 0; j < count; ++j) {
+      float dot = 0.f;
+      const float* k = keys[j];
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
+      scores[j] = dot * scale;
+    }
+    return;
+  }
+  auto lane_sums = [&](const float* k) {
+    Vec part = {};
+    for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
+      Vec qv, kv;
+      std::memcpy(&qv, q + i0, sizeof(qv));
+      std::memcpy(&kv, k + i0, sizeof(kv));
+      part += qv * kv;
+    }
+    return part;
+  };
+  int64_t j0 = 0;
+#if defined(__AVX512F__)
+  for (; j0 + kWidth <= count; j0 += kWidth) {
+    __m512 parts[kWidth];
+    for (int64_t j = 0; j < kWidth; ++j) {
+      const Vec part = lane_sums(keys[j0 + j]);
+      std::memcpy(&parts[j], &part, sizeof(part));
+    }
+    transpose16(parts);  // parts[l] = lane l of the 16 keys
+    __m512 dots = _mm512_setzero_ps();
+    for (int64_t l = 0; l < kWidth; ++l) dots = _mm512_add_ps(dots, parts[l]);
+    _mm512_storeu_ps(scores + j0, _mm512_mul_ps(dots, _mm512_set1_ps(scale)));
+  }
+#endif
+  for (int64_t j = j0; j < count; ++j) {
+    const Vec part = lane_sums(keys[j]);
+    float dot = 0.f;
+    for (int64_t l = 0; l < kWidth; ++l) dot += part[l];
+    scores[j] = dot * scale;
+  }
+}
+
+// keys_t[i * kKvTile + j] = dim i of key j, zeros past the tile's `count` keys (scored, never
+// used).
+void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, float* keys_t) {
+#if defined(__AVX512F__)
+  if (head_dim % kWidth == 0) {
+    static_assert(kKvTile % kWidth == 0, "a tile is whole 16 x 16 blocks");
+    for (int64_t jb = 0; jb < kKvTile; jb += kWidth) {
+      for (int64_t ib = 0; ib < head_dim; ib += kWidth) {
+        __m512 m[kWidth];
+        for (int64_t j = 0; j < kWidth; ++j) {
+          m[j] = jb + j < count ? _mm512_loadu_ps(keys[jb + j] + ib) : _mm512_setzero_ps();
+        }
+        transpose16(m);
+        for (int64_t i = 0; i < kWidth; ++i)
+          _mm512_storeu_ps(keys_t + (ib + i) * kKvTile + jb, m[i]);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < head_dim; ++i) {
+    for (int64_t j = 0; j < kKvTile; ++j) keys_t[i * kKvTile + j] = j < count ? keys[j][i] : 0.f;
+  }
+}
+
+// scale * q_r . k_j for R rows and the tile's kKvTile keys, from their transposed copy: each dim
+// adds q_r[i] times a vector of the keys' values, so a row's 32 scores build up in two
+// registers, without a horizontal sum per key, and each key vector loaded serves all R rows. A
+// row's arithmetic is the same whatever R (its own chain over the dims in order).
+template <int64_t R>
+void tile_scores(const float* const* q, const float* keys_t, int64_t head_dim, float scale,
+                 float* const* scores) {
   static_assert(kKvTile == 2 * kWidth, "a tile's scores are two vectors");
-  Vec lo = {}, hi = {};
+  Vec lo[R] = {}, hi[R] = {};
   for (int64_t i = 0; i < head_dim; ++i) {
     Vec k_lo, k_hi;
     std::memcpy(&k_lo, keys_t + i * kKvTile, sizeof(k_lo));
     std::memcpy(&k_hi, keys_t + i * kKvTile + kWidth, sizeof(k_hi));
-    lo += q[i] * k_lo;
-    hi += q[i] * k_hi;
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) {
+      lo[r] += q[r][i] * k_lo;
+      hi[r] += q[r][i] * k_hi;
+    }
   }
-  lo *= scale;
-  hi *= scale;
-  std::memcpy(scores, &lo, sizeof(lo));
-  std::memcpy(scores + kWidth, &hi, sizeof(hi));
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < R; ++r) {
+    lo[r] *= scale;
+    hi[r] *= scale;
+    std::memcpy(scores[r], &lo[r], sizeof(lo[r]));
+    std::memcpy(scores[r] + kWidth, &hi[r], sizeof(hi[r]));
+  }
 }
 
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
@@ -151,13 +269,47 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
   }
 }
 
+// accumulate_values for R rows over all kKvTile keys of a tile, each row's accumulator first
+// multiplied by its correction (as the single-row path does in a loop of its own): each value
+// vector loaded serves all R rows, and a row's additions are the same, in the same order.
+template <int64_t R, int64_t V>
+void accumulate_values_rows(float* const* acc, const float* correction, const float* const* p,
+                            const float* const* values, int64_t i0) {
+  Vec a[R][V];
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < V; ++c) {
+      std::memcpy(&a[r][c], acc[r] + i0 + c * kWidth, sizeof(Vec));
+      a[r][c] *= correction[r];
+    }
+  }
+  for (int64_t j = 0; j < kKvTile; ++j) {
+    Vec v[V];
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < V; ++c) std::memcpy(&v[c], values[j] + i0 + c * kWidth, sizeof(Vec));
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int64_t c = 0; c < V; ++c) a[r][c] += p[r][j] * v[c];
+    }
+  }
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < V; ++c) std::memcpy(acc[r] + i0 + c * kWidth, &a[r][c], sizeof(Vec));
+  }
+}
+
 // Every row r of the block: out_r = softmax(scores_r) V over kv positions
 // [first_key_r, end_key_r), scores_r = softcap(scale * q_r K^T), in one pass with a running max
 // and sum (FlashAttention), tile by tile. Tiles sit at multiples of kKvTile whatever the block,
 // and a row skips the tiles outside its window and scores only its own keys of the others: so a
 // windowed row costs about window keys, and a row's arithmetic is the same whatever block it is
 // in (its tiles in position order, the same operations on each), so it depends on neither the
-// batch nor the blocking.
+// batch nor the blocking. Rows are grouped only to share loads: kScoreRows rows score a
+// transposed tile together, and kValueRows rows that all see a whole tile take its softmax and
+// values together; the rest go one by one, through the same operations.
 void attend_block(const RowBlock& blk, const float* q, const float* k_cache, const float* v_cache,
                   const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_page_indices,
                   const int32_t* kv_last_page_len, const AttentionVariant& variant,
@@ -179,6 +331,9 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
     const int64_t pos = n_kv - n_new + (blk.t0 + r / heads - q_indptr[blk.b]);
     s.end_key[r] = pos + 1;
     s.first_key[r] = variant.window > 0 ? std::max<int64_t>(0, pos - variant.window + 1) : 0;
+    s.q[r] = q + q_row(r);
+    s.score_rows[r] = s.scores.data() + r * kKvTile;
+    s.acc_rows[r] = s.acc.data() + r * head_dim;
     first = std::min(first, s.first_key[r]);
     longest = std::max(longest, s.end_key[r]);
   }
@@ -187,7 +342,8 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
   };
   const float* keys[kKvTile];
   const float* values[kKvTile];
-  const bool transposed = rows >= kTransposedMinRows;
+  const bool transposed = blk.prefill && rows >= kTransposedMinRows;
+  const bool grouped_values = head_dim % (kValueVecs * kWidth) == 0;
   const float scale = variant.scale, softcap = variant.softcap;
   float* keys_t = s.keys_t.data();
   for (int64_t start = first / kKvTile * kKvTile; start < longest; start += kKvTile) {
@@ -198,40 +354,80 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       keys[j] = k_cache + at;
       values[j] = v_cache + at;
     }
-    if (transposed) {  // zeros past the tile's last key: scored, never used
-      for (int64_t i = 0; i < head_dim; ++i) {
-        for (int64_t j = 0; j < kKvTile; ++j) {
-          keys_t[i * kKvTile + j] = j < tile_keys ? keys[j][i] : 0.f;
-        }
+    // The row's keys of this tile: [j0, j1).
+    auto key_range = [&](int64_t r) {
+      return std::pair{std::max<int64_t>(0, s.first_key[r] - start),
+                       std::min(kKvTile, s.end_key[r] - start)};
+    };
+    if (transposed) {
+      transpose_tile(keys, tile_keys, head_dim, keys_t);
+      int64_t r = 0;
+      for (; r + kScoreRows <= rows; r += kScoreRows) {
+        tile_scores<kScoreRows>(&s.q[r], keys_t, head_dim, scale, &s.score_rows[r]);
       }
+      for (; r < rows; ++r) tile_scores<1>(&s.q[r], keys_t, head_dim, scale, &s.score_rows[r]);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      // The row's keys of this tile: [j0, j1).
-      const int64_t j0 = std::max<int64_t>(0, s.first_key[r] - start);
-      const int64_t j1 = std::min(kKvTile, s.end_key[r] - start);
+      const auto [j0, j1] = key_range(r);
       if (j0 >= j1) continue;
-      const float* qr = q + q_row(r);
-      float* scores = s.scores.data() + r * kKvTile;
-      float* acc = s.acc.data() + r * head_dim;
-      float tile_max = s.running_max[r];
-      if (transposed) {
-        tile_scores(qr, keys_t, head_dim, scale, scores);
-      } else {
-        for (int64_t j = j0; j < j1; ++j) scores[j] = dot_product(qr, keys[j], head_dim) * scale;
-      }
+      float* scores = s.score_rows[r];
+      if (!transposed) dot_products(s.q[r], keys + j0, j1 - j0, head_dim, scale, scores + j0);
       if (softcap > 0.f) {
         for (int64_t j = j0; j < j1; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
       }
-      for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
-      // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
-      const float correction = exp_vectorizable(s.running_max[r] - tile_max);
-      s.running_sum[r] *= correction;
-      for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
-      s.running_max[r] = tile_max;
-      // The exponentials in a vector loop, then their sum in order.
-      for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
-      for (int64_t j = j0; j < j1; ++j) s.running_sum[r] += scores[j];
-      accumulate_values(acc, scores + j0, values + j0, j1 - j0, head_dim);
+    }
+    auto whole_tile = [&](int64_t r) {
+      const auto [j0, j1] = key_range(r);
+      return j0 == 0 && j1 == kKvTile;
+    };
+    for (int64_t r = 0; r < rows;) {
+      bool grouped = grouped_values && r + kValueRows <= rows;
+      for (int64_t i = 0; grouped && i < kValueRows; ++i) grouped = whole_tile(r + i);
+      if (grouped) {
+        // The same steps as a single row's below, for kValueRows rows at a time.
+        float tile_max[kValueRows], correction[kValueRows];
+        for (int64_t i = 0; i < kValueRows; ++i) tile_max[i] = s.running_max[r + i];
+        for (int64_t j = 0; j < kKvTile; ++j) {
+          for (int64_t i = 0; i < kValueRows; ++i) {
+            tile_max[i] = std::max(tile_max[i], s.score_rows[r + i][j]);
+          }
+        }
+        for (int64_t i = 0; i < kValueRows; ++i) {
+          correction[i] = exp_vectorizable(s.running_max[r + i] - tile_max[i]);
+          s.running_sum[r + i] *= correction[i];
+          s.running_max[r + i] = tile_max[i];
+          float* scores = s.score_rows[r + i];
+          for (int64_t j = 0; j < kKvTile; ++j) {
+            scores[j] = exp_vectorizable(scores[j] - tile_max[i]);
+          }
+        }
+        for (int64_t j = 0; j < kKvTile; ++j) {
+          for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] += s.score_rows[r + i][j];
+        }
+        for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
+          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], correction,
+                                                         &s.score_rows[r], values, i0);
+        }
+        r += kValueRows;
+        continue;
+      }
+      const auto [j0, j1] = key_range(r);
+      if (j0 < j1) {
+        float* scores = s.score_rows[r];
+        float* acc = s.acc_rows[r];
+        float tile_max = s.running_max[r];
+        for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
+        // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
+        const float correction = exp_vectorizable(s.running_max[r] - tile_max);
+        s.running_sum[r] *= correction;
+        for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
+        s.running_max[r] = tile_max;
+        // The exponentials in a vector loop, then their sum in order.
+        for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
+        for (int64_t j = j0; j < j1; ++j) s.running_sum[r] += scores[j];
+        accumulate_values(acc, scores + j0, values + j0, j1 - j0, head_dim);
+      }
+      ++r;
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -249,32 +445,56 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
   validate_plan(q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, d);
   const int64_t group = d.n_q_heads / d.n_kv_heads;
-  // Decode-like sequences (a few new tokens) get a block per (token, q head), which spreads a
-  // single sequence over the threads; prefill chunks a block per (16 tokens, kv head) with all
-  // of its group's q heads, so a tile of keys serves up to 16 x group rows.
-  std::vector<RowBlock> blocks;
+  // Prefill chunks a block per (16 tokens, kv head) with all of its group's q heads, so a tile
+  // of keys serves up to 16 x group rows. Decode-like sequences (a few new tokens) get a block
+  // per (token, kv head) too where there are blocks enough for the threads, so that the group
+  // reads its keys and values from memory once, not once per q head; else per (token, some of
+  // the group's q heads), which spreads a single sequence over the threads. A row's arithmetic
+  // is the same in either (only prefill blocks score from transposed keys).
+  int64_t decode_units = 0;
+  for (int64_t b = 0; b < d.num_seqs; ++b) {
+    const int64_t n_new = q_indptr[b + 1] - q_indptr[b];
+    if (n_new < kPrefillTokenBlock) decode_units += n_new * d.n_kv_heads;
+  }
+  const int64_t wanted_blocks = kBlocksPerThread * num_threads();
+  const int64_t decode_heads =
+      decode_units >= wanted_blocks
+          ? group
+          : std::clamp<int64_t>(decode_units * group / wanted_blocks, 1, group);
+  struct Costed {
+    RowBlock block;
+    int64_t cost;  // rows x keys of the longest row, to hand out the longest blocks first
+  };
+  std::vector<Costed> costed;
   for (int64_t b = 0; b < d.num_seqs; ++b) {
     const int64_t t_begin = q_indptr[b], t_end = q_indptr[b + 1];
+    if (t_end == t_begin) continue;
+    const int64_t n_kv = (kv_indptr[b + 1] - kv_indptr[b] - 1) * d.page_size + kv_last_page_len[b];
     const bool prefill = t_end - t_begin >= kPrefillTokenBlock;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += prefill ? kPrefillTokenBlock : 1) {
       const int64_t t1 = prefill ? std::min(t_end, t0 + kPrefillTokenBlock) : t0 + 1;
+      int64_t keys = n_kv - (t_end - t1);
+      if (variant.window > 0) keys = std::min<int64_t>(keys, variant.window + (t1 - t0));
+      const int64_t heads = prefill ? group : decode_heads;
       for (int64_t hk = 0; hk < d.n_kv_heads; ++hk) {
-        if (prefill) {
-          blocks.push_back({b, hk, t0, t1, 0, group});
-        } else {
-          for (int64_t h = 0; h < group; ++h) blocks.push_back({b, hk, t0, t1, h, h + 1});
+        for (int64_t h0 = 0; h0 < group; h0 += heads) {
+          const int64_t h1 = std::min(group, h0 + heads);
+          costed.push_back({{b, hk, t0, t1, h0, h1, prefill}, (t1 - t0) * (h1 - h0) * keys});
         }
       }
     }
   }
-  const auto num_blocks = static_cast<int64_t>(blocks.size());
+  std::stable_sort(costed.begin(), costed.end(),
+                   [](const Costed& x, const Costed& y) { return x.cost > y.cost; });
+  const auto num_blocks = static_cast<int64_t>(costed.size());
 #pragma omp parallel
   {
     RowScratch scratch;
-    // Blocks differ in length (decode vs long prefill), so hand them out dynamically.
-#pragma omp for schedule(dynamic, 4)
+    // Blocks differ in length (decode vs long prefill), so hand them out dynamically, longest
+    // first, so that no long one is left for the end.
+#pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_blocks; ++i) {
-      attend_block(blocks[i], q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices,
+      attend_block(costed[i].block, q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices,
                    kv_last_page_len, variant, d, scratch, out);
     }
   }
