@@ -245,6 +245,33 @@ void tile_scores(const float* const* q, const float* keys_t, int64_t head_dim, f
   }
 }
 
+// The largest of running and a whole tile's scores, as the single-row path's in-order std::max
+// chain gives it: a NaN score is skipped as std::max(m, NaN) skips it (the running maximum is
+// never NaN), and the lanes may be combined in any order, since maxima of one set differ at
+// most in the sign of a zero, which the exponentials of differences taken from them do not
+// tell apart (exp(+0) = exp(-0) = 1, x - (+0) = x - (-0) otherwise).
+float whole_tile_max(float running, const float* scores) {
+#if defined(__AVX512F__)
+  static_assert(kKvTile == 2 * kWidth, "a tile's scores are two vectors");
+  // The zero-masking forms with every lane kept: the plain ones start from
+  // _mm512_undefined_ps, which GCC 12 warns about (maybe-uninitialized).
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 m = _mm512_set1_ps(running);
+  // A NaN in the first operand gives the second.
+  m = _mm512_maskz_max_ps(kAll, _mm512_loadu_ps(scores), m);
+  m = _mm512_maskz_max_ps(kAll, _mm512_loadu_ps(scores + kWidth), m);
+  // Halves, quarters, pairs, then neighbours.
+  m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_shuffle_f32x4(kAll, m, m, 0x4E));
+  m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_shuffle_f32x4(kAll, m, m, 0xB1));
+  m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_permute_ps(kAll, m, 0x4E));
+  m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_permute_ps(kAll, m, 0xB1));
+  return _mm512_cvtss_f32(m);
+#else
+  for (int64_t j = 0; j < kKvTile; ++j) running = std::max(running, scores[j]);
+  return running;
+#endif
+}
+
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
 // time in one register across the keys: the same additions in the same order as the plain loop,
 // without a store and reload of acc per key, which bound the loop before.
@@ -301,6 +328,14 @@ void accumulate_values_rows(float* const* acc, const float* correction, const fl
   }
 }
 
+// GCC vectorizes the softmax's loops (exp above all) 8 lanes wide by default even with AVX-512;
+// 16 lanes halve their instructions. The lanes' arithmetic is the same at either width.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define PAGEDLM_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define PAGEDLM_WIDE_VECTORS
+#endif
+
 // Every row r of the block: out_r = softmax(scores_r) V over kv positions
 // [first_key_r, end_key_r), scores_r = softcap(scale * q_r K^T), in one pass with a running max
 // and sum (FlashAttention), tile by tile. Tiles sit at multiples of kKvTile whatever the block,
@@ -310,10 +345,12 @@ void accumulate_values_rows(float* const* acc, const float* correction, const fl
 // batch nor the blocking. Rows are grouped only to share loads: kScoreRows rows score a
 // transposed tile together, and kValueRows rows that all see a whole tile take its softmax and
 // values together; the rest go one by one, through the same operations.
-void attend_block(const RowBlock& blk, const float* q, const float* k_cache, const float* v_cache,
-                  const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_page_indices,
-                  const int32_t* kv_last_page_len, const AttentionVariant& variant,
-                  const PagedAttentionDims& d, RowScratch& s, float* out) {
+PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, const float* k_cache,
+                                       const float* v_cache, const int32_t* q_indptr,
+                                       const int32_t* kv_indptr, const int32_t* kv_page_indices,
+                                       const int32_t* kv_last_page_len,
+                                       const AttentionVariant& variant, const PagedAttentionDims& d,
+                                       RowScratch& s, float* out) {
   const int64_t head_dim = d.head_dim, group = d.n_q_heads / d.n_kv_heads;
   const int64_t slot_stride = d.n_kv_heads * head_dim;
   const int32_t* pages = kv_page_indices + kv_indptr[blk.b];
@@ -385,25 +422,26 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
       for (int64_t i = 0; grouped && i < kValueRows; ++i) grouped = whole_tile(r + i);
       if (grouped) {
         // The same steps as a single row's below, for kValueRows rows at a time.
-        float tile_max[kValueRows], correction[kValueRows];
-        for (int64_t i = 0; i < kValueRows; ++i) tile_max[i] = s.running_max[r + i];
-        for (int64_t j = 0; j < kKvTile; ++j) {
-          for (int64_t i = 0; i < kValueRows; ++i) {
-            tile_max[i] = std::max(tile_max[i], s.score_rows[r + i][j]);
-          }
+        float tile_max[kValueRows], correction[kValueRows], sum[kValueRows];
+        for (int64_t i = 0; i < kValueRows; ++i) {
+          tile_max[i] = whole_tile_max(s.running_max[r + i], s.score_rows[r + i]);
+        }
+        for (int64_t i = 0; i < kValueRows; ++i) {  // the rows' corrections in one vector
+          correction[i] = exp_vectorizable(s.running_max[r + i] - tile_max[i]);
         }
         for (int64_t i = 0; i < kValueRows; ++i) {
-          correction[i] = exp_vectorizable(s.running_max[r + i] - tile_max[i]);
-          s.running_sum[r + i] *= correction[i];
+          sum[i] = s.running_sum[r + i] * correction[i];
           s.running_max[r + i] = tile_max[i];
           float* scores = s.score_rows[r + i];
           for (int64_t j = 0; j < kKvTile; ++j) {
             scores[j] = exp_vectorizable(scores[j] - tile_max[i]);
           }
         }
+        // Each row's sum in order, the rows' chains side by side.
         for (int64_t j = 0; j < kKvTile; ++j) {
-          for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] += s.score_rows[r + i][j];
+          for (int64_t i = 0; i < kValueRows; ++i) sum[i] += s.score_rows[r + i][j];
         }
+        for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] = sum[i];
         for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
           accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], correction,
                                                          &s.score_rows[r], values, i0);
@@ -424,7 +462,9 @@ void attend_block(const RowBlock& blk, const float* q, const float* k_cache, con
         s.running_max[r] = tile_max;
         // The exponentials in a vector loop, then their sum in order.
         for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
-        for (int64_t j = j0; j < j1; ++j) s.running_sum[r] += scores[j];
+        float sum = s.running_sum[r];
+        for (int64_t j = j0; j < j1; ++j) sum += scores[j];
+        s.running_sum[r] = sum;
         accumulate_values(acc, scores + j0, values + j0, j1 - j0, head_dim);
       }
       ++r;
