@@ -1,8 +1,8 @@
 // CPU kernel internals that have no counterpart on another backend; every op's cases, on every
 // backend, are in tests/backend_ops_test.cc. Here: the vectorized exp of the softmax and SiLU
-// loops, linear's thread-count invariance, and the portable quantized-block kernel (the one that
-// builds without AVX2 + FMA + F16C, which the dispatching entry point never runs on machines that
-// have them).
+// loops, linear's and paged attention's thread-count invariance, and the portable quantized-block
+// kernel (the one that builds without AVX2 + FMA + F16C, which the dispatching entry point never
+// runs on machines that have them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/paged_attention.h"
 
 namespace pagedlm {
 namespace {
@@ -56,6 +57,73 @@ TEST(Linear, ThreadCountInvariant) {
   ops::linear(x, w, Tensor(), two);
   set_num_threads(saved);
   EXPECT_EQ(std::memcmp(one.data<float>(), two.data<float>(), one.nbytes()), 0);
+}
+
+// Paged attention's blocks depend on the thread count (a decode row's q heads share a block
+// where there are blocks enough for the threads, else are split over several); each row's bits
+// must not. Steps: a prefill chunk after a cached prefix, a short chunk and decode rows at long
+// and short contexts, then a single decode row (split over the threads), each plain and with
+// a window and soft-cap; SmolLM2's 9 q heads over 3 kv heads, and 8 q heads a kv head (as many
+// rows as a prefill block needs to score from transposed keys). Accuracy against a reference is
+// backend_ops_test's PagedAttention cases.
+TEST(PagedAttentionCpu, ThreadCountInvariant) {
+  constexpr int64_t kHeadDim = 64, kPageSize = 16;
+  struct Step {
+    std::vector<int32_t> n_new, n_ctx;
+  };
+  const std::vector<Step> steps = {{{300, 20, 1, 1, 1}, {40, 0, 1000, 3, 70}}, {{1}, {1500}}};
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> uniform(-2.f, 2.f);
+  const int saved = num_threads();
+  for (const auto& [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{9, 3}, {16, 2}}) {
+    for (const Step& step : steps) {
+      std::vector<int32_t> q_indptr{0}, kv_indptr{0}, pages, last_len;
+      for (size_t s = 0; s < step.n_new.size(); ++s) {
+        const int32_t n_kv = step.n_new[s] + step.n_ctx[s];
+        const int32_t num_pages = (n_kv + kPageSize - 1) / kPageSize;
+        for (int32_t i = 0; i < num_pages; ++i) {
+          pages.push_back(static_cast<int32_t>(pages.size()));
+        }
+        kv_indptr.push_back(static_cast<int32_t>(pages.size()));
+        last_len.push_back(n_kv - (num_pages - 1) * kPageSize);
+        q_indptr.push_back(q_indptr.back() + step.n_new[s]);
+      }
+      std::shuffle(pages.begin(), pages.end(), rng);
+      const ops::PagedAttentionDims dims{static_cast<int64_t>(step.n_new.size()),
+                                         q_indptr.back(),
+                                         q_heads,
+                                         kv_heads,
+                                         kHeadDim,
+                                         static_cast<int64_t>(pages.size()),
+                                         kPageSize,
+                                         static_cast<int64_t>(pages.size())};
+      std::vector<float> q(dims.n_tokens * q_heads * kHeadDim);
+      std::vector<float> k_cache(dims.num_pages * kPageSize * kv_heads * kHeadDim);
+      std::vector<float> v_cache(k_cache.size());
+      for (auto* values : {&q, &k_cache, &v_cache}) {
+        for (float& x : *values) x = uniform(rng);
+      }
+      for (const AttentionVariant variant :
+           {AttentionVariant{0.125f, 0, 0.f}, AttentionVariant{0.125f, 50, 1.5f}}) {
+        std::vector<std::vector<float>> outs;
+        for (int threads : {1, 2, 3, 5}) {
+          set_num_threads(threads);
+          std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+          ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
+                                    kv_indptr.data(), pages.data(), last_len.data(), variant,
+                                    out.data(), dims);
+          EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
+              << threads << " threads: rows not written";
+          outs.push_back(std::move(out));
+        }
+        for (size_t i = 1; i < outs.size(); ++i) {
+          EXPECT_EQ(std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * sizeof(float)), 0)
+              << q_heads << " q heads, thread count #" << i << ", window " << variant.window;
+        }
+      }
+    }
+  }
+  set_num_threads(saved);
 }
 
 void portable(const Tensor& x, const QuantizedMatrix& w, const Tensor& bias, const Tensor& out) {
