@@ -75,8 +75,10 @@ constexpr int64_t kBlocksPerThread = 2;
 constexpr int64_t kPrefillMinTokens = 16;
 constexpr int64_t kPrefillTokenBlock = 32;
 
-// Blocks with at least this many rows score a key tile from a transposed copy of its keys
-// (tile_scores): the copy costs about as much as scoring one row the plain way.
+// Prefill blocks with at least this many rows score a key tile from a transposed copy of its
+// keys (tile_scores): the copy costs about as much as scoring one row the plain way. Decode
+// blocks never do, whatever their rows, so that a decode row's arithmetic does not depend on
+// how many q heads share its block (which depends on the thread count).
 constexpr int64_t kTransposedMinRows = 8;
 
 // Per-row online-softmax state of a block, reused across blocks by one thread.
