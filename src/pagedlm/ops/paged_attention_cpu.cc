@@ -166,22 +166,24 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
     }
     return;
   }
-  auto lane_sums = [&](const float* k) {
-    Vec part = {};
+  // Out through a reference: a 64-byte vector returned by value changes the ABI without
+  // AVX-512 (GCC's -Wpsabi).
+  auto lane_sums = [&](const float* k, Vec& part) {
+    part = Vec{};
     for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
       Vec qv, kv;
       std::memcpy(&qv, q + i0, sizeof(qv));
       std::memcpy(&kv, k + i0, sizeof(kv));
       part += qv * kv;
     }
-    return part;
   };
   int64_t j0 = 0;
 #if defined(__AVX512F__)
   for (; j0 + kWidth <= count; j0 += kWidth) {
     __m512 parts[kWidth];
     for (int64_t j = 0; j < kWidth; ++j) {
-      const Vec part = lane_sums(keys[j0 + j]);
+      Vec part;
+      lane_sums(keys[j0 + j], part);
       std::memcpy(&parts[j], &part, sizeof(part));
     }
     transpose16(parts);  // parts[l] = lane l of the 16 keys
@@ -191,7 +193,8 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
   }
 #endif
   for (int64_t j = j0; j < count; ++j) {
-    const Vec part = lane_sums(keys[j]);
+    Vec part;
+    lane_sums(keys[j], part);
     float dot = 0.f;
     for (int64_t l = 0; l < kWidth; ++l) dot += part[l];
     scores[j] = dot * scale;
