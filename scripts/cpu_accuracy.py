@@ -119,8 +119,7 @@ def hf_reference(model_path, prompts, n_tokens, threads):
                 gen.append(nxt)
                 if len(gen) == n_tokens:
                     break
-                step = model(torch.tensor([[nxt]]), past_key_values=step.past_key_values,
-                             use_cache=True)
+                step = model(torch.tensor([[nxt]]), cache=step.cache, use_cache=True)
             full = model(torch.tensor([ids + gen])).logits[0].float().numpy()
             out.append({"prompt": ids, "gen": gen, "logits": full})
     return tok, out
@@ -228,7 +227,7 @@ def row(name, c, g):
     return (f"| {name} | {c['agree']}/{c['total']} | {min(c['first_tf'])} / "
             f"{sum(c['first_tf']) / len(c['first_tf']):.1f} | {full}/{len(c['free'])} prompts; "
             f"first divergence min {min(c['free'])}, mean {sum(c['free']) / len(c['free']):.1f} "
-            f"| {c['max_err']:.4f} / {c['mean_err']:.5f} | {near} |")
+            f"| {c['max_err']:.3g} / {c['mean_err']:.3g} | {near} |")
 
 
 def main():

@@ -82,10 +82,14 @@ def run(argv, what, timeout=3600):
 
 
 def last_json(text, what):
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            return json.loads(line)
+    """The last JSON object in `text` that starts a line (one line or pretty-printed)."""
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(text)) if text[i] == "{" and (i == 0 or text[i - 1] == "\n")]
+    for i in reversed(starts):
+        try:
+            return decoder.raw_decode(text, i)[0]
+        except json.JSONDecodeError:
+            continue
     fail(f"{what} printed no JSON result:\n{text[-2000:]}")
 
 
