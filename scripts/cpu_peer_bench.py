@@ -408,7 +408,7 @@ def main():
                     bw = facts.step_bytes * statistics.median(xs) / 1e9
                     cell += f" ({100 * bw / copy_bw[1]:.0f}% of copy, {100 * bw / read_bw[1]:.0f}% of read)"
             cells.append(cell)
-        lines.append(f"| {row.label} | {cells[0]} | {cells[1]} | {spread(ratios, '{:.2f}')}x |")
+        lines.append(f"| {row.label} | {cells[0]} | {cells[1]} | {spread(ratios, '{:.2f}x')} |")
     text = "\n".join(lines)
     print(text)
     if args.output:

@@ -93,6 +93,9 @@ class Peer:
         import numpy as np
 
         L, b = self.L, self.batch
+        bad = [e[0] for e in entries if not 0 <= e[0] < self.n_vocab]
+        if bad:
+            sys.exit(f"token id {bad[0]} is outside the model's vocabulary of {self.n_vocab}")
         out = {}
         for lo in range(0, len(entries), self.n_batch):
             chunk = entries[lo : lo + self.n_batch]
