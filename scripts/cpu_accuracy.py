@@ -241,7 +241,12 @@ def main():
     ap.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 8 tokens")
     ap.add_argument("--output", help="also write the markdown to this file")
-    args = ap.parse_args()
+    # "--pagedlm-args --cpu-q8-activations": argparse would read the value as an option.
+    argv, rest = [], sys.argv[1:]
+    while rest:
+        a = rest.pop(0)
+        argv.append(f"{a}={rest.pop(0)}" if a == "--pagedlm-args" and rest else a)
+    args = ap.parse_args(argv)
     prompts = PROMPTS
     if args.quick:
         prompts, args.tokens = PROMPTS[:2], 8

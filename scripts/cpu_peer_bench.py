@@ -325,7 +325,12 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 pair, no warm-up pair, prefill 125, decode 32, batch 8 x 16")
     ap.add_argument("--output", help="also write the markdown to this file")
-    args = ap.parse_args()
+    # "--pagedlm-args --cpu-q8-activations": argparse would read the value as an option.
+    argv, rest = [], sys.argv[1:]
+    while rest:
+        a = rest.pop(0)
+        argv.append(f"{a}={rest.pop(0)}" if a == "--pagedlm-args" and rest else a)
+    args = ap.parse_args(argv)
 
     if args.quick:
         args.pairs, args.prefill, args.decode, args.batch, args.batch_tokens = 1, "125", 32, "8", 16
