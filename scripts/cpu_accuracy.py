@@ -71,7 +71,7 @@ def check_deps(need_llama):
         except ImportError:
             fail("llama-cpp-python is missing (or pass --no-llama-cpp). Install the pinned peer:\n"
                  '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 '
-                 '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --require-hashes --no-binary '
+                 '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes --no-binary '
                  "llama-cpp-python -r scripts/requirements-cpu-peer.txt")
 
 

@@ -63,7 +63,7 @@ def check_python_deps():
             f"missing Python packages: {', '.join(missing)}. Install the pinned peer (builds "
             "llama.cpp from source, several minutes on 2 cores):\n"
             '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 '
-            '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --require-hashes --no-binary '
+            '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes --no-binary '
             "llama-cpp-python -r scripts/requirements-cpu-peer.txt"
         )
 

@@ -5,7 +5,7 @@
 # and the options are described in scripts/cpu_peer_bench.py (--help).
 #
 #   CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 \
-#     -DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --require-hashes --no-binary llama-cpp-python \
+#     -DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes --no-binary llama-cpp-python \
 #     -r scripts/requirements-cpu-peer.txt                                       # the peer, once
 #   cmake -S . -B build -DPAGEDLM_CUDA=OFF -DPAGEDLM_TESTS=OFF && cmake --build build -j2 --target pagedlm
 #   scripts/cpu_peer_bench.sh [--threads 2] [--pairs 5] [--quick] [--pagedlm-args "..."]

@@ -3,8 +3,10 @@
 low-level bindings (the C API of llama.h: llama_batch, llama_decode, llama_get_logits_ith).
 
 Install the peer (builds llama.cpp from source, several minutes on 2 cores):
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install --require-hashes \\
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 \\
+        -DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes \\
         --no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt
+(requirements-cpu-peer.txt says why AMX is left out.)
 
 The context takes llama.cpp's own defaults (llama_context_default_params: n_batch 2048,
 n_ubatch 512, f16 K/V, flash attention where the backend has it) except for the sizes below and
@@ -41,7 +43,8 @@ def _require_llama_cpp():
     except ImportError:
         sys.exit(
             "llama-cpp-python is missing. Install it from source (several minutes on 2 cores):\n"
-            '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install --require-hashes '
+            '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 '
+            '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes '
             "--no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt"
         )
 
