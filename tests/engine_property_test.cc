@@ -4,6 +4,7 @@
 // and every page must be free again at the end.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -106,6 +107,55 @@ TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) 
   }
   EXPECT_GT(total_preemptions, 0) << "the pools were meant to force preemption";
   EXPECT_GT(total_hits, 0) << "the shared prefixes were meant to hit the prefix cache";
+}
+
+}  // namespace
+}  // namespace pagedlm
+
+namespace pagedlm {
+namespace {
+
+// A prompt's logits are bitwise the same whatever chunks its prefill was split into (chunks of
+// a few tokens take attention's decode path, long ones its prefill path) and whichever other
+// requests share its steps: the CPU kernels' batch invariance, end to end. Gemma 2 adds a
+// sliding window and soft-caps; prompts long enough for whole 32-key tiles.
+TEST(EngineProperty, PromptLogitsBitwiseEqualWhateverTheChunks) {
+  for (const char* fixture : {"llama-gqa", "gemma2"}) {
+    const Checkpoint ckpt = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/" + fixture);
+    std::mt19937 rng(77);
+    std::vector<Request> requests(3);
+    for (Request& r : requests) {
+      r.prompt.resize(std::uniform_int_distribution<size_t>(70, 110)(rng));
+      for (int32_t& t : r.prompt) t = std::uniform_int_distribution<int32_t>(3, 255)(rng);
+      r.sampling.max_tokens = 1;
+      r.want_prompt_logits = true;
+    }
+    std::vector<Tensor> alone;
+    for (const Request& r : requests) {
+      EngineOptions opts;
+      opts.num_pages = 64;
+      opts.enable_prefix_cache = false;
+      Engine engine(ckpt, opts);
+      alone.push_back(engine.generate({r})[0].prompt_logits);
+    }
+    for (const int32_t budget : {5, 7, 16, 33}) {
+      EngineOptions opts;
+      opts.num_pages = 64;
+      opts.enable_prefix_cache = false;
+      opts.max_num_batched_tokens = budget;
+      Engine engine(ckpt, opts);
+      const std::vector<RequestOutput> together = engine.generate(requests);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        const Tensor& got = together[i].prompt_logits;
+        ASSERT_EQ(got.numel(), alone[i].numel());
+        EXPECT_EQ(std::memcmp(got.data<float>(), alone[i].data<float>(),
+                              got.numel() * sizeof(float)),
+                  0)
+            << fixture << ": prompt " << i << " (" << requests[i].prompt.size()
+            << " tokens) in chunks of up to " << budget << " tokens";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -59,6 +59,48 @@ TEST(Linear, ThreadCountInvariant) {
   EXPECT_EQ(std::memcmp(one.data<float>(), two.data<float>(), one.nbytes()), 0);
 }
 
+// One step of paged attention on the CPU: sequences of n_new tokens after n_ctx cached ones, on
+// shuffled pages of a cache of random keys and values (random queries too).
+struct AttentionStep {
+  std::vector<int32_t> q_indptr{0}, kv_indptr{0}, pages, last_len;
+  std::vector<float> q, k_cache, v_cache;
+  ops::PagedAttentionDims dims{};
+
+  AttentionStep(const std::vector<int32_t>& n_new, const std::vector<int32_t>& n_ctx,
+                int64_t q_heads, int64_t kv_heads, int64_t head_dim, std::mt19937& rng) {
+    constexpr int32_t kPageSize = 16;
+    for (size_t s = 0; s < n_new.size(); ++s) {
+      const int32_t n_kv = n_new[s] + n_ctx[s];
+      const int32_t num_pages = (n_kv + kPageSize - 1) / kPageSize;
+      for (int32_t i = 0; i < num_pages; ++i) pages.push_back(static_cast<int32_t>(pages.size()));
+      kv_indptr.push_back(static_cast<int32_t>(pages.size()));
+      last_len.push_back(n_kv - (num_pages - 1) * kPageSize);
+      q_indptr.push_back(q_indptr.back() + n_new[s]);
+    }
+    std::shuffle(pages.begin(), pages.end(), rng);
+    const auto num_pages = static_cast<int64_t>(pages.size());
+    dims = {static_cast<int64_t>(n_new.size()), q_indptr.back(), q_heads, kv_heads, head_dim,
+            num_pages, kPageSize, num_pages};
+    std::uniform_real_distribution<float> uniform(-2.f, 2.f);
+    for (auto* values : {&q, &k_cache, &v_cache}) {
+      values->resize(values == &q ? dims.n_tokens * q_heads * head_dim
+                                  : num_pages * kPageSize * kv_heads * head_dim);
+      for (float& x : *values) x = uniform(rng);
+    }
+  }
+
+  // Every row written, as NaNs show.
+  std::vector<float> run(const AttentionVariant& variant) const {
+    std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+    ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
+                              kv_indptr.data(), pages.data(), last_len.data(), variant,
+                              out.data(), dims);
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
+        << "rows not written";
+    return out;
+  }
+};
+
 // Paged attention's blocks depend on the thread count (a decode row's q heads share a block
 // where there are blocks enough for the threads, else are split over several); each row's bits
 // must not. Steps: a prefill chunk after a cached prefix, a short chunk and decode rows at long
@@ -67,58 +109,70 @@ TEST(Linear, ThreadCountInvariant) {
 // rows as a prefill block needs to score from transposed keys). Accuracy against a reference is
 // backend_ops_test's PagedAttention cases.
 TEST(PagedAttentionCpu, ThreadCountInvariant) {
-  constexpr int64_t kHeadDim = 64, kPageSize = 16;
   struct Step {
     std::vector<int32_t> n_new, n_ctx;
   };
   const std::vector<Step> steps = {{{300, 20, 1, 1, 1}, {40, 0, 1000, 3, 70}}, {{1}, {1500}}};
   std::mt19937 rng(31);
-  std::uniform_real_distribution<float> uniform(-2.f, 2.f);
   const int saved = num_threads();
   for (const auto& [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{9, 3}, {16, 2}}) {
     for (const Step& step : steps) {
-      std::vector<int32_t> q_indptr{0}, kv_indptr{0}, pages, last_len;
-      for (size_t s = 0; s < step.n_new.size(); ++s) {
-        const int32_t n_kv = step.n_new[s] + step.n_ctx[s];
-        const int32_t num_pages = (n_kv + kPageSize - 1) / kPageSize;
-        for (int32_t i = 0; i < num_pages; ++i) {
-          pages.push_back(static_cast<int32_t>(pages.size()));
-        }
-        kv_indptr.push_back(static_cast<int32_t>(pages.size()));
-        last_len.push_back(n_kv - (num_pages - 1) * kPageSize);
-        q_indptr.push_back(q_indptr.back() + step.n_new[s]);
-      }
-      std::shuffle(pages.begin(), pages.end(), rng);
-      const ops::PagedAttentionDims dims{static_cast<int64_t>(step.n_new.size()),
-                                         q_indptr.back(),
-                                         q_heads,
-                                         kv_heads,
-                                         kHeadDim,
-                                         static_cast<int64_t>(pages.size()),
-                                         kPageSize,
-                                         static_cast<int64_t>(pages.size())};
-      std::vector<float> q(dims.n_tokens * q_heads * kHeadDim);
-      std::vector<float> k_cache(dims.num_pages * kPageSize * kv_heads * kHeadDim);
-      std::vector<float> v_cache(k_cache.size());
-      for (auto* values : {&q, &k_cache, &v_cache}) {
-        for (float& x : *values) x = uniform(rng);
-      }
+      const AttentionStep attn(step.n_new, step.n_ctx, q_heads, kv_heads, 64, rng);
       for (const AttentionVariant variant :
            {AttentionVariant{0.125f, 0, 0.f}, AttentionVariant{0.125f, 50, 1.5f}}) {
         std::vector<std::vector<float>> outs;
         for (int threads : {1, 2, 3, 5}) {
           set_num_threads(threads);
-          std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
-          ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
-                                    kv_indptr.data(), pages.data(), last_len.data(), variant,
-                                    out.data(), dims);
-          EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
-              << threads << " threads: rows not written";
-          outs.push_back(std::move(out));
+          outs.push_back(attn.run(variant));
         }
         for (size_t i = 1; i < outs.size(); ++i) {
           EXPECT_EQ(std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * sizeof(float)), 0)
               << q_heads << " q heads, thread count #" << i << ", window " << variant.window;
+        }
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// A prompt's rows are bitwise the same whatever chunks its prefill was split into: a chunk of
+// a few tokens is scored key by key (as decode is), a long one from transposed keys, and both
+// must sum every score in the same order. Chunks of 1, 5, 16, 23 and 50 tokens against the
+// whole prompt in one step, plain and with a window and soft-cap, at a head size of whole
+// vectors and one of part vectors.
+TEST(PagedAttentionCpu, ChunkingInvariant) {
+  const std::vector<int32_t> chunks = {5, 1, 16, 23, 50, 3};
+  int32_t prompt = 0;
+  for (int32_t c : chunks) prompt += c;
+  const int saved = num_threads();
+  set_num_threads(2);
+  for (const auto& [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{9, 3}, {16, 2}}) {
+    for (const int64_t head_dim : {64, 40}) {
+      std::mt19937 rng(37);
+      const AttentionStep whole({prompt}, {0}, q_heads, kv_heads, head_dim, rng);
+      const int64_t row = q_heads * head_dim;
+      for (const AttentionVariant variant :
+           {AttentionVariant{0.125f, 0, 0.f}, AttentionVariant{0.125f, 21, 1.5f}}) {
+        const std::vector<float> want = whole.run(variant);
+        int32_t done = 0;
+        for (int32_t c : chunks) {
+          // The chunk's queries after `done` cached positions, on the whole prompt's pages.
+          AttentionStep chunk = whole;
+          chunk.q.assign(whole.q.begin() + done * row, whole.q.begin() + (done + c) * row);
+          chunk.q_indptr = {0, c};
+          const int32_t n_kv = done + c;
+          const int32_t num_pages = (n_kv + 15) / 16;
+          chunk.kv_indptr = {0, num_pages};
+          chunk.pages.resize(num_pages);
+          chunk.last_len = {n_kv - (num_pages - 1) * 16};
+          chunk.dims.n_tokens = c;
+          chunk.dims.num_page_indices = num_pages;
+          const std::vector<float> got = chunk.run(variant);
+          EXPECT_EQ(std::memcmp(got.data(), want.data() + done * row, got.size() * sizeof(float)),
+                    0)
+              << "chunk of " << c << " after " << done << ", " << q_heads << " q heads, head dim "
+              << head_dim << ", window " << variant.window;
+          done += c;
         }
       }
     }

@@ -77,8 +77,7 @@ constexpr int64_t kPrefillTokenBlock = 32;
 
 // Prefill blocks with at least this many rows score a key tile from a transposed copy of its
 // keys (tile_scores): the copy costs about as much as scoring one row the plain way. Decode
-// blocks never do, whatever their rows, so that a decode row's arithmetic does not depend on
-// how many q heads share its block (which depends on the thread count).
+// blocks, a few rows each, score key by key; both ways give the same bits.
 constexpr int64_t kTransposedMinRows = 8;
 
 // Per-row online-softmax state of a block, reused across blocks by one thread.
@@ -112,10 +111,10 @@ using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
 // them): as many as leave the accumulators in registers (32 AVX-512 registers hold one Vec
 // each, 16 AVX2 registers half of one).
 #if defined(__AVX512F__)
-constexpr int64_t kScoreRows = 8;  // 16 accumulators
+constexpr int64_t kScoreRows = 6;  // 4 accumulators a row (2 lane sums, 2 scores)
 constexpr int64_t kValueRows = 4;  // 4 rows x kValueVecs accumulators
 #else
-constexpr int64_t kScoreRows = 2;
+constexpr int64_t kScoreRows = 1;
 constexpr int64_t kValueRows = 1;
 #endif
 // Value vectors (of kWidth dims) a row accumulates per pass over a tile's keys.
@@ -150,22 +149,18 @@ void transpose16(__m512* m) {
 }
 #endif
 
-// scale * q . k_j for the tile's first `count` keys, each as dot_product did it: 16 lane sums
-// (lane l over dims l, l + 16, ...) from zero, then the lanes added in order from zero. With
-// AVX-512, the lane sums of 16 keys are transposed so that their 16 in-order additions run
-// as 16 vector additions instead of a chain of scalar ones per key.
+// Every score, whichever path computes it, is summed in one order, so that a row's bits do not
+// depend on whether its chunk was scored key by key (decode) or from transposed keys (prefill),
+// and so on how a prompt was split into chunks: lane l (l < 16) adds q[i] * k[i] over dims
+// i = l, l + 16, ... in order from zero, then the 16 lanes are added in order from zero, then
+// the sum is scaled.
+
+// scale * q . k_j for the tile's first `count` keys, key by key, for head sizes of whole
+// vectors (the others always score from transposed keys). With AVX-512, the lane sums of
+// 16 keys are transposed so that their 16 in-order additions run as 16 vector additions instead
+// of a chain of scalar ones per key.
 void dot_products(const float* q, const float* const* keys, int64_t count, int64_t head_dim,
                   float scale, float* scores) {
-  if (head_dim % kWidth != 0) {
-    for (int64_t j = 0; j < count; ++j) {
-      float dot = 0.f;
-      const float* k = keys[j];
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[i];
-      scores[j] = dot * scale;
-    }
-    return;
-  }
   // Out through a reference: a 64-byte vector returned by value changes the ABI without
   // AVX-512 (GCC's -Wpsabi).
   auto lane_sums = [&](const float* k, Vec& part) {
@@ -226,23 +221,31 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
   }
 }
 
-// scale * q_r . k_j for R rows and the tile's kKvTile keys, from their transposed copy: each dim
-// adds q_r[i] times a vector of the keys' values, so a row's 32 scores build up in two
-// registers, without a horizontal sum per key, and each key vector loaded serves all R rows. A
-// row's arithmetic is the same whatever R (its own chain over the dims in order).
+// scale * q_r . k_j for R rows and the tile's kKvTile keys, from their transposed copy: a key's
+// lane sum l adds q_r[i] times a vector of the keys' dim i, so a row's 32 scores build up in
+// registers without a horizontal sum per key, in the order above, and each key vector loaded
+// serves all R rows. A row's arithmetic is the same whatever R.
 template <int64_t R>
 void tile_scores(const float* const* q, const float* keys_t, int64_t head_dim, float scale,
                  float* const* scores) {
   static_assert(kKvTile == 2 * kWidth, "a tile's scores are two vectors");
   Vec lo[R] = {}, hi[R] = {};
-  for (int64_t i = 0; i < head_dim; ++i) {
-    Vec k_lo, k_hi;
-    std::memcpy(&k_lo, keys_t + i * kKvTile, sizeof(k_lo));
-    std::memcpy(&k_hi, keys_t + i * kKvTile + kWidth, sizeof(k_hi));
+  for (int64_t l = 0; l < kWidth; ++l) {
+    Vec part_lo[R] = {}, part_hi[R] = {};
+    for (int64_t i = l; i < head_dim; i += kWidth) {
+      Vec k_lo, k_hi;
+      std::memcpy(&k_lo, keys_t + i * kKvTile, sizeof(k_lo));
+      std::memcpy(&k_hi, keys_t + i * kKvTile + kWidth, sizeof(k_hi));
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) {
+        part_lo[r] += q[r][i] * k_lo;
+        part_hi[r] += q[r][i] * k_hi;
+      }
+    }
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) {
-      lo[r] += q[r][i] * k_lo;
-      hi[r] += q[r][i] * k_hi;
+      lo[r] += part_lo[r];
+      hi[r] += part_hi[r];
     }
   }
 #pragma GCC unroll 16
@@ -281,6 +284,17 @@ float whole_tile_max(float running, const float* scores) {
 #endif
 }
 
+// A row's running sum and accumulator times the tile's correction, each product rounded on its
+// own and stored, in a function of its own for both the single and the grouped rows. Inline, GCC
+// fuses a product with an addition that follows it into one fma wherever the product has no
+// other use (-ffp-contract=fast, GNU C++'s default), so the two paths rounded differently
+// (the grouped rows' rescaled sum fused with the first exponential, the single row's did not).
+[[gnu::noinline]] void rescale_row(float correction, float* running_sum, float* acc,
+                                   int64_t head_dim) {
+  *running_sum *= correction;
+  for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
+}
+
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
 // time in one register across the keys: the same additions in the same order as the plain loop,
 // without a store and reload of acc per key, which bound the loop before.
@@ -305,20 +319,16 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
   }
 }
 
-// accumulate_values for R rows over all kKvTile keys of a tile, each row's accumulator first
-// multiplied by its correction (as the single-row path does in a loop of its own): each value
-// vector loaded serves all R rows, and a row's additions are the same, in the same order.
+// accumulate_values for R rows over all kKvTile keys of a tile: each value vector loaded serves
+// all R rows, and a row's additions are the same, in the same order.
 template <int64_t R, int64_t V>
-void accumulate_values_rows(float* const* acc, const float* correction, const float* const* p,
-                            const float* const* values, int64_t i0) {
+void accumulate_values_rows(float* const* acc, const float* const* p, const float* const* values,
+                            int64_t i0) {
   Vec a[R][V];
 #pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-    for (int64_t c = 0; c < V; ++c) {
-      std::memcpy(&a[r][c], acc[r] + i0 + c * kWidth, sizeof(Vec));
-      a[r][c] *= correction[r];
-    }
+    for (int64_t c = 0; c < V; ++c) std::memcpy(&a[r][c], acc[r] + i0 + c * kWidth, sizeof(Vec));
   }
   for (int64_t j = 0; j < kKvTile; ++j) {
     Vec v[V];
@@ -388,7 +398,11 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
   };
   const float* keys[kKvTile];
   const float* values[kKvTile];
-  const bool transposed = blk.prefill && rows >= kTransposedMinRows;
+  // Head sizes of part vectors always score from transposed keys: a scalar loop in the
+  // key-by-key order is not contracted into fmas the way the vector loop is (GCC 12), which
+  // would round a chunk's scores differently from a prefill's.
+  const bool transposed =
+      (blk.prefill && rows >= kTransposedMinRows) || head_dim % kWidth != 0;
   const bool grouped_values = head_dim % (kValueVecs * kWidth) == 0;
   const float scale = variant.scale, softcap = variant.softcap;
   float* keys_t = s.keys_t.data();
@@ -439,7 +453,8 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
           correction[i] = exp_vectorizable(s.running_max[r + i] - tile_max[i]);
         }
         for (int64_t i = 0; i < kValueRows; ++i) {
-          sum[i] = s.running_sum[r + i] * correction[i];
+          rescale_row(correction[i], &s.running_sum[r + i], s.acc_rows[r + i], head_dim);
+          sum[i] = s.running_sum[r + i];
           s.running_max[r + i] = tile_max[i];
           float* scores = s.score_rows[r + i];
           for (int64_t j = 0; j < kKvTile; ++j) {
@@ -452,8 +467,8 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
         }
         for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] = sum[i];
         for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
-          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], correction,
-                                                         &s.score_rows[r], values, i0);
+          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], &s.score_rows[r],
+                                                         values, i0);
         }
         r += kValueRows;
         continue;
@@ -466,8 +481,7 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
         for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
         // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
         const float correction = exp_vectorizable(s.running_max[r] - tile_max);
-        s.running_sum[r] *= correction;
-        for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
+        rescale_row(correction, &s.running_sum[r], acc, head_dim);
         s.running_max[r] = tile_max;
         // The exponentials in a vector loop, then their sum in order.
         for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
