@@ -38,7 +38,8 @@ struct Step {
     std::mt19937 rng(5);
     std::shuffle(pages.begin(), pages.end(), rng);
     const auto num_pages = static_cast<int64_t>(pages.size());
-    dims = {num_seqs, q_indptr.back(), kQHeads, kKvHeads, kHeadDim, num_pages, kPageSize, num_pages};
+    dims = {num_seqs, q_indptr.back(), kQHeads,   kKvHeads,
+            kHeadDim, num_pages,       kPageSize, num_pages};
     std::uniform_real_distribution<float> uniform(-2.f, 2.f);
     q.resize(dims.n_tokens * kQHeads * kHeadDim);
     k_cache.resize(num_pages * kPageSize * kKvHeads * kHeadDim);
@@ -80,7 +81,12 @@ void BM_Decode(benchmark::State& state) {
   Step step(32, 1, 1000);
   run_step(state, step);
 }
-BENCHMARK(BM_Decode)->ArgNames({"threads"})->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Decode)
+    ->ArgNames({"threads"})
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace pagedlm

@@ -148,9 +148,8 @@ TEST(EngineProperty, PromptLogitsBitwiseEqualWhateverTheChunks) {
       for (size_t i = 0; i < requests.size(); ++i) {
         const Tensor& got = together[i].prompt_logits;
         ASSERT_EQ(got.numel(), alone[i].numel());
-        EXPECT_EQ(std::memcmp(got.data<float>(), alone[i].data<float>(),
-                              got.numel() * sizeof(float)),
-                  0)
+        EXPECT_EQ(
+            std::memcmp(got.data<float>(), alone[i].data<float>(), got.numel() * sizeof(float)), 0)
             << fixture << ": prompt " << i << " (" << requests[i].prompt.size()
             << " tokens) in chunks of up to " << budget << " tokens";
       }

@@ -79,8 +79,14 @@ struct AttentionStep {
     }
     std::shuffle(pages.begin(), pages.end(), rng);
     const auto num_pages = static_cast<int64_t>(pages.size());
-    dims = {static_cast<int64_t>(n_new.size()), q_indptr.back(), q_heads, kv_heads, head_dim,
-            num_pages, kPageSize, num_pages};
+    dims = {static_cast<int64_t>(n_new.size()),
+            q_indptr.back(),
+            q_heads,
+            kv_heads,
+            head_dim,
+            num_pages,
+            kPageSize,
+            num_pages};
     std::uniform_real_distribution<float> uniform(-2.f, 2.f);
     for (auto* values : {&q, &k_cache, &v_cache}) {
       values->resize(values == &q ? dims.n_tokens * q_heads * head_dim
@@ -93,8 +99,8 @@ struct AttentionStep {
   std::vector<float> run(const AttentionVariant& variant) const {
     std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
     ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
-                              kv_indptr.data(), pages.data(), last_len.data(), variant,
-                              out.data(), dims);
+                              kv_indptr.data(), pages.data(), last_len.data(), variant, out.data(),
+                              dims);
     EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
         << "rows not written";
     return out;

@@ -401,8 +401,7 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
   // Head sizes of part vectors always score from transposed keys: a scalar loop in the
   // key-by-key order is not contracted into fmas the way the vector loop is (GCC 12), which
   // would round a chunk's scores differently from a prefill's.
-  const bool transposed =
-      (blk.prefill && rows >= kTransposedMinRows) || head_dim % kWidth != 0;
+  const bool transposed = (blk.prefill && rows >= kTransposedMinRows) || head_dim % kWidth != 0;
   const bool grouped_values = head_dim % (kValueVecs * kWidth) == 0;
   const float scale = variant.scale, softcap = variant.softcap;
   float* keys_t = s.keys_t.data();
@@ -467,8 +466,8 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
         }
         for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] = sum[i];
         for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
-          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], &s.score_rows[r],
-                                                         values, i0);
+          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], &s.score_rows[r], values,
+                                                         i0);
         }
         r += kValueRows;
         continue;
