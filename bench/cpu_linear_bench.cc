@@ -1,0 +1,76 @@
+// CPU linear over ggml blocks alone, at SmolLM2-135M's projection shapes (576 -> 1536 gate/up,
+// 1536 -> 576 down) and its tied output head (576 -> 49152, Q8_0 in the Q4_1 GGUF): a decode step
+// (1 row: counter `bytes`, the blocks streamed a second) and a prefill step (512 rows: counter
+// `flops`, 2 x rows x weights a second).
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "pagedlm/core/parallel.h"
+#include "pagedlm/core/quantized.h"
+#include "pagedlm/ops/linear.h"
+
+namespace pagedlm {
+namespace {
+
+// Random nibbles or int8s; scales and minima random normal float16s in [1/1024, 1/8).
+QuantizedMatrix random_matrix(QuantType type, int64_t rows, int64_t cols) {
+  QuantizedMatrix q;
+  q.type = type;
+  q.rows = rows;
+  q.cols = cols;
+  q.blocks.resize(rows * q.row_bytes());
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> byte(0, 255), exponent(5, 11);
+  const int64_t block_bytes = quant_block_bytes(type);
+  for (size_t at = 0; at < q.blocks.size(); at += block_bytes) {
+    for (int64_t i = 0; i < block_bytes; ++i) q.blocks[at + i] = static_cast<uint8_t>(byte(rng));
+    for (int s = 0; s < (type == QuantType::kQ4_1 ? 2 : 1); ++s) {
+      // sign, a biased exponent of 5-11 (2^-10 .. 2^-4), random mantissa bits
+      const auto h = static_cast<uint16_t>((byte(rng) & 1) << 15 | exponent(rng) << 10 |
+                                           (byte(rng) << 2 & 0x3FF));
+      std::memcpy(&q.blocks[at + 2 * s], &h, sizeof(h));
+    }
+  }
+  return q;
+}
+
+void BM_Linear(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const int64_t rows = state.range(1), out_features = state.range(2), in_features = state.range(3);
+  const auto type = static_cast<QuantType>(state.range(4));
+  set_num_threads(threads);
+  const QuantizedMatrix w = random_matrix(type, out_features, in_features);
+  std::vector<float> x(rows * in_features), out(rows * out_features);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (float& v : x) v = uniform(rng);
+  for (auto _ : state) {
+    ops::cpu::linear(x.data(), w, nullptr, out.data(), rows);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters[rows == 1 ? "bytes" : "flops"] = benchmark::Counter(
+      rows == 1 ? static_cast<double>(w.blocks.size()) : 2.0 * rows * out_features * in_features,
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+
+constexpr int64_t kQ4 = static_cast<int64_t>(QuantType::kQ4_1);
+constexpr int64_t kQ8 = static_cast<int64_t>(QuantType::kQ8_0);
+
+BENCHMARK(BM_Linear)
+    ->ArgNames({"threads", "rows", "out", "in", "q8_0"})
+    ->Args({1, 1, 1536, 576, kQ4})
+    ->Args({1, 1, 576, 1536, kQ4})
+    ->Args({1, 1, 49152, 576, kQ8})
+    ->Args({2, 1, 1536, 576, kQ4})
+    ->Args({2, 1, 49152, 576, kQ8})
+    ->Args({1, 512, 1536, 576, kQ4})
+    ->Args({2, 512, 1536, 576, kQ4})
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace pagedlm
+
+BENCHMARK_MAIN();
