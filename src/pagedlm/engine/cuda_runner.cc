@@ -1,8 +1,5 @@
 #include "pagedlm/engine/cuda_runner.h"
 
-#include <exception>
-#include <mutex>
-
 #include "pagedlm/core/error.h"
 
 #ifdef PAGEDLM_HAS_CUDA
@@ -15,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/model/model.h"
@@ -26,24 +24,6 @@
 #endif
 
 namespace pagedlm {
-
-void fill_masks_parallel(const std::vector<int32_t>& seqs,
-                         const std::function<void(int32_t b)>& fill) {
-  const auto n = static_cast<int64_t>(seqs.size());
-  std::exception_ptr error;
-  std::mutex mu;
-  // An exception must not leave an OpenMP region: the first is kept and rethrown here.
-#pragma omp parallel for schedule(dynamic, 4) if (n > 4)
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      fill(seqs[i]);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
 
 #ifdef PAGEDLM_HAS_CUDA
 
@@ -543,7 +523,7 @@ struct CudaStepRunner::Impl {
       std::vector<int32_t> slot_of(B, -1);
       for (size_t i = 0; i < masked.size(); ++i) slot_of[masked[i]] = static_cast<int32_t>(i);
       const auto t0 = std::chrono::steady_clock::now();
-      fill_masks_parallel(masked, [&](int32_t b) {
+      parallel_for_each(masked, [&](int32_t b) {
         fill_mask(b, host_masks + static_cast<size_t>(slot_of[b]) * mask_words);
       });
       mask_ms =

@@ -33,12 +33,6 @@ struct SeqSampling {
 // threads at once for different sequences.
 using MaskFill = std::function<void(int32_t b, int32_t* words)>;
 
-// Runs fill(b) for every b of `seqs` on the OpenMP threads (one sequence's mask takes tens of
-// microseconds; a batch of 256 would not fit under a forward pass on one thread). Rethrows the
-// first exception on the calling thread.
-void fill_masks_parallel(const std::vector<int32_t>& seqs,
-                         const std::function<void(int32_t b)>& fill);
-
 class CudaStepRunner {
  public:
   // Allocates everything a step needs up front (activations for the larger of the token budget

@@ -253,11 +253,20 @@ std::vector<RequestEvent> Engine::step() {
     }
   }
 
-  // Sampled tokens advance their grammars. The mask only allows tokens the grammar accepts, so a
+  // Sampled tokens advance their grammars, several sequences at once: an accept walks the
+  // token's bytes through the grammar's parser, and a batch of them on one thread keeps the
+  // device waiting for the next step. The mask only allows tokens the grammar accepts, so a
   // refusal is a defect: the output ends there (EOS) rather than leaving the grammar.
+  std::vector<int32_t> advancing;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    grammar::Matcher* m = live[b]->matcher.get();
-    if (!m || sampled[b] < 0 || m->terminated() || m->accept(sampled[b])) continue;
+    const grammar::Matcher* m = live[b]->matcher.get();
+    if (m && sampled[b] >= 0 && !m->terminated()) advancing.push_back(b);
+  }
+  std::vector<uint8_t> refused(plan.num_seqs(), 0);
+  parallel_for_each(advancing,
+                    [&](int32_t b) { refused[b] = live[b]->matcher->accept(sampled[b]) ? 0 : 1; });
+  for (const int32_t b : advancing) {
+    if (refused[b] == 0) continue;
     std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
                  static_cast<long long>(plan.request_ids[b]), sampled[b]);
     sampled[b] = model_->config().eos_token_ids.at(0);
@@ -363,7 +372,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
     if (mask_row_[b] >= 0) masked.push_back(b);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  fill_masks_parallel(masked, [&](int32_t b) {
+  parallel_for_each(masked, [&](int32_t b) {
     fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
   });
   if (!masked.empty()) {
