@@ -193,10 +193,15 @@ inline float half_to_float(const uint8_t* p) {
 // the high nibble needs a shift and the low one no mask), instead of a conversion and an fma per
 // weight. A decode step expands every weight it reads once and is bound by that, not by memory:
 // SmolLM2's single-stream decode on one thread took 8% less time (AMD EPYC, 2026-12-01).
-inline void expand_block(QuantType type, const uint8_t* block, __m512& lo, __m512& hi) {
-  const __m512 d = _mm512_set1_ps(half_to_float(block));
-  if (type == QuantType::kQ4_1) {
-    const __m512 m = _mm512_set1_ps(half_to_float(block + 2));
+template <QuantType kType>
+inline void expand_block(const uint8_t* block, __m512& lo, __m512& hi) {
+  if constexpr (kType == QuantType::kQ4_1) {
+    // d and m side by side, converted by one instruction.
+    uint32_t dm_bits;
+    std::memcpy(&dm_bits, block, sizeof(dm_bits));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
+    const __m512 d = _mm512_broadcastss_ps(dm);
+    const __m512 m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
     const __m512 nibble_values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
                                                 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
     const __m512 weights = _mm512_fmadd_ps(nibble_values, d, m);
@@ -205,6 +210,7 @@ inline void expand_block(QuantType type, const uint8_t* block, __m512& lo, __m51
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else {
+    const __m512 d = _mm512_set1_ps(half_to_float(block));
     const __m128i q_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
     const __m128i q_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_lo)), d);
@@ -249,17 +255,17 @@ inline __m512 reduce_lanes_16(const __m512* acc) {
 
 // Weight columns of the micro-kernel: kMicroCols weight rows expanded from their blocks as they
 // are read.
+template <QuantType kType>
 struct BlockColumns {
   const uint8_t* first;  // column 0's row of blocks
   int64_t row_bytes;
-  QuantType type;
   int64_t n_cols;  // columns past it are zero
   void load(int j, int64_t k, __m512& lo, __m512& hi) const {
     if (j >= n_cols) {
       lo = hi = _mm512_setzero_ps();
       return;
     }
-    expand_block(type, first + j * row_bytes + k / kQuantBlock * quant_block_bytes(type), lo, hi);
+    expand_block<kType>(first + j * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo, hi);
   }
 };
 
@@ -407,8 +413,12 @@ void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, f
       float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
       if (c < n_cols) {
-        expand_block(weight.type, weight.blocks.data() + (col0 + c) * row_bytes + b * block_bytes,
-                     lo, hi);
+        const uint8_t* block = weight.blocks.data() + (col0 + c) * row_bytes + b * block_bytes;
+        if (weight.type == QuantType::kQ4_1) {
+          expand_block<QuantType::kQ4_1>(block, lo, hi);
+        } else {
+          expand_block<QuantType::kQ8_0>(block, lo, hi);
+        }
       }
       _mm512_store_ps(dst, lo);
       _mm512_store_ps(dst + kLanes, hi);
@@ -416,26 +426,39 @@ void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, f
   }
 }
 
-void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+// A decode-sized step (fewer than kPanelMinRows rows): the micro-kernel straight from the blocks,
+// their format fixed at compile time so that no block asks which it is.
+template <QuantType kType>
+void decode_linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                    int64_t rows) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t row_bytes = weight.row_bytes();
-  if (rows < kPanelMinRows) {
-    const int64_t num_chunks = (out_features + kDecodeColChunk - 1) / kDecodeColChunk;
-    // Column chunks across threads (a column's arithmetic never depends on the split).
+  const int64_t num_chunks = (out_features + kDecodeColChunk - 1) / kDecodeColChunk;
+  // Column chunks across threads (a column's arithmetic never depends on the split).
 #pragma omp parallel for schedule(static)
-    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-      alignas(16) float bias4[kMicroCols] = {};
-      const int64_t col1 = std::min(out_features, (chunk + 1) * kDecodeColChunk);
-      for (int64_t c = chunk * kDecodeColChunk; c < col1; c += kMicroCols) {
-        const BlockColumns w{weight.blocks.data() + c * row_bytes, row_bytes, weight.type,
-                             std::min<int64_t>(kMicroCols, col1 - c)};
-        for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
-        micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_features);
-      }
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    alignas(16) float bias4[kMicroCols] = {};
+    const int64_t col1 = std::min(out_features, (chunk + 1) * kDecodeColChunk);
+    for (int64_t c = chunk * kDecodeColChunk; c < col1; c += kMicroCols) {
+      const BlockColumns<kType> w{weight.blocks.data() + c * row_bytes, row_bytes,
+                                  std::min<int64_t>(kMicroCols, col1 - c)};
+      for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
+      micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_features);
+    }
+  }
+}
+
+void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                   int64_t rows) {
+  if (rows < kPanelMinRows) {
+    if (weight.type == QuantType::kQ4_1) {
+      decode_linear<QuantType::kQ4_1>(x, weight, bias, out, rows);
+    } else {
+      decode_linear<QuantType::kQ8_0>(x, weight, bias, out, rows);
     }
     return;
   }
+  const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t num_blocks = in_features / kQuantBlock;
   const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
   const int64_t num_tiles = (rows + kTileRows - 1) / kTileRows;
