@@ -157,5 +157,66 @@ TEST(EngineProperty, PromptLogitsBitwiseEqualWhateverTheChunks) {
   }
 }
 
+// Under the step-time limit a prompt that arrives while another request decodes is prefilled in
+// short chunks beside the decodes (target_itl_ms far below any step, so each chunk is the
+// scheduler's minimum of 32 tokens): what every request produces, prompt logits included, is
+// bitwise what it produces alone with the limit off.
+TEST(EngineProperty, OutputsBitwiseEqualWhileTheStepTimeLimitCutsThePrefill) {
+  const Checkpoint ckpt = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa");
+  std::mt19937 rng(5);
+  const auto prompt = [&rng](size_t len) {
+    std::vector<int32_t> p(len);
+    for (int32_t& t : p) t = std::uniform_int_distribution<int32_t>(3, 255)(rng);
+    return p;
+  };
+  Request decoding;
+  decoding.prompt = prompt(12);
+  decoding.sampling.temperature = 0;
+  decoding.sampling.ignore_eos = true;
+  decoding.sampling.max_tokens = 40;
+  Request arriving;
+  arriving.prompt = prompt(150);  // 4 chunks of 32 and one of 22
+  arriving.sampling.temperature = 0;
+  arriving.sampling.ignore_eos = true;
+  arriving.sampling.max_tokens = 8;
+  arriving.want_prompt_logits = true;
+
+  EngineOptions off;
+  off.num_pages = 64;
+  off.target_itl_ms = 0;
+  std::vector<RequestOutput> alone;
+  for (const Request& r : {decoding, arriving}) {
+    Engine engine(ckpt, off);
+    alone.push_back(engine.generate({r})[0]);
+  }
+
+  EngineOptions limited = off;
+  limited.target_itl_ms = 1e-6;
+  Engine engine(ckpt, limited);
+  const int64_t first = engine.add_request(decoding);
+  engine.step();  // its prefill, alone: the whole prompt, and the cost model's first sample
+  EXPECT_EQ(engine.last_step().num_tokens, 12);
+  EXPECT_GT(engine.step_cost().per_token_ms + engine.step_cost().fixed_ms, 0);
+  const int64_t second = engine.add_request(arriving);
+  std::vector<int32_t> step_tokens;
+  while (engine.has_unfinished()) {
+    engine.step();
+    step_tokens.push_back(engine.last_step().num_tokens);
+  }
+  // One decode beside each chunk: 33, 33, 33, 33, 23, then decodes of both.
+  ASSERT_GE(step_tokens.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(step_tokens.begin(), step_tokens.begin() + 5),
+            (std::vector<int32_t>{33, 33, 33, 33, 23}));
+  const RequestOutput got_first = engine.take_output(first);
+  const RequestOutput got_second = engine.take_output(second);
+  EXPECT_EQ(got_first.tokens, alone[0].tokens);
+  EXPECT_EQ(got_second.tokens, alone[1].tokens);
+  const Tensor& logits = got_second.prompt_logits;
+  ASSERT_EQ(logits.numel(), alone[1].prompt_logits.numel());
+  EXPECT_EQ(std::memcmp(logits.data<float>(), alone[1].prompt_logits.data<float>(),
+                        logits.numel() * sizeof(float)),
+            0);
+}
+
 }  // namespace
 }  // namespace pagedlm

@@ -852,5 +852,108 @@ TEST(Scheduler, RejectsBadConfig) {
   EXPECT_THROW(Scheduler{config}, Error);
 }
 
+// A scheduler for the StepTimeLimit tests: room for long prompts, no prefix cache (so that a
+// prompt's chunks start where the last one ended), a minimum chunk of 8.
+SchedulerConfig limit_config() {
+  SchedulerConfig config;
+  config.page_size = 16;
+  config.num_pages = 256;
+  config.max_num_batched_tokens = 2048;
+  config.max_model_len = 4096;
+  config.enable_prefix_cache = false;
+  config.min_prefill_chunk = 8;
+  return config;
+}
+
+StepTimeLimit limit_of(double max_ms, StepCost cost) {
+  StepTimeLimit limit;
+  limit.max_ms = max_ms;
+  limit.cost = cost;
+  return limit;
+}
+
+TEST(SchedulerStepTimeLimit, PrefillGetsWhatTheDecodesLeaveOfTheTarget) {
+  Scheduler scheduler(limit_config());
+  // 10 ms a step and 1 ms a token: a 50 ms step holds one decode (11 ms) and 39 prefill tokens.
+  const StepTimeLimit limit = limit_of(50, {10, 1, 0});
+  scheduler.add(make_request(1, iota_tokens(10, 1), 50));
+  StepPlan plan = scheduler.schedule(limit);  // nothing decodes yet: the whole prompt
+  EXPECT_EQ(plan.num_tokens(), 10);
+  scheduler.update(plan, Ints(plan.num_seqs(), 7));
+
+  scheduler.add(make_request(2, iota_tokens(1000, 100), 5));
+  plan = scheduler.schedule(limit);
+  ASSERT_EQ(plan.num_seqs(), 2);
+  EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 40}));
+  EXPECT_EQ(plan.samples, (std::vector<uint8_t>{1, 0}));
+  scheduler.update(plan, Ints(plan.num_seqs(), 7));
+
+  plan = scheduler.schedule(limit);  // the running prompt goes on where it stopped
+  ASSERT_EQ(plan.num_seqs(), 2);
+  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(39, 39));
+}
+
+TEST(SchedulerStepTimeLimit, AttentionPairsCountByHand) {
+  Scheduler scheduler(limit_config());
+  // 1 ms a (query, key) pair and nothing else, 221 ms a step.
+  const StepTimeLimit limit = limit_of(221, {0, 0, 1});
+  scheduler.add(make_request(1, iota_tokens(10, 1), 50));
+  scheduler.update(scheduler.schedule(limit), {7});
+  scheduler.add(make_request(2, iota_tokens(1000, 100), 5));
+  // The decode's query sees 11 keys: 11 ms. 20 tokens from position 0 see 1 + ... + 20 = 210
+  // keys: 221 ms in all, and a 21st token would see 21 more.
+  StepPlan plan = scheduler.schedule(limit);
+  EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 21}));
+  scheduler.update(plan, Ints(plan.num_seqs(), 7));
+  // The decode sees 12 keys (209 ms left); 8 tokens from position 20 see 8 * 20 + 36 = 196
+  // keys, 9 would see 225.
+  plan = scheduler.schedule(limit);
+  EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 9}));
+  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 20));
+}
+
+TEST(SchedulerStepTimeLimit, APromptAlwaysProgressesAndOthersWaitForTime) {
+  Scheduler scheduler(limit_config());
+  // The decode alone fills the 1 ms target: the first prompt still gets the minimum chunk (8),
+  // the second is not admitted.
+  const StepTimeLimit limit = limit_of(1, {0, 1, 0});
+  scheduler.add(make_request(1, iota_tokens(10, 1), 50));
+  scheduler.update(scheduler.schedule(limit), {7});
+  scheduler.add(make_request(2, iota_tokens(100, 100), 5));
+  scheduler.add(make_request(3, iota_tokens(100, 300), 5));
+  for (int step = 0; step < 3; ++step) {
+    const StepPlan plan = scheduler.schedule(limit);
+    EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 9}));
+    EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 8 * step));
+    EXPECT_EQ(scheduler.stats().num_waiting, 1);
+    scheduler.update(plan, Ints(plan.num_seqs(), 7));
+  }
+}
+
+TEST(SchedulerStepTimeLimit, WithoutDecodesThePrefillKeepsTheWholeBudgetUnlessAsked) {
+  const StepTimeLimit limit = limit_of(1, {0, 1, 0});
+  {
+    Scheduler scheduler(limit_config());
+    scheduler.add(make_request(1, iota_tokens(1000, 1), 5));
+    EXPECT_EQ(scheduler.schedule(limit).num_tokens(), 1000);
+  }
+  {
+    Scheduler scheduler(limit_config());
+    scheduler.add(make_request(1, iota_tokens(1000, 1), 5));
+    StepTimeLimit always = limit;
+    always.without_decodes = true;
+    const StepPlan plan = scheduler.schedule(always);
+    EXPECT_EQ(plan.num_tokens(), 8);  // 1 token fits; the minimum is 8
+    scheduler.update(plan, Ints(plan.num_seqs(), 7));
+    always.max_ms = 20;
+    EXPECT_EQ(scheduler.schedule(always).num_tokens(), 20);
+  }
+  SchedulerConfig bad = limit_config();
+  bad.min_prefill_chunk = 0;
+  EXPECT_THROW(Scheduler{bad}, Error);
+}
+
 }  // namespace
 }  // namespace pagedlm

@@ -318,45 +318,60 @@ def shutdown(pagedlm, model):
 
 
 def shutdown_mid_prefill(pagedlm, model):
-    """SIGTERM while the engine is inside one long prefill step (6,000 tokens in one step on the
-    CPU) and another stream waits on it: both streams end with finish_reason "abort" and
-    [DONE], and the process is gone within the drain time plus 2 s, without waiting for the
-    step."""
+    """SIGTERM while 4 streams decode and a 6,000-token prompt is being prefilled beside them (a
+    step budget of 8192 would take it whole; a few hundred tokens a second on the CPU): its
+    prefill goes in chunks held to --target-itl-ms (200 ms by default on the CPU), so the engine
+    stops between two of them instead of being abandoned inside one. Every stream ends with
+    finish_reason "abort" and [DONE], the long non-streaming request gets a 503, and the process
+    is gone within the drain time plus 2 s."""
     with Server(pagedlm, model, ["--shutdown-timeout", "1",
                                  "--max-num-batched-tokens", "8192"]) as server:
-        results = {}
+        streams, plain = [], []
 
-        def stream(name, body):
-            results[name] = sse_events(server, "/v1/completions", {**body, "stream": True})
+        def stream():
+            streams.append(sse_events(server, "/v1/completions",
+                                      {**completion_body(4000), "ignore_eos": True,
+                                       "stream": True}))
 
-        short = threading.Thread(target=stream, args=("short", {**completion_body(4000),
-                                                                "ignore_eos": True}))
-        short.start()
+        def long_prompt():
+            prompt = [100 + (i * 7919) % 9000 for i in range(6000)]
+            plain.append(request(server, "POST", "/v1/completions",
+                                 {"prompt": prompt, "max_tokens": 4, "temperature": 0},
+                                 timeout=60))
+
+        threads = [threading.Thread(target=stream) for _ in range(4)]
+        for t in threads:
+            t.start()
         deadline = time.time() + 60
-        while metrics(server)["pagedlm_generation_tokens_total"] < 2:
-            assert time.time() < deadline, "the short stream did not start"
+        while metrics(server)["pagedlm_generation_tokens_total"] < 8:
+            assert time.time() < deadline, "the streams did not start"
             time.sleep(0.1)
-        prompt = [100 + (i * 7919) % 9000 for i in range(6000)]
-        long = threading.Thread(target=stream, args=("long", {"prompt": prompt, "max_tokens": 4,
-                                                              "temperature": 0}))
-        long.start()
-        time.sleep(1.5)  # the long prompt's step has begun
+        threads.append(threading.Thread(target=long_prompt))
+        threads[-1].start()
+        while metrics(server)["pagedlm_num_requests_running"] < 5:
+            assert time.time() < deadline, "the long prompt was not admitted"
+            time.sleep(0.1)
+        time.sleep(1.0)  # some chunks of it are done, most are not
         start = time.time()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=1 + 2 + 5)
         gone = time.time() - start
-        short.join(timeout=10)
-        long.join(timeout=10)
+        for t in threads:
+            t.join(timeout=10)
         assert gone < 1 + 2, gone
         assert server.proc.returncode == 0, server.proc.returncode
         time.sleep(0.2)  # the log's last lines
-        cut = any("without waiting for the engine's current step" in line for line in server.log)
-        print(f"     gone {gone:.1f}s after SIGTERM; the step was "
-              f"{'still running (abandoned)' if cut else 'over in time'}", flush=True)
-        for name in ("short", "long"):
-            events = results[name]
-            assert events[-1] == "[DONE]", (name, events[-2:])
-            assert events[-2]["choices"][0]["finish_reason"] == "abort", (name, events[-2])
+        cut = [line for line in server.log
+               if "without waiting for the engine's current step" in line]
+        assert not cut, "the engine was abandoned inside a step: " + "".join(server.log[-5:])
+        print(f"     gone {gone:.1f}s after SIGTERM", flush=True)
+        assert len(streams) == 4, len(streams)
+        for events in streams:
+            assert events[-1] == "[DONE]", events[-2:]
+            assert events[-2]["choices"][0]["finish_reason"] == "abort", events[-2]
+        status, _, payload = plain[0]
+        assert status == 503 and "shutting down" in json.loads(payload)["error"]["message"], \
+            (status, payload[:200])
 
 
 def metrics_auth(pagedlm, model):
@@ -386,8 +401,8 @@ def main():
         ("16 concurrent 8 MB bodies: memory returns", lambda: large_bodies(args.pagedlm,
                                                                            args.model)),
         ("SIGTERM drains", lambda: shutdown(args.pagedlm, args.model)),
-        ("SIGTERM during a long prefill step", lambda: shutdown_mid_prefill(args.pagedlm,
-                                                                            args.model)),
+        ("SIGTERM while a long prompt is prefilled beside streams",
+         lambda: shutdown_mid_prefill(args.pagedlm, args.model)),
         ("/metrics behind the key", lambda: metrics_auth(args.pagedlm, args.model)),
     ])
 

@@ -2,11 +2,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
 
 #include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/interrupt.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/benchmark.h"
 #include "pagedlm/model/dummy_checkpoint.h"
@@ -129,6 +132,8 @@ void register_bench(CLI::App& app) {
                   "fail (exit 2) when output tok/s falls below this");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
+    // Ctrl-C stops the run at the next step, from the start (a load or the warm-up included).
+    catch_stop_signals();
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     // On GPUs each tensor-parallel rank is a process drawing its share of the random weights
     // only (model/dummy_checkpoint.h); the CPU's ranks are threads sharing one checkpoint.
@@ -159,7 +164,13 @@ void register_bench(CLI::App& app) {
       WorkloadSpec spec = args->spec;
       spec.token_variant = static_cast<uint64_t>(i);
       if (i > 0) spec.warmup_requests = 0;
-      runs.push_back(run_benchmark(engine, spec, progress, peaks));
+      runs.push_back(
+          run_benchmark(engine, spec, progress, peaks, [] { return stop_signal() != 0; }));
+      if (runs.back().interrupted) {
+        std::fprintf(stderr, "%sbench: interrupted before run %d of %d finished; no results\n",
+                     tty ? "\n" : "", i + 1, args->repeat);
+        std::exit(stop_exit_status());
+      }
     }
     std::vector<size_t> order(runs.size());
     std::iota(order.begin(), order.end(), 0);

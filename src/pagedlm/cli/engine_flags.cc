@@ -82,6 +82,11 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
   app.add_option("--max-num-seqs", o.max_num_seqs, "most sequences running at once")
       ->capture_default_str();
+  app.add_option("--target-itl-ms", o.target_itl_ms,
+                 "while sequences decode, cut each step's prefill to what is expected to fit in "
+                 "this many ms, the inter-token latency running streams see (0: off; default: "
+                 "200 on the CPU, off on the GPU)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   app.add_flag("--cpu-q8-activations", o.cpu_q8_activations,

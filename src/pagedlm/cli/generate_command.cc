@@ -1,12 +1,16 @@
 // pagedlm generate: runs prompts (text, chat or token ids) through one continuous batch and
-// prints what each produced; a single prompt streams.
+// prints what each produced; a single prompt streams. Ctrl-C stops it at the next step with
+// what each prompt produced so far.
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/interrupt.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/core/file.h"
 #include "pagedlm/engine/stop_strings.h"
@@ -159,6 +163,7 @@ struct TextOutput {
 };
 
 void run_generate(const Args& args) {
+  catch_stop_signals();  // from the start: a Ctrl-C while loading stops before the first step
   const EngineOptions options = args.flags.resolve();  // a bad --device fails before the load
   TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
   if (!args.chat_template.empty()) replace_chat_template(model, args.chat_template);
@@ -206,7 +211,7 @@ void run_generate(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   int64_t generated = 0;
   bool cache_shown = false;
-  while (engine.has_unfinished()) {
+  while (engine.has_unfinished() && stop_signal() == 0) {
     for (const RequestEvent& e : engine.step()) {
       if (e.token < 0) continue;
       ++generated;
@@ -231,6 +236,13 @@ void run_generate(const Args& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Interrupted: the unfinished requests end here, with what they have.
+  std::set<int64_t> interrupted;
+  if (stop_signal() != 0) {
+    for (const int64_t id : ids) {
+      if (engine.cancel(id)) interrupted.insert(id);
+    }
+  }
   for (size_t i = 0; i < ids.size(); ++i) {
     RequestOutput out = engine.take_output(ids[i]);
     auto text = texts.find(ids[i]);
@@ -245,8 +257,10 @@ void run_generate(const Args& args) {
     }
     const bool by_string = stopped_by_string.count(ids[i]) != 0;
     std::printf("(finish: %s; %zu prompt tokens, %d from the prefix cache; %zu generated)\n",
-                by_string ? "stop string" : reason_name(out.reason), out.prompt.size(),
-                out.num_cached_tokens, out.tokens.size());
+                by_string                   ? "stop string"
+                : interrupted.count(ids[i]) ? "interrupted"
+                                            : reason_name(out.reason),
+                out.prompt.size(), out.num_cached_tokens, out.tokens.size());
   }
   std::fflush(stdout);  // keep the summary after the text when both go to one terminal
   std::fprintf(stderr, "%zu sequences, %lld tokens generated in %.2f s (%.1f tok/s), %lld steps\n",
@@ -254,6 +268,10 @@ void run_generate(const Args& args) {
                static_cast<double>(generated) / seconds,
                static_cast<long long>(engine.num_steps()));
   if (args.show_cache) print_cache(engine, /*page_tables=*/false);
+  if (stop_signal() != 0) {
+    std::fprintf(stderr, "pagedlm: interrupted\n");
+    std::exit(stop_exit_status());  // the stdio buffers are flushed on the way out
+  }
 }
 
 }  // namespace

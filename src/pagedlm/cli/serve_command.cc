@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "pagedlm/cli/commands.h"
+#include "pagedlm/cli/interrupt.h"
 #include "pagedlm/cli/model_path.h"
 #include "pagedlm/engine/text_model.h"
 #include "pagedlm/model/dummy_checkpoint.h"
@@ -26,11 +27,6 @@ std::string model_name_from_path(const std::string& path) {
   const bool strip = p.extension() == ".gguf" || p.extension() == ".json";
   return strip ? p.stem().string() : p.filename().string();
 }
-
-std::atomic<bool> g_stop_requested{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
-
-void request_stop(int) { g_stop_requested = true; }
 
 }  // namespace
 
@@ -124,22 +120,20 @@ void register_serve(CLI::App& app) {
     Engine engine(model.checkpoint, options);
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
-    // Library threads (OpenBLAS, OpenMP) exist before main and may receive the signal, so the
-    // handler only sets a flag, which a watcher turns into a clean stop.
-    g_stop_requested = false;
-    signal(SIGINT, request_stop);
-    signal(SIGTERM, request_stop);
+    // The first SIGINT or SIGTERM drains (a watcher polls for it); a second one ends the
+    // process at once.
+    catch_stop_signals();
     std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
                  args->server.served_model_name.c_str(), args->server.host.c_str(), port);
     std::fflush(stderr);
     std::atomic<bool> listening_done{false};
     std::thread watcher([&] {
-      while (!g_stop_requested && !listening_done) {
+      while (stop_signal() == 0 && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       if (!http.stop()) {
         // Every client has its answer; only the engine's current step (which it cannot leave
-        // midway) is left, and waiting for it could take minutes on the CPU.
+        // midway) is left: one that was already long when the drain began (HttpServer::stop).
         std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
         std::fflush(stderr);
         std::_Exit(0);

@@ -96,7 +96,7 @@ struct ModelCosts {
 
 BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
                               const std::function<void(int64_t, int64_t)>& progress,
-                              const DevicePeaks& peaks) {
+                              const DevicePeaks& peaks, const std::function<bool()>& interrupted) {
   PAGEDLM_CHECK(spec.kind == "random" || spec.kind == "shared-prefix" || spec.kind == "chat",
                 "unknown workload '", spec.kind, "' (random, shared-prefix, chat)");
   PAGEDLM_CHECK(spec.num_requests > 0, "the workload needs at least one request");
@@ -110,6 +110,9 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   };
   std::map<int64_t, int64_t> conversation_of;  // request id -> conversation
   std::vector<Conversation> conversations;
+  const auto stop = [&interrupted] { return interrupted && interrupted(); };
+  BenchmarkResult stopped;
+  stopped.interrupted = true;
 
   std::vector<Request> initial;
   if (spec.kind == "random") {
@@ -145,7 +148,13 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
                               : uniform(warm_rng, spec.prompt_min, spec.prompt_max);
       warm.push_back(make_request(random_tokens(warm_rng, len), 4));
     }
-    engine.generate(std::move(warm));
+    std::vector<int64_t> warm_ids;
+    for (Request& r : warm) warm_ids.push_back(engine.add_request(std::move(r)));
+    while (engine.has_unfinished()) {
+      if (stop()) return stopped;
+      engine.step();
+    }
+    for (const int64_t id : warm_ids) engine.take_output(id);
   }
 
   const ModelCosts costs(engine.config(), engine.options().device == Device::kCuda ? 2 : 4);
@@ -181,6 +190,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   int64_t expert_bytes = moe ? engine.expert_bytes_read() : 0;
   Clock::time_point step_start = Clock::now();
   while (engine.has_unfinished()) {
+    if (stop()) return stopped;
     const auto events = engine.step();
     const Clock::time_point now = Clock::now();
     const StepShape& shape = engine.last_step();

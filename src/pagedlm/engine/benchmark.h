@@ -69,11 +69,17 @@ struct BenchmarkResult {
   double bound_s = 0;
   double bound_output_tok_s = 0;
   double bound_fraction = 0;  // output_tok_s / bound_output_tok_s
+  // The run stopped early (`interrupted` said so); every other field is then left at zero, as a
+  // part of a run's numbers would misstate the whole.
+  bool interrupted = false;
 };
 
-// Runs the workload to completion; `progress(done, total)` is called after each step.
+// Runs the workload to completion; `progress(done, total)` is called after each step. Before
+// each step (warm-up included) `interrupted()`, when given, may stop the run: the result then
+// says only that (BenchmarkResult::interrupted), and requests of the run stay in the engine.
 BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
                               const std::function<void(int64_t, int64_t)>& progress = {},
-                              const DevicePeaks& peaks = {});
+                              const DevicePeaks& peaks = {},
+                              const std::function<bool()>& interrupted = {});
 
 }  // namespace pagedlm

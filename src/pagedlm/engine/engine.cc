@@ -93,6 +93,11 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   const bool on_gpu = options_.device == Device::kCuda;
   if (options_.max_num_batched_tokens == 0) options_.max_num_batched_tokens = on_gpu ? 16384 : 2048;
   PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
+  PAGEDLM_CHECK(std::isfinite(options_.target_itl_ms) &&
+                    (options_.target_itl_ms >= 0 || options_.target_itl_ms == -1),
+                "target_itl_ms must be >= 0 (0: off) or -1 (the device's default), got ",
+                options_.target_itl_ms);
+  if (options_.target_itl_ms == -1) options_.target_itl_ms = on_gpu ? 0 : 200;
   PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
   PAGEDLM_CHECK(!options_.cpu_q8_activations || !on_gpu,
                 "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
@@ -215,7 +220,14 @@ bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
 std::vector<RequestEvent> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point begin = Clock::now();
-  const StepPlan plan = scheduler_->schedule();
+  StepTimeLimit limit;
+  // No limit before the first measured prefill: nothing to predict from yet.
+  if (options_.target_itl_ms > 0 && step_cost_fit_.num_observations() > 0) {
+    limit.max_ms = options_.target_itl_ms;
+    limit.cost = step_cost_;
+    limit.without_decodes = draining_;
+  }
+  const StepPlan plan = scheduler_->schedule(limit);
   if (plan.empty()) return {};
   const Clock::time_point planned = Clock::now();
   ++num_steps_;
@@ -315,7 +327,14 @@ std::vector<RequestEvent> Engine::step() {
   last_step_.schedule_ms = ms(planned - begin);
   last_step_.prepare_ms = ms(wait_begin - planned);
   last_step_.wait_ms = ms(wait_end - wait_begin);
-  last_step_.finish_ms = ms(Clock::now() - wait_end);
+  const Clock::time_point end = Clock::now();
+  last_step_.finish_ms = ms(end - wait_end);
+  // Steps that prefill teach the cost model; decode steps alone cannot tell the per-token cost
+  // from the fixed one (StepCostFit).
+  if (last_step_.num_tokens > last_step_.num_seqs) {
+    step_cost_fit_.observe(last_step_.num_tokens, last_step_.attention_pairs, ms(end - begin));
+    step_cost_ = step_cost_fit_.estimate();
+  }
   return events;
 }
 

@@ -45,6 +45,12 @@ struct EngineOptions {
   // sooner (SmolLM2 random workload on the H200: 48k -> 58k output tok/s, docs/PERF.md).
   int32_t max_num_batched_tokens = 0;
   int32_t max_num_seqs = 256;
+  // While any sequence decodes, each step's prefill is cut so that the step is expected to take
+  // at most this long (the cost model: StepCostFit over the engine's own measured steps), which
+  // bounds the inter-token latency of running streams while a long prompt is prefilled. With no
+  // sequence decoding, prefill keeps the whole max_num_batched_tokens. -1: 200 ms on the CPU,
+  // off on the GPU (whose steps take milliseconds); 0: off.
+  double target_itl_ms = -1;
   bool enable_prefix_cache = true;
   // When every layer of the model slides (Mistral, Phi-3 and Qwen2 configs that set a window
   // from layer 0), pages wholly behind all later queries' windows go back to the pool (off: a
@@ -120,6 +126,12 @@ class Engine {
 
   // Runs one step; returns what happened to each request in it.
   std::vector<RequestEvent> step();
+  // While draining, every step's prefill is held to target_itl_ms, whether or not a sequence
+  // decodes: a caller that is stopping (a server's shutdown) then never waits long for the
+  // step in progress.
+  void set_draining(bool draining) { draining_ = draining; }
+  // The step-time model the engine has learned so far (all zero before its first prefill).
+  const StepCost& step_cost() const { return step_cost_; }
 
   // Runs the given requests (and anything already queued) to completion; outputs in the
   // order of `requests`.
@@ -187,6 +199,9 @@ class Engine {
   int64_t next_request_id_ = 1;
   int64_t num_steps_ = 0;
   StepShape last_step_;
+  StepCostFit step_cost_fit_;
+  StepCost step_cost_;
+  bool draining_ = false;
   uint64_t seed_counter_;
   // This step's token bitmasks, one row of mask_words_ per sequence with a grammar.
   std::vector<int32_t> masks_;

@@ -1,6 +1,7 @@
 #include "pagedlm/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "pagedlm/core/error.h"
@@ -77,6 +78,11 @@ struct Scheduler::State {
   int64_t prefix_partial_hits = 0;
   int64_t prefix_partial_hit_tokens = 0;
   int64_t preemptions = 0;
+  // This step's prefill under its StepTimeLimit: the time its prefill chunks may still take
+  // (infinite: no limit), the cost model, and whether a prefill chunk is in the step yet.
+  double prefill_ms_left = std::numeric_limits<double>::infinity();
+  StepCost step_cost;
+  bool prefilled = false;
 
   const BlockHash& page_hash(Sequence& seq, int32_t page_index) {
     const int32_t page_size = config.page_size;
@@ -181,6 +187,50 @@ struct Scheduler::State {
     return refund;
   }
 
+  // Starts this step's time limit once its decodes are scheduled (they come first): the
+  // prefill gets what the decodes leave of max_ms.
+  void start_prefill_limit(const StepTimeLimit& limit) {
+    prefilled = false;
+    step_cost = limit.cost;
+    prefill_ms_left = std::numeric_limits<double>::infinity();
+    if (limit.max_ms <= 0 || (scheduled.empty() && !limit.without_decodes)) return;
+    double decode_ms = step_cost.fixed_ms;
+    for (const auto& [seq, num_new_tokens] : scheduled) {
+      // A decode's one query sees the sequence's num_computed earlier keys and itself.
+      decode_ms += step_cost.ms(1, int64_t{seq->num_computed} + 1) - step_cost.fixed_ms;
+    }
+    prefill_ms_left = limit.max_ms - decode_ms;
+  }
+
+  // The most tokens a prefill chunk from position `start` on may take under the step's limit.
+  int32_t prefill_cap(int32_t start) const {
+    constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+    int32_t cap = kMax;
+    if (std::isfinite(prefill_ms_left)) {
+      const double left = std::max(0.0, prefill_ms_left);
+      const double per_token = step_cost.per_token_ms, per_pair = step_cost.per_pair_ms;
+      // n tokens from `start` on cost per_token n + per_pair (n start + n (n + 1) / 2): the
+      // largest n within `left` is the positive root of that quadratic.
+      double n = std::numeric_limits<double>::infinity();
+      if (per_pair > 0) {
+        const double linear = per_token + per_pair * (start + 0.5);
+        n = (std::sqrt(linear * linear + 2 * per_pair * left) - linear) / per_pair;
+      } else if (per_token > 0) {
+        n = left / per_token;
+      }
+      // The epsilon keeps a chunk that fits exactly from losing a token to rounding.
+      if (n < kMax) cap = static_cast<int32_t>(std::floor(n + 1e-9));
+    }
+    return prefilled ? cap : std::max(cap, config.min_prefill_chunk);
+  }
+
+  void charge_prefill(int32_t start, int32_t num_new_tokens) {
+    prefilled = true;
+    if (!std::isfinite(prefill_ms_left)) return;
+    const int64_t n = num_new_tokens;
+    prefill_ms_left -= step_cost.ms(n, n * start + n * (n + 1) / 2) - step_cost.fixed_ms;
+  }
+
   // Schedules running sequences whose pending length is (or is not) one token. Returns whether
   // a sequence had to be preempted.
   bool schedule_running(bool decodes, int32_t& budget) {
@@ -189,7 +239,9 @@ struct Scheduler::State {
       Sequence* seq = running[i];
       const int32_t num_pending = seq->num_pending();
       if (num_pending <= 0 || (num_pending == 1) != decodes) continue;
-      const int32_t num_new_tokens = std::min(num_pending, budget);
+      const int32_t num_new_tokens =
+          std::min({num_pending, budget, decodes ? num_pending : prefill_cap(seq->num_computed)});
+      if (num_new_tokens <= 0) continue;  // no time left for this prefill in this step
       const int32_t num_tokens = seq->num_computed + num_new_tokens;
       bool was_preempted = false;
       while (!pool.can_allocate(num_missing_pages(*seq, num_tokens))) {
@@ -203,6 +255,7 @@ struct Scheduler::State {
       }
       if (was_preempted) break;  // it was the last running sequence
       allocate_pages(*seq, num_tokens);
+      if (!decodes) charge_prefill(seq->num_computed, num_new_tokens);
       scheduled.push_back({seq, num_new_tokens});
       budget -= num_new_tokens;
     }
@@ -244,10 +297,13 @@ struct Scheduler::State {
     const auto num_free_hits = static_cast<int32_t>(
         std::count_if(hit_pages.begin(), hit_pages.end(),
                       [this](int32_t page) { return pool.ref_count(page) == 0; }));
+    // The chunk this step computes after `num_hit_tokens` served by the cache.
+    const auto chunk = [&](int32_t num_hit_tokens) {
+      return std::min({seq.num_tokens() - num_hit_tokens, budget, prefill_cap(num_hit_tokens)});
+    };
     const auto pages_needed = [&](const PartialMatch& hit) {
       const int32_t num_hit_tokens = num_full_hits * page_size + hit.num_tokens;
-      const int32_t num_tokens =
-          num_hit_tokens + std::min(seq.num_tokens() - num_hit_tokens, budget);
+      const int32_t num_tokens = num_hit_tokens + chunk(num_hit_tokens);
       const bool holds_free_page = hit.num_tokens > 0 && pool.ref_count(hit.page) == 0;
       return ceil_div(num_tokens, page_size) - num_full_hits + num_free_hits +
              (holds_free_page ? 1 : 0);
@@ -257,7 +313,8 @@ struct Scheduler::State {
     if (partial.num_tokens > 0 && !pool.can_allocate(pages_needed(partial))) partial = {};
     if (!pool.can_allocate(pages_needed(partial))) return false;
     const int32_t num_hit_tokens = num_full_hits * page_size + partial.num_tokens;
-    const int32_t num_new_tokens = std::min(seq.num_tokens() - num_hit_tokens, budget);
+    const int32_t num_new_tokens = chunk(num_hit_tokens);
+    if (num_new_tokens <= 0) return false;  // the step's time is spent: it waits, unchanged
     const int32_t num_tokens = num_hit_tokens + num_new_tokens;
 
     for (const int32_t page : hit_pages) {
@@ -289,6 +346,7 @@ struct Scheduler::State {
     running.push_back(&seq);
     // Admission never preempts, so this chunk is final and its pages can be shared at once.
     register_pages(seq, num_hit_tokens, num_tokens);
+    charge_prefill(num_hit_tokens, num_new_tokens);
     scheduled.push_back({&seq, num_new_tokens});
     budget -= num_new_tokens;
     return true;
@@ -393,6 +451,9 @@ Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
                 config_.max_num_seqs);
   PAGEDLM_CHECK(config_.max_model_len > 1, "SchedulerConfig.max_model_len must exceed 1, got ",
                 config_.max_model_len);
+  PAGEDLM_CHECK(config_.min_prefill_chunk > 0,
+                "SchedulerConfig.min_prefill_chunk must be positive, got ",
+                config_.min_prefill_chunk);
   state_ = std::make_unique<State>(config_);
 }
 
@@ -446,12 +507,13 @@ bool Scheduler::has_unfinished() const {
   return !state_->running.empty() || !state_->waiting.empty();
 }
 
-StepPlan Scheduler::schedule() {
+StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   State& state = *state_;
   state.scheduled.clear();
   state.release_copy_holds();  // none unless the last plan never reached update()
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = state.schedule_running(/*decodes=*/true, budget);
+  state.start_prefill_limit(limit);
   preempted |= state.schedule_running(/*decodes=*/false, budget);
   // Running sequences can be preempted until both passes are done; only then is their chunk
   // final, and only then may others find its pages.

@@ -13,6 +13,7 @@
 #include "pagedlm/kv/block_pool.h"
 #include "pagedlm/kv/prefix_cache.h"
 #include "pagedlm/sched/request.h"
+#include "pagedlm/sched/step_cost.h"
 #include "pagedlm/sched/step_plan.h"
 
 namespace pagedlm {
@@ -31,6 +32,22 @@ struct SchedulerConfig {
   int32_t max_model_len = 8192;  // prompt + output tokens of one sequence
   bool enable_prefix_cache = true;
   std::vector<int32_t> eos_token_ids;
+  // Under a StepTimeLimit, the first prefill chunk of a step gets at least this many tokens
+  // whatever the model predicts, so that a prompt always progresses.
+  int32_t min_prefill_chunk = 32;
+};
+
+// Holds one step's prefill to a wall-time target. While any sequence decodes, each step is one
+// token of its output, so a step that also prefills a long prompt whole delays every running
+// stream by the prompt's whole prefill time. Under a limit, the step's prefill tokens are cut
+// to what the cost model predicts fits max_ms beside the step's decodes (the first prefill
+// chunk of the step keeps SchedulerConfig::min_prefill_chunk tokens). Outputs do not change:
+// only how a prompt is split into chunks.
+struct StepTimeLimit {
+  double max_ms = 0;  // 0: no limit
+  StepCost cost;
+  // Also when no sequence decodes: every step stays short (a server stopping between steps).
+  bool without_decodes = false;
 };
 
 // What one step did to one sequence.
@@ -99,7 +116,7 @@ class Scheduler {
   bool cancel(int64_t request_id);
   bool has_unfinished() const;
 
-  StepPlan schedule();
+  StepPlan schedule(const StepTimeLimit& limit = {});
   // sampled[b] is sequence b's new token where plan.samples[b]; other entries are ignored.
   std::vector<SeqUpdate> update(const StepPlan& plan, const std::vector<int32_t>& sampled);
 

@@ -102,6 +102,11 @@ bool EngineLoop::submit(std::vector<GenerationJob> jobs,
   return true;
 }
 
+void EngineLoop::drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
 void EngineLoop::wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -163,6 +168,7 @@ void EngineLoop::serve_cache_request() {
 void EngineLoop::run() {
   while (true) {
     std::vector<Pending> incoming;
+    bool draining = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
@@ -171,8 +177,10 @@ void EngineLoop::run() {
       });
       if (stop_) break;
       woken_ = false;
+      draining = draining_;
       incoming.swap(inbox_);
     }
+    engine_.set_draining(draining);
     admit(std::move(incoming));
     drop_cancelled();
     std::vector<RequestEvent> events;

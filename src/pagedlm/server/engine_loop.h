@@ -95,6 +95,10 @@ class EngineLoop {
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
   // Makes the engine thread look for cancelled channels now rather than after its next step.
   void wake();
+  // The server is stopping: from now on every step's prefill is held to the engine's
+  // target_itl_ms (Engine::set_draining), so that stop_within() finds the engine thread
+  // between short steps even when a long prompt is being prefilled.
+  void drain();
   void stop();
   // Stops as stop() does, but waits at most `wait` for the engine thread to leave its current
   // step; false when it has not (the thread still uses the Engine, which must then outlive it:
@@ -140,6 +144,7 @@ class EngineLoop {
   bool stop_ = false;
   bool exited_ = false;  // the engine thread has ended every request and returns
   bool woken_ = false;
+  bool draining_ = false;
   int64_t admitted_ = 0;  // tokens from admit() still held
   SchedulerStats stats_;
   ServingCounters counters_;

@@ -750,7 +750,10 @@ void HttpServer::listen() { impl_->http.run(); }
 
 bool HttpServer::stop() {
   // The front end first: running answers get --shutdown-timeout to finish, then end without
-  // the engine (whose current step may be long), and only then does the engine stop.
+  // the engine (whose current step may be long), and only then does the engine stop. Its steps
+  // are held short from the start of the drain, so it is between two of them by then unless
+  // the step in progress at the signal was a long one.
+  impl_->loop.drain();
   impl_->http.shutdown(impl_->options.shutdown_timeout);
   return impl_->loop.stop_within(std::chrono::milliseconds(500));
 }

@@ -50,9 +50,12 @@ class HttpServer {
   void listen();
   // Graceful shutdown, from another thread: stops accepting, lets running requests finish for
   // up to shutdown_timeout, then ends streams with finish_reason "abort" and other requests
-  // with 503; listen() then returns. False when the engine is still inside a step half a
-  // second later (a long prefill on the CPU): the Engine is then still in use, and the caller
-  // should end the process rather than destroy it.
+  // with 503; listen() then returns. From the start of the drain every engine step is held to
+  // target_itl_ms (EngineLoop::drain), so the engine thread leaves between two short steps.
+  // False when it is still inside a step half a second after the drain (one that was already
+  // long when the drain began, such as a prompt prefilled alone with the whole step budget on
+  // the CPU, or any step with target_itl_ms off): the Engine is then still in use, and the
+  // caller should end the process rather than destroy it.
   bool stop();
 
  private:
