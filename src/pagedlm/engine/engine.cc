@@ -274,9 +274,12 @@ std::vector<RequestEvent> Engine::step() {
     const grammar::Matcher* m = live[b]->matcher.get();
     if (m && sampled[b] >= 0 && !m->terminated()) advancing.push_back(b);
   }
-  std::vector<uint8_t> refused(plan.num_seqs(), 0);
-  parallel_for_each(advancing,
-                    [&](int32_t b) { refused[b] = live[b]->matcher->accept(sampled[b]) ? 0 : 1; });
+  std::vector<uint8_t> refused;
+  if (!advancing.empty()) {
+    refused.assign(plan.num_seqs(), 0);
+    parallel_for_each(
+        advancing, [&](int32_t b) { refused[b] = live[b]->matcher->accept(sampled[b]) ? 0 : 1; });
+  }
   for (const int32_t b : advancing) {
     if (refused[b] == 0) continue;
     std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
