@@ -211,8 +211,12 @@ struct Scheduler::State {
       const double per_token = step_cost.per_token_ms, per_pair = step_cost.per_pair_ms;
       // n tokens from `start` on cost per_token n + per_pair (n start + n (n + 1) / 2): the
       // largest n within `left` is the positive root of that quadratic.
+      // Nothing left: only the minimum chunk, even where the fit holds tokens free (a fixed
+      // cost alone can explain a few noisy steps).
       double n = std::numeric_limits<double>::infinity();
-      if (per_pair > 0) {
+      if (left <= 0) {
+        n = 0;
+      } else if (per_pair > 0) {
         const double linear = per_token + per_pair * (start + 0.5);
         n = (std::sqrt(linear * linear + 2 * per_pair * left) - linear) / per_pair;
       } else if (per_token > 0) {
