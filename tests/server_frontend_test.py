@@ -352,10 +352,8 @@ def shutdown_mid_prefill(pagedlm, model):
             time.sleep(0.1)
         threads.append(threading.Thread(target=long_prompt))
         threads[-1].start()
-        while metrics(server)["pagedlm_num_requests_running"] < 5:
-            assert time.time() < deadline, "the long prompt was not admitted"
-            time.sleep(0.1)
-        time.sleep(1.0)  # some chunks of it are done, most are not
+        # Some chunks of it are done, most are not (in one step it would take 10 s or more).
+        time.sleep(1.5)
         start = time.time()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=1 + 2 + 5)
