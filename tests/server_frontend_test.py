@@ -19,6 +19,7 @@ from server_harness import (Server, metrics, parse_args, post_json, request, rss
 
 GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 CONCURRENT_BODIES = 64
+MID_PREFILL_STREAMS = 31  # and the long prompt: 32 requests open at SIGTERM
 
 
 def raise_fd_limit(want):
@@ -322,7 +323,7 @@ def shutdown(pagedlm, model):
 
 
 def shutdown_mid_prefill(pagedlm, model):
-    """SIGTERM while 4 streams decode and a 6,000-token prompt is being prefilled beside them (a
+    """SIGTERM while 31 streams decode and a 6,000-token prompt is being prefilled beside them (a
     step budget of 8192 would take it whole; a few hundred tokens a second on the CPU): its
     prefill goes in chunks held to --target-itl-ms (200 ms by default on the CPU), so the engine
     stops between two of them instead of being abandoned inside one. Every stream ends with
@@ -343,11 +344,11 @@ def shutdown_mid_prefill(pagedlm, model):
                                  {"prompt": prompt, "max_tokens": 4, "temperature": 0},
                                  timeout=60))
 
-        threads = [threading.Thread(target=stream) for _ in range(4)]
+        threads = [threading.Thread(target=stream) for _ in range(MID_PREFILL_STREAMS)]
         for t in threads:
             t.start()
         deadline = time.time() + 60
-        while metrics(server)["pagedlm_generation_tokens_total"] < 8:
+        while metrics(server)["pagedlm_generation_tokens_total"] < 2 * MID_PREFILL_STREAMS:
             assert time.time() < deadline, "the streams did not start"
             time.sleep(0.1)
         threads.append(threading.Thread(target=long_prompt))
@@ -367,7 +368,7 @@ def shutdown_mid_prefill(pagedlm, model):
                if "without waiting for the engine's current step" in line]
         assert not cut, "the engine was abandoned inside a step: " + "".join(server.log[-5:])
         print(f"     gone {gone:.1f}s after SIGTERM", flush=True)
-        assert len(streams) == 4, len(streams)
+        assert len(streams) == MID_PREFILL_STREAMS, len(streams)
         for events in streams:
             assert events[-1] == "[DONE]", events[-2:]
             assert events[-2]["choices"][0]["finish_reason"] == "abort", events[-2]
