@@ -149,6 +149,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       warm.push_back(make_request(random_tokens(warm_rng, len), 4));
     }
     std::vector<int64_t> warm_ids;
+    warm_ids.reserve(warm.size());
     for (Request& r : warm) warm_ids.push_back(engine.add_request(std::move(r)));
     while (engine.has_unfinished()) {
       if (stop()) return stopped;
