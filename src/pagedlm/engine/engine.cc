@@ -332,9 +332,9 @@ std::vector<RequestEvent> Engine::step() {
   last_step_.wait_ms = ms(wait_end - wait_begin);
   const Clock::time_point end = Clock::now();
   last_step_.finish_ms = ms(end - wait_end);
-  // Steps that prefill teach the cost model; decode steps alone cannot tell the per-token cost
-  // from the fixed one (StepCostFit).
-  if (last_step_.num_tokens > last_step_.num_seqs) {
+  // Steps that prefill teach the cost model, where a limit will use it (not on the GPU by
+  // default); decode steps alone cannot tell the per-token cost from the fixed one (StepCostFit).
+  if (options_.target_itl_ms > 0 && last_step_.num_tokens > last_step_.num_seqs) {
     step_cost_fit_.observe(last_step_.num_tokens, last_step_.attention_pairs, ms(end - begin));
     step_cost_ = step_cost_fit_.estimate();
   }

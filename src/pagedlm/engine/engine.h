@@ -130,7 +130,8 @@ class Engine {
   // decodes: a caller that is stopping (a server's shutdown) then never waits long for the
   // step in progress.
   void set_draining(bool draining) { draining_ = draining; }
-  // The step-time model the engine has learned so far (all zero before its first prefill).
+  // The step-time model the engine has learned so far (all zero before its first prefill, and
+  // while target_itl_ms is 0).
   const StepCost& step_cost() const { return step_cost_; }
 
   // Runs the given requests (and anything already queued) to completion; outputs in the

@@ -209,10 +209,10 @@ struct Scheduler::State {
     if (std::isfinite(prefill_ms_left)) {
       const double left = std::max(0.0, prefill_ms_left);
       const double per_token = step_cost.per_token_ms, per_pair = step_cost.per_pair_ms;
-      // n tokens from `start` on cost per_token n + per_pair (n start + n (n + 1) / 2): the
-      // largest n within `left` is the positive root of that quadratic.
       // Nothing left: only the minimum chunk, even where the fit holds tokens free (a fixed
-      // cost alone can explain a few noisy steps).
+      // cost alone can explain a few noisy steps). Else n tokens from `start` on cost
+      // per_token n + per_pair (n start + n (n + 1) / 2): the largest n within `left` is the
+      // positive root of that quadratic.
       double n = std::numeric_limits<double>::infinity();
       if (left <= 0) {
         n = 0;
