@@ -39,7 +39,9 @@ void check_shape(const std::string& text) {
   EXPECT_EQ(doc.size(), 3u) << text;
 }
 
-void run_on(Device device) {
+// constrained_tokens: the constrained requests' outputs, in the order they were added.
+void run_on(Device device, int32_t prefetch_masks,
+            std::vector<std::vector<int32_t>>* constrained_tokens = nullptr) {
   const std::string path = default_model_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: scripts/fetch_model.sh";
   const TextModel model = load_text_model(path);
@@ -56,6 +58,7 @@ void run_on(Device device) {
   opts.device = device;
   opts.threads = 2;
   opts.num_pages = 256;
+  opts.prefetch_masks = prefetch_masks;
   Engine engine(model.checkpoint, opts);
   const std::vector<int32_t> prompt = model.tokenizer->encode("A person as JSON:");
   auto request = [&](float temperature, uint64_t seed, int32_t max_tokens) {
@@ -79,7 +82,24 @@ void run_on(Device device) {
   const int64_t cut = engine.add_request(request(0.f, 1, 3));
   engine.set_grammar(cut, schema);
   const int64_t free_id = engine.add_request(request(0.8f, 99, 24));
-  while (engine.has_unfinished()) engine.step();
+  // One more, cancelled and taken after its third token while its next mask may be filling.
+  const int64_t dropped = engine.add_request(request(1.f, 7, 64));
+  engine.set_grammar(dropped, schema);
+  int64_t prefetched = 0;
+  for (int i = 0; i < 3; ++i) {
+    engine.step();
+    prefetched += engine.last_prefetched_masks();
+  }
+  ASSERT_TRUE(engine.cancel(dropped));
+  const RequestOutput dropped_out = engine.take_output(dropped);
+  EXPECT_EQ(dropped_out.reason, FinishReason::kCancelled);
+  // Every constrained request samples each token under a mask; prefetching, all but its first
+  // come from the prefetch (nothing is preempted here).
+  auto masks_after_the_first = static_cast<int64_t>(dropped_out.tokens.size()) - 1;
+  while (engine.has_unfinished()) {
+    engine.step();
+    prefetched += engine.last_prefetched_masks();
+  }
 
   for (int64_t id : constrained) {
     const RequestOutput out = engine.take_output(id);
@@ -88,10 +108,15 @@ void run_on(Device device) {
     ASSERT_FALSE(text_tokens.empty());
     text_tokens.pop_back();  // the EOS the grammar ended with
     check_shape(model.tokenizer->decode(text_tokens));
+    if (constrained_tokens != nullptr) constrained_tokens->push_back(out.tokens);
+    masks_after_the_first += static_cast<int64_t>(out.tokens.size()) - 1;
   }
   const RequestOutput short_out = engine.take_output(cut);
   EXPECT_EQ(short_out.reason, FinishReason::kLength);
   EXPECT_EQ(short_out.tokens.size(), 3u);
+  masks_after_the_first += 2;
+  const bool prefetching = prefetch_masks > 0 || (prefetch_masks < 0 && device == Device::kCuda);
+  EXPECT_EQ(prefetched, prefetching ? masks_after_the_first : 0);
   // The CPU is batch invariant; the GPU's bf16 GEMMs may round differently with the batch.
   const std::vector<int32_t> shared = engine.take_output(free_id).tokens;
   if (device == Device::kCpu) EXPECT_EQ(shared, alone);
@@ -106,11 +131,20 @@ void run_on(Device device) {
   EXPECT_THROW(engine.set_grammar(engine.add_request(ignoring), schema), Error);
 }
 
-TEST(EngineGrammar, Cpu) { run_on(Device::kCpu); }
+// Masks filled in the step that uses them and masks prefetched as the tokens before them were
+// accepted allow the same tokens: the same requests sample the same outputs.
+TEST(EngineGrammar, Cpu) {
+  std::vector<std::vector<int32_t>> in_step, prefetched;
+  run_on(Device::kCpu, 0, &in_step);
+  if (IsSkipped() || HasFatalFailure()) return;
+  run_on(Device::kCpu, 1, &prefetched);
+  EXPECT_EQ(prefetched, in_step);
+}
 
 TEST(EngineGrammar, Cuda) {
   if (!cuda_device_available()) GTEST_SKIP() << "no GPU";
-  run_on(Device::kCuda);
+  run_on(Device::kCuda, -1);  // prefetched, the GPU's default
+  run_on(Device::kCuda, 0);
 }
 
 }  // namespace

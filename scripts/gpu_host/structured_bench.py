@@ -2,9 +2,12 @@
 """The cost of structured output on a GPU host: N concurrent /v1/completions requests held to a
 JSON schema against the same N requests unconstrained, on one `pagedlm serve`: unconstrained to
 max_tokens, and unconstrained with each request's output length as the constrained run gave it
-(the masks' cost alone, on the same shrinking batch). Reports output tok/s of all three, the host time spent filling token masks per masked step, and the share of masked
-steps whose masks were done while the forward pass was still running (hidden behind the GPU),
-from the server's /metrics counters (pagedlm_grammar_*).
+(the masks' cost alone, on the same shrinking batch). Reports output tok/s of all three, and
+from the server's /metrics counters (pagedlm_grammar_*) per masked step: the engine thread's
+time getting its masks (filling them, or waiting for and copying prefetched ones), the share of
+masked steps whose masks were ready while the forward pass was still running (hidden behind the
+GPU), the prefetch worker's time filling masks ahead of their step, and how many masks came
+from it.
 
 Standard library only. Two setups (run both for docs/PERF.md):
   # SmolLM2 GGUF, real weights and tokenizer (scripts/fetch_model.sh)
@@ -162,6 +165,9 @@ def run(server, n, max_tokens, constrained, lengths=None):
             "pagedlm_grammar_mask_seconds_total", 0) / steps, 3) if steps else 0,
         "mask_hidden_fraction": round(delta.get(
             "pagedlm_grammar_mask_hidden_steps_total", 0) / steps, 3) if steps else 0,
+        "prefetch_ms_per_masked_step": round(1000 * delta.get(
+            "pagedlm_grammar_mask_prefetch_seconds_total", 0) / steps, 3) if steps else 0,
+        "prefetched_masks": int(delta.get("pagedlm_grammar_prefetched_masks_total", 0)),
     }
 
 
@@ -236,8 +242,10 @@ def main():
           f"json_schema {held['output_tok_s']:.0f} tok/s ({held['finish_stop']} of "
           f"{args.requests} stopped by the grammar); the same lengths unconstrained "
           f"{matched['output_tok_s']:.0f} tok/s: {100 * loss:.1f}% lower with the masks; masks "
-          f"{held['mask_ms_per_masked_step']:.3f} ms per step, "
-          f"{100 * held['mask_hidden_fraction']:.0f}% of masked steps hidden behind the forward")
+          f"{held['mask_ms_per_masked_step']:.3f} ms per step on the engine thread, "
+          f"{100 * held['mask_hidden_fraction']:.0f}% of masked steps hidden behind the forward, "
+          f"prefetch {held['prefetch_ms_per_masked_step']:.3f} ms per step, "
+          f"{held['prefetched_masks']} masks prefetched")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

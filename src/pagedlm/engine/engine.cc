@@ -1,6 +1,7 @@
 #include "pagedlm/engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/cpu_ranks.h"
 #include "pagedlm/engine/cuda_runner.h"
+#include "pagedlm/engine/mask_prefetch.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/engine/process_group.h"
 #include "pagedlm/grammar/grammar.h"
@@ -171,6 +173,10 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   sc.eos_token_ids = c.eos_token_ids;
   scheduler_ = std::make_unique<Scheduler>(sc);
   mask_words_ = grammar::bitmask_words(c.vocab_size);
+  if (options_.prefetch_masks > 0 || (options_.prefetch_masks < 0 && cuda_)) {
+    // One thread fewer than the engine's: the engine thread goes on with its step meanwhile.
+    mask_prefetch_ = std::make_unique<MaskPrefetch>(mask_words_, std::max(1, num_threads() - 1));
+  }
 }
 
 Engine::~Engine() = default;
@@ -265,14 +271,21 @@ std::vector<RequestEvent> Engine::step() {
     }
   }
 
+  // The masks prefetched for this step are done (forward_and_sample waited for those it used);
+  // until the next start() the matchers are the engine thread's.
+  if (mask_prefetch_) {
+    mask_prefetch_->wait();
+    last_mask_prefetch_ms_ = mask_prefetch_->last_job_ms();
+  }
   // Sampled tokens advance their grammars, several sequences at once: an accept walks the
   // token's bytes through the grammar's parser, and a batch of them on one thread keeps the
   // device waiting for the next step. The mask only allows tokens the grammar accepts, so a
   // refusal is a defect: the output ends there (EOS) rather than leaving the grammar.
   std::vector<int32_t> advancing;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    const grammar::Matcher* m = live[b]->matcher.get();
-    if (m && sampled[b] >= 0 && !m->terminated()) advancing.push_back(b);
+    if (live[b]->matcher && sampled[b] >= 0 && !live[b]->grammar_terminated) {
+      advancing.push_back(b);
+    }
   }
   std::vector<uint8_t> refused;
   if (!advancing.empty()) {
@@ -281,6 +294,7 @@ std::vector<RequestEvent> Engine::step() {
         advancing, [&](int32_t b) { refused[b] = live[b]->matcher->accept(sampled[b]) ? 0 : 1; });
   }
   for (const int32_t b : advancing) {
+    live[b]->grammar_terminated = live[b]->matcher->terminated();
     if (refused[b] == 0) continue;
     std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
                  static_cast<long long>(plan.request_ids[b]), sampled[b]);
@@ -324,6 +338,19 @@ std::vector<RequestEvent> Engine::step() {
     event.reason = u.reason;
     events.push_back(std::move(event));
   }
+  if (mask_prefetch_) {
+    // The next masks of the sequences that go on under a grammar, while this step ends, the
+    // caller takes its events and the next step is planned and launched.
+    std::vector<MaskPrefetch::Item> next;
+    for (const int32_t b : advancing) {
+      const LiveRequest& r = *live[b];
+      if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
+        next.push_back(
+            {plan.request_ids[b], static_cast<int64_t>(r.output.tokens.size()), r.matcher});
+      }
+    }
+    mask_prefetch_->start(std::move(next));
+  }
   const auto ms = [](Clock::duration d) {
     return std::chrono::duration<double, std::milli>(d).count();
   };
@@ -349,17 +376,28 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   mask_row_.assign(B, -1);
   int32_t num_masks = 0;
   for (int32_t b = 0; b < B; ++b) {
-    if (live[b]->matcher && !live[b]->matcher->terminated() && plan.samples[b] &&
+    if (live[b]->matcher && !live[b]->grammar_terminated && plan.samples[b] &&
         plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
       mask_row_[b] = num_masks++;
     }
   }
   masks_.resize(static_cast<size_t>(num_masks) * mask_words_);
   last_mask_ms_ = 0;
-  // Fills sequence b's mask (all ones where the grammar allows every token). Several threads
-  // fill different sequences at once: each matcher is its own, the compiled grammar read-only.
+  // Fills sequence b's mask (all ones where the grammar allows every token), or copies the one
+  // prefetched for it. Several threads fill different sequences at once: each matcher is its
+  // own, the compiled grammar read-only.
+  std::atomic<int32_t> prefetched{0};
   const auto fill_mask = [&](int32_t b, int32_t* words) {
-    if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
+    const int32_t* ready =
+        mask_prefetch_ ? mask_prefetch_->find(plan.request_ids[b],
+                                              static_cast<int64_t>(live[b]->output.tokens.size()))
+                       : nullptr;
+    if (ready != nullptr) {
+      std::copy(ready, ready + mask_words_, words);
+      prefetched.fetch_add(1, std::memory_order_relaxed);
+    } else if (!live[b]->matcher->fill_mask(words)) {
+      std::fill(words, words + mask_words_, -1);
+    }
   };
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
@@ -376,6 +414,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
           std::copy(w, w + mask_words_, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
         });
     last_mask_ms_ = cuda_->last_mask_ms();
+    last_prefetched_masks_ = prefetched.load();
     return sampled;
   }
   const int64_t vocab = model_->config().vocab_size;
@@ -397,6 +436,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   parallel_for_each(masked, [&](int32_t b) {
     fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
   });
+  last_prefetched_masks_ = prefetched.load();
   if (!masked.empty()) {
     last_mask_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -21,6 +21,7 @@ class CausalLM;
 class CpuRanks;
 class ProcessGroup;
 class CudaStepRunner;
+class MaskPrefetch;
 class PagedKvCache;
 namespace grammar {
 class CompiledGrammar;
@@ -59,6 +60,11 @@ struct EngineOptions {
   int32_t threads = 0;  // 0: all hardware threads
   // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
   bool cpu_q8_activations = false;
+  // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
+  // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host
+  // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward
+  // pass; 0: off; 1: on.
+  int32_t prefetch_masks = -1;
   Device device = Device::kCpu;
   // Ranks that split the model between them (model/tensor_parallel.h). Every rank runs the one
   // StepPlan rank 0's scheduler makes each step. On the CPU the ranks are threads of this
@@ -165,6 +171,11 @@ class Engine {
   // still running when they were done (the mask time was hidden behind it).
   double last_mask_ms() const { return last_mask_ms_; }
   bool last_mask_hidden() const;
+  // Host time the worker spent filling the masks started after the step before this one (0:
+  // none started); they were ready for this step's masked sequences.
+  double last_mask_prefetch_ms() const { return last_mask_prefetch_ms_; }
+  // How many of the last step's masks came from that prefetch (the others were filled in it).
+  int32_t last_prefetched_masks() const { return last_prefetched_masks_; }
 
  private:
   // What the engine keeps of a request until take_output().
@@ -174,6 +185,8 @@ class Engine {
     uint64_t seed = 0;
     int32_t logprobs_top_k = -1;                // -1: no logprobs
     std::shared_ptr<grammar::Matcher> matcher;  // structured output
+    // matcher->terminated() as of the last accept, read here while a prefetch may use matcher.
+    bool grammar_terminated = false;
   };
 
   // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
@@ -209,6 +222,10 @@ class Engine {
   std::vector<int32_t> mask_row_;  // per sequence of the step: its row of masks_, -1 none
   int32_t mask_words_ = 0;
   double last_mask_ms_ = 0;
+  double last_mask_prefetch_ms_ = 0;
+  int32_t last_prefetched_masks_ = 0;
+  // Last, so that its worker stops before anything it could read goes.
+  std::unique_ptr<MaskPrefetch> mask_prefetch_;
 };
 
 }  // namespace pagedlm

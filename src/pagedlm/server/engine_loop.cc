@@ -301,6 +301,8 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
     ++counters_.masked_steps;
     counters_.mask_seconds += engine_.last_mask_ms() / 1000.0;
     counters_.mask_hidden_steps += engine_.last_mask_hidden() ? 1 : 0;
+    counters_.mask_prefetch_seconds += engine_.last_mask_prefetch_ms() / 1000.0;
+    counters_.prefetched_masks += engine_.last_prefetched_masks();
   }
 }
 

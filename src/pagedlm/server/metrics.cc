@@ -81,7 +81,13 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
   add_metric(&out, "counter", "pagedlm_grammar_masked_steps_total",
              "Steps that filled token masks for structured output.", counters.masked_steps);
   add_metric(&out, "counter", "pagedlm_grammar_mask_seconds_total",
-             "Host time spent filling token masks.", counters.mask_seconds);
+             "Engine thread's time getting token masks (filling or waiting for them).",
+             counters.mask_seconds);
+  add_metric(&out, "counter", "pagedlm_grammar_mask_prefetch_seconds_total",
+             "Worker time filling token masks ahead of their step.",
+             counters.mask_prefetch_seconds);
+  add_metric(&out, "counter", "pagedlm_grammar_prefetched_masks_total",
+             "Token masks filled ahead of their step and used by it.", counters.prefetched_masks);
   add_metric(&out, "counter", "pagedlm_grammar_mask_hidden_steps_total",
              "Masked steps whose masks were done before the GPU forward pass.",
              counters.mask_hidden_steps);

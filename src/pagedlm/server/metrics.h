@@ -34,11 +34,15 @@ struct ServingCounters {
   int64_t requests_finished = 0;
   int64_t requests_cancelled = 0;
   int64_t requests_rejected = 0;  // refused with 503 because the waiting queue was full
-  // Structured output: steps with token masks, the host time spent filling them, and the steps
-  // (GPU) whose forward pass was still running when the masks were done.
+  // Structured output: steps with token masks, the engine thread's time getting them (filling
+  // them, or waiting for and copying prefetched ones), the steps (GPU) whose forward pass was
+  // still running when the masks were done, the prefetch worker's time filling them, and the
+  // masks it filled that steps used.
   int64_t masked_steps = 0;
   double mask_seconds = 0;
   int64_t mask_hidden_steps = 0;
+  double mask_prefetch_seconds = 0;
+  int64_t prefetched_masks = 0;
 };
 
 struct ServingMetrics {
