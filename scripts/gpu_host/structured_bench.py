@@ -155,6 +155,7 @@ def run(server, n, max_tokens, constrained, lengths=None):
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     tokens = sum(t for t, _ in results)
     steps = delta.get("pagedlm_grammar_masked_steps_total", 0)
+    engine_steps = delta.get("pagedlm_engine_steps_total", 0)
     return {
         "constrained": constrained, "length_matched": lengths is not None,
         "lengths": [t for t, _ in results], "requests": n, "wall_s": round(wall, 3),
@@ -168,6 +169,12 @@ def run(server, n, max_tokens, constrained, lengths=None):
         "prefetch_ms_per_masked_step": round(1000 * delta.get(
             "pagedlm_grammar_mask_prefetch_seconds_total", 0) / steps, 3) if steps else 0,
         "prefetched_masks": int(delta.get("pagedlm_grammar_prefetched_masks_total", 0)),
+        # Where an engine step's time went, ms per step (the server's pagedlm_engine_* counters).
+        "step_ms": {part: round(1000 * delta.get(f"pagedlm_engine_{part}_seconds_total", 0) /
+                                engine_steps, 3) if engine_steps else 0
+                    for part in ("step_schedule", "step_prepare", "step_wait", "step_finish",
+                                 "step_gpu", "event")},
+        "engine_steps": int(engine_steps),
     }
 
 

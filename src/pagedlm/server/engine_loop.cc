@@ -193,7 +193,19 @@ void EngineLoop::run() {
         fail_all(std::string("engine step failed: ") + e.what(), 500);
       }
     }
+    const Clock::time_point processing = Clock::now();
     process(events);
+    if (!events.empty()) {
+      const StepShape& s = engine_.last_step();
+      std::lock_guard<std::mutex> lock(mu_);
+      ++counters_.steps;
+      counters_.step_schedule_seconds += s.schedule_ms / 1e3;
+      counters_.step_prepare_seconds += s.prepare_ms / 1e3;
+      counters_.step_wait_seconds += s.wait_ms / 1e3;
+      counters_.step_finish_seconds += s.finish_ms / 1e3;
+      counters_.step_gpu_seconds += s.gpu_ms / 1e3;
+      counters_.event_seconds += std::chrono::duration<double>(Clock::now() - processing).count();
+    }
     const SchedulerStats stats = engine_.stats();
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -91,6 +91,24 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
   add_metric(&out, "counter", "pagedlm_grammar_mask_hidden_steps_total",
              "Masked steps whose masks were done before the GPU forward pass.",
              counters.mask_hidden_steps);
+  add_metric(&out, "counter", "pagedlm_engine_steps_total", "Engine steps that produced events.",
+             counters.steps);
+  add_metric(&out, "counter", "pagedlm_engine_step_schedule_seconds_total",
+             "Host time of the steps' scheduling.", counters.step_schedule_seconds);
+  add_metric(&out, "counter", "pagedlm_engine_step_prepare_seconds_total",
+             "Host time of the steps from their plan until the device is waited for (staging, "
+             "launches, token masks; on the CPU the forward pass).",
+             counters.step_prepare_seconds);
+  add_metric(&out, "counter", "pagedlm_engine_step_wait_seconds_total",
+             "Host time of the steps waiting for the device.", counters.step_wait_seconds);
+  add_metric(&out, "counter", "pagedlm_engine_step_finish_seconds_total",
+             "Host time of the steps after the device (grammar advances, events).",
+             counters.step_finish_seconds);
+  add_metric(&out, "counter", "pagedlm_engine_step_gpu_seconds_total",
+             "Device time of the steps (GPU).", counters.step_gpu_seconds);
+  add_metric(&out, "counter", "pagedlm_engine_event_seconds_total",
+             "Engine thread's time handing the steps' tokens to their requests.",
+             counters.event_seconds);
   add_metric(&out, "counter", "pagedlm_requests_finished_total", "Requests that ran to completion.",
              counters.requests_finished);
   add_metric(&out, "counter", "pagedlm_requests_cancelled_total",

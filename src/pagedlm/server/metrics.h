@@ -43,6 +43,12 @@ struct ServingCounters {
   int64_t mask_hidden_steps = 0;
   double mask_prefetch_seconds = 0;
   int64_t prefetched_masks = 0;
+  // Engine steps that produced events, the host time of each part of them (Engine::StepShape:
+  // scheduling, until the device is waited for, the wait, after it), their device time (GPU),
+  // and the engine thread's time handing their events to the requests.
+  int64_t steps = 0;
+  double step_schedule_seconds = 0, step_prepare_seconds = 0, step_wait_seconds = 0;
+  double step_finish_seconds = 0, step_gpu_seconds = 0, event_seconds = 0;
 };
 
 struct ServingMetrics {
