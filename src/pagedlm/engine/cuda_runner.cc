@@ -89,9 +89,12 @@ struct CudaStepRunner::Impl {
   int32_t mask_words = 0, max_masks = 0;
   int32_t* host_masks = nullptr;  // [max_masks, mask_words], pinned
   int32_t* dev_masks = nullptr;
-  cudaEvent_t forward_done = nullptr;
+  cudaEvent_t forward_done = nullptr, masks_sent = nullptr;
   bool mask_hidden = false;
   double mask_ms = 0;
+  // Device time of the last masked step's forward pass (from the plan upload) and of what
+  // followed the masks' upload (the upload, the sampler, the tokens' download); 0 unmasked.
+  double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
   // (decode bucket, cascade, forward only): forward-only graphs serve masked decode steps, whose
   // sampler runs after the masks' upload.
   std::map<std::tuple<int32_t, bool, bool>, cudaGraphExec_t> graphs;
@@ -117,7 +120,8 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
-    cuda::check(cudaEventCreateWithFlags(&forward_done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda::check(cudaEventCreate(&forward_done), "cudaEventCreate");
+    cuda::check(cudaEventCreate(&masks_sent), "cudaEventCreate");
     // A decode step holds at most min(max_num_seqs, token budget) sequences.
     max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
@@ -154,6 +158,7 @@ struct CudaStepRunner::Impl {
     if (step_begin) cudaEventDestroy(step_begin);
     if (step_end) cudaEventDestroy(step_end);
     if (forward_done) cudaEventDestroy(forward_done);
+    if (masks_sent) cudaEventDestroy(masks_sent);
     if (host_masks) cudaFreeHost(host_masks);
     if (dev_masks) cudaFree(dev_masks);
     if (stream) cudaStreamDestroy(stream);
@@ -529,6 +534,7 @@ struct CudaStepRunner::Impl {
       mask_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
+      cuda::check(cudaEventRecord(masks_sent, stream), "cudaEventRecord");
       cuda::check(
           cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
                           cudaMemcpyHostToDevice, stream),
@@ -551,6 +557,15 @@ struct CudaStepRunner::Impl {
     float gpu_ms = 0;
     cuda::check(cudaEventElapsedTime(&gpu_ms, step_begin, step_end), "cudaEventElapsedTime");
     last_gpu_ms = gpu_ms;
+    masked_forward_gpu_ms = masked_sampler_gpu_ms = 0;
+    if (!masked.empty()) {
+      float forward_ms = 0, sampler_ms = 0;
+      cuda::check(cudaEventElapsedTime(&forward_ms, step_begin, forward_done),
+                  "cudaEventElapsedTime");
+      cuda::check(cudaEventElapsedTime(&sampler_ms, masks_sent, step_end), "cudaEventElapsedTime");
+      masked_forward_gpu_ms = forward_ms;
+      masked_sampler_gpu_ms = sampler_ms;
+    }
 
     std::vector<int32_t> sampled(B, -1);
     for (int32_t b = 0; b < B; ++b) {
@@ -590,6 +605,10 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
 bool CudaStepRunner::last_mask_hidden() const { return impl_->mask_hidden; }
 
 double CudaStepRunner::last_mask_ms() const { return impl_->mask_ms; }
+
+double CudaStepRunner::last_masked_forward_gpu_ms() const { return impl_->masked_forward_gpu_ms; }
+
+double CudaStepRunner::last_masked_sampler_gpu_ms() const { return impl_->masked_sampler_gpu_ms; }
 
 int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
@@ -631,6 +650,10 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqS
 bool CudaStepRunner::last_mask_hidden() const { return false; }
 
 double CudaStepRunner::last_mask_ms() const { return 0; }
+
+double CudaStepRunner::last_masked_forward_gpu_ms() const { return 0; }
+
+double CudaStepRunner::last_masked_sampler_gpu_ms() const { return 0; }
 
 int64_t CudaStepRunner::num_graphs() const { return 0; }
 

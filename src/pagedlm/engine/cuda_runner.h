@@ -63,6 +63,11 @@ class CudaStepRunner {
   // host time the masks took.
   bool last_mask_hidden() const;
   double last_mask_ms() const;
+  // A masked last run(): the device time of its forward pass (from the plan upload), and of the
+  // masks' upload, the sampler and the tokens' download after it; the rest of its device time
+  // the device waited for the masks. 0 for an unmasked run.
+  double last_masked_forward_gpu_ms() const;
+  double last_masked_sampler_gpu_ms() const;
 
   int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.

@@ -261,6 +261,8 @@ std::vector<RequestEvent> Engine::step() {
   Clock::time_point wait_begin = Clock::now(), wait_end = wait_begin;
   if (cuda_) {
     last_step_.gpu_ms = cuda_->last_step_gpu_ms();
+    last_step_.masked_forward_gpu_ms = cuda_->last_masked_forward_gpu_ms();
+    last_step_.masked_sampler_gpu_ms = cuda_->last_masked_sampler_gpu_ms();
     wait_begin = cuda_->last_wait_begin();
     wait_end = cuda_->last_wait_end();
     // The device sampler knows no logit adjustments: those rows are sampled again here.

@@ -111,6 +111,9 @@ struct StepShape {
   // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
   // (sampled tokens into the scheduler and the events).
   double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
+  // CUDA, steps with token masks: the device time of the forward pass and of the masks' upload,
+  // sampler and download (CudaStepRunner::last_masked_forward_gpu_ms).
+  double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
 };
 
 // Whether this build has CUDA support and the machine a GPU.

@@ -315,6 +315,8 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
     counters_.mask_hidden_steps += engine_.last_mask_hidden() ? 1 : 0;
     counters_.mask_prefetch_seconds += engine_.last_mask_prefetch_ms() / 1000.0;
     counters_.prefetched_masks += engine_.last_prefetched_masks();
+    counters_.masked_forward_gpu_seconds += engine_.last_step().masked_forward_gpu_ms / 1e3;
+    counters_.masked_sampler_gpu_seconds += engine_.last_step().masked_sampler_gpu_ms / 1e3;
   }
 }
 

@@ -86,6 +86,12 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
   add_metric(&out, "counter", "pagedlm_grammar_mask_prefetch_seconds_total",
              "Worker time filling token masks ahead of their step.",
              counters.mask_prefetch_seconds);
+  add_metric(&out, "counter", "pagedlm_grammar_forward_gpu_seconds_total",
+             "Device time of masked steps' forward passes (GPU).",
+             counters.masked_forward_gpu_seconds);
+  add_metric(&out, "counter", "pagedlm_grammar_sampler_gpu_seconds_total",
+             "Device time of masked steps' mask upload, sampler and token download (GPU).",
+             counters.masked_sampler_gpu_seconds);
   add_metric(&out, "counter", "pagedlm_grammar_prefetched_masks_total",
              "Token masks filled ahead of their step and used by it.", counters.prefetched_masks);
   add_metric(&out, "counter", "pagedlm_grammar_mask_hidden_steps_total",

@@ -43,6 +43,8 @@ struct ServingCounters {
   int64_t mask_hidden_steps = 0;
   double mask_prefetch_seconds = 0;
   int64_t prefetched_masks = 0;
+  // GPU, masked steps: device time of the forward pass, and of the masks' upload and the sampler.
+  double masked_forward_gpu_seconds = 0, masked_sampler_gpu_seconds = 0;
   // Engine steps that produced events, the host time of each part of them (Engine::StepShape:
   // scheduling, until the device is waited for, the wait, after it), their device time (GPU),
   // and the engine thread's time handing their events to the requests.
