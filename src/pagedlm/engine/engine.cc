@@ -278,14 +278,35 @@ std::vector<RequestEvent> Engine::step() {
   if (mask_prefetch_) {
     mask_prefetch_->wait();
     last_mask_prefetch_ms_ = mask_prefetch_->last_job_ms();
+    for (const int64_t id : mask_prefetch_->refused_requests()) {
+      if (auto it = requests_.find(id); it != requests_.end()) it->second.grammar_refused = true;
+    }
   }
-  // Sampled tokens advance their grammars, several sequences at once: an accept walks the
-  // token's bytes through the grammar's parser, and a batch of them on one thread keeps the
-  // device waiting for the next step. The mask only allows tokens the grammar accepts, so a
-  // refusal is a defect: the output ends there (EOS) rather than leaving the grammar.
-  std::vector<int32_t> advancing;
+  // Sampled tokens advance their grammars. A token its mask allowed is one the grammar accepts,
+  // so where masks are prefetched the accept goes to the worker, just before the next mask
+  // (`deferred`), and the device does not wait for it; the others (stop tokens, rows sampled
+  // without a mask) are accepted here, several sequences at once. A refusal is a defect: the
+  // output ends there (EOS) rather than leaving the grammar; one the worker met ends the
+  // output a token later.
+  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
+  std::vector<int32_t> advancing, deferred;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    if (live[b]->matcher && sampled[b] >= 0 && !live[b]->grammar_terminated) {
+    if (!live[b]->matcher || sampled[b] < 0 || live[b]->grammar_terminated) continue;
+    if (live[b]->grammar_refused) {
+      std::fprintf(stderr,
+                   "pagedlm: request %lld: its grammar refused token %d, which its mask allowed; "
+                   "ending it\n",
+                   static_cast<long long>(plan.request_ids[b]), live[b]->output.tokens.back());
+      sampled[b] = eos.at(0);
+      continue;
+    }
+    const int32_t* mask = mask_of(b);
+    const int32_t t = sampled[b];
+    const bool allowed =
+        mask != nullptr && ((static_cast<uint32_t>(mask[t / 32]) >> (t % 32)) & 1u);
+    if (mask_prefetch_ && allowed && std::find(eos.begin(), eos.end(), t) == eos.end()) {
+      deferred.push_back(b);  // not a stop token: the grammar does not terminate
+    } else {
       advancing.push_back(b);
     }
   }
@@ -300,7 +321,7 @@ std::vector<RequestEvent> Engine::step() {
     if (refused[b] == 0) continue;
     std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
                  static_cast<long long>(plan.request_ids[b]), sampled[b]);
-    sampled[b] = model_->config().eos_token_ids.at(0);
+    sampled[b] = eos.at(0);
   }
 
   const int64_t vocab = model_->config().vocab_size;
@@ -344,13 +365,15 @@ std::vector<RequestEvent> Engine::step() {
     // The next masks of the sequences that go on under a grammar, while this step ends, the
     // caller takes its events and the next step is planned and launched.
     std::vector<MaskPrefetch::Item> next;
-    for (const int32_t b : advancing) {
+    const auto add = [&](int32_t b, int32_t token_to_accept) {
       const LiveRequest& r = *live[b];
       if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
-        next.push_back(
-            {plan.request_ids[b], static_cast<int64_t>(r.output.tokens.size()), r.matcher});
+        next.push_back({plan.request_ids[b], static_cast<int64_t>(r.output.tokens.size()),
+                        r.matcher, token_to_accept});
       }
-    }
+    };
+    for (const int32_t b : advancing) add(b, -1);
+    for (const int32_t b : deferred) add(b, sampled[b]);
     mask_prefetch_->start(std::move(next));
   }
   const auto ms = [](Clock::duration d) {

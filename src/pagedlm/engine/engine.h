@@ -190,6 +190,9 @@ class Engine {
     std::shared_ptr<grammar::Matcher> matcher;  // structured output
     // matcher->terminated() as of the last accept, read here while a prefetch may use matcher.
     bool grammar_terminated = false;
+    // The prefetch's accept of a token refused it (MaskPrefetch::refused_requests): the output
+    // ends at the next token.
+    bool grammar_refused = false;
   };
 
   // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).

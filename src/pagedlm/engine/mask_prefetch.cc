@@ -27,7 +27,7 @@ void MaskPrefetch::start(std::vector<Item> items) {
   index_.clear();
   for (size_t i = 0; i < items_.size(); ++i) index_[items_[i].request_id] = i;
   masks_.resize(items_.size() * mask_words_);
-  failed_ = false;
+  refused_.assign(items_.size(), 0);
   pending_ = !items_.empty();
   if (!pending_) last_job_ms_ = 0;
   cv_.notify_all();
@@ -44,7 +44,15 @@ const int32_t* MaskPrefetch::find(int64_t request_id, int64_t num_tokens) {
   if (it == index_.end() || items_[it->second].num_tokens != num_tokens) return nullptr;
   wait();
   std::lock_guard<std::mutex> lock(mu_);
-  return failed_ ? nullptr : masks_.data() + it->second * mask_words_;
+  return refused_[it->second] != 0 ? nullptr : masks_.data() + it->second * mask_words_;
+}
+
+std::vector<int64_t> MaskPrefetch::refused_requests() const {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (refused_[i] != 0) ids.push_back(items_[i].request_id);
+  }
+  return ids;
 }
 
 double MaskPrefetch::last_job_ms() const {
@@ -65,20 +73,24 @@ void MaskPrefetch::run_worker(int num_threads) {
     const auto t0 = std::chrono::steady_clock::now();
     all.resize(items_.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
-    bool failed = false;
-    try {
-      parallel_for_each(all, [&](int32_t i) {
+    // An item whose accept or fill throws counts as refused: the engine ends its output.
+    parallel_for_each(all, [&](int32_t i) {
+      const Item& item = items_[i];
+      try {
+        if (item.token >= 0 && !item.matcher->accept(item.token)) {
+          refused_[i] = 1;
+          return;
+        }
         int32_t* words = masks_.data() + int64_t{i} * mask_words_;
-        if (!items_[i].matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
-      });
-    } catch (...) {
-      failed = true;
-    }
+        if (!item.matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
+      } catch (...) {
+        refused_[i] = 1;
+      }
+    });
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      failed_ = failed;
       last_job_ms_ = ms;
       pending_ = false;
     }

@@ -1,5 +1,5 @@
 // Structured output: the next step's token masks, filled on a worker thread as soon as this
-// step's tokens are accepted.
+// step's tokens are sampled.
 #pragma once
 
 #include <condition_variable>
@@ -16,9 +16,10 @@ namespace pagedlm {
 
 // A sequence's mask for step N + 1 depends only on its grammar after step N's token. Filled in
 // step N + 1 it can hide only behind that step's forward pass; started when step N's tokens are
-// accepted it also runs while the engine finishes step N, the server streams its tokens, and
-// step N + 1 is planned, staged and launched. On the H200 a 256-sequence SmolLM2 step's masks
-// (2.2 ms on 16 host threads) took as long as its forward pass, so most steps waited for them.
+// sampled (the worker accepts them first) it also runs while the engine finishes step N, the server
+// streams its tokens, and step N + 1 is planned, staged and launched. On the H200 a 256-sequence
+// SmolLM2 step's masks (2.2 ms on 16 host threads) took as long as its forward pass, so most steps
+// waited for them.
 class MaskPrefetch {
  public:
   struct Item {
@@ -27,6 +28,9 @@ class MaskPrefetch {
     // used only by a step that samples the request's next token at that length.
     int64_t num_tokens = 0;
     std::shared_ptr<grammar::Matcher> matcher;  // held until the next start()
+    // A token to accept first (the last of the output, allowed by the mask it was sampled
+    // under), or -1: the matcher is already there.
+    int32_t token = -1;
   };
 
   // mask_words: the words of one mask; num_threads: the worker's OpenMP threads.
@@ -41,10 +45,12 @@ class MaskPrefetch {
   // Blocks until the job is done. Safe from several threads.
   void wait();
   // The mask filled for request_id at num_tokens (every word -1 where the grammar allows all
-  // tokens), waiting for the job if there is one; null if none was started for it or the job
-  // failed (the caller then fills the mask itself, and meets the error there if it recurs). Safe
-  // from several threads between start() calls.
+  // tokens), waiting for the job if there is one; null if none was started for it or its item
+  // was refused. Safe from several threads between start() calls.
   const int32_t* find(int64_t request_id, int64_t num_tokens);
+  // The requests whose item could not accept its token or fill its mask (the grammar engine
+  // refused a token its mask allowed, or threw). Call after wait().
+  std::vector<int64_t> refused_requests() const;
   // Host time the last finished job took (0 when the last start() had no items).
   double last_job_ms() const;
 
@@ -55,11 +61,11 @@ class MaskPrefetch {
   std::vector<Item> items_;
   std::unordered_map<int64_t, size_t> index_;  // request id -> position in items_
   std::vector<int32_t> masks_;                 // [items_.size(), mask_words_]
+  std::vector<uint8_t> refused_;               // per item: its token was refused
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool pending_ = false;  // a job was started and is not finished
   bool stop_ = false;
-  bool failed_ = false;  // a fill of the last job threw
   double last_job_ms_ = 0;
   std::thread worker_;  // last: it starts once the members above exist
 };
