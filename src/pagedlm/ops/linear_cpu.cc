@@ -265,13 +265,13 @@ template <QuantType kType>
 struct BlockColumns {
   const uint8_t* first;  // column 0's row of blocks
   int64_t row_bytes;
-  int64_t n_cols;  // columns past it are zero
+  // Columns past n_cols repeat the last one, whose outputs micro_kernel drops: no branch in the
+  // loop (with one, GCC stored the accumulators to memory on every block).
+  int64_t n_cols;
   void load(int j, int64_t k, __m512& lo, __m512& hi) const {
-    if (j >= n_cols) {
-      lo = hi = _mm512_setzero_ps();
-      return;
-    }
-    expand_block<kType>(first + j * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo, hi);
+    const int64_t col = j < n_cols ? j : n_cols - 1;
+    expand_block<kType>(first + col * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo,
+                        hi);
   }
   const uint8_t* end;  // the matrix's end, which no prefetch passes
   // One block step's share of the group kPrefetchGroups ahead: the bytes of its kMicroCols rows
