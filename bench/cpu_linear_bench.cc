@@ -1,7 +1,9 @@
 // CPU linear over ggml blocks alone, at SmolLM2-135M's projection shapes (576 -> 1536 gate/up,
 // 1536 -> 576 down) and its tied output head (576 -> 49152, Q8_0 in the Q4_1 GGUF): a decode step
 // (1 row: counter `bytes`, the blocks streamed a second) and a prefill step (512 rows: counter
-// `flops`, 2 x rows x weights a second).
+// `flops`, 2 x rows x weights a second). `type` is the QuantType: 0 Q4_1, 1 Q8_0, 2 Q4_1 repacked
+// with f32 scales as the CPU backend loads it (24 bytes a block where Q4_1 has 20, so its `bytes`
+// counter runs 1.2x ahead of the weights it covers).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -42,7 +44,11 @@ void BM_Linear(benchmark::State& state) {
   const int64_t rows = state.range(1), out_features = state.range(2), in_features = state.range(3);
   const auto type = static_cast<QuantType>(state.range(4));
   set_num_threads(threads);
-  const QuantizedMatrix w = random_matrix(type, out_features, in_features);
+  // Q4_1 with f32 scales: the repacking of random Q4_1 blocks, as the CPU backend loads them.
+  const QuantizedMatrix w =
+      type == QuantType::kQ4_1F32
+          ? ops::repack_for_cpu(random_matrix(QuantType::kQ4_1, out_features, in_features))
+          : random_matrix(type, out_features, in_features);
   std::vector<float> x(rows * in_features), out(rows * out_features);
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
@@ -58,13 +64,17 @@ void BM_Linear(benchmark::State& state) {
 
 constexpr int64_t kQ4 = static_cast<int64_t>(QuantType::kQ4_1);
 constexpr int64_t kQ8 = static_cast<int64_t>(QuantType::kQ8_0);
+constexpr int64_t kQ4F32 = static_cast<int64_t>(QuantType::kQ4_1F32);
 
 BENCHMARK(BM_Linear)
-    ->ArgNames({"threads", "rows", "out", "in", "q8_0"})
+    ->ArgNames({"threads", "rows", "out", "in", "type"})
     ->Args({1, 1, 1536, 576, kQ4})
+    ->Args({1, 1, 1536, 576, kQ4F32})
     ->Args({1, 1, 576, 1536, kQ4})
+    ->Args({1, 1, 576, 1536, kQ4F32})
     ->Args({1, 1, 49152, 576, kQ8})
     ->Args({2, 1, 1536, 576, kQ4})
+    ->Args({2, 1, 1536, 576, kQ4F32})
     ->Args({2, 1, 49152, 576, kQ8})
     ->Args({1, 512, 1536, 576, kQ4})
     ->Args({2, 512, 1536, 576, kQ4})

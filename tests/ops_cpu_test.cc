@@ -286,5 +286,46 @@ TEST(QuantizedLinear, SimdMatchesPortableBitForBit) {
   set_num_threads(saved);
 }
 
+// Q4_1 repacked with f32 scales (what the CPU backend multiplies by) holds the same weights: every
+// kernel, the portable loops included, gives the bits of the original blocks' portable loops, on
+// decode-sized and panel-sized steps; other formats pass through unchanged.
+TEST(QuantizedLinear, RepackedForCpuGivesTheSameBits) {
+  std::mt19937 rng(33);
+  const int saved = num_threads();
+  for (auto [rows, out_features, in_features] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 32},
+                                                 {2, 9, 64},
+                                                 {4, 130, 576},
+                                                 {5, 17, 64},
+                                                 {37, 150, 576},
+                                                 {300, 45, 1536}}) {
+    const QuantizedMatrix w = random_blocks(QuantType::kQ4_1, out_features, in_features, rng);
+    const QuantizedMatrix repacked = ops::repack_for_cpu(w);
+    ASSERT_EQ(repacked.type, QuantType::kQ4_1F32);
+    ASSERT_EQ(repacked.rows, out_features);
+    ASSERT_EQ(repacked.cols, in_features);
+    ASSERT_EQ(static_cast<int64_t>(repacked.blocks.size()), out_features * in_features / 32 * 24);
+    const Tensor x = random_f32({rows, in_features}, rng);
+    const Tensor bias = random_f32({out_features}, rng);
+    Tensor want = poisoned_f32({rows, out_features});
+    portable(x, w, bias, want);
+    Tensor got = poisoned_f32({rows, out_features});
+    portable(x, repacked, bias, got);
+    EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+        << rows << "x" << out_features << "x" << in_features << ", portable";
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      got = poisoned_f32({rows, out_features});
+      ops::linear(x, repacked, bias, got);
+      EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+          << rows << "x" << out_features << "x" << in_features << ", " << threads << " threads";
+    }
+  }
+  set_num_threads(saved);
+  const QuantizedMatrix q8 = random_blocks(QuantType::kQ8_0, 5, 64, rng);
+  const QuantizedMatrix same = ops::repack_for_cpu(q8);
+  EXPECT_EQ(same.type, QuantType::kQ8_0);
+  EXPECT_EQ(same.blocks, q8.blocks);
+}
+
 }  // namespace
 }  // namespace pagedlm

@@ -292,8 +292,14 @@ class DecoderModel final : public CausalLM {
     PAGEDLM_CHECK(!options.cpu_q8_activations || device == Device::kCpu,
                   "8-bit activations (--cpu-q8-activations) are a CPU option");
     int64_t num_q8 = 0;
-    auto to_q8 = [&](Projection& proj) {
-      if (!options.cpu_q8_activations || proj.blocks.empty()) return;
+    // The CPU's blocks in the form its kernels take: packed for 8-bit activations, or else
+    // repacked for the exact kernels (the same weights, read faster).
+    auto to_cpu_form = [&](Projection& proj) {
+      if (proj.blocks.empty()) return;
+      if (!options.cpu_q8_activations) {
+        proj.blocks = ops::repack_for_cpu(std::move(proj.blocks));
+        return;
+      }
       proj.q8 = ops::pack_for_q8(proj.blocks);
       proj.blocks = QuantizedMatrix{};
       ++num_q8;
@@ -302,7 +308,7 @@ class DecoderModel final : public CausalLM {
       Projection proj;
       if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
       if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
-      to_q8(proj);
+      to_cpu_form(proj);
       return proj;
     };
     // The embedding and the lm_head are split by vocabulary rows.
@@ -313,7 +319,7 @@ class DecoderModel final : public CausalLM {
       lm_head_.blocks =
           device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
       if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
-      to_q8(lm_head_);
+      to_cpu_form(lm_head_);
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }

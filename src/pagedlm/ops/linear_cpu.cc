@@ -107,15 +107,24 @@ inline float reduce_lanes(const float* a) {
 
 // Block b of a weight row as 32 floats, with the arithmetic of ggml's dequantization.
 inline void expand_block(QuantType type, const uint8_t* block, float* w) {
-  const float d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
-  if (type == QuantType::kQ4_1) {
-    const float m = f16_to_f32(static_cast<uint16_t>(block[2] | (block[3] << 8)));
-    const uint8_t* qs = block + 4;
+  if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
+    float d, m;
+    const uint8_t* qs;
+    if (type == QuantType::kQ4_1) {
+      d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
+      m = f16_to_f32(static_cast<uint16_t>(block[2] | (block[3] << 8)));
+      qs = block + 4;
+    } else {
+      std::memcpy(&d, block, sizeof(d));
+      std::memcpy(&m, block + sizeof(d), sizeof(m));
+      qs = block + 2 * sizeof(float);
+    }
     for (int j = 0; j < kQuantBlock / 2; ++j) {
       w[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
       w[j + kQuantBlock / 2] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
     }
   } else {
+    const float d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
     const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
     for (int j = 0; j < kQuantBlock; ++j) w[j] = static_cast<float>(qs[j]) * d;
   }
@@ -193,6 +202,15 @@ inline float half_to_float(const uint8_t* p) {
 // the high nibble needs a shift and the low one no mask), instead of a conversion and an fma per
 // weight. A decode step expands every weight it reads once and is bound by that, not by memory:
 // SmolLM2's single-stream decode on one thread took 8% less time (AMD EPYC, 2026-12-01).
+inline void expand_q4_1(__m512 d, __m512 m, const uint8_t* qs, __m512& lo, __m512& hi) {
+  const __m512 nibble_values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
+                                              10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
+  const __m512 weights = _mm512_fmadd_ps(nibble_values, d, m);
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  lo = _mm512_permutexvar_ps(bytes, weights);
+  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
+}
+
 template <QuantType kType>
 inline void expand_block(const uint8_t* block, __m512& lo, __m512& hi) {
   if constexpr (kType == QuantType::kQ4_1) {
@@ -200,15 +218,14 @@ inline void expand_block(const uint8_t* block, __m512& lo, __m512& hi) {
     uint32_t dm_bits;
     std::memcpy(&dm_bits, block, sizeof(dm_bits));
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
-    const __m512 d = _mm512_broadcastss_ps(dm);
-    const __m512 m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-    const __m512 nibble_values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
-                                                10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
-    const __m512 weights = _mm512_fmadd_ps(nibble_values, d, m);
-    const __m512i bytes =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4)));
-    lo = _mm512_permutexvar_ps(bytes, weights);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
+    expand_q4_1(_mm512_broadcastss_ps(dm), _mm512_broadcastss_ps(_mm_movehdup_ps(dm)), block + 4,
+                lo, hi);
+  } else if constexpr (kType == QuantType::kQ4_1F32) {
+    // Broadcasts from memory, which the load unit does: no conversion, no shuffle.
+    float d, m;
+    std::memcpy(&d, block, sizeof(d));
+    std::memcpy(&m, block + sizeof(d), sizeof(m));
+    expand_q4_1(_mm512_set1_ps(d), _mm512_set1_ps(m), block + 2 * sizeof(float), lo, hi);
   } else {
     const __m512 d = _mm512_set1_ps(half_to_float(block));
     const __m128i q_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
@@ -229,6 +246,12 @@ constexpr int64_t kPanelMinRows = 5;  // fewer rows: straight from the blocks (m
 // Columns a thread takes at a time in a decode step: 32 splits SmolLM2's 192-wide k and v
 // projections evenly over 2 threads (64 left one thread 2 chunks of 3).
 constexpr int64_t kDecodeColChunk = 32;
+// How far ahead of the micro-kernel its blocks are prefetched, in groups of kMicroCols weight rows
+// (a thread's columns are contiguous, so the next groups are the next bytes of the matrix). The
+// hardware prefetcher alone did not keep up with the kMicroCols interleaved streams: SmolLM2's
+// Q8_0 output head streamed at 4.5 GB/s on one thread, with this 15 GB/s, and its single-stream
+// decode went from 54 to about 78 tok/s (AMD EPYC, 2026-12-01; 2 and 4 groups measured alike).
+constexpr int64_t kPrefetchGroups = 3;
 
 // reduce_lanes of 16 registers at once, transposing as it adds: sums[o] = reduce_lanes(acc[o]).
 // Each stage adds the two halves the scalar tree adds, two registers' worth per instruction.
@@ -259,13 +282,25 @@ template <QuantType kType>
 struct BlockColumns {
   const uint8_t* first;  // column 0's row of blocks
   int64_t row_bytes;
-  int64_t n_cols;  // columns past it are zero
+  // Columns past n_cols repeat the last one, whose outputs micro_kernel drops: no branch in the
+  // loop (with one, GCC stored the accumulators to memory on every block).
+  int64_t n_cols;
   void load(int j, int64_t k, __m512& lo, __m512& hi) const {
-    if (j >= n_cols) {
-      lo = hi = _mm512_setzero_ps();
-      return;
+    const int64_t col = j < n_cols ? j : n_cols - 1;
+    expand_block<kType>(first + col * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo,
+                        hi);
+  }
+  const uint8_t* end;  // the matrix's end, which no prefetch passes
+  // One block step's share of the group kPrefetchGroups ahead: the bytes of its kMicroCols rows
+  // taken in order, kMicroCols blocks' worth a step, so the steps of a group cover the next.
+  void prefetch(int64_t k) const {
+    constexpr int64_t kStep = kMicroCols * quant_block_bytes(kType);
+    const int64_t ahead = kPrefetchGroups * kMicroCols * row_bytes + k / kQuantBlock * kStep;
+    for (int64_t off = 0; off < kStep; off += 64) {
+      if (ahead + off < end - first) {
+        _mm_prefetch(reinterpret_cast<const char*>(first + ahead + off), _MM_HINT_T0);
+      }
     }
-    expand_block<kType>(first + j * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo, hi);
   }
 };
 
@@ -274,9 +309,12 @@ struct BlockColumns {
 template <int MR, typename Columns>
 void micro_kernel(const float* x, int64_t in_features, const Columns& w, const float* bias4,
                   float* out, int64_t out_stride, int64_t n_cols) {
-  __m512 acc[kMicroRows * kMicroCols];
+  // Only the MR rows' accumulators: zeroing all 16 became a 1 KiB memset per call (2% of a
+  // decode step); the reduction below pads the rest with zeros.
+  __m512 acc[MR * kMicroCols];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   for (int64_t k = 0; k < in_features; k += kQuantBlock) {
+    w.prefetch(k);
     __m512 x_lo[MR], x_hi[MR];
     for (int i = 0; i < MR; ++i) {
       x_lo[i] = _mm512_loadu_ps(x + i * in_features + k);
@@ -294,8 +332,12 @@ void micro_kernel(const float* x, int64_t in_features, const Columns& w, const f
     }
   }
   // Quarter i of the sums: row i's kMicroCols outputs.
+  __m512 all[kMicroRows * kMicroCols];
+  for (int o = 0; o < kMicroRows * kMicroCols; ++o) {
+    all[o] = o < MR * kMicroCols ? acc[o] : _mm512_setzero_ps();
+  }
   alignas(64) float sums[kMicroRows * kMicroCols];
-  _mm512_store_ps(sums, reduce_lanes_16(acc));
+  _mm512_store_ps(sums, reduce_lanes_16(all));
   for (int i = 0; i < MR; ++i) {
     for (int64_t j = 0; j < n_cols; ++j)
       out[i * out_stride + j] = sums[i * kMicroCols + j] + bias4[j];
@@ -414,10 +456,16 @@ void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, f
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
       if (c < n_cols) {
         const uint8_t* block = weight.blocks.data() + (col0 + c) * row_bytes + b * block_bytes;
-        if (weight.type == QuantType::kQ4_1) {
-          expand_block<QuantType::kQ4_1>(block, lo, hi);
-        } else {
-          expand_block<QuantType::kQ8_0>(block, lo, hi);
+        switch (weight.type) {
+          case QuantType::kQ4_1:
+            expand_block<QuantType::kQ4_1>(block, lo, hi);
+            break;
+          case QuantType::kQ8_0:
+            expand_block<QuantType::kQ8_0>(block, lo, hi);
+            break;
+          case QuantType::kQ4_1F32:
+            expand_block<QuantType::kQ4_1F32>(block, lo, hi);
+            break;
         }
       }
       _mm512_store_ps(dst, lo);
@@ -441,7 +489,8 @@ void decode_linear(const float* x, const QuantizedMatrix& weight, const float* b
     const int64_t col1 = std::min(out_features, (chunk + 1) * kDecodeColChunk);
     for (int64_t c = chunk * kDecodeColChunk; c < col1; c += kMicroCols) {
       const BlockColumns<kType> w{weight.blocks.data() + c * row_bytes, row_bytes,
-                                  std::min<int64_t>(kMicroCols, col1 - c)};
+                                  std::min<int64_t>(kMicroCols, col1 - c),
+                                  weight.blocks.data() + weight.blocks.size()};
       for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
       micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_features);
     }
@@ -451,10 +500,16 @@ void decode_linear(const float* x, const QuantizedMatrix& weight, const float* b
 void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                    int64_t rows) {
   if (rows < kPanelMinRows) {
-    if (weight.type == QuantType::kQ4_1) {
-      decode_linear<QuantType::kQ4_1>(x, weight, bias, out, rows);
-    } else {
-      decode_linear<QuantType::kQ8_0>(x, weight, bias, out, rows);
+    switch (weight.type) {
+      case QuantType::kQ4_1:
+        decode_linear<QuantType::kQ4_1>(x, weight, bias, out, rows);
+        break;
+      case QuantType::kQ8_0:
+        decode_linear<QuantType::kQ8_0>(x, weight, bias, out, rows);
+        break;
+      case QuantType::kQ4_1F32:
+        decode_linear<QuantType::kQ4_1F32>(x, weight, bias, out, rows);
+        break;
     }
     return;
   }
@@ -521,11 +576,21 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
   for (int64_t b = 0; b < num_blocks; ++b) {
     const uint8_t* block = weight_row + b * block_bytes;
-    const __m256 d = _mm256_set1_ps(half_to_float(block));
     __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
-    if (type == QuantType::kQ4_1) {
-      const __m256 m = _mm256_set1_ps(half_to_float(block + 2));
-      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4));
+    if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
+      const bool f32 = type == QuantType::kQ4_1F32;
+      float d_f, m_f;
+      if (f32) {
+        std::memcpy(&d_f, block, sizeof(d_f));
+        std::memcpy(&m_f, block + sizeof(d_f), sizeof(m_f));
+      } else {
+        d_f = half_to_float(block);
+        m_f = half_to_float(block + 2);
+      }
+      const __m256 d = _mm256_set1_ps(d_f);
+      const __m256 m = _mm256_set1_ps(m_f);
+      const __m128i qs =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (f32 ? 2 * sizeof(float) : 4)));
       const __m128i lo = _mm_and_si128(qs, low_nibbles);
       const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
       const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
@@ -534,6 +599,7 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
         w[k] = _mm256_fmadd_ps(q, d, m);
       }
     } else {
+      const __m256 d = _mm256_set1_ps(half_to_float(block));
       for (int k = 0; k < 4; ++k) {
         const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * k));
         w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
@@ -595,6 +661,27 @@ void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, 
   if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {weight.rows});
   cpu::linear(x.data<float>(), weight, bias.defined() ? bias.data<float>() : nullptr,
               out.data<float>(), x.dim(0));
+}
+
+QuantizedMatrix repack_for_cpu(QuantizedMatrix weight) {
+  if (weight.type != QuantType::kQ4_1) return weight;
+  QuantizedMatrix out;
+  out.type = QuantType::kQ4_1F32;
+  out.rows = weight.rows;
+  out.cols = weight.cols;
+  out.blocks.resize(out.rows * out.row_bytes());
+  const int64_t num_blocks = weight.rows * weight.cols / kQuantBlock;
+  const int64_t src_bytes = quant_block_bytes(weight.type);
+  const int64_t dst_bytes = quant_block_bytes(out.type);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* src = weight.blocks.data() + b * src_bytes;
+    uint8_t* dst = out.blocks.data() + b * dst_bytes;
+    const float dm[2] = {f16_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8))),
+                         f16_to_f32(static_cast<uint16_t>(src[2] | (src[3] << 8)))};
+    std::memcpy(dst, dm, sizeof(dm));
+    std::memcpy(dst + sizeof(dm), src + 4, kQuantBlock / 2);
+  }
+  return out;
 }
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,

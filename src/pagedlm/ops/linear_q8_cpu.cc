@@ -55,6 +55,8 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
                     static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
                 "pack_for_q8: the weight's blocks do not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
+  PAGEDLM_CHECK(weight.type == QuantType::kQ4_1 || weight.type == QuantType::kQ8_0,
+                "pack_for_q8: takes ggml's Q4_1 or Q8_0 blocks, not the CPU's repacking");
   Q8PackedMatrix p;
   p.type = weight.type;
   p.rows = weight.rows;

@@ -175,12 +175,20 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
   int64_t j0 = 0;
 #if defined(__AVX512F__)
   for (; j0 + kWidth <= count; j0 += kWidth) {
-    __m512 parts[kWidth];
-    for (int64_t j = 0; j < kWidth; ++j) {
-      Vec part;
-      lane_sums(keys[j0 + j], part);
-      std::memcpy(&parts[j], &part, sizeof(part));
+    // lane_sums of the 16 keys side by side: each key's chain of additions is the same, and
+    // the 16 chains overlap instead of each waiting on its own additions' latency.
+    Vec sums[kWidth] = {};
+    for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
+      Vec qv;
+      std::memcpy(&qv, q + i0, sizeof(qv));
+      for (int64_t j = 0; j < kWidth; ++j) {
+        Vec kv;
+        std::memcpy(&kv, keys[j0 + j] + i0, sizeof(kv));
+        sums[j] += qv * kv;
+      }
     }
+    __m512 parts[kWidth];
+    std::memcpy(parts, sums, sizeof(parts));
     transpose16(parts);  // parts[l] = lane l of the 16 keys
     __m512 dots = _mm512_setzero_ps();
     for (int64_t l = 0; l < kWidth; ++l) dots = _mm512_add_ps(dots, parts[l]);
@@ -307,7 +315,21 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
     }
     return;
   }
-  for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
+  // kValueVecs vectors of dims at a time, so that their chains over the keys overlap.
+  int64_t i0 = 0;
+  for (; i0 + kValueVecs * kWidth <= head_dim; i0 += kValueVecs * kWidth) {
+    Vec a[kValueVecs];
+    std::memcpy(a, acc + i0, sizeof(a));
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t c = 0; c < kValueVecs; ++c) {
+        Vec v;
+        std::memcpy(&v, values[j] + i0 + c * kWidth, sizeof(v));
+        a[c] += p[j] * v;
+      }
+    }
+    std::memcpy(acc + i0, a, sizeof(a));
+  }
+  for (; i0 < head_dim; i0 += kWidth) {
     Vec a;
     std::memcpy(&a, acc + i0, sizeof(a));
     for (int64_t j = 0; j < count; ++j) {
