@@ -302,8 +302,7 @@ std::vector<RequestEvent> Engine::step() {
     }
     const int32_t* mask = mask_of(b);
     const int32_t t = sampled[b];
-    const bool allowed =
-        mask != nullptr && ((static_cast<uint32_t>(mask[t / 32]) >> (t % 32)) & 1u);
+    const bool allowed = mask != nullptr && grammar::bitmask_allows(mask, t);
     if (mask_prefetch_ && allowed && std::find(eos.begin(), eos.end(), t) == eos.end()) {
       deferred.push_back(b);  // not a stop token: the grammar does not terminate
     } else {

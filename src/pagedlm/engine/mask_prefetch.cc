@@ -23,6 +23,7 @@ MaskPrefetch::~MaskPrefetch() {
 void MaskPrefetch::start(std::vector<Item> items) {
   wait();
   std::lock_guard<std::mutex> lock(mu_);
+  if (items.empty() && items_.empty()) return;  // steps without a grammar: nothing to clear
   items_ = std::move(items);
   index_.clear();
   for (size_t i = 0; i < items_.size(); ++i) index_[items_[i].request_id] = i;

@@ -78,6 +78,10 @@ class GrammarCompiler {
 // int32 words of a token bitmask for a vocabulary: bit (t % 32) of word t / 32 set = token t
 // allowed.
 int32_t bitmask_words(int64_t vocab_size);
+// Whether a bitmask of that layout allows `token`.
+inline bool bitmask_allows(const int32_t* words, int32_t token) {
+  return ((static_cast<uint32_t>(words[token / 32]) >> (token % 32)) & 1u) != 0;
+}
 
 // One request's position in its grammar. Not thread safe; lives on the engine thread.
 class Matcher {
