@@ -6,8 +6,8 @@
 # 3rdparty/picojson), so nothing else is fetched.
 set -euo pipefail
 
-VERSION="0.1.27"
-SHA256="40af7bb2891f1633ec7f660723c74a92a963307d283aca9e3b4e53a0feaf1d46"
+VERSION="0.2.9"
+SHA256="87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90"
 CACHE="${PAGEDLM_CACHE:-$HOME/.cache/pagedlm}"
 TARGET="$CACHE/xgrammar-$VERSION"
 STAMP="$TARGET/.pagedlm-sha256"
@@ -21,7 +21,10 @@ mkdir -p "$CACHE"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "fetching the xgrammar $VERSION source distribution from PyPI ..." >&2
-python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$work" "xgrammar==$VERSION" >&2
+# The sdist itself (--no-binary xgrammar); pip reads its metadata with its build requirements
+# (scikit-build-core, setuptools-scm, apache-tvm-ffi) installed from wheels, so nothing is compiled
+# here. (--no-binary :all: would build those from source too.)
+python3 -m pip download --quiet --no-deps --no-binary xgrammar --dest "$work" "xgrammar==$VERSION" >&2
 sdist="$work/xgrammar-$VERSION.tar.gz"
 if [[ ! -f "$sdist" ]] || ! echo "$SHA256  $sdist" | sha256sum --check --status; then
   echo "sha256 mismatch (or no file) for xgrammar-$VERSION.tar.gz: expected $SHA256" >&2

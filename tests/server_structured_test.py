@@ -144,6 +144,10 @@ SCHEMAS = [
                       "comment": s(40)}, required=["stars"])),
     ("an exclusive range", obj({"p": {"type": "integer", "exclusiveMinimum": 0,
                                       "exclusiveMaximum": 10}})),
+    ("an exclusive number range", obj({"p": {"type": "number", "exclusiveMinimum": 0,
+                                             "exclusiveMaximum": 1}}, required=["p"])),
+    ("a multiple of 7", obj({"week_days": {"type": "integer", "multipleOf": 7, "minimum": 7,
+                                           "maximum": 70}}, required=["week_days"])),
     ("a negative number", obj({"n": {"type": "integer", "minimum": -999, "maximum": -1}})),
     ("a big number", obj({"n": {"type": "integer", "minimum": 1000000, "maximum": 9999999}})),
     ("a version", obj({"version": {"type": "string",
@@ -319,15 +323,12 @@ def main():
                 ("unsupported keyword", {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "x", "schema": obj({"a": {"not": {"type": "string"}}})}}},
                  "the keyword 'not' is not supported"),
-                ("exclusive number bound", {"response_format": {"type": "json_schema",
-                 "json_schema": {"name": "x", "schema": {"type": "number", "exclusiveMaximum": 1}}}},
-                 "on integers only"),
                 ("unknown format", {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "x", "schema": {"type": "string", "format": "credit-card"}}}},
                  "format \"credit-card\" is not supported"),
-                ("multipleOf", {"response_format": {"type": "json_schema", "json_schema": {
-                    "name": "x", "schema": {"type": "integer", "multipleOf": 7}}}},
-                 "'multipleOf' is not supported"),
+                ("multipleOf on a number", {"response_format": {"type": "json_schema",
+                 "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 7}}}},
+                 "'multipleOf' is supported on integers only"),
                 ("remote $ref", {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "x", "schema": {"$ref": "https://example.com/a.json"}}}},
                  "only local '$ref'"),

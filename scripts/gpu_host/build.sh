@@ -49,7 +49,7 @@ compile() {
 export -f compile
 objof() { echo "$obj/$(echo "$1" | tr / _).o"; }
 lib_srcs=$(find src/pagedlm -name '*.cc' -o -name '*.cu' | grep -v "src/pagedlm/cli/" | sort)
-lib_srcs="$lib_srcs $(find "$xg/cpp" -name '*.cc' -not -path '*/nanobind/*' | sort)"
+lib_srcs="$lib_srcs $(find "$xg/cpp" -name '*.cc' -not -path '*/tvm_ffi/*' | sort)"
 cli_srcs=$(ls src/pagedlm/cli/*.cc)
 extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_test.cc
   tests/engine_grammar_test.cc

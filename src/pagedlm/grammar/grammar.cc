@@ -26,11 +26,15 @@ namespace {
 
 using nlohmann::json;
 
-// Keywords xgrammar 0.1.27 reads past with a warning (json_schema_converter.cc): the output
+// Keywords xgrammar 0.2.9 reads past with a warning (json_schema_converter.cc): the output
 // would not be held to them, so a schema that uses them is refused rather than half enforced.
 constexpr const char* kUnsupportedKeywords[] = {
-    "not",        "if",          "then",     "else",        "dependentRequired", "dependentSchemas",
-    "multipleOf", "uniqueItems", "contains", "minContains", "maxContains"};
+    "not",         "if",       "then",        "else",       "dependentRequired", "dependentSchemas",
+    "uniqueItems", "contains", "minContains", "maxContains"};
+
+// The largest integer multipleOf xgrammar 0.2.9 enforces (kIntegerMultipleOfMax); it ignores a
+// larger one, a fractional one and any on numbers.
+constexpr int64_t kMaxIntegerMultipleOf = 1024;
 
 // where + "/" + a + "/" + b, a JSON-pointer-like place in the schema for error messages.
 std::string child(const std::string& where, const std::string& a, const std::string& b) {
@@ -58,8 +62,8 @@ struct SchemaCheck {
         (s.contains("format") || s.contains("minLength") || s.contains("maxLength"))) {
       fail(where, "'pattern' together with 'format', 'minLength' or 'maxLength' is not supported");
     }
-    // xgrammar 0.1.27 reads a format and skips the lengths, treats a number's exclusive bounds
-    // as inclusive, and lets unknown formats through as any string.
+    // xgrammar 0.2.9 reads a format and skips the lengths, and lets unknown formats through as
+    // any string.
     if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
       fail(where, "'format' together with 'minLength' or 'maxLength' is not supported");
     }
@@ -76,9 +80,12 @@ struct SchemaCheck {
         fail(where, "the format " + it->dump() + " is not supported");
       }
     }
-    if ((s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) &&
-        s.value("type", json()) != "integer") {
-      fail(where, "'exclusiveMinimum' and 'exclusiveMaximum' are supported on integers only");
+    if (auto it = s.find("multipleOf"); it != s.end()) {
+      if (s.value("type", json()) != "integer" || !it->is_number_integer() ||
+          it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxIntegerMultipleOf) {
+        fail(where, "'multipleOf' is supported on integers only, as an integer from 1 to " +
+                        std::to_string(kMaxIntegerMultipleOf));
+      }
     }
     if (auto it = s.find("$ref"); it != s.end()) {
       if (!it->is_string() || (*it != "#" && it->get<std::string>().rfind("#/", 0) != 0)) {
