@@ -83,17 +83,22 @@ struct CudaStepRunner::Impl {
   Tensor logits;                   // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Token bitmasks of the masked sequences of a step (structured output): filled on the host
-  // while the forward runs, uploaded into one fixed device buffer that the sampler reads through
-  // each logits row's slot (off_mask_slot, -1: unmasked).
+  // Token bitmasks (structured output): rows written on the host (the engine's mask_rows()),
+  // the step's used rows uploaded to the same rows of one fixed device buffer that the sampler
+  // reads through each logits row's slot (off_mask_slot, -1: unmasked). Two rows per sequence:
+  // the engine keeps masks filled ahead of a step apart from those filled in it.
   int32_t mask_words = 0, max_masks = 0;
   int32_t* host_masks = nullptr;  // [max_masks, mask_words], pinned
   int32_t* dev_masks = nullptr;
-  cudaEvent_t forward_done = nullptr, masks_sent = nullptr;
+  // The upload runs on its own stream from the moment the masks are done, beside the forward
+  // pass; the sampler waits for it (masks_uploaded).
+  cudaStream_t upload_stream = nullptr;
+  cudaEvent_t forward_done = nullptr, masks_sent = nullptr, masks_uploaded = nullptr;
   bool mask_hidden = false;
   double mask_ms = 0;
   // Device time of the last masked step's forward pass (from the plan upload) and of what
-  // followed the masks' upload (the upload, the sampler, the tokens' download); 0 unmasked.
+  // followed once the host had sent the masks (the rest of their upload, the sampler, the
+  // tokens' download); 0 unmasked.
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
   // (decode bucket, cascade, forward only): forward-only graphs serve masked decode steps, whose
   // sampler runs after the masks' upload.
@@ -122,6 +127,10 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
     cuda::check(cudaEventCreate(&forward_done), "cudaEventCreate");
     cuda::check(cudaEventCreate(&masks_sent), "cudaEventCreate");
+    cuda::check(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
+                "cudaStreamCreate");
+    cuda::check(cudaEventCreateWithFlags(&masks_uploaded, cudaEventDisableTiming),
+                "cudaEventCreate");
     // A decode step holds at most min(max_num_seqs, token budget) sequences.
     max_bucket = next_pow2(std::min(o.max_num_seqs, o.max_num_batched_tokens));
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
@@ -131,7 +140,7 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaMalloc(&dev_tokens, sizeof(int32_t) * max_tokens), "cudaMalloc");
     logits = Tensor::empty(DType::kF32, {max_tokens, vocab}, Device::kCuda);
     mask_words = static_cast<int32_t>((vocab + 31) / 32);
-    max_masks = o.max_num_seqs;
+    max_masks = 2 * o.max_num_seqs;
     const size_t mask_bytes = sizeof(int32_t) * mask_words * max_masks;
     cuda::check(cudaMallocHost(&host_masks, mask_bytes), "cudaMallocHost (token masks)");
     cuda::check(cudaMalloc(&dev_masks, mask_bytes), "cudaMalloc (token masks)");
@@ -159,6 +168,8 @@ struct CudaStepRunner::Impl {
     if (step_end) cudaEventDestroy(step_end);
     if (forward_done) cudaEventDestroy(forward_done);
     if (masks_sent) cudaEventDestroy(masks_sent);
+    if (masks_uploaded) cudaEventDestroy(masks_uploaded);
+    if (upload_stream) cudaStreamDestroy(upload_stream);
     if (host_masks) cudaFreeHost(host_masks);
     if (dev_masks) cudaFree(dev_masks);
     if (stream) cudaStreamDestroy(stream);
@@ -338,7 +349,6 @@ struct CudaStepRunner::Impl {
     std::fill(h<uint64_t>(off_seed), h<uint64_t>(off_seed) + logit_rows, 0);
     std::fill(h<int64_t>(off_step), h<int64_t>(off_step) + logit_rows, 0);
     std::fill(h<int32_t>(off_mask_slot), h<int32_t>(off_mask_slot) + logit_rows, -1);
-    int32_t num_masks = 0;
     for (int32_t b = 0; b < B; ++b) {
       const int32_t last = plan.logits_indptr[b + 1];
       if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
@@ -349,9 +359,9 @@ struct CudaStepRunner::Impl {
       h<float>(off_min_p)[last - 1] = s.params->min_p;
       h<uint64_t>(off_seed)[last - 1] = s.seed;
       h<int64_t>(off_step)[last - 1] = s.step;
-      if (s.masked) {
-        PAGEDLM_CHECK(num_masks < max_masks, "more masked sequences than max_num_seqs");
-        h<int32_t>(off_mask_slot)[last - 1] = num_masks++;
+      if (s.mask_row >= 0) {
+        PAGEDLM_CHECK(s.mask_row < max_masks, "mask row ", s.mask_row, " out of range");
+        h<int32_t>(off_mask_slot)[last - 1] = s.mask_row;
       }
     }
     std::fill(h<int32_t>(off_kv_skip), h<int32_t>(off_kv_skip) + num_seqs, 0);
@@ -471,8 +481,26 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaStreamSynchronize(stream), "warm-up");
   }
 
+  // Copies the given rows of host_masks to the same rows of dev_masks on upload_stream, one copy
+  // per run of consecutive rows, and records masks_uploaded.
+  void upload_mask_rows(std::vector<int32_t> used) {
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    const size_t row_bytes = sizeof(int32_t) * mask_words;
+    for (size_t i = 0; i < used.size();) {
+      size_t j = i + 1;
+      while (j < used.size() && used[j] == used[j - 1] + 1) ++j;
+      const size_t first = used[i];
+      cuda::check(cudaMemcpyAsync(dev_masks + first * mask_words, host_masks + first * mask_words,
+                                  (j - i) * row_bytes, cudaMemcpyHostToDevice, upload_stream),
+                  "token masks upload");
+      i = j;
+    }
+    cuda::check(cudaEventRecord(masks_uploaded, upload_stream), "cudaEventRecord");
+  }
+
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out, const MaskFill& fill_mask) {
+                           Tensor* logits_out, const MaskFill& finish_masks) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
@@ -505,40 +533,34 @@ struct CudaStepRunner::Impl {
     bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
     // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
     // token was cached can look like a decode) runs eagerly.
-    // Masked sequences: the forward pass is enqueued first, the host fills the masks while the
-    // device runs it, and the sampler follows their upload on the same stream.
-    std::vector<int32_t> masked;
+    // Masked sequences: the forward pass is enqueued first, the host finishes the masks while
+    // the device runs it, and the sampler follows their upload.
+    std::vector<int32_t> mask_rows;
     for (int32_t b = 0; b < B; ++b) {
-      if (sampling[b].masked) masked.push_back(b);
+      if (sampling[b].mask_row >= 0) mask_rows.push_back(sampling[b].mask_row);
     }
-    PAGEDLM_CHECK(masked.empty() || fill_mask, "masked sequences need a mask fill");
+    const bool masked = !mask_rows.empty();
+    PAGEDLM_CHECK(!masked || finish_masks, "masked sequences need their masks");
     const bool graph = use_graphs && bucketed && plan.kv_copies.empty();
     if (graph) {
-      run_decode_graph(num_seqs, !shared.empty(), !masked.empty());
-    } else if (masked.empty()) {
+      run_decode_graph(num_seqs, !shared.empty(), masked);
+    } else if (!masked) {
       forward_and_sample(rows, logit_rows);
     } else {
       forward(rows, logit_rows);
     }
     mask_hidden = false;
     mask_ms = 0;
-    if (!masked.empty()) {
+    if (masked) {
       cuda::check(cudaEventRecord(forward_done, stream), "cudaEventRecord");
-      // Slots in sequence order, as stage() numbered them.
-      std::vector<int32_t> slot_of(B, -1);
-      for (size_t i = 0; i < masked.size(); ++i) slot_of[masked[i]] = static_cast<int32_t>(i);
       const auto t0 = std::chrono::steady_clock::now();
-      parallel_for_each(masked, [&](int32_t b) {
-        fill_mask(b, host_masks + static_cast<size_t>(slot_of[b]) * mask_words);
-      });
+      finish_masks();
       mask_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
+      upload_mask_rows(std::move(mask_rows));
       cuda::check(cudaEventRecord(masks_sent, stream), "cudaEventRecord");
-      cuda::check(
-          cudaMemcpyAsync(dev_masks, host_masks, sizeof(int32_t) * mask_words * masked.size(),
-                          cudaMemcpyHostToDevice, stream),
-          "token masks upload");
+      cuda::check(cudaStreamWaitEvent(stream, masks_uploaded, 0), "cudaStreamWaitEvent");
       sample(logit_rows, /*masked=*/true);
     }
     cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
@@ -558,7 +580,7 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaEventElapsedTime(&gpu_ms, step_begin, step_end), "cudaEventElapsedTime");
     last_gpu_ms = gpu_ms;
     masked_forward_gpu_ms = masked_sampler_gpu_ms = 0;
-    if (!masked.empty()) {
+    if (masked) {
       float forward_ms = 0, sampler_ms = 0;
       cuda::check(cudaEventElapsedTime(&forward_ms, step_begin, forward_done),
                   "cudaEventElapsedTime");
@@ -598,9 +620,15 @@ void CudaStepRunner::warm_up() { impl_->warm_up(); }
 
 std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
                                          const std::vector<SeqSampling>& sampling,
-                                         Tensor* logits_out, const MaskFill& fill_mask) {
-  return impl_->run(plan, sampling, logits_out, fill_mask);
+                                         Tensor* logits_out, const MaskFill& finish_masks) {
+  return impl_->run(plan, sampling, logits_out, finish_masks);
 }
+
+int32_t* CudaStepRunner::mask_rows() { return impl_->host_masks; }
+
+int32_t CudaStepRunner::num_mask_rows() const { return impl_->max_masks; }
+
+int32_t CudaStepRunner::mask_words() const { return impl_->mask_words; }
 
 bool CudaStepRunner::last_mask_hidden() const { return impl_->mask_hidden; }
 
@@ -646,6 +674,12 @@ std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqS
                                          const MaskFill&) {
   fail("this build of pagedlm has no CUDA support");
 }
+
+int32_t* CudaStepRunner::mask_rows() { return nullptr; }
+
+int32_t CudaStepRunner::num_mask_rows() const { return 0; }
+
+int32_t CudaStepRunner::mask_words() const { return 0; }
 
 bool CudaStepRunner::last_mask_hidden() const { return false; }
 

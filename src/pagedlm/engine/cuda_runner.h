@@ -25,13 +25,15 @@ struct EngineOptions;
 struct SeqSampling {
   const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
-  int64_t step = 0;     // tokens generated so far: the counter of the request's random stream
-  bool masked = false;  // sampled under a token bitmask (structured output)
+  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
+  // Structured output: the row of mask_rows() holding the token bitmask the sequence is sampled
+  // under, or -1 (unmasked).
+  int32_t mask_row = -1;
 };
 
-// Writes sequence b's token bitmask (ceil(vocab / 32) words) into `words`; called from several
-// threads at once for different sequences.
-using MaskFill = std::function<void(int32_t b, int32_t* words)>;
+// Completes every masked sequence's row of mask_rows(); run() calls it once the forward pass is
+// enqueued, so that the host's work on the masks overlaps the device's.
+using MaskFill = std::function<void()>;
 
 class CudaStepRunner {
  public:
@@ -54,18 +56,25 @@ class CudaStepRunner {
 
   // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
   // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
-  // logits [S, vocab] f32 on the host. For the masked sequences, fill_mask runs on the host
-  // while the device runs the forward pass; the masks go into a fixed device buffer that the
-  // sampler reads.
+  // logits [S, vocab] f32 on the host. With masked sequences, finish_masks runs on the host
+  // while the device runs the forward pass; then the rows they use are uploaded (on a stream
+  // of their own) into a fixed device buffer that the sampler reads.
   std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out, const MaskFill& fill_mask = {});
+                           Tensor* logits_out, const MaskFill& finish_masks = {});
+  // Token bitmasks (structured output): num_mask_rows() rows of mask_words() int32 words in
+  // pinned host memory, written by the engine (and its prefetch worker) between steps and by
+  // finish_masks; a masked sequence names its row in SeqSampling::mask_row.
+  int32_t* mask_rows();
+  int32_t num_mask_rows() const;
+  int32_t mask_words() const;
   // Whether the last run()'s forward pass was still running when its masks were done, and the
   // host time the masks took.
   bool last_mask_hidden() const;
   double last_mask_ms() const;
-  // A masked last run(): the device time of its forward pass (from the plan upload), and of the
-  // masks' upload, the sampler and the tokens' download after it; the rest of its device time
-  // the device waited for the masks. 0 for an unmasked run.
+  // A masked last run(): the device time of its forward pass (from the plan upload), and from
+  // the moment the host had sent the masks (the rest of their upload, the sampler, the tokens'
+  // download); the rest of its device time the device waited for the masks. 0 for an unmasked
+  // run.
   double last_masked_forward_gpu_ms() const;
   double last_masked_sampler_gpu_ms() const;
 

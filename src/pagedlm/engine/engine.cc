@@ -1,7 +1,6 @@
 #include "pagedlm/engine/engine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -173,9 +172,20 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   sc.eos_token_ids = c.eos_token_ids;
   scheduler_ = std::make_unique<Scheduler>(sc);
   mask_words_ = grammar::bitmask_words(c.vocab_size);
+  const int32_t mask_rows = 2 * options_.max_num_seqs;
+  if (cuda_) {
+    PAGEDLM_CHECK(cuda_->mask_words() == mask_words_ && cuda_->num_mask_rows() == mask_rows,
+                  "the GPU runner's token mask rows do not match the engine's");
+    mask_rows_ = cuda_->mask_rows();
+  } else {
+    // Not zeroed: pages are touched only once masks are written.
+    host_mask_rows_.reset(new int32_t[static_cast<size_t>(mask_rows) * mask_words_]);
+    mask_rows_ = host_mask_rows_.get();
+  }
   if (options_.prefetch_masks > 0 || (options_.prefetch_masks < 0 && cuda_)) {
     // One thread fewer than the engine's: the engine thread goes on with its step meanwhile.
-    mask_prefetch_ = std::make_unique<MaskPrefetch>(mask_words_, std::max(1, num_threads() - 1));
+    mask_prefetch_ = std::make_unique<MaskPrefetch>(mask_rows_, options_.max_num_seqs, mask_words_,
+                                                    std::max(1, num_threads() - 1));
   }
 }
 
@@ -396,49 +406,52 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
                                                 const std::vector<LiveRequest*>& live,
                                                 bool want_logits, Tensor* logits) {
   const int32_t B = plan.num_seqs();
-  // Rows of masks_ for the sequences this step samples under a grammar.
+  // The rows of the sequences this step samples under a grammar: the prefetched mask's where
+  // there is one, else one of the rows filled in this step.
   mask_row_.assign(B, -1);
-  int32_t num_masks = 0;
+  std::vector<int32_t> to_fill;
+  int32_t num_prefetched = 0;
   for (int32_t b = 0; b < B; ++b) {
-    if (live[b]->matcher && !live[b]->grammar_terminated && plan.samples[b] &&
-        plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
-      mask_row_[b] = num_masks++;
+    if (!live[b]->matcher || live[b]->grammar_terminated || !plan.samples[b] ||
+        plan.logits_indptr[b + 1] == plan.logits_indptr[b]) {
+      continue;
+    }
+    const int32_t row =
+        mask_prefetch_ ? mask_prefetch_->row_of(plan.request_ids[b],
+                                                static_cast<int64_t>(live[b]->output.tokens.size()))
+                       : -1;
+    if (row >= 0) {
+      mask_row_[b] = row;
+      ++num_prefetched;
+    } else {
+      mask_row_[b] = options_.max_num_seqs + static_cast<int32_t>(to_fill.size());
+      to_fill.push_back(b);
     }
   }
-  masks_.resize(static_cast<size_t>(num_masks) * mask_words_);
   last_mask_ms_ = 0;
-  // Fills sequence b's mask (all ones where the grammar allows every token), or copies the one
-  // prefetched for it. Several threads fill different sequences at once: each matcher is its
-  // own, the compiled grammar read-only.
-  std::atomic<int32_t> prefetched{0};
-  const auto fill_mask = [&](int32_t b, int32_t* words) {
-    const int32_t* ready =
-        mask_prefetch_ ? mask_prefetch_->find(plan.request_ids[b],
-                                              static_cast<int64_t>(live[b]->output.tokens.size()))
-                       : nullptr;
-    if (ready != nullptr) {
-      std::copy(ready, ready + mask_words_, words);
-      prefetched.fetch_add(1, std::memory_order_relaxed);
-    } else if (!live[b]->matcher->fill_mask(words)) {
-      std::fill(words, words + mask_words_, -1);
-    }
+  last_prefetched_masks_ = num_prefetched;
+  // Waits for the prefetched masks (and for the worker to be done with every matcher) and fills
+  // the others, all ones where the grammar allows every token; several sequences at once: each
+  // matcher is its own, the compiled grammar read-only.
+  const auto finish_masks = [&] {
+    if (mask_prefetch_) mask_prefetch_->wait();
+    parallel_for_each(to_fill, [&](int32_t b) {
+      int32_t* words = mask_rows_ + int64_t{mask_row_[b]} * mask_words_;
+      if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
+    });
   };
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
       sampling[b] = {&live[b]->sampling, live[b]->seed,
-                     static_cast<int64_t>(live[b]->output.tokens.size()), mask_row_[b] >= 0};
+                     static_cast<int64_t>(live[b]->output.tokens.size()), mask_row_[b]};
     }
     if (group_) group_->send_step(plan, want_logits);
-    // The runner calls fill_mask while the device runs the forward pass, then uploads the masks
-    // before its sampler; rows sampled again on the host read the same masks from masks_.
+    // The runner calls finish_masks while the device runs the forward pass, then uploads the
+    // rows before its sampler; rows sampled again on the host read the same rows.
     std::vector<int32_t> sampled =
-        cuda_->run(plan, sampling, want_logits ? logits : nullptr, [&](int32_t b, int32_t* w) {
-          fill_mask(b, w);
-          std::copy(w, w + mask_words_, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
-        });
+        cuda_->run(plan, sampling, want_logits ? logits : nullptr, finish_masks);
     last_mask_ms_ = cuda_->last_mask_ms();
-    last_prefetched_masks_ = prefetched.load();
     return sampled;
   }
   const int64_t vocab = model_->config().vocab_size;
@@ -452,16 +465,9 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   } else {
     model_->forward(inputs, *kv_cache_, *logits);
   }
-  std::vector<int32_t> masked;
-  for (int32_t b = 0; b < B; ++b) {
-    if (mask_row_[b] >= 0) masked.push_back(b);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  parallel_for_each(masked, [&](int32_t b) {
-    fill_mask(b, masks_.data() + int64_t{mask_row_[b]} * mask_words_);
-  });
-  last_prefetched_masks_ = prefetched.load();
-  if (!masked.empty()) {
+  if (num_prefetched > 0 || !to_fill.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    finish_masks();
     last_mask_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -475,7 +481,7 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
 }
 
 const int32_t* Engine::mask_of(int32_t b) const {
-  return mask_row_[b] >= 0 ? masks_.data() + int64_t{mask_row_[b]} * mask_words_ : nullptr;
+  return mask_row_[b] >= 0 ? mask_rows_ + int64_t{mask_row_[b]} * mask_words_ : nullptr;
 }
 
 int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,

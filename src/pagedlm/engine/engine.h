@@ -111,8 +111,8 @@ struct StepShape {
   // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
   // (sampled tokens into the scheduler and the events).
   double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
-  // CUDA, steps with token masks: the device time of the forward pass and of the masks' upload,
-  // sampler and download (CudaStepRunner::last_masked_forward_gpu_ms).
+  // CUDA, steps with token masks: the device time of the forward pass and of what followed the
+  // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
 };
 
@@ -205,7 +205,7 @@ class Engine {
   // mask: the request's token bitmask for this step, or null.
   int32_t sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
                      const Tensor& logits, const int32_t* mask);
-  // Sequence b's row of masks_ this step, or null.
+  // Sequence b's token bitmask this step, or null.
   const int32_t* mask_of(int32_t b) const;
 
   EngineOptions options_;
@@ -223,9 +223,12 @@ class Engine {
   StepCost step_cost_;
   bool draining_ = false;
   uint64_t seed_counter_;
-  // This step's token bitmasks, one row of mask_words_ per sequence with a grammar.
-  std::vector<int32_t> masks_;
-  std::vector<int32_t> mask_row_;  // per sequence of the step: its row of masks_, -1 none
+  // Token bitmasks, rows of mask_words_ words: rows [0, max_num_seqs) are the prefetch's (its
+  // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step. On the GPU
+  // the runner's pinned rows, which it uploads from; on the CPU host_mask_rows_.
+  int32_t* mask_rows_ = nullptr;
+  std::unique_ptr<int32_t[]> host_mask_rows_;
+  std::vector<int32_t> mask_row_;  // per sequence of the step: its row of mask_rows_, -1 none
   int32_t mask_words_ = 0;
   double last_mask_ms_ = 0;
   double last_mask_prefetch_ms_ = 0;

@@ -18,8 +18,9 @@ namespace pagedlm {
 // step N + 1 it can hide only behind that step's forward pass; started when step N's tokens are
 // sampled (the worker accepts them first) it also runs while the engine finishes step N, the server
 // streams its tokens, and step N + 1 is planned, staged and launched. On the H200 a 256-sequence
-// SmolLM2 step's masks (2.2 ms on 16 host threads) took as long as its forward pass, so most steps
-// waited for them.
+// SmolLM2 step's masks (2.2 ms on 16 host threads with xgrammar 0.1.27) took as long as its
+// forward pass, so most steps waited for them. The masks go straight into the rows the step
+// reads (on the GPU, the pinned rows its upload starts from): nothing is copied.
 class MaskPrefetch {
  public:
   struct Item {
@@ -33,21 +34,22 @@ class MaskPrefetch {
     int32_t token = -1;
   };
 
-  // mask_words: the words of one mask; num_threads: the worker's OpenMP threads.
-  MaskPrefetch(int32_t mask_words, int num_threads);
+  // rows: where the masks go, max_rows rows of mask_words words (item i's mask in row i; on the
+  // GPU pinned memory the runner uploads from); num_threads: the worker's OpenMP threads.
+  MaskPrefetch(int32_t* rows, int32_t max_rows, int32_t mask_words, int num_threads);
   ~MaskPrefetch();
   MaskPrefetch(const MaskPrefetch&) = delete;
   MaskPrefetch& operator=(const MaskPrefetch&) = delete;
 
   // Waits for the job before, then fills the items' masks on the worker. The caller leaves these
-  // matchers alone until wait() (or a found find()) has returned.
+  // matchers and rows [0, items.size()) alone until wait() has returned.
   void start(std::vector<Item> items);
   // Blocks until the job is done. Safe from several threads.
   void wait();
-  // The mask filled for request_id at num_tokens (every word -1 where the grammar allows all
-  // tokens), waiting for the job if there is one; null if none was started for it or its item
-  // was refused. Safe from several threads between start() calls.
-  const int32_t* find(int64_t request_id, int64_t num_tokens);
+  // The row that holds (once the job is done: wait()) the mask for request_id at num_tokens,
+  // every word -1 where the grammar allows all tokens or the item was refused; -1 if none was
+  // started for it. Call on the thread that calls start().
+  int32_t row_of(int64_t request_id, int64_t num_tokens) const;
   // The requests whose item could not accept its token or fill its mask (the grammar engine
   // refused a token its mask allowed, or threw). Call after wait().
   std::vector<int64_t> refused_requests() const;
@@ -57,10 +59,11 @@ class MaskPrefetch {
  private:
   void run_worker(int num_threads);
 
+  int32_t* const rows_;  // [max_rows_, mask_words_]
+  const int32_t max_rows_;
   const int32_t mask_words_;
   std::vector<Item> items_;
   std::unordered_map<int64_t, size_t> index_;  // request id -> position in items_
-  std::vector<int32_t> masks_;                 // [items_.size(), mask_words_]
   std::vector<uint8_t> refused_;               // per item: its token was refused
   mutable std::mutex mu_;
   std::condition_variable cv_;
