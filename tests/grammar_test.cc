@@ -135,8 +135,33 @@ TEST(Grammar, CompiledGrammarsAreCached) {
   EXPECT_GT(bytes, 0);
   const auto b = compiler().compile(schema(R"({"type":"integer"})"));
   EXPECT_EQ(compiler().cache_bytes(), bytes);  // served from the cache, nothing added
+  EXPECT_EQ(a.get(), b.get());                 // the same compiled grammar, from the recent ones
   Matcher m(b);
   EXPECT_EQ(m.vocab_size(), smollm2().vocab_size());
+}
+
+// The recent grammars are told apart by everything a grammar depends on.
+TEST(Grammar, DifferentSpecsGetDifferentGrammars) {
+  GrammarSpec strict = schema(R"({"type":"object","properties":{"a":{"type":"integer"}}})");
+  GrammarSpec loose = strict;
+  loose.strict = false;
+  EXPECT_NE(compiler().compile(strict).get(), compiler().compile(loose).get());
+  GrammarSpec tagged = strict;
+  tagged.prefix = "<tool_call>";
+  EXPECT_NE(compiler().compile(strict).get(), compiler().compile(tagged).get());
+  GrammarSpec regex;
+  regex.kind = GrammarSpec::Kind::kRegex;
+  regex.text = "ab|c";
+  GrammarSpec ebnf = regex;
+  ebnf.kind = GrammarSpec::Kind::kEbnf;
+  ebnf.text = R"(root ::= "ab" | "c")";
+  EXPECT_NE(compiler().compile(regex).get(), compiler().compile(ebnf).get());
+  // Choices "ab", "c" and "a", "bc" write the same bytes in a row, not the same fields.
+  Matcher first(compiler().compile(choice({"ab", "c"})));
+  Matcher second(compiler().compile(choice({"a", "bc"})));
+  const Tokenizer& tok = smollm2();
+  EXPECT_TRUE(first.accept(tok.encode("c", false).at(0)));
+  EXPECT_FALSE(second.accept(tok.encode("c", false).at(0)));
 }
 
 void expect_refused(const GrammarSpec& spec, const std::string& fragment) {

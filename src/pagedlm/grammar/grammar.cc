@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <exception>
 #include <future>
+#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "pagedlm/tokenizer/tokenizer.h"
@@ -180,6 +182,24 @@ std::vector<std::string> encoded_vocab(const Tokenizer& tokenizer) {
   return vocab;
 }
 
+// Everything a compiled grammar depends on, as one string: each field length-prefixed, so
+// that no two specs share a key.
+std::string spec_key(const GrammarSpec& spec) {
+  std::string key;
+  const auto add = [&](const std::string& field) {
+    key += std::to_string(field.size());
+    key += ':';
+    key += field;
+  };
+  key += static_cast<char>('0' + static_cast<int>(spec.kind));
+  key += spec.strict ? 's' : 'n';
+  add(spec.text);
+  add(spec.prefix);
+  add(spec.suffix);
+  for (const std::string& c : spec.choices) add(c);
+  return key;
+}
+
 }  // namespace
 
 struct GrammarCompiler::Impl {
@@ -226,6 +246,30 @@ struct GrammarCompiler::Impl {
     throw GrammarError("unknown grammar kind");
   }
 
+  // The grammars compiled last, by spec_key (under mu): a request whose grammar is among them
+  // gets it on its own thread at once, without validation, a compile slot or a thread. A burst
+  // of requests with one schema is the common case; xgrammar's cache behind this one still
+  // spares a recompile, but only on a compile thread of its own, one of max_running_compiles:
+  // 256 requests with one schema reached the engine over several steps.
+  CompiledGrammarPtr recent(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = recent_index.find(key);
+    if (it == recent_index.end()) return nullptr;
+    recent_list.splice(recent_list.begin(), recent_list, it->second);
+    return it->second->second;
+  }
+  void remember(const std::string& key, CompiledGrammarPtr grammar) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (recent_index.count(key) != 0) return;
+    recent_list.emplace_front(key, std::move(grammar));
+    recent_index[key] = recent_list.begin();
+    if (recent_list.size() > kRecentGrammars) {
+      recent_index.erase(recent_list.back().first);
+      recent_list.pop_back();
+    }
+  }
+  static constexpr size_t kRecentGrammars = 64;
+
   CompilerLimits limits;
   int32_t vocab_size;
   xgrammar::TokenizerInfo info;
@@ -233,6 +277,10 @@ struct GrammarCompiler::Impl {
   std::mutex mu;
   std::condition_variable slot_freed;
   int running = 0;  // compilations whose thread has not ended (under mu)
+  // Most recently used first (under mu).
+  std::list<std::pair<std::string, CompiledGrammarPtr>> recent_list;
+  std::unordered_map<std::string, std::list<std::pair<std::string, CompiledGrammarPtr>>::iterator>
+      recent_index;
 };
 
 GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int32_t vocab_size,
@@ -260,6 +308,8 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
     throw GrammarError(std::string(what) + " is longer than " +
                        std::to_string(limits.max_text_bytes) + " bytes");
   }
+  const std::string key = spec_key(spec);
+  if (CompiledGrammarPtr hit = impl_->recent(key)) return hit;
   switch (spec.kind) {
     case GrammarSpec::Kind::kJsonSchema: {
       SchemaCheck check{limits};
@@ -322,7 +372,9 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
                        std::to_string(limits.compile_timeout.count()) + " ms");
   }
   try {
-    return std::make_shared<const CompiledGrammar>(result.get());
+    auto compiled = std::make_shared<const CompiledGrammar>(result.get());
+    impl_->remember(key, compiled);
+    return compiled;
   } catch (const GrammarError&) {
     throw;
   } catch (const std::exception& e) {
