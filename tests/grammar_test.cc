@@ -140,6 +140,16 @@ TEST(Grammar, CompiledGrammarsAreCached) {
   EXPECT_EQ(m.vocab_size(), smollm2().vocab_size());
 }
 
+// The recent grammars hold at most a quarter of the cache's bytes: with no room, a grammar is
+// compiled (found in xgrammar's cache) again rather than kept.
+TEST(Grammar, RecentGrammarsStayWithinTheirBytes) {
+  CompilerLimits limits;
+  limits.cache_bytes = 4;
+  GrammarCompiler tiny(smollm2(), smollm2().vocab_size(), {kEos}, limits);
+  const auto a = tiny.compile(schema(R"({"type":"integer"})"));
+  EXPECT_NE(tiny.compile(schema(R"({"type":"integer"})")).get(), a.get());
+}
+
 // The recent grammars are told apart by everything a grammar depends on.
 TEST(Grammar, DifferentSpecsGetDifferentGrammars) {
   GrammarSpec strict = schema(R"({"type":"object","properties":{"a":{"type":"integer"}}})");
