@@ -131,6 +131,13 @@ EngineOptions EngineFlags::resolve() const {
   if (cuda_device_available()) {
     o.device = Device::kCuda;
     if (o.tensor_parallel_size > 1 && o.tensor_parallel_endpoint.empty()) {
+      // Two ranks on one GPU would fail only later, inside NCCL ("duplicate GPU").
+      const int gpus = cuda_device_count();
+      PAGEDLM_CHECK(gpus >= o.tensor_parallel_size, "--tensor-parallel-size ",
+                    o.tensor_parallel_size, " starts one process per GPU on this machine, but ",
+                    gpus, " GPU(s) are visible; ranks on other machines are started by hand ",
+                    "with --tensor-parallel-rank and --tensor-parallel-endpoint ",
+                    "(docs/TENSOR_PARALLEL.md)");
       o.tensor_parallel_endpoint = launch_local_ranks(o.tensor_parallel_size);
     }
   } else if (device == "cuda") {

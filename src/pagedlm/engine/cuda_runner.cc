@@ -603,9 +603,9 @@ CudaStepRunner::CudaStepRunner(CausalLM& model, const EngineOptions& options, in
 
 CudaStepRunner::~CudaStepRunner() = default;
 
-bool CudaStepRunner::available() {
+int CudaStepRunner::device_count() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 int64_t CudaStepRunner::free_memory_bytes() {
@@ -662,7 +662,7 @@ CudaStepRunner::CudaStepRunner(CausalLM&, const EngineOptions&, int64_t) {
 
 CudaStepRunner::~CudaStepRunner() = default;
 
-bool CudaStepRunner::available() { return false; }
+int CudaStepRunner::device_count() { return 0; }
 
 int64_t CudaStepRunner::free_memory_bytes() { return 0; }
 

@@ -42,8 +42,8 @@ class CudaStepRunner {
   CudaStepRunner(CausalLM& model, const EngineOptions& options, int64_t max_model_len);
   ~CudaStepRunner();
 
-  // Whether this build has CUDA and the machine a GPU.
-  static bool available();
+  // The GPUs this process sees (0 when this build has no CUDA).
+  static int device_count();
   // Free device memory now, in bytes.
   static int64_t free_memory_bytes();
 

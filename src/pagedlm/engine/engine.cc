@@ -84,7 +84,8 @@ StepShape shape_of(const StepPlan& plan) {
 
 }  // namespace
 
-bool cuda_device_available() { return CudaStepRunner::available(); }
+int cuda_device_count() { return CudaStepRunner::device_count(); }
+bool cuda_device_available() { return cuda_device_count() > 0; }
 
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     : options_(std::move(options)), seed_counter_(std::random_device{}()) {

@@ -116,7 +116,8 @@ struct StepShape {
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
 };
 
-// Whether this build has CUDA support and the machine a GPU.
+// The GPUs this process sees: 0 when this build has no CUDA support or the machine no GPU.
+int cuda_device_count();
 bool cuda_device_available();
 
 class Engine {
