@@ -96,10 +96,11 @@ def last_line(text):
 
 def decoding_group(binary, share_gpu):
     """Two ranks of a Qwen3-0.6B-shaped model (random weights) decoding for minutes: (the Ranks,
-    whether rank 0 finished its first timed run within 5 minutes, so that they decode steadily)."""
+    whether rank 0 finished its first timed run within 5 minutes, so that they decode steadily).
+    The runs are short: ranks sharing one GPU over sockets take ~0.26 s a decode step."""
     bench = ["bench", "--dummy", os.path.join(ROOT, "configs", "qwen3-0.6b.json"),
-             "--tensor-parallel-size", "2", "--num-requests", "64", "--output-min", "256",
-             "--output-max", "256", "--repeat", "100"]
+             "--tensor-parallel-size", "2", "--num-requests", "8", "--prompt-max", "128",
+             "--output-min", "32", "--output-max", "32", "--warmup", "1", "--repeat", "100"]
     ranks = start_group(binary, [bench, bench], share_gpu)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 300 and "requests done" not in ranks[0].stderr():

@@ -64,19 +64,23 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, Tenso
     uint16_t* data = t.data<uint16_t>();
     const uint64_t s = ++tensor_seed * 0x2545f4914f6cdd1dULL;
     // Element i of the tensor (row-major) is drawn from counter i whatever the rank.
-    auto fill = [&](int64_t begin, int64_t end) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = begin; i < end; ++i) {
-        data[i] = f32_to_bf16(offset + scale * uniform_at(s, i));
-      }
-    };
+    auto draw = [&](int64_t i) { data[i] = f32_to_bf16(offset + scale * uniform_at(s, i)); };
     const int64_t row = shape[0] == 0 ? 0 : t.numel() / shape[0];
     const ShardRanges share = shard_ranges(config, tp, shard_of_tensor(config, name), shape);
     if (share.by_cols) {
+      // One parallel region over the rows, not one per row: an 8B config's column shares have
+      // 14k rows a layer, and ranks sharing a host's cores waited on each region's threads for
+      // minutes (two ranks on one 16-core host did not finish a Qwen3-0.6B config in 100 s).
       const auto [begin, end] = share.ranges.front();
-      for (int64_t r = 0; r < shape[0]; ++r) fill(r * row + begin, r * row + end);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < shape[0]; ++r) {
+        for (int64_t i = r * row + begin; i < r * row + end; ++i) draw(i);
+      }
     } else {
-      for (const auto& [begin, end] : share.ranges) fill(begin * row, end * row);
+      for (const auto& [begin, end] : share.ranges) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = begin * row; i < end * row; ++i) draw(i);
+      }
     }
     ckpt.tensors.emplace(name, std::move(t));
   }
