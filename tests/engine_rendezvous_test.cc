@@ -135,6 +135,32 @@ TEST(Rendezvous, RankZeroGoneEndsTheWorker) {
   EXPECT_NE(e.find("rank 0's process is gone"), std::string::npos) << e;
 }
 
+// What the ranks agree the KV cache's pages over: every rank's message reaches rank 0 in rank
+// order, whatever order they are sent in; a rank gone before it sent is named, and one that
+// sends nothing is a timeout naming it.
+TEST(Rendezvous, RankZeroGathersOneMessageOfEachRank) {
+  RendezvousServer server("127.0.0.1", 0, 3, 42);
+  auto joined = [&](int32_t rank) {
+    return std::async(std::launch::async, [&, rank] {
+      return std::make_unique<RendezvousClient>("127.0.0.1", server.port(), rank, 3, 42, kLong);
+    });
+  };
+  auto one = joined(1), two = joined(2);
+  server.accept_all("id", kLong);
+  std::unique_ptr<RendezvousClient> c1 = one.get(), c2 = two.get();
+  c2->send("fits 7");
+  c1->send("fits 9");
+  EXPECT_EQ(server.gather(kLong), (std::vector<std::string>{"fits 9", "fits 7"}));
+  c1->send("again");
+  std::string e = error_of([&] { server.gather(milliseconds(100)); });
+  EXPECT_NE(e.find("rank 2: nothing within 100 ms"), std::string::npos) << e;
+  c2.reset();  // rank 2's process ends before it sends
+  c1->send("again");
+  // The timed-out gather above read rank 1's "again"; this one reads the second.
+  e = error_of([&] { server.gather(kLong); });
+  EXPECT_NE(e.find("rank 2's process is gone"), std::string::npos) << e;
+}
+
 TEST(Rendezvous, EndpointsAreHostColonPort) {
   EXPECT_EQ(parse_endpoint("10.0.0.1:29500"), std::make_pair(std::string("10.0.0.1"), 29500));
   EXPECT_NE(error_of([] { parse_endpoint("10.0.0.1"); }).find("is not HOST:PORT"),

@@ -84,6 +84,23 @@ StepShape shape_of(const StepPlan& plan) {
 
 }  // namespace
 
+int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
+                       DType dtype) {
+  if (options.num_pages > 0) return options.num_pages;
+  const int64_t page_bytes = PagedKvCache::bytes_per_page(
+      config.num_layers, options.page_size, rank_dims(config, tp).kv_heads, config.head_dim, dtype);
+  const int64_t kv_bytes =
+      options.device == Device::kCuda
+          ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
+                                 options.gpu_memory_fraction)
+          : options.kv_cache_bytes / tp.size;  // the CPU's ranks share the host's memory
+  // With a window the scheduler reserves the cache's last page as the null page (never handed
+  // out, zeroed on the GPU), so the count covers it and one page to use.
+  const bool window = options.free_pages_outside_window && config.window_of_all_layers() > 0;
+  const int64_t min_pages = window ? 2 : 1;
+  return static_cast<int32_t>(std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
+}
+
 int cuda_device_count() { return CudaStepRunner::device_count(); }
 bool cuda_device_available() { return cuda_device_count() > 0; }
 
@@ -137,27 +154,16 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   // Weights, activations and step buffers first, so the KV cache takes what is left.
   if (on_gpu)
     cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
-  const int64_t page_bytes = PagedKvCache::bytes_per_page(
-      c.num_layers, options_.page_size, kv_heads, c.head_dim, model_->compute_dtype());
   const int32_t window = options_.free_pages_outside_window ? c.window_of_all_layers() : 0;
-  if (options_.num_pages <= 0) {
-    const int64_t kv_bytes =
-        on_gpu ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
-                                      options_.gpu_memory_fraction)
-               : options_.kv_cache_bytes / tp;  // the CPU's ranks share the host's memory
-    // With a window the scheduler reserves the cache's last page as the null page (never handed
-    // out, zeroed on the GPU), so the count covers it and one page to use.
-    const int64_t min_pages = window > 0 ? 2 : 1;
-    options_.num_pages = static_cast<int32_t>(
-        std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
-  }
+  options_.num_pages = kv_cache_pages(options_, c, {0, tp}, model_->compute_dtype());
+  // Every rank's cache has the same pages: the count that fits the fullest GPU.
+  if (group_) options_.num_pages = group_->agree_num_pages(options_.num_pages);
   kv_cache_ =
       std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size, kv_heads,
                                      c.head_dim, options_.device, model_->compute_dtype());
   if (cpu_ranks_)
     cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size,
                              {options_.cpu_q8_activations});
-  if (group_) group_->send_num_pages(options_.num_pages);
   if (cuda_) {
     cuda_->set_kv_cache(kv_cache_.get());
     cuda_->warm_up();

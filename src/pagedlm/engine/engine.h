@@ -12,6 +12,7 @@
 
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/tensor_parallel.h"
 #include "pagedlm/sched/request.h"
 #include "pagedlm/sched/scheduler.h"
 
@@ -115,6 +116,12 @@ struct StepShape {
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
 };
+
+// The KV cache pages a rank takes: options.num_pages when set, else what fits the share of free
+// GPU memory (options.gpu_memory_fraction; the runner and weights already allocated) or, on the
+// CPU, the rank's share of options.kv_cache_bytes.
+int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
+                       DType dtype);
 
 // The GPUs this process sees: 0 when this build has no CUDA support or the machine no GPU.
 int cuda_device_count();

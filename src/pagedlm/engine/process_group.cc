@@ -1,9 +1,12 @@
 #include "pagedlm/engine/process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/engine/cuda_runner.h"
@@ -20,7 +23,7 @@ namespace pagedlm {
 namespace {
 
 // Messages of rank 0's channel after the rendezvous.
-constexpr char kPages = 'P', kStep = 'S', kDone = 'D';
+constexpr char kFits = 'F', kPages = 'P', kStep = 'S', kDone = 'D';
 // A rank waits this long for rank 0's next message: a server may idle for days.
 constexpr std::chrono::hours kIdle{24 * 365};
 
@@ -85,23 +88,41 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
-void ProcessGroup::send_num_pages(int32_t num_pages) {
-  std::string m(1, kPages);
-  m.append(reinterpret_cast<const char*>(&num_pages), sizeof(num_pages));
-  server_->broadcast(m);
+namespace {
+
+std::string pages_message(char kind, int32_t n) {
+  std::string m(1, kind);
+  m.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  return m;
+}
+
+int32_t pages_of(const std::string& m, char kind, const std::string& whose) {
+  PAGEDLM_CHECK(m.size() == 1 + sizeof(int32_t) && m[0] == kind, "tensor-parallel ", whose,
+                ": expected a KV cache page count");
+  int32_t n = 0;
+  std::memcpy(&n, m.data() + 1, sizeof(n));
+  return n;
+}
+
+}  // namespace
+
+int32_t ProcessGroup::agree_num_pages(int32_t fits) {
+  if (client_) {
+    client_->send(pages_message(kFits, fits));
+    return pages_of(client_->receive(kIdle), kPages, cat("rank ", rank_));
+  }
+  // The other ranks may still be loading their weights: a dead one ends this process (watch).
+  const std::vector<std::string> fits_of_ranks = server_->gather(kIdle);
+  int32_t pages = fits;
+  for (size_t i = 0; i < fits_of_ranks.size(); ++i) {
+    pages = std::min(pages, pages_of(fits_of_ranks[i], kFits, cat("rank ", i + 1)));
+  }
+  server_->broadcast(pages_message(kPages, pages));
+  return pages;
 }
 
 void ProcessGroup::send_step(const StepPlan& plan, bool want_logits) {
   server_->broadcast(kStep + encode_step(plan, want_logits));
-}
-
-int32_t ProcessGroup::receive_num_pages() {
-  const std::string m = client_->receive(kIdle);
-  PAGEDLM_CHECK(m.size() == 1 + sizeof(int32_t) && m[0] == kPages, "tensor-parallel rank ", rank_,
-                ": expected the KV cache's page count from rank 0");
-  int32_t n = 0;
-  std::memcpy(&n, m.data() + 1, sizeof(n));
-  return n;
 }
 
 std::optional<WireStep> ProcessGroup::receive_step() {
@@ -125,7 +146,8 @@ void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions&
   const ModelConfig& c = model->config();
   // The same order as rank 0's engine: runner, cache, warm-up (whose steps hold collectives).
   CudaStepRunner runner(*model, options, c.max_position_embeddings);
-  const int32_t num_pages = group.receive_num_pages();
+  const int32_t num_pages = group.agree_num_pages(
+      kv_cache_pages(options, c, {group.rank(), tp}, model->compute_dtype()));
   PagedKvCache kv_cache(c.num_layers, num_pages, options.page_size,
                         rank_dims(c, {group.rank(), tp}).kv_heads, c.head_dim, Device::kCuda,
                         model->compute_dtype());

@@ -32,11 +32,12 @@ class ProcessGroup {
   int32_t rank() const { return rank_; }
   ops::Communicator* communicator() const { return comm_.get(); }
 
+  // Every rank: the KV cache pages all ranks take, the fewest any rank's memory `fits` (each
+  // rank's GPU may have other free memory: another model, another process, another machine).
+  int32_t agree_num_pages(int32_t fits);
   // Rank 0.
-  void send_num_pages(int32_t num_pages);
   void send_step(const StepPlan& plan, bool want_logits);
   // The other ranks: the next step, or nothing when rank 0 is done.
-  int32_t receive_num_pages();
   std::optional<WireStep> receive_step();
 
  private:

@@ -280,6 +280,18 @@ void RendezvousServer::broadcast(const std::string& message) {
   }
 }
 
+std::vector<std::string> RendezvousServer::gather(std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::vector<std::string> messages(peers_.size());
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    const Recv r = peers_[i] >= 0 ? recv_message(peers_[i], messages[i], deadline) : Recv::kClosed;
+    PAGEDLM_CHECK(r != Recv::kTimeout, "tensor-parallel rank ", i + 1, ": nothing within ",
+                  timeout.count(), " ms");
+    PAGEDLM_CHECK(r == Recv::kOk, "tensor-parallel rank ", i + 1, "'s process is gone");
+  }
+  return messages;
+}
+
 void RendezvousServer::watch(std::function<void(const std::string&)> on_gone) {
   std::vector<std::string> names;
   for (size_t i = 0; i < peers_.size(); ++i) names.push_back(cat("rank ", i + 1));
@@ -354,6 +366,11 @@ std::string RendezvousClient::receive(std::chrono::milliseconds timeout) {
   PAGEDLM_CHECK(r == Recv::kOk, "tensor-parallel rank ", rank_,
                 ": rank 0's process is gone (connection closed)");
   return m;
+}
+
+void RendezvousClient::send(const std::string& message) {
+  PAGEDLM_CHECK(send_message(fd_, message), "tensor-parallel rank ", rank_,
+                ": rank 0's process is gone (connection closed)");
 }
 
 }  // namespace pagedlm

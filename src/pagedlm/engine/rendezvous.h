@@ -59,6 +59,9 @@ class RendezvousServer {
 
   // Sends `message` to every rank; throws naming the first rank whose process is gone.
   void broadcast(const std::string& message);
+  // The next message of every rank, in rank order (rank r's at [r - 1]); throws naming the first
+  // rank whose process is gone or that sent nothing within `timeout`.
+  std::vector<std::string> gather(std::chrono::milliseconds timeout);
 
   // Calls on_gone when a rank's process is gone (see HangupWatch), until stop_watching().
   void watch(std::function<void(const std::string&)> on_gone);
@@ -89,6 +92,8 @@ class RendezvousClient {
 
   // The next message rank 0 broadcasts; throws when rank 0's process is gone or after `timeout`.
   std::string receive(std::chrono::milliseconds timeout);
+  // Sends `message` to rank 0 (its gather()); throws when rank 0's process is gone.
+  void send(const std::string& message);
 
   // Calls on_gone when rank 0's process is gone (see HangupWatch), until stop_watching().
   void watch(std::function<void(const std::string&)> on_gone);
