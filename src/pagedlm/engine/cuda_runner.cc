@@ -638,6 +638,10 @@ double CudaStepRunner::last_masked_forward_gpu_ms() const { return impl_->masked
 
 double CudaStepRunner::last_masked_sampler_gpu_ms() const { return impl_->masked_sampler_gpu_ms; }
 
+void CudaStepRunner::make_current() const {
+  cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
+}
+
 int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
@@ -667,6 +671,8 @@ int CudaStepRunner::device_count() { return 0; }
 int64_t CudaStepRunner::free_memory_bytes() { return 0; }
 
 void CudaStepRunner::set_kv_cache(PagedKvCache*) {}
+
+void CudaStepRunner::make_current() const {}
 
 void CudaStepRunner::warm_up() {}
 

@@ -48,6 +48,9 @@ class CudaStepRunner {
   static int64_t free_memory_bytes();
 
   void set_kv_cache(PagedKvCache* kv_cache);
+  // Makes the runner's GPU (current when it was built) current on the calling thread: a thread
+  // starts on GPU 0, and the runner's streams and graphs belong to its own GPU.
+  void make_current() const;
 
   // Does the first steps' one-time work at start-up (cuBLASLt plans for the full token budget,
   // kernel loading, one CUDA graph per decode bucket), so no request waits for it.

@@ -203,6 +203,10 @@ Engine::~Engine() = default;
 
 const ModelConfig& Engine::config() const { return model_->config(); }
 
+void Engine::use_on_this_thread() const {
+  if (cuda_) cuda_->make_current();
+}
+
 int64_t Engine::add_request(Request request) {
   const int64_t vocab = model_->config().vocab_size;
   PAGEDLM_CHECK(!request.prompt.empty(), "the prompt is empty");

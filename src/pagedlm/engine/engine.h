@@ -133,6 +133,9 @@ class Engine {
   ~Engine();
 
   const ModelConfig& config() const;
+  // Call first on a thread other than the one that built the engine, before it steps the
+  // engine there: makes the engine's GPU current on it (a tensor-parallel rank 0 may be on any).
+  void use_on_this_thread() const;
   const EngineOptions& options() const { return options_; }
 
   // Validates the request (token ids in range, lengths) and queues it; returns its id.

@@ -166,6 +166,7 @@ void EngineLoop::serve_cache_request() {
 }
 
 void EngineLoop::run() {
+  engine_.use_on_this_thread();
   while (true) {
     std::vector<Pending> incoming;
     bool draining = false;
