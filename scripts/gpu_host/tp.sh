@@ -40,7 +40,7 @@ run_group() {
     return
   fi
   local endpoint=127.0.0.1:$((20000 + RANDOM % 20000)) r rc
-  local fraction=$(python3 -c "print(round(0.8 / $tp, 3))")
+  local fraction=$(python3 -c "print(round(0.6 / $tp, 3))")
   for ((r = tp - 1; r >= 0; r--)); do
     local args=(--tensor-parallel-size "$tp" --tensor-parallel-rank "$r"
       --tensor-parallel-endpoint "$endpoint" --tensor-parallel-device 0
