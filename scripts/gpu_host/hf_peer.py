@@ -10,10 +10,20 @@ fewer (compare with `pagedlm bench --num-requests` of the same count). Continuou
 HF's generate_batch with attn_implementation "paged|sdpa"; where HF cannot run it (it raises),
 the error is printed and --padded measures HF's padded generate (batches of 64) instead.
 Prints one JSON line per measurement.
+
+--tp runs HF's own tensor parallelism (from_pretrained with tp_plan="auto") under torchrun:
+
+    torchrun --nproc-per-node 2 scripts/gpu_host/hf_peer.py configs/llama-3.1-8b.json --tp
+
+tp_plan needs a checkpoint on disk: rank 0 draws the random model on its GPU once and saves it
+under the temporary folder (hf-tp-CONFIG, ~16 GB for the 8B shape; a 70B shape does not fit one
+GPU to draw it), then every rank loads its shard. Only rank 0 prints.
 """
 import argparse
 import json
+import os
 import random
+import tempfile
 import time
 import traceback
 
@@ -32,12 +42,26 @@ def workload(name, vocab, num_requests):
             for _ in range(num_requests or 128)], 64
 
 
-def make(config_path, attn):
+def make(config_path, attn, tp=False):
     with open(config_path) as f:
         cfg = AutoConfig.for_model(**json.load(f))
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn)
+    if not tp:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
+                                                     attn_implementation=attn)
+        return model.eval(), cfg
+    name = os.path.splitext(os.path.basename(config_path))[0]
+    path = os.path.join(tempfile.gettempdir(), f"hf-tp-{name}")
+    if torch.distributed.get_rank() == 0 and not os.path.exists(os.path.join(path, "config.json")):
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model.save_pretrained(path)
+        del model
+        torch.cuda.empty_cache()
+    torch.distributed.barrier()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                 attn_implementation=attn, tp_plan="auto")
     return model.eval(), cfg
 
 
@@ -78,17 +102,28 @@ def main():
     ap.add_argument("--num-requests", type=int, default=0,
                     help="requests (default: the workload's 256 or 128), as bench --num-requests")
     ap.add_argument("--padded", action="store_true", help="also measure padded generate")
+    ap.add_argument("--tp", action="store_true",
+                    help="HF's tensor parallelism (tp_plan=auto), under torchrun")
     args = ap.parse_args()
+    rank = 0
+    if args.tp:
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local))
+        rank = torch.distributed.get_rank()
     runs = [("hf-cb paged|sdpa", "paged|sdpa", continuous_batching)]
     if args.padded:
         runs.append(("hf-generate padded sdpa bs64", "sdpa", padded))
     for label, attn, fn in runs:
+        if args.tp:
+            label += f" tp_plan=auto x{torch.distributed.get_world_size()}"
         result = {"config": args.config, "workload": args.workload, "peer": label,
                   "gpu": torch.cuda.get_device_name()}
         try:
             t = time.perf_counter()
-            model, cfg = make(args.config, attn)
-            print(f"{label}: model built in {time.perf_counter() - t:.1f} s", flush=True)
+            model, cfg = make(args.config, attn, args.tp)
+            if rank == 0:
+                print(f"{label}: model built in {time.perf_counter() - t:.1f} s", flush=True)
             prompts, max_new = workload(args.workload, cfg.vocab_size, args.num_requests)
             if fn is padded:
                 prompts = prompts[:128]  # padded generate is slow: half the requests
@@ -99,7 +134,10 @@ def main():
         except Exception as e:  # noqa: BLE001: the peer's failure is the measurement
             traceback.print_exc()
             result["error"] = repr(e)[:400]
-        print(json.dumps(result), flush=True)
+        if rank == 0:
+            print(json.dumps(result), flush=True)
+    if args.tp:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

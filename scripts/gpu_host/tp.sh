@@ -4,7 +4,8 @@
 #      greedy tokens, CUDA graphs on), and the failure cases (tp_failures.py);
 #   2. Llama-3.1-70B's shape (random bf16 weights, configs/llama-3.1-70b.json) at 2 ranks on the
 #      random and shared-prefix workloads: output tok/s and the fraction of the 2-GPU bound;
-#   3. Llama-3.1-8B at 1 and 2 ranks in the same run (throughput, TTFT, ITL);
+#   3. Llama-3.1-8B at 1 and 2 ranks in the same run (throughput, TTFT, ITL), and HF
+#      transformers' own tensor parallelism (hf_peer.py --tp) on 64 of the random requests;
 #   4. the decode step's all-reduce time, from an nsys profile of an 8B 2-rank run (skipped
 #      when nsys is missing).
 # Logs and JSON go to OUT_DIR; a table is printed last.
@@ -100,6 +101,14 @@ bench 8b-tp1-random llama-3.1-8b 1 random
 bench 8b-tp2-random llama-3.1-8b 2 random
 bench 8b-tp1-shared-prefix llama-3.1-8b 1 shared-prefix
 bench 8b-tp2-shared-prefix llama-3.1-8b 2 shared-prefix
+if [[ $share != --share-gpu ]]; then
+  echo "-- peer: HF transformers' tensor parallelism (tp_plan=auto), 8B, 2 ranks, 64 requests"
+  bench 8b-tp2-random-64 llama-3.1-8b 2 random --num-requests 64
+  timeout 1800 python3 -m torch.distributed.run --nproc-per-node 2 scripts/gpu_host/hf_peer.py \
+    configs/llama-3.1-8b.json --tp --num-requests 64 --padded >"$out/hf-8b-tp2.jsonl" \
+    2>"$out/hf-8b-tp2.err" || echo "HF peer failed: $(tail -3 "$out/hf-8b-tp2.err")"
+  grep '^{' "$out/hf-8b-tp2.jsonl"
+fi
 
 echo "== 4. decode-step all-reduce time (8B, 2 ranks, decode-heavy)"
 if [[ $share == --share-gpu ]]; then
