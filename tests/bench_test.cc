@@ -133,6 +133,12 @@ TEST(Benchmark, BytesAndFlopsFollowTheSteps) {
   const double attention = 4.0 * c.num_layers * c.num_heads * c.head_dim * pairs;
   EXPECT_DOUBLE_EQ(by_flops.bound_s, 2 * layer_params * 25 + 2 * head_params * 6 + attention);
   EXPECT_EQ(run({}).bound_s, 0) << "no peaks, no bound";
+
+  // Tensor-parallel ranks (threads on the CPU) each read their share: all of them together, the
+  // same bytes (the fixture's 2 kv heads split without replication).
+  EngineOptions two_ranks;
+  two_ranks.tensor_parallel_size = 2;
+  EXPECT_EQ(Engine(ckpt, two_ranks).step_weight_bytes(), static_cast<int64_t>(weight_bytes));
 }
 
 TEST(Benchmark, SharedPrefixHitsTheCacheAndPreemptionIsCounted) {

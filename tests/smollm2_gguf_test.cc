@@ -85,5 +85,19 @@ TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
   EXPECT_EQ(out.reason, FinishReason::kStop) << "the answer should end with <|im_end|>";
 }
 
+// What a decode step reads of the weights (the benchmark's bytes and GB/s): the GGUF's blocks as
+// the CPU keeps them, not float32. The sizes are the GGUF's own, listed by llama.cpp's `gguf`
+// package: 210 Q4_1 matrices of 66355200 bytes, which the CPU repacks with float32 scales (20 ->
+// 24 bytes a block, core/quantized.h), and the tied head's Q8_0 embedding of 30081024 bytes.
+TEST(SmolLM2Gguf, StepWeightBytesAreTheBlocksRead) {
+  const std::string path = default_model_path();
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
+  EngineOptions opts;
+  opts.num_pages = 16;
+  Engine engine(load_checkpoint(path), opts);
+  EXPECT_EQ(engine.step_weight_bytes(), int64_t{66355200} / 20 * 24 + 30081024);
+}
+
 }  // namespace
 }  // namespace pagedlm

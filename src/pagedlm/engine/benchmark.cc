@@ -66,11 +66,14 @@ struct ModelCosts {
   double layer_params = 0;  // weights every token goes through (attention, dense MLPs, routers)
   double expert_params_per_token = 0;  // the k experts' weights each token multiplies with
   double head_params = 0;              // lm_head: once per logits row
-  double weight_bytes = 0;             // layer and head weights, read once per step
+  double weight_bytes = 0;  // layer and head weights, read once per step (as the model stores them)
   double kv_bytes_per_token = 0;
   double attention_flops_per_pair = 0;  // per (query, key) pair over all layers and heads
 
-  ModelCosts(const ModelConfig& c, double dtype_bytes) {
+  // dtype_bytes: the compute dtype's size (activations, the KV cache); weight_bytes: the step's
+  // weights as stored (Engine::step_weight_bytes).
+  ModelCosts(const ModelConfig& c, double dtype_bytes, double step_weight_bytes)
+      : weight_bytes(step_weight_bytes) {
     const double D = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
     const double q = static_cast<double>(c.num_heads) * d,
                  kv = static_cast<double>(c.num_kv_heads) * d;
@@ -86,7 +89,6 @@ struct ModelCosts {
       }
     }
     head_params = static_cast<double>(c.vocab_size) * D;
-    weight_bytes = (layer_params + head_params) * dtype_bytes;
     kv_bytes_per_token = 2 * layers * kv * dtype_bytes;
     attention_flops_per_pair = 4 * layers * q;  // q.k and p.v, 2 FLOPs per multiply-add
   }
@@ -158,7 +160,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     for (const int64_t id : warm_ids) engine.take_output(id);
   }
 
-  const ModelCosts costs(engine.config(), engine.options().device == Device::kCuda ? 2 : 4);
+  const ModelCosts costs(engine.config(), engine.options().device == Device::kCuda ? 2 : 4,
+                         static_cast<double>(engine.step_weight_bytes()));
   const int64_t total_requests =
       spec.kind == "chat" ? int64_t{spec.num_requests} * spec.turns : spec.num_requests;
   BenchmarkResult result;

@@ -562,7 +562,13 @@ std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
   return scheduler_->cached_pages(max_pages);
 }
 
-int64_t Engine::expert_bytes_read() const { return model_->expert_bytes_read(); }
+int64_t Engine::expert_bytes_read() const {
+  return model_->expert_bytes_read() * options_.tensor_parallel_size;
+}
+
+int64_t Engine::step_weight_bytes() const {
+  return model_->step_weight_bytes() * options_.tensor_parallel_size;
+}
 
 void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);

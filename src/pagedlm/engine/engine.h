@@ -169,9 +169,12 @@ class Engine {
   // Decode steps that read the pages several sequences share once for all of them (CUDA's
   // cascade attention).
   int64_t cascade_steps() const;
-  // Mixture-of-experts models: the bytes of expert weights the steps so far activated (see
-  // CausalLM::expert_bytes_read; waits for the device).
+  // Mixture-of-experts models: the bytes of expert weights the steps so far activated, all ranks
+  // together (see CausalLM::expert_bytes_read; waits for the device).
   int64_t expert_bytes_read() const;
+  // The bytes of the weights every step reads whole, all ranks together (see
+  // CausalLM::step_weight_bytes; the ranks' shares are alike in size).
+  int64_t step_weight_bytes() const;
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
   // every token this request samples from now on (the server's logprobs option).

@@ -41,6 +41,13 @@ struct Projection {
       ops::linear(x, dense, bias, out, stream);
     }
   }
+
+  // The bytes apply() reads: whichever form it computes with.
+  int64_t bytes() const {
+    if (!q8.empty()) return static_cast<int64_t>(q8.data.size());
+    if (!blocks.empty()) return static_cast<int64_t>(blocks.blocks.size());
+    return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;  // none: no router
+  }
 };
 
 struct LayerWeights {
@@ -401,6 +408,15 @@ class DecoderModel final : public CausalLM {
     // This rank's share of each activated expert.
     return activated * 3 * (c.moe.expert_intermediate_size / tp_.size) * c.hidden_size *
            static_cast<int64_t>(dtype_size(dtype_));
+  }
+
+  int64_t step_weight_bytes() const override {
+    int64_t bytes = lm_head_.bytes();
+    for (const LayerWeights& w : layers_) {
+      bytes += w.qkv_proj.bytes() + w.o_proj.bytes() + w.gate_up_proj.bytes() +
+               w.down_proj.bytes() + w.router.bytes();
+    }
+    return bytes;
   }
 
   const ModelConfig& config() const override { return config_; }

@@ -52,6 +52,10 @@ class CausalLM {
   // (in each sparse layer of each call, every expert that received a token, read once). Waits
   // for the device. 0 for dense models.
   virtual int64_t expert_bytes_read() const { return 0; }
+  // The bytes of the weights every step reads whole, as this rank stores them: every layer's
+  // projections but the experts', and the lm_head (a GGUF's quantized matrices on the CPU are
+  // their blocks, not float32).
+  virtual int64_t step_weight_bytes() const = 0;
 };
 
 namespace ops {
