@@ -26,6 +26,21 @@ class CompiledGrammar {
 
 namespace {
 
+// xgrammar's logger starts a message with "[HH:MM:SS] /its/source/file.cc:LINE: "; clients need
+// only the parser's reason after it.
+std::string parser_reason(std::string message) {
+  if (message.rfind('[', 0) == 0) {
+    const size_t close = message.find("] ");
+    if (close != std::string::npos) message.erase(0, close + 2);
+  }
+  const size_t source = message.find(".cc:");
+  if (source != std::string::npos && message.find(' ') > source) {
+    const size_t colon = message.find(": ", source + 4);
+    if (colon != std::string::npos) message.erase(0, colon + 2);
+  }
+  return message;
+}
+
 using nlohmann::json;
 
 // Keywords xgrammar 0.2.9 reads past with a warning (json_schema_converter.cc): the output
@@ -387,7 +402,7 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
     throw;
   } catch (const std::exception& e) {
     // xgrammar reports a bad schema, regex or grammar by throwing with its parser's message.
-    throw GrammarError(std::string(what) + " cannot be compiled: " + e.what());
+    throw GrammarError(std::string(what) + " cannot be compiled: " + parser_reason(e.what()));
   }
 }
 
