@@ -365,7 +365,10 @@ def main():
     probe = build_probe(os.path.join(os.path.dirname(os.path.abspath(args.pagedlm)), "peer"))
     bw_before = probe_bandwidth(probe, args.threads, args.probe_mib)
     load_before = loadavg()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+    # The commit of the checkout that holds the binary (a --pagedlm of another worktree is that
+    # worktree's build, not this one's).
+    commit = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(args.pagedlm)),
+                             "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
     rows = build_rows(args, facts, ids)
     started = time.time()
