@@ -98,7 +98,8 @@ int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, 
   // out, zeroed on the GPU), so the count covers it and one page to use.
   const bool window = options.free_pages_outside_window && config.window_of_all_layers() > 0;
   const int64_t min_pages = window ? 2 : 1;
-  return static_cast<int32_t>(std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
+  return static_cast<int32_t>(
+      std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
 }
 
 int cuda_device_count() { return CudaStepRunner::device_count(); }

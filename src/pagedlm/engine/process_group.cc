@@ -146,8 +146,8 @@ void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions&
   const ModelConfig& c = model->config();
   // The same order as rank 0's engine: runner, cache, warm-up (whose steps hold collectives).
   CudaStepRunner runner(*model, options, c.max_position_embeddings);
-  const int32_t num_pages = group.agree_num_pages(
-      kv_cache_pages(options, c, {group.rank(), tp}, model->compute_dtype()));
+  const int32_t num_pages =
+      group.agree_num_pages(kv_cache_pages(options, c, {group.rank(), tp}, model->compute_dtype()));
   PagedKvCache kv_cache(c.num_layers, num_pages, options.page_size,
                         rank_dims(c, {group.rank(), tp}).kv_heads, c.head_dim, Device::kCuda,
                         model->compute_dtype());
