@@ -71,15 +71,18 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, Tenso
       // One parallel region over the rows, not one per row: an 8B config's column shares have
       // 14k rows a layer, and ranks sharing a host's cores waited on each region's threads for
       // minutes (two ranks on one 16-core host did not finish a Qwen3-0.6B config in 100 s).
-      const auto [begin, end] = share.ranges.front();
+      // Plain locals: an OpenMP region may not name structured bindings (clang refuses).
+      const int64_t rows = shape[0], begin = share.ranges.front().first,
+                    end = share.ranges.front().second;
 #pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < shape[0]; ++r) {
+      for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = r * row + begin; i < r * row + end; ++i) draw(i);
       }
     } else {
-      for (const auto& [begin, end] : share.ranges) {
+      for (const std::pair<int64_t, int64_t>& range : share.ranges) {
+        const int64_t begin = range.first * row, end = range.second * row;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = begin * row; i < end * row; ++i) draw(i);
+        for (int64_t i = begin; i < end; ++i) draw(i);
       }
     }
     ckpt.tensors.emplace(name, std::move(t));
