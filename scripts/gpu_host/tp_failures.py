@@ -16,21 +16,17 @@ own NCCL_HOSTID (see tp_fixtures.py). Prints one row per case and exits 1 when a
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tp_fixtures import free_port, rank_by_hand  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "testdata", "fixtures")
 DEADLINE_S = 60  # how long a rank may take to end once its peer is gone or refused
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Rank:
@@ -64,21 +60,14 @@ class Rank:
 
 
 def start_group(binary, args_of_rank, share_gpu):
-    """args_of_rank[r]: rank r's pagedlm arguments; returns the started Ranks."""
+    """args_of_rank[r]: rank r's pagedlm arguments (with the group size it believes in); returns
+    the started Ranks."""
     endpoint = f"127.0.0.1:{free_port()}"
     ranks = []
     for r, args in enumerate(args_of_rank):
-        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-        device = r
-        if share_gpu:
-            env.update(NCCL_HOSTID=f"pagedlm-shared-gpu-rank{r}", NCCL_SOCKET_IFNAME="lo",
-                       NCCL_IB_DISABLE="1")
-            device = 0
-        cmd = [binary] + args + ["--device", "cuda", "--tensor-parallel-rank", str(r),
-                                 "--tensor-parallel-endpoint", endpoint,
-                                 "--tensor-parallel-device", str(device),
-                                 "--gpu-memory-fraction", "0.2"]
-        ranks.append(Rank(cmd, env))
+        i = args.index("--tensor-parallel-size")
+        flags, env = rank_by_hand(r, int(args[i + 1]), endpoint, share_gpu, 0.2)
+        ranks.append(Rank([binary] + args[:i] + args[i + 2:] + flags + ["--device", "cuda"], env))
     return ranks
 
 

@@ -47,6 +47,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def rank_by_hand(r, tp, endpoint, share_gpu, memory_fraction):
+    """(the flags, the environment) of rank r of tp started by hand: on GPU r, or with share_gpu
+    on GPU 0 as its own NCCL host (see the module's docstring)."""
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    if share_gpu:
+        env.update(NCCL_HOSTID=f"pagedlm-shared-gpu-rank{r}", NCCL_SOCKET_IFNAME="lo",
+                   NCCL_IB_DISABLE="1")
+    flags = ["--tensor-parallel-size", str(tp), "--tensor-parallel-rank", str(r),
+             "--tensor-parallel-endpoint", endpoint,
+             "--tensor-parallel-device", "0" if share_gpu else str(r),
+             "--gpu-memory-fraction", f"{memory_fraction:.3f}"]
+    return flags, env
+
+
 def run_group(cmd, tp, share_gpu, timeout=600):
     """Runs `cmd` at `tp` ranks and returns rank 0's stdout. Without share_gpu rank 0 starts the
     other ranks itself, one per GPU; with it every rank is a process started here on GPU 0 (see
@@ -57,12 +71,8 @@ def run_group(cmd, tp, share_gpu, timeout=600):
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []
     for r in range(tp):
-        env = dict(os.environ, NCCL_HOSTID=f"pagedlm-shared-gpu-rank{r}", NCCL_SOCKET_IFNAME="lo",
-                   NCCL_IB_DISABLE="1", NCCL_NVLS_ENABLE="0")
-        args = cmd + ["--tensor-parallel-size", str(tp), "--tensor-parallel-rank", str(r),
-                      "--tensor-parallel-endpoint", endpoint, "--tensor-parallel-device", "0",
-                      "--gpu-memory-fraction", f"{0.5 / tp:.3f}"]
-        procs.append(subprocess.Popen(args, env=env, text=True, stdout=subprocess.PIPE,
+        flags, env = rank_by_hand(r, tp, endpoint, True, 0.5 / tp)
+        procs.append(subprocess.Popen(cmd + flags, env=env, text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE))
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]

@@ -27,6 +27,21 @@ constexpr char kFits = 'F', kPages = 'P', kStep = 'S', kDone = 'D';
 // A rank waits this long for rank 0's next message: a server may idle for days.
 constexpr std::chrono::hours kIdle{24 * 365};
 
+// The KV cache page counts: a rank's fit (kFits) and the agreed count (kPages).
+std::string pages_message(char kind, int32_t n) {
+  std::string m(1, kind);
+  m.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  return m;
+}
+
+int32_t pages_of(const std::string& m, char kind, const std::string& whose) {
+  PAGEDLM_CHECK(m.size() == 1 + sizeof(int32_t) && m[0] == kind, "tensor-parallel ", whose,
+                ": expected a KV cache page count");
+  int32_t n = 0;
+  std::memcpy(&n, m.data() + 1, sizeof(n));
+  return n;
+}
+
 #ifdef PAGEDLM_HAS_CUDA
 [[noreturn]] void end_process(const std::string& why) {
   std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
@@ -87,24 +102,6 @@ ProcessGroup::~ProcessGroup() {
     // A rank already gone needs no telling.
   }
 }
-
-namespace {
-
-std::string pages_message(char kind, int32_t n) {
-  std::string m(1, kind);
-  m.append(reinterpret_cast<const char*>(&n), sizeof(n));
-  return m;
-}
-
-int32_t pages_of(const std::string& m, char kind, const std::string& whose) {
-  PAGEDLM_CHECK(m.size() == 1 + sizeof(int32_t) && m[0] == kind, "tensor-parallel ", whose,
-                ": expected a KV cache page count");
-  int32_t n = 0;
-  std::memcpy(&n, m.data() + 1, sizeof(n));
-  return n;
-}
-
-}  // namespace
 
 int32_t ProcessGroup::agree_num_pages(int32_t fits) {
   if (client_) {
