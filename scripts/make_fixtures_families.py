@@ -1,0 +1,86 @@
+"""Golden fixtures of the families beyond make_fixtures.py's: Gemma 2, Gemma 3, Phi-3, YaRN Qwen3,
+Qwen3-MoE and Mixtral. Tiny random HF models + logits computed by HF transformers in float64.
+usage: make_fixtures_families.py OUTDIR SEED      (testdata/fixtures: SEED 4242, transformers 5.17)
+
+As make_fixtures.py: one seed for every fixture, every parameter non-trivial (norm weights around
+1.0 +/- 0.2, Gemma's stored as w - 1 since its RMSNorm multiplies by 1 + w), bf16 weights, and the
+reference computed from a fresh float64 load of the saved checkpoint with eager attention (and
+eager experts for the mixtures of experts)."""
+import os, sys, json, random
+import torch
+from safetensors.torch import save_file
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config,
+                          Qwen3Config, Qwen3MoeConfig, MixtralConfig)
+out, seed = sys.argv[1], int(sys.argv[2])
+base = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+            rms_norm_eps=1e-5, initializer_range=0.08, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+gemma = dict(base, head_dim=64, query_pre_attn_scalar=64, sliding_window=32,
+             layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh",
+             tie_word_embeddings=True)
+specs = {
+  "gemma2":     (Gemma2Config,     dict(gemma, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+  "gemma3":     (Gemma3TextConfig, dict(gemma, attn_logit_softcapping=None, final_logit_softcapping=None,
+                                        rope_parameters={
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})),
+  "phi3":       (Phi3Config,       dict(base, tie_word_embeddings=False,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+  "qwen3-yarn": (Qwen3Config,      dict(base, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0,
+                                                         "original_max_position_embeddings": 64})),
+  "qwen3-moe":  (Qwen3MoeConfig,   dict(base, head_dim=64, tie_word_embeddings=True, num_experts=8,
+                                        num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+  "mixtral":    (MixtralConfig,    dict(base, intermediate_size=128, tie_word_embeddings=False, num_local_experts=4,
+                                        num_experts_per_tok=2,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+moe = {"qwen3-moe", "mixtral"}
+summary = {}
+for name, (C, kw) in specs.items():
+    torch.manual_seed(seed); rng = random.Random(seed)
+    cfg = C(**kw)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    norm_mean = 0.0 if name.startswith("gemma") else 1.0
+    with torch.no_grad():
+        for n, p in model.named_parameters():   # make every parameter non-trivial
+            if "norm" in n: p.copy_(norm_mean + 0.2 * torch.randn_like(p))
+            elif n.endswith("bias"): p.copy_(0.1 * torch.randn_like(p))
+    model = model.to(torch.bfloat16)
+    d = os.path.join(out, name); os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    # The reference is what a user of the checkpoint gets: a fresh load (model.to(bf16) above also
+    # rounded the rotary inv_freq buffer to bf16, which a fresh load does not do).
+    extra = {"experts_implementation": "eager"} if name in moe else {}
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager",
+                                               **extra).eval()
+    V = cfg.vocab_size
+    t = lambda n: [rng.randrange(3, V) for _ in range(n)]
+    c1 = t(40); c2 = c1[:33] + t(7)
+    prompts = [t(7), c1, c2, t(130), t(1), t(300)]
+    tensors, meta = {}, []
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            logits = ref(torch.tensor([p])).logits[0]
+            g, margins, cur = [], [], list(p)
+            for _ in range(12):
+                lg = ref(torch.tensor([cur])).logits[0, -1]
+                top = torch.topk(lg, 2); g.append(int(top.indices[0])); margins.append(float(top.values[0] - top.values[1]))
+                cur.append(g[-1])
+        tensors[f"case{i}.prompt"] = torch.tensor(p, dtype=torch.int32)
+        tensors[f"case{i}.logits"] = logits.to(torch.float32).contiguous()
+        tensors[f"case{i}.greedy"] = torch.tensor(g, dtype=torch.int32)
+        tensors[f"case{i}.greedy_margin"] = torch.tensor(margins, dtype=torch.float32)
+        meta.append({"case": i, "prompt_len": len(p), "min_margin": min(margins), "logit_std": float(logits.std())})
+    save_file(tensors, os.path.join(d, "expected.safetensors"))
+    info = {"name": name, "hf_class": type(model).__name__, "weights_dtype": "bfloat16",
+            "reference": "HF transformers %s, eager attention, float64 (fresh load of the saved checkpoint)"
+                         % __import__("transformers").__version__,
+            "cases": meta, "notes": "case2 shares its first 33 tokens with case1; case5 is 300 tokens"}
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    summary[name] = meta
+    print(name, json.load(open(os.path.join(d, "config.json"))).get("rope_parameters"), flush=True)
+print(json.dumps(summary)[:3000])
