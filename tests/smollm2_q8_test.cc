@@ -61,7 +61,7 @@ double relative_error(const Tensor& got, const Tensor& want) {
   return std::sqrt(diff / norm);
 }
 
-// Measured on 2026-12-01 (dev VM, AVX-512 VNNI kernel, all kernels give the same bits): relative
+// Measured on 2026-12-01 (2-core VM, AVX-512 VNNI, all kernels give the same bits): relative
 // errors against the float64 reference of 0.9e-2 to 5.0e-2 over the six cases, where the exact
 // mode stays near 1e-6. The same 8-bit quantization of x pushed through the exact kernel (x
 // replaced by q * d) measured 0.9e-2 to 9.5e-2: which roundings flip moves a case's error by 2x
@@ -117,7 +117,7 @@ TEST(SmolLM2Q8, BatchInvariant) {
 
 // A smoke test through the chat template and decode steps. Not the exact mode's "Paris": on this
 // 135M model 8-bit activations already change the first token of this answer (measured
-// 2026-12-01), as llama.cpp's multiplication does for later tokens (issue 19).
+// 2026-12-01), as llama.cpp's multiplication does for later tokens (docs/PERF.md, CPU table).
 TEST(SmolLM2Q8, GreedyChatRunsAndDecodes) {
   SKIP_WITHOUT_DEFAULT_MODEL();
   TextModel model = load_text_model(default_model_path());

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark issue's table on a GPU host: `pagedlm bench` with random weights of each config
+# docs/PERF.md's benchmark table on a GPU host: `pagedlm bench` with random weights of each config
 # named, on the random (256 x 100-1024 -> 256) and shared-prefix (128 x (2000 + 32) -> 64)
 # workloads, one JSON per run in OUT_DIR and a summary table last.
 #   scripts/gpu_host/bench.sh OUT_DIR smollm2-135m [qwen3-0.6b llama-3.1-8b ...]

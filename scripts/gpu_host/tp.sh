@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a host with 2 GPUs (H200), everything the issue asks for in one run:
+# Tensor parallelism on a host with 2 GPUs (H200), every tensor-parallel measurement in one run:
 #   1. every golden fixture at 2 ranks against 1 rank on the GPU (tp_fixtures.py: bf16 logits,
 #      greedy tokens, CUDA graphs on), and the failure cases (tp_failures.py);
 #   2. Llama-3.1-70B's shape (random bf16 weights, configs/llama-3.1-70b.json) at 2 ranks on the

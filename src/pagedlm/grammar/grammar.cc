@@ -263,7 +263,7 @@ struct GrammarCompiler::Impl {
 
   // The grammars compiled last, by spec_key (under mu): a request whose grammar is among them
   // gets it on its own thread at once, without validation, a compile slot or a thread (1-4 us
-  // a hit on the dev VM, against 140-690 us through xgrammar's cache, which takes a compile
+  // a hit on a 2-core AMD EPYC, against 140-690 us through xgrammar's cache, which takes a compile
   // thread and slot). At most kRecentGrammars of them and a quarter of cache_bytes: they keep
   // their grammars alive after xgrammar's cache has let them go.
   CompiledGrammarPtr recent(const std::string& key) {

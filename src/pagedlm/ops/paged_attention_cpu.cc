@@ -71,7 +71,7 @@ constexpr int64_t kBlocksPerThread = 2;
 // kPrefillTokenBlock tokens, which share each tile of keys and values while it is in cache (a
 // 1k-token prompt otherwise re-reads every key once per query row), and its transpose. 32
 // tokens read each tile half as often as 16 (0.89x the time of a 4000-token prompt's
-// attention on the development VM) and keep a block's scratch (96 rows for SmolLM2) in L2.
+// attention on a 2-core x86-64 VM) and keep a block's scratch (96 rows for SmolLM2) in L2.
 constexpr int64_t kPrefillMinTokens = 16;
 constexpr int64_t kPrefillTokenBlock = 32;
 
