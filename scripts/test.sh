@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh --tests
 scripts/check_format.sh
 scripts/check_layers.sh
+scripts/check_words.sh
 scripts/fetch_model.sh >/dev/null
 PAGEDLM_CMAKE_ARGS="-DPAGEDLM_WERROR=ON ${PAGEDLM_CMAKE_ARGS:-}" scripts/build.sh
 scripts/check_tidy.sh
