@@ -9,8 +9,8 @@ eager experts for the mixtures of experts)."""
 import os, sys, json, random
 import torch
 from safetensors.torch import save_file
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config,
-                          Qwen3Config, Qwen3MoeConfig, MixtralConfig)
+from transformers import Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig, MixtralConfig
+from fixture_common import save_random_model, reference_cases
 out, seed = sys.argv[1], int(sys.argv[2])
 base = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -42,38 +42,11 @@ summary = {}
 for name, (C, kw) in specs.items():
     torch.manual_seed(seed); rng = random.Random(seed)
     cfg = C(**kw)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    norm_mean = 0.0 if name.startswith("gemma") else 1.0
-    with torch.no_grad():
-        for n, p in model.named_parameters():   # make every parameter non-trivial
-            if "norm" in n: p.copy_(norm_mean + 0.2 * torch.randn_like(p))
-            elif n.endswith("bias"): p.copy_(0.1 * torch.randn_like(p))
-    model = model.to(torch.bfloat16)
-    d = os.path.join(out, name); os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True)
-    # The reference is what a user of the checkpoint gets: a fresh load (model.to(bf16) above also
-    # rounded the rotary inv_freq buffer to bf16, which a fresh load does not do).
-    extra = {"experts_implementation": "eager"} if name in moe else {}
-    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager",
-                                               **extra).eval()
-    V = cfg.vocab_size
-    t = lambda n: [rng.randrange(3, V) for _ in range(n)]
-    c1 = t(40); c2 = c1[:33] + t(7)
-    prompts = [t(7), c1, c2, t(130), t(1), t(300)]
-    tensors, meta = {}, []
-    for i, p in enumerate(prompts):
-        with torch.no_grad():
-            logits = ref(torch.tensor([p])).logits[0]
-            g, margins, cur = [], [], list(p)
-            for _ in range(12):
-                lg = ref(torch.tensor([cur])).logits[0, -1]
-                top = torch.topk(lg, 2); g.append(int(top.indices[0])); margins.append(float(top.values[0] - top.values[1]))
-                cur.append(g[-1])
-        tensors[f"case{i}.prompt"] = torch.tensor(p, dtype=torch.int32)
-        tensors[f"case{i}.logits"] = logits.to(torch.float32).contiguous()
-        tensors[f"case{i}.greedy"] = torch.tensor(g, dtype=torch.int32)
-        tensors[f"case{i}.greedy_margin"] = torch.tensor(margins, dtype=torch.float32)
-        meta.append({"case": i, "prompt_len": len(p), "min_margin": min(margins), "logit_std": float(logits.std())})
+    d = os.path.join(out, name)
+    # Gemma's RMSNorm multiplies by 1 + w: its checkpoints store w - 1.
+    model, ref = save_random_model(cfg, d, torch.bfloat16, norm_mean=0.0 if name.startswith("gemma") else 1.0,
+                                   **({"experts_implementation": "eager"} if name in moe else {}))
+    tensors, meta = reference_cases(ref, rng, cfg.vocab_size, greedy_len_in_meta=False)
     save_file(tensors, os.path.join(d, "expected.safetensors"))
     info = {"name": name, "hf_class": type(model).__name__, "weights_dtype": "bfloat16",
             "reference": "HF transformers %s, eager attention, float64 (fresh load of the saved checkpoint)"
