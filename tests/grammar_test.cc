@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,8 +196,22 @@ TEST(Grammar, BadSchemasAreRefused) {
                  "at /properties/a: the keyword 'not'");
   expect_refused(schema(R"({"$ref":"http://example.com/s.json"})"), "only local '$ref'");
   expect_refused(schema(R"({"type":"string","pattern":"a+","maxLength":3})"), "'pattern' together");
-  expect_refused(schema(R"({"type":"string","format":"email","maxLength":30})"),
-                 "'format' together");
+  expect_refused(schema(R"({"type":"string","format":"hostname","maxLength":30})"),
+                 "together with 'minLength' or 'maxLength' is not supported");
+  expect_refused(schema(R"({"type":"string","format":"email","pattern":"a"})"),
+                 "'pattern' together with 'format'");
+  expect_refused(schema(R"({"format":"email","enum":["a@b"]})"), "beside 'enum' without a 'type'");
+  expect_refused(schema(R"({"type":"string","format":"uuid","maxLength":-1})"),
+                 "'maxLength' must be a non-negative integer");
+  // No uuid is shorter than 36 characters, no date longer than 10.
+  expect_refused(schema(R"({"type":"string","format":"uuid","maxLength":30})"),
+                 "no \"uuid\" string has a length from 0 to 30 characters");
+  // A URI of up to 2048 characters takes some 40000 rules (the URI automaton's states times
+  // the lengths), more than a compilation may build.
+  expect_refused(schema(R"({"type":"string","format":"uri","maxLength":2048})"),
+                 "grammar rules, more than the 4096 allowed");
+  expect_refused(schema(R"({"type":"string","format":"date","minLength":11})"),
+                 "no \"date\" string has a length from 11 characters up");
   expect_refused(schema(R"({"type":"string","format":"credit-card"})"), "is not supported");
   std::string deep;
   for (int i = 0; i < 200; ++i) deep += R"({"type":"object","properties":{"a":)";
@@ -208,6 +223,106 @@ TEST(Grammar, BadSchemasAreRefused) {
   expect_refused(schema(big + "]}"), "enum values");
   expect_refused(schema(R"({"type":"string","pattern":"(a"})"), "cannot be compiled");
   expect_refused(schema(std::string(1 << 19, ' ')), "longer than");
+}
+
+// Whether the grammar takes `text` whole, then EOS.
+bool takes(const CompiledGrammarPtr& grammar, const std::string& text) {
+  Matcher m(grammar);
+  for (int32_t id : smollm2().encode(text, false)) {
+    if (!m.accept(id)) return false;
+  }
+  return m.accept(kEos) && m.terminated();
+}
+
+struct FormatCase {
+  std::string schema;
+  std::vector<std::string> valid;    // strings of the format within the bound
+  std::vector<std::string> refused;  // outside the format or the bound
+};
+
+// A format with a length bound (and without one) holds both: the examples are the RFCs' own
+// (RFC 3339 section 5.8, RFC 4122 section 3, RFC 4291 section 2.2, RFC 3986 section 1.1.2) and
+// strings that the RFCs or the bound rule out.
+TEST(Grammar, StringFormatsHoldTheirLengthBounds) {
+  const std::vector<FormatCase> cases = {
+      {R"({"type":"string","format":"email","maxLength":20})",
+       {"a@b.co", "user@localhost", "o'neil+x@mail.ex"},
+       {"first.last@example.com", "a..b@c.de", "@b.co", "a@-b.co", "a@b.co-", "a b@c.de", "ab"}},
+      {R"({"type":"string","format":"email","minLength":10,"maxLength":12})",
+       {"a@bcdefg.hi", "john@doe.com"},
+       {"a@b.cd", "johnny@doe.com"}},
+      {R"({"type":"string","format":"date"})",
+       {"1985-04-12", "2024-02-29", "2000-02-29", "1937-01-01"},
+       {"2023-02-29", "1900-02-29", "2023-04-31", "0000-01-01", "2023-13-01", "2023-1-01"}},
+      {R"({"type":"string","format":"time","minLength":12,"maxLength":14})",
+       {"23:20:50.52Z", "16:39:57-08:00", "12:30:05.250z"},
+       {"23:20:50Z", "12:30:05.1+01:00", "12:30:60.00Z", "24:00:00.00Z"}},
+      {R"({"type":"string","format":"date-time","maxLength":22})",
+       {"1985-04-12T23:20:50.5Z", "1996-12-19T16:39:57Z", "1990-12-31t23:59:59z"},
+       {"1985-04-12T23:20:50.52Z", "1996-12-19T16:39:57-08:00", "1996-12-19 16:39:57Z"}},
+      {R"({"type":"string","format":"uuid","minLength":36})",
+       {"f81d4fae-7dec-11d0-a765-00a0c91e6bf6"},
+       {"f81d4fae7dec11d0a76500a0c91e6bf6", "f81d4fae-7dec-11d0-a765-00a0c91e6bf"}},
+      {R"({"type":"string","format":"ipv4","maxLength":9})",
+       {"127.0.0.1", "10.0.0.10", "0.0.0.0"},
+       {"192.168.0.1", "01.2.3.4", "256.1.1.1", "1.2.3"}},
+      {R"({"type":"string","format":"ipv6","maxLength":16})",
+       {"::1", "2001:DB8::417A", "FF01::101", "::", "::13.1.68.3", "::FFFF:1.2.3.4"},
+       {"2001:DB8::8:800:417A", "1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", ":1"}},
+      {R"({"type":"string","format":"uri","maxLength":30})",
+       {"ftp://ftp.is.co.za/rfc/rfc1808", "mailto:John.Doe@example.com", "urn:oasis:names:specification",
+        "tel:+1-816-555-1212", "http://user@host:80/"},
+       {"http://www.ietf.org/rfc/rfc2396.txt", "1http://x", "http://exa mple.com", "no-scheme",
+        "http://a/%zz"}},
+  };
+  for (const FormatCase& c : cases) {
+    const CompiledGrammarPtr g = compiler().compile(schema(c.schema));
+    for (const std::string& text : c.valid) {
+      EXPECT_TRUE(takes(g, "\"" + text + "\"")) << c.schema << " refused " << text;
+    }
+    for (const std::string& text : c.refused) {
+      EXPECT_FALSE(takes(g, "\"" + text + "\"")) << c.schema << " took " << text;
+    }
+  }
+}
+
+// Random walks through a bounded format, in an object and behind a tool call's tags: every
+// finished one is a document whose string has a length within the bound and an "@".
+TEST(Grammar, BoundedFormatWalksStayInTheBound) {
+  GrammarSpec spec = schema(
+      R"({"type":"object","properties":{"to":{"$ref":"#/$defs/mail"}},"required":["to"],)"
+      R"("$defs":{"mail":{"type":"string","format":"email","minLength":8,"maxLength":16}}})");
+  spec.prefix = "<tool_call>";
+  spec.suffix = "</tool_call>";
+  const Tokenizer& tok = smollm2();
+  std::vector<int32_t> mask(bitmask_words(tok.vocab_size()));
+  std::mt19937 random(7);
+  for (int walk = 0; walk < 24; ++walk) {
+    Matcher m(compiler().compile(spec));
+    std::string written;
+    for (int step = 0; step < 200 && !m.terminated(); ++step) {
+      ASSERT_TRUE(m.fill_mask(mask.data()));
+      std::vector<int32_t> options;
+      for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+        if (allowed(mask, id)) options.push_back(id);
+      }
+      ASSERT_FALSE(options.empty()) << written;
+      const int32_t pick = options[random() % options.size()];
+      ASSERT_TRUE(m.accept(pick));
+      if (pick != kEos) written += tok.token_to_bytes(pick);
+    }
+    ASSERT_TRUE(m.terminated()) << written;
+    ASSERT_EQ(written.rfind("<tool_call>", 0), 0u) << written;
+    ASSERT_GE(written.size(), 23u) << written;
+    ASSERT_EQ(written.substr(written.size() - 12), "</tool_call>") << written;
+    const auto doc = nlohmann::json::parse(written.substr(11, written.size() - 23), nullptr,
+                                           /*allow_exceptions=*/false);
+    ASSERT_TRUE(doc.is_object() && doc.contains("to") && doc["to"].is_string()) << written;
+    const std::string to = doc["to"];
+    EXPECT_GE(to.size(), 8u) << to;
+    EXPECT_LE(to.size(), 16u) << to;
+    EXPECT_NE(to.find('@'), std::string::npos) << to;
+  }
 }
 
 TEST(Grammar, BadGrammarsAndChoicesAreRefused) {

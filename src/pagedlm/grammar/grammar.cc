@@ -10,10 +10,12 @@
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
+#include "pagedlm/grammar/string_format.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm::grammar {
@@ -49,6 +51,27 @@ constexpr const char* kUnsupportedKeywords[] = {
     "not",         "if",       "then",        "else",       "dependentRequired", "dependentSchemas",
     "uniqueItems", "contains", "minContains", "maxContains"};
 
+// The formats xgrammar 0.2.9 enforces on its own (JSONFormatToRegexPattern), without a length
+// bound; string_format.h builds the others it knows.
+constexpr const char* kXgrammarFormats[] = {"duration",     "hostname",     "uri-reference",
+                                            "uri-template", "json-pointer", "relative-json-pointer"};
+constexpr const char* kBuiltFormatNames = "email, date, time, date-time, uuid, ipv4, ipv6 and uri";
+
+// A string of a built format in the schema, replaced there by the pattern "^placeholder$".
+struct BuiltString {
+  std::string placeholder;  // also the name of its grammar's first rule
+  std::string format;
+  int64_t min_length = 0;
+  int64_t max_length = -1;  // -1: none
+};
+
+// A JSON schema as xgrammar is to read it: the built strings' formats and lengths replaced by
+// placeholders, whose grammars compile_now puts in.
+struct PreparedSchema {
+  std::string text;
+  std::vector<BuiltString> strings;
+};
+
 // The largest integer multipleOf xgrammar 0.2.9 enforces (kIntegerMultipleOfMax); it ignores a
 // larger one, a fractional one and any on numbers.
 constexpr int64_t kMaxIntegerMultipleOf = 1024;
@@ -68,35 +91,96 @@ struct SchemaCheck {
     throw GrammarError("unsupported JSON schema at " + (where.empty() ? "/" : where) + ": " + what);
   }
 
-  // Walks the schema positions of the document (not property names or enum values).
-  void visit(const json& s, const std::string& where) {
+  // The strings whose format (and length bound) pagedlm builds itself, by placeholder.
+  std::vector<BuiltString> built;
+  // A prefix of placeholders that the schema's own text does not contain.
+  std::string placeholder_prefix;
+
+  // A string's format and length keywords: a format built here (string_format.h) becomes a
+  // placeholder pattern, which compile_now replaces with the format's grammar; the others go to
+  // xgrammar alone, which cannot bound their length.
+  void check_string(json& s, const std::string& where) {
+    const bool has_length = s.contains("minLength") || s.contains("maxLength");
+    const auto format = s.find("format");
+    if (format == s.end() || !may_be_string(s, where)) {
+      if (s.contains("pattern") && has_length) {
+        fail(where, "'pattern' together with 'minLength' or 'maxLength' is not supported");
+      }
+      return;
+    }
+    if (!format->is_string()) fail(where, "'format' must be a string");
+    const std::string name = format->get<std::string>();
+    if (s.contains("pattern")) {
+      fail(where, "'pattern' together with 'format' is not supported");
+    }
+    if (!is_built_string_format(name)) {
+      if (std::find(std::begin(kXgrammarFormats), std::end(kXgrammarFormats), name) ==
+          std::end(kXgrammarFormats)) {
+        fail(where, "the format " + format->dump() + " is not supported");
+      }
+      if (has_length) {
+        fail(where, "the format " + format->dump() +
+                        " together with 'minLength' or 'maxLength' is not supported (lengths are "
+                        "enforced beside the formats " + kBuiltFormatNames + ")");
+      }
+      return;
+    }
+    BuiltString string{"", name, length(s, "minLength", where).value_or(0),
+                       length(s, "maxLength", where).value_or(-1)};
+    const auto same = std::find_if(built.begin(), built.end(), [&](const BuiltString& b) {
+      return b.format == string.format && b.min_length == string.min_length &&
+             b.max_length == string.max_length;
+    });
+    if (same != built.end()) {
+      string.placeholder = same->placeholder;
+    } else {
+      string.placeholder = placeholder_prefix + std::to_string(built.size());
+      built.push_back(string);
+    }
+    s.erase("format");
+    s.erase("minLength");
+    s.erase("maxLength");
+    s["pattern"] = "^" + string.placeholder + "$";
+    // A format implies no type; without one xgrammar would allow any value, strings unchecked.
+    if (!s.contains("type")) s["type"] = "string";
+  }
+
+  // Whether the schema allows strings by its "type" (absent: any type). A format constrains
+  // strings only, so beside a type without "string" it has nothing to do.
+  static bool may_be_string(const json& s, const std::string& where) {
+    const auto type = s.find("type");
+    if (type == s.end()) {
+      // xgrammar reads these keywords and not the format beside them.
+      for (const char* k : {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}) {
+        if (s.contains(k)) {
+          fail(where, std::string("'format' beside '") + k + "' without a 'type' is not supported");
+        }
+      }
+      return true;
+    }
+    if (type->is_array()) return std::find(type->begin(), type->end(), "string") != type->end();
+    return *type == "string";
+  }
+
+  // minLength or maxLength: absent, or a non-negative integer.
+  static std::optional<int64_t> length(const json& s, const char* key, const std::string& where) {
+    const auto it = s.find(key);
+    if (it == s.end()) return std::nullopt;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      fail(where, std::string("'") + key + "' must be a non-negative integer");
+    }
+    return it->get<int64_t>();
+  }
+
+  // Walks the schema positions of the document (not property names or enum values), rewriting
+  // the built formats in place.
+  void visit(json& s, const std::string& where) {
     if (s.is_boolean()) return;
     if (!s.is_object()) fail(where, "a schema must be an object or a boolean");
     for (const char* k : kUnsupportedKeywords) {
       if (s.contains(k)) fail(where, std::string("the keyword '") + k + "' is not supported");
     }
-    if (s.contains("pattern") &&
-        (s.contains("format") || s.contains("minLength") || s.contains("maxLength"))) {
-      fail(where, "'pattern' together with 'format', 'minLength' or 'maxLength' is not supported");
-    }
-    // xgrammar 0.2.9 reads a format and skips the lengths, and lets unknown formats through as
-    // any string.
-    if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
-      fail(where, "'format' together with 'minLength' or 'maxLength' is not supported");
-    }
-    if (auto it = s.find("format"); it != s.end()) {
-      static constexpr const char* kFormats[] = {"email",         "date",
-                                                 "time",          "date-time",
-                                                 "duration",      "hostname",
-                                                 "ipv4",          "ipv6",
-                                                 "uuid",          "uri",
-                                                 "uri-reference", "uri-template",
-                                                 "json-pointer",  "relative-json-pointer"};
-      if (!it->is_string() || std::find(std::begin(kFormats), std::end(kFormats),
-                                        it->get<std::string>()) == std::end(kFormats)) {
-        fail(where, "the format " + it->dump() + " is not supported");
-      }
-    }
+    check_string(s, where);
     if (auto it = s.find("multipleOf"); it != s.end()) {
       if (s.value("type", json()) != "integer" || !it->is_number_integer() ||
           it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxIntegerMultipleOf) {
@@ -124,7 +208,7 @@ struct SchemaCheck {
     for (const char* k : {"properties", "patternProperties", "$defs", "definitions"}) {
       if (auto it = s.find(k); it != s.end()) {
         if (!it->is_object()) fail(where, std::string("'") + k + "' must be an object");
-        for (const auto& [name, sub] : it->items()) visit(sub, child(where, k, name));
+        for (auto& [name, sub] : it->items()) visit(sub, child(where, k, name));
       }
     }
     for (const char* k : {"anyOf", "oneOf", "allOf", "prefixItems"}) {
@@ -225,22 +309,52 @@ struct GrammarCompiler::Impl {
         // One thread per compilation: the request's own thread does the work.
         compiler(info, /*max_threads=*/1, /*cache_enabled=*/true, l.cache_bytes) {}
 
-  xgrammar::CompiledGrammar compile_now(const GrammarSpec& spec) {
+  // The schema's grammar with each built string's placeholder pattern replaced by the rules of
+  // its format and length bound. xgrammar prints a pattern as a Regex(...) expression and reads
+  // the printed grammar back, so the swap happens in that text.
+  xgrammar::Grammar schema_grammar(const PreparedSchema& schema, bool strict) const {
+    // Compact JSON (no free whitespace): fewer tokens, and no run of spaces to get lost in.
+    xgrammar::Grammar grammar = xgrammar::Grammar::FromJSONSchema(
+        schema.text, /*any_whitespace=*/false, std::nullopt, std::nullopt, strict);
+    if (schema.strings.empty()) return grammar;
+    std::string ebnf = grammar.ToString();
+    std::string rules;
+    size_t rules_left = limits.max_format_rules;
+    for (const BuiltString& string : schema.strings) {
+      const std::string regex = "Regex(\"^" + string.placeholder + "$\", json_string=true)";
+      bool used = false;
+      for (size_t at = ebnf.find(regex); at != std::string::npos; at = ebnf.find(regex, at)) {
+        ebnf.replace(at, regex.size(), string.placeholder);
+        used = true;
+      }
+      // A string under an unreferenced definition has no place in the grammar.
+      if (!used) continue;
+      const std::string built = string_format_ebnf(string.format, string.min_length,
+                                                   string.max_length, string.placeholder,
+                                                   rules_left);
+      rules_left -= static_cast<size_t>(std::count(built.begin(), built.end(), '\n'));
+      rules += built;
+    }
+    return xgrammar::Grammar::FromEBNF(ebnf + rules, "root");
+  }
+
+  xgrammar::CompiledGrammar compile_now(const GrammarSpec& spec, const PreparedSchema& schema) {
     switch (spec.kind) {
       case GrammarSpec::Kind::kJsonObject:
         return compiler.CompileBuiltinJSONGrammar();
       case GrammarSpec::Kind::kJsonSchema: {
-        // Compact JSON (no free whitespace): fewer tokens, and no run of spaces to get lost in.
         if (spec.prefix.empty() && spec.suffix.empty()) {
-          return compiler.CompileJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
+          if (!schema.strings.empty()) {
+            return compiler.CompileGrammar(schema_grammar(schema, spec.strict));
+          }
+          return compiler.CompileJSONSchema(schema.text, /*any_whitespace=*/false, std::nullopt,
                                             std::nullopt, spec.strict);
         }
         std::vector<xgrammar::Grammar> parts;
         if (!spec.prefix.empty()) {
           parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.prefix)));
         }
-        parts.push_back(xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false,
-                                                          std::nullopt, std::nullopt, spec.strict));
+        parts.push_back(schema_grammar(schema, spec.strict));
         if (!spec.suffix.empty()) {
           parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + ebnf_literal(spec.suffix)));
         }
@@ -333,10 +447,22 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
   }
   const std::string key = spec_key(spec);
   if (CompiledGrammarPtr hit = impl_->recent(key)) return hit;
+  PreparedSchema schema;
   switch (spec.kind) {
     case GrammarSpec::Kind::kJsonSchema: {
-      SchemaCheck check{limits};
-      check.visit(parse_bounded(spec.text, limits.max_json_depth, what), "");
+      // Placeholders are "pagedlmformat" + a number, with as many more "x"s as it takes for
+      // the schema not to hold one already.
+      std::string prefix = "pagedlmformat";
+      while (spec.text.find(prefix) != std::string::npos) prefix += 'x';
+      SchemaCheck check{limits, 0, {}, prefix};
+      json doc = parse_bounded(spec.text, limits.max_json_depth, what);
+      check.visit(doc, "");
+      if (check.built.empty()) {
+        schema.text = spec.text;
+      } else {
+        schema.text = doc.dump();
+        schema.strings = std::move(check.built);
+      }
       break;
     }
     case GrammarSpec::Kind::kRegex:
@@ -378,9 +504,9 @@ CompiledGrammarPtr GrammarCompiler::compile(const GrammarSpec& spec) {
   }
   auto promise = std::make_shared<std::promise<xgrammar::CompiledGrammar>>();
   std::future<xgrammar::CompiledGrammar> result = promise->get_future();
-  std::thread([impl = impl_, spec, promise] {
+  std::thread([impl = impl_, spec, schema = std::move(schema), promise] {
     try {
-      promise->set_value(impl->compile_now(spec));
+      promise->set_value(impl->compile_now(spec, schema));
     } catch (...) {
       promise->set_exception(std::current_exception());
     }
