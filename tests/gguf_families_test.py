@@ -27,7 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SKIP = 77
+from server_harness import install_pinned
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "testdata" / "fixtures"
 CONVERTER = ROOT / "scripts" / "hf_to_gguf.py"
@@ -52,11 +53,6 @@ pyyaml==6.0.4 \
 """
 
 
-def skip(message):
-    print("SKIP: " + message, file=sys.stderr)
-    sys.exit(SKIP)
-
-
 def import_deps(target):
     """numpy and gguf, from the interpreter or else from pinned wheels installed into `target`
     (a folder of the build, so the system's packages are left alone)."""
@@ -68,19 +64,7 @@ def import_deps(target):
         return
     except ImportError:
         pass
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(REQUIREMENTS)
-    try:
-        pip = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes",
-             "--only-binary=:all:", "--upgrade", "--target", str(target), "-r", f.name],
-            capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    if pip.returncode != 0:
-        skip("numpy/gguf are not installed and pip could not install them:\n" +
-             pip.stderr[-2000:])
-    sys.path.insert(0, str(target))
+    install_pinned(REQUIREMENTS, target, "numpy/gguf are")
     import gguf  # noqa: F401,F811
     import numpy  # noqa: F401,F811
 

@@ -3,12 +3,14 @@ HTTP with the standard library, and read /metrics."""
 
 import argparse
 import http.client
+import importlib
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -199,6 +201,26 @@ def run_checks(checks):
 def skip(reason):
     print("SKIP: " + reason)
     sys.exit(SKIP)
+
+
+def install_pinned(requirements, target, what):
+    """Installs `requirements` (pip's hash-checked requirements text: wheels pinned by version and
+    sha256) into the folder `target` and puts it first on sys.path; skips the test when pip
+    cannot install them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(requirements)
+    try:
+        pip = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes",
+             "--only-binary=:all:", "--upgrade", "--target", str(target), "-r", f.name],
+            capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if pip.returncode != 0:
+        skip(f"{what} not installed and pip could not install them:\n" + pip.stderr[-2000:])
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
 
 
 def root():

@@ -1,25 +1,27 @@
 """Structured output through the official openai client against `pagedlm serve` on the SmolLM2
 GGUF (CPU): 50+ JSON schemas (nested objects, arrays with min/max items, enums, number ranges,
-string patterns and formats, anyOf/oneOf, $ref, required vs optional), each answered with JSON
-that parses and validates against its schema with the `jsonschema` package; json_object;
+string patterns, formats alone and with minLength/maxLength, anyOf/oneOf, $ref, required vs
+optional), each answered with JSON that parses and validates against its schema with the
+`jsonschema` package, formats included (its FormatChecker, with the packages it checks date-time,
+time and uri with); json_object;
 tool_choice "required" and a named function (always a given tool, arguments valid against its
 parameters); the regex, choice and grammar extensions; max_tokens cutting a constrained reply
 (finish_reason "length"); and bad schemas and grammars refused with 400 while the server keeps
 serving."""
 
+import importlib.util
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from server_harness import Server, parse_args, post_json, run_checks, skip
+from server_harness import Server, install_pinned, parse_args, post_json, run_checks
 from server_openai_test import import_openai
 
 # jsonschema 4.26.0 and what it imports, as wheels for CPython 3.11 to 3.13 on x86-64 Linux,
-# installed into the build folder when the interpreter lacks them.
+# installed into the build folder when the interpreter lacks them; rfc3339-validator (with six)
+# and rfc3986-validator are what jsonschema checks the formats date-time, time and uri with
+# (without them it passes any string as those formats).
 REQUIREMENTS = """\
 jsonschema==4.26.0 \
     --hash=sha256:d489f15263b8d200f8387e64b4c3a75f06629559fb73deb8fdfb525f2dab50ce
@@ -35,7 +37,16 @@ rpds-py==2026.9.1 \
     --hash=sha256:136a1c3fe4402b7008bc81cb62ee538481795b61a7e83df88dff3b3f02b726ff \
     --hash=sha256:addeda51556dac7c1a2f14cda62db8b621cd12afba3091d03a96c72932387eab \
     --hash=sha256:7868b85224291c6cb6759f9b5adb9745f486d226f62b16a614dd5a2a5ab2b35b
+rfc3339-validator==0.1.4 \
+    --hash=sha256:24f6ec1eda14ef823da9e36ec7113124b39c04d50a4d3d3a3c2859577e7791fa
+rfc3986-validator==0.1.1 \
+    --hash=sha256:2f235c432ef459970b4306369336b9d5dbdda31b510ca1e327636e01f528bfa9
+six==1.17.0 \
+    --hash=sha256:4721f391ed90541fddacab5acf947aa0d3dc7d27b2e1e8eda2be8970586c3274
 """
+
+# The formats the schemas below use: each must have a checker, or jsonschema lets any string by.
+CHECKED_FORMATS = {"email", "date", "time", "date-time", "uuid", "ipv4", "ipv6", "uri"}
 
 MAX_TOKENS = 160
 WORKERS = 8  # concurrent requests: they share the engine's batch
@@ -44,24 +55,12 @@ WORKERS = 8  # concurrent requests: they share the engine's batch
 def import_jsonschema(target):
     if target.is_dir():
         sys.path.insert(0, str(target))
-    try:
-        import jsonschema  # noqa: F401
-        return jsonschema
-    except ImportError:
-        pass
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(REQUIREMENTS)
-    try:
-        pip = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes",
-             "--only-binary=:all:", "--upgrade", "--target", str(target), "-r", f.name],
-            capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    if pip.returncode != 0:
-        skip("jsonschema is not installed and pip could not install it:\n" + pip.stderr[-2000:])
-    sys.path.insert(0, str(target))
-    import jsonschema  # noqa: F811
+    modules = ("jsonschema", "rfc3339_validator", "rfc3986_validator")
+    if not all(importlib.util.find_spec(m) for m in modules):
+        install_pinned(REQUIREMENTS, target, "jsonschema and its format checkers are")
+    import jsonschema
+    missing = CHECKED_FORMATS - set(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+    assert not missing, f"jsonschema has no checker for the formats {sorted(missing)}"
     return jsonschema
 
 
@@ -172,6 +171,30 @@ SCHEMAS = [
     ("a top-level string", {"type": "string", "maxLength": 16}),
     ("a user with an optional address",
      obj({"user": obj({"name": s(), "address": obj({"city": s()})}, required=["name"])})),
+    ("an int32 count", obj({"n": {"type": "integer", "format": "int32", "minimum": 0,
+                                  "maximum": 99}})),
+    ("an email", obj({"email": {"type": "string", "format": "email", "maxLength": 64}})),
+    ("an email of at most 40 characters", {"type": "string", "format": "email", "maxLength": 40}),
+    ("a contact", obj({"name": s(), "email": {"type": "string", "format": "email",
+                                              "minLength": 6, "maxLength": 24}})),
+    ("a meeting", obj({"title": s(), "start": {"type": "string", "format": "date-time",
+                                               "maxLength": 25}})),
+    ("a UTC timestamp", {"type": "string", "format": "date-time", "minLength": 20,
+                         "maxLength": 20}),
+    ("a request id", obj({"id": {"type": "string", "format": "uuid", "minLength": 36,
+                                 "maxLength": 36}})),
+    ("a birthday", obj({"birthday": {"type": "string", "format": "date", "maxLength": 10}})),
+    ("an alarm time", obj({"at": {"type": "string", "format": "time", "maxLength": 14}})),
+    ("a server address", obj({"host": {"type": "string", "format": "ipv4", "maxLength": 15}})),
+    ("an IPv6 address", obj({"ip": {"type": "string", "format": "ipv6", "maxLength": 39}})),
+    ("a homepage", obj({"url": {"type": "string", "format": "uri", "maxLength": 40}})),
+    ("a short link", obj({"url": {"type": "string", "format": "uri", "minLength": 12,
+                                  "maxLength": 24}})),
+    ("a user profile", obj({"email": {"type": "string", "format": "email", "maxLength": 32},
+                            "joined": {"type": "string", "format": "date"},
+                            "id": {"type": "string", "format": "uuid"},
+                            "ip": {"type": ["string", "null"], "format": "ipv4",
+                                   "maxLength": 15}})),
     ("a payment", obj({"amount": {"type": "number", "minimum": 0.01, "maximum": 999},
                        "currency": {"enum": ["USD", "EUR", "JPY"]},
                        "method": {"oneOf": [{"const": "card"}, {"const": "cash"}]}})),
@@ -254,8 +277,11 @@ def main():
             assert reply.choices[0].finish_reason == "stop"
 
         def sampled_outputs_hold_too():
-            schema = obj({"n": {"type": "integer", "minimum": 0, "maximum": 50}, "w": s(10)})
-            for seed in range(4):
+            for seed, schema in enumerate(
+                    [obj({"n": {"type": "integer", "minimum": 0, "maximum": 50}, "w": s(10)})] * 4 +
+                    [obj({"email": {"type": "string", "format": "email", "maxLength": 24},
+                          "at": {"type": "string", "format": "date-time", "maxLength": 25},
+                          "ip": {"type": "string", "format": "ipv6", "maxLength": 20}})] * 4):
                 reply = client.chat.completions.create(
                     model=server.model, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed,
                     messages=[{"role": "user", "content": "Give me JSON."}],
@@ -326,6 +352,18 @@ def main():
                 ("unknown format", {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "x", "schema": {"type": "string", "format": "credit-card"}}}},
                  "format \"credit-card\" is not supported"),
+                ("a length no uuid has", {"response_format": {"type": "json_schema",
+                 "json_schema": {"name": "x", "schema": {"type": "string", "format": "uuid",
+                                                         "maxLength": 20}}}},
+                 "no \"uuid\" string has a length from 0 to 20 characters"),
+                ("format and pattern", {"response_format": {"type": "json_schema",
+                 "json_schema": {"name": "x", "schema": {"type": "string", "format": "email",
+                                                         "pattern": "@"}}}},
+                 "'pattern' together with 'format' is not supported"),
+                ("a length beside a format xgrammar alone enforces", {"response_format": {
+                    "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                        "type": "string", "format": "hostname", "maxLength": 20}}}},
+                 "together with 'minLength' or 'maxLength' is not supported"),
                 ("multipleOf on a number", {"response_format": {"type": "json_schema",
                  "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 7}}}},
                  "'multipleOf' is supported on integers only"),

@@ -53,8 +53,9 @@ constexpr const char* kUnsupportedKeywords[] = {
 
 // The formats xgrammar 0.2.9 enforces on its own (JSONFormatToRegexPattern), without a length
 // bound; string_format.h builds the others it knows.
-constexpr const char* kXgrammarFormats[] = {"duration",     "hostname",     "uri-reference",
-                                            "uri-template", "json-pointer", "relative-json-pointer"};
+constexpr const char* kXgrammarFormats[] = {"duration",      "hostname",
+                                            "uri-reference", "uri-template",
+                                            "json-pointer",  "relative-json-pointer"};
 constexpr const char* kBuiltFormatNames = "email, date, time, date-time, uuid, ipv4, ipv6 and uri";
 
 // A string of a built format in the schema, replaced there by the pattern "^placeholder$".
@@ -121,7 +122,8 @@ struct SchemaCheck {
       if (has_length) {
         fail(where, "the format " + format->dump() +
                         " together with 'minLength' or 'maxLength' is not supported (lengths are "
-                        "enforced beside the formats " + kBuiltFormatNames + ")");
+                        "enforced beside the formats " +
+                        kBuiltFormatNames + ")");
       }
       return;
     }
@@ -329,9 +331,8 @@ struct GrammarCompiler::Impl {
       }
       // A string under an unreferenced definition has no place in the grammar.
       if (!used) continue;
-      const std::string built = string_format_ebnf(string.format, string.min_length,
-                                                   string.max_length, string.placeholder,
-                                                   rules_left);
+      const std::string built = string_format_ebnf(
+          string.format, string.min_length, string.max_length, string.placeholder, rules_left);
       rules_left -= static_cast<size_t>(std::count(built.begin(), built.end(), '\n'));
       rules += built;
     }

@@ -48,7 +48,7 @@ struct CompilerLimits {
   // (email 5, uri 21, ipv6 151). xgrammar compiles such a rule in 0.2-6 ms (email and uri the
   // slowest: most tokens fit their characters), so an email of up to 254 characters (1257 rules)
   // takes some 5 s on a loaded 2-core Xeon.
-  size_t max_format_rules = 4096;
+  size_t max_format_rules = 2048;
   // Compiled grammars kept (xgrammar's own cache, least recently used out first).
   int64_t cache_bytes = int64_t{256} << 20;
   std::chrono::milliseconds compile_timeout{10000};

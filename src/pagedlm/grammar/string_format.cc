@@ -22,10 +22,12 @@ CharSet chars(std::string_view spec) {
   CharSet set;
   for (size_t i = 0; i < spec.size(); ++i) {
     if (i + 2 < spec.size() && spec[i + 1] == '-') {
-      for (int c = spec[i]; c <= spec[i + 2]; ++c) set.set(static_cast<size_t>(c));
+      const auto first = static_cast<unsigned char>(spec[i]);
+      const auto last = static_cast<unsigned char>(spec[i + 2]);
+      for (size_t c = first; c <= last; ++c) set.set(c);
       i += 2;
     } else {
-      set.set(static_cast<size_t>(spec[i]));
+      set.set(static_cast<unsigned char>(spec[i]));
     }
   }
   return set;
@@ -83,20 +85,23 @@ Re hexdig() { return cls("0-9A-Fa-f"); }
 // full-date: a year from 0001 (Python's and RFC 3339 validators refuse year 0), a month, and a
 // day that the month has; 29 February only in leap years.
 Re full_date() {
-  const Re year = alt({seq({cls("1-9"), rep(digit(), 3, 3)}), seq({lit("0"), cls("1-9"), rep(digit(), 2, 2)}),
-                       seq({lit("00"), cls("1-9"), digit()}), seq({lit("000"), cls("1-9")})});
+  const Re year =
+      alt({seq({cls("1-9"), rep(digit(), 3, 3)}), seq({lit("0"), cls("1-9"), rep(digit(), 2, 2)}),
+           seq({lit("00"), cls("1-9"), digit()}), seq({lit("000"), cls("1-9")})});
   // Divisible by 4 and not by 100, or by 400 (0000 is no year here).
-  const Re by4 = alt({seq({lit("0"), cls("48")}), seq({cls("2468"), cls("048")}),
-                      seq({cls("13579"), cls("26")})});
+  const Re by4 = alt(
+      {seq({lit("0"), cls("48")}), seq({cls("2468"), cls("048")}), seq({cls("13579"), cls("26")})});
   const Re leap_year = alt({seq({digit(), digit(), by4}), seq({by4, lit("00")})});
-  const Re day28 = alt({seq({lit("0"), cls("1-9")}), seq({lit("1"), digit()}), seq({lit("2"), cls("0-8")})});
+  const Re day28 =
+      alt({seq({lit("0"), cls("1-9")}), seq({lit("1"), digit()}), seq({lit("2"), cls("0-8")})});
   const Re day30 = alt({seq({lit("0"), cls("1-9")}), seq({cls("12"), digit()}), lit("30")});
   const Re day31 = alt({day30, lit("31")});
-  const Re month31 = alt({lit("01"), lit("03"), lit("05"), lit("07"), lit("08"), lit("10"), lit("12")});
+  const Re month31 =
+      alt({lit("01"), lit("03"), lit("05"), lit("07"), lit("08"), lit("10"), lit("12")});
   const Re month30 = alt({lit("04"), lit("06"), lit("09"), lit("11")});
   return alt({seq({year, lit("-"), month31, lit("-"), day31}),
-              seq({year, lit("-"), month30, lit("-"), day30}),
-              seq({year, lit("-02-"), day28}), seq({leap_year, lit("-02-29")})});
+              seq({year, lit("-"), month30, lit("-"), day30}), seq({year, lit("-02-"), day28}),
+              seq({leap_year, lit("-02-29")})});
 }
 
 // full-time: hours, minutes, seconds (no leap second: the validators refuse 60), an optional
@@ -157,12 +162,13 @@ Re uri() {
   const Re rootless = seq({plus(pchar), path_abempty});
   const Re userinfo = star(alt({unreserved_or_sub, pct, lit(":")}));
   const Re host = star(alt({unreserved_or_sub, pct}));
-  const Re authority = seq({opt(seq({userinfo, lit("@")})), host, opt(seq({lit(":"), star(digit())}))});
+  const Re authority =
+      seq({opt(seq({userinfo, lit("@")})), host, opt(seq({lit(":"), star(digit())}))});
   const Re hier = alt({seq({lit("//"), authority, path_abempty}), seq({lit("/"), opt(rootless)}),
                        rootless, seq({})});
   const Re query = star(alt({pchar, cls("/?")}));
-  return seq({cls("A-Za-z"), star(cls("A-Za-z0-9+.-")), lit(":"), hier,
-              opt(seq({lit("?"), query})), opt(seq({lit("#"), query}))});
+  return seq({cls("A-Za-z"), star(cls("A-Za-z0-9+.-")), lit(":"), hier, opt(seq({lit("?"), query})),
+              opt(seq({lit("#"), query}))});
 }
 
 // (format name, its expression)
@@ -398,7 +404,8 @@ std::string string_format_ebnf(const std::string& format, int64_t min_length, in
   const Dfa dfa = format_automaton(format);
   const auto bound = [&] {
     return "from " + std::to_string(min_length) +
-           (max_length < 0 ? " characters up" : " to " + std::to_string(max_length) + " characters");
+           (max_length < 0 ? " characters up"
+                           : " to " + std::to_string(max_length) + " characters");
   };
   // The counter: characters so far, up to max_length; with no upper bound it stops at
   // min_length, past which every length is as good.
@@ -485,7 +492,8 @@ std::string string_format_ebnf(const std::string& format, int64_t min_length, in
     for (const auto& [target, set] : by_target) {
       alternatives += (alternatives.empty() ? "" : " | ") + char_class(set) + " " + name(target);
     }
-    if (dfa.accepting[q] && i >= min_length) alternatives += alternatives.empty() ? "\"\"" : " | \"\"";
+    if (dfa.accepting[q] && i >= min_length)
+      alternatives += alternatives.empty() ? "\"\"" : " | \"\"";
     ebnf += name(s) + " ::= " + alternatives + "\n";
   }
   return ebnf;
