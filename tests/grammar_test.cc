@@ -210,6 +210,8 @@ TEST(Grammar, BadSchemasAreRefused) {
   // the lengths), more than a compilation may build.
   expect_refused(schema(R"({"type":"string","format":"uri","maxLength":2048})"),
                  "grammar rules, more than the 2048 allowed");
+  expect_refused(schema(R"({"type":"string","format":"email","minLength":100000000})"),
+                 "needs too large a grammar");
   expect_refused(schema(R"({"type":"string","format":"date","minLength":11})"),
                  "no \"date\" string has a length from 11 characters up");
   expect_refused(schema(R"({"type":"string","format":"credit-card"})"), "is not supported");
@@ -266,6 +268,13 @@ TEST(Grammar, StringFormatsHoldTheirLengthBounds) {
       {R"({"type":"string","format":"uuid","minLength":36})",
        {"f81d4fae-7dec-11d0-a765-00a0c91e6bf6"},
        {"f81d4fae7dec11d0a76500a0c91e6bf6", "f81d4fae-7dec-11d0-a765-00a0c91e6bf"}},
+      // Bounds past the format's longest string, or past int32, bound nothing.
+      {R"({"type":"string","format":"uuid","maxLength":18446744073709551615})",
+       {"f81d4fae-7dec-11d0-a765-00a0c91e6bf6"},
+       {"f81d4fae-7dec-11d0-a765-00a0c91e6bf"}},
+      {R"({"type":"string","format":"email","maxLength":3000000000})",
+       {"x@" + std::string(300, 'y')},
+       {"x@"}},
       {R"({"type":"string","format":"ipv4","maxLength":9})",
        {"127.0.0.1", "10.0.0.10", "0.0.0.0"},
        {"192.168.0.1", "01.2.3.4", "256.1.1.1", "1.2.3"}},

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <future>
+#include <limits>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -168,6 +169,10 @@ struct SchemaCheck {
   static std::optional<int64_t> length(const json& s, const char* key, const std::string& where) {
     const auto it = s.find(key);
     if (it == s.end()) return std::nullopt;
+    if (it->is_number_unsigned()) {
+      return static_cast<int64_t>(
+          std::min<uint64_t>(it->get<uint64_t>(), std::numeric_limits<int64_t>::max()));
+    }
     if (!it->is_number_integer() || it->get<int64_t>() < 0) {
       fail(where, std::string("'") + key + "' must be a non-negative integer");
     }

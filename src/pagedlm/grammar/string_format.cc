@@ -4,6 +4,8 @@
 #include <bitset>
 #include <cctype>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -392,6 +394,34 @@ Dfa format_automaton(const std::string& format) {
   return automata.at(format);
 }
 
+// The length of the longest string the automaton accepts; -1 when there is none, the accepted
+// strings running through a cycle.
+int64_t longest(const Dfa& dfa) {
+  const size_t n = dfa.next.size();
+  // Longest accepted suffix from each state (-2: none), by depth-first search; a state met
+  // again while on the path closes a cycle.
+  std::vector<int64_t> suffix(n, -3);  // -3: not visited, -4: on the path
+  bool cycle = false;
+  const std::function<int64_t(int)> visit = [&](int q) -> int64_t {
+    if (suffix[q] == -4) {
+      cycle = true;
+      return -2;
+    }
+    if (suffix[q] != -3) return suffix[q];
+    suffix[q] = -4;
+    int64_t best = dfa.accepting[q] ? 0 : -2;
+    for (int t : dfa.next[q]) {
+      if (t < 0) continue;
+      const int64_t after = visit(t);
+      if (after >= 0) best = std::max(best, after + 1);
+    }
+    suffix[q] = best;
+    return best;
+  };
+  const int64_t from_start = visit(dfa.start);
+  return cycle ? -1 : std::max<int64_t>(from_start, -1);
+}
+
 }  // namespace
 
 bool is_built_string_format(const std::string& format) { return formats().count(format) != 0; }
@@ -402,17 +432,20 @@ std::string string_format_ebnf(const std::string& format, int64_t min_length, in
     throw GrammarError("the format \"" + format + "\" has no built grammar");
   }
   const Dfa dfa = format_automaton(format);
-  const auto bound = [&] {
-    return "from " + std::to_string(min_length) +
-           (max_length < 0 ? " characters up"
-                           : " to " + std::to_string(max_length) + " characters");
-  };
+  const std::string bound =
+      "from " + std::to_string(min_length) +
+      (max_length < 0 ? " characters up" : " to " + std::to_string(max_length) + " characters");
+  // A bound past the format's longest string is no bound; one past int32 neither, in practice
+  // (no reply gets that long; xgrammar reads maxLength so too).
+  const int64_t most = longest(dfa);
+  if (most >= 0 && (max_length < 0 || max_length > most)) max_length = most;
+  if (max_length > std::numeric_limits<int32_t>::max()) max_length = -1;
   // The counter: characters so far, up to max_length; with no upper bound it stops at
   // min_length, past which every length is as good.
   const int64_t top = max_length < 0 ? min_length : max_length;
   const auto states = static_cast<int64_t>(dfa.next.size());
-  if ((top + 1) * states > int64_t{1} << 24) {
-    throw GrammarError("a \"" + format + "\" string of " + bound() +
+  if (top >= (int64_t{1} << 24) / states) {
+    throw GrammarError("a \"" + format + "\" string of " + bound +
                        " needs too large a grammar to enforce");
   }
   const auto id = [&](int q, int64_t i) { return static_cast<int64_t>(q) * (top + 1) + i; };
@@ -458,14 +491,14 @@ std::string string_format_ebnf(const std::string& format, int64_t min_length, in
     }
   }
   if (!live[order[0]]) {
-    throw GrammarError("no \"" + format + "\" string has a length " + bound());
+    throw GrammarError("no \"" + format + "\" string has a length " + bound);
   }
   std::vector<int64_t> kept;
   for (int64_t s : order) {
     if (live[s]) kept.push_back(s);
   }
   if (kept.size() > max_rules) {
-    throw GrammarError("a \"" + format + "\" string of " + bound() + " needs " +
+    throw GrammarError("a \"" + format + "\" string of " + bound + " needs " +
                        std::to_string(kept.size()) + " grammar rules, more than the " +
                        std::to_string(max_rules) + " allowed");
   }
