@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -334,6 +336,67 @@ TEST(Grammar, BoundedFormatWalksStayInTheBound) {
     EXPECT_GE(to.size(), 8u) << to;
     EXPECT_LE(to.size(), 16u) << to;
     EXPECT_NE(to.find('@'), std::string::npos) << to;
+  }
+}
+
+// Random walks through each built format, alone and with a length bound: every walk ends (the
+// grammar never leaves a string without a way to finish) within its bound. With
+// PAGEDLM_FORMAT_SAMPLES set, the strings go to that file as JSON lines {"schema", "value"}, which
+// tests/grammar_formats_test.py checks with jsonschema's format checkers: whether each string
+// is of its format is for a validator pagedlm did not write to say.
+TEST(Grammar, FormatWalksEndWithinTheirBounds) {
+  struct Bounded {
+    std::string format;
+    int64_t min_length, max_length;  // -1: none
+  };
+  const std::vector<Bounded> formats = {
+      {"email", 0, -1}, {"email", 6, 30}, {"date", 0, -1},      {"date", 10, 10},
+      {"time", 0, -1},  {"time", 12, 20}, {"date-time", 0, -1}, {"date-time", 0, 28},
+      {"uuid", 0, -1},  {"uuid", 36, 40}, {"ipv4", 0, -1},      {"ipv4", 10, 13},
+      {"ipv6", 0, -1},  {"ipv6", 20, 30}, {"uri", 0, -1},       {"uri", 12, 40}};
+  const char* path = std::getenv("PAGEDLM_FORMAT_SAMPLES");
+  std::ofstream samples;
+  if (path != nullptr) samples.open(path);
+  const Tokenizer& tok = smollm2();
+  std::vector<int32_t> mask(bitmask_words(tok.vocab_size()));
+  std::mt19937 random(11);
+  for (const Bounded& f : formats) {
+    nlohmann::json doc = {{"type", "string"}, {"format", f.format}};
+    if (f.min_length > 0) doc["minLength"] = f.min_length;
+    if (f.max_length >= 0) doc["maxLength"] = f.max_length;
+    const CompiledGrammarPtr g = compiler().compile(schema(doc.dump()));
+    int finished = 0;
+    for (int walk = 0; walk < 60; ++walk) {
+      Matcher m(g);
+      std::string written;
+      for (int step = 0; step < 150 && !m.terminated(); ++step) {
+        ASSERT_TRUE(m.fill_mask(mask.data()));
+        std::vector<int32_t> options, single_bytes;
+        for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+          if (!allowed(mask, id)) continue;
+          options.push_back(id);
+          if (id != kEos && tok.token_to_bytes(id).size() == 1) single_bytes.push_back(id);
+        }
+        ASSERT_FALSE(options.empty()) << written;
+        // Every other step a one-byte token, if any, so that the walks reach the automaton's
+        // corners rather than only what long tokens spell.
+        const std::vector<int32_t>& from =
+            step % 2 == 1 && !single_bytes.empty() ? single_bytes : options;
+        const int32_t pick = from[random() % from.size()];
+        ASSERT_TRUE(m.accept(pick));
+        if (pick != kEos) written += tok.token_to_bytes(pick);
+      }
+      if (!m.terminated()) continue;  // 150 tokens of an unbounded format: no finished string
+      ++finished;
+      const auto value = nlohmann::json::parse(written, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(value.is_string()) << written;
+      const auto length = static_cast<int64_t>(value.get<std::string>().size());
+      EXPECT_GE(length, f.min_length) << written;
+      if (f.max_length >= 0) EXPECT_LE(length, f.max_length) << written;
+      if (samples.is_open())
+        samples << nlohmann::json{{"schema", doc}, {"value", value}}.dump() << "\n";
+    }
+    EXPECT_GE(finished, 10) << doc.dump();
   }
 }
 

@@ -144,7 +144,8 @@ struct SchemaCheck {
     s.erase("minLength");
     s.erase("maxLength");
     s["pattern"] = "^" + string.placeholder + "$";
-    // A format implies no type; without one xgrammar would allow any value, strings unchecked.
+    // Without a type xgrammar reads the pattern as it read the format: any value, strings
+    // unchecked. The value is held to a string of the format (other types are left out).
     if (!s.contains("type")) s["type"] = "string";
   }
 

@@ -1,7 +1,8 @@
 // The JSON-schema string formats whose grammar pagedlm builds itself, so that a format and a
 // length bound hold together: xgrammar 0.2.9 enforces a format and drops minLength/maxLength
-// beside it, and its own format expressions admit strings that RFC 3339, RFC 3986 and RFC 4291
-// reject (month days past the month's end, leap seconds, "00" octets in IPv4).
+// beside it. Its format expressions also admit strings that RFC 3339 and RFC 3986 reject (30
+// February, IPv4 octets with a leading zero) and the second 60, which RFC 3339 allows at a leap
+// second only and the usual validators (rfc3339-validator, which jsonschema checks with) refuse.
 //
 // Each format is a regular language over printable ASCII, so that a string's length in
 // characters (what minLength and maxLength count) is its length in bytes, and a string needs no
