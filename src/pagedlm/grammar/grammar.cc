@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -334,6 +335,13 @@ struct GrammarCompiler::Impl {
       for (size_t at = ebnf.find(regex); at != std::string::npos; at = ebnf.find(regex, at)) {
         ebnf.replace(at, regex.size(), string.placeholder);
         used = true;
+      }
+      // Had xgrammar written the pattern some other way (as a string of its own rules), the
+      // placeholder would stand in the grammar as literal text to be written.
+      if (ebnf.find("\"" + string.placeholder) != std::string::npos ||
+          ebnf.find("^" + string.placeholder) != std::string::npos) {
+        throw std::logic_error("xgrammar wrote the pattern of a \"" + string.format +
+                               "\" string in a form pagedlm does not replace");
       }
       // A string under an unreferenced definition has no place in the grammar.
       if (!used) continue;
