@@ -444,6 +444,13 @@ std::string string_format_ebnf(const std::string& format, int64_t min_length, in
   // min_length, past which every length is as good.
   const int64_t top = max_length < 0 ? min_length : max_length;
   const auto states = static_cast<int64_t>(dfa.next.size());
+  // Each count from 0 to top has a rule on the way to a long enough string, so a top past
+  // max_rules is refused before the product (states * top pairs) is laid out.
+  if (static_cast<uint64_t>(top) >= max_rules) {
+    throw GrammarError("a \"" + format + "\" string of " + bound + " needs over " +
+                       std::to_string(top) + " grammar rules, more than the " +
+                       std::to_string(max_rules) + " allowed");
+  }
   if (top >= (int64_t{1} << 24) / states) {
     throw GrammarError("a \"" + format + "\" string of " + bound +
                        " needs too large a grammar to enforce");
