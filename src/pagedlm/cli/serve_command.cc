@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <thread>
 
 #include "pagedlm/cli/commands.h"
@@ -100,6 +102,11 @@ void register_serve(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
+    // Until the server listens, SIGINT or SIGTERM ends the process at once (the load has
+    // nothing to drain); then the first one drains (a watcher polls for it) and a second one
+    // ends the process at once.
+    catch_stop_signals();
+    std::optional<StopSignalsEndAtOnce> starting(std::in_place);
     const bool dummy = !args->dummy.empty();
     const std::string path = dummy ? args->dummy : resolve_model_path(args->model);
     if (args->server.served_model_name.empty()) {
@@ -117,12 +124,20 @@ void register_serve(CLI::App& app) {
                     " tokens, more than the model's vocabulary of ",
                     model.checkpoint.config.vocab_size);
     }
+    // The drain's deadline, steady_clock ticks (none until a signal): past it, the engine
+    // abandons a step still running, such as a long prompt's CPU prefill, whose requests have
+    // then been ended by the front end (--shutdown-timeout), so that the engine thread is out of
+    // its step when the server stops.
+    std::atomic<int64_t> abandon_after{std::numeric_limits<int64_t>::max()};
     Engine engine(model.checkpoint, options);
+    engine.set_abandon_check([&abandon_after] {
+      const int64_t deadline = abandon_after.load(std::memory_order_relaxed);
+      return deadline != std::numeric_limits<int64_t>::max() &&
+             std::chrono::steady_clock::now().time_since_epoch().count() >= deadline;
+    });
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
-    // The first SIGINT or SIGTERM drains (a watcher polls for it); a second one ends the
-    // process at once.
-    catch_stop_signals();
+    starting.reset();
     std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
                  args->server.served_model_name.c_str(), args->server.host.c_str(), port);
     std::fflush(stderr);
@@ -131,9 +146,13 @@ void register_serve(CLI::App& app) {
       while (stop_signal() == 0 && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
+      abandon_after = (std::chrono::steady_clock::now() + args->server.shutdown_timeout)
+                          .time_since_epoch()
+                          .count();
       if (!http.stop()) {
-        // Every client has its answer; only the engine's current step (which it cannot leave
-        // midway) is left: one that was already long when the drain began (HttpServer::stop).
+        // Every client has its answer; only the engine's current step is left, still running
+        // half a second after the deadline (a CPU step leaves between two layers once the
+        // deadline has passed: one layer that took longer than that).
         std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
         std::fflush(stderr);
         std::_Exit(0);

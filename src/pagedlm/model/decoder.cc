@@ -469,7 +469,7 @@ class DecoderModel final : public CausalLM {
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
-  void forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
+  bool forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
     const ModelConfig& c = config_;
     const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
     const int64_t d = c.head_dim, Hq = dims_.q_heads, Hk = dims_.kv_heads;
@@ -492,8 +492,13 @@ class DecoderModel final : public CausalLM {
       ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale, dims_.vocab_begin);
       comm_->all_reduce_sum(residual, stream);
     }
+    // Points where the pass may be left (ForwardStop): before each half of each layer.
+    const auto leave_at = [&](size_t layer, int half) {
+      return in.stop != nullptr && in.stop->leave_at(tp_, static_cast<int64_t>(2 * layer) + half);
+    };
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
+      if (leave_at(i, 0)) return false;
       if (i == 0) {
         ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset);
       } else {
@@ -510,6 +515,7 @@ class DecoderModel final : public CausalLM {
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
+      if (leave_at(i, 1)) return false;
       ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
       if (c.layers[i].sparse_mlp) {
         // Every rank routes alike (the router is replicated) and runs its share of each
@@ -550,6 +556,7 @@ class DecoderModel final : public CausalLM {
       comm_->all_gather_cols(local, logits, stream);
     }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
+    return true;
   }
 
  private:

@@ -3,7 +3,11 @@
 // object supplied by the engine (which writes K/V into its paged cache and reads them back).
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <utility>
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/tensor.h"
@@ -27,10 +31,38 @@ class Attention {
                       const Tensor& q, const Tensor& inv_freq, const Tensor& out) = 0;
 };
 
+// Where a forward pass may be left midway (a CPU step that prefills a long prompt runs for
+// seconds; Ctrl-C should not wait for it). The pass asks at fixed points: before each half of
+// each layer (attention, then MLP). Every rank of a tensor-parallel group asks the same object at
+// the same points, and only rank 0 asks `requested`: alone it leaves at that point; in a group
+// all ranks leave together at the next one. No rank can pass that next point before rank 0 has
+// decided, since the stretch between two points joins the ranks in a collective, so no rank is
+// left waiting in one for a rank that has gone.
+class ForwardStop {
+ public:
+  explicit ForwardStop(std::function<bool()> requested) : requested_(std::move(requested)) {}
+
+  // Whether rank tp.rank leaves its forward pass at `point` (0, 1, ... in the pass's order).
+  bool leave_at(TensorParallel tp, int64_t point) {
+    if (tp.rank == 0 && stop_point_.load(std::memory_order_relaxed) == kNever && requested_()) {
+      stop_point_.store(tp.size == 1 ? point : point + 1, std::memory_order_release);
+    }
+    return point >= stop_point_.load(std::memory_order_acquire);
+  }
+
+ private:
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::function<bool()> requested_;
+  std::atomic<int64_t> stop_point_{kNever};
+};
+
 struct ForwardInputs {
   Tensor token_ids;        // [L] i32
   Tensor logits_rows;      // [S] i32: rows of the stream whose logits are wanted
   void* stream = nullptr;  // CUDA: the cudaStream_t every op of the step is issued on
+  // Where the pass may be left midway; null: it runs to the end (the GPU's steps, which are short
+  // and may be captured as graphs, never pass one).
+  ForwardStop* stop = nullptr;
 };
 
 class CausalLM {
@@ -46,8 +78,10 @@ class CausalLM {
   // Allocates the activations for steps of up to `rows` stream rows. Forward calls within that
   // size allocate nothing, which a captured CUDA graph requires; larger ones grow the buffers.
   virtual void reserve(int64_t rows) = 0;
-  // logits: [S, vocab] f32 on the model's device.
-  virtual void forward(const ForwardInputs& inputs, Attention& attention, const Tensor& logits) = 0;
+  // logits: [S, vocab] f32 on the model's device. False when inputs.stop made the pass leave
+  // midway: the logits are not written and the step's K/V only partly (some layers, not others).
+  [[nodiscard]] virtual bool forward(const ForwardInputs& inputs, Attention& attention,
+                                     const Tensor& logits) = 0;
   // Mixture-of-experts models: the bytes of expert weights the forward calls so far had to read
   // (in each sparse layer of each call, every expert that received a token, read once). Waits
   // for the device. 0 for dense models.
