@@ -1,9 +1,9 @@
 // A step left midway (Engine::set_abandon_check: Ctrl-C inside a long CPU prefill) keeps nothing
 // it did: its requests end as cancelled, its pages go back to the pool, no later request is
 // served from the prefix cache what it half wrote, and the engine then computes what an engine
-// that never abandoned a step computes. The llama-gqa fixture has two layers, so a pass has four
-// points where it may be left; it runs alone and split between two tensor-parallel ranks (whose
-// ranks must leave at the same point, or one would wait in a collective for good).
+// that never abandoned a step computes. The llama-gqa fixture has two layers: a pass asks at
+// eleven points (five a layer, one before the lm_head); it runs alone and split between two
+// tensor-parallel ranks (which must leave together, or one would wait in a collective for good).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -64,7 +64,7 @@ RequestOutput run_alone(const EngineOptions& o, Request request) {
 
 struct Case {
   int32_t tensor_parallel_size;
-  int32_t leave_at;  // the point the pass is left at (alone) or decided at (two ranks)
+  int32_t leave_at;  // the ask at which the pass leaves (alone) or rank 0 decides (two ranks)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -84,7 +84,7 @@ TEST_P(EngineAbandon, AbandonedStepEndsItsRequestsAndLeavesNothingBehind) {
   LeaveAt check{leave_at};
   engine.set_abandon_check(check);
   const std::vector<RequestEvent> events = engine.step();
-  // Alone the pass leaves where it is told; two ranks leave together at the next point.
+  // Alone the pass leaves where it is told; two ranks leave together past the next all-reduce.
   EXPECT_EQ(*check.asked, leave_at + 1);
   ASSERT_EQ(events.size(), 2u);
   for (const RequestEvent& e : events) {
@@ -113,10 +113,14 @@ TEST_P(EngineAbandon, AbandonedStepEndsItsRequestsAndLeavesNothingBehind) {
   EXPECT_EQ(again.tokens, fresh.tokens);
 }
 
-// Two ranks decide at points 0 to 2 and leave at 1 to 3; alone, at each of the four.
+// Alone: before the first layer, before an attention, before a down projection, before the
+// lm_head. Two ranks: rank 0 decides before the first layer, before an attention, before an
+// o_proj (the ranks leave after its all-reduce), before either layer's down projection (they
+// leave after its all-reduce: the second layer's is the last point with a point after it).
 INSTANTIATE_TEST_SUITE_P(Points, EngineAbandon,
-                         testing::Values(Case{1, 0}, Case{1, 1}, Case{1, 2}, Case{1, 3}, Case{2, 0},
-                                         Case{2, 1}, Case{2, 2}),
+                         testing::Values(Case{1, 0}, Case{1, 1}, Case{1, 4}, Case{1, 10},
+                                         Case{2, 0}, Case{2, 1}, Case{2, 2}, Case{2, 4},
+                                         Case{2, 9}),
                          [](const testing::TestParamInfo<Case>& info) {
                            return "tp" + std::to_string(info.param.tensor_parallel_size) +
                                   "_point" + std::to_string(info.param.leave_at);
@@ -132,7 +136,7 @@ TEST(EngineAbandon, PagesOfFinishedStepsStayCached) {
   const std::vector<int32_t> first_pages(full.begin(), full.begin() + 2 * kPageSize);
   engine.generate({greedy(first_pages, 1)});
   const int64_t id = engine.add_request(greedy(full, 4));
-  engine.set_abandon_check(LeaveAt{1});
+  engine.set_abandon_check(LeaveAt{7});  // both layers have written K/V
   const std::vector<RequestEvent> events = engine.step();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].reason, FinishReason::kCancelled);

@@ -153,11 +153,11 @@ class Engine {
   void set_draining(bool draining) { draining_ = draining; }
   // Lets a step be left midway, for a caller that is stopping (Ctrl-C, a server's drain
   // deadline): while `abandon()` holds, a CPU step's forward pass leaves at the next of its
-  // points between layers (ForwardStop; a CPU step that prefills a long prompt runs for seconds)
-  // and step() returns at once. An abandoned step keeps nothing it did: every request in it ends
-  // as cancelled (its event says so) and the pages it was writing go back to the pool unknown to
-  // the prefix cache (Scheduler::abandon). GPU steps, which take milliseconds and may be CUDA
-  // graphs, always run to the end. Empty (the default): steps are never abandoned.
+  // points between large operations (ForwardStop; a CPU step that prefills a long prompt runs
+  // for seconds) and step() returns at once. An abandoned step keeps nothing it did: every request
+  // in it ends as cancelled (its event says so) and the pages it was writing go back to the pool
+  // unknown to the prefix cache (Scheduler::abandon). GPU steps, which take milliseconds and may be
+  // CUDA graphs, always run to the end. Empty (the default): steps are never abandoned.
   void set_abandon_check(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
   // The step-time model the engine has learned so far (all zero before its first prefill, and
   // while target_itl_ms is 0).

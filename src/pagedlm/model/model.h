@@ -32,28 +32,29 @@ class Attention {
 };
 
 // Where a forward pass may be left midway (a CPU step that prefills a long prompt runs for
-// seconds; Ctrl-C should not wait for it). The pass asks at fixed points: before each half of
-// each layer (attention, then MLP). Every rank of a tensor-parallel group asks the same object at
-// the same points, and only rank 0 asks `requested`: alone it leaves at that point; in a group
-// all ranks leave together at the next one. No rank can pass that next point before rank 0 has
-// decided, since the stretch between two points joins the ranks in a collective, so no rank is
-// left waiting in one for a rank that has gone.
+// seconds; Ctrl-C should not wait for it). The pass asks at points between its large operations
+// (a few per layer), saying how many of the pass's collectives lie behind it (`joined`; 0 for a
+// model alone). Alone it leaves at the first point that finds `requested` holding. The ranks of a
+// tensor-parallel group ask the same object, and only rank 0 asks `requested`: once it holds,
+// every rank leaves at its first point past the next collective. No rank can be past that
+// collective before rank 0 decided (it needs rank 0 in it) and every rank gets through it (rank 0
+// goes on to it too), so all leave together and none is left waiting in a collective.
 class ForwardStop {
  public:
   explicit ForwardStop(std::function<bool()> requested) : requested_(std::move(requested)) {}
 
-  // Whether rank tp.rank leaves its forward pass at `point` (0, 1, ... in the pass's order).
-  bool leave_at(TensorParallel tp, int64_t point) {
-    if (tp.rank == 0 && stop_point_.load(std::memory_order_relaxed) == kNever && requested_()) {
-      stop_point_.store(tp.size == 1 ? point : point + 1, std::memory_order_release);
+  // Whether rank tp.rank leaves its forward pass at a point with `joined` collectives behind it.
+  bool leave_at(TensorParallel tp, int64_t joined) {
+    if (tp.rank == 0 && leave_from_.load(std::memory_order_relaxed) == kNever && requested_()) {
+      leave_from_.store(tp.size == 1 ? joined : joined + 1, std::memory_order_release);
     }
-    return point >= stop_point_.load(std::memory_order_acquire);
+    return joined >= leave_from_.load(std::memory_order_acquire);
   }
 
  private:
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   std::function<bool()> requested_;
-  std::atomic<int64_t> stop_point_{kNever};
+  std::atomic<int64_t> leave_from_{kNever};  // the `joined` from which every point leaves
 };
 
 struct ForwardInputs {
