@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <limits>
 #include <optional>
 #include <thread>
 
@@ -124,17 +123,7 @@ void register_serve(CLI::App& app) {
                     " tokens, more than the model's vocabulary of ",
                     model.checkpoint.config.vocab_size);
     }
-    // The drain's deadline, steady_clock ticks (none until a signal): past it, the engine
-    // abandons a step still running, such as a long prompt's CPU prefill, whose requests have
-    // then been ended by the front end (--shutdown-timeout), so that the engine thread is out of
-    // its step when the server stops.
-    std::atomic<int64_t> abandon_after{std::numeric_limits<int64_t>::max()};
     Engine engine(model.checkpoint, options);
-    engine.set_abandon_check([&abandon_after] {
-      const int64_t deadline = abandon_after.load(std::memory_order_relaxed);
-      return deadline != std::numeric_limits<int64_t>::max() &&
-             std::chrono::steady_clock::now().time_since_epoch().count() >= deadline;
-    });
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
     starting.reset();
@@ -146,13 +135,11 @@ void register_serve(CLI::App& app) {
       while (stop_signal() == 0 && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      abandon_after = (std::chrono::steady_clock::now() + args->server.shutdown_timeout)
-                          .time_since_epoch()
-                          .count();
       if (!http.stop()) {
         // Every client has its answer; only the engine's current step is left, still running
-        // half a second after the deadline (a CPU step leaves between two layers once the
-        // deadline has passed: one layer that took longer than that).
+        // half a second after the drain's deadline, past which a CPU step leaves at its next
+        // point between two operations (EngineLoop: Engine::set_abandon_check): one operation
+        // that took longer than that.
         std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
         std::fflush(stderr);
         std::_Exit(0);
