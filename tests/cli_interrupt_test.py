@@ -24,10 +24,12 @@ from server_harness import Server, parse_args, request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGNAL_AFTER_S = (1, 2, 3, 4, 6)
 # After the signal a CPU step goes on to its next exit point, at most one large operation of one
-# layer (SmolLM2 at 3,000 tokens: 150 of them in a 5-20 s step on a 2-core Xeon, a few tenths of
-# a second the longest); then the command prints what it has and exits. The one second the
-# commands promise, with no margin added: every run here, two busy loops beside it included,
-# was gone in half of it.
+# layer (SmolLM2 at 3,000 tokens on a 2-core Intel Xeon: 150 of them a step, the attention the
+# longest at 150-160 ms of the 380 ms a layer takes), then the command prints what it has and
+# exits (the process is gone 30-200 ms after its last line). The one second the commands
+# promise, no margin added: on that Xeon, with other builds keeping 6-9 threads runnable on its
+# two cores and two busy loops beside, runs were gone in 0.02-0.9 s (median 0.15 s), all but 2
+# of about 140 (1.4 and 1.5 s, at load 8-9).
 EXIT_WITHIN_S = 1.0
 PROMPT_TOKENS = 3000
 
