@@ -40,6 +40,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,8 +191,12 @@ def text_ids(model, n):
             pass
     if not text:
         fail("no docs to take prompt text from")
-    out = run([sys.executable, PEER, "tokenize", "--model", model, "--prompt", text],
-              "tokenizing the prompt text")
+    # Through a file: the docs together are past the kernel's 128 KiB limit on one argument.
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt") as f:
+        f.write(text)
+        f.flush()
+        out = run([sys.executable, PEER, "tokenize", "--model", model, "--prompt-file", f.name],
+                  "tokenizing the prompt text")
     ids = [int(t) for t in out.split()]
     while len(ids) < n:
         ids += ids

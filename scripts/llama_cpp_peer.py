@@ -16,7 +16,9 @@ the argmax of the logits (no sampler chain) and never stops at EOS, as `pagedlm 
 Subcommands (each loads the model once and prints one line of JSON on stdout; times exclude
 the load):
   tokenize --prompt TEXT [--chat]     the prompt's token ids, through the GGUF's chat template
-                                      with --chat
+           (or --prompt-file PATH)    with --chat; --prompt-file reads the text from a file
+                                      ("-": stdin), for text past the kernel's 128 KiB limit
+                                      on one argument
   prefill  --tokens IDS               one prompt, 1 new token: the prompt's evaluation time
   decode   --tokens IDS --max-tokens N one stream: N tokens, the first from the prompt's logits;
                                       the time of the N-1 single-token decode steps alone
@@ -181,7 +183,13 @@ def cmd_tokenize(args):
     from llama_cpp import Llama
 
     llm = Llama(model_path=args.model, n_ctx=256, vocab_only=True, verbose=False)
-    text = args.prompt
+    if args.prompt_file is None:
+        text = args.prompt
+    elif args.prompt_file == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            text = f.read()
     if args.chat:
         import jinja2
 
@@ -279,7 +287,9 @@ def main():
         p.add_argument("--model", default=default_model)
         p.add_argument("--threads", type=int, default=2)
         if name == "tokenize":
-            p.add_argument("--prompt", required=True)
+            text = p.add_mutually_exclusive_group(required=True)
+            text.add_argument("--prompt")
+            text.add_argument("--prompt-file", help="file holding the prompt text (-: stdin)")
             p.add_argument("--chat", action="store_true")
             p.add_argument("--system", default="")
         elif name == "score":

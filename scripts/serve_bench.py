@@ -309,7 +309,11 @@ def main():
     if args.wait_ready:
         wait_ready(url, args.wait_ready)
     if not args.model:
-        status, models = get_json(url, "/v1/models", args.timeout)
+        try:
+            status, models = get_json(url, "/v1/models", args.timeout)
+        except OSError as e:
+            sys.exit(f"serve_bench: no server answers at {args.url} ({e}): start one first, e.g. "
+                     "build/pagedlm serve --port 8000, or give --wait-ready SECONDS")
         if status != 200 or not models.get("data"):
             sys.exit(f"serve_bench: GET /v1/models answered {status}: {models}")
         args.model = models["data"][0]["id"]

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "default_model_util.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 
@@ -123,10 +124,7 @@ TEST_F(CliTest, GenerateTokensRunsAndReportsFinish) {
 }
 
 TEST_F(CliTest, StopStringCutsTheTextAndFinishesTheRequest) {
-  const char* home = std::getenv("HOME");
-  const std::string gguf =
-      std::string(home ? home : ".") + "/.cache/pagedlm/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (std::getenv("PAGEDLM_CACHE") || !fs::exists(gguf)) GTEST_SKIP() << "no default model";
+  REQUIRE_DEFAULT_MODEL();  // the binary's default, from the same PAGEDLM_CACHE
   const std::string common =
       "generate --chat --prompt \"What is the capital of France?\" --max-tokens 24";
   const RunResult full = run(common);
@@ -145,10 +143,7 @@ TEST_F(CliTest, StopStringCutsTheTextAndFinishesTheRequest) {
 // --chat-template renders --chat prompts with the given file: the same tokens as its rendering
 // given as a plain text prompt (ChatML's markers parse as the tokenizer's special tokens).
 TEST_F(CliTest, ChatTemplateFileRendersTheChatPrompt) {
-  const char* home = std::getenv("HOME");
-  const std::string gguf =
-      std::string(home ? home : ".") + "/.cache/pagedlm/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (std::getenv("PAGEDLM_CACHE") || !fs::exists(gguf)) GTEST_SKIP() << "no default model";
+  REQUIRE_DEFAULT_MODEL();  // the binary's default, from the same PAGEDLM_CACHE
   const fs::path tmpl = fs::temp_directory_path() / "pagedlm_cli_chatml.jinja";
   std::ofstream(tmpl) << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
                          "<|im_end|>\n{% endfor %}<|im_start|>assistant\nIn one word:";

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "default_model_util.h"
 #include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/model_cache.h"
@@ -298,8 +299,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
 // logit gap is wide enough for bf16 rounding not to flip it.
 TEST(CudaSmolLM2, GreedyTokensMatchCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing";
   const Checkpoint checkpoint = load_checkpoint(path);
   const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365};
   constexpr int kTokens = 8;

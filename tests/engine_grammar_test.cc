@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "default_model_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
 #include "pagedlm/grammar/grammar.h"
@@ -42,8 +43,8 @@ void check_shape(const std::string& text) {
 // constrained_tokens: the constrained requests' outputs, in the order they were added.
 void run_on(Device device, int32_t prefetch_masks,
             std::vector<std::vector<int32_t>>* constrained_tokens = nullptr) {
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: scripts/fetch_model.sh";
   const TextModel model = load_text_model(path);
   grammar::GrammarCompiler compiler(*model.tokenizer,
                                     static_cast<int32_t>(model.checkpoint.config.vocab_size),
@@ -136,7 +137,7 @@ void run_on(Device device, int32_t prefetch_masks,
 TEST(EngineGrammar, Cpu) {
   std::vector<std::vector<int32_t>> in_step, prefetched;
   run_on(Device::kCpu, 0, &in_step);
-  if (IsSkipped() || HasFatalFailure()) return;
+  if (HasFatalFailure()) return;
   run_on(Device::kCpu, 1, &prefetched);
   EXPECT_EQ(prefetched, in_step);
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "default_model_util.h"
 #include "golden_fixture_util.h"
 #include "ops_test_util.h"
 #include "pagedlm/engine/cpu_ranks.h"
@@ -110,10 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture, ::testing::ValuesIn(kF
 // The default model keeps its Q4_1 blocks on the CPU; at 3 ranks (9 q heads, 3 kv heads) o and
 // down are split along their input columns at block boundaries (192 and 512 columns a rank).
 TEST(TensorParallel, ShardedQuantizedBlocksMatchTheSmolLM2Reference) {
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path)) {
-    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
-  }
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   const Checkpoint ckpt = load_checkpoint(path);

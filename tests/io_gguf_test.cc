@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "default_model_util.h"
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
@@ -677,12 +678,8 @@ TEST_F(GgufCheckpoint, RejectsUnsupportedArchitecturesAndUnknownTensors) {
 
 // ---- The real SmolLM2 GGUF ----
 
-#define SKIP_WITHOUT_SMOLLM2()           \
-  if (!fs::exists(default_model_path())) \
-  GTEST_SKIP() << default_model_path() << " is absent; run scripts/fetch_model.sh to fetch it"
-
 TEST(GgufSmolLM2, Metadata) {
-  SKIP_WITHOUT_SMOLLM2();
+  REQUIRE_DEFAULT_MODEL();
   const GgufFile f = GgufFile::open(default_model_path());
   EXPECT_EQ(f.version(), 3u);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");
@@ -711,7 +708,7 @@ TEST(GgufSmolLM2, Metadata) {
 }
 
 TEST(GgufSmolLM2, Config) {
-  SKIP_WITHOUT_SMOLLM2();
+  REQUIRE_DEFAULT_MODEL();
   const ModelConfig c = config_from_gguf(GgufFile::open(default_model_path()));
   EXPECT_EQ(c.architecture, "LlamaForCausalLM");
   EXPECT_EQ(c.model_type, "llama");
@@ -734,7 +731,7 @@ TEST(GgufSmolLM2, Config) {
 }
 
 TEST(GgufSmolLM2, CheckpointMatchesReference) {
-  SKIP_WITHOUT_SMOLLM2();
+  REQUIRE_DEFAULT_MODEL();
   size_t progress_calls = 0;
   const Checkpoint c = load_gguf_checkpoint(default_model_path(), [&](size_t, size_t total) {
     ++progress_calls;

@@ -98,6 +98,36 @@ TEST(BlockPool, FreedPageKeepsItsHashUntilReused) {
   EXPECT_EQ(pool.num_cached(), 0);
 }
 
+// A page a step was to write but left midway: neither its hash nor its generation's record
+// serves it any more, whether it is still held or already free, and it stays where it is.
+TEST(BlockPool, ForgottenPageIsFoundNoMore) {
+  BlockPool pool(3);
+  const BlockHash held_hash{5, 6}, free_hash{7, 8};
+  const int32_t held = pool.allocate();
+  const int32_t freed = pool.allocate();
+  ASSERT_TRUE(pool.set_hash(held, held_hash));
+  ASSERT_TRUE(pool.set_hash(freed, free_hash));
+  pool.release(freed);
+  EXPECT_EQ(pool.num_cached(), 1);
+  const uint32_t held_generation = pool.generation(held);
+  const uint32_t freed_generation = pool.generation(freed);
+
+  pool.forget(held);
+  pool.forget(freed);
+  EXPECT_EQ(pool.find(held_hash), -1);
+  EXPECT_EQ(pool.find(free_hash), -1);
+  EXPECT_FALSE(pool.has_hash(held));
+  EXPECT_FALSE(pool.has_hash(freed));
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_NE(pool.generation(held), held_generation);
+  EXPECT_NE(pool.generation(freed), freed_generation);
+  EXPECT_EQ(pool.ref_count(held), 1);
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_EQ(pool.free_pages_in_eviction_order(), (Pages{2, freed}));
+  // The hash is free for another page.
+  EXPECT_TRUE(pool.set_hash(held, free_hash));
+}
+
 TEST(BlockPool, FirstPageWithAHashStaysIndexed) {
   BlockPool pool(2);
   const BlockHash hash{1, 2};

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "default_model_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
 #include "pagedlm/io/model_cache.h"
@@ -17,9 +18,8 @@ namespace pagedlm {
 namespace {
 
 TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path))
-    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   Checkpoint ckpt = load_checkpoint(path);
@@ -62,9 +62,8 @@ TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
 }
 
 TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path))
-    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   TextModel model = load_text_model(path);
   ASSERT_TRUE(model.chat_template.has_value());
   const std::string prompt = model.chat_template->render(
@@ -90,9 +89,8 @@ TEST(SmolLM2Gguf, GreedyChatAnswerNamesParis) {
 // package: 210 Q4_1 matrices of 66355200 bytes, which the CPU repacks with float32 scales (20 ->
 // 24 bytes a block, core/quantized.h), and the tied head's Q8_0 embedding of 30081024 bytes.
 TEST(SmolLM2Gguf, StepWeightBytesAreTheBlocksRead) {
+  REQUIRE_DEFAULT_MODEL();
   const std::string path = default_model_path();
-  if (!std::filesystem::exists(path))
-    GTEST_SKIP() << path << " missing: run scripts/fetch_model.sh";
   EngineOptions opts;
   opts.num_pages = 16;
   Engine engine(load_checkpoint(path), opts);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "default_model_util.h"
 #include "ops_test_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
@@ -19,10 +20,6 @@
 
 namespace pagedlm {
 namespace {
-
-#define SKIP_WITHOUT_DEFAULT_MODEL()                  \
-  if (!std::filesystem::exists(default_model_path())) \
-  GTEST_SKIP() << default_model_path() << " missing: run scripts/fetch_model.sh"
 
 EngineOptions q8_options() {
   EngineOptions o;
@@ -70,7 +67,7 @@ double relative_error(const Tensor& got, const Tensor& want) {
 constexpr double kQ8LogitsTolerance = 0.1;
 
 TEST(SmolLM2Q8, LogitsNearFloat64ReferenceAndExactMode) {
-  SKIP_WITHOUT_DEFAULT_MODEL();
+  REQUIRE_DEFAULT_MODEL();
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   Checkpoint ckpt = load_checkpoint(default_model_path());
@@ -98,7 +95,7 @@ TEST(SmolLM2Q8, LogitsNearFloat64ReferenceAndExactMode) {
 
 // Each prompt alone gives the same logits, bit for bit, as inside the batch of all of them.
 TEST(SmolLM2Q8, BatchInvariant) {
-  SKIP_WITHOUT_DEFAULT_MODEL();
+  REQUIRE_DEFAULT_MODEL();
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   Checkpoint ckpt = load_checkpoint(default_model_path());
@@ -119,7 +116,7 @@ TEST(SmolLM2Q8, BatchInvariant) {
 // 135M model 8-bit activations already change the first token of this answer (measured
 // 2026-12-01), as llama.cpp's multiplication does for later tokens (docs/PERF.md, CPU table).
 TEST(SmolLM2Q8, GreedyChatRunsAndDecodes) {
-  SKIP_WITHOUT_DEFAULT_MODEL();
+  REQUIRE_DEFAULT_MODEL();
   TextModel model = load_text_model(default_model_path());
   ASSERT_TRUE(model.chat_template.has_value());
   const std::string prompt = model.chat_template->render(

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "default_model_util.h"
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
@@ -32,8 +33,7 @@ std::string from_hex(const std::string& hex) {
 }
 
 TEST(TokenizerGguf, SmolLM2MatchesTokenizerJsonOnAllCases) {
-  if (!fs::exists(default_model_path()))
-    GTEST_SKIP() << default_model_path() << " missing: scripts/fetch_model.sh";
+  REQUIRE_DEFAULT_MODEL();
   const GgufFile gguf = GgufFile::open(default_model_path());
   const Tokenizer from_gguf = Tokenizer::from_gguf(gguf);
   const Tokenizer from_json = Tokenizer::from_tokenizer_json(kTestdata + "/smollm2/tokenizer.json");

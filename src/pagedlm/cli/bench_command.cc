@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "pagedlm/cli/commands.h"
@@ -132,8 +133,10 @@ void register_bench(CLI::App& app) {
                   "fail (exit 2) when output tok/s falls below this");
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
-    // Ctrl-C stops the run at the next step, from the start (a load or the warm-up included).
+    // Ctrl-C ends the load, the random weights and the engine's start-up at once; from the
+    // warm-up on it stops the run within a step, between two layers of a long CPU step.
     catch_stop_signals();
+    std::optional<StopSignalsEndAtOnce> starting(std::in_place);
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     // On GPUs each tensor-parallel rank is a process drawing its share of the random weights
     // only (model/dummy_checkpoint.h); the CPU's ranks are threads sharing one checkpoint.
@@ -144,6 +147,8 @@ void register_bench(CLI::App& app) {
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
     Engine engine(ckpt, options);
+    engine.set_abandon_check([] { return stop_signal() != 0; });
+    starting.reset();
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
     if (engine.options().device == Device::kCuda) {
       if (peaks.bytes_per_s <= 0) peaks.bytes_per_s = 4280e9;

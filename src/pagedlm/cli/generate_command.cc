@@ -1,12 +1,11 @@
 // pagedlm generate: runs prompts (text, chat or token ids) through one continuous batch and
-// prints what each produced; a single prompt streams. Ctrl-C stops it at the next step with
-// what each prompt produced so far.
+// prints what each produced; a single prompt streams. Ctrl-C stops it within a step with what
+// each prompt produced so far.
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 
 #include "pagedlm/cli/commands.h"
@@ -163,7 +162,10 @@ struct TextOutput {
 };
 
 void run_generate(const Args& args) {
-  catch_stop_signals();  // from the start: a Ctrl-C while loading stops before the first step
+  // Ctrl-C ends the load and the engine's start-up at once; from the first step on it stops
+  // with what each prompt produced so far, within a step (between two layers of a long CPU step).
+  catch_stop_signals();
+  std::optional<StopSignalsEndAtOnce> starting(std::in_place);
   const EngineOptions options = args.flags.resolve();  // a bad --device fails before the load
   TextModel model = load_text_model(resolve_model_path(args.model), progress_bar());
   if (!args.chat_template.empty()) replace_chat_template(model, args.chat_template);
@@ -192,6 +194,8 @@ void run_generate(const Args& args) {
     }
   }
   Engine engine(model.checkpoint, options);
+  engine.set_abandon_check([] { return stop_signal() != 0; });
+  starting.reset();
   std::vector<int64_t> ids;
   std::map<int64_t, TextOutput> texts;
   for (const auto& prompt : prompts) {
@@ -236,12 +240,11 @@ void run_generate(const Args& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Interrupted: the unfinished requests end here, with what they have.
-  std::set<int64_t> interrupted;
-  if (stop_signal() != 0) {
-    for (const int64_t id : ids) {
-      if (engine.cancel(id)) interrupted.insert(id);
-    }
+  // Interrupted: the unfinished requests end here, with what they have (those of a step left
+  // midway have ended already).
+  const bool interrupted = stop_signal() != 0;
+  if (interrupted) {
+    for (const int64_t id : ids) engine.cancel(id);
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     RequestOutput out = engine.take_output(ids[i]);
@@ -256,10 +259,11 @@ void run_generate(const Args& args) {
           text != texts.end() ? text->second.text.c_str() : token_ids_text(out.tokens).c_str());
     }
     const bool by_string = stopped_by_string.count(ids[i]) != 0;
+    const bool cut_short = interrupted && out.reason == FinishReason::kCancelled;
     std::printf("(finish: %s; %zu prompt tokens, %d from the prefix cache; %zu generated)\n",
-                by_string                   ? "stop string"
-                : interrupted.count(ids[i]) ? "interrupted"
-                                            : reason_name(out.reason),
+                by_string   ? "stop string"
+                : cut_short ? "interrupted"
+                            : reason_name(out.reason),
                 out.prompt.size(), out.num_cached_tokens, out.tokens.size());
   }
   std::fflush(stdout);  // keep the summary after the text when both go to one terminal

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "pagedlm/cli/commands.h"
@@ -100,6 +101,11 @@ void register_serve(CLI::App& app) {
   add_engine_flags(*cmd, args->flags);
   cmd->callback([args] {
     signal(SIGPIPE, SIG_IGN);  // a vanished client must fail a write, not kill the server
+    // Until the server listens, SIGINT or SIGTERM ends the process at once (the load has
+    // nothing to drain); then the first one drains (a watcher polls for it) and a second one
+    // ends the process at once.
+    catch_stop_signals();
+    std::optional<StopSignalsEndAtOnce> starting(std::in_place);
     const bool dummy = !args->dummy.empty();
     const std::string path = dummy ? args->dummy : resolve_model_path(args->model);
     if (args->server.served_model_name.empty()) {
@@ -120,9 +126,7 @@ void register_serve(CLI::App& app) {
     Engine engine(model.checkpoint, options);
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
-    // The first SIGINT or SIGTERM drains (a watcher polls for it); a second one ends the
-    // process at once.
-    catch_stop_signals();
+    starting.reset();
     std::fprintf(stderr, "pagedlm: serving %s on http://%s:%d\n",
                  args->server.served_model_name.c_str(), args->server.host.c_str(), port);
     std::fflush(stderr);
@@ -132,8 +136,10 @@ void register_serve(CLI::App& app) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       if (!http.stop()) {
-        // Every client has its answer; only the engine's current step (which it cannot leave
-        // midway) is left: one that was already long when the drain began (HttpServer::stop).
+        // Every client has its answer; only the engine's current step is left, still running
+        // half a second after the drain's deadline, past which a CPU step leaves at its next
+        // point between two operations (EngineLoop: Engine::set_abandon_check): one operation
+        // that took longer than that.
         std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
         std::fflush(stderr);
         std::_Exit(0);

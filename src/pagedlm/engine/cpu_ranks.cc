@@ -60,7 +60,9 @@ void CpuRanks::forward(const StepPlan& plan, const ForwardInputs& inputs,
       run(static_cast<int32_t>(i + 1), [&] {
         // Every rank receives the whole logits; only rank 0's are sampled.
         const Tensor logits = Tensor::empty(DType::kF32, {rows, rank.model->config().vocab_size});
-        rank.model->forward(inputs, *rank.kv_cache, logits);
+        // A pass left midway (inputs.stop) is left by every rank at the same point: rank 0's
+        // result says so for all.
+        static_cast<void>(rank.model->forward(inputs, *rank.kv_cache, logits));
       });
     });
   }

@@ -265,7 +265,8 @@ struct CudaStepRunner::Impl {
         Tensor::wrap(d<int32_t>(off_logits_rows), DType::kI32, {logit_rows}, Device::kCuda, {});
     in.stream = stream;
     const Tensor step_logits = logits.rows(0, logit_rows);
-    model.forward(in, *kv_cache, step_logits);
+    // No ForwardStop: a GPU step takes milliseconds and always runs to the end.
+    static_cast<void>(model.forward(in, *kv_cache, step_logits));
   }
 
   // masked: some rows have token masks (uploaded into dev_masks); otherwise the sampler takes

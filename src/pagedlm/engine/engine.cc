@@ -281,7 +281,10 @@ std::vector<RequestEvent> Engine::step() {
         plan.samples[b] && (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
   }
   Tensor logits;
-  std::vector<int32_t> sampled = forward_and_sample(plan, live, want_logits, &logits);
+  std::optional<std::vector<int32_t>> forward_result =
+      forward_and_sample(plan, live, want_logits, &logits);
+  if (!forward_result) return abandon_step(plan);
+  std::vector<int32_t>& sampled = *forward_result;
   // On the CPU the forward ran inline: no wait, everything before the bookkeeping is "prepare".
   Clock::time_point wait_begin = Clock::now(), wait_end = wait_begin;
   if (cuda_) {
@@ -417,9 +420,25 @@ std::vector<RequestEvent> Engine::step() {
   return events;
 }
 
-std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
-                                                const std::vector<LiveRequest*>& live,
-                                                bool want_logits, Tensor* logits) {
+std::vector<RequestEvent> Engine::abandon_step(const StepPlan& plan) {
+  // The prefetch worker may still be filling masks with these requests' matchers.
+  if (mask_prefetch_) mask_prefetch_->wait();
+  for (const int64_t id : plan.request_ids) {
+    requests_.at(id).output.num_cached_tokens = scheduler_->num_cached_tokens(id);
+  }
+  std::vector<RequestEvent> events;
+  for (const SeqUpdate& u : scheduler_->abandon(plan)) {
+    requests_.at(u.request_id).output.reason = u.reason;
+    RequestEvent& event = events.emplace_back();
+    event.request_id = u.request_id;
+    event.finished = true;
+    event.reason = u.reason;
+  }
+  return events;
+}
+
+std::optional<std::vector<int32_t>> Engine::forward_and_sample(
+    const StepPlan& plan, const std::vector<LiveRequest*>& live, bool want_logits, Tensor* logits) {
   const int32_t B = plan.num_seqs();
   // The rows of the sequences this step samples under a grammar: the prefetched mask's where
   // there is one, else one of the rows filled in this step.
@@ -473,13 +492,18 @@ std::vector<int32_t> Engine::forward_and_sample(const StepPlan& plan,
   const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
   ForwardInputs inputs{Tensor::from_i32(plan.token_ids, {plan.num_tokens()}),
                        Tensor::from_i32(plan.logits_rows, {num_rows})};
+  std::optional<ForwardStop> stop;
+  if (abandon_) inputs.stop = &stop.emplace(abandon_);
   *logits = Tensor::empty(DType::kF32, {num_rows, vocab});
   kv_cache_->bind(plan);
+  bool finished = false;
   if (cpu_ranks_) {
-    cpu_ranks_->forward(plan, inputs, [&] { model_->forward(inputs, *kv_cache_, *logits); });
+    cpu_ranks_->forward(plan, inputs,
+                        [&] { finished = model_->forward(inputs, *kv_cache_, *logits); });
   } else {
-    model_->forward(inputs, *kv_cache_, *logits);
+    finished = model_->forward(inputs, *kv_cache_, *logits);
   }
+  if (!finished) return std::nullopt;
   if (num_prefetched > 0 || !to_fill.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     finish_masks();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -150,6 +151,14 @@ class Engine {
   // decodes: a caller that is stopping (a server's shutdown) then never waits long for the
   // step in progress.
   void set_draining(bool draining) { draining_ = draining; }
+  // Lets a step be left midway, for a caller that is stopping (Ctrl-C, a server's drain
+  // deadline): while `abandon()` holds, a CPU step's forward pass leaves at the next of its
+  // points between large operations (ForwardStop; a CPU step that prefills a long prompt runs
+  // for seconds) and step() returns at once. An abandoned step keeps nothing it did: every request
+  // in it ends as cancelled (its event says so) and the pages it was writing go back to the pool
+  // unknown to the prefix cache (Scheduler::abandon). GPU steps, which take milliseconds and may be
+  // CUDA graphs, always run to the end. Empty (the default): steps are never abandoned.
+  void set_abandon_check(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
   // The step-time model the engine has learned so far (all zero before its first prefill, and
   // while target_itl_ms is 0).
   const StepCost& step_cost() const { return step_cost_; }
@@ -209,12 +218,15 @@ class Engine {
     bool grammar_refused = false;
   };
 
-  // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none).
+  // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none),
+  // or nothing when the forward pass was left midway (set_abandon_check).
   // live[b] is the plan's sequence b. *logits receives the step's logits [S, vocab] f32 on the
   // host when want_logits.
-  std::vector<int32_t> forward_and_sample(const StepPlan& plan,
-                                          const std::vector<LiveRequest*>& live, bool want_logits,
-                                          Tensor* logits);
+  std::optional<std::vector<int32_t>> forward_and_sample(const StepPlan& plan,
+                                                         const std::vector<LiveRequest*>& live,
+                                                         bool want_logits, Tensor* logits);
+  // Ends the step of a forward pass left midway: its requests as cancelled, its pages forgotten.
+  std::vector<RequestEvent> abandon_step(const StepPlan& plan);
   // Samples sequence b's token from its last logits row (host), penalties applied.
   // mask: the request's token bitmask for this step, or null.
   int32_t sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
@@ -236,6 +248,7 @@ class Engine {
   StepCostFit step_cost_fit_;
   StepCost step_cost_;
   bool draining_ = false;
+  std::function<bool()> abandon_;
   uint64_t seed_counter_;
   // Token bitmasks, rows of mask_words_ words: rows [0, max_num_seqs) are the prefetch's (its
   // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step. On the GPU

@@ -25,11 +25,7 @@ int32_t BlockPool::allocate() {
   const int32_t page = head_;
   if (page == kNone) return kNone;
   unlink(page);
-  if (has_hash(page)) {  // reuse overwrites the content, so the cache entry dies here
-    page_of_hash_.erase(hashes_[page]);
-    has_hash_[page] = 0;
-    --num_cached_;
-  }
+  drop_hash(page);  // reuse overwrites the content, so the cache entry dies here
   ref_counts_[page] = 1;
   ++generations_[page];
   return page;
@@ -63,6 +59,19 @@ bool BlockPool::set_hash(int32_t page, const BlockHash& hash) {
 int32_t BlockPool::find(const BlockHash& hash) const {
   const auto it = page_of_hash_.find(hash);
   return it == page_of_hash_.end() ? kNone : it->second;
+}
+
+void BlockPool::forget(int32_t page) {
+  PAGEDLM_CHECK(page != null_page_, "the null page holds nothing to forget");
+  drop_hash(page);
+  ++generations_[page];
+}
+
+void BlockPool::drop_hash(int32_t page) {
+  if (!has_hash(page)) return;
+  page_of_hash_.erase(hashes_[page]);
+  has_hash_[page] = 0;
+  if (ref_counts_[page] == 0) --num_cached_;
 }
 
 std::vector<int32_t> BlockPool::free_pages_in_eviction_order() const {

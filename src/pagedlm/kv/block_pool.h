@@ -62,6 +62,10 @@ class BlockPool {
   const BlockHash& hash(int32_t page) const { return hashes_[page]; }
   // The page indexed under `hash`, or -1.
   int32_t find(const BlockHash& hash) const;
+  // The page no longer holds what it was indexed or recorded with (a step that was to write it
+  // was abandoned midway): its hash leaves the index and its generation moves on, so the prefix
+  // cache finds it neither whole nor by its leading tokens. Holders and free list stay as they are.
+  void forget(int32_t page);
 
   // Free pages from the next one allocate() takes to the last; for tests and diagnostics.
   std::vector<int32_t> free_pages_in_eviction_order() const;
@@ -69,6 +73,7 @@ class BlockPool {
  private:
   void unlink(int32_t page);
   void push_back(int32_t page);
+  void drop_hash(int32_t page);
 
   static constexpr int32_t kNone = -1;
 

@@ -469,7 +469,7 @@ class DecoderModel final : public CausalLM {
   }
 
   // token_ids: [L], logits_rows: [S] -> logits: [S, vocab] f32
-  void forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
+  bool forward(const ForwardInputs& in, Attention& attention, const Tensor& logits) override {
     const ModelConfig& c = config_;
     const int64_t L = in.token_ids.dim(0), S = in.logits_rows.dim(0);
     const int64_t d = c.head_dim, Hq = dims_.q_heads, Hk = dims_.kv_heads;
@@ -492,8 +492,14 @@ class DecoderModel final : public CausalLM {
       ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale, dims_.vocab_begin);
       comm_->all_reduce_sum(residual, stream);
     }
+    // Points where the pass may be left (ForwardStop), before each large operation; `joined`
+    // counts the all-reduces behind (two a layer: after o_proj and after the MLP).
+    const auto leave_at = [&](size_t joined) {
+      return in.stop != nullptr && in.stop->leave_at(tp_, static_cast<int64_t>(joined));
+    };
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
+      if (leave_at(2 * i)) return false;
       if (i == 0) {
         ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset);
       } else {
@@ -504,12 +510,15 @@ class DecoderModel final : public CausalLM {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
       }
+      if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
+      if (leave_at(2 * i)) return false;
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
+      if (leave_at(2 * i + 1)) return false;
       ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
       if (c.layers[i].sparse_mlp) {
         // Every rank routes alike (the router is replicated) and runs its share of each
@@ -527,6 +536,7 @@ class DecoderModel final : public CausalLM {
       } else {
         w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
         ops::gated_mul(gated_activation(c), gate_up, act, stream);
+        if (leave_at(2 * i + 1)) return false;
         w.down_proj.apply(act, Tensor(), proj_out, stream);
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
@@ -534,6 +544,7 @@ class DecoderModel final : public CausalLM {
         ops::rms_norm(proj_out, w.ffn_out_norm, eps, proj_out, stream, offset);
       }
     }
+    if (leave_at(2 * layers_.size())) return false;  // a decode step of many rows: a large lm_head
     // Only the rows that need logits go through the final norm and the lm_head.
     Tensor last = buffers_.last.rows(0, S), last_residual = buffers_.last_residual.rows(0, S);
     Tensor last_update = buffers_.last_update.rows(0, S);
@@ -550,6 +561,7 @@ class DecoderModel final : public CausalLM {
       comm_->all_gather_cols(local, logits, stream);
     }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
+    return true;
   }
 
  private:

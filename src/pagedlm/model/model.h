@@ -3,7 +3,11 @@
 // object supplied by the engine (which writes K/V into its paged cache and reads them back).
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <utility>
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/tensor.h"
@@ -27,10 +31,39 @@ class Attention {
                       const Tensor& q, const Tensor& inv_freq, const Tensor& out) = 0;
 };
 
+// Where a forward pass may be left midway (a CPU step that prefills a long prompt runs for
+// seconds; Ctrl-C should not wait for it). The pass asks at points between its large operations
+// (a few per layer), saying how many of the pass's collectives lie behind it (`joined`; 0 for a
+// model alone). Alone it leaves at the first point that finds `requested` holding. The ranks of a
+// tensor-parallel group ask the same object, and only rank 0 asks `requested`: once it holds,
+// every rank leaves at its first point past the next collective. No rank can be past that
+// collective before rank 0 decided (it needs rank 0 in it) and every rank gets through it (rank 0
+// goes on to it too), so all leave together and none is left waiting in a collective.
+class ForwardStop {
+ public:
+  explicit ForwardStop(std::function<bool()> requested) : requested_(std::move(requested)) {}
+
+  // Whether rank tp.rank leaves its forward pass at a point with `joined` collectives behind it.
+  bool leave_at(TensorParallel tp, int64_t joined) {
+    if (tp.rank == 0 && leave_from_.load(std::memory_order_relaxed) == kNever && requested_()) {
+      leave_from_.store(tp.size == 1 ? joined : joined + 1, std::memory_order_release);
+    }
+    return joined >= leave_from_.load(std::memory_order_acquire);
+  }
+
+ private:
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::function<bool()> requested_;
+  std::atomic<int64_t> leave_from_{kNever};  // the `joined` from which every point leaves
+};
+
 struct ForwardInputs {
   Tensor token_ids;        // [L] i32
   Tensor logits_rows;      // [S] i32: rows of the stream whose logits are wanted
   void* stream = nullptr;  // CUDA: the cudaStream_t every op of the step is issued on
+  // Where the pass may be left midway; null: it runs to the end (the GPU's steps, which are short
+  // and may be captured as graphs, never pass one).
+  ForwardStop* stop = nullptr;
 };
 
 class CausalLM {
@@ -46,8 +79,10 @@ class CausalLM {
   // Allocates the activations for steps of up to `rows` stream rows. Forward calls within that
   // size allocate nothing, which a captured CUDA graph requires; larger ones grow the buffers.
   virtual void reserve(int64_t rows) = 0;
-  // logits: [S, vocab] f32 on the model's device.
-  virtual void forward(const ForwardInputs& inputs, Attention& attention, const Tensor& logits) = 0;
+  // logits: [S, vocab] f32 on the model's device. False when inputs.stop made the pass leave
+  // midway: the logits are not written and the step's K/V only partly (some layers, not others).
+  [[nodiscard]] virtual bool forward(const ForwardInputs& inputs, Attention& attention,
+                                     const Tensor& logits) = 0;
   // Mixture-of-experts models: the bytes of expert weights the forward calls so far had to read
   // (in each sparse layer of each call, every expert that received a token, read once). Waits
   // for the device. 0 for dense models.

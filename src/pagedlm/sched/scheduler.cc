@@ -372,6 +372,8 @@ struct Scheduler::State {
   }
 
   void emit(StepPlan& plan) const;
+  // Throws unless `plan` is the last schedule()'s (its sequences, in order).
+  void check_last_plan(const StepPlan& plan, const char* caller) const;
 };
 
 void Scheduler::State::emit(StepPlan& plan) const {
@@ -542,24 +544,29 @@ StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   return plan;
 }
 
+void Scheduler::State::check_last_plan(const StepPlan& plan, const char* caller) const {
+  const size_t num_seqs = scheduled.size();
+  PAGEDLM_CHECK(plan.request_ids.size() == num_seqs, caller,
+                "() needs the plan of the last schedule(): it has ", plan.request_ids.size(),
+                " sequences, the last plan had ", num_seqs);
+  for (size_t b = 0; b < num_seqs; ++b) {
+    const int64_t expected_id = scheduled[b].seq->request.id;
+    PAGEDLM_CHECK(plan.request_ids[b] == expected_id, caller, "() got a plan whose sequence ", b,
+                  " is request ", plan.request_ids[b], ", expected ", expected_id);
+  }
+}
+
 std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
                                          const std::vector<int32_t>& sampled) {
   State& state = *state_;
   const size_t num_seqs = state.scheduled.size();
-  PAGEDLM_CHECK(plan.request_ids.size() == num_seqs,
-                "update() needs the plan of the last schedule(): it has ", plan.request_ids.size(),
-                " sequences, the last plan had ", num_seqs);
   PAGEDLM_CHECK(sampled.size() >= num_seqs, "update() got ", sampled.size(),
                 " sampled tokens for a plan of ", num_seqs, " sequences");
+  // Checked up front so that a wrong plan changes nothing.
+  state.check_last_plan(plan, "update");
   std::vector<SeqUpdate> updates;
   updates.reserve(num_seqs);
   state.finished.clear();
-  // Checked up front so that a wrong plan changes nothing.
-  for (size_t b = 0; b < num_seqs; ++b) {
-    const int64_t expected_id = state.scheduled[b].seq->request.id;
-    PAGEDLM_CHECK(plan.request_ids[b] == expected_id, "update() got a plan whose sequence ", b,
-                  " is request ", plan.request_ids[b], ", expected ", expected_id);
-  }
   for (size_t b = 0; b < num_seqs; ++b) {
     Sequence& seq = *state.scheduled[b].seq;
     seq.in_flight = false;
@@ -591,6 +598,29 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
   }
   state.scheduled.clear();
   // The step has run its copies: their sources may be reused now.
+  state.release_copy_holds();
+  return updates;
+}
+
+std::vector<SeqUpdate> Scheduler::abandon(const StepPlan& plan) {
+  State& state = *state_;
+  state.check_last_plan(plan, "abandon");
+  std::vector<SeqUpdate> updates;
+  updates.reserve(state.scheduled.size());
+  for (const auto& [seq, num_new_tokens] : state.scheduled) {
+    seq->in_flight = false;
+    if (seq->status != SeqStatus::kFinished) {  // else cancelled while the step ran
+      state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
+      state.finish(*seq, FinishReason::kCancelled);
+    }
+    updates.push_back({seq->request.id, -1, true, seq->finish_reason});
+    state.sequences.erase(seq->request.id);
+  }
+  // Every slot the step was to write (its copies' destinations among them) lies in a page of
+  // the plan's sequences, all of which have just given their pages back.
+  for (const int32_t slot : plan.slot_mapping) state.pool.forget(slot / config_.page_size);
+  for (size_t i = 1; i < plan.kv_copies.size(); i += 3) state.pool.forget(plan.kv_copies[i]);
+  state.scheduled.clear();
   state.release_copy_holds();
   return updates;
 }

@@ -119,6 +119,12 @@ class Scheduler {
   StepPlan schedule(const StepTimeLimit& limit = {});
   // sampled[b] is sequence b's new token where plan.samples[b]; other entries are ignored.
   std::vector<SeqUpdate> update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  // In place of update() for a plan whose step was left midway, its K/V partly written: every
+  // sequence of the plan ends as cancelled (its pages go back to the pool), and every page the
+  // step was to write is forgotten by the prefix cache (BlockPool::forget), so that no later
+  // request is served what the step left there. Sequences admitted in the same plan may hold
+  // such pages through a hit; being in the plan, they end too.
+  std::vector<SeqUpdate> abandon(const StepPlan& plan);
 
   SchedulerStats stats() const;
   std::vector<SequenceView> sequence_map() const;

@@ -47,15 +47,20 @@ bool OutputChannel::is_cancelled(int32_t choice) const {
 
 EngineLoop::EngineLoop(Engine& engine, int32_t max_waiting)
     : engine_(engine), max_waiting_(max_waiting), stats_(engine.stats()) {
+  engine_.set_abandon_check([this] { return stopping_.load(std::memory_order_relaxed); });
   thread_ = std::thread([this] { run(); });
 }
 
-EngineLoop::~EngineLoop() { stop(); }
+EngineLoop::~EngineLoop() {
+  stop();
+  engine_.set_abandon_check({});
+}
 
 void EngineLoop::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    stopping_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -65,6 +70,7 @@ bool EngineLoop::stop_within(std::chrono::milliseconds wait) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
+    stopping_ = true;
     cv_.notify_all();
     if (!cv_.wait_for(lock, wait, [&] { return exited_; })) return false;
   }

@@ -3,6 +3,7 @@
 // listener wakes the front end. A request joins the running batch at the next step.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -142,6 +143,10 @@ class EngineLoop {
   std::condition_variable cv_;
   std::vector<Pending> inbox_;
   bool stop_ = false;
+  // stop_ as the engine's abandon check reads it, inside a step (Engine::set_abandon_check):
+  // once the loop is told to stop, every request has its answer, and a long CPU step in
+  // progress is left midway instead of keeping stop_within() waiting.
+  std::atomic<bool> stopping_{false};
   bool exited_ = false;  // the engine thread has ended every request and returns
   bool woken_ = false;
   bool draining_ = false;
