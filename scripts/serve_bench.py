@@ -197,7 +197,8 @@ def hostile_clients(url, slow, idle, stop, counts):
     Runs in its own process, so its work does not slow the measured clients' reading."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10\r\n")
 
     def connect():
         try:

@@ -913,21 +913,35 @@ TEST(SchedulerStepTimeLimit, AttentionPairsCountByHand) {
   EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 20));
 }
 
-TEST(SchedulerStepTimeLimit, APromptAlwaysProgressesAndOthersWaitForTime) {
+TEST(SchedulerStepTimeLimit, APromptAlwaysProgressesAndOneWaitingPromptStartsBesideIt) {
   Scheduler scheduler(limit_config());
   // The decode alone fills the 1 ms target: the first prompt still gets the minimum chunk (8),
-  // the second is not admitted.
+  // the second is not admitted in that step.
   const StepTimeLimit limit = limit_of(1, {0, 1, 0});
   scheduler.add(make_request(1, iota_tokens(10, 1), 50));
   scheduler.update(scheduler.schedule(limit), {7});
   scheduler.add(make_request(2, iota_tokens(100, 100), 5));
   scheduler.add(make_request(3, iota_tokens(100, 300), 5));
-  for (int step = 0; step < 3; ++step) {
-    const StepPlan plan = scheduler.schedule(limit);
+  StepPlan plan = scheduler.schedule(limit);
+  EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 9}));
+  EXPECT_EQ(scheduler.stats().num_waiting, 1);
+  scheduler.update(plan, Ints(plan.num_seqs(), 7));
+  // Next step the running prompt continues, and the waiting one gets its minimum chunk beside
+  // it rather than waiting for the whole of the first: a short prompt would be done.
+  plan = scheduler.schedule(limit);
+  EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 9, 17}));
+  EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 8));
+  EXPECT_EQ(plan_positions(plan, 2), iota_tokens(8, 0));
+  EXPECT_EQ(scheduler.stats().num_waiting, 0);
+  scheduler.update(plan, Ints(plan.num_seqs(), 7));
+  // Then the time goes to the first prompt again; the second waits for it.
+  for (int step = 2; step < 4; ++step) {
+    plan = scheduler.schedule(limit);
     EXPECT_EQ(plan.request_ids, (std::vector<int64_t>{1, 2}));
     EXPECT_EQ(plan.q_indptr, (Ints{0, 1, 9}));
     EXPECT_EQ(plan_positions(plan, 1), iota_tokens(8, 8 * step));
-    EXPECT_EQ(scheduler.stats().num_waiting, 1);
     scheduler.update(plan, Ints(plan.num_seqs(), 7));
   }
 }

@@ -244,7 +244,8 @@ def main():
             assert 503 in statuses and 200 in statuses, statuses
             for status, headers, body in results:
                 if status == 503:
-                    assert headers.get("Retry-After") == "1", headers
+                    # The expected wait in whole seconds (the engine's measured start rate).
+                    assert int(headers.get("Retry-After", "0")) >= 1, headers
                     assert "overloaded" in body["error"]["message"], body
                 else:
                     assert status == 200, body

@@ -16,7 +16,7 @@ bin=${PAGEDLM:-build-gpu/pagedlm}
 port=8127
 ulimit -n "$(ulimit -Hn)"  # 6,000 hostile connections on each side
 "$bin" serve --dummy "${CONFIG:-configs/smollm2-135m.json}" --device "${DEVICE:-cuda}" \
-  --port $port --max-waiting 2048 2>"$out/serve.err" &
+  --port $port --max-waiting 2048 --max-connections-per-client 10000 2>"$out/serve.err" &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 bench=(python3 scripts/serve_bench.py --url "http://127.0.0.1:$port" --wait-ready 300 --rates inf

@@ -208,6 +208,24 @@ def openai_seeds():
         write("fuzz_openai_request", name, json.dumps(body))
 
 
+# ---- fuzz_json_shapes: field byte, container byte (1: object), repeat count / 32, unit ----
+def json_shape_seeds():
+    fields = ["x", "logit_bias", "chat_template_kwargs", "messages", "tools", "stop", "prompt",
+              "response_format"]
+    shapes = {
+        "empty_objects": (0, 0, b"{}"), "empty_arrays": (0, 0, b"[]"),
+        "values_objects": (0, 1, b"{}"), "values_numbers": (0, 1, b"1"),
+        "logit_bias": (1, 1, b"5"), "kwargs": (2, 1, b'{"a":[]}'),
+        "messages": (3, 0, b'{"role":"user","content":"hi"}'),
+        "tools": (4, 0, b'{"type":"function","function":{"name":"f"}}'),
+        "stop": (5, 0, b'"x"'), "prompt_ids": (6, 0, b"7"), "format": (7, 1, b'"json_object"'),
+    }
+    for name, (field, container, unit) in shapes.items():
+        assert fields[field]
+        # 2047 x 32 repeats: as many as fit in the target's 2 MB.
+        write("fuzz_json_shapes", name, bytes([field, container, 0x07, 0xff]) + unit)
+
+
 # ---- model replies: first byte = tool-call form | 4 if the prompt opened <think> ----
 def reply_seeds():
     replies = {
@@ -228,4 +246,5 @@ if __name__ == "__main__":
     safetensors_seeds()
     http_seeds()
     openai_seeds()
+    json_shape_seeds()
     reply_seeds()

@@ -71,6 +71,11 @@ void register_serve(CLI::App& app) {
                   "open connections beyond which new ones are closed at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections-per-client", s.max_connections_per_client,
+                  "open connections from one client address beyond which its new ones are "
+                  "closed at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   auto seconds = [cmd](const char* name, std::chrono::milliseconds& value, const char* help) {
     cmd->add_option_function<double>(
            name,
@@ -86,6 +91,16 @@ void register_serve(CLI::App& app) {
   seconds("--body-timeout", s.body_timeout, "seconds a client has to send a whole request body");
   seconds("--shutdown-timeout", s.shutdown_timeout,
           "on SIGTERM, seconds running requests may still finish before they are ended");
+  cmd->add_option_function<double>(
+         "--max-queue-wait",
+         [&value = s.max_queue_wait](double seconds) {
+           value = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+         },
+         "seconds a new request may expect to wait for its first token (requests ahead over "
+         "the rate they have been starting) beyond which it gets 503 with that estimate in "
+         "Retry-After (0: no bound)")
+      ->default_str(std::to_string(s.max_queue_wait.count() / 1000))
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_flag("--metrics-auth", s.metrics_auth,
                 "/metrics needs an --api-key too (it shows all tenants' counters)")
       ->needs(cmd->get_option("--api-key"));

@@ -256,7 +256,7 @@ std::vector<RequestEvent> Engine::step() {
   if (options_.target_itl_ms > 0 && step_cost_fit_.num_observations() > 0) {
     limit.max_ms = options_.target_itl_ms;
     limit.cost = step_cost_;
-    limit.without_decodes = draining_;
+    limit.without_decodes = draining_ || prefill_always_bounded_;
   }
   const StepPlan plan = scheduler_->schedule(limit);
   if (plan.empty()) return {};

@@ -159,6 +159,12 @@ class Engine {
   // unknown to the prefix cache (Scheduler::abandon). GPU steps, which take milliseconds and may be
   // CUDA graphs, always run to the end. Empty (the default): steps are never abandoned.
   void set_abandon_check(std::function<bool()> abandon) { abandon_ = std::move(abandon); }
+  // A server sets it: every step's prefill is held to target_itl_ms whether or not a sequence
+  // decodes, as while draining, so that a request arriving while a long prompt is prefilled
+  // alone waits about one step for its turn, not the whole prompt's prefill (2-core Intel Xeon,
+  // 2026-12-02, b8c1423: a 4-token request 1 s after a 4,096-token prompt took 9.5-10.8 s).
+  // Nothing changes where target_itl_ms is 0 (the GPU's default).
+  void set_prefill_always_bounded(bool bounded) { prefill_always_bounded_ = bounded; }
   // The step-time model the engine has learned so far (all zero before its first prefill, and
   // while target_itl_ms is 0).
   const StepCost& step_cost() const { return step_cost_; }
@@ -249,6 +255,7 @@ class Engine {
   StepCost step_cost_;
   bool draining_ = false;
   std::function<bool()> abandon_;
+  bool prefill_always_bounded_ = false;
   uint64_t seed_counter_;
   // Token bitmasks, rows of mask_words_ words: rows [0, max_num_seqs) are the prefetch's (its
   // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step. On the GPU

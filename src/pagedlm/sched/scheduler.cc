@@ -83,6 +83,7 @@ struct Scheduler::State {
   double prefill_ms_left = std::numeric_limits<double>::infinity();
   StepCost step_cost;
   bool prefilled = false;
+  bool prefill_waits = false;  // a running sequence's prefill got no time in this step
 
   const BlockHash& page_hash(Sequence& seq, int32_t page_index) {
     const int32_t page_size = config.page_size;
@@ -191,6 +192,7 @@ struct Scheduler::State {
   // prefill gets what the decodes leave of max_ms.
   void start_prefill_limit(const StepTimeLimit& limit) {
     prefilled = false;
+    prefill_waits = false;
     step_cost = limit.cost;
     prefill_ms_left = std::numeric_limits<double>::infinity();
     if (limit.max_ms <= 0 || (scheduled.empty() && !limit.without_decodes)) return;
@@ -245,7 +247,10 @@ struct Scheduler::State {
       if (num_pending <= 0 || (num_pending == 1) != decodes) continue;
       const int32_t num_new_tokens =
           std::min({num_pending, budget, decodes ? num_pending : prefill_cap(seq->num_computed)});
-      if (num_new_tokens <= 0) continue;  // no time left for this prefill in this step
+      if (num_new_tokens <= 0) {  // no time left for this prefill in this step
+        prefill_waits = prefill_waits || !decodes;
+        continue;
+      }
       const int32_t num_tokens = seq->num_computed + num_new_tokens;
       bool was_preempted = false;
       while (!pool.can_allocate(num_missing_pages(*seq, num_tokens))) {
@@ -520,7 +525,21 @@ StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = state.schedule_running(/*decodes=*/true, budget);
   state.start_prefill_limit(limit);
+  // Under a time limit, prefills already running leave half of the step's prefill time to the
+  // waiting sequences, and the first of those gets its minimum chunk as the first running one
+  // does, so one that arrives during a long prompt's prefill starts at the next step instead
+  // of after the whole prompt (which would take all the time, step after step). Such a step
+  // may run past the limit by one minimum chunk. Not while a running prefill already waits for
+  // time: admitting more would only add sequences that hold pages and wait too.
+  const bool share_with_waiting = !state.waiting.empty() && std::isfinite(state.prefill_ms_left);
+  const double held_for_waiting =
+      share_with_waiting ? std::max(0.0, state.prefill_ms_left) / 2 : 0.0;
+  state.prefill_ms_left -= held_for_waiting;
   preempted |= state.schedule_running(/*decodes=*/false, budget);
+  if (share_with_waiting && !state.prefill_waits) {
+    state.prefill_ms_left = std::max(0.0, state.prefill_ms_left) + held_for_waiting;
+    state.prefilled = false;
+  }
   // Running sequences can be preempted until both passes are done; only then is their chunk
   // final, and only then may others find its pages.
   for (const auto& [seq, num_new_tokens] : state.scheduled) {

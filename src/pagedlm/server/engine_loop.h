@@ -81,16 +81,23 @@ struct GenerationJob {
 class EngineLoop {
  public:
   // `max_waiting`: requests queued for admission (here and in the engine) beyond which submit
-  // refuses new ones.
-  EngineLoop(Engine& engine, int32_t max_waiting);
+  // refuses new ones. `max_queue_wait`: the expected wait for a first token (the requests
+  // ahead over the rate at which requests have been starting lately) beyond which admit()
+  // refuses new ones; 0: no bound.
+  EngineLoop(Engine& engine, int32_t max_waiting,
+             std::chrono::milliseconds max_queue_wait = std::chrono::milliseconds(0));
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
   // Admission before any parsing work: a token counted as one waiting request while it is
   // held (until the request was submitted or refused); null when requests held or queued
-  // (here and in the engine) already reach max_waiting.
+  // (here and in the engine) already reach max_waiting, or when their expected wait exceeds
+  // max_queue_wait.
   std::shared_ptr<void> admit();
+  // For a refusal's Retry-After: the whole seconds (at least 1) until, at the rate requests
+  // have been starting, the queue is short enough again to admit one.
+  int32_t retry_after_seconds() const;
   // Queues every job of one HTTP request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
@@ -129,6 +136,10 @@ class EngineLoop {
   };
 
   void run();
+  // Requests ahead of a new one (held tokens, queued, waiting in the engine); mu_ held.
+  int64_t queued_locked() const;
+  // Requests starting per second lately (0: too few starts seen to tell); mu_ held.
+  double start_rate_locked(Clock::time_point now) const;
   void admit(std::vector<Pending> incoming);
   void drop_cancelled();
   void process(const std::vector<RequestEvent>& events);
@@ -137,6 +148,7 @@ class EngineLoop {
 
   Engine& engine_;
   const int32_t max_waiting_;
+  const std::chrono::milliseconds max_queue_wait_;
   std::map<int64_t, Active> active_;  // engine thread only
 
   mutable std::mutex mu_;  // guards everything below
@@ -151,6 +163,11 @@ class EngineLoop {
   bool woken_ = false;
   bool draining_ = false;
   int64_t admitted_ = 0;  // tokens from admit() still held
+  // When the last requests got their first token, oldest first (kStartWindow at most): the
+  // rate the queue drains at, measured, so that a refusal's Retry-After is an estimate.
+  static constexpr size_t kStartWindow = 64;
+  static constexpr size_t kMinStarts = 4;  // fewer: no rate yet, and no refusal by wait
+  std::deque<Clock::time_point> starts_;
   SchedulerStats stats_;
   ServingCounters counters_;
   // Cache snapshots: requests_ counts the ones asked for, served_ the last one answered (the

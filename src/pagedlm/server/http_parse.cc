@@ -41,7 +41,28 @@ Refusal check_head(const http::request_header<>& head) {
   if (ce != head.end() && !ce->value().empty() && !boost::beast::iequals(ce->value(), "identity")) {
     return {415, "compressed request bodies (Content-Encoding) are not supported"};
   }
+  const size_t hosts = head.count(http::field::host);
+  if (hosts > 1) return {400, "more than one Host header"};
+  if (hosts == 0 && head.version() >= 11) return {400, "an HTTP/1.1 request needs a Host header"};
+  if (head.count(http::field::authorization) > 1) {
+    return {400, "more than one Authorization header"};
+  }
+  const auto expect = head.find(http::field::expect);
+  if (expect != head.end() && !boost::beast::iequals(expect->value(), "100-continue")) {
+    return {417, "unsupported Expect: only \"100-continue\" is accepted"};
+  }
   return {};
+}
+
+bool has_folded_line(std::string_view head_bytes) {
+  // The request line holds no line break, so any line after a line break that starts with
+  // whitespace continues a header line.
+  for (size_t at = head_bytes.find('\n');
+       at != std::string_view::npos && at + 1 < head_bytes.size();
+       at = head_bytes.find('\n', at + 1)) {
+    if (head_bytes[at + 1] == ' ' || head_bytes[at + 1] == '\t') return true;
+  }
+  return false;
 }
 
 ParsedRequest parse_request(std::string_view bytes, size_t max_body_bytes) {
@@ -52,12 +73,21 @@ ParsedRequest parse_request(std::string_view bytes, size_t max_body_bytes) {
   bool head_checked = false;
   while (!parser.is_done()) {
     boost::system::error_code ec;
+    const size_t before = out.consumed;
     const size_t used = parser.put(
         boost::asio::const_buffer(bytes.data() + out.consumed, bytes.size() - out.consumed), ec);
     out.consumed += used;
     // The head's checks come first, as on a connection, which runs them before reading the body.
+    // Beast parses a head in one put(), once all of it is there, so `used` bytes from `before`
+    // hold the whole head (and, eager, what of the body followed; a body may hold anything).
     if (parser.is_header_done() && !head_checked) {
       head_checked = true;
+      const std::string_view taken = bytes.substr(before, used);
+      const size_t head_end = taken.find("\r\n\r\n");
+      if (has_folded_line(taken.substr(0, head_end))) {
+        out.refusal = {400, kFoldedLineMessage};
+        return out;
+      }
       out.refusal = check_head(parser.get().base());
       if (out.refusal.status != 0) return out;
     }

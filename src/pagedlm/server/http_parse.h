@@ -38,8 +38,19 @@ Refusal refusal_for(const boost::system::error_code& ec);
 // Checks a complete head for what Beast accepts and the server must not: a Transfer-Encoding
 // other than plain "chunked" (Beast would read "gzip, chunked" as chunked and hand over gzip
 // bytes; anything else leaves the body's end to guesswork), 400; a compressed body, which
-// would have to be inflated past --max-body-bytes and no client of this API sends, 415.
+// would have to be inflated past --max-body-bytes and no client of this API sends, 415; an
+// HTTP/1.1 request without a Host header, or with two (RFC 9112 3.2), 400; two Authorization
+// headers, which a proxy and the server could each read differently, 400; an Expect other than
+// "100-continue", which the server cannot meet, 417 (RFC 9110 10.1.1).
 Refusal check_head(const boost::beast::http::request_header<>& head);
+
+// Whether the raw bytes of a request head hold a folded header line (obs-fold: a line that
+// starts with a space or tab and continues the one before). Beast joins such lines silently;
+// RFC 9112 5.2 lets a server refuse them, and a proxy that reads them otherwise would see
+// other headers than the server does.
+bool has_folded_line(std::string_view head_bytes);
+inline constexpr const char* kFoldedLineMessage =
+    "folded header lines (a line starting with a space or tab) are not accepted";
 
 struct ParsedRequest {
   bool complete = false;  // a whole request was read and not refused

@@ -1,6 +1,7 @@
 #include "pagedlm/server/http_server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <string_view>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/core/json.h"
@@ -69,6 +71,21 @@ std::string bearer_token(const HttpRequest& req) {
   const std::string auth = req.header("Authorization");
   const std::string prefix = "Bearer ";
   return auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
+}
+
+// Whether a Content-Type names JSON: "application/json", any case, parameters (charset) allowed.
+// Every POST route takes JSON; refusing other types also keeps a web page from posting here
+// cross-origin without a CORS preflight (forms may only send urlencoded, multipart or text).
+bool is_json_content_type(std::string_view value) {
+  const size_t end = value.find(';');
+  std::string_view type = value.substr(0, end);
+  while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  constexpr std::string_view kJson = "application/json";
+  return type.size() == kJson.size() &&
+         std::equal(type.begin(), type.end(), kJson.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         });
 }
 
 // One token's logprobs as the engine reported them.
@@ -516,7 +533,7 @@ class GenerationReply final : public PendingReply {
 struct HttpServer::Impl {
   Impl(const TextModel& model, Engine& engine, ServerOptions options)
       : options(std::move(options)),
-        loop(engine, this->options.max_waiting),
+        loop(engine, this->options.max_waiting, this->options.max_queue_wait),
         http(transport_options(this->options), hooks()) {
     info.name = this->options.served_model_name;
     info.tokenizer = model.tokenizer.get();
@@ -544,6 +561,7 @@ struct HttpServer::Impl {
     t.body_timeout = o.body_timeout;
     t.worker_threads = o.http_threads;
     t.max_connections = o.max_connections;
+    t.max_connections_per_client = o.max_connections_per_client;
     return t;
   }
 
@@ -552,11 +570,20 @@ struct HttpServer::Impl {
     h.pre_route = [this](const HttpRequest& req) -> std::optional<HttpResponse> {
       const bool open = req.path == "/" || req.path == "/health" ||
                         (req.path == "/metrics" && !options.metrics_auth);
-      if (open || authorized(req)) return std::nullopt;
-      return error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                            "authentication_error");
+      if (!open && !authorized(req)) {
+        return error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                              "authentication_error");
+      }
+      if (req.method == "POST" && !is_json_content_type(req.header("Content-Type"))) {
+        const std::string given = req.header("Content-Type");
+        return error_response(
+            415, "the request body must be JSON (Content-Type: application/json)" +
+                     (given.empty() ? std::string(", got none") : ", got '" + given + "'"));
+      }
+      return std::nullopt;
     };
     h.admit = [this] { return loop.admit(); };
+    h.retry_after_seconds = [this] { return loop.retry_after_seconds(); };
     h.error_body = [](int status, const std::string& message, const std::string& type) {
       return dump(error_body(message, type, "", status));
     };
@@ -609,7 +636,7 @@ HttpReply HttpServer::Impl::completions(const HttpRequest& req, bool chat) {
   if (!gen->submit()) {
     HttpResponse r =
         error_response(503, "the server is overloaded; retry later", "server_overloaded");
-    r.headers.emplace_back("Retry-After", "1");
+    r.headers.emplace_back("Retry-After", std::to_string(loop.retry_after_seconds()));
     return reply(std::move(r));
   }
   HttpReply out;
@@ -755,7 +782,12 @@ bool HttpServer::stop() {
   // the step in progress at the signal was a long one.
   impl_->loop.drain();
   impl_->http.shutdown(impl_->options.shutdown_timeout);
-  return impl_->loop.stop_within(std::chrono::milliseconds(500));
+  const bool engine_stopped = impl_->loop.stop_within(std::chrono::milliseconds(500));
+  // A worker still busy (a large body parsing, a long prompt tokenizing) works for a client
+  // whose connection is closed. The transport would wait for it when destroyed, so past a
+  // short grace the process ends without that.
+  return impl_->http.idle_by(std::chrono::steady_clock::now() + std::chrono::milliseconds(100)) &&
+         engine_stopped;
 }
 
 }  // namespace pagedlm::server

@@ -24,9 +24,14 @@ struct ServerOptions {
   // Requests admitted but not yet running (being parsed, queued, waiting in the engine); past
   // it, 503 with Retry-After before any parsing.
   int32_t max_waiting = 64;
+  // The expected wait for a first token (requests ahead over the rate they have been starting)
+  // beyond which new requests get 503, with that estimate in Retry-After; 0: no bound.
+  std::chrono::milliseconds max_queue_wait{30000};
   size_t max_body_bytes = size_t{8} << 20;
   int32_t http_threads = 4;  // workers that parse, template and tokenize (streams hold none)
   int32_t max_connections = 10000;
+  // Of those, what one client address may hold, so one client cannot take them all.
+  int32_t max_connections_per_client = 1000;
   std::chrono::milliseconds header_timeout{10000};  // for a whole request head
   std::chrono::milliseconds body_timeout{60000};    // for a whole body
   // On stop(): how long running requests may still finish before they are ended.
@@ -54,8 +59,10 @@ class HttpServer {
   // target_itl_ms (EngineLoop::drain), so the engine thread leaves between two short steps.
   // False when it is still inside a step half a second after the drain (one that was already
   // long when the drain began, such as a prompt prefilled alone with the whole step budget on
-  // the CPU, or any step with target_itl_ms off): the Engine is then still in use, and the
-  // caller should end the process rather than destroy it.
+  // the CPU, or any step with target_itl_ms off), or when a worker is still busy then (a
+  // request that was being parsed or tokenized at the signal is not waited for): the Engine or
+  // the workers are then still in use, and the caller should end the process rather than
+  // destroy them.
   bool stop();
 
  private:

@@ -78,6 +78,8 @@ struct TransportOptions {
   std::chrono::milliseconds body_timeout{60000};    // the whole body
   int worker_threads = 4;
   int max_connections = 10000;  // past it, new connections are closed at once
+  // Connections one client address may hold; past it, its new ones are closed at once.
+  int max_connections_per_client = 1000;
 };
 
 struct TransportHooks {
@@ -85,6 +87,8 @@ struct TransportHooks {
   std::function<std::optional<HttpResponse>(const HttpRequest& head)> pre_route;
   // Generation routes: a token held while the request is parsed and queued; null answers 503.
   std::function<std::shared_ptr<void>()> admit;
+  // A refused generation's Retry-After, in seconds.
+  std::function<int32_t()> retry_after_seconds;
   // The body of an error response; `type` is OpenAI's error type.
   std::function<std::string(int status, const std::string& message, const std::string& type)>
       error_body;
@@ -107,8 +111,14 @@ class HttpTransport {
   // says draining) and refuses others with 503, closing each after its answer; lets running
   // answers finish for up to `drain`, then aborts the rest, and returns once they were written
   // (or a second later) and every connection closed.
+  // Requests still on a worker then are not waited for: their connections close, queued tasks
+  // are dropped, and idle_by() says whether the running ones have ended.
   void shutdown(std::chrono::milliseconds drain);
   bool draining() const;
+  // After shutdown(): waits until no worker runs a task, or `deadline`; whether none does.
+  // While one does (a large body still parsing), the transport must not be destroyed, which
+  // waits for it.
+  bool idle_by(std::chrono::steady_clock::time_point deadline) const;
 
   struct Impl;  // named by the connections in the .cc
 

@@ -105,6 +105,15 @@ std::vector<std::vector<int32_t>> parse_prompts(const json& body, const ModelInf
   return prompts;
 }
 
+// The roles of OpenAI's and vLLM's chat API ("function": OpenAI's older name for a tool's
+// answer). A template given another role renders it however it happens to, often as nothing.
+bool known_role(const std::string& role) {
+  for (const char* known : {"system", "developer", "user", "assistant", "tool", "function"}) {
+    if (role == known) return true;
+  }
+  return false;
+}
+
 std::string render_chat(const json& body, const ModelInfo& model) {
   const json* messages = field(body, "messages");
   if (messages == nullptr) bad("messages", "'messages' is required");
@@ -115,6 +124,11 @@ std::string render_chat(const json& body, const ModelInfo& model) {
     if (!m.is_object()) bad("messages", "each message must be an object");
     if (!m.contains("role") || !m["role"].is_string()) {
       bad("messages", "each message needs a string 'role'");
+    }
+    if (!known_role(m["role"].get<std::string>())) {
+      // dump(): a NUL or control character in the role shows escaped.
+      bad("messages", cat("unknown message role ", m["role"].dump(),
+                          ": one of system, developer, user, assistant, tool, function"));
     }
     if (m.contains("content")) {
       const json& c = m["content"];
@@ -182,6 +196,9 @@ void reject_unsupported(const json& body, bool chat) {
 ToolCallFormat wanted_tool_calls(const json& body, const ModelInfo& model) {
   const json* tools = field(body, "tools");
   if (tools != nullptr && !tools->is_array()) bad("tools", "'tools' must be a list");
+  if (tools != nullptr && tools->size() > kMaxTools) {
+    bad("tools", cat("'tools' may list at most ", kMaxTools, " tools, got ", tools->size()));
+  }
   std::string choice = "auto";
   if (const json* c = field(body, "tool_choice")) {
     if (!c->is_string()) return ToolCallFormat::kNone;
@@ -189,6 +206,14 @@ ToolCallFormat wanted_tool_calls(const json& body, const ModelInfo& model) {
   }
   if (tools == nullptr || tools->empty() || choice != "auto" || model.chat_template == nullptr) {
     return ToolCallFormat::kNone;
+  }
+  // Left to the model's choice, tools a template never names are dropped without a word, and
+  // the model answers as if it had none. (A forced call is held to the tools' schemas by its
+  // grammar, rendered or not.)
+  if (model.chat_template->source().find("tools") == std::string::npos) {
+    bad("tools",
+        "this model's chat template does not render 'tools'; the model would not see them "
+        "(tool_choice 'required' or a named function still holds the reply to their schemas)");
   }
   return tool_call_format(model.chat_template->source());
 }
@@ -286,6 +311,10 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
       }
     } else {
       bad("stop", "'stop' must be a string or a list of at most 16 strings");
+    }
+    // An empty stop string would match before the first token: it is a mistake, not a request.
+    for (const std::string& s : r.stop) {
+      if (s.empty()) bad("stop", "'stop' strings must not be empty");
     }
   }
   // Stop strings match decoded text, and logprobs name tokens by their text.

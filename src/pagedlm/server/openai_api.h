@@ -52,6 +52,8 @@ struct ModelInfo {
 // The most choices one HTTP request may ask for (prompts x n), which bounds its memory.
 inline constexpr int32_t kMaxChoices = 128;
 inline constexpr int32_t kMaxTopLogprobs = 20;
+// OpenAI's own bound on a request's tools.
+inline constexpr size_t kMaxTools = 128;
 
 struct CompletionRequest {
   bool chat = false;

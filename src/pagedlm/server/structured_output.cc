@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "pagedlm/core/error.h"
+#include "pagedlm/core/json.h"
 #include "pagedlm/server/openai_api.h"
 
 namespace pagedlm::server {
@@ -85,26 +87,45 @@ StructuredOutput parse_structured_output(const json& body, bool chat,
               type + "'");
     }
   }
-  if (const json* regex = field(body, "regex")) {
-    take("regex");
-    if (!regex->is_string()) bad("regex", "'regex' must be a string");
-    spec.kind = GrammarSpec::Kind::kRegex;
-    spec.text = regex->get<std::string>();
-  }
-  if (const json* choice = field(body, "choice")) {
-    take("choice");
-    if (!choice->is_array()) bad("choice", "'choice' must be a list of strings");
-    spec.kind = GrammarSpec::Kind::kChoice;
-    for (const json& c : *choice) {
-      if (!c.is_string()) bad("choice", "'choice' must be a list of strings");
-      spec.choices.push_back(c.get<std::string>());
+  // Ours and vLLM's names (guided_*) for the same constraints; naming two is a conflict.
+  struct TextConstraint {
+    const char* name;
+    GrammarSpec::Kind kind;
+    const char* form;
+  };
+  for (const auto& [name, kind, form] :
+       {TextConstraint{"regex", GrammarSpec::Kind::kRegex, "a string"},
+        TextConstraint{"guided_regex", GrammarSpec::Kind::kRegex, "a string"},
+        TextConstraint{"grammar", GrammarSpec::Kind::kEbnf, "a string (EBNF, root rule 'root')"},
+        TextConstraint{"guided_grammar", GrammarSpec::Kind::kEbnf,
+                       "a string (EBNF, root rule 'root')"}}) {
+    if (const json* text = field(body, name)) {
+      take(name);
+      if (!text->is_string()) bad(name, cat("'", name, "' must be ", form));
+      spec.kind = kind;
+      spec.text = text->get<std::string>();
     }
   }
-  if (const json* g = field(body, "grammar")) {
-    take("grammar");
-    if (!g->is_string()) bad("grammar", "'grammar' must be a string (EBNF, root rule 'root')");
-    spec.kind = GrammarSpec::Kind::kEbnf;
-    spec.text = g->get<std::string>();
+  for (const char* name : {"choice", "guided_choice"}) {
+    if (const json* choice = field(body, name)) {
+      take(name);
+      if (!choice->is_array()) bad(name, cat("'", name, "' must be a list of strings"));
+      spec.kind = GrammarSpec::Kind::kChoice;
+      for (const json& c : *choice) {
+        if (!c.is_string()) bad(name, cat("'", name, "' must be a list of strings"));
+        spec.choices.push_back(c.get<std::string>());
+      }
+    }
+  }
+  // vLLM's guided_json: the schema itself, as an object or as JSON text.
+  if (const json* schema = field(body, "guided_json")) {
+    take("guided_json");
+    json parsed = schema->is_string() ? try_parse_json<json>(schema->get<std::string>()) : *schema;
+    if (!parsed.is_object() && !parsed.is_boolean()) {
+      bad("guided_json", "'guided_json' must be a JSON schema (an object, or its JSON text)");
+    }
+    spec.kind = GrammarSpec::Kind::kJsonSchema;
+    spec.text = parsed.dump();
   }
   if (const json* tc = chat ? field(body, "tool_choice") : nullptr) {
     const json* tools = field(body, "tools");

@@ -1,9 +1,11 @@
 // Structured output in OpenAI requests: response_format (json_object, json_schema with strict),
 // tool_choice "required" or a named function (the reply is one call to a given tool, its
 // arguments held to the tool's parameter schema), and the request-body extensions `regex`,
-// `choice` (a list of strings) and `grammar` (EBNF/GBNF, root rule "root"). At most one of them
-// per request. The grammar is compiled here, on the HTTP worker's thread (grammar/grammar.h
-// bounds the time and caches the result), so the engine thread only ever gets a compiled one.
+// `choice` (a list of strings) and `grammar` (EBNF/GBNF, root rule "root"), also under vLLM's
+// names guided_regex, guided_choice and guided_grammar, and vLLM's guided_json (a schema). At
+// most one of them per request. The grammar is compiled here, on the HTTP worker's thread
+// (grammar/grammar.h bounds the time and caches the result), so the engine thread only ever gets
+// a compiled one.
 #pragma once
 
 #include <nlohmann/json.hpp>
