@@ -643,8 +643,6 @@ void CudaStepRunner::make_current() const {
   cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
 }
 
-int64_t CudaStepRunner::num_graphs() const { return static_cast<int64_t>(impl_->graphs.size()); }
-
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
 double CudaStepRunner::last_step_gpu_ms() const { return impl_->last_gpu_ms; }
@@ -695,8 +693,6 @@ double CudaStepRunner::last_mask_ms() const { return 0; }
 double CudaStepRunner::last_masked_forward_gpu_ms() const { return 0; }
 
 double CudaStepRunner::last_masked_sampler_gpu_ms() const { return 0; }
-
-int64_t CudaStepRunner::num_graphs() const { return 0; }
 
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
 

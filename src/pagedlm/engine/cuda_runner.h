@@ -81,7 +81,6 @@ class CudaStepRunner {
   double last_masked_forward_gpu_ms() const;
   double last_masked_sampler_gpu_ms() const;
 
-  int64_t num_graphs() const;
   // Steps that ran cascade attention's shared-prefix pass.
   int64_t cascade_steps() const;
   // Device time of the last run(), from the plan upload to the sampled ids' download (the host

@@ -1,4 +1,4 @@
-// Dense projection y = x W^T + b, the only matmul the models need.
+// Dense projection y = x W^T + b: every projection of a layer but the experts (ops/moe.h).
 #pragma once
 
 #include <cstdint>
