@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct BlockPart {
   int64_t bytes() const {
     return static_cast<int64_t>(q8.empty() ? blocks.blocks.size() : q8.data.size());
   }
+  std::string format() const {
+    return q8.empty() ? quant_format(blocks.type).name
+                      : std::string(quant_format(q8.type).name) + " (8-bit activations)";
+  }
 };
 
 // A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
@@ -60,6 +65,12 @@ struct Projection {
     }
     PAGEDLM_CHECK(col0 == out.dim(1), "a projection's parts have ", col0, " outputs, out has ",
                   out.dim(1));
+  }
+
+  // The bytes apply() reads by format, added to `by_format`.
+  void add_bytes(std::map<std::string, int64_t>& by_format) const {
+    if (parts.empty() && dense.defined()) by_format[std::string(dtype_name(dense.dtype()))] += bytes();
+    for (const BlockPart& part : parts) by_format[part.format()] += part.bytes();
   }
 
   // The bytes apply() reads: whichever form it computes with.
@@ -442,6 +453,17 @@ class DecoderModel final : public CausalLM {
     // This rank's share of each activated expert.
     return activated * 3 * (c.moe.expert_intermediate_size / tp_.size) * c.hidden_size *
            static_cast<int64_t>(dtype_size(dtype_));
+  }
+
+  std::map<std::string, int64_t> step_weight_bytes_by_format() const override {
+    std::map<std::string, int64_t> by_format;
+    lm_head_.add_bytes(by_format);
+    for (const LayerWeights& w : layers_) {
+      for (const Projection* p : {&w.qkv_proj, &w.o_proj, &w.gate_up_proj, &w.down_proj, &w.router}) {
+        p->add_bytes(by_format);
+      }
+    }
+    return by_format;
   }
 
   int64_t step_weight_bytes() const override {

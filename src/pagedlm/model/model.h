@@ -3,7 +3,9 @@
 // object supplied by the engine (which writes K/V into its paged cache and reads them back).
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/tensor.h"
@@ -56,6 +58,9 @@ class CausalLM {
   // projections but the experts', and the lm_head (a GGUF's quantized matrices on the CPU are
   // their blocks, not float32).
   virtual int64_t step_weight_bytes() const = 0;
+  // The same bytes by the format they are kept in (core/quantized.h's format names, or the
+  // dtype's name for dense weights).
+  virtual std::map<std::string, int64_t> step_weight_bytes_by_format() const = 0;
 };
 
 namespace ops {
