@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "gguf_reference_util.h"
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/model/checkpoint.h"
-#include "gguf_reference_util.h"
 
 namespace pagedlm {
 namespace {

@@ -83,9 +83,9 @@ TEST(QuantFormats, DequantizeAndRepackMatchGgufPy) {
     const QuantizedMatrix repacked = ops::repack_for_cpu(w.blocks);
     EXPECT_EQ(repacked.type, quant_format(c.type).cpu_form);
     EXPECT_EQ(quant_format(repacked.type).ggml_type, c.type);
-    expect_same_bits(testing::dequantized(repacked), w.floats,
-                     std::string(quant_format(repacked.type).name) + " from " +
-                         quant_format(c.type).name);
+    expect_same_bits(
+        testing::dequantized(repacked), w.floats,
+        std::string(quant_format(repacked.type).name) + " from " + quant_format(c.type).name);
   }
 }
 
@@ -105,8 +105,8 @@ Product reference_product(const Tensor& x, const std::vector<float>& w, const fl
     for (int64_t n = 0; n < out_features; ++n) {
       double sum = bias != nullptr ? bias[n] : 0.0, abs_sum = std::abs(sum);
       for (int64_t k = 0; k < in_features; ++k) {
-        const double term = static_cast<double>(x.data<float>()[r * in_features + k]) *
-                            w[n * in_features + k];
+        const double term =
+            static_cast<double>(x.data<float>()[r * in_features + k]) * w[n * in_features + k];
         sum += term;
         abs_sum += std::abs(term);
       }
@@ -122,8 +122,8 @@ void expect_within(const Tensor& out, const Product& want, const std::string& wh
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double got = out.data<float>()[i];
     if (!(std::abs(got - want.y[i]) <= want.bound[i]) && bad++ < 5) {
-      ADD_FAILURE() << what << " output " << i << ": " << got << " vs " << want.y[i]
-                    << " (bound " << want.bound[i] << ")";
+      ADD_FAILURE() << what << " output " << i << ": " << got << " vs " << want.y[i] << " (bound "
+                    << want.bound[i] << ")";
     }
   }
   EXPECT_EQ(bad, 0) << what;
@@ -143,8 +143,8 @@ TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
       const std::string what =
           std::string(quant_format(c.type).name) + " rows " + std::to_string(rows);
       const Tensor x = random_f32({rows, in_features}, rng);
-      const Product want = reference_product(x, w.floats, bias.data<float>(), out_features,
-                                             in_features);
+      const Product want =
+          reference_product(x, w.floats, bias.data<float>(), out_features, in_features);
       Tensor out = poisoned_f32({rows, out_features});
       ops::linear(x, repacked, bias, out);
       expect_within(out, want, what);
@@ -162,9 +162,9 @@ TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
       // A row's output does not depend on the rows beside it.
       Tensor alone = poisoned_f32({1, out_features});
       ops::linear(x.rows(rows - 1, rows), repacked, bias, alone);
-      EXPECT_EQ(std::memcmp(alone.raw(), out.data<float>() + (rows - 1) * out_features,
-                            alone.nbytes()),
-                0)
+      EXPECT_EQ(
+          std::memcmp(alone.raw(), out.data<float>() + (rows - 1) * out_features, alone.nbytes()),
+          0)
           << what << ": last row alone";
     }
   }
@@ -202,9 +202,9 @@ TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
     for (ops::cpu::Q8Kernel kernel : ops::cpu::q8_kernels()) {
       Tensor out = poisoned_f32({rows, out_features});
       ops::cpu::linear_q8(x.data<float>(), q8, nullptr, out.data<float>(), rows, kernel);
-      expect_within(out, want,
-                    std::string(quant_format(c.type).name) + " " +
-                        ops::cpu::q8_kernel_name(kernel));
+      expect_within(
+          out, want,
+          std::string(quant_format(c.type).name) + " " + ops::cpu::q8_kernel_name(kernel));
     }
   }
   EXPECT_EQ(packed, 4);  // Q4_0, Q4_1, Q5_0, Q8_0

@@ -153,6 +153,7 @@ void register_bench(CLI::App& app) {
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
     Engine engine(ckpt, options);
+    ckpt.release_weights();
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};
     if (engine.options().device == Device::kCuda) {
       if (peaks.bytes_per_s <= 0) peaks.bytes_per_s = 4280e9;

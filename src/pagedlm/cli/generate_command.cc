@@ -192,6 +192,7 @@ void run_generate(const Args& args) {
     }
   }
   Engine engine(model.checkpoint, options);
+  model.checkpoint.release_weights();
   std::vector<int64_t> ids;
   std::map<int64_t, TextOutput> texts;
   for (const auto& prompt : prompts) {

@@ -119,7 +119,9 @@ void dequant_q6_k(const uint8_t* b, float* y) {
   q6_k(load_half(b + 208), reinterpret_cast<const int8_t*>(b + 192), b, b + 128, y);
 }
 
-void dequant_q4_1f32(const uint8_t* b, float* y) { q4_1(load_float(b), load_float(b + 4), b + 8, y); }
+void dequant_q4_1f32(const uint8_t* b, float* y) {
+  q4_1(load_float(b), load_float(b + 4), b + 8, y);
+}
 void dequant_q4_0f32(const uint8_t* b, float* y) { q4_0(load_float(b), b + 4, y); }
 void dequant_q5_0f32(const uint8_t* b, float* y) { q5_0(load_float(b), b + 4, b + 8, y); }
 void dequant_q4_kf32(const uint8_t* b, float* y) {
@@ -162,8 +164,8 @@ using Repack = void (*)(const uint8_t*, uint8_t*);
 
 constexpr QuantFormat format(const char* name, QuantType type, Dequantize dequantize,
                              QuantType ggml_type, QuantType cpu_form, Repack repack) {
-  return {name,     quant_block_elems(type), quant_block_bytes(type), dequantize, ggml_type,
-          cpu_form, repack};
+  return {name,  quant_block_elems(type), quant_block_bytes(type), dequantize, ggml_type, cpu_form,
+          repack};
 }
 
 // In QuantType's order.

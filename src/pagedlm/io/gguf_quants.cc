@@ -12,7 +12,7 @@
 namespace pagedlm {
 namespace {
 
-constexpr int kQK = 32;    // elements per block of the legacy quants
+constexpr int kQK = 32;  // elements per block of the legacy quants
 
 float load_half(const uint8_t* p) {
   uint16_t h;

@@ -1,5 +1,6 @@
 // GGUF tensors as the model reads them: dequantized to F32, or matrices of the block formats the
-// CPU computes with kept in their blocks, with the converter's Q/K row interleave undone where the caller says so.
+// CPU computes with kept in their blocks, with the converter's Q/K row interleave undone where the
+// caller says so.
 #include <cstring>
 #include <optional>
 

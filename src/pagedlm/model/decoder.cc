@@ -69,7 +69,8 @@ struct Projection {
 
   // The bytes apply() reads by format, added to `by_format`.
   void add_bytes(std::map<std::string, int64_t>& by_format) const {
-    if (parts.empty() && dense.defined()) by_format[std::string(dtype_name(dense.dtype()))] += bytes();
+    if (parts.empty() && dense.defined())
+      by_format[std::string(dtype_name(dense.dtype()))] += bytes();
     for (const BlockPart& part : parts) by_format[part.format()] += part.bytes();
   }
 
@@ -367,14 +368,22 @@ class DecoderModel final : public CausalLM {
     };
     // The embedding and the lm_head are split by vocabulary rows.
     const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
-    embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
-    final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
       if (device == Device::kCpu) lm_head_ = cpu_form(stacked_blocks(ckpt, c, tp, {embed_part}));
-      if (lm_head_.parts.empty()) lm_head_.dense = embed_;
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
+    // On the CPU a GGUF's embedding stays in its blocks (rows dequantized as they are looked
+    // up): SmolLM2's as float32 would be 113 MB, its Q8_0 blocks are 30 MB, and those of a tied
+    // lm_head computing from them in exact mode are the same blocks, kept once.
+    embed_in_lm_head_ =
+        c.tie_word_embeddings && lm_head_.parts.size() == 1 && lm_head_.parts.front().q8.empty();
+    if (device == Device::kCpu && !embed_in_lm_head_) {
+      embed_blocks_ = ops::repack_for_cpu(one_format(stacked_blocks(ckpt, c, tp, {embed_part})));
+    }
+    if (embed_table() == nullptr) embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
+    if (c.tie_word_embeddings && lm_head_.parts.empty()) lm_head_.dense = embed_;
+    final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     const Family& family = family_of(c);
     auto name = [&](int64_t layer, LayerWeight w) { return hf_weight_name(family, layer, w); };
     auto part = [&](int64_t layer, LayerWeight w, Shape shape) {
@@ -438,9 +447,10 @@ class DecoderModel final : public CausalLM {
       layers_.push_back(std::move(w));
     }
     // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
-    PAGEDLM_CHECK(!options.cpu_q8_activations || num_q8 > 0,
-                  "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_0, Q4_1, Q5_0 or Q8_0 "
-                  "projection weights; this model has none");
+    PAGEDLM_CHECK(
+        !options.cpu_q8_activations || num_q8 > 0,
+        "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_0, Q4_1, Q5_0 or Q8_0 "
+        "projection weights; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
@@ -459,7 +469,8 @@ class DecoderModel final : public CausalLM {
     std::map<std::string, int64_t> by_format;
     lm_head_.add_bytes(by_format);
     for (const LayerWeights& w : layers_) {
-      for (const Projection* p : {&w.qkv_proj, &w.o_proj, &w.gate_up_proj, &w.down_proj, &w.router}) {
+      for (const Projection* p :
+           {&w.qkv_proj, &w.o_proj, &w.gate_up_proj, &w.down_proj, &w.router}) {
         p->add_bytes(by_format);
       }
     }
@@ -541,7 +552,14 @@ class DecoderModel final : public CausalLM {
 
     const float offset = c.norm_weight_offset;
     if (comm_ == nullptr) {
-      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+      if (const QuantizedMatrix* table = embed_table()) {
+        ops::embedding(*table, in.token_ids, residual, c.embedding_scale);
+      } else {
+        ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+      }
+    } else if (const QuantizedMatrix* table = embed_table()) {
+      ops::embedding(*table, in.token_ids, residual, c.embedding_scale, dims_.vocab_begin);
+      comm_->all_reduce_sum(residual, stream);
     } else {
       // Each rank embeds the tokens of its share of the vocabulary (zeros elsewhere): the sum
       // over the ranks is every token's row.
@@ -631,7 +649,15 @@ class DecoderModel final : public CausalLM {
   TensorParallel tp_;
   RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
   ops::Communicator* comm_;  // null without tensor parallelism
+  // The CPU's embedding in its GGUF blocks, instead of embed_: the tied lm_head's, or its own.
+  const QuantizedMatrix* embed_table() const {
+    if (embed_in_lm_head_) return &lm_head_.parts.front().blocks;
+    return embed_blocks_.empty() ? nullptr : &embed_blocks_;
+  }
+
   Tensor embed_, final_norm_;
+  QuantizedMatrix embed_blocks_;
+  bool embed_in_lm_head_ = false;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;

@@ -60,8 +60,8 @@ bool q8_packs(QuantType type);
 // output is one lane's own sequence of operations over the blocks in order, whatever the rows
 // around it.
 // out_col0 as for linear above.
-void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias,
-               const Tensor& out, int64_t out_col0 = 0);
+void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
+               int64_t out_col0 = 0);
 
 namespace cpu {
 // bias may be null.

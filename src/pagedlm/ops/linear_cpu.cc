@@ -107,8 +107,8 @@ inline float reduce_lanes(const float* a) {
 }
 
 // out[i] = dot(x row i, weight row) for the R rows of a tile, in plain loops: each block's
-// weights by its format's reference dequantization (core/quantized.h), consumed 32 at a time (std::fma
-// keeps the products unrounded as the SIMD kernels' FMAs do).
+// weights by its format's reference dequantization (core/quantized.h), consumed 32 at a time
+// (std::fma keeps the products unrounded as the SIMD kernels' FMAs do).
 template <int R>
 void quant_dot_rows_portable(const float* x, int64_t in_features, const uint8_t* weight_row,
                              QuantType type, float* out) {
@@ -206,8 +206,7 @@ inline __m512i load_bytes_u32(const uint8_t* p) {
 // permute that picks each by its quant.
 template <QuantType kType>
 inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) {
-  const uint8_t* block =
-      row + k / quant_block_elems(kType) * quant_block_bytes(kType);
+  const uint8_t* block = row + k / quant_block_elems(kType) * quant_block_bytes(kType);
   const int sub = static_cast<int>(k % quant_block_elems(kType) / kQuantBlock);
   if constexpr (kType == QuantType::kQ4_1) {
     // d and m side by side, converted by one instruction.
@@ -228,8 +227,8 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_hi)), d);
   } else if constexpr (kType == QuantType::kQ4_0F32) {
     // (q - 8) * d for q = 0..15.
-    const __m512 centered = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f,
-                                           1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+    const __m512 centered = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
+                                           2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
     const __m512 weights = _mm512_mul_ps(centered, _mm512_set1_ps(load_float(block)));
     const __m512i bytes = load_bytes_u32(block + 4);
     lo = _mm512_permutexvar_ps(bytes, weights);
@@ -238,10 +237,10 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     // (q - 16) * d for q = 0..31 in two registers; the fifth bit, from qh's bit j for weight j,
     // set by a masked or and picking the register (vpermt2ps reads an index's low 5 bits).
     const __m512 d = _mm512_set1_ps(load_float(block));
-    const __m512 below = _mm512_mul_ps(
-        _mm512_setr_ps(-16.f, -15.f, -14.f, -13.f, -12.f, -11.f, -10.f, -9.f, -8.f, -7.f, -6.f,
-                       -5.f, -4.f, -3.f, -2.f, -1.f),
-        d);
+    const __m512 below =
+        _mm512_mul_ps(_mm512_setr_ps(-16.f, -15.f, -14.f, -13.f, -12.f, -11.f, -10.f, -9.f, -8.f,
+                                     -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f),
+                      d);
     const __m512 above = _mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f,
                                                       9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
                                        d);
@@ -262,8 +261,8 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const float min = load_float(block + 4) * static_cast<float>(block[16 + sub]);
     const __m512 nibble_values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
                                                 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
-    const __m512 weights = _mm512_sub_ps(_mm512_mul_ps(nibble_values, _mm512_set1_ps(scale)),
-                                         _mm512_set1_ps(min));
+    const __m512 weights =
+        _mm512_sub_ps(_mm512_mul_ps(nibble_values, _mm512_set1_ps(scale)), _mm512_set1_ps(min));
     const uint8_t* qs = block + 24 + 32 * (sub / 2);
     __m512i q_lo = load_bytes_u32(qs), q_hi = load_bytes_u32(qs + 16);
     if (sub % 2 == 1) {
@@ -281,15 +280,14 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 8 * h + 2 * c;
     const uint8_t* ql = block + 20 + 64 * h + 32 * (c % 2);
     const uint8_t* qh = block + 148 + 32 * h;
-    const __m256i low_bits = _mm256_and_si256(
-        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
-                         _mm_cvtsi32_si128(4 * (c / 2))),
-        _mm256_set1_epi8(0x0F));
+    const __m256i low_bits =
+        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
+                                          _mm_cvtsi32_si128(4 * (c / 2))),
+                         _mm256_set1_epi8(0x0F));
     const __m256i high_bits = _mm256_slli_epi16(
-        _mm256_and_si256(
-            _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)),
-                             _mm_cvtsi32_si128(2 * c)),
-            _mm256_set1_epi8(0x03)),
+        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)),
+                                          _mm_cvtsi32_si128(2 * c)),
+                         _mm256_set1_epi8(0x03)),
         4);
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low_bits, high_bits), _mm256_set1_epi8(32));
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
@@ -553,8 +551,7 @@ void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, f
       float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
       if (c < n_cols) {
-        expand_block<kType>(weight.blocks.data() + (col0 + c) * row_bytes, b * kQuantBlock, lo,
-                            hi);
+        expand_block<kType>(weight.blocks.data() + (col0 + c) * row_bytes, b * kQuantBlock, lo, hi);
       }
       _mm512_store_ps(dst, lo);
       _mm512_store_ps(dst + kLanes, hi);
@@ -778,7 +775,8 @@ QuantizedMatrix repack_for_cpu(QuantizedMatrix weight) {
   const int64_t to_bytes = quant_block_bytes(out.type);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < num_blocks; ++b) {
-    from.repack_block(weight.blocks.data() + b * from.block_bytes, out.blocks.data() + b * to_bytes);
+    from.repack_block(weight.blocks.data() + b * from.block_bytes,
+                      out.blocks.data() + b * to_bytes);
   }
   return out;
 }

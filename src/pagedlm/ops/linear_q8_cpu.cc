@@ -97,7 +97,8 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
                     static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
                 "pack_for_q8: the weight's blocks do not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  PAGEDLM_CHECK(q8_packs(weight.type), "pack_for_q8: takes ggml's Q4_0, Q4_1, Q5_0 or Q8_0 blocks, not ",
+  PAGEDLM_CHECK(q8_packs(weight.type),
+                "pack_for_q8: takes ggml's Q4_0, Q4_1, Q5_0 or Q8_0 blocks, not ",
                 quant_format(weight.type).name);
   Q8PackedMatrix p;
   p.type = q8_layout_of(weight.type);
@@ -509,8 +510,8 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 
 }  // namespace cpu
 
-void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias,
-               const Tensor& out, int64_t out_col0) {
+void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
+               int64_t out_col0) {
   constexpr const char* kOp = "linear (8-bit activations)";
   detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
   PAGEDLM_CHECK(out.dtype() == DType::kF32 && out.shape().size() == 2 && out.dim(0) == x.dim(0) &&
