@@ -122,7 +122,6 @@ void dequant_q6_k(const uint8_t* b, float* y) {
 void dequant_q4_1f32(const uint8_t* b, float* y) {
   q4_1(load_float(b), load_float(b + 4), b + 8, y);
 }
-void dequant_q4_0f32(const uint8_t* b, float* y) { q4_0(load_float(b), b + 4, y); }
 void dequant_q5_0f32(const uint8_t* b, float* y) { q5_0(load_float(b), b + 4, b + 8, y); }
 void dequant_q4_kf32(const uint8_t* b, float* y) {
   q4_k(load_float(b), load_float(b + 4), b + 8, b + 16, b + 24, y);
@@ -138,10 +137,6 @@ void repack_q4_1(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b), out);
   store_float(load_half(b + 2), out + 4);
   std::memcpy(out + 8, b + 4, kQK / 2);
-}
-void repack_q4_0(const uint8_t* b, uint8_t* out) {
-  store_float(load_half(b), out);
-  std::memcpy(out + 4, b + 2, kQK / 2);
 }
 void repack_q5_0(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b), out);
@@ -174,11 +169,10 @@ const QuantFormat kFormats[] = {
     format("Q4_1", kQ4_1, dequant_q4_1, kQ4_1, kQ4_1F32, repack_q4_1),
     format("Q8_0", kQ8_0, dequant_q8_0, kQ8_0, kQ8_0, nullptr),
     format("Q4_1 (f32 scales)", kQ4_1F32, dequant_q4_1f32, kQ4_1, kQ4_1F32, nullptr),
-    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0F32, repack_q4_0),
+    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0, nullptr),
     format("Q5_0", kQ5_0, dequant_q5_0, kQ5_0, kQ5_0F32, repack_q5_0),
     format("Q4_K", kQ4_K, dequant_q4_k, kQ4_K, kQ4_KF32, repack_q4_k),
     format("Q6_K", kQ6_K, dequant_q6_k, kQ6_K, kQ6_KF32, repack_q6_k),
-    format("Q4_0 (f32 scale)", kQ4_0F32, dequant_q4_0f32, kQ4_0, kQ4_0F32, nullptr),
     format("Q5_0 (f32 scale)", kQ5_0F32, dequant_q5_0f32, kQ5_0, kQ5_0F32, nullptr),
     format("Q4_K (f32 scales)", kQ4_KF32, dequant_q4_kf32, kQ4_K, kQ4_KF32, nullptr),
     format("Q6_K (f32 scale)", kQ6_KF32, dequant_q6_kf32, kQ6_K, kQ6_KF32, nullptr),

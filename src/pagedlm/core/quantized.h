@@ -11,10 +11,12 @@
 namespace pagedlm {
 
 // ggml's block formats (ggml-common.h), as a GGUF stores them, and the CPU's repackings of them.
-// A repacking holds the same weights (its dequantization gives the same floats bit for bit) in a
-// layout the decode kernels stream faster: f16 scales made f32 (every f16 is exactly a f32, and
-// a broadcast from memory needs no conversion or shuffle per block) and K-quant scales unpacked
-// from their 6 bits. ops::repack_for_cpu makes them at load.
+// Q4_0 and Q8_0 are computed from as they are (Q4_0's one f16 scale converts as fast as a f32
+// one is read: SmolLM2's decode took the same time either way). A repacking holds the same weights
+// (its dequantization gives the same floats bit for bit) in a layout the decode kernels stream
+// faster: f16 scales made f32 (every f16 is exactly a f32, and a broadcast from memory needs no
+// conversion or shuffle per block) and K-quant scales unpacked from their 6 bits.
+// ops::repack_for_cpu makes them at load.
 //   Q4_1: f16 d, f16 m, 16 bytes of nibbles (weight j: low nibble of byte j, weight j + 16:
 //         high nibble), w = q * d + m;
 //   Q8_0: f16 d, 32 int8, w = q * d;
@@ -25,7 +27,7 @@ namespace pagedlm {
 //         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
 //   Q6_K: 256 weights, 128 bytes of low nibbles, 64 of high 2 bits, 16 int8 scales, f16 d,
 //         w = d * sc * (q - 32) per 16 weights;
-//   Q4_1F32 / Q4_0F32: f32 d (and m), then the 16 bytes of nibbles;
+//   Q4_1F32: f32 d, f32 m, then the 16 bytes of nibbles;
 //   Q5_0F32: f32 d, u32 qh, 16 bytes of nibbles;
 //   Q4_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], Q4_K's 128 bytes of nibbles;
 //   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64].
@@ -37,7 +39,6 @@ enum class QuantType : uint8_t {
   kQ5_0,
   kQ4_K,
   kQ6_K,
-  kQ4_0F32,
   kQ5_0F32,
   kQ4_KF32,
   kQ6_KF32,
@@ -80,8 +81,6 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 144;
     case QuantType::kQ6_K:
       return 210;
-    case QuantType::kQ4_0F32:
-      return 20;
     case QuantType::kQ5_0F32:
       return 24;
     case QuantType::kQ4_KF32:

@@ -225,12 +225,12 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const __m128i q_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_lo)), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_hi)), d);
-  } else if constexpr (kType == QuantType::kQ4_0F32) {
+  } else if constexpr (kType == QuantType::kQ4_0) {
     // (q - 8) * d for q = 0..15.
     const __m512 centered = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
                                            2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
-    const __m512 weights = _mm512_mul_ps(centered, _mm512_set1_ps(load_float(block)));
-    const __m512i bytes = load_bytes_u32(block + 4);
+    const __m512 weights = _mm512_mul_ps(centered, _mm512_set1_ps(half_to_float(block)));
+    const __m512i bytes = load_bytes_u32(block + 2);
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
@@ -313,8 +313,8 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
     case QuantType::kQ4_1F32:
       fn(std::integral_constant<QuantType, QuantType::kQ4_1F32>{});
       return true;
-    case QuantType::kQ4_0F32:
-      fn(std::integral_constant<QuantType, QuantType::kQ4_0F32>{});
+    case QuantType::kQ4_0:
+      fn(std::integral_constant<QuantType, QuantType::kQ4_0>{});
       return true;
     case QuantType::kQ5_0F32:
       fn(std::integral_constant<QuantType, QuantType::kQ5_0F32>{});
