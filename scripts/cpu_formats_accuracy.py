@@ -19,6 +19,7 @@ For each format (default: Q4_0 Q5_0 Q8_0 Q6_K Q4_K_M):
      prefill steps give the same bits).
 
   pip install --require-hashes --no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt
+  pip install safetensors        # make_smollm2_reference.py's, which reads pagedlm's output too
   scripts/cpu_formats_accuracy.py [--pagedlm build/pagedlm] [--types Q4_0 Q6_K] [--tokens 32]
 Exits 1 if any format's exact-mode logits are further than --tol from the float32 reference
 or any argmax differs.
