@@ -602,7 +602,7 @@ TEST(Scheduler, UpdateRejectsAPlanItDidNotMake) {
   scheduler.add(make_request(1, {5, 6}, 2));
   scheduler.add(make_request(2, {5, 6}, 2));
   const StepPlan plan = scheduler.schedule();
-  EXPECT_THROW(scheduler.update(StepPlan{}, {}), Error);
+  EXPECT_THROW(scheduler.update(StepPlan{}, std::vector<int32_t>{}), Error);
   StepPlan reordered = plan;
   std::swap(reordered.request_ids[0], reordered.request_ids[1]);
   EXPECT_THROW(scheduler.update(reordered, {7, 7}), Error);

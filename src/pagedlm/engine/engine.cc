@@ -225,7 +225,6 @@ int64_t Engine::add_request(Request request) {
   const int64_t id = request.id;
   RequestOutput out;
   out.request_id = id;
-  out.prompt = request.prompt;
   if (request.want_prompt_logits) {
     out.prompt_logits =
         Tensor::zeros(DType::kF32, {static_cast<int64_t>(request.prompt.size()), vocab});
@@ -233,7 +232,8 @@ int64_t Engine::add_request(Request request) {
   LiveRequest live;
   live.seed = request.sampling.seed.value_or(seed_counter_++ * 0x9e3779b97f4a7c15ULL);
   live.sampling = request.sampling;
-  scheduler_->add(std::move(request));  // validates lengths; nothing recorded if it throws
+  // Validates lengths; nothing recorded if it throws.
+  live.tokens = scheduler_->add(std::move(request));
   live.output = std::move(out);
   requests_.emplace(id, std::move(live));
   return id;
@@ -324,7 +324,7 @@ std::vector<RequestEvent> Engine::step() {
       std::fprintf(stderr,
                    "pagedlm: request %lld: its grammar refused token %d, which its mask allowed; "
                    "ending it\n",
-                   static_cast<long long>(plan.request_ids[b]), live[b]->output.tokens.back());
+                   static_cast<long long>(plan.request_ids[b]), live[b]->tokens->all.back());
       sampled[b] = eos.at(0);
       continue;
     }
@@ -375,9 +375,7 @@ std::vector<RequestEvent> Engine::step() {
 
   std::vector<RequestEvent> events;
   for (const SeqUpdate& u : scheduler_->update(plan, sampled)) {
-    RequestOutput& out = requests_.at(u.request_id).output;
-    if (u.token >= 0) out.tokens.push_back(u.token);
-    if (u.finished) out.reason = u.reason;
+    if (u.finished) requests_.at(u.request_id).output.reason = u.reason;
     RequestEvent event;
     if (auto lp = logprob_events.find(u.request_id); lp != logprob_events.end() && u.token >= 0) {
       event = std::move(lp->second);
@@ -395,7 +393,7 @@ std::vector<RequestEvent> Engine::step() {
     const auto add = [&](int32_t b, int32_t token_to_accept) {
       const LiveRequest& r = *live[b];
       if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
-        next.push_back({plan.request_ids[b], static_cast<int64_t>(r.output.tokens.size()),
+        next.push_back({plan.request_ids[b], r.tokens->num_outputs(),
                         r.matcher, token_to_accept});
       }
     };
@@ -452,7 +450,7 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
     }
     const int32_t row =
         mask_prefetch_ ? mask_prefetch_->row_of(plan.request_ids[b],
-                                                static_cast<int64_t>(live[b]->output.tokens.size()))
+                                                int64_t{live[b]->tokens->num_outputs()})
                        : -1;
     if (row >= 0) {
       mask_row_[b] = row;
@@ -478,7 +476,7 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
       sampling[b] = {&live[b]->sampling, live[b]->seed,
-                     static_cast<int64_t>(live[b]->output.tokens.size()), mask_row_[b]};
+                     int64_t{live[b]->tokens->num_outputs()}, mask_row_[b]};
     }
     if (group_) group_->send_step(plan, want_logits);
     // The runner calls finish_masks while the device runs the forward pass, then uploads the
@@ -527,7 +525,7 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& r
                            const Tensor& logits, const int32_t* mask) {
   const int64_t vocab = model_->config().vocab_size;
   const SamplingParams& params = request.sampling;
-  const std::vector<int32_t>& generated = request.output.tokens;
+  const std::span<const int32_t> generated = request.tokens->outputs();
   const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
   if (!adjusts_logits(params)) {
     return ops::sample_token(row, vocab, params, request.seed, generated.size(), mask);
@@ -538,7 +536,7 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& r
   for (const auto& [token, bias] : params.logit_bias) penalized[token] += bias;
   if (params.repetition_penalty != 1.f) {
     std::vector<uint8_t> seen(vocab, 0);
-    for (int32_t t : request.output.prompt) seen[t] = 1;
+    for (int32_t t : request.tokens->prompt()) seen[t] = 1;
     for (int32_t t : generated) seen[t] = 1;
     for (int64_t t = 0; t < vocab; ++t) {
       if (!seen[t]) continue;
@@ -571,6 +569,9 @@ RequestOutput Engine::take_output(int64_t request_id) {
   PAGEDLM_CHECK(it->second.output.reason != FinishReason::kNone, "request ", request_id,
                 " has not finished");
   RequestOutput out = std::move(it->second.output);
+  const RequestTokens& tokens = *it->second.tokens;
+  out.prompt.assign(tokens.prompt().begin(), tokens.prompt().end());
+  out.tokens.assign(tokens.outputs().begin(), tokens.outputs().end());
   requests_.erase(it);
   return out;
 }
@@ -607,7 +608,7 @@ void Engine::set_grammar(int64_t request_id,
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(compiled, "set_grammar: no grammar");
-  PAGEDLM_CHECK(it->second.output.tokens.empty(), "request ", request_id,
+  PAGEDLM_CHECK(it->second.tokens->num_outputs() == 0, "request ", request_id,
                 " has already generated tokens; a grammar must be set before its first step");
   // After the grammar's stop token the output would run on unconstrained.
   PAGEDLM_CHECK(!it->second.sampling.ignore_eos, "a grammar cannot be combined with ignore_eos");

@@ -92,6 +92,7 @@ struct RequestEvent {
   std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
+// A finished request (Engine::take_output).
 struct RequestOutput {
   int64_t request_id = 0;
   std::vector<int32_t> prompt;
@@ -212,7 +213,10 @@ class Engine {
  private:
   // What the engine keeps of a request until take_output().
   struct LiveRequest {
-    RequestOutput output;
+    // Its prompt and outputs, which the scheduler appends to; copied into output.prompt and
+    // output.tokens by take_output().
+    std::shared_ptr<const RequestTokens> tokens;
+    RequestOutput output;  // the rest of the output, filled as the request runs
     SamplingParams sampling;
     uint64_t seed = 0;
     int32_t logprobs_top_k = -1;                // -1: no logprobs

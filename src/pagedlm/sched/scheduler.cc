@@ -11,29 +11,18 @@ namespace pagedlm {
 enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
 
 struct Sequence {
-  Request request;
-  std::vector<int32_t> tokens;  // prompt, then the outputs
-  int32_t num_prompt = 0;
+  Request request;  // its prompt moved into `tokens`
+  std::shared_ptr<RequestTokens> tokens;
   int32_t num_computed = 0;  // tokens whose K/V are written or in the plan being run
   int32_t num_cached_tokens = 0;
-  // The admission's partial-page hit: pages[copy_page_index] got its first num_copied_tokens
-  // slots from copy_src_page (-1: none). For inspection only.
-  int32_t copy_page_index = -1;
-  int32_t copy_src_page = -1;
-  int32_t num_copied_tokens = 0;
-  std::vector<int32_t> pages;
-  // Leading entries of `pages` released behind the window: they point to the null page.
-  int32_t num_released_pages = 0;
-  // Hashes of the sequence's first full pages. Tokens never change once a page is full, so they
-  // survive preemption and serve both lookups and registration.
-  std::vector<BlockHash> page_hashes;
-  BlockHash extra_key;
+  KvSeq kv;  // its pages, which only the KvCacheManager changes
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
   bool in_flight = false;  // in the plan that update() has not seen yet
 
-  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
-  int32_t num_outputs() const { return num_tokens() - num_prompt; }
+  std::span<const int32_t> token_span() const { return tokens->all; }
+  int32_t num_tokens() const { return tokens->size(); }
+  int32_t num_outputs() const { return tokens->num_outputs(); }
   int32_t num_pending() const { return num_tokens() - num_computed; }
 };
 
@@ -44,8 +33,6 @@ struct ScheduledSeq {
   int32_t num_new_tokens;
 };
 
-int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
 bool contains(const std::vector<int32_t>& values, int32_t value) {
   return std::find(values.begin(), values.end(), value) != values.end();
 }
@@ -55,28 +42,16 @@ bool contains(const std::vector<int32_t>& values, int32_t value) {
 struct Scheduler::State {
   explicit State(const SchedulerConfig& config)
       : config(config),
-        pool(config.num_pages, /*reserve_null_page=*/config.window > 0),
-        cache(&pool, config.page_size) {}
+        kv(KvCacheConfig{config.page_size, config.num_pages, config.window,
+                         config.enable_prefix_cache}) {}
 
   const SchedulerConfig& config;
-  BlockPool pool;
-  PrefixCache cache;
+  KvCacheManager kv;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences;
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;       // in admission order: preemption takes the back
   std::vector<ScheduledSeq> scheduled;  // the last plan's sequences, in plan order
-  std::vector<int32_t> hit_pages;       // scratch of admission
   std::vector<Sequence*> finished;      // scratch of update
-  // The plan's partial-page copies, (src, dst, tokens) triples. Each source page is held (one
-  // more reference) until update() has seen the step, so that no allocation of the same
-  // schedule() reuses it before the step has copied from it.
-  std::vector<int32_t> kv_copies;
-  std::vector<int32_t> copy_holds;
-  std::vector<int32_t> copy_dsts;  // written by this step's copies: no source for another one
-  int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
-  int64_t prefix_partial_hits = 0;
-  int64_t prefix_partial_hit_tokens = 0;
   int64_t preemptions = 0;
   // This step's prefill under its StepTimeLimit: the time its prefill chunks may still take
   // (infinite: no limit), the cost model, and whether a prefill chunk is in the step yet.
@@ -85,98 +60,12 @@ struct Scheduler::State {
   bool prefilled = false;
   bool prefill_waits = false;  // a running sequence's prefill got no time in this step
 
-  const BlockHash& page_hash(Sequence& seq, int32_t page_index) {
-    const int32_t page_size = config.page_size;
-    while (static_cast<int32_t>(seq.page_hashes.size()) <= page_index) {
-      const int32_t index = static_cast<int32_t>(seq.page_hashes.size());
-      const BlockHash& parent = index == 0 ? PrefixCache::kRootHash : seq.page_hashes.back();
-      seq.page_hashes.push_back(
-          PrefixCache::page_hash(parent, seq.tokens.data() + static_cast<size_t>(index) * page_size,
-                                 page_size, seq.extra_key));
-    }
-    return seq.page_hashes[page_index];
-  }
-
-  const BlockHash& parent_hash(const Sequence& seq, int32_t page_index) const {
-    return page_index == 0 ? PrefixCache::kRootHash : seq.page_hashes[page_index - 1];
-  }
-
-  // Pages the sequence still needs to hold `num_tokens` tokens.
-  int32_t num_missing_pages(const Sequence& seq, int32_t num_tokens) const {
-    return std::max(
-        0, ceil_div(num_tokens, config.page_size) - static_cast<int32_t>(seq.pages.size()));
-  }
-
-  void allocate_pages(Sequence& seq, int32_t num_tokens) {
-    for (int32_t i = num_missing_pages(seq, num_tokens); i > 0; --i) {
-      seq.pages.push_back(pool.allocate());
-    }
-  }
-
-  // Tail first, so the LRU free list evicts a sequence's tail before the prefix others share.
-  // Entries released behind the window were given back already.
-  void free_pages(Sequence& seq) {
-    for (auto it = seq.pages.rbegin(); it != seq.pages.rend() - seq.num_released_pages; ++it) {
-      pool.release(*it);
-    }
-    seq.pages.clear();
-    seq.num_released_pages = 0;
-  }
-
-  // Releases the pages whose keys no later query of the sequence can see. Its next query is at
-  // num_computed (the first pending token: a prefill chunk's first query, or the sampled token)
-  // and sees keys from num_computed - window + 1 on; every later query sees fewer. Oldest
-  // first, so the LRU free list reuses them in that order; a full page keeps its hash (and
-  // stays findable, as a finished sequence's pages do) and a shared one just loses a holder.
-  void release_pages_behind_window(Sequence& seq) {
-    if (config.window == 0) return;
-    const int32_t lowest_visible = seq.num_computed - config.window + 1;
-    const int32_t num_behind = std::max(0, lowest_visible) / config.page_size;
-    for (; seq.num_released_pages < num_behind; ++seq.num_released_pages) {
-      int32_t& page = seq.pages[seq.num_released_pages];
-      pool.release(page);
-      page = pool.null_page();
-    }
-  }
-
-  // Makes the pages among tokens [begin, end) findable: full ones by hash, and the last one,
-  // if the range ends inside it, for partial hits on its leading tokens. Called once those
-  // tokens are in the plan, because every layer writes its new K/V before any attention (or
-  // partial-hit copy) reads them.
-  void register_pages(Sequence& seq, int32_t begin, int32_t end) {
-    if (!config.enable_prefix_cache || end <= begin) return;
-    const int32_t page_size = config.page_size;
-    for (int32_t index = begin / page_size; index < end / page_size; ++index) {
-      const int32_t page = seq.pages[index];
-      if (pool.has_hash(page)) continue;  // served by the cache: already indexed
-      const BlockHash& hash = page_hash(seq, index);
-      cache.insert(page, hash, parent_hash(seq, index),
-                   seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
-    }
-    if (end % page_size == 0) return;
-    const int32_t index = end / page_size;
-    if (index > 0) page_hash(seq, index - 1);  // the parent of the partly filled page
-    cache.record(seq.pages[index], parent_hash(seq, index),
-                 seq.tokens.data() + static_cast<size_t>(index) * page_size,
-                 end - index * page_size, seq.extra_key);
-  }
-
-  // Gives back the holds on the last plan's copy sources.
-  void release_copy_holds() {
-    for (const int32_t page : copy_holds) pool.release(page);
-    copy_holds.clear();
-    copy_dsts.clear();
-    kv_copies.clear();
-  }
-
   // Frees the victim's pages and queues it first for recompute. Returns the tokens it had in
   // this step's plan, now given back to the budget.
   int32_t preempt(Sequence* victim) {
     running.pop_back();
-    free_pages(*victim);
+    kv.free(victim->kv);
     victim->num_computed = 0;
-    victim->copy_page_index = victim->copy_src_page = -1;
-    victim->num_copied_tokens = 0;
     victim->status = SeqStatus::kWaiting;
     waiting.push_front(victim);
     ++preemptions;
@@ -253,7 +142,7 @@ struct Scheduler::State {
       }
       const int32_t num_tokens = seq->num_computed + num_new_tokens;
       bool was_preempted = false;
-      while (!pool.can_allocate(num_missing_pages(*seq, num_tokens))) {
+      while (!kv.can_allocate(kv.num_pages_needed(seq->kv, num_tokens))) {
         Sequence* victim = running.back();
         budget += preempt(victim);
         preempted = true;
@@ -263,7 +152,7 @@ struct Scheduler::State {
         }
       }
       if (was_preempted) break;  // it was the last running sequence
-      allocate_pages(*seq, num_tokens);
+      kv.allocate_slots(seq->kv, num_tokens);
       if (!decodes) charge_prefill(seq->num_computed, num_new_tokens);
       scheduled.push_back({seq, num_new_tokens});
       budget -= num_new_tokens;
@@ -274,87 +163,32 @@ struct Scheduler::State {
   // Admits the first waiting sequence if its next chunk fits; it never preempts anyone.
   bool try_admit(Sequence& seq, int32_t& budget) {
     const int32_t page_size = config.page_size;
-    hit_pages.clear();
     const bool can_lookup = config.enable_prefix_cache && seq.request.use_prefix_cache;
-    if (can_lookup) {
-      // At least one token stays to compute: its logits extend the sequence.
-      const int32_t max_hit_pages = (seq.num_tokens() - 1) / page_size;
-      for (int32_t index = 0; index < max_hit_pages; ++index) {
-        // page_hash() may grow page_hashes, so it runs before parent_hash() takes a reference.
-        const BlockHash& hash = page_hash(seq, index);
-        const int32_t page =
-            cache.find(hash, parent_hash(seq, index),
-                       seq.tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key);
-        if (page < 0) break;
-        hit_pages.push_back(page);
-      }
-    }
-    const auto num_full_hits = static_cast<int32_t>(hit_pages.size());
-    // Where the whole-page hits end, the request's next tokens may still equal the leading
-    // tokens of a page someone else filled: those are copied into the request's own fresh page
-    // rather than computed. The last token stays to compute, as above.
-    PartialMatch partial;
-    if (can_lookup) {
-      const int32_t begin = num_full_hits * page_size;
-      const int32_t max_tokens = std::min(page_size - 1, seq.num_tokens() - 1 - begin);
-      if (num_full_hits > 0) page_hash(seq, num_full_hits - 1);  // the parent (already hashed)
-      partial = cache.find_partial(parent_hash(seq, num_full_hits), seq.tokens.data() + begin,
-                                   max_tokens, seq.extra_key, copy_dsts);
-    }
-    // Hits on free pages revive them, so they no longer count as allocatable; so does holding a
-    // free copy source through the step.
-    const auto num_free_hits = static_cast<int32_t>(
-        std::count_if(hit_pages.begin(), hit_pages.end(),
-                      [this](int32_t page) { return pool.ref_count(page) == 0; }));
+    CachedPrefix hit = can_lookup ? kv.find_cached(seq.kv, seq.token_span()) : CachedPrefix{};
     // The chunk this step computes after `num_hit_tokens` served by the cache.
     const auto chunk = [&](int32_t num_hit_tokens) {
       return std::min({seq.num_tokens() - num_hit_tokens, budget, prefill_cap(num_hit_tokens)});
     };
-    const auto pages_needed = [&](const PartialMatch& hit) {
-      const int32_t num_hit_tokens = num_full_hits * page_size + hit.num_tokens;
-      const int32_t num_tokens = num_hit_tokens + chunk(num_hit_tokens);
-      const bool holds_free_page = hit.num_tokens > 0 && pool.ref_count(hit.page) == 0;
-      return ceil_div(num_tokens, page_size) - num_full_hits + num_free_hits +
-             (holds_free_page ? 1 : 0);
+    const auto pages_needed = [&](const CachedPrefix& prefix) {
+      const int32_t num_hit_tokens = prefix.num_tokens(page_size);
+      return kv.num_pages_needed(seq.kv, num_hit_tokens + chunk(num_hit_tokens), &prefix);
     };
-    // The held source is one page more than the request keeps: a request that fits the pool
+    // The held copy source is one page more than the request keeps: a request that fits the pool
     // only without it computes those tokens instead, or it would wait for good.
-    if (partial.num_tokens > 0 && !pool.can_allocate(pages_needed(partial))) partial = {};
-    if (!pool.can_allocate(pages_needed(partial))) return false;
-    const int32_t num_hit_tokens = num_full_hits * page_size + partial.num_tokens;
+    if (hit.partial.num_tokens > 0 && !kv.can_allocate(pages_needed(hit))) hit.partial = {};
+    if (!kv.can_allocate(pages_needed(hit))) return false;
+    const int32_t num_hit_tokens = hit.num_tokens(page_size);
     const int32_t num_new_tokens = chunk(num_hit_tokens);
     if (num_new_tokens <= 0) return false;  // the step's time is spent: it waits, unchanged
     const int32_t num_tokens = num_hit_tokens + num_new_tokens;
 
-    for (const int32_t page : hit_pages) {
-      pool.acquire(page);
-      seq.pages.push_back(page);
-    }
-    if (partial.num_tokens > 0) {
-      pool.acquire(partial.page);  // before allocate_pages, which must not hand it out
-      copy_holds.push_back(partial.page);
-    }
-    allocate_pages(seq, num_tokens);
-    if (partial.num_tokens > 0) {
-      const int32_t dst = seq.pages[num_full_hits];
-      kv_copies.insert(kv_copies.end(), {partial.page, dst, partial.num_tokens});
-      copy_dsts.push_back(dst);
-      seq.copy_page_index = num_full_hits;
-      seq.copy_src_page = partial.page;
-      seq.num_copied_tokens = partial.num_tokens;
-      ++prefix_partial_hits;
-      prefix_partial_hit_tokens += partial.num_tokens;
-    }
-    if (can_lookup) {
-      prefix_query_tokens += seq.num_tokens();
-      prefix_hit_tokens += num_hit_tokens;
-    }
+    kv.allocate_slots(seq.kv, num_tokens, /*num_lookahead=*/0, &hit);
     seq.num_computed = num_hit_tokens;
     seq.num_cached_tokens = num_hit_tokens;
     seq.status = SeqStatus::kRunning;
     running.push_back(&seq);
     // Admission never preempts, so this chunk is final and its pages can be shared at once.
-    register_pages(seq, num_hit_tokens, num_tokens);
+    kv.commit(seq.kv, seq.token_span(), num_tokens);
     charge_prefill(num_hit_tokens, num_new_tokens);
     scheduled.push_back({&seq, num_new_tokens});
     budget -= num_new_tokens;
@@ -364,7 +198,7 @@ struct Scheduler::State {
   void finish(Sequence& seq, FinishReason reason) {
     seq.status = SeqStatus::kFinished;
     seq.finish_reason = reason;
-    free_pages(seq);
+    kv.free(seq.kv);
   }
 
   FinishReason finish_reason_after(const Sequence& seq, int32_t token) const {
@@ -377,6 +211,13 @@ struct Scheduler::State {
   }
 
   void emit(StepPlan& plan) const;
+  // Forgets the last num_tokens tokens the sequence computed; those that were outputs leave it.
+  void roll_back(Sequence& seq, int32_t num_tokens);
+  // Applies a checked step to the last plan's sequences: rollbacks, then tokens_of(b), the
+  // tokens of sequence b, appended where all its tokens are computed; finishes and window
+  // releases; the step's copies end.
+  template <typename TokensOf>
+  std::vector<SeqUpdate> apply_step(TokensOf tokens_of, const std::vector<int32_t>& num_rolled_back);
   // Throws unless `plan` is the last schedule()'s (its sequences, in order).
   void check_last_plan(const StepPlan& plan, const char* caller) const;
 };
@@ -388,13 +229,13 @@ void Scheduler::State::emit(StepPlan& plan) const {
   size_t num_logits = 0;
   for (const auto& [seq, num_new_tokens] : scheduled) {
     num_tokens += num_new_tokens;
-    num_kv_pages += seq->pages.size();
+    num_kv_pages += seq->kv.pages().size();
     num_logits += seq->request.want_prompt_logits ? num_new_tokens : 1;
   }
   const size_t num_seqs = scheduled.size();
   plan.page_size = page_size;
-  plan.null_page = pool.null_page();
-  plan.kv_copies = kv_copies;
+  plan.null_page = kv.pool().null_page();
+  plan.kv_copies = kv.pending_copies();
   plan.token_ids.reserve(num_tokens);
   plan.positions.reserve(num_tokens);
   plan.slot_mapping.reserve(num_tokens);
@@ -414,19 +255,22 @@ void Scheduler::State::emit(StepPlan& plan) const {
     const int32_t begin = seq->num_computed;
     const int32_t end = begin + num_new_tokens;
     const int32_t first_row = plan.num_tokens();
+    const std::vector<int32_t>& tokens = seq->tokens->all;
+    const std::vector<int32_t>& pages = seq->kv.pages();
     for (int32_t position = begin; position < end; ++position) {
-      plan.token_ids.push_back(seq->tokens[position]);
+      plan.token_ids.push_back(tokens[position]);
       plan.positions.push_back(position);
-      plan.slot_mapping.push_back(seq->pages[position / page_size] * page_size +
-                                  position % page_size);
+      plan.slot_mapping.push_back(pages[position / page_size] * page_size + position % page_size);
     }
     const int32_t end_row = plan.num_tokens();
     plan.q_indptr.push_back(end_row);
 
-    plan.kv_page_indices.insert(plan.kv_page_indices.end(), seq->pages.begin(), seq->pages.end());
+    // The table covers the tokens after this step, not the sequence's lookahead slots.
+    const int32_t num_pages = (end + page_size - 1) / page_size;
+    plan.kv_page_indices.insert(plan.kv_page_indices.end(), pages.begin(),
+                                pages.begin() + num_pages);
     plan.kv_indptr.push_back(static_cast<int32_t>(plan.kv_page_indices.size()));
-    plan.kv_last_page_len.push_back(end -
-                                    (static_cast<int32_t>(seq->pages.size()) - 1) * page_size);
+    plan.kv_last_page_len.push_back(end - (num_pages - 1) * page_size);
 
     const bool samples = end == seq->num_tokens() && seq->request.sampling.max_tokens > 0;
     if (seq->request.want_prompt_logits) {
@@ -441,20 +285,7 @@ void Scheduler::State::emit(StepPlan& plan) const {
 }
 
 Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
-  const int32_t page_size = config_.page_size;
-  PAGEDLM_CHECK(page_size > 0 && (page_size & (page_size - 1)) == 0,
-                "SchedulerConfig.page_size must be a power of two, got ", page_size);
-  PAGEDLM_CHECK(config_.window >= 0, "SchedulerConfig.window must be >= 0, got ", config_.window);
-  // With a window the last page is the null page; at least one other must be left to use.
-  const int32_t min_pages = config_.window > 0 ? 2 : 1;
-  PAGEDLM_CHECK(config_.num_pages >= min_pages, "SchedulerConfig.num_pages must be at least ",
-                min_pages, config_.window > 0 ? " (one is the null page)" : "", ", got ",
-                config_.num_pages);
-  // Slots are int32 in the plan.
-  PAGEDLM_CHECK(
-      static_cast<int64_t>(config_.num_pages) * page_size <= std::numeric_limits<int32_t>::max(),
-      "SchedulerConfig: ", config_.num_pages, " pages of ", page_size,
-      " tokens overflow int32 slot indices");
+  // The KV cache manager (State::kv) checks the page size, the window and the page count.
   PAGEDLM_CHECK(config_.max_num_batched_tokens > 0,
                 "SchedulerConfig.max_num_batched_tokens must be positive, got ",
                 config_.max_num_batched_tokens);
@@ -470,7 +301,7 @@ Scheduler::Scheduler(SchedulerConfig config) : config_(std::move(config)) {
 
 Scheduler::~Scheduler() = default;
 
-void Scheduler::add(Request request) {
+std::shared_ptr<const RequestTokens> Scheduler::add(Request request) {
   State& state = *state_;
   const int64_t id = request.id;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
@@ -482,20 +313,24 @@ void Scheduler::add(Request request) {
                 " (prompt and output together)");
   PAGEDLM_CHECK(max_tokens >= 0, "request ", id, " has negative max_tokens ", max_tokens);
   const int64_t max_len = std::min<int64_t>(prompt_len + max_tokens, config_.max_model_len);
-  const int32_t num_usable_pages = config_.num_pages - state.pool.num_reserved();
+  const int32_t num_usable_pages = state.kv.num_usable_pages();
   const int64_t pool_tokens = static_cast<int64_t>(num_usable_pages) * config_.page_size;
   PAGEDLM_CHECK(max_len <= pool_tokens, "request ", id, " may reach ", max_len,
                 " tokens, more than the whole KV pool holds (", num_usable_pages, " pages of ",
                 config_.page_size, " = ", pool_tokens, " tokens)");
 
   auto seq = std::make_unique<Sequence>();
-  seq->tokens = request.prompt;
-  seq->tokens.reserve(max_len);
-  seq->num_prompt = static_cast<int32_t>(prompt_len);
-  if (config_.enable_prefix_cache) seq->extra_key = PrefixCache::extra_key(request.cache_salt);
+  seq->tokens = std::make_shared<RequestTokens>();
+  seq->tokens->all = std::move(request.prompt);
+  seq->tokens->all.reserve(max_len);
+  seq->tokens->num_prompt = static_cast<int32_t>(prompt_len);
+  request.prompt.clear();
+  seq->kv = state.kv.new_seq(request.cache_salt);
   seq->request = std::move(request);
+  std::shared_ptr<const RequestTokens> tokens = seq->tokens;
   state.waiting.push_back(seq.get());
   state.sequences.emplace(id, std::move(seq));
+  return tokens;
 }
 
 bool Scheduler::cancel(int64_t request_id) {
@@ -521,7 +356,7 @@ bool Scheduler::has_unfinished() const {
 StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   State& state = *state_;
   state.scheduled.clear();
-  state.release_copy_holds();  // none unless the last plan never reached update()
+  state.kv.end_step();  // no copies pending unless the last plan never reached update()
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = state.schedule_running(/*decodes=*/true, budget);
   state.start_prefill_limit(limit);
@@ -543,7 +378,7 @@ StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   // Running sequences can be preempted until both passes are done; only then is their chunk
   // final, and only then may others find its pages.
   for (const auto& [seq, num_new_tokens] : state.scheduled) {
-    state.register_pages(*seq, seq->num_computed, seq->num_computed + num_new_tokens);
+    state.kv.commit(seq->kv, seq->token_span(), seq->num_computed + num_new_tokens);
   }
   // Admitting right after a preemption would only thrash: the pool just proved too small.
   if (!preempted) {
@@ -575,6 +410,62 @@ void Scheduler::State::check_last_plan(const StepPlan& plan, const char* caller)
   }
 }
 
+void Scheduler::State::roll_back(Sequence& seq, int32_t num_tokens) {
+  kv.rollback(seq.kv, seq.token_span().first(seq.num_computed - num_tokens), num_tokens);
+  seq.num_computed -= num_tokens;
+  std::vector<int32_t>& tokens = seq.tokens->all;
+  tokens.resize(std::max(seq.tokens->num_prompt, seq.num_computed));
+}
+
+template <typename TokensOf>
+std::vector<SeqUpdate> Scheduler::State::apply_step(TokensOf tokens_of,
+                                                    const std::vector<int32_t>& num_rolled_back) {
+  const size_t num_seqs = scheduled.size();
+  std::vector<SeqUpdate> updates;
+  updates.reserve(num_seqs);
+  finished.clear();
+  for (size_t b = 0; b < num_seqs; ++b) {
+    Sequence& seq = *scheduled[b].seq;
+    seq.in_flight = false;
+    SeqUpdate& update = updates.emplace_back();
+    update.request_id = seq.request.id;
+    if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran
+      finished.push_back(&seq);
+    } else {
+      if (!num_rolled_back.empty() && num_rolled_back[b] > 0) roll_back(seq, num_rolled_back[b]);
+      if (seq.num_pending() == 0) {
+        FinishReason reason = FinishReason::kLength;  // max_tokens == 0: the prompt was all
+        if (seq.request.sampling.max_tokens > 0) {
+          reason = FinishReason::kNone;
+          for (const int32_t token : tokens_of(b)) {
+            update.token = token;
+            ++update.num_appended;
+            seq.tokens->all.push_back(token);
+            reason = finish_reason_after(seq, token);
+            if (reason != FinishReason::kNone) break;  // what follows a stop is dropped
+          }
+        }
+        if (reason != FinishReason::kNone) {
+          finish(seq, reason);
+          finished.push_back(&seq);
+        }
+      }
+    }
+    // After the step ran: its queries were the last to read what is released here.
+    if (seq.status == SeqStatus::kRunning) kv.release_behind_window(seq.kv, seq.num_computed);
+    update.finished = seq.status == SeqStatus::kFinished;
+    update.reason = seq.finish_reason;
+  }
+  if (!finished.empty()) {
+    std::erase_if(running, [](const Sequence* seq) { return seq->status == SeqStatus::kFinished; });
+    for (const Sequence* seq : finished) sequences.erase(seq->request.id);
+  }
+  scheduled.clear();
+  // The step has run its copies: their sources may be reused now.
+  kv.end_step();
+  return updates;
+}
+
 std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
                                          const std::vector<int32_t>& sampled) {
   State& state = *state_;
@@ -583,42 +474,52 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
                 " sampled tokens for a plan of ", num_seqs, " sequences");
   // Checked up front so that a wrong plan changes nothing.
   state.check_last_plan(plan, "update");
-  std::vector<SeqUpdate> updates;
-  updates.reserve(num_seqs);
-  state.finished.clear();
+  return state.apply_step(
+      [&sampled](size_t b) { return std::span<const int32_t>(&sampled[b], 1); }, {});
+}
+
+std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const StepTokens& step) {
+  State& state = *state_;
+  const size_t num_seqs = state.scheduled.size();
+  // Everything is checked up front so that wrong input changes nothing.
+  state.check_last_plan(plan, "update");
+  PAGEDLM_CHECK(step.token_indptr.size() == num_seqs + 1 && step.token_indptr[0] == 0,
+                "update() needs token_indptr of ", num_seqs + 1, " entries from 0, got ",
+                step.token_indptr.size());
+  PAGEDLM_CHECK(step.num_rolled_back.empty() || step.num_rolled_back.size() == num_seqs,
+                "update() got ", step.num_rolled_back.size(), " rollback counts for ", num_seqs,
+                " sequences");
   for (size_t b = 0; b < num_seqs; ++b) {
-    Sequence& seq = *state.scheduled[b].seq;
-    seq.in_flight = false;
-    SeqUpdate& update = updates.emplace_back();
-    update.request_id = seq.request.id;
-    if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran
-      state.finished.push_back(&seq);
-    } else if (seq.num_pending() == 0) {
-      FinishReason reason = FinishReason::kLength;  // max_tokens == 0: the prompt was all
-      if (seq.request.sampling.max_tokens > 0) {
-        update.token = sampled[b];
-        seq.tokens.push_back(update.token);
-        reason = state.finish_reason_after(seq, update.token);
-      }
-      if (reason != FinishReason::kNone) {
-        state.finish(seq, reason);
-        state.finished.push_back(&seq);
-      }
-    }
-    // After the step ran: its queries were the last to read what is released here.
-    if (seq.status == SeqStatus::kRunning) state.release_pages_behind_window(seq);
-    update.finished = seq.status == SeqStatus::kFinished;
-    update.reason = seq.finish_reason;
+    const Sequence& seq = *state.scheduled[b].seq;
+    const int64_t id = seq.request.id;
+    const int32_t num_new = step.token_indptr[b + 1] - step.token_indptr[b];
+    PAGEDLM_CHECK(num_new >= 0 && step.token_indptr[b + 1] <= std::ssize(step.tokens),
+                  "update() got token_indptr out of order or past its ", step.tokens.size(),
+                  " tokens at sequence ", b);
+    if (seq.status == SeqStatus::kFinished) continue;  // cancelled while the step ran
+    const int32_t rolled_back = step.num_rolled_back.empty() ? 0 : step.num_rolled_back[b];
+    PAGEDLM_CHECK(rolled_back >= 0 && rolled_back <= state.scheduled[b].num_new_tokens,
+                  "update() rolls back ", rolled_back, " tokens of request ", id, ", whose step ",
+                  "computed ", state.scheduled[b].num_new_tokens);
+    PAGEDLM_CHECK(state.kv.can_rollback(seq.kv, rolled_back), "update() cannot roll back ",
+                  rolled_back, " tokens of request ", id,
+                  ": they share a page with another sequence");
+    // The sequence's pending tokens after the rollback: outputs rolled back leave the sequence.
+    const int32_t num_computed = seq.num_computed - rolled_back;
+    const int32_t num_tokens =
+        rolled_back > 0 ? std::max(seq.tokens->num_prompt, num_computed) : seq.num_tokens();
+    const bool samples = num_tokens == num_computed && seq.request.sampling.max_tokens > 0;
+    PAGEDLM_CHECK(samples || num_new == 0, "update() got ", num_new, " tokens for request ", id,
+                  ", which still has ", num_tokens - num_computed, " tokens to compute");
+    PAGEDLM_CHECK(!samples || num_new > 0, "update() got no token for request ", id,
+                  ", whose tokens are all computed: it would wait for good");
   }
-  if (!state.finished.empty()) {
-    std::erase_if(state.running,
-                  [](const Sequence* seq) { return seq->status == SeqStatus::kFinished; });
-    for (const Sequence* seq : state.finished) state.sequences.erase(seq->request.id);
-  }
-  state.scheduled.clear();
-  // The step has run its copies: their sources may be reused now.
-  state.release_copy_holds();
-  return updates;
+  return state.apply_step(
+      [&step](size_t b) {
+        return std::span<const int32_t>(step.tokens).subspan(
+            step.token_indptr[b], step.token_indptr[b + 1] - step.token_indptr[b]);
+      },
+      step.num_rolled_back);
 }
 
 std::vector<SeqUpdate> Scheduler::abandon(const StepPlan& plan) {
@@ -632,15 +533,15 @@ std::vector<SeqUpdate> Scheduler::abandon(const StepPlan& plan) {
       state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
       state.finish(*seq, FinishReason::kCancelled);
     }
-    updates.push_back({seq->request.id, -1, true, seq->finish_reason});
+    updates.push_back({.request_id = seq->request.id, .finished = true, .reason = seq->finish_reason});
     state.sequences.erase(seq->request.id);
   }
   // Every slot the step was to write (its copies' destinations among them) lies in a page of
   // the plan's sequences, all of which have just given their pages back.
-  for (const int32_t slot : plan.slot_mapping) state.pool.forget(slot / config_.page_size);
-  for (size_t i = 1; i < plan.kv_copies.size(); i += 3) state.pool.forget(plan.kv_copies[i]);
+  for (const int32_t slot : plan.slot_mapping) state.kv.forget(slot / config_.page_size);
+  for (size_t i = 1; i < plan.kv_copies.size(); i += 3) state.kv.forget(plan.kv_copies[i]);
   state.scheduled.clear();
-  state.release_copy_holds();
+  state.kv.end_step();
   return updates;
 }
 
@@ -649,15 +550,17 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats stats;
   stats.num_running = static_cast<int32_t>(state.running.size());
   stats.num_waiting = static_cast<int32_t>(state.waiting.size());
-  stats.pages_total = state.pool.num_pages();
-  stats.pages_reserved = state.pool.num_reserved();
-  stats.pages_used = state.pool.num_used();
-  stats.pages_free = state.pool.num_free();
-  stats.pages_cached = state.pool.num_cached();
-  stats.prefix_query_tokens = state.prefix_query_tokens;
-  stats.prefix_hit_tokens = state.prefix_hit_tokens;
-  stats.prefix_partial_hits = state.prefix_partial_hits;
-  stats.prefix_partial_hit_tokens = state.prefix_partial_hit_tokens;
+  const BlockPool& pool = state.kv.pool();
+  stats.pages_total = pool.num_pages();
+  stats.pages_reserved = pool.num_reserved();
+  stats.pages_used = pool.num_used();
+  stats.pages_free = pool.num_free();
+  stats.pages_cached = pool.num_cached();
+  const KvCacheStats& kv_stats = state.kv.stats();
+  stats.prefix_query_tokens = kv_stats.prefix_query_tokens;
+  stats.prefix_hit_tokens = kv_stats.prefix_hit_tokens;
+  stats.prefix_partial_hits = kv_stats.prefix_partial_hits;
+  stats.prefix_partial_hit_tokens = kv_stats.prefix_partial_hit_tokens;
   stats.preemptions = state.preemptions;
   return stats;
 }
@@ -672,44 +575,33 @@ std::vector<SequenceView> Scheduler::sequence_map() const {
     view.num_tokens = seq->num_tokens();
     view.num_computed = seq->num_computed;
     view.num_cached_tokens = seq->num_cached_tokens;
-    view.pages = seq->pages;
-    std::fill_n(view.pages.begin(), seq->num_released_pages, SequenceView::kReleasedPage);
-    view.page_shared.reserve(seq->pages.size());
-    view.page_ref_counts.reserve(seq->pages.size());
+    view.pages = seq->kv.pages();
+    std::fill_n(view.pages.begin(), seq->kv.num_released_pages(), SequenceView::kReleasedPage);
+    view.page_shared.reserve(view.pages.size());
+    view.page_ref_counts.reserve(view.pages.size());
     for (const int32_t page : view.pages) {
-      // A copy source held through the step is no sequence's: it does not count as a holder.
-      const int32_t refs = page == SequenceView::kReleasedPage
-                               ? 0
-                               : state.pool.ref_count(page) -
-                                     static_cast<int32_t>(std::count(state.copy_holds.begin(),
-                                                                     state.copy_holds.end(), page));
+      const int32_t refs = page == SequenceView::kReleasedPage ? 0 : state.kv.num_holders(page);
       view.page_shared.push_back(refs > 1 ? 1 : 0);
       view.page_ref_counts.push_back(refs);
     }
-    view.copy_page_index = seq->copy_page_index;
-    view.copy_src_page = seq->copy_src_page;
-    view.num_copied_tokens = seq->num_copied_tokens;
+    view.copy_page_index = seq->kv.copy_page_index();
+    view.copy_src_page = seq->kv.copy_src_page();
+    view.num_copied_tokens = seq->kv.num_copied_tokens();
   }
   return views;
 }
 
 std::vector<CachedPageView> Scheduler::cached_pages(int32_t max_pages) const {
-  const State& state = *state_;
-  std::vector<CachedPageView> views;
-  for (const int32_t page : state.pool.free_pages_in_eviction_order()) {
-    if (static_cast<int32_t>(views.size()) >= max_pages) break;
-    const bool full = state.pool.has_hash(page);
-    const int32_t num_tokens = full ? config_.page_size : state.cache.num_recorded(page);
-    if (num_tokens > 0) views.push_back({page, num_tokens, full});
-  }
-  return views;
+  return state_->kv.cached_pages(max_pages);
 }
+
+const KvCacheManager& Scheduler::kv_cache() const { return state_->kv; }
 
 std::vector<int32_t> Scheduler::output_tokens(int64_t request_id) const {
   const auto it = state_->sequences.find(request_id);
   if (it == state_->sequences.end()) return {};
-  const Sequence& seq = *it->second;
-  return {seq.tokens.begin() + seq.num_prompt, seq.tokens.end()};
+  const std::span<const int32_t> outputs = it->second->tokens->outputs();
+  return {outputs.begin(), outputs.end()};
 }
 
 int32_t Scheduler::num_cached_tokens(int64_t request_id) const {

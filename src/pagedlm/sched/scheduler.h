@@ -1,7 +1,9 @@
 // Continuous-batching scheduler: FCFS admission under a token budget and a sequence limit,
 // chunked prefill mixed with decode, preemption by recompute when pages run out. When every
 // layer of the model slides, pages whose keys no later query can see go back to the pool.
-// Host only: it never touches device memory; its output is a StepPlan.
+// Host only: it never touches device memory; its output is a StepPlan. It holds policy (token
+// budget, admission order, preemption, the step time limit) and reaches KV pages only through
+// the KvCacheManager.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pagedlm/kv/block_pool.h"
-#include "pagedlm/kv/prefix_cache.h"
+#include "pagedlm/kv/kv_cache_manager.h"
 #include "pagedlm/sched/request.h"
 #include "pagedlm/sched/step_cost.h"
 #include "pagedlm/sched/step_plan.h"
@@ -50,10 +51,22 @@ struct StepTimeLimit {
   bool without_decodes = false;
 };
 
+// What a step produced, per sequence b of its plan (CSR, as the plan): the tokens to append,
+// tokens[token_indptr[b] .. token_indptr[b+1]) (0..n of them: a step that ran ahead or
+// speculated commits what it got), after discarding the last num_rolled_back[b] tokens the step
+// computed (their K/V are forgotten; those that were outputs leave the sequence, prompt tokens are
+// computed again). num_rolled_back may be empty: none.
+struct StepTokens {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> token_indptr;  // [B+1]
+  std::vector<int32_t> num_rolled_back;
+};
+
 // What one step did to one sequence.
 struct SeqUpdate {
   int64_t request_id = 0;
-  int32_t token = -1;  // the token appended this step, -1 if none (mid-prefill)
+  int32_t token = -1;  // the last token appended this step, -1 if none (mid-prefill)
+  int32_t num_appended = 0;  // tokens appended this step (a stop token ends them early)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
 };
@@ -95,13 +108,6 @@ struct SequenceView {
   int32_t num_copied_tokens = 0;
 };
 
-// A page no sequence holds whose content the prefix cache can still serve.
-struct CachedPageView {
-  int32_t page = 0;
-  int32_t num_tokens = 0;  // leading tokens it can serve: page_size for a full page
-  bool full = false;       // findable by hash (whole-page hits); else partial hits only
-};
-
 struct Sequence;  // defined in scheduler.cc
 
 class Scheduler {
@@ -110,8 +116,10 @@ class Scheduler {
   ~Scheduler();
 
   // Throws pagedlm::Error for an empty prompt, a duplicate id, a prompt that cannot fit
-  // max_model_len or the whole page pool (its null page aside).
-  void add(Request request);
+  // max_model_len or the whole page pool (its null page aside). The request's prompt moves into
+  // the returned record, the one copy of its tokens: the scheduler appends the outputs, readers
+  // (the engine) keep it as long as they need.
+  std::shared_ptr<const RequestTokens> add(Request request);
   // Frees the request's pages at once. False if unknown or already finished.
   bool cancel(int64_t request_id);
   bool has_unfinished() const;
@@ -119,6 +127,10 @@ class Scheduler {
   StepPlan schedule(const StepTimeLimit& limit = {});
   // sampled[b] is sequence b's new token where plan.samples[b]; other entries are ignored.
   std::vector<SeqUpdate> update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  // The same for 0..n tokens per sequence, and rollbacks. A sequence that got no token stays
+  // pending at its last computed token only if that was rolled back (a sequence whose step
+  // sampled and that gets nothing else waits for a token it can never get: an error).
+  std::vector<SeqUpdate> update(const StepPlan& plan, const StepTokens& step);
   // In place of update() for a plan whose step was left midway, its K/V partly written: every
   // sequence of the plan ends as cancelled (its pages go back to the pool), and every page the
   // step was to write is forgotten by the prefix cache (BlockPool::forget), so that no later
@@ -132,6 +144,8 @@ class Scheduler {
   // max_pages of them.
   std::vector<CachedPageView> cached_pages(int32_t max_pages) const;
   const SchedulerConfig& config() const { return config_; }
+  // The KV pages behind every sequence.
+  const KvCacheManager& kv_cache() const;
   // Tokens generated so far by a live request (empty if unknown).
   std::vector<int32_t> output_tokens(int64_t request_id) const;
   // Prompt tokens served from the prefix cache at the request's (last) admission.
