@@ -4,7 +4,8 @@
 # X and of the layers X uses, directly or transitively, never of a layer above it; a host layer
 # holds no CUDA sources, includes no CUDA header and never tests PAGEDLM_HAS_CUDA. The CMake
 # targets enforce the same order at link time, but every layer's include path is all of src/, so
-# a header-only upward include would otherwise go unnoticed. Prints each violation; exits 1 if any.
+# a header-only upward include would otherwise go unnoticed. A layer in PAGEDLM_LAYER_INTERFACES is
+# included by the others through its one listed header. Prints each violation; exits 1 if any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,5 +63,16 @@ for dir in src/pagedlm/*/; do
       grep -rnE '^\s*#\s*(include\s+<(cuda|cublas|curand|nvrtc)|.*PAGEDLM_HAS_CUDA)' "$dir" || true)
   fi
 done
+# A layer listed in PAGEDLM_LAYER_INTERFACES is reached from other layers through that header only.
+while IFS= read -r entry; do
+  layer=${entry%%:*}
+  header=${entry#*:}
+  header=${header// /}
+  while IFS= read -r hit; do
+    echo "$hit: includes pagedlm/$layer/ other than $header, the layer's one interface"
+    status=1
+  done < <(grep -rnE "^\s*#\s*include\s+\"pagedlm/$layer/" src/pagedlm --exclude-dir="$layer" |
+    grep -vE "\"pagedlm/$layer/$header\"" || true)
+done < <(cmake_list PAGEDLM_LAYER_INTERFACES)
 [[ $status == 0 ]] && echo "check_layers: ${#layers[@]} layers, no upward includes"
 exit $status

@@ -969,5 +969,115 @@ TEST(SchedulerStepTimeLimit, WithoutDecodesThePrefillKeepsTheWholeBudgetUnlessAs
   EXPECT_THROW(Scheduler{bad}, Error);
 }
 
+// Several tokens per sequence in one update, then a rollback of a rejected one, as a speculative
+// step would commit: worked out with page size 4 and a pool of 8 pages.
+TEST(Scheduler, UpdateAppendsSeveralTokensAndRollsBackRejectedOnes) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  config.num_pages = 8;
+  config.max_model_len = 32;
+  Scheduler scheduler(config);
+  const auto tokens = scheduler.add(make_request(1, {5, 6, 7}, 10));
+  EXPECT_EQ(Ints(tokens->prompt().begin(), tokens->prompt().end()), (Ints{5, 6, 7}));
+
+  StepPlan plan = scheduler.schedule();  // the prompt, in page 0
+  std::vector<SeqUpdate> updates = scheduler.update(plan, StepTokens{{8, 9}, {0, 2}, {}});
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].token, 9);
+  EXPECT_EQ(updates[0].num_appended, 2);
+  EXPECT_EQ(tokens->all, (Ints{5, 6, 7, 8, 9}));
+
+  // Both new tokens are computed in one step, positions 3 and 4: page 0's last slot, then a
+  // new page 1.
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan.token_ids, (Ints{8, 9}));
+  EXPECT_EQ(plan_positions(plan, 0), (Ints{3, 4}));
+  EXPECT_EQ(plan.slot_mapping, (Ints{3, 4}));
+  EXPECT_EQ(plan_pages(plan, 0), (Ints{0, 1}));
+  // Token 9 is rejected: it leaves the sequence with its K/V, and 20 follows 8.
+  updates = scheduler.update(plan, StepTokens{{20}, {0, 1}, {1}});
+  EXPECT_EQ(updates[0].token, 20);
+  EXPECT_EQ(tokens->all, (Ints{5, 6, 7, 8, 20}));
+  EXPECT_EQ(scheduler.output_tokens(1), (Ints{8, 20}));
+
+  // 20 goes to position 4 again. Page 1 went back to the pool, behind pages 2 .. 7 that were
+  // never used, so position 4 now lies in page 2.
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan.token_ids, (Ints{20}));
+  EXPECT_EQ(plan_positions(plan, 0), (Ints{4}));
+  EXPECT_EQ(plan_pages(plan, 0), (Ints{0, 2}));
+  EXPECT_EQ(plan.slot_mapping, (Ints{8}));
+  updates = scheduler.update(plan, StepTokens{{21, 22}, {0, 2}, {}});
+  EXPECT_EQ(updates[0].num_appended, 2);
+  EXPECT_FALSE(updates[0].finished);
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan.token_ids, (Ints{21, 22}));
+  updates = scheduler.update(plan, StepTokens{{23, 24, 25, 26, 27, 28, 29}, {0, 7}, {}});
+  // max_tokens 10: outputs 8, 20, 21, 22 and six more end the output; the seventh is dropped.
+  EXPECT_EQ(updates[0].num_appended, 6);
+  EXPECT_EQ(updates[0].token, 28);
+  EXPECT_TRUE(updates[0].finished);
+  EXPECT_EQ(updates[0].reason, FinishReason::kLength);
+  EXPECT_EQ(tokens->all, (Ints{5, 6, 7, 8, 20, 21, 22, 23, 24, 25, 26, 27, 28}));
+  EXPECT_FALSE(scheduler.has_unfinished());
+  EXPECT_EQ(scheduler.stats().pages_used, 0);
+}
+
+TEST(Scheduler, UpdateStopsAtAStopTokenAmongSeveral) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  config.num_pages = 8;
+  config.eos_token_ids = {2};
+  Scheduler scheduler(config);
+  const auto tokens = scheduler.add(make_request(1, {5, 6, 7}, 10));
+  const StepPlan plan = scheduler.schedule();
+  const std::vector<SeqUpdate> updates = scheduler.update(plan, StepTokens{{8, 2, 9}, {0, 3}, {}});
+  EXPECT_EQ(updates[0].num_appended, 2);
+  EXPECT_EQ(updates[0].token, 2);
+  EXPECT_TRUE(updates[0].finished);
+  EXPECT_EQ(updates[0].reason, FinishReason::kStop);
+  EXPECT_EQ(tokens->all, (Ints{5, 6, 7, 8, 2}));
+}
+
+TEST(Scheduler, UpdateRejectsTokensThatCannotApply) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  config.num_pages = 8;
+  config.max_num_batched_tokens = 4;
+  Scheduler scheduler(config);
+  scheduler.add(make_request(1, {5, 6, 7}, 10));
+  scheduler.add(make_request(2, iota_tokens(6, 30), 10));  // 1 of its 6 fits this step
+  const StepPlan plan = scheduler.schedule();
+  ASSERT_EQ(plan.num_seqs(), 2);
+  // Request 1 computed its whole prompt: it needs a token. Request 2 is mid-prefill: it takes none.
+  EXPECT_THROW(scheduler.update(plan, StepTokens{{}, {0, 0, 0}, {}}), Error);
+  EXPECT_THROW(scheduler.update(plan, StepTokens{{8, 9}, {0, 1, 2}, {}}), Error);
+  EXPECT_THROW(scheduler.update(plan, StepTokens{{8}, {0, 1}, {}}), Error);  // indptr too short
+  EXPECT_THROW(scheduler.update(plan, StepTokens{{8}, {0, 1, 1}, {4, 0}}), Error);  // > computed
+  EXPECT_THROW(scheduler.update(plan, StepTokens{{8}, {0, 1, 2}, {}}), Error);      // past tokens
+  // None of that changed anything: the right update goes through.
+  const std::vector<SeqUpdate> updates = scheduler.update(plan, StepTokens{{8}, {0, 1, 1}, {}});
+  EXPECT_EQ(updates[0].token, 8);
+  EXPECT_EQ(updates[1].token, -1);
+  EXPECT_EQ(scheduler.output_tokens(1), (Ints{8}));
+}
+
+// Rolling back a prompt token keeps it (it is computed again); the sequence then takes no token.
+TEST(Scheduler, RolledBackPromptTokensAreComputedAgain) {
+  SchedulerConfig config;
+  config.page_size = 4;
+  config.num_pages = 8;
+  Scheduler scheduler(config);
+  const auto tokens = scheduler.add(make_request(1, {5, 6, 7, 8, 9}, 4));
+  StepPlan plan = scheduler.schedule();
+  EXPECT_EQ(plan.token_ids, (Ints{5, 6, 7, 8, 9}));
+  scheduler.update(plan, StepTokens{{}, {0, 0}, {2}});  // positions 3 and 4 again
+  EXPECT_EQ(tokens->all, (Ints{5, 6, 7, 8, 9}));
+  plan = scheduler.schedule();
+  EXPECT_EQ(plan.token_ids, (Ints{8, 9}));
+  EXPECT_EQ(plan_positions(plan, 0), (Ints{3, 4}));
+  EXPECT_EQ(plan.samples, (std::vector<uint8_t>{1}));
+}
+
 }  // namespace
 }  // namespace pagedlm

@@ -393,8 +393,7 @@ std::vector<RequestEvent> Engine::step() {
     const auto add = [&](int32_t b, int32_t token_to_accept) {
       const LiveRequest& r = *live[b];
       if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
-        next.push_back({plan.request_ids[b], r.tokens->num_outputs(),
-                        r.matcher, token_to_accept});
+        next.push_back({plan.request_ids[b], r.tokens->num_outputs(), r.matcher, token_to_accept});
       }
     };
     for (const int32_t b : advancing) add(b, -1);
@@ -449,9 +448,9 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
       continue;
     }
     const int32_t row =
-        mask_prefetch_ ? mask_prefetch_->row_of(plan.request_ids[b],
-                                                int64_t{live[b]->tokens->num_outputs()})
-                       : -1;
+        mask_prefetch_
+            ? mask_prefetch_->row_of(plan.request_ids[b], int64_t{live[b]->tokens->num_outputs()})
+            : -1;
     if (row >= 0) {
       mask_row_[b] = row;
       ++num_prefetched;
@@ -475,8 +474,8 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
-      sampling[b] = {&live[b]->sampling, live[b]->seed,
-                     int64_t{live[b]->tokens->num_outputs()}, mask_row_[b]};
+      sampling[b] = {&live[b]->sampling, live[b]->seed, int64_t{live[b]->tokens->num_outputs()},
+                     mask_row_[b]};
     }
     if (group_) group_->send_step(plan, want_logits);
     // The runner calls finish_masks while the device runs the forward pass, then uploads the

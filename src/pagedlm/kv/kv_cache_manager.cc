@@ -13,10 +13,10 @@ int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-KvCacheManager::KvCacheManager(const KvCacheConfig& config)
-    : config_(config),
-      pool_(config.num_pages, /*reserve_null_page=*/config.window > 0),
-      cache_(&pool_, config.page_size) {
+namespace {
+
+// Checked before the pool and the prefix cache are sized from it.
+const KvCacheConfig& checked(const KvCacheConfig& config) {
   const int32_t page_size = config.page_size;
   PAGEDLM_CHECK(page_size > 0 && (page_size & (page_size - 1)) == 0,
                 "the KV cache's page_size must be a power of two, got ", page_size);
@@ -31,7 +31,15 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
       static_cast<int64_t>(config.num_pages) * page_size <= std::numeric_limits<int32_t>::max(),
       "KV cache: ", config.num_pages, " pages of ", page_size,
       " tokens overflow int32 slot indices");
+  return config;
 }
+
+}  // namespace
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config)
+    : config_(checked(config)),
+      pool_(config.num_pages, /*reserve_null_page=*/config.window > 0),
+      cache_(&pool_, config.page_size) {}
 
 KvSeq KvCacheManager::new_seq(std::string_view cache_salt) const {
   KvSeq seq;
@@ -74,8 +82,9 @@ CachedPrefix KvCacheManager::find_cached(KvSeq& seq, std::span<const int32_t> to
     hit_pages_.push_back(page);
   }
   hit.num_full_pages = static_cast<int32_t>(hit_pages_.size());
-  hit.num_free_full_pages = static_cast<int32_t>(std::count_if(
-      hit_pages_.begin(), hit_pages_.end(), [this](int32_t page) { return pool_.ref_count(page) == 0; }));
+  hit.num_free_full_pages = static_cast<int32_t>(
+      std::count_if(hit_pages_.begin(), hit_pages_.end(),
+                    [this](int32_t page) { return pool_.ref_count(page) == 0; }));
   // Where the whole-page hits end, the next tokens may still equal the leading tokens of a page
   // someone else filled: those are copied into the sequence's own fresh page rather than computed.
   const int32_t begin = hit.num_full_pages * page_size;
@@ -145,10 +154,10 @@ void KvCacheManager::allocate_slots(KvSeq& seq, int32_t num_tokens, int32_t num_
 void KvCacheManager::commit(KvSeq& seq, std::span<const int32_t> tokens, int32_t num_tokens) {
   const int32_t begin = seq.num_committed_;
   if (num_tokens <= begin) return;
-  PAGEDLM_CHECK(static_cast<int32_t>(tokens.size()) >= num_tokens &&
-                    ceil_div(num_tokens, config_.page_size) <=
-                        static_cast<int32_t>(seq.pages_.size()),
-                "commit: ", num_tokens, " tokens exceed the sequence's tokens or slots");
+  PAGEDLM_CHECK(
+      static_cast<int32_t>(tokens.size()) >= num_tokens &&
+          ceil_div(num_tokens, config_.page_size) <= static_cast<int32_t>(seq.pages_.size()),
+      "commit: ", num_tokens, " tokens exceed the sequence's tokens or slots");
   seq.num_committed_ = num_tokens;
   if (!config_.enable_prefix_cache) return;
   const int32_t page_size = config_.page_size;

@@ -64,7 +64,7 @@ class KvSeq {
 // What the cache holds of a sequence's first tokens (KvCacheManager::find_cached). Its pages stay
 // valid until the pool changes (the next allocation or free).
 struct CachedPrefix {
-  int32_t num_full_pages = 0;  // whole pages, KvCacheManager::hit_pages()
+  int32_t num_full_pages = 0;       // whole pages, KvCacheManager::hit_pages()
   int32_t num_free_full_pages = 0;  // of those, pages no one holds: reviving them uses free pages
   PartialMatch partial;             // then the leading tokens of one more page (0: none)
   int32_t num_query_tokens = 0;     // the sequence's tokens when looked up (0: no lookup)

@@ -217,7 +217,8 @@ struct Scheduler::State {
   // tokens of sequence b, appended where all its tokens are computed; finishes and window
   // releases; the step's copies end.
   template <typename TokensOf>
-  std::vector<SeqUpdate> apply_step(TokensOf tokens_of, const std::vector<int32_t>& num_rolled_back);
+  std::vector<SeqUpdate> apply_step(TokensOf tokens_of,
+                                    const std::vector<int32_t>& num_rolled_back);
   // Throws unless `plan` is the last schedule()'s (its sequences, in order).
   void check_last_plan(const StepPlan& plan, const char* caller) const;
 };
@@ -474,8 +475,8 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan,
                 " sampled tokens for a plan of ", num_seqs, " sequences");
   // Checked up front so that a wrong plan changes nothing.
   state.check_last_plan(plan, "update");
-  return state.apply_step(
-      [&sampled](size_t b) { return std::span<const int32_t>(&sampled[b], 1); }, {});
+  return state.apply_step([&sampled](size_t b) { return std::span<const int32_t>(&sampled[b], 1); },
+                          {});
 }
 
 std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const StepTokens& step) {
@@ -516,8 +517,8 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const StepTokens&
   }
   return state.apply_step(
       [&step](size_t b) {
-        return std::span<const int32_t>(step.tokens).subspan(
-            step.token_indptr[b], step.token_indptr[b + 1] - step.token_indptr[b]);
+        return std::span<const int32_t>(step.tokens)
+            .subspan(step.token_indptr[b], step.token_indptr[b + 1] - step.token_indptr[b]);
       },
       step.num_rolled_back);
 }
@@ -533,7 +534,8 @@ std::vector<SeqUpdate> Scheduler::abandon(const StepPlan& plan) {
       state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
       state.finish(*seq, FinishReason::kCancelled);
     }
-    updates.push_back({.request_id = seq->request.id, .finished = true, .reason = seq->finish_reason});
+    updates.push_back(
+        {.request_id = seq->request.id, .finished = true, .reason = seq->finish_reason});
     state.sequences.erase(seq->request.id);
   }
   // Every slot the step was to write (its copies' destinations among them) lies in a page of

@@ -65,7 +65,7 @@ struct StepTokens {
 // What one step did to one sequence.
 struct SeqUpdate {
   int64_t request_id = 0;
-  int32_t token = -1;  // the last token appended this step, -1 if none (mid-prefill)
+  int32_t token = -1;        // the last token appended this step, -1 if none (mid-prefill)
   int32_t num_appended = 0;  // tokens appended this step (a stop token ends them early)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
