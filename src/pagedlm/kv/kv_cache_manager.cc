@@ -9,12 +9,6 @@ namespace pagedlm {
 
 namespace {
 
-int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-}  // namespace
-
-namespace {
-
 // Checked before the pool and the prefix cache are sized from it.
 const KvCacheConfig& checked(const KvCacheConfig& config) {
   const int32_t page_size = config.page_size;
@@ -38,6 +32,7 @@ const KvCacheConfig& checked(const KvCacheConfig& config) {
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : config_(checked(config)),
+      page_shift_(std::countr_zero(static_cast<uint32_t>(config.page_size))),
       pool_(config.num_pages, /*reserve_null_page=*/config.window > 0),
       cache_(&pool_, config.page_size) {}
 
@@ -47,8 +42,8 @@ KvSeq KvCacheManager::new_seq(std::string_view cache_salt) const {
   return seq;
 }
 
-const BlockHash& KvCacheManager::page_hash(KvSeq& seq, std::span<const int32_t> tokens,
-                                           int32_t page_index) {
+const BlockHash& KvCacheManager::hash_pages(KvSeq& seq, std::span<const int32_t> tokens,
+                                            int32_t page_index) {
   const int32_t page_size = config_.page_size;
   while (static_cast<int32_t>(seq.page_hashes_.size()) <= page_index) {
     const int32_t index = static_cast<int32_t>(seq.page_hashes_.size());
@@ -95,21 +90,15 @@ CachedPrefix KvCacheManager::find_cached(KvSeq& seq, std::span<const int32_t> to
   return hit;
 }
 
-int32_t KvCacheManager::num_pages_needed(const KvSeq& seq, int32_t num_tokens,
-                                         const CachedPrefix* hit) const {
-  const auto num_held = static_cast<int32_t>(seq.pages_.size());
-  int32_t needed = std::max(0, ceil_div(num_tokens, config_.page_size) - num_held);
-  if (hit != nullptr) {
-    // Hit pages need no new page, but reviving a free one takes it off the free list; so does
-    // holding a free copy source through the step.
-    needed = std::max(0, needed - hit->num_full_pages) + hit->num_free_full_pages;
-    if (hit->partial.num_tokens > 0 && pool_.ref_count(hit->partial.page) == 0) ++needed;
-  }
+int32_t KvCacheManager::num_pages_needed_with_hit(int32_t needed, const CachedPrefix& hit) const {
+  // Hit pages need no new page, but reviving a free one takes it off the free list; so does
+  // holding a free copy source through the step.
+  needed = std::max(0, needed - hit.num_full_pages) + hit.num_free_full_pages;
+  if (hit.partial.num_tokens > 0 && pool_.ref_count(hit.partial.page) == 0) ++needed;
   return needed;
 }
 
-void KvCacheManager::allocate_slots(KvSeq& seq, int32_t num_tokens, int32_t num_lookahead,
-                                    const CachedPrefix* hit) {
+void KvCacheManager::take_hit_and_allocate(KvSeq& seq, int32_t num_pages, const CachedPrefix* hit) {
   if (hit != nullptr) {
     PAGEDLM_CHECK(seq.pages_.empty(), "allocate_slots: a cache hit for a sequence with pages");
     for (int32_t i = 0; i < hit->num_full_pages; ++i) {
@@ -143,7 +132,6 @@ void KvCacheManager::allocate_slots(KvSeq& seq, int32_t num_tokens, int32_t num_
       stats_.prefix_partial_hit_tokens += partial.num_tokens;
     }
   }
-  const int32_t num_pages = ceil_div(num_tokens + num_lookahead, config_.page_size);
   while (static_cast<int32_t>(seq.pages_.size()) < num_pages) {
     const int32_t page = pool_.allocate();
     PAGEDLM_CHECK(page >= 0, "allocate_slots: no free page (can_allocate was not checked)");
@@ -154,22 +142,21 @@ void KvCacheManager::allocate_slots(KvSeq& seq, int32_t num_tokens, int32_t num_
 void KvCacheManager::commit(KvSeq& seq, std::span<const int32_t> tokens, int32_t num_tokens) {
   const int32_t begin = seq.num_committed_;
   if (num_tokens <= begin) return;
-  PAGEDLM_CHECK(
-      static_cast<int32_t>(tokens.size()) >= num_tokens &&
-          ceil_div(num_tokens, config_.page_size) <= static_cast<int32_t>(seq.pages_.size()),
-      "commit: ", num_tokens, " tokens exceed the sequence's tokens or slots");
+  PAGEDLM_CHECK(static_cast<int32_t>(tokens.size()) >= num_tokens &&
+                    num_pages_for(num_tokens) <= static_cast<int32_t>(seq.pages_.size()),
+                "commit: ", num_tokens, " tokens exceed the sequence's tokens or slots");
   seq.num_committed_ = num_tokens;
   if (!config_.enable_prefix_cache) return;
   const int32_t page_size = config_.page_size;
-  for (int32_t index = begin / page_size; index < num_tokens / page_size; ++index) {
+  for (int32_t index = begin >> page_shift_; index < num_tokens >> page_shift_; ++index) {
     const int32_t page = seq.pages_[index];
     if (pool_.has_hash(page)) continue;  // served by the cache: already indexed
     const BlockHash& hash = page_hash(seq, tokens, index);
     cache_.insert(page, hash, parent_hash(seq, index),
                   tokens.data() + static_cast<size_t>(index) * page_size, seq.extra_key_);
   }
-  if (num_tokens % page_size == 0) return;
-  const int32_t index = num_tokens / page_size;
+  if ((num_tokens & (page_size - 1)) == 0) return;
+  const int32_t index = num_tokens >> page_shift_;
   if (index > 0) page_hash(seq, tokens, index - 1);  // the parent of the partly filled page
   cache_.record(seq.pages_[index], parent_hash(seq, index),
                 tokens.data() + static_cast<size_t>(index) * page_size,
@@ -199,7 +186,7 @@ void KvCacheManager::rollback(KvSeq& seq, std::span<const int32_t> tokens, int32
   PAGEDLM_CHECK(static_cast<int32_t>(tokens.size()) >= kept, "rollback: ", tokens.size(),
                 " tokens passed, ", kept, " stay committed");
   const int32_t first_touched = kept / page_size;
-  const auto num_pages_kept = static_cast<size_t>(ceil_div(kept, page_size));
+  const auto num_pages_kept = static_cast<size_t>(num_pages_for(kept));
   // Pages wholly beyond the kept tokens go, lookahead slots included, and no one finds them
   // again (the step that wrote them may not have run); the tail goes first so that the LRU
   // reuses it before the sequence's head.
@@ -224,8 +211,7 @@ void KvCacheManager::rollback(KvSeq& seq, std::span<const int32_t> tokens, int32
   }
 }
 
-void KvCacheManager::release_behind_window(KvSeq& seq, int32_t next_query) {
-  if (config_.window == 0) return;
+void KvCacheManager::release_behind(KvSeq& seq, int32_t next_query) {
   // The query at next_query sees keys from next_query - window + 1 on; every later query sees
   // fewer. Oldest first, so the LRU free list reuses them in that order; a full page keeps its
   // hash (and stays findable, as a finished sequence's pages do) and a shared one just loses a

@@ -11,6 +11,8 @@
 // sequence's tokens, prompt then outputs, which must not change below what was committed.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -94,6 +96,10 @@ class KvCacheManager {
   explicit KvCacheManager(const KvCacheConfig& config);
 
   int32_t page_size() const { return config_.page_size; }
+  // Pages that hold num_tokens tokens.
+  int32_t num_pages_for(int32_t num_tokens) const {
+    return (num_tokens + config_.page_size - 1) >> page_shift_;
+  }
   const BlockPool& pool() const { return pool_; }
   const PrefixCache& prefix_cache() const { return cache_; }
   // Pages a sequence may ever use: all but the null page.
@@ -111,14 +117,24 @@ class KvCacheManager {
 
   // Free pages that allocate_slots(seq, num_tokens, hit) takes: new pages, revived free hits and
   // a free copy source held through the step.
+  // Inline, as the two calls below: a step calls them for every sequence it decodes.
   int32_t num_pages_needed(const KvSeq& seq, int32_t num_tokens,
-                           const CachedPrefix* hit = nullptr) const;
+                           const CachedPrefix* hit = nullptr) const {
+    const int32_t needed =
+        std::max(0, num_pages_for(num_tokens) - static_cast<int32_t>(seq.pages_.size()));
+    return hit == nullptr ? needed : num_pages_needed_with_hit(needed, *hit);
+  }
   bool can_allocate(int32_t num_pages) const { return pool_.can_allocate(num_pages); }
   // Takes the hit, if any (its pages join the sequence, the partial page's tokens are queued to be
   // copied into the sequence's own next page), then gives the sequence pages for num_tokens tokens
   // plus num_lookahead slots for tokens not known yet. The caller checked can_allocate().
   void allocate_slots(KvSeq& seq, int32_t num_tokens, int32_t num_lookahead = 0,
-                      const CachedPrefix* hit = nullptr);
+                      const CachedPrefix* hit = nullptr) {
+    const int32_t num_pages = num_pages_for(num_tokens + num_lookahead);
+    if (hit != nullptr || static_cast<int32_t>(seq.pages_.size()) < num_pages) {
+      take_hit_and_allocate(seq, num_pages, hit);
+    }
+  }
 
   // Makes the pages holding tokens [seq.num_committed(), num_tokens) findable: full ones by hash,
   // and the last, if the range ends inside it, for partial hits on its leading tokens. Called once
@@ -133,7 +149,9 @@ class KvCacheManager {
   // Whether rollback(seq, ..., num_tokens) can go ahead (it throws where not).
   bool can_rollback(const KvSeq& seq, int32_t num_tokens) const;
   // Releases the pages whose keys no query from position next_query on can see (sliding window).
-  void release_behind_window(KvSeq& seq, int32_t next_query);
+  void release_behind_window(KvSeq& seq, int32_t next_query) {
+    if (config_.window > 0) release_behind(seq, next_query);
+  }
   // Gives back all the sequence's pages, tail first, so the LRU free list evicts a sequence's
   // tail before the prefix others share. Its page hashes stay for a later find_cached().
   void free(KvSeq& seq);
@@ -154,10 +172,21 @@ class KvCacheManager {
   std::vector<CachedPageView> cached_pages(int32_t max_pages) const;
 
  private:
-  const BlockHash& page_hash(KvSeq& seq, std::span<const int32_t> tokens, int32_t page_index);
+  // The hash of the sequence's page page_index, hashing the pages up to it where not yet done.
+  const BlockHash& page_hash(KvSeq& seq, std::span<const int32_t> tokens, int32_t page_index) {
+    if (page_index < static_cast<int32_t>(seq.page_hashes_.size())) {
+      return seq.page_hashes_[page_index];
+    }
+    return hash_pages(seq, tokens, page_index);
+  }
+  const BlockHash& hash_pages(KvSeq& seq, std::span<const int32_t> tokens, int32_t page_index);
   static const BlockHash& parent_hash(const KvSeq& seq, int32_t page_index);
+  int32_t num_pages_needed_with_hit(int32_t needed, const CachedPrefix& hit) const;
+  void take_hit_and_allocate(KvSeq& seq, int32_t num_pages, const CachedPrefix* hit);
+  void release_behind(KvSeq& seq, int32_t next_query);
 
   KvCacheConfig config_;
+  int32_t page_shift_;  // log2(page_size)
   BlockPool pool_;
   PrefixCache cache_;
   std::vector<int32_t> hit_pages_;  // of the last find_cached()

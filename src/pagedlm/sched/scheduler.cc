@@ -1,6 +1,7 @@
 #include "pagedlm/sched/scheduler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -12,7 +13,9 @@ enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
 
 struct Sequence {
   Request request;  // its prompt moved into `tokens`
-  std::shared_ptr<RequestTokens> tokens;
+  // The request's one copy of its tokens, here rather than apart so that a step reads them
+  // without one more indirection; readers hold it through an aliasing pointer to the Sequence.
+  RequestTokens tokens;
   int32_t num_computed = 0;  // tokens whose K/V are written or in the plan being run
   int32_t num_cached_tokens = 0;
   KvSeq kv;  // its pages, which only the KvCacheManager changes
@@ -20,9 +23,9 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::kNone;
   bool in_flight = false;  // in the plan that update() has not seen yet
 
-  std::span<const int32_t> token_span() const { return tokens->all; }
-  int32_t num_tokens() const { return tokens->size(); }
-  int32_t num_outputs() const { return tokens->num_outputs(); }
+  std::span<const int32_t> token_span() const { return tokens.all; }
+  int32_t num_tokens() const { return tokens.size(); }
+  int32_t num_outputs() const { return tokens.num_outputs(); }
   int32_t num_pending() const { return num_tokens() - num_computed; }
 };
 
@@ -47,7 +50,8 @@ struct Scheduler::State {
 
   const SchedulerConfig& config;
   KvCacheManager kv;
-  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences;
+  // Shared with the readers of each sequence's tokens (Scheduler::add), which may outlive it here.
+  std::unordered_map<int64_t, std::shared_ptr<Sequence>> sequences;
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;       // in admission order: preemption takes the back
   std::vector<ScheduledSeq> scheduled;  // the last plan's sequences, in plan order
@@ -225,6 +229,7 @@ struct Scheduler::State {
 
 void Scheduler::State::emit(StepPlan& plan) const {
   const int32_t page_size = config.page_size;
+  const int page_shift = std::countr_zero(static_cast<uint32_t>(page_size));
   size_t num_tokens = 0;
   size_t num_kv_pages = 0;
   size_t num_logits = 0;
@@ -256,18 +261,20 @@ void Scheduler::State::emit(StepPlan& plan) const {
     const int32_t begin = seq->num_computed;
     const int32_t end = begin + num_new_tokens;
     const int32_t first_row = plan.num_tokens();
-    const std::vector<int32_t>& tokens = seq->tokens->all;
+    const std::vector<int32_t>& tokens = seq->tokens.all;
     const std::vector<int32_t>& pages = seq->kv.pages();
     for (int32_t position = begin; position < end; ++position) {
       plan.token_ids.push_back(tokens[position]);
       plan.positions.push_back(position);
-      plan.slot_mapping.push_back(pages[position / page_size] * page_size + position % page_size);
+      // page_size is a power of two: a shift and a mask, not a division, per token.
+      plan.slot_mapping.push_back((pages[position >> page_shift] << page_shift) |
+                                  (position & (page_size - 1)));
     }
     const int32_t end_row = plan.num_tokens();
     plan.q_indptr.push_back(end_row);
 
     // The table covers the tokens after this step, not the sequence's lookahead slots.
-    const int32_t num_pages = (end + page_size - 1) / page_size;
+    const int32_t num_pages = kv.num_pages_for(end);
     plan.kv_page_indices.insert(plan.kv_page_indices.end(), pages.begin(),
                                 pages.begin() + num_pages);
     plan.kv_indptr.push_back(static_cast<int32_t>(plan.kv_page_indices.size()));
@@ -320,15 +327,14 @@ std::shared_ptr<const RequestTokens> Scheduler::add(Request request) {
                 " tokens, more than the whole KV pool holds (", num_usable_pages, " pages of ",
                 config_.page_size, " = ", pool_tokens, " tokens)");
 
-  auto seq = std::make_unique<Sequence>();
-  seq->tokens = std::make_shared<RequestTokens>();
-  seq->tokens->all = std::move(request.prompt);
-  seq->tokens->all.reserve(max_len);
-  seq->tokens->num_prompt = static_cast<int32_t>(prompt_len);
+  auto seq = std::make_shared<Sequence>();
+  seq->tokens.all = std::move(request.prompt);
+  seq->tokens.all.reserve(max_len);
+  seq->tokens.num_prompt = static_cast<int32_t>(prompt_len);
   request.prompt.clear();
   seq->kv = state.kv.new_seq(request.cache_salt);
   seq->request = std::move(request);
-  std::shared_ptr<const RequestTokens> tokens = seq->tokens;
+  std::shared_ptr<const RequestTokens> tokens(seq, &seq->tokens);
   state.waiting.push_back(seq.get());
   state.sequences.emplace(id, std::move(seq));
   return tokens;
@@ -414,8 +420,8 @@ void Scheduler::State::check_last_plan(const StepPlan& plan, const char* caller)
 void Scheduler::State::roll_back(Sequence& seq, int32_t num_tokens) {
   kv.rollback(seq.kv, seq.token_span().first(seq.num_computed - num_tokens), num_tokens);
   seq.num_computed -= num_tokens;
-  std::vector<int32_t>& tokens = seq.tokens->all;
-  tokens.resize(std::max(seq.tokens->num_prompt, seq.num_computed));
+  std::vector<int32_t>& tokens = seq.tokens.all;
+  tokens.resize(std::max(seq.tokens.num_prompt, seq.num_computed));
 }
 
 template <typename TokensOf>
@@ -441,7 +447,7 @@ std::vector<SeqUpdate> Scheduler::State::apply_step(TokensOf tokens_of,
           for (const int32_t token : tokens_of(b)) {
             update.token = token;
             ++update.num_appended;
-            seq.tokens->all.push_back(token);
+            seq.tokens.all.push_back(token);
             reason = finish_reason_after(seq, token);
             if (reason != FinishReason::kNone) break;  // what follows a stop is dropped
           }
@@ -508,7 +514,7 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const StepTokens&
     // The sequence's pending tokens after the rollback: outputs rolled back leave the sequence.
     const int32_t num_computed = seq.num_computed - rolled_back;
     const int32_t num_tokens =
-        rolled_back > 0 ? std::max(seq.tokens->num_prompt, num_computed) : seq.num_tokens();
+        rolled_back > 0 ? std::max(seq.tokens.num_prompt, num_computed) : seq.num_tokens();
     const bool samples = num_tokens == num_computed && seq.request.sampling.max_tokens > 0;
     PAGEDLM_CHECK(samples || num_new == 0, "update() got ", num_new, " tokens for request ", id,
                   ", which still has ", num_tokens - num_computed, " tokens to compute");
@@ -602,7 +608,7 @@ const KvCacheManager& Scheduler::kv_cache() const { return state_->kv; }
 std::vector<int32_t> Scheduler::output_tokens(int64_t request_id) const {
   const auto it = state_->sequences.find(request_id);
   if (it == state_->sequences.end()) return {};
-  const std::span<const int32_t> outputs = it->second->tokens->outputs();
+  const std::span<const int32_t> outputs = it->second->tokens.outputs();
   return {outputs.begin(), outputs.end()};
 }
 
