@@ -26,6 +26,16 @@ std::vector<int32_t> run_of(int32_t n, int32_t first) {
   return tokens;
 }
 
+// A new sequence holding `tokens`, all committed, with num_lookahead slots more.
+KvSeq committed_seq(KvCacheManager& kv, const std::vector<int32_t>& tokens,
+                    int32_t num_lookahead = 0) {
+  KvSeq seq = kv.new_seq("");
+  const auto num_tokens = static_cast<int32_t>(tokens.size());
+  kv.allocate_slots(seq, num_tokens, num_lookahead);
+  kv.commit(seq, tokens, num_tokens);
+  return seq;
+}
+
 TEST(KvCacheManager, RejectsABadConfig) {
   EXPECT_THROW(KvCacheManager(KvCacheConfig{.page_size = 3}), Error);
   EXPECT_THROW(KvCacheManager(KvCacheConfig{.page_size = -4}), Error);
@@ -54,9 +64,7 @@ TEST(KvCacheManager, AllocatesPagesForTokensAndLookahead) {
 TEST(KvCacheManager, CommittedPagesServeWholeAndPartialHits) {
   KvCacheManager kv(small_config());
   const std::vector<int32_t> a_tokens = run_of(10, 10);  // 10 .. 19
-  KvSeq a = kv.new_seq("");
-  kv.allocate_slots(a, 10);
-  kv.commit(a, a_tokens, 10);
+  KvSeq a = committed_seq(kv, a_tokens);
   EXPECT_EQ(a.pages(), (Pages{0, 1, 2}));
   EXPECT_EQ(a.num_committed(), 10);
 
@@ -107,9 +115,7 @@ TEST(KvCacheManager, CommittedPagesServeWholeAndPartialHits) {
 TEST(KvCacheManager, FreeGivesPagesBackTailFirstAndKeepsThemFindable) {
   KvCacheManager kv(small_config());
   const std::vector<int32_t> tokens = run_of(10, 10);
-  KvSeq a = kv.new_seq("");
-  kv.allocate_slots(a, 10);
-  kv.commit(a, tokens, 10);
+  KvSeq a = committed_seq(kv, tokens);
   kv.free(a);
   EXPECT_TRUE(a.pages().empty());
   EXPECT_EQ(a.num_committed(), 0);
@@ -143,9 +149,7 @@ TEST(KvCacheManager, FreeGivesPagesBackTailFirstAndKeepsThemFindable) {
 TEST(KvCacheManager, RollbackForgetsTheTokensAndReopensTheirPage) {
   KvCacheManager kv(small_config());
   const std::vector<int32_t> tokens = run_of(10, 10);
-  KvSeq a = kv.new_seq("");
-  kv.allocate_slots(a, 10, /*num_lookahead=*/4);  // 14 slots: pages 0 .. 3
-  kv.commit(a, tokens, 10);
+  KvSeq a = committed_seq(kv, tokens, /*num_lookahead=*/4);  // 14 slots: pages 0 .. 3
   EXPECT_EQ(a.pages(), (Pages{0, 1, 2, 3}));
 
   // Back to 5 tokens (10 .. 14): pages 0 and 1 stay, page 1 holding one token now; pages 2 and
@@ -181,9 +185,7 @@ TEST(KvCacheManager, RollbackForgetsTheTokensAndReopensTheirPage) {
 TEST(KvCacheManager, RollbackRefusesAPageAnotherSequenceReads) {
   KvCacheManager kv(small_config());
   const std::vector<int32_t> tokens = run_of(10, 10);
-  KvSeq a = kv.new_seq("");
-  kv.allocate_slots(a, 10);
-  kv.commit(a, tokens, 10);
+  KvSeq a = committed_seq(kv, tokens);
   KvSeq b = kv.new_seq("");
   const CachedPrefix hit = kv.find_cached(b, tokens);  // pages 0 and 1 whole
   kv.allocate_slots(b, 10, 0, &hit);
@@ -205,9 +207,7 @@ TEST(KvCacheManager, ReleasesPagesBehindTheWindow) {
   KvCacheManager kv(small_config(/*window=*/8));
   EXPECT_EQ(kv.num_usable_pages(), 7);
   const std::vector<int32_t> tokens = run_of(12, 10);
-  KvSeq seq = kv.new_seq("");
-  kv.allocate_slots(seq, 12);
-  kv.commit(seq, tokens, 12);
+  KvSeq seq = committed_seq(kv, tokens);
   EXPECT_EQ(seq.pages(), (Pages{0, 1, 2}));
   // The query at 12 sees keys 5 .. 12: page 0 (keys 0 .. 3) is behind it, page 1 (4 .. 7) not.
   kv.release_behind_window(seq, 12);
@@ -230,9 +230,7 @@ TEST(KvCacheManager, NothingIsFoundWithThePrefixCacheOff) {
   config.enable_prefix_cache = false;
   KvCacheManager kv(config);
   const std::vector<int32_t> tokens = run_of(10, 10);
-  KvSeq a = kv.new_seq("");
-  kv.allocate_slots(a, 10);
-  kv.commit(a, tokens, 10);
+  KvSeq a = committed_seq(kv, tokens);
   EXPECT_FALSE(kv.pool().has_hash(0));
   KvSeq b = kv.new_seq("");
   const CachedPrefix hit = kv.find_cached(b, tokens);
