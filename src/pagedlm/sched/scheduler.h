@@ -153,8 +153,8 @@ class Scheduler {
 
  private:
   SchedulerConfig config_;
-  // Sequences, queues, page pool and prefix cache live in State (scheduler.cc), so this
-  // header does not expose the Sequence layout.
+  // Sequences, queues and the KV cache manager live in State (scheduler.cc), so this header
+  // does not expose the Sequence layout.
   struct State;
   std::unique_ptr<State> state_;
 };
