@@ -969,12 +969,18 @@ TEST(SchedulerStepTimeLimit, WithoutDecodesThePrefillKeepsTheWholeBudgetUnlessAs
   EXPECT_THROW(Scheduler{bad}, Error);
 }
 
-// Several tokens per sequence in one update, then a rollback of a rejected one, as a speculative
-// step would commit: worked out with page size 4 and a pool of 8 pages.
-TEST(Scheduler, UpdateAppendsSeveralTokensAndRollsBackRejectedOnes) {
+// Pages of 4 tokens, 8 of them: small enough to work out a plan by hand.
+SchedulerConfig four_token_pages() {
   SchedulerConfig config;
   config.page_size = 4;
   config.num_pages = 8;
+  return config;
+}
+
+// Several tokens per sequence in one update, then a rollback of a rejected one, as a speculative
+// step would commit: worked out with page size 4 and a pool of 8 pages.
+TEST(Scheduler, UpdateAppendsSeveralTokensAndRollsBackRejectedOnes) {
+  SchedulerConfig config = four_token_pages();
   config.max_model_len = 32;
   Scheduler scheduler(config);
   const auto tokens = scheduler.add(make_request(1, {5, 6, 7}, 10));
@@ -1024,9 +1030,7 @@ TEST(Scheduler, UpdateAppendsSeveralTokensAndRollsBackRejectedOnes) {
 }
 
 TEST(Scheduler, UpdateStopsAtAStopTokenAmongSeveral) {
-  SchedulerConfig config;
-  config.page_size = 4;
-  config.num_pages = 8;
+  SchedulerConfig config = four_token_pages();
   config.eos_token_ids = {2};
   Scheduler scheduler(config);
   const auto tokens = scheduler.add(make_request(1, {5, 6, 7}, 10));
@@ -1040,9 +1044,7 @@ TEST(Scheduler, UpdateStopsAtAStopTokenAmongSeveral) {
 }
 
 TEST(Scheduler, UpdateRejectsTokensThatCannotApply) {
-  SchedulerConfig config;
-  config.page_size = 4;
-  config.num_pages = 8;
+  SchedulerConfig config = four_token_pages();
   config.max_num_batched_tokens = 4;
   Scheduler scheduler(config);
   scheduler.add(make_request(1, {5, 6, 7}, 10));
@@ -1064,9 +1066,7 @@ TEST(Scheduler, UpdateRejectsTokensThatCannotApply) {
 
 // Rolling back a prompt token keeps it (it is computed again); the sequence then takes no token.
 TEST(Scheduler, RolledBackPromptTokensAreComputedAgain) {
-  SchedulerConfig config;
-  config.page_size = 4;
-  config.num_pages = 8;
+  SchedulerConfig config = four_token_pages();
   Scheduler scheduler(config);
   const auto tokens = scheduler.add(make_request(1, {5, 6, 7, 8, 9}, 4));
   StepPlan plan = scheduler.schedule();
