@@ -338,7 +338,7 @@ void EngineLoop::drop_cancelled() {
 
 void EngineLoop::process(const std::vector<RequestEvent>& events) {
   const Clock::time_point now = Clock::now();
-  int64_t generated = 0, finished = 0, started = 0;
+  int64_t generated = 0, finished = 0, cancelled = 0, started = 0;
   for (const RequestEvent& e : events) {
     auto it = active_.find(e.request_id);
     if (it == active_.end()) continue;
@@ -363,7 +363,8 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
       RequestOutput output = engine_.take_output(e.request_id);
       out.num_cached_tokens = output.num_cached_tokens;
       out.prompt_logits = std::move(output.prompt_logits);
-      ++finished;
+      // Ended as cancelled: a step left midway (every client had gone, or the loop stops).
+      ++(e.reason == FinishReason::kCancelled ? cancelled : finished);
     }
     a.channel->push(std::move(out));
     if (e.finished) active_.erase(it);
@@ -371,6 +372,7 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
   std::lock_guard<std::mutex> lock(mu_);
   counters_.generation_tokens += generated;
   counters_.requests_finished += finished;
+  counters_.requests_cancelled += cancelled;
   for (int64_t i = 0; i < started; ++i) {
     starts_.push_back(now);
     if (starts_.size() > kStartWindow) starts_.pop_front();
