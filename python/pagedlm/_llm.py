@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -121,6 +122,14 @@ class _Request:
             outputs.append(self._completion(i, text, reasoning, ids, entries, finish,
                                             wants_logprobs))
         return self._output(outputs)
+
+    def next_delta(self, got: bool, wants_logprobs: bool) -> Optional[RequestOutput]:
+        """After a poll that took in output (got) or not: the delta to hand out, None when
+        nothing is new; raises the request's error once it is done."""
+        done = self.done()
+        if done:
+            self.stream.raise_error()
+        return self.delta(wants_logprobs) if got or done else None
 
     def final(self, wants_logprobs: bool) -> RequestOutput:
         """The whole output, once done."""
@@ -277,6 +286,20 @@ class LLM:
             raise ValueError(f"{len(params)} sampling params for {count} prompts")
         return params
 
+    def _run_all(self, submits, params: List[SamplingParams]) -> List[RequestOutput]:
+        """Submits every request (each a call that submits one), waits for all of them and
+        returns their outputs; on any error, those already submitted are cancelled."""
+        requests: List[_Request] = []
+        try:
+            for submit in submits:
+                requests.append(submit())
+        except BaseException:
+            for r in requests:
+                r.stream.cancel()
+            raise
+        self._wait(requests)
+        return [r.final(p.logprobs is not None) for r, p in zip(requests, params)]
+
     @staticmethod
     def _wait(requests: List[_Request]) -> None:
         """Waits until every request is done; Ctrl-C cancels them all (the engine leaves the step
@@ -307,17 +330,13 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         params = self._params_list(sampling_params, len(prompts))
-        requests = []
-        try:
-            for prompt, p in zip(prompts, params):
-                text, ids = self._prompt(prompt)
-                requests.append(self._submit(text, ids, p))
-        except BaseException:
-            for r in requests:
-                r.stream.cancel()
-            raise
-        self._wait(requests)
-        return [r.final(p.logprobs is not None) for r, p in zip(requests, params)]
+
+        def submit(prompt: Prompt, p: SamplingParams) -> _Request:
+            text, ids = self._prompt(prompt)
+            return self._submit(text, ids, p)
+
+        return self._run_all([functools.partial(submit, prompt, p)
+                              for prompt, p in zip(prompts, params)], params)
 
     def _chat_prompt(self, messages, tools, chat_template, add_generation_prompt, kwargs):
         tokenizer = self.tokenizer
@@ -351,19 +370,14 @@ class LLM:
         del use_tqdm
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_list(sampling_params, len(conversations))
-        requests = []
-        try:
-            for conversation, p in zip(conversations, params):
-                text, ids, tool_calls, opened = self._chat_prompt(
-                    conversation, tools, chat_template, add_generation_prompt,
-                    chat_template_kwargs)
-                requests.append(self._submit(text, ids, p, tool_calls, opened))
-        except BaseException:
-            for r in requests:
-                r.stream.cancel()
-            raise
-        self._wait(requests)
-        return [r.final(p.logprobs is not None) for r, p in zip(requests, params)]
+
+        def submit(conversation, p: SamplingParams) -> _Request:
+            text, ids, tool_calls, opened = self._chat_prompt(
+                conversation, tools, chat_template, add_generation_prompt, chat_template_kwargs)
+            return self._submit(text, ids, p, tool_calls, opened)
+
+        return self._run_all([functools.partial(submit, c, p)
+                              for c, p in zip(conversations, params)], params)
 
     def stream(self, prompt: Prompt,
                sampling_params: Optional[SamplingParams] = None) -> Iterator[RequestOutput]:
@@ -378,13 +392,10 @@ class LLM:
     def _deltas(self, request: _Request, params: SamplingParams) -> Iterator[RequestOutput]:
         try:
             while True:
-                got = request.poll(_POLL_SECONDS)
-                done = request.done()
-                if done:
-                    request.stream.raise_error()
-                if got or done:
-                    yield request.delta(params.logprobs is not None)
-                if done:
+                out = request.next_delta(request.poll(_POLL_SECONDS), params.logprobs is not None)
+                if out is not None:
+                    yield out
+                if request.done():
                     return
         finally:
             if not request.done():
@@ -447,13 +458,10 @@ class AsyncLLM:
         try:
             while True:
                 wake.clear()
-                got = request.poll(0)
-                done = request.done()
-                if done:
-                    request.stream.raise_error()
-                if got or done:
-                    yield request.delta(params.logprobs is not None)
-                if done:
+                out = request.next_delta(request.poll(0), params.logprobs is not None)
+                if out is not None:
+                    yield out
+                if request.done():
                     return
                 await wake.wait()
         finally:

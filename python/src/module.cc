@@ -483,19 +483,28 @@ NB_MODULE(_pagedlm, m) {
     }
   });
 
-  nb::class_<Grammar>(m, "Grammar", "A compiled structured-output grammar.");
+  const nb::class_<Grammar> grammar_type(m, "Grammar", "A compiled structured-output grammar.");
 
   nb::class_<Stream>(m, "Stream", "One submitted generation's output, polled.")
       .def("poll", &Stream::poll, "timeout"_a,
            "Waits up to timeout seconds for output; True if any arrived.")
-      .def("done", [](const Stream& s) { return s.stream_done(); })
-      .def("cancel", [](Stream& s) { s.stream().cancel(); })
-      .def("notify_fd", &Stream::notify_fd)
-      .def("num_choices", [](Stream& s) { return s.stream().choices().size(); })
-      .def("take", &Stream::take, "choice"_a)
-      .def("result", &Stream::result, "choice"_a)
-      .def("prompt_logits", &Stream::prompt_logits, "choice"_a)
-      .def("raise_error", &Stream::raise_error);
+      .def(
+          "done", [](const Stream& s) { return s.stream_done(); },
+          "Whether every choice finished (as of the last poll).")
+      .def(
+          "cancel", [](Stream& s) { s.stream().cancel(); },
+          "Stops every unfinished choice at the engine's next step.")
+      .def("notify_fd", &Stream::notify_fd,
+           "A descriptor that turns readable when output arrives; the reader drains it.")
+      .def(
+          "num_choices", [](Stream& s) { return s.stream().choices().size(); }, "Prompts times n.")
+      .def("take", &Stream::take, "choice"_a,
+           "(text, reasoning, token ids, logprobs, finish_reason) new since the last take.")
+      .def("result", &Stream::result, "choice"_a, "The choice's whole output as a dict.")
+      .def("prompt_logits", &Stream::prompt_logits, "choice"_a,
+           "The prompt's logits [len, vocab] float32, for a stream that asked for them.")
+      .def("raise_error", &Stream::raise_error,
+           "Raises the first error a choice met (ValueError: the engine refused the request).");
 
   nb::class_<Model>(m, "Model", "A model loaded with its engine thread.")
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
