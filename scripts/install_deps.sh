@@ -19,8 +19,15 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if [[ "${1:-}" == "--tests" ]] &&
-   ! python3 -c "import nanobind, scikit_build_core, numpy, pytest, jsonschema" 2>/dev/null; then
-  echo "installing: scripts/requirements-python.txt" >&2
-  python3 -m pip install --quiet --require-hashes -r "$(dirname "$0")/requirements-python.txt"
+# The Python package's pinned build and test requirements, into a folder of their own when the
+# interpreter lacks them (a Debian python3 refuses pip installs into itself); python/CMakeLists.txt
+# and ctest's python_api_py look there.
+if [[ "${1:-}" == "--tests" ]]; then
+  python_deps="${PAGEDLM_CACHE:-$HOME/.cache/pagedlm}/python-deps"
+  if ! PYTHONPATH="$python_deps" python3 -c \
+      "import nanobind, scikit_build_core, numpy, pytest, jsonschema" 2>/dev/null; then
+    echo "installing: scripts/requirements-python.txt into $python_deps" >&2
+    python3 -m pip install --quiet --require-hashes --target "$python_deps" \
+      -r "$(dirname "$0")/requirements-python.txt"
+  fi
 fi
