@@ -173,7 +173,7 @@ class LLM:
     gpu_memory_fraction, use_cuda_graphs. seed: requests without a seed of their own get
     seed, seed + 1, ... in the order they are made (None: random). chat_template: a Jinja file
     replacing the model's template. reasoning_parser: any value splits chat replies' <think> block
-    into reasoning_content. max_waiting: requests queued at most.
+    into reasoning_content. max_waiting: requests queued at most (beyond: RuntimeError).
 
     A missing model raises FileNotFoundError; a bad option ValueError.
     """
@@ -197,7 +197,7 @@ class LLM:
         seed: Optional[int] = None,
         chat_template: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
-        max_waiting: int = 4096,
+        max_waiting: int = 1 << 20,
     ):
         self._model = _pagedlm.Model(
             os.fspath(model) if model is not None else "", device, page_size, num_pages,

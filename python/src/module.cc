@@ -420,7 +420,11 @@ class Model {
       r.want_prompt_logits = true;
       r.use_prefix_cache = false;  // every position's logits must be computed
     });
-    if (!queued) throw std::runtime_error("the engine's waiting queue is full; retry later");
+    if (!queued) {
+      throw std::runtime_error(
+          "the engine refused the request: its waiting queue is full (max_waiting), or it was "
+          "closed");
+    }
     return stream;
   }
 
