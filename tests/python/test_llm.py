@@ -267,3 +267,16 @@ def test_bad_params_raise_the_engine_message(llm):
         pagedlm.LLM(device="tpu")
     # Still serving.
     assert llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
+
+
+def test_llm_seed_seeds_each_request_in_turn(llm):
+    params = SamplingParams(temperature=0.9, max_tokens=12)
+    seeded = pagedlm.LLM(device="cpu", threads=THREADS, kv_cache_bytes=64 << 20, seed=5)
+    try:
+        got = texts(seeded.generate(PROMPTS[:3], params))
+    finally:
+        seeded.close()
+    # Request i of an LLM made with seed=5 samples as a request given seed 5 + i.
+    expected = texts(llm.generate(PROMPTS[:3], [SamplingParams(temperature=0.9, max_tokens=12,
+                                                               seed=5 + i) for i in range(3)]))
+    assert got == expected
