@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "pagedlm/server/reasoning.h"
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/reasoning.h"
+#include "pagedlm/serving/tool_calls.h"
 
 namespace {
 
-using pagedlm::server::ParsedReply;
-using pagedlm::server::ReasoningSplitter;
-using pagedlm::server::ToolCallFormat;
-using pagedlm::server::ToolCallStream;
+using pagedlm::serving::ParsedReply;
+using pagedlm::serving::ReasoningSplitter;
+using pagedlm::serving::ToolCallFormat;
+using pagedlm::serving::ToolCallStream;
 
 void check_tool_calls(ToolCallFormat format, const std::vector<std::string_view>& pieces,
                       const std::string& reply) {
@@ -30,10 +30,10 @@ void check_tool_calls(ToolCallFormat format, const std::vector<std::string_view>
   const ParsedReply streamed = stream.finish(reply, &unsent);
   PAGEDLM_FUZZ_EXPECT(streamed.content.compare(0, sent.size(), sent) == 0);
   PAGEDLM_FUZZ_EXPECT(sent + unsent == streamed.content);
-  const ParsedReply whole = pagedlm::server::parse_tool_calls(format, reply);
+  const ParsedReply whole = pagedlm::serving::parse_tool_calls(format, reply);
   PAGEDLM_FUZZ_EXPECT(whole.content == streamed.content);
   PAGEDLM_FUZZ_EXPECT(whole.calls.size() == streamed.calls.size());
-  for (const pagedlm::server::ToolCall& call : whole.calls) {
+  for (const pagedlm::serving::ToolCall& call : whole.calls) {
     PAGEDLM_FUZZ_EXPECT(!call.arguments.empty() && call.arguments.front() == '{');
   }
 }
@@ -77,6 +77,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ReasoningSplitter::Split whole = split(opened, {std::string_view(reply)});
   PAGEDLM_FUZZ_EXPECT(streamed.reasoning == whole.reasoning);
   PAGEDLM_FUZZ_EXPECT(streamed.content == whole.content);
-  (void)pagedlm::server::prompt_opens_reasoning(reply);
+  (void)pagedlm::serving::prompt_opens_reasoning(reply);
   return 0;
 }

@@ -12,17 +12,19 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <string_view>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/core/json.h"
 #include "pagedlm/engine/stop_strings.h"
 #include "pagedlm/server/chat_page.h"
-#include "pagedlm/server/engine_loop.h"
 #include "pagedlm/server/http_transport.h"
 #include "pagedlm/server/openai_api.h"
-#include "pagedlm/server/reasoning.h"
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/engine_loop.h"
+#include "pagedlm/serving/generation.h"
+#include "pagedlm/serving/reasoning.h"
+#include "pagedlm/serving/tool_calls.h"
 
 namespace pagedlm::server {
 
@@ -88,152 +90,63 @@ bool is_json_content_type(std::string_view value) {
          });
 }
 
-// One token's logprobs as the engine reported them.
-struct LogprobEntry {
-  int32_t token = -1;
-  float logprob = 0.f;
-  std::vector<std::pair<int32_t, float>> top;
-};
-
-// The output of one choice as it arrives: decoded incrementally, cut at stop strings. A model
-// without a tokenizer (random weights, for benchmarks) reports token ids instead of text.
-struct ChoiceState {
-  ChoiceState(const Tokenizer* tokenizer, std::vector<std::string> stop) : stop(std::move(stop)) {
-    if (tokenizer != nullptr) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
-  }
-  std::optional<StreamDecoder> decoder;
-  StopStringMatcher stop;
-  std::string text;                    // everything emitted so far
-  std::string delta;                   // emitted since the last flush
-  std::vector<int32_t> token_ids;      // without a decoder: since the last flush (or all)
-  std::vector<LogprobEntry> logprobs;  // since the last flush
-  int32_t completion_tokens = 0;
-  int32_t num_cached_tokens = 0;
-  std::optional<std::string> finish_reason;  // set once done
-  bool finish_sent = false;
-  // Chat with tools: the reply's calls are held back and become `calls`.
-  std::optional<ToolCallStream> tool_stream;
-  int32_t call_marker = -1;  // a special token that opens calls, written back as its text
-  // Chat on a server that parses reasoning: the reply's <think> block, apart from its text.
-  std::optional<ReasoningSplitter> reasoning_splitter;
-  std::string reasoning;        // everything split off so far
-  std::string reasoning_delta;  // since the last flush
-  std::string content;          // with tool_stream: the reply without its calls
-  std::vector<ToolCall> calls;
-  bool calls_sent = false;
-  std::string error;
-  int error_status = 0;
-};
-
-// One /v1/completions or /v1/chat/completions request in flight: its choices, its channel, and
-// how its output is rendered in OpenAI's shapes.
+// One /v1/completions or /v1/chat/completions request in flight: its output stream
+// (serving/generation.h) and how that output is rendered in OpenAI's shapes.
 class Generation {
  public:
   Generation(CompletionRequest request, const ModelInfo& model, std::string model_name,
-             EngineLoop& loop)
-      : request_(std::move(request)),
+             serving::EngineLoop& loop)
+      : chat_(request.chat),
+        include_usage_(request.include_usage),
         model_(model),
         model_name_(std::move(model_name)),
-        loop_(loop),
-        id_(random_id(request_.chat ? "chatcmpl-" : "cmpl-")),
+        id_(random_id(chat_ ? "chatcmpl-" : "cmpl-")),
         created_(unix_time()),
-        channel_(std::make_shared<OutputChannel>()) {
-    for (size_t i = 0; i < request_.prompts.size() * request_.n; ++i) {
-      choices_.emplace_back(model.tokenizer, request_.stop);
-      if (request_.tool_calls != ToolCallFormat::kNone) {
-        choices_.back().tool_stream.emplace(request_.tool_calls);
-        if (model.tokenizer != nullptr) {
-          choices_.back().call_marker = dropped_call_marker(*model.tokenizer, request_.tool_calls);
-        }
-      }
-      if (request_.reasoning) choices_.back().reasoning_splitter.emplace(request_.reasoning_opened);
-    }
-  }
+        stream_(std::move(static_cast<serving::GenerationSpec&>(request)), model.tokenizer, loop) {}
 
   // Queues every choice; false when the server is overloaded.
-  bool submit() {
-    std::vector<GenerationJob> jobs;
-    for (size_t p = 0; p < request_.prompts.size(); ++p) {
-      for (int32_t j = 0; j < request_.n; ++j) {
-        GenerationJob job;
-        job.request.prompt = request_.prompts[p];
-        job.request.sampling = request_.sampling;
-        job.request.sampling.max_tokens = request_.max_tokens[p];
-        // n samples of one seeded request must differ, and still be reproducible.
-        if (job.request.sampling.seed) *job.request.sampling.seed += static_cast<uint64_t>(j);
-        job.request.cache_salt = request_.cache_salt;
-        job.choice = static_cast<int32_t>(p * request_.n + j);
-        job.top_logprobs = request_.top_logprobs;
-        job.grammar = request_.grammar;
-        jobs.push_back(std::move(job));
-      }
-    }
-    return loop_.submit(std::move(jobs), channel_);
-  }
+  bool submit() { return stream_.submit(); }
 
   // Takes in the output that arrived; false if none had.
-  bool poll() {
-    std::vector<TokenEvent> events;
-    if (!channel_->wait_pop(&events, std::chrono::milliseconds(0))) return false;
-    for (TokenEvent& e : events) handle(e);
-    return true;
-  }
+  bool poll() { return stream_.poll(std::chrono::milliseconds(0)); }
 
   // `listener` runs on the engine's thread after each of its events.
-  void set_listener(std::function<void()> listener) { channel_->set_listener(std::move(listener)); }
+  void set_listener(std::function<void()> listener) { stream_.set_listener(std::move(listener)); }
 
   // Every choice finished and the stream's closing events were rendered.
   bool ended() const { return ended_; }
 
-  bool done() const {
-    return std::all_of(choices_.begin(), choices_.end(),
-                       [](const ChoiceState& c) { return c.finish_reason.has_value(); });
-  }
+  bool done() const { return stream_.done(); }
 
   // The client is gone: every unfinished choice stops at the next step.
-  void cancel() {
-    channel_->cancel_all();
-    loop_.wake();
-  }
+  void cancel() { stream_.cancel(); }
 
   // The server stops: every unfinished choice ends now, as the engine would end it on its way
   // out (which a long step may delay).
-  void abort() {
-    for (ChoiceState& c : choices_) {
-      if (c.finish_reason) continue;
-      c.error = kShuttingDown;
-      c.error_status = 503;
-      c.finish_reason = "abort";
-    }
-    cancel();
-  }
+  void abort() { stream_.abort(kShuttingDown, 503, "abort"); }
 
   // The first error a choice met, as (status, message); status 0 when none.
-  std::pair<int, std::string> error() const {
-    for (const ChoiceState& c : choices_) {
-      if (!c.error.empty()) return {c.error_status, c.error};
-    }
-    return {0, {}};
-  }
+  std::pair<int, std::string> error() const { return stream_.error(); }
 
   json response() {
+    const serving::GenerationSpec& spec = stream_.spec();
     json choices = json::array();
-    for (size_t i = 0; i < choices_.size(); ++i) {
-      ChoiceState& c = choices_[i];
+    for (size_t i = 0; i < stream_.choices().size(); ++i) {
+      ChoiceOutput& c = stream_.choices()[i];
       json choice = {{"index", i}};
-      if (request_.chat && !c.calls.empty()) {
+      if (chat_ && !c.calls.empty()) {
         choice["message"] = {{"role", "assistant"},
                              {"content", trimmed_or_null(c.content)},
                              {"tool_calls", tool_calls_json(c.calls, false)}};
-      } else if (request_.chat) {
+      } else if (chat_) {
         // A reply that was all reasoning has no content (null, as with only tool calls).
-        const bool no_content = request_.reasoning && c.text.empty();
+        const bool no_content = spec.reasoning && c.text.empty();
         choice["message"] = {{"role", "assistant"},
                              {"content", no_content ? json(nullptr) : json(c.text)}};
       } else {
         choice["text"] = c.text;
       }
-      if (request_.reasoning) {
+      if (spec.reasoning) {
         choice["message"]["reasoning_content"] =
             c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
       }
@@ -243,7 +156,7 @@ class Generation {
       choices.push_back(std::move(choice));
     }
     return {{"id", id_},
-            {"object", request_.chat ? "chat.completion" : "text_completion"},
+            {"object", chat_ ? "chat.completion" : "text_completion"},
             {"created", created_},
             {"model", model_name_},
             {"choices", std::move(choices)},
@@ -253,9 +166,9 @@ class Generation {
   // SSE events for what arrived since the last call; `first` adds the chat role deltas.
   std::string stream_chunks(bool first) {
     std::string out;
-    for (size_t i = 0; i < choices_.size(); ++i) {
-      ChoiceState& c = choices_[i];
-      if (first && request_.chat) {
+    for (size_t i = 0; i < stream_.choices().size(); ++i) {
+      ChoiceOutput& c = stream_.choices()[i];
+      if (first && chat_) {
         out += sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, json(nullptr), nullptr));
       }
       if (!c.reasoning_delta.empty()) {
@@ -265,36 +178,35 @@ class Generation {
       if (!c.delta.empty() || !c.logprobs.empty() || !c.token_ids.empty()) {
         const int32_t offset = static_cast<int32_t>(c.text.size() - c.delta.size());
         json lp = take_logprobs(c, offset);
-        json delta = request_.chat ? json{{"content", c.delta}} : json(c.delta);
+        json delta = chat_ ? json{{"content", c.delta}} : json(c.delta);
         json event = chunk(i, std::move(delta), std::move(lp), nullptr);
         if (!c.decoder) event["choices"][0]["token_ids"] = std::move(c.token_ids);
         out += sse(event);
         c.delta.clear();
         c.token_ids.clear();
       }
-      if (!c.error.empty() && !c.finish_sent) {
+      const bool finish_sent = finish_sent_.count(i) != 0;
+      if (!c.error.empty() && !finish_sent) {
         if (c.error_status == 503) {
           // Shutting down: the stream ends as vLLM ends an aborted one, with a finish_reason.
           c.finish_reason = "abort";
         } else {
           out += sse(error_body(c.error, error_type(c.error_status), "", c.error_status));
-          c.finish_sent = true;  // the error event ends this choice
+          finish_sent_.insert(i);  // the error event ends this choice
         }
       }
-      if (!c.calls.empty() && !c.calls_sent) {
+      if (!c.calls.empty() && calls_sent_.insert(i).second) {
         out +=
             sse(chunk(i, {{"tool_calls", tool_calls_json(c.calls, true)}}, json(nullptr), nullptr));
-        c.calls_sent = true;
       }
-      if (c.finish_reason && !c.finish_sent) {
-        out += sse(chunk(i, request_.chat ? json::object() : json(""), json(nullptr),
-                         c.finish_reason->c_str()));
-        c.finish_sent = true;
+      if (c.finish_reason && finish_sent_.insert(i).second) {
+        out += sse(
+            chunk(i, chat_ ? json::object() : json(""), json(nullptr), c.finish_reason->c_str()));
       }
     }
     if (done() && !ended_) {
       ended_ = true;
-      if (request_.include_usage) {
+      if (include_usage_) {
         out += sse({{"id", id_},
                     {"object", chunk_object()},
                     {"created", created_},
@@ -308,76 +220,7 @@ class Generation {
   }
 
  private:
-  void handle(const TokenEvent& e) {
-    ChoiceState& c = choices_.at(e.choice);
-    if (c.finish_reason) return;  // tokens the engine made before it saw a stop-string cancel
-    if (!e.error.empty()) {
-      c.error = e.error;
-      c.error_status = e.error_status;
-      c.finish_reason = "error";
-      return;
-    }
-    if (e.token >= 0) {
-      ++c.completion_tokens;
-      if (!c.decoder) {
-        // Without a tokenizer the parser refused stop strings and logprobs.
-        c.token_ids.push_back(e.token);
-      } else {
-        std::string piece = c.decoder->push(e.token);
-        if (e.token == c.call_marker) piece += kMistralMarker;  // decoding drops special tokens
-        emit(c, c.stop.push(piece));
-        if (request_.top_logprobs >= 0) {
-          c.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
-        }
-        if (c.stop.stopped()) {
-          end_reply(c, "stop");
-          channel_->cancel(e.choice);
-          loop_.wake();
-          return;
-        }
-      }
-    }
-    if (e.finished) {
-      c.num_cached_tokens = e.num_cached_tokens;
-      if (c.decoder) emit(c, c.stop.push(c.decoder->finish()));
-      emit(c, c.stop.finish());
-      end_reply(c, e.reason == FinishReason::kLength ? "length" : "stop");
-    }
-  }
-
-  // The reply's next text: its reasoning split off (when parsed), the rest to the content.
-  static void emit(ChoiceState& c, const std::string& text) {
-    if (!c.reasoning_splitter) {
-      emit_content(c, text);
-      return;
-    }
-    add(c, c.reasoning_splitter->push(text));
-  }
-
-  static void add(ChoiceState& c, const ReasoningSplitter::Split& split) {
-    c.reasoning += split.reasoning;
-    c.reasoning_delta += split.reasoning;
-    emit_content(c, split.content);
-  }
-
-  static void emit_content(ChoiceState& c, const std::string& text) {
-    c.text += text;
-    c.delta += c.tool_stream ? c.tool_stream->push(text) : text;
-  }
-
-  // The reply is complete: its calls (if it was parsed for them) and its finish reason, which
-  // is "tool_calls" when a stopped reply called tools.
-  static void end_reply(ChoiceState& c, const char* reason) {
-    if (c.reasoning_splitter) add(c, c.reasoning_splitter->finish());
-    c.finish_reason = reason;
-    if (!c.tool_stream) return;
-    std::string unsent;
-    ParsedReply reply = c.tool_stream->finish(c.text, &unsent);
-    c.delta += unsent;
-    c.content = std::move(reply.content);
-    c.calls = std::move(reply.calls);
-    if (!c.calls.empty() && *c.finish_reason == "stop") c.finish_reason = "tool_calls";
-  }
+  using ChoiceOutput = serving::ChoiceOutput;
 
   // OpenAI's tool_calls list; `streamed` adds each call's index (the delta form).
   static json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
@@ -401,19 +244,19 @@ class Generation {
   }
 
   // The pending logprobs of a choice in the API's shape (null when not asked for).
-  json take_logprobs(ChoiceState& c, int32_t text_offset) {
-    if (request_.top_logprobs < 0) return json(nullptr);
+  json take_logprobs(ChoiceOutput& c, int32_t text_offset) {
+    if (!c.keep_logprobs) return json(nullptr);
     const Tokenizer& tok = *model_.tokenizer;
     auto piece = [&](int32_t id) { return tok.decode(std::vector<int32_t>{id}); };
     json out;
-    if (request_.chat) {
+    if (chat_) {
       auto bytes = [&](int32_t id) {
         json b = json::array();
         for (unsigned char ch : tok.token_to_bytes(id)) b.push_back(ch);
         return b;
       };
       json content = json::array();
-      for (const LogprobEntry& e : c.logprobs) {
+      for (const serving::LogprobEntry& e : c.logprobs) {
         json top = json::array();
         for (const auto& [id, lp] : e.top) {
           top.push_back({{"token", piece(id)}, {"logprob", lp}, {"bytes", bytes(id)}});
@@ -427,7 +270,7 @@ class Generation {
     } else {
       json tokens = json::array(), token_logprobs = json::array(), tops = json::array(),
            offsets = json::array();
-      for (const LogprobEntry& e : c.logprobs) {
+      for (const serving::LogprobEntry& e : c.logprobs) {
         const std::string text = piece(e.token);
         tokens.push_back(text);
         token_logprobs.push_back(e.logprob);
@@ -447,29 +290,29 @@ class Generation {
   }
 
   json usage() const {
+    const serving::GenerationSpec& spec = stream_.spec();
+    const std::vector<ChoiceOutput>& choices = stream_.choices();
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
-    for (size_t p = 0; p < request_.prompts.size(); ++p) {
-      prompt_tokens += static_cast<int64_t>(request_.prompts[p].size());
+    for (size_t p = 0; p < spec.prompts.size(); ++p) {
+      prompt_tokens += static_cast<int64_t>(spec.prompts[p].size());
       int32_t cached = 0;
-      for (int32_t j = 0; j < request_.n; ++j) {
-        cached = std::max(cached, choices_[p * request_.n + j].num_cached_tokens);
+      for (int32_t j = 0; j < spec.n; ++j) {
+        cached = std::max(cached, choices[p * spec.n + j].num_cached_tokens);
       }
       cached_tokens += cached;
     }
-    for (const ChoiceState& c : choices_) completion_tokens += c.completion_tokens;
+    for (const ChoiceOutput& c : choices) completion_tokens += c.completion_tokens;
     return {{"prompt_tokens", prompt_tokens},
             {"completion_tokens", completion_tokens},
             {"total_tokens", prompt_tokens + completion_tokens},
             {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
   }
 
-  const char* chunk_object() const {
-    return request_.chat ? "chat.completion.chunk" : "text_completion";
-  }
+  const char* chunk_object() const { return chat_ ? "chat.completion.chunk" : "text_completion"; }
 
   json chunk(size_t index, json delta, json logprobs, const char* finish_reason) const {
     json choice = {{"index", index}};
-    choice[request_.chat ? "delta" : "text"] = std::move(delta);
+    choice[chat_ ? "delta" : "text"] = std::move(delta);
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
     return {{"id", id_},
@@ -481,14 +324,15 @@ class Generation {
 
   static std::string sse(const json& payload) { return "data: " + dump(payload) + "\n\n"; }
 
-  CompletionRequest request_;
+  const bool chat_;
+  const bool include_usage_;
   const ModelInfo& model_;
   std::string model_name_;
-  EngineLoop& loop_;
   std::string id_;
   int64_t created_;
-  std::shared_ptr<OutputChannel> channel_;
-  std::vector<ChoiceState> choices_;
+  serving::GenerationStream stream_;
+  std::set<size_t> finish_sent_;  // choices whose closing event was rendered
+  std::set<size_t> calls_sent_;   // choices whose tool calls were rendered
   bool ended_ = false;
 };
 
@@ -606,7 +450,7 @@ struct HttpServer::Impl {
   ServerOptions options;
   std::unique_ptr<grammar::GrammarCompiler> grammar_compiler;  // structured output
   ModelInfo info;
-  EngineLoop loop;
+  serving::EngineLoop loop;
   HttpTransport http;
 };
 
@@ -662,7 +506,7 @@ HttpReply HttpServer::Impl::cache_map(const HttpRequest& req) {
     }
     max_free_pages = static_cast<int32_t>(parsed);
   }
-  CacheSnapshot snap;
+  serving::CacheSnapshot snap;
   if (!loop.cache_snapshot(max_free_pages, std::chrono::seconds(10), &snap)) {
     return reply(error_response(503, "the engine did not answer in time", "server_error"));
   }

@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/server/reasoning.h"
 #include "pagedlm/server/structured_output.h"
+#include "pagedlm/serving/reasoning.h"
 
 namespace pagedlm::server {
+
+using serving::prompt_opens_reasoning;
+using serving::tool_call_format;
 
 using json = nlohmann::ordered_json;
 

@@ -12,11 +12,15 @@
 
 #include "pagedlm/grammar/grammar.h"
 #include "pagedlm/sched/sampling_params.h"
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/generation.h"
+#include "pagedlm/serving/tool_calls.h"
 #include "pagedlm/tokenizer/chat_template.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm::server {
+
+using serving::ToolCall;
+using serving::ToolCallFormat;
 
 // A request the server refuses, with its HTTP status and OpenAI error fields.
 class ApiError : public std::runtime_error {
@@ -55,28 +59,16 @@ inline constexpr int32_t kMaxTopLogprobs = 20;
 // OpenAI's own bound on a request's tools.
 inline constexpr size_t kMaxTools = 128;
 
-struct CompletionRequest {
+// What a request asks to generate (serving/generation.h: prompts, sampling, n, stop strings,
+// logprobs, tool calls parsed with tool_choice "auto" on a template whose call form is read,
+// reasoning split on a server that parses it, and the grammar of response_format, tool_choice
+// "required"/named, regex, choice or grammar, compiled by server/structured_output.h), and how
+// the answer is rendered.
+struct CompletionRequest : serving::GenerationSpec {
   bool chat = false;
-  std::vector<std::vector<int32_t>> prompts;  // token ids, one entry per prompt
-  SamplingParams sampling;                    // max_tokens resolved per prompt below
-  std::vector<int32_t> max_tokens;            // per prompt
-  int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  std::vector<std::string> stop;
-  int32_t top_logprobs = -1;  // -1: no logprobs
-  std::string cache_salt;
   std::string model;
-  // Chat with `tools` (tool_choice "auto", the default) on a template whose call form the
-  // server reads: the reply's calls become `tool_calls` (server/tool_calls.h).
-  ToolCallFormat tool_calls = ToolCallFormat::kNone;
-  // Chat on a server that parses reasoning (server/reasoning.h); reasoning_opened: the prompt
-  // left the <think> block open for the reply.
-  bool reasoning = false;
-  bool reasoning_opened = false;
-  // response_format, tool_choice "required"/named, regex, choice, grammar: the compiled grammar
-  // every choice's output is held to (server/structured_output.h); null: none.
-  grammar::CompiledGrammarPtr grammar;
 };
 
 // The model's tokenizer; throws ApiError 400 naming `param` when the model has none.

@@ -11,9 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pagedlm/grammar/grammar.h"
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/tool_calls.h"
 
 namespace pagedlm::server {
+
+using serving::ToolCallFormat;
 
 struct StructuredOutput {
   grammar::CompiledGrammarPtr grammar;  // null: unconstrained

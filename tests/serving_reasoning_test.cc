@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "pagedlm/server/reasoning.h"
+#include "pagedlm/serving/reasoning.h"
 #include "pagedlm/tokenizer/chat_template.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -146,4 +146,4 @@ TEST(Reasoning, AnyChunkingSplitsAsTheWhole) {
 }
 
 }  // namespace
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

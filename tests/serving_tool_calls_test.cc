@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/tool_calls.h"
 #include "pagedlm/tokenizer/chat_template.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -272,4 +272,4 @@ TEST(ToolCalls, StreamHoldsBackOnlyWhatMayBeACall) {
 }
 
 }  // namespace
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

@@ -1,6 +1,7 @@
-// The engine thread: the only thread that touches the Engine. HTTP workers hand it requests
-// through a bounded queue; what each produced goes to a per-request OutputChannel, whose
-// listener wakes the front end. A request joins the running batch at the next step.
+// The engine thread: the only thread that touches the Engine. Its clients (the HTTP server's
+// workers, the Python binding) hand it requests through a bounded queue; what each produced goes
+// to a per-request OutputChannel, whose listener wakes the client. A request joins the running
+// batch at the next step. serving/generation.h turns the channel's tokens into text.
 #pragma once
 
 #include <atomic>
@@ -20,13 +21,13 @@
 
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/grammar/grammar.h"
-#include "pagedlm/server/metrics.h"
+#include "pagedlm/serving/metrics.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 using Clock = std::chrono::steady_clock;
 
-// What one engine step produced for one choice of an HTTP request.
+// What one engine step produced for one choice of a request.
 struct TokenEvent {
   int32_t choice = 0;
   int32_t token = -1;
@@ -35,11 +36,12 @@ struct TokenEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t num_cached_tokens = 0;  // set when finished
+  Tensor prompt_logits;           // set when finished, for a request that wanted them
   std::string error;              // the request failed; finished is true
   int error_status = 0;           // 400: the engine refused it; 500 / 503: the server failed
 };
 
-// The events of all choices of one HTTP request, engine thread -> HTTP worker.
+// The events of all choices of one request, engine thread -> client.
 class OutputChannel {
  public:
   void push(TokenEvent event);
@@ -49,7 +51,7 @@ class OutputChannel {
   // Waits up to `timeout` for events and moves them all into `out`; false if none came.
   bool wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout);
 
-  // HTTP side: the client no longer wants this choice (or, with cancel_all, any).
+  // Client side: the client no longer wants this choice (or, with cancel_all, any).
   void cancel(int32_t choice);
   void cancel_all();
   bool is_cancelled(int32_t choice) const;
@@ -98,7 +100,7 @@ class EngineLoop {
   // For a refusal's Retry-After: the whole seconds (at least 1) until, at the rate requests
   // have been starting, the queue is short enough again to admit one.
   int32_t retry_after_seconds() const;
-  // Queues every job of one HTTP request (all or none); their events go to `channel`.
+  // Queues every job of one request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
   // Makes the engine thread look for cancelled channels now rather than after its next step.
@@ -145,6 +147,9 @@ class EngineLoop {
   void process(const std::vector<RequestEvent>& events);
   void fail_all(const std::string& message, int status);
   void serve_cache_request();
+  // Every request the loop runs has been cancelled by its client: the step in progress is left
+  // midway (Engine::set_abandon_check), as nobody waits for its tokens. Engine thread only.
+  bool all_cancelled() const;
 
   Engine& engine_;
   const int32_t max_waiting_;
@@ -181,4 +186,4 @@ class EngineLoop {
   std::thread thread_;
 };
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

@@ -1,9 +1,9 @@
-#include "pagedlm/server/metrics.h"
+#include "pagedlm/serving/metrics.h"
 
 #include <algorithm>
 #include <cstdio>
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 namespace {
 
@@ -129,4 +129,4 @@ std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
   return out;
 }
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

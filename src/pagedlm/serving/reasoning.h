@@ -12,7 +12,7 @@
 
 #include "pagedlm/engine/stop_strings.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 inline constexpr std::string_view kThinkOpen = "<think>";
 inline constexpr std::string_view kThinkClose = "</think>";
@@ -48,4 +48,4 @@ class ReasoningSplitter {
   bool content_started_ = false;    // kContent: past the newlines that follow the block
 };
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

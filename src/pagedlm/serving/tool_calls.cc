@@ -1,4 +1,4 @@
-#include "pagedlm/server/tool_calls.h"
+#include "pagedlm/serving/tool_calls.h"
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -7,7 +7,7 @@
 
 #include "pagedlm/core/json.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 namespace {
 
@@ -148,4 +148,4 @@ ParsedReply ToolCallStream::finish(const std::string& reply, std::string* unsent
   return parsed;
 }
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

@@ -9,7 +9,7 @@
 
 #include "pagedlm/sched/scheduler.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 // A cumulative histogram with fixed upper bounds (seconds); thread-safe.
 class Histogram {
@@ -63,4 +63,4 @@ struct ServingMetrics {
 std::string render_prometheus(const SchedulerStats& stats, int32_t num_queued,
                               const ServingCounters& counters, const ServingMetrics& metrics);
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

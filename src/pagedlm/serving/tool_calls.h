@@ -22,7 +22,7 @@
 #include "pagedlm/engine/stop_strings.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 struct ToolCall {
   std::string name;
@@ -72,4 +72,4 @@ class ToolCallStream {
   size_t sent_ = 0;
 };
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

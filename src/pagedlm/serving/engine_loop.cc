@@ -1,11 +1,13 @@
-#include "pagedlm/server/engine_loop.h"
+#include "pagedlm/serving/engine_loop.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 
-namespace pagedlm::server {
+#include "pagedlm/core/parallel.h"
+
+namespace pagedlm::serving {
 
 void OutputChannel::push(TokenEvent event) {
   std::function<void()> listener;
@@ -52,7 +54,8 @@ EngineLoop::EngineLoop(Engine& engine, int32_t max_waiting,
       max_waiting_(max_waiting),
       max_queue_wait_(max_queue_wait),
       stats_(engine.stats()) {
-  engine_.set_abandon_check([this] { return stopping_.load(std::memory_order_relaxed); });
+  engine_.set_abandon_check(
+      [this] { return stopping_.load(std::memory_order_relaxed) || all_cancelled(); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -212,6 +215,11 @@ void EngineLoop::serve_cache_request() {
 
 void EngineLoop::run() {
   engine_.use_on_this_thread();
+  // OpenMP's thread count belongs to the thread that sets it: the engine's own (set by its
+  // constructor on the thread that built it) would not reach this one, whose steps would then
+  // use every hardware thread whatever `threads` says; and two engines in one process, each on
+  // its loop's thread, keep their own counts.
+  set_num_threads(engine_.options().threads);
   // A short request never waits out a long prompt's prefill (Engine::set_prefill_always_bounded).
   engine_.set_prefill_always_bounded(true);
   while (true) {
@@ -330,7 +338,7 @@ void EngineLoop::drop_cancelled() {
 
 void EngineLoop::process(const std::vector<RequestEvent>& events) {
   const Clock::time_point now = Clock::now();
-  int64_t generated = 0, finished = 0, started = 0;
+  int64_t generated = 0, finished = 0, cancelled = 0, started = 0;
   for (const RequestEvent& e : events) {
     auto it = active_.find(e.request_id);
     if (it == active_.end()) continue;
@@ -352,8 +360,11 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
       a.last_token = now;
     }
     if (e.finished) {
-      out.num_cached_tokens = engine_.take_output(e.request_id).num_cached_tokens;
-      ++finished;
+      RequestOutput output = engine_.take_output(e.request_id);
+      out.num_cached_tokens = output.num_cached_tokens;
+      out.prompt_logits = std::move(output.prompt_logits);
+      // Ended as cancelled: a step left midway (every client had gone, or the loop stops).
+      ++(e.reason == FinishReason::kCancelled ? cancelled : finished);
     }
     a.channel->push(std::move(out));
     if (e.finished) active_.erase(it);
@@ -361,6 +372,7 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
   std::lock_guard<std::mutex> lock(mu_);
   counters_.generation_tokens += generated;
   counters_.requests_finished += finished;
+  counters_.requests_cancelled += cancelled;
   for (int64_t i = 0; i < started; ++i) {
     starts_.push_back(now);
     if (starts_.size() > kStartWindow) starts_.pop_front();
@@ -374,6 +386,13 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
     counters_.masked_forward_gpu_seconds += engine_.last_step().masked_forward_gpu_ms / 1e3;
     counters_.masked_sampler_gpu_seconds += engine_.last_step().masked_sampler_gpu_ms / 1e3;
   }
+}
+
+bool EngineLoop::all_cancelled() const {
+  if (active_.empty()) return false;
+  return std::all_of(active_.begin(), active_.end(), [](const auto& entry) {
+    return entry.second.channel->is_cancelled(entry.second.choice);
+  });
 }
 
 void EngineLoop::fail_all(const std::string& message, int status) {
@@ -393,4 +412,4 @@ void EngineLoop::fail_all(const std::string& message, int status) {
   active_.clear();
 }
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

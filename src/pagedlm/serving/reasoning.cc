@@ -1,6 +1,6 @@
-#include "pagedlm/server/reasoning.h"
+#include "pagedlm/serving/reasoning.h"
 
-namespace pagedlm::server {
+namespace pagedlm::serving {
 
 namespace {
 
@@ -94,4 +94,4 @@ ReasoningSplitter::Split ReasoningSplitter::finish() {
   return out;
 }
 
-}  // namespace pagedlm::server
+}  // namespace pagedlm::serving

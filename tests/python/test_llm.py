@@ -1,0 +1,282 @@
+"""LLM on the default model: answers, agreement with `pagedlm generate`, streams, structured
+output, tool calls, Ctrl-C, two engines in one process, asyncio, and the errors it raises."""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import jsonschema
+import numpy as np
+import pytest
+
+from conftest import ROOT, THREADS
+
+import pagedlm
+from pagedlm import SamplingParams
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
+           "The three primary colors are"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=16)
+
+
+def texts(outputs):
+    return [o.outputs[0].text for o in outputs]
+
+
+def test_chat_answers_paris(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0.0, max_tokens=24))
+    assert "Paris" in out[0].outputs[0].text, out[0].outputs[0].text
+    assert out[0].prompt_token_ids and out[0].outputs[0].finish_reason in ("stop", "length")
+
+
+def generate_cli(binary, prompts, extra):
+    """`pagedlm generate`'s text for each prompt (its output for several prompts: a block
+    '=== [i] prompt' with the text, then '(finish: ...)')."""
+    cmd = [binary, "generate", "--device", "cpu", "--threads", str(THREADS)]
+    for p in prompts:
+        cmd += ["--prompt", p]
+    p = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    found = []
+    for i, prompt in enumerate(prompts):
+        m = re.search(re.escape(f"=== [{i + 1}] {prompt}\n") + r"(.*?)\n\(finish: ", p.stdout,
+                      re.S)
+        assert m, p.stdout
+        found.append(m.group(1))
+    return found
+
+
+def test_greedy_and_seeded_outputs_equal_the_cli(llm, binary):
+    assert texts(llm.generate(PROMPTS, GREEDY)) == generate_cli(
+        binary, PROMPTS, ["--max-tokens", "16", "--temperature", "0"])
+    assert texts(llm.generate(PROMPTS, SEEDED)) == generate_cli(
+        binary, PROMPTS, ["--max-tokens", "16", "--temperature", "0.8", "--top-p", "0.95",
+                          "--seed", "7"])
+
+
+def test_token_id_prompts_and_outputs_agree_with_the_tokenizer(llm):
+    ids = llm.tokenizer.encode(PROMPTS[0])
+    by_text = llm.generate(PROMPTS[0], GREEDY)[0]
+    by_ids = llm.generate([ids], GREEDY)[0]
+    assert by_text.prompt_token_ids == ids == by_ids.prompt_token_ids
+    assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
+    assert by_text.outputs[0].text == llm.tokenizer.decode(by_text.outputs[0].token_ids,
+                                                            skip_special_tokens=True)
+    assert by_text.outputs[0].finish_reason == "length"
+    assert len(by_text.outputs[0].token_ids) == 16
+
+
+def test_logits_argmax_is_the_greedy_token(llm):
+    ids = llm.tokenizer.encode(PROMPTS[2])
+    logits = llm.logits(ids)
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    assert logits.shape == (len(ids), llm.tokenizer.vocab_size)
+    first = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1))[0]
+    assert int(np.argmax(logits[-1])) == first.outputs[0].token_ids[0]
+
+
+def test_stream_deltas_concatenate_to_the_final_text(llm):
+    for params in (GREEDY, SEEDED, SamplingParams(temperature=0.0, max_tokens=40, stop=["."])):
+        whole = llm.generate(PROMPTS[1], params)[0].outputs[0]
+        deltas = list(llm.stream(PROMPTS[1], params))
+        assert len(deltas) > 1
+        assert all(not d.finished for d in deltas[:-1]) and deltas[-1].finished
+        assert "".join(d.outputs[0].text for d in deltas) == whole.text
+        assert sum((d.outputs[0].token_ids for d in deltas), []) == whole.token_ids
+        assert deltas[-1].outputs[0].finish_reason == whole.finish_reason
+
+
+def test_stop_string_cuts_the_text(llm):
+    full = llm.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40))[0]
+    text = full.outputs[0].text
+    cut_at = text.index(" ", 3)
+    stop = text[cut_at:cut_at + 4]
+    out = llm.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40, stop=stop))[0]
+    assert out.outputs[0].text == text[:text.index(stop)]
+    assert out.outputs[0].finish_reason == "stop"
+
+
+def test_logprobs(llm):
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))[0]
+    c = out.outputs[0]
+    assert len(c.logprobs) == len(c.token_ids) == 4
+    for token, alternatives in zip(c.token_ids, c.logprobs):
+        assert token in alternatives and len(alternatives) >= 3
+        # Greedy: the sampled token is the most likely one.
+        assert alternatives[token].logprob == max(lp.logprob for lp in alternatives.values())
+        assert alternatives[token].logprob <= 0
+    assert c.cumulative_logprob == pytest.approx(
+        sum(d[t].logprob for d, t in zip(c.logprobs, c.token_ids)))
+
+
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 20},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_output_validates(llm):
+    out = llm.chat([{"role": "user", "content": "Describe a person as JSON."}],
+                   SamplingParams(temperature=0.7, seed=3, max_tokens=80, json_schema=SCHEMA))
+    c = out[0].outputs[0]
+    assert c.finish_reason == "stop", c
+    jsonschema.validate(json.loads(c.text), SCHEMA)
+    out = llm.generate("Is the sky blue?", SamplingParams(choice=["yes", "no"], max_tokens=8))
+    assert out[0].outputs[0].text in ("yes", "no")
+    out = llm.generate("A phone number:", SamplingParams(regex="[0-9]{3}-[0-9]{4}",
+                                                         max_tokens=16))
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", out[0].outputs[0].text), out[0].outputs[0].text
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def test_tool_calls_parse(llm):
+    # Qwen2.5's template writes calls in <tool_call> tags; the grammar has the model write one.
+    template = (ROOT / "testdata" / "chat_templates" / "qwen2.5.jinja").read_text()
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    prompt = llm.tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=template)
+    assert "get_weather" in prompt  # the template showed the model its tools
+    out = llm.chat(messages, SamplingParams(choice=[call], max_tokens=64), tools=TOOLS,
+                   chat_template=template)
+    c = out[0].outputs[0]
+    assert c.finish_reason == "tool_calls", c
+    assert [t.name for t in c.tool_calls] == ["get_weather"]
+    assert json.loads(c.tool_calls[0].arguments) == {"city": "Paris"}
+    assert c.text.strip() == ""
+
+
+def test_tokenizer_and_chat_template(llm):
+    tok = llm.tokenizer
+    text = "Hello, world! Ünïcödé"
+    assert tok.decode(tok.encode(text)) == text
+    rendered = tok.apply_chat_template([{"role": "user", "content": "Hi there"}])
+    assert "Hi there" in rendered
+    assert tok.apply_chat_template([{"role": "user", "content": "Hi there"}], tokenize=True) == \
+        tok.encode(rendered, add_special_tokens=False)
+
+
+def test_prefix_cache_and_cache_info(llm):
+    prompt = "A long shared prefix: " + " ".join(str(i) for i in range(60))
+    llm.generate(prompt, GREEDY)
+    again = llm.generate(prompt, GREEDY)[0]
+    assert again.cached_tokens > 0
+    info = llm.cache_info()
+    assert info["page_size"] == 16 and info["pages_total"] > 0
+    assert info["prefix_hit_tokens"] >= again.cached_tokens
+    assert again.metrics.num_prompt_tokens == len(again.prompt_token_ids)
+    assert again.metrics.finished_time >= again.metrics.arrival_time
+
+
+def test_ctrl_c_mid_generate_leaves_the_engine_usable(llm):
+    expected = texts(llm.generate(PROMPTS, GREEDY))
+    # While decoding; while prefilling a 4,000-token prompt (seconds on a CPU).
+    long_prompt = llm.tokenizer.encode(" ".join(["word"] * 4000))
+    params = SamplingParams(max_tokens=1000, ignore_eos=True, temperature=0.0)
+    for prompt in (PROMPTS[:1], [long_prompt]):
+        sent = []
+
+        def interrupt():
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        timer = threading.Timer(1.0, interrupt)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                llm.generate(prompt, params)
+            raised = time.monotonic()
+        finally:
+            timer.cancel()
+            timer.join()
+        assert sent and raised - sent[0] < 1.0, raised - sent[0]
+        # The next call is served, with the answers of before.
+        assert texts(llm.generate(PROMPTS, GREEDY)) == expected
+
+
+def test_two_engines_in_one_process_answer_as_one_alone(llm):
+    alone_greedy = texts(llm.generate(PROMPTS, GREEDY))
+    alone_seeded = texts(llm.generate(PROMPTS, SEEDED))
+    other = pagedlm.LLM(device="cpu", threads=1, kv_cache_bytes=256 << 20)
+    try:
+        results = {}
+
+        def run(name, engine):
+            results[name] = (texts(engine.generate(PROMPTS, GREEDY)),
+                             texts(engine.generate(PROMPTS, SEEDED)))
+
+        threads = [threading.Thread(target=run, args=(n, e))
+                   for n, e in (("first", llm), ("second", other))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for name in ("first", "second"):
+            assert results[name] == (alone_greedy, alone_seeded), name
+    finally:
+        other.close()
+
+
+def test_asyncio_32_concurrent_streams(llm):
+    prompts = [f"Story number {i}:" for i in range(32)]
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=12) for i in range(32)]
+    expected = texts(llm.generate(prompts, params))
+    engine = pagedlm.AsyncLLM.from_llm(llm)
+
+    async def one(prompt, p):
+        parts, finished = [], False
+        async for delta in engine.generate(prompt, p):
+            assert not finished
+            parts.append(delta.outputs[0].text)
+            finished = delta.finished
+        assert finished
+        return "".join(parts)
+
+    async def main():
+        return await asyncio.gather(*(one(t, p) for t, p in zip(prompts, params)))
+
+    assert asyncio.run(main()) == expected
+
+
+def test_bad_params_raise_the_engine_message(llm):
+    cases = [(SamplingParams(temperature=-1.0), "temperature must be >= 0, got -1"),
+             (SamplingParams(top_p=0.0), r"top_p must be in \(0, 1\], got 0"),
+             (SamplingParams(presence_penalty=3.0), r"presence_penalty must be in \[-2, 2\]"),
+             (SamplingParams(json_schema="{not json"), "the JSON schema is not valid JSON")]
+    for params, message in cases:
+        with pytest.raises(ValueError, match=message):
+            llm.generate(PROMPTS[0], params)
+    with pytest.raises(ValueError, match="out of range for a vocabulary of"):
+        llm.generate([[1, 2, 10 ** 7]], GREEDY)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        llm.generate([[]], GREEDY)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        pagedlm.LLM("/nonexistent/model.gguf")
+    with pytest.raises(ValueError, match="device"):
+        pagedlm.LLM(device="tpu")
+    # Still serving.
+    assert llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
+
+
+def test_llm_seed_seeds_each_request_in_turn(llm):
+    params = SamplingParams(temperature=0.9, max_tokens=12)
+    seeded = pagedlm.LLM(device="cpu", threads=THREADS, kv_cache_bytes=64 << 20, seed=5)
+    try:
+        got = texts(seeded.generate(PROMPTS[:3], params))
+    finally:
+        seeded.close()
+    # Request i of an LLM made with seed=5 samples as a request given seed 5 + i.
+    expected = texts(llm.generate(PROMPTS[:3], [SamplingParams(temperature=0.9, max_tokens=12,
+                                                               seed=5 + i) for i in range(3)]))
+    assert got == expected
