@@ -58,13 +58,8 @@ void check_shape(const std::string& name, const Shape& shape, const Shape& expec
 Tensor Checkpoint::get(const std::string& name, const Shape& expected_shape) const {
   if (const QuantizedMatrix* q = blocks(name, expected_shape)) {
     Tensor out = Tensor::empty(DType::kF32, {q->rows, q->cols});
-    const GgmlType type = q->type == QuantType::kQ4_1 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
-    const int64_t row_bytes = q->row_bytes();
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < q->rows; ++r) {
-      dequantize_row(type, q->blocks.data() + r * row_bytes, out.data<float>() + r * q->cols,
-                     q->cols);
-    }
+    for (int64_t r = 0; r < q->rows; ++r) dequantize_row(*q, r, out.data<float>() + r * q->cols);
     return out;
   }
   const auto it = tensors.find(name);
