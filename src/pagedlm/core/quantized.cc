@@ -56,6 +56,18 @@ void q5_0(float d, const uint8_t* qh_bytes, const uint8_t* qs, float* y) {
   }
 }
 
+// Q5_1: d; m; u8 qh[4]; u8 qs[16].
+void q5_1(float d, float m, const uint8_t* qh_bytes, const uint8_t* qs, float* y) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < kQK / 2; ++j) {
+    const uint8_t xh0 = ((qh >> j) << 4) & 0x10;
+    const uint8_t xh1 = (qh >> (j + 12)) & 0x10;
+    y[j] = static_cast<float>((qs[j] & 0x0F) | xh0) * d + m;
+    y[j + kQK / 2] = static_cast<float>((qs[j] >> 4) | xh1) * d + m;
+  }
+}
+
 // Q4_K's weights from its super-block scales d, dmin, the 8 sub-blocks' 6-bit scales sc and mins
 // m, and its 128 bytes of nibbles (each 32-byte chunk: two sub-blocks, low nibbles first).
 void q4_k(float d, float dmin, const uint8_t* sc, const uint8_t* m, const uint8_t* q, float* y) {
@@ -105,6 +117,9 @@ void q6_k(float d, const int8_t* sc, const uint8_t* ql, const uint8_t* qh, float
 void dequant_q4_0(const uint8_t* b, float* y) { q4_0(load_half(b), b + 2, y); }
 void dequant_q4_1(const uint8_t* b, float* y) { q4_1(load_half(b), load_half(b + 2), b + 4, y); }
 void dequant_q5_0(const uint8_t* b, float* y) { q5_0(load_half(b), b + 2, b + 6, y); }
+void dequant_q5_1(const uint8_t* b, float* y) {
+  q5_1(load_half(b), load_half(b + 2), b + 4, b + 8, y);
+}
 void dequant_q8_0(const uint8_t* b, float* y) {
   const float d = load_half(b);
   const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
@@ -176,9 +191,9 @@ const QuantFormat kFormats[] = {
     format("Q5_0 (f32 scale)", kQ5_0F32, dequant_q5_0f32, kQ5_0, kQ5_0F32, nullptr),
     format("Q4_K (f32 scales)", kQ4_KF32, dequant_q4_kf32, kQ4_K, kQ4_KF32, nullptr),
     format("Q6_K (f32 scale)", kQ6_KF32, dequant_q6_kf32, kQ6_K, kQ6_KF32, nullptr),
+    format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr),
 };
-static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kQ6_KF32) + 1);
+static_assert(sizeof(kFormats) / sizeof(kFormats[0]) == static_cast<size_t>(QuantType::kQ5_1) + 1);
 
 }  // namespace
 

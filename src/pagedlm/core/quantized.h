@@ -22,6 +22,8 @@ namespace pagedlm {
 //   Q8_0: f16 d, 32 int8, w = q * d;
 //   Q4_0: f16 d, 16 bytes of nibbles as Q4_1, w = (q - 8) * d;
 //   Q5_0: f16 d, u32 qh (bit j: weight j's fifth bit), 16 bytes of nibbles, w = (q - 16) * d;
+//   Q5_1: f16 d, f16 m, u32 qh, 16 bytes of nibbles, w = q * d + m (computed from as it is, its
+//         d and m converted together as Q4_1's are);
 //   Q4_K: 256 weights, f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
 //         (32-byte chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high ones),
 //         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
@@ -42,6 +44,7 @@ enum class QuantType : uint8_t {
   kQ5_0F32,
   kQ4_KF32,
   kQ6_KF32,
+  kQ5_1,
 };
 
 // The unit the CPU kernels step through a row in: every format's blocks are made of whole
@@ -87,6 +90,8 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 152;
     case QuantType::kQ6_KF32:
       return 212;
+    case QuantType::kQ5_1:
+      return 24;
   }
   return 0;
 }

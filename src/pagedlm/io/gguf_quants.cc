@@ -12,27 +12,10 @@
 namespace pagedlm {
 namespace {
 
-constexpr int kQK = 32;  // elements per block of the legacy quants
-
 float load_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
-}
-
-// Q5_1: half d; half m; u8 qh[4]; u8 qs[16].
-void dequant_q5_1(const uint8_t* b, float* y) {
-  const float d = load_half(b);
-  const float m = load_half(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = b + 8;
-  for (int j = 0; j < kQK / 2; ++j) {
-    const uint8_t xh0 = ((qh >> j) << 4) & 0x10;
-    const uint8_t xh1 = (qh >> (j + 12)) & 0x10;
-    y[j] = static_cast<float>((qs[j] & 0x0F) | xh0) * d + m;
-    y[j + kQK / 2] = static_cast<float>((qs[j] >> 4) | xh1) * d + m;
-  }
 }
 
 void dequant_f16(const uint8_t* b, float* y) { *y = load_half(b); }
@@ -73,7 +56,7 @@ TypeTraits traits(GgmlType type) {
     case GgmlType::kQ5_0:
       return ggml_format(QuantType::kQ5_0);
     case GgmlType::kQ5_1:
-      return {"Q5_1", kQK, 24, dequant_q5_1};
+      return ggml_format(QuantType::kQ5_1);
     case GgmlType::kQ8_0:
       return ggml_format(QuantType::kQ8_0);
     case GgmlType::kQ4_K:

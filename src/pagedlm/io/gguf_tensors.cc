@@ -71,6 +71,8 @@ std::optional<QuantType> cpu_block_format(GgmlType type) {
       return QuantType::kQ4_1;
     case GgmlType::kQ5_0:
       return QuantType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return QuantType::kQ5_1;
     case GgmlType::kQ8_0:
       return QuantType::kQ8_0;
     case GgmlType::kQ4_K:

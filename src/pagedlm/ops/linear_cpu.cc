@@ -254,6 +254,30 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
         below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
     hi = _mm512_permutex2var_ps(
         below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+  } else if constexpr (kType == QuantType::kQ5_1) {
+    // q * d + m for q = 0..31 in two registers (d and m converted together as Q4_1's), the fifth
+    // bit set and the register picked as for Q5_0.
+    uint32_t dm_bits;
+    std::memcpy(&dm_bits, block, sizeof(dm_bits));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
+    const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+    const __m512 below = _mm512_fmadd_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f,
+                                                        9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
+                                         d, m);
+    const __m512 above =
+        _mm512_fmadd_ps(_mm512_setr_ps(16.f, 17.f, 18.f, 19.f, 20.f, 21.f, 22.f, 23.f, 24.f, 25.f,
+                                       26.f, 27.f, 28.f, 29.f, 30.f, 31.f),
+                        d, m);
+    uint32_t qh;
+    std::memcpy(&qh, block + 4, sizeof(qh));
+    const __m512i bytes = load_bytes_u32(block + 8);
+    const __m512i fifth = _mm512_set1_epi32(16);
+    const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+    const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
+    lo = _mm512_permutex2var_ps(
+        below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
+    hi = _mm512_permutex2var_ps(
+        below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
   } else if constexpr (kType == QuantType::kQ4_KF32) {
     // Sub-block `sub`: d * sc * q - dmin * m for q = 0..15, its nibbles the low (even sub) or
     // high (odd) ones of chunk sub / 2.
@@ -318,6 +342,9 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ5_0F32:
       fn(std::integral_constant<QuantType, QuantType::kQ5_0F32>{});
+      return true;
+    case QuantType::kQ5_1:
+      fn(std::integral_constant<QuantType, QuantType::kQ5_1>{});
       return true;
     case QuantType::kQ4_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ4_KF32>{});
