@@ -40,10 +40,7 @@ struct Checkpoint {
   // Drops the weights, keeping the config: once an Engine is built, the model holds what it
   // computes with (a GGUF's blocks copied and repacked for the CPU), and the checkpoint's own
   // copy would stay resident for the life of the process (SmolLM2 Q4_0: 92 MB).
-  void release_weights() {
-    tensors.clear();
-    quantized.clear();
-  }
+  void release_weights();
 };
 
 class GgufFile;
