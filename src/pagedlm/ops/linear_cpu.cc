@@ -200,6 +200,23 @@ inline __m512i load_bytes_u32(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A 5-bit block's weights from its 32 possible ones (`below`: q = 0..15, `above`: 16..31), its
+// u32 of fifth bits (bit j: weight j's) and its 16 bytes of nibbles: the fifth bit set by a masked
+// or, which also picks the register (vpermt2ps reads an index's low 5 bits).
+inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, const uint8_t* qs,
+                        __m512& lo, __m512& hi) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  const __m512i bytes = load_bytes_u32(qs);
+  const __m512i fifth = _mm512_set1_epi32(16);
+  const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+  const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
+  lo = _mm512_permutex2var_ps(
+      below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
+  hi = _mm512_permutex2var_ps(
+      below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+}
+
 // Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
 // k + 16..k + 31, each the format's reference dequantization bit for bit. The 4- and 5-bit
 // formats look their weights up: a block's 16 (or 32) possible weights, computed once, and a
@@ -234,8 +251,7 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
-    // (q - 16) * d for q = 0..31 in two registers; the fifth bit, from qh's bit j for weight j,
-    // set by a masked or and picking the register (vpermt2ps reads an index's low 5 bits).
+    // (q - 16) * d for q = 0..31 in two registers.
     const __m512 d = _mm512_set1_ps(load_float(block));
     const __m512 below =
         _mm512_mul_ps(_mm512_setr_ps(-16.f, -15.f, -14.f, -13.f, -12.f, -11.f, -10.f, -9.f, -8.f,
@@ -244,19 +260,9 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const __m512 above = _mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f,
                                                       9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
                                        d);
-    uint32_t qh;
-    std::memcpy(&qh, block + 4, sizeof(qh));
-    const __m512i bytes = load_bytes_u32(block + 8);
-    const __m512i fifth = _mm512_set1_epi32(16);
-    const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-    const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
-    lo = _mm512_permutex2var_ps(
-        below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
-    hi = _mm512_permutex2var_ps(
-        below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+    expand_5bit(below, above, block + 4, block + 8, lo, hi);
   } else if constexpr (kType == QuantType::kQ5_1) {
-    // q * d + m for q = 0..31 in two registers (d and m converted together as Q4_1's), the fifth
-    // bit set and the register picked as for Q5_0.
+    // q * d + m for q = 0..31 in two registers (d and m converted together as Q4_1's).
     uint32_t dm_bits;
     std::memcpy(&dm_bits, block, sizeof(dm_bits));
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
@@ -268,16 +274,7 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
         _mm512_fmadd_ps(_mm512_setr_ps(16.f, 17.f, 18.f, 19.f, 20.f, 21.f, 22.f, 23.f, 24.f, 25.f,
                                        26.f, 27.f, 28.f, 29.f, 30.f, 31.f),
                         d, m);
-    uint32_t qh;
-    std::memcpy(&qh, block + 4, sizeof(qh));
-    const __m512i bytes = load_bytes_u32(block + 8);
-    const __m512i fifth = _mm512_set1_epi32(16);
-    const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-    const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
-    lo = _mm512_permutex2var_ps(
-        below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
-    hi = _mm512_permutex2var_ps(
-        below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+    expand_5bit(below, above, block + 4, block + 8, lo, hi);
   } else if constexpr (kType == QuantType::kQ4_KF32) {
     // Sub-block `sub`: d * sc * q - dmin * m for q = 0..15, its nibbles the low (even sub) or
     // high (odd) ones of chunk sub / 2.
