@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "default_model_util.h"
+#include "gguf_reference_util.h"
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
@@ -24,6 +25,7 @@ namespace pagedlm {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::GgufReference;
 
 // ---- A tiny GGUF writer, so hostile files can be built byte by byte ----
 
@@ -459,32 +461,6 @@ TEST(GgufDequant, NibbleOrderAndMinSign) {
   EXPECT_STREQ(ggml_type_name(GgmlType::kQ5_1), "Q5_1");
 }
 
-struct Reference {
-  nlohmann::json manifest;
-  std::string bin;
-
-  static const Reference& get() {
-    static const Reference ref = [] {
-      Reference r;
-      const std::string dir = std::string(PAGEDLM_TESTDATA) + "/gguf/";
-      std::ifstream json(dir + "reference.json");
-      r.manifest = nlohmann::json::parse(json);
-      std::ifstream bin(dir + "reference.bin", std::ios::binary);
-      r.bin.assign(std::istreambuf_iterator<char>(bin), {});
-      return r;
-    }();
-    return ref;
-  }
-  const uint8_t* bytes(const nlohmann::json& range) const {
-    const size_t off = range.at("offset"), len = range.at("length");
-    EXPECT_LE(off + len, bin.size());
-    return reinterpret_cast<const uint8_t*>(bin.data() + off);
-  }
-  const float* floats(const nlohmann::json& range) const {
-    return reinterpret_cast<const float*>(bytes(range));
-  }
-};
-
 void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -497,7 +473,7 @@ void expect_close(const float* got, const float* want, int64_t n, const std::str
 }
 
 TEST(GgufDequant, MatchesGgufPythonPackage) {
-  const Reference& ref = Reference::get();
+  const GgufReference& ref = GgufReference::get();
   std::set<std::string> types;
   for (const nlohmann::json& c : ref.manifest.at("blocks")) {
     const auto type = static_cast<GgmlType>(c.at("type").get<uint32_t>());
@@ -761,7 +737,7 @@ TEST(GgufSmolLM2, CheckpointMatchesReference) {
   }
   for (const auto& [name, t] : c.tensors) EXPECT_EQ(t.dtype(), DType::kF32) << name;
 
-  const Reference& ref = Reference::get();
+  const GgufReference& ref = GgufReference::get();
   ASSERT_FALSE(ref.manifest.at("unpermuted").empty())
       << "reference.json was generated without the model";
   for (const nlohmann::json& u : ref.manifest.at("unpermuted")) {

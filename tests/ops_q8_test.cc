@@ -250,7 +250,13 @@ TEST(Q8Linear, TensorEntryUsesTheFirstKernelAndChecksItsArguments) {
   EXPECT_EQ(std::memcmp(out.data<float>(), want.data<float>(), out.nbytes()), 0);
   expect_error([&] { ops::linear_q8(random_x(3, 96, rng), w, Tensor(), out); },
                {"linear (8-bit activations)", "x"});
-  expect_error([&] { ops::linear_q8(x, w, Tensor(), poisoned_f32({3, 21})); }, {"out"});
+  expect_error([&] { ops::linear_q8(x, w, Tensor(), poisoned_f32({3, 19})); }, {"out"});
+  // A wider out takes the weight's outputs at out_col0 (a projection's part): not past its end.
+  expect_error(
+      [&] {
+        ops::linear_q8(x, w, Tensor(), poisoned_f32({3, 21}), 2);
+      },
+      {"out must be f32 [3, >= 22]"});
   expect_error([&] { ops::linear_q8(x, w, random_f32({19}, rng), out); }, {"bias"});
   ops::Q8PackedMatrix short_w = w;
   short_w.data.resize(short_w.data.size() - 1);

@@ -56,7 +56,21 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
   ADD_FAILURE() << "no pagedlm::Error thrown";
 }
 
-// Random ggml blocks: f16 scales of either sign and magnitude 1e-3..1e-1, random quants.
+// Where a ggml block keeps its f16 scales (d, and m or dmin), in bytes from its start.
+inline std::vector<int> f16_scale_offsets(QuantType type) {
+  switch (type) {
+    case QuantType::kQ4_1:
+    case QuantType::kQ4_K:
+      return {0, 2};
+    case QuantType::kQ6_K:
+      return {208};
+    default:
+      return {0};
+  }
+}
+
+// Random ggml blocks: f16 scales of either sign and magnitude 1e-3..1e-1, random quants (and
+// random K-quant sub-block scales).
 inline QuantizedMatrix random_blocks(QuantType type, int64_t rows, int64_t cols,
                                      std::mt19937& rng) {
   QuantizedMatrix q;
@@ -69,23 +83,19 @@ inline QuantizedMatrix random_blocks(QuantType type, int64_t rows, int64_t cols,
   const int64_t block_bytes = quant_block_bytes(type);
   for (size_t at = 0; at < q.blocks.size(); at += block_bytes) {
     for (int64_t i = 0; i < block_bytes; ++i) q.blocks[at + i] = static_cast<uint8_t>(byte(rng));
-    const int num_scales = type == QuantType::kQ4_1 ? 2 : 1;  // d (and m) are f16
-    for (int s = 0; s < num_scales; ++s) {
+    for (int offset : f16_scale_offsets(type)) {
       const uint16_t h = f32_to_f16((byte(rng) % 2 ? 1.f : -1.f) * scale(rng));
-      q.blocks[at + 2 * s] = static_cast<uint8_t>(h & 0xff);
-      q.blocks[at + 2 * s + 1] = static_cast<uint8_t>(h >> 8);
+      q.blocks[at + offset] = static_cast<uint8_t>(h & 0xff);
+      q.blocks[at + offset + 1] = static_cast<uint8_t>(h >> 8);
     }
   }
   return q;
 }
 
-// The weights the blocks stand for, expanded by the GGUF reader's dequantizer.
+// The weights the blocks stand for, expanded by the format's reference dequantization.
 inline std::vector<float> dequantized(const QuantizedMatrix& q) {
   std::vector<float> w(q.rows * q.cols);
-  const GgmlType type = q.type == QuantType::kQ4_1 ? GgmlType::kQ4_1 : GgmlType::kQ8_0;
-  for (int64_t r = 0; r < q.rows; ++r) {
-    dequantize_row(type, q.blocks.data() + r * q.row_bytes(), w.data() + r * q.cols, q.cols);
-  }
+  for (int64_t r = 0; r < q.rows; ++r) dequantize_row(q, r, w.data() + r * q.cols);
   return w;
 }
 

@@ -44,6 +44,7 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
             {"wait_s", r.decode_wait_s},
             {"finish_s", r.decode_finish_s}}},
           {"decode_bytes_per_s", r.decode_bytes_per_s},
+          {"step_weight_bytes_by_format", r.step_weight_bytes_by_format},
           {"gpu_s", r.gpu_s},
           {"bound_output_tok_s", r.bound_output_tok_s},
           {"bound_fraction", r.bound_fraction}};
@@ -66,6 +67,14 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %lld steps, %.3f s (device %.3f s), %.1f GB/s\n", "decode",
               static_cast<long long>(r.decode_steps), r.decode_s, r.decode_gpu_s,
               r.decode_bytes_per_s / 1e9);
+  std::string formats;
+  for (const auto& [format, bytes] : r.step_weight_bytes_by_format) {
+    char part[160];
+    std::snprintf(part, sizeof(part), "%s%s %.1f MB", formats.empty() ? "" : ", ", format.c_str(),
+                  static_cast<double>(bytes) / 1e6);
+    formats += part;
+  }
+  std::printf("%-22s %s\n", "weights read a step", formats.c_str());
   if (r.decode_steps > 0) {
     const double per_step = 1e3 / static_cast<double>(r.decode_steps);
     std::printf("%-22s schedule %.3f, prepare %.3f, wait %.3f, finish %.3f\n",
@@ -147,6 +156,7 @@ void register_bench(CLI::App& app) {
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
     Engine engine(ckpt, options);
+    ckpt.release_weights();
     engine.set_abandon_check([] { return stop_signal() != 0; });
     starting.reset();
     DevicePeaks peaks{args->peaks.bytes_per_s * 1e9, args->peaks.flops_per_s * 1e12};

@@ -194,6 +194,7 @@ void run_generate(const Args& args) {
     }
   }
   Engine engine(model.checkpoint, options);
+  model.checkpoint.release_weights();
   engine.set_abandon_check([] { return stop_signal() != 0; });
   starting.reset();
   std::vector<int64_t> ids;

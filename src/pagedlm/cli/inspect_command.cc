@@ -96,7 +96,7 @@ void print_model(const TextModel& model, bool list_tensors) {
     const auto q = ckpt.quantized.find(name);
     const std::string type = q == ckpt.quantized.end()
                                  ? std::string(dtype_name(ckpt.tensors.at(name).dtype()))
-                                 : (q->second.type == QuantType::kQ4_1 ? "Q4_1" : "Q8_0");
+                                 : quant_format(q->second.type).name;
     std::printf("  %-56s %-5s %s\n", name.c_str(), type.c_str(), shape_str(shape).c_str());
   }
 }

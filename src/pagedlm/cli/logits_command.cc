@@ -50,6 +50,7 @@ void register_logits(CLI::App& app) {
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     Checkpoint ckpt = load_with_progress(resolve_model_path(args->model));
     Engine engine(ckpt, options);
+    ckpt.release_weights();
     std::vector<Request> requests;
     for (const auto& p : prompts) {
       Request r;

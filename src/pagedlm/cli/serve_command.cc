@@ -139,6 +139,7 @@ void register_serve(CLI::App& app) {
                     model.checkpoint.config.vocab_size);
     }
     Engine engine(model.checkpoint, options);
+    model.checkpoint.release_weights();
     server::HttpServer http(model, engine, args->server);
     const int port = http.bind();
     starting.reset();

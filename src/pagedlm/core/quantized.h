@@ -1,5 +1,8 @@
-// A weight matrix kept in ggml's block-quantized form, for kernels that compute from the blocks
+// A weight matrix kept in a block-quantized form, for kernels that compute from the blocks
 // directly (the CPU's linear: a quarter to an eighth of the bytes of float32 per decode step).
+// Every format the CPU keeps is described once, in the table of quantized.cc (QuantFormat): its
+// block size and bytes and its reference dequantization; the kernels for it are in ops/
+// (linear_cpu.cc for the exact ones, linear_q8_cpu.cc for 8-bit activations).
 #pragma once
 
 #include <cstdint>
@@ -7,17 +10,63 @@
 
 namespace pagedlm {
 
-// The ggml block formats the CPU kernels read, 32 weights a block:
+// ggml's block formats (ggml-common.h), as a GGUF stores them, and the CPU's repackings of them.
+// Q4_0 and Q8_0 are computed from as they are (Q4_0's one f16 scale converts as fast as a f32
+// one is read: SmolLM2's decode took the same time either way). A repacking holds the same weights
+// (its dequantization gives the same floats bit for bit) in a layout the decode kernels stream
+// faster: f16 scales made f32 (every f16 is exactly a f32, and a broadcast from memory needs no
+// conversion or shuffle per block) and K-quant scales unpacked from their 6 bits.
+// ops::repack_for_cpu makes them at load.
 //   Q4_1: f16 d, f16 m, 16 bytes of nibbles (weight j: low nibble of byte j, weight j + 16:
 //         high nibble), w = q * d + m;
 //   Q8_0: f16 d, 32 int8, w = q * d;
-//   Q4_1 with f32 scales (not a ggml format): f32 d, f32 m, then Q4_1's 16 bytes of nibbles.
-//         The CPU backend repacks Q4_1 into it at load (ops::repack_for_cpu): every f16 is
-//         exactly a f32, so the weights are the same, and the decode kernel broadcasts d and m
-//         straight from memory instead of converting and shuffling them for every block.
-enum class QuantType : uint8_t { kQ4_1, kQ8_0, kQ4_1F32 };
+//   Q4_0: f16 d, 16 bytes of nibbles as Q4_1, w = (q - 8) * d;
+//   Q5_0: f16 d, u32 qh (bit j: weight j's fifth bit), 16 bytes of nibbles, w = (q - 16) * d;
+//   Q5_1: f16 d, f16 m, u32 qh, 16 bytes of nibbles, w = q * d + m (computed from as it is, its
+//         d and m converted together as Q4_1's are);
+//   Q4_K: 256 weights, f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+//         (32-byte chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high ones),
+//         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
+//   Q6_K: 256 weights, 128 bytes of low nibbles, 64 of high 2 bits, 16 int8 scales, f16 d,
+//         w = d * sc * (q - 32) per 16 weights;
+//   Q4_1F32: f32 d, f32 m, then the 16 bytes of nibbles;
+//   Q5_0F32: f32 d, u32 qh, 16 bytes of nibbles;
+//   Q4_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], Q4_K's 128 bytes of nibbles;
+//   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64].
+enum class QuantType : uint8_t {
+  kQ4_1,
+  kQ8_0,
+  kQ4_1F32,
+  kQ4_0,
+  kQ5_0,
+  kQ4_K,
+  kQ6_K,
+  kQ5_0F32,
+  kQ4_KF32,
+  kQ6_KF32,
+  kQ5_1,
+};
 
+// The unit the CPU kernels step through a row in: every format's blocks are made of whole
+// 32-weight sub-blocks (a K-quant's 256-weight block holds 8).
 constexpr int64_t kQuantBlock = 32;
+constexpr int64_t kMaxQuantBlockElems = 256;
+
+struct QuantFormat {
+  const char* name;
+  int64_t block_elems;  // weights per block: 32, or 256 for the K-quants
+  int64_t block_bytes;
+  // The block's weights as floats, with ggml's arithmetic (ggml-quants.c): the reference every
+  // kernel of the format reproduces.
+  void (*dequantize_block)(const uint8_t* block, float* out);
+  QuantType ggml_type;  // the ggml format it holds: itself, or the one it repacks
+  // The CPU's exact kernels read blocks of format `cpu_form` (itself where it has no repacking);
+  // repack_block writes one block of it from one of this format (null where cpu_form is itself).
+  QuantType cpu_form;
+  void (*repack_block)(const uint8_t* block, uint8_t* out);
+};
+
+const QuantFormat& quant_format(QuantType type);
 
 constexpr int64_t quant_block_bytes(QuantType t) {
   switch (t) {
@@ -27,18 +76,49 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 34;
     case QuantType::kQ4_1F32:
       return 24;
+    case QuantType::kQ4_0:
+      return 18;
+    case QuantType::kQ5_0:
+      return 22;
+    case QuantType::kQ4_K:
+      return 144;
+    case QuantType::kQ6_K:
+      return 210;
+    case QuantType::kQ5_0F32:
+      return 24;
+    case QuantType::kQ4_KF32:
+      return 152;
+    case QuantType::kQ6_KF32:
+      return 212;
+    case QuantType::kQ5_1:
+      return 24;
   }
   return 0;
 }
 
-// [rows, cols] (cols a multiple of 32), each row its cols / 32 blocks, rows back to back.
+constexpr int64_t quant_block_elems(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_K:
+    case QuantType::kQ6_K:
+    case QuantType::kQ4_KF32:
+    case QuantType::kQ6_KF32:
+      return 256;
+    default:
+      return 32;
+  }
+}
+
+// [rows, cols] (cols a multiple of the block size), each row its blocks, rows back to back.
 struct QuantizedMatrix {
   QuantType type = QuantType::kQ4_1;
   int64_t rows = 0, cols = 0;
   std::vector<uint8_t> blocks;
 
-  int64_t row_bytes() const { return cols / kQuantBlock * quant_block_bytes(type); }
+  int64_t row_bytes() const { return cols / quant_block_elems(type) * quant_block_bytes(type); }
   bool empty() const { return rows == 0; }
 };
+
+// Row r's weights as floats (cols of them), by the format's reference dequantization.
+void dequantize_row(const QuantizedMatrix& m, int64_t r, float* out);
 
 }  // namespace pagedlm

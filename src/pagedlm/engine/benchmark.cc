@@ -165,6 +165,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   const int64_t total_requests =
       spec.kind == "chat" ? int64_t{spec.num_requests} * spec.turns : spec.num_requests;
   BenchmarkResult result;
+  result.step_weight_bytes_by_format = engine.step_weight_bytes_by_format();
   const SchedulerStats stats_before = engine.stats();
   const int64_t steps_before = engine.num_steps();
   std::unordered_map<int64_t, Clock::time_point> submitted, last_token;

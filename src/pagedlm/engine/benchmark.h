@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,8 @@ struct BenchmarkResult {
   double decode_schedule_s = 0, decode_prepare_s = 0, decode_wait_s = 0, decode_finish_s = 0;
   double decode_bytes = 0;
   double decode_bytes_per_s = 0;
+  // The weights a step reads, by the format they are kept in (Engine::step_weight_bytes_by_format).
+  std::map<std::string, int64_t> step_weight_bytes_by_format;
   double gpu_s = 0;  // CUDA: the device time of all steps (gpu_s - decode_gpu_s: the prefill's)
   // The workload's lower bound as the run scheduled it: all steps' bytes at the peak bandwidth
   // or all their FLOPs (2 x params per token, lm_head per sequence, attention) at the peak

@@ -595,6 +595,12 @@ int64_t Engine::step_weight_bytes() const {
   return model_->step_weight_bytes() * options_.tensor_parallel_size;
 }
 
+std::map<std::string, int64_t> Engine::step_weight_bytes_by_format() const {
+  std::map<std::string, int64_t> by_format = model_->step_weight_bytes_by_format();
+  for (auto& [format, bytes] : by_format) bytes *= options_.tensor_parallel_size;
+  return by_format;
+}
+
 void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);

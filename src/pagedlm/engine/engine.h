@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -191,6 +192,7 @@ class Engine {
   // The bytes of the weights every step reads whole, all ranks together (see
   // CausalLM::step_weight_bytes; the ranks' shares are alike in size).
   int64_t step_weight_bytes() const;
+  std::map<std::string, int64_t> step_weight_bytes_by_format() const;  // the same, by format
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
   // every token this request samples from now on (the server's logprobs option).

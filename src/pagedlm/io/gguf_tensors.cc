@@ -1,5 +1,6 @@
-// GGUF tensors as the model reads them: dequantized to F32, or Q4_1 / Q8_0 matrices kept in
-// their blocks, with the converter's Q/K row interleave undone where the caller says so.
+// GGUF tensors as the model reads them: dequantized to F32, or matrices of the block formats the
+// CPU computes with kept in their blocks, with the converter's Q/K row interleave undone where the
+// caller says so.
 #include <cstring>
 #include <optional>
 
@@ -62,15 +63,34 @@ Tensor gguf_tensor_f32(const GgufTensorInfo& t, int64_t n_heads, const std::stri
   return out;
 }
 
-// A Q4_1 or Q8_0 matrix's blocks, rows reordered as dequantize() reorders them.
+std::optional<QuantType> cpu_block_format(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return QuantType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return QuantType::kQ4_1;
+    case GgmlType::kQ5_0:
+      return QuantType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return QuantType::kQ5_1;
+    case GgmlType::kQ8_0:
+      return QuantType::kQ8_0;
+    case GgmlType::kQ4_K:
+      return QuantType::kQ4_K;
+    case GgmlType::kQ6_K:
+      return QuantType::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
+// A matrix's blocks in a format the CPU keeps, rows reordered as dequantize() reorders them.
 std::optional<QuantizedMatrix> gguf_tensor_blocks(const GgufTensorInfo& t, int64_t n_heads,
                                                   const std::string& path) {
-  if (t.dims.size() < 2 || t.dims.size() > 3 ||
-      (t.type != GgmlType::kQ4_1 && t.type != GgmlType::kQ8_0)) {
-    return {};
-  }
+  const std::optional<QuantType> format = cpu_block_format(t.type);
+  if (t.dims.size() < 2 || t.dims.size() > 3 || !format) return {};
   QuantizedMatrix q;
-  q.type = t.type == GgmlType::kQ4_1 ? QuantType::kQ4_1 : QuantType::kQ8_0;
+  q.type = *format;
   q.cols = t.dims[0];
   q.rows = q.cols == 0 ? 0 : t.numel() / q.cols;  // ne0 = 0 is a legal, empty tensor
   const size_t row_bytes = t.row_bytes();

@@ -22,8 +22,9 @@ struct Checkpoint {
   // F32, F16 or BF16. Safetensors tensors are views of the mapped files; GGUF tensors are
   // dequantized to F32 (and attn_q/attn_k un-permuted back to HF's rope layout), except:
   std::map<std::string, Tensor> tensors;
-  // GGUF Q4_1 and Q8_0 matrices, kept in their blocks (rows in HF order): backends that compute
-  // from blocks read them here, get() dequantizes them for the others.
+  // GGUF matrices of the block formats the CPU computes with (io/gguf.h: cpu_block_format), kept in
+  // their blocks (rows in HF order): backends that compute from blocks read them here, get()
+  // dequantizes them for the others.
   std::map<std::string, QuantizedMatrix> quantized;
 
   bool has(const std::string& name) const {
@@ -36,6 +37,10 @@ struct Checkpoint {
   const QuantizedMatrix* blocks(const std::string& name, const Shape& expected_shape) const;
   // Every tensor's name and shape, quantized ones included, in name order.
   std::map<std::string, Shape> shapes() const;
+  // Drops the weights, keeping the config: once an Engine is built, the model holds what it
+  // computes with (a GGUF's blocks copied and repacked for the CPU), and the checkpoint's own
+  // copy would stay resident for the life of the process (SmolLM2 Q4_0: 92 MB).
+  void release_weights();
 };
 
 class GgufFile;

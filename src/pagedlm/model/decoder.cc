@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,29 +25,61 @@
 namespace pagedlm {
 namespace {
 
-// A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
-// CPU for a GGUF's Q4_1 / Q8_0 matrices, their blocks (ops::linear expands them in registers),
-// or those blocks regrouped for 8-bit activations (ModelOptions::cpu_q8_activations).
-struct Projection {
-  Tensor dense;
+// A row range of a projection's output features kept in blocks of one format: their blocks
+// (ops::linear expands them in registers) or those blocks regrouped for 8-bit activations
+// (ModelOptions::cpu_q8_activations).
+struct BlockPart {
   QuantizedMatrix blocks;
   ops::Q8PackedMatrix q8;
 
+  int64_t rows() const { return q8.empty() ? blocks.rows : q8.rows; }
+  int64_t bytes() const {
+    return static_cast<int64_t>(q8.empty() ? blocks.blocks.size() : q8.data.size());
+  }
+  std::string format() const {
+    return q8.empty() ? quant_format(blocks.type).name
+                      : std::string(quant_format(q8.type).name) + " (8-bit activations)";
+  }
+};
+
+// A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
+// CPU for a GGUF's block formats, its parts' blocks in order of their output features (one part
+// unless the stacked matrices differ in format, as a Q4_K_M file's q, k and v projections do).
+struct Projection {
+  Tensor dense;
+  std::vector<BlockPart> parts;
+
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream) const {
-    if (!q8.empty()) {
-      ops::linear_q8(x, q8, bias, out);
-    } else if (!blocks.empty()) {
-      ops::linear(x, blocks, bias, out);
-    } else {
+    if (parts.empty()) {
       ops::linear(x, dense, bias, out, stream);
+      return;
     }
+    int64_t col0 = 0;
+    for (const BlockPart& part : parts) {
+      if (!part.q8.empty()) {
+        ops::linear_q8(x, part.q8, bias, out, col0);
+      } else {
+        ops::linear(x, part.blocks, bias, out, col0);
+      }
+      col0 += part.rows();
+    }
+    PAGEDLM_CHECK(col0 == out.dim(1), "a projection's parts have ", col0, " outputs, out has ",
+                  out.dim(1));
+  }
+
+  // The bytes apply() reads by format, added to `by_format`.
+  void add_bytes(std::map<std::string, int64_t>& by_format) const {
+    if (parts.empty() && dense.defined())
+      by_format[std::string(dtype_name(dense.dtype()))] += bytes();
+    for (const BlockPart& part : parts) by_format[part.format()] += part.bytes();
   }
 
   // The bytes apply() reads: whichever form it computes with.
   int64_t bytes() const {
-    if (!q8.empty()) return static_cast<int64_t>(q8.data.size());
-    if (!blocks.empty()) return static_cast<int64_t>(blocks.blocks.size());
-    return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;  // none: no router
+    if (parts.empty()) return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;
+    int64_t total = 0;
+    for (const BlockPart& part : parts) total += part.bytes();
+    return total;  // none: no router
   }
 };
 
@@ -71,33 +104,37 @@ struct WeightPart {
   Shard shard;
 };
 
-// This rank's share of the named matrices' blocks (shapes checked) stacked by rows, or nothing
-// unless all have blocks of one format. A split by input columns must keep whole blocks.
-QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
-                               const std::vector<WeightPart>& parts) {
-  QuantizedMatrix out;
+// This rank's share of the named matrices' blocks (shapes checked) stacked by rows, one matrix
+// per run of parts in one format, or nothing unless all have blocks. A split by input columns
+// must keep whole blocks.
+std::vector<QuantizedMatrix> stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config,
+                                            TensorParallel tp,
+                                            const std::vector<WeightPart>& parts) {
+  std::vector<QuantizedMatrix> stacked;
   for (const WeightPart& part : parts) {
     const QuantizedMatrix* blocks = ckpt.blocks(part.name, part.shape);
     if (blocks == nullptr) return {};
     const QuantizedMatrix& q = *blocks;
     const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    const int64_t block_elems = quant_block_elems(q.type);
     int64_t cols = q.cols;
     if (shard.by_cols) {
       const auto [begin, end] = shard.ranges.front();
-      PAGEDLM_CHECK(begin % kQuantBlock == 0 && end % kQuantBlock == 0, "tensor ", part.name,
-                    " keeps ", kQuantBlock, "-weight blocks along its ", q.cols,
+      PAGEDLM_CHECK(begin % block_elems == 0 && end % block_elems == 0, "tensor ", part.name,
+                    " keeps ", block_elems, "-weight blocks along its ", q.cols,
                     " input columns; tensor parallel size ", tp.size, " would split it at column ",
-                    begin % kQuantBlock != 0 ? begin : end, ", inside a block");
+                    begin % block_elems != 0 ? begin : end, ", inside a block");
       cols = end - begin;
     }
-    if (out.rows > 0 && (q.type != out.type || cols != out.cols)) return {};
+    if (stacked.empty() || q.type != stacked.back().type) stacked.emplace_back();
+    QuantizedMatrix& out = stacked.back();
     out.type = q.type;
     out.cols = cols;
     const int64_t row_bytes = q.row_bytes();
     if (shard.by_cols) {
       const int64_t block_bytes = quant_block_bytes(q.type);
-      const int64_t first = shard.ranges.front().first / kQuantBlock * block_bytes;
-      const int64_t bytes = cols / kQuantBlock * block_bytes;
+      const int64_t first = shard.ranges.front().first / block_elems * block_bytes;
+      const int64_t bytes = cols / block_elems * block_bytes;
       for (int64_t r = 0; r < q.rows; ++r) {
         const uint8_t* src = q.blocks.data() + r * row_bytes + first;
         out.blocks.insert(out.blocks.end(), src, src + bytes);
@@ -111,7 +148,13 @@ QuantizedMatrix stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config
       out.rows += end - begin;
     }
   }
-  return out;
+  return stacked;
+}
+
+// The one matrix of blocks stacked_blocks made, or none where it made several (or none).
+QuantizedMatrix one_format(std::vector<QuantizedMatrix> stacked) {
+  if (stacked.size() != 1) return {};
+  return std::move(stacked.front());
 }
 
 // Columns [begin, end) of every row of a CPU matrix (any dtype), copied.
@@ -245,15 +288,16 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, Te
   }
   if (device == Device::kCpu) {
     for (int64_t e = 0; e < E; ++e) {
-      QuantizedMatrix gu = stacked_blocks(ckpt, c, tp, {gate_up[2 * e], gate_up[2 * e + 1]});
-      QuantizedMatrix dn = stacked_blocks(ckpt, c, tp, {down[e]});
+      QuantizedMatrix gu =
+          one_format(stacked_blocks(ckpt, c, tp, {gate_up[2 * e], gate_up[2 * e + 1]}));
+      QuantizedMatrix dn = one_format(stacked_blocks(ckpt, c, tp, {down[e]}));
       if (gu.empty() || dn.empty()) {
         w.gate_up_blocks.clear();
         w.down_blocks.clear();
         break;
       }
-      w.gate_up_blocks.push_back(std::move(gu));
-      w.down_blocks.push_back(std::move(dn));
+      w.gate_up_blocks.push_back(ops::repack_for_cpu(std::move(gu)));
+      w.down_blocks.push_back(ops::repack_for_cpu(std::move(dn)));
     }
     if (w.quantized()) return w;
   }
@@ -299,37 +343,47 @@ class DecoderModel final : public CausalLM {
     PAGEDLM_CHECK(!options.cpu_q8_activations || device == Device::kCpu,
                   "8-bit activations (--cpu-q8-activations) are a CPU option");
     int64_t num_q8 = 0;
-    // The CPU's blocks in the form its kernels take: packed for 8-bit activations, or else
-    // repacked for the exact kernels (the same weights, read faster).
-    auto to_cpu_form = [&](Projection& proj) {
-      if (proj.blocks.empty()) return;
-      if (!options.cpu_q8_activations) {
-        proj.blocks = ops::repack_for_cpu(std::move(proj.blocks));
-        return;
+    // The CPU's blocks in the form its kernels take: packed for 8-bit activations where the
+    // format has that packing, or else repacked for the exact kernels (the same weights, read
+    // faster).
+    auto cpu_form = [&](std::vector<QuantizedMatrix> stacked) {
+      Projection proj;
+      for (QuantizedMatrix& blocks : stacked) {
+        BlockPart part;
+        if (options.cpu_q8_activations && ops::q8_packs(blocks.type)) {
+          part.q8 = ops::pack_for_q8(blocks);
+          ++num_q8;
+        } else {
+          part.blocks = ops::repack_for_cpu(std::move(blocks));
+        }
+        proj.parts.push_back(std::move(part));
       }
-      proj.q8 = ops::pack_for_q8(proj.blocks);
-      proj.blocks = QuantizedMatrix{};
-      ++num_q8;
+      return proj;
     };
     auto projection = [&](const std::vector<WeightPart>& parts) {
       Projection proj;
-      if (device == Device::kCpu) proj.blocks = stacked_blocks(ckpt, c, tp, parts);
-      if (proj.blocks.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
-      to_cpu_form(proj);
+      if (device == Device::kCpu) proj = cpu_form(stacked_blocks(ckpt, c, tp, parts));
+      if (proj.parts.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
       return proj;
     };
     // The embedding and the lm_head are split by vocabulary rows.
     const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
-    embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
-    final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     if (c.tie_word_embeddings) {
-      lm_head_.blocks =
-          device == Device::kCpu ? stacked_blocks(ckpt, c, tp, {embed_part}) : QuantizedMatrix{};
-      if (lm_head_.blocks.empty()) lm_head_.dense = embed_;
-      to_cpu_form(lm_head_);
+      if (device == Device::kCpu) lm_head_ = cpu_form(stacked_blocks(ckpt, c, tp, {embed_part}));
     } else {
       lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
+    // On the CPU a GGUF's embedding stays in its blocks (rows dequantized as they are looked
+    // up): SmolLM2's as float32 would be 113 MB, its Q8_0 blocks are 30 MB, and those of a tied
+    // lm_head computing from them in exact mode are the same blocks, kept once.
+    embed_in_lm_head_ =
+        c.tie_word_embeddings && lm_head_.parts.size() == 1 && lm_head_.parts.front().q8.empty();
+    if (device == Device::kCpu && !embed_in_lm_head_) {
+      embed_blocks_ = ops::repack_for_cpu(one_format(stacked_blocks(ckpt, c, tp, {embed_part})));
+    }
+    if (embed_table() == nullptr) embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
+    if (c.tie_word_embeddings && lm_head_.parts.empty()) lm_head_.dense = embed_;
+    final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     const Family& family = family_of(c);
     auto name = [&](int64_t layer, LayerWeight w) { return hf_weight_name(family, layer, w); };
     auto part = [&](int64_t layer, LayerWeight w, Shape shape) {
@@ -393,9 +447,10 @@ class DecoderModel final : public CausalLM {
       layers_.push_back(std::move(w));
     }
     // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
-    PAGEDLM_CHECK(!options.cpu_q8_activations || num_q8 > 0,
-                  "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_1 or Q8_0 "
-                  "projection weights; this model has none");
+    PAGEDLM_CHECK(
+        !options.cpu_q8_activations || num_q8 > 0,
+        "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_0, Q4_1, Q5_0 or Q8_0 "
+        "projection weights; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
@@ -408,6 +463,18 @@ class DecoderModel final : public CausalLM {
     // This rank's share of each activated expert.
     return activated * 3 * (c.moe.expert_intermediate_size / tp_.size) * c.hidden_size *
            static_cast<int64_t>(dtype_size(dtype_));
+  }
+
+  std::map<std::string, int64_t> step_weight_bytes_by_format() const override {
+    std::map<std::string, int64_t> by_format;
+    lm_head_.add_bytes(by_format);
+    for (const LayerWeights& w : layers_) {
+      for (const Projection* p :
+           {&w.qkv_proj, &w.o_proj, &w.gate_up_proj, &w.down_proj, &w.router}) {
+        p->add_bytes(by_format);
+      }
+    }
+    return by_format;
   }
 
   int64_t step_weight_bytes() const override {
@@ -485,7 +552,14 @@ class DecoderModel final : public CausalLM {
 
     const float offset = c.norm_weight_offset;
     if (comm_ == nullptr) {
-      ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+      if (const QuantizedMatrix* table = embed_table()) {
+        ops::embedding(*table, in.token_ids, residual, c.embedding_scale);
+      } else {
+        ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
+      }
+    } else if (const QuantizedMatrix* table = embed_table()) {
+      ops::embedding(*table, in.token_ids, residual, c.embedding_scale, dims_.vocab_begin);
+      comm_->all_reduce_sum(residual, stream);
     } else {
       // Each rank embeds the tokens of its share of the vocabulary (zeros elsewhere): the sum
       // over the ranks is every token's row.
@@ -587,7 +661,15 @@ class DecoderModel final : public CausalLM {
   TensorParallel tp_;
   RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
   ops::Communicator* comm_;  // null without tensor parallelism
+  // The CPU's embedding in its GGUF blocks, instead of embed_: the tied lm_head's, or its own.
+  const QuantizedMatrix* embed_table() const {
+    if (embed_in_lm_head_) return &lm_head_.parts.front().blocks;
+    return embed_blocks_.empty() ? nullptr : &embed_blocks_;
+  }
+
   Tensor embed_, final_norm_;
+  QuantizedMatrix embed_blocks_;
+  bool embed_in_lm_head_ = false;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
   Activations buffers_;

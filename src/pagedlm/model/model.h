@@ -6,7 +6,9 @@
 #include <atomic>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "pagedlm/core/attention_variant.h"
@@ -91,6 +93,9 @@ class CausalLM {
   // projections but the experts', and the lm_head (a GGUF's quantized matrices on the CPU are
   // their blocks, not float32).
   virtual int64_t step_weight_bytes() const = 0;
+  // The same bytes by the format they are kept in (core/quantized.h's format names, or the
+  // dtype's name for dense weights).
+  virtual std::map<std::string, int64_t> step_weight_bytes_by_format() const = 0;
 };
 
 namespace ops {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "pagedlm/core/dtype.h"
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 
 namespace pagedlm::ops {
@@ -18,6 +19,12 @@ namespace pagedlm::ops {
 // [vocab_begin, vocab_begin + vocab): an id outside them gives a zero row (another rank holds
 // it; the ranks' outputs are then summed) and ids are not checked.
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* stream = nullptr,
+               float scale = 1.f, std::optional<int64_t> vocab_begin = std::nullopt);
+
+// The same from a table kept in blocks (CPU): each row looked up is its format's reference
+// dequantization (core/quantized.h), so out is what the dequantized f32 table gives, without
+// keeping [vocab, dim] floats.
+void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& out,
                float scale = 1.f, std::optional<int64_t> vocab_begin = std::nullopt);
 
 namespace cpu {

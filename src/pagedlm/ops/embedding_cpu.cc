@@ -70,4 +70,38 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
 #endif
 }
 
+void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& out, float scale,
+               std::optional<int64_t> vocab_begin) {
+  constexpr const char* kOp = "embedding (table in blocks)";
+  detail::expect(ids, kOp, "ids", DType::kI32, {detail::kAnyDim});
+  const int64_t vocab = table.rows, dim = table.cols, n_tokens = ids.dim(0);
+  detail::expect(out, kOp, "out", DType::kF32, {n_tokens, dim});
+  PAGEDLM_CHECK(ids.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
+                ": a table in blocks is a CPU path");
+  PAGEDLM_CHECK(!vocab_begin || *vocab_begin >= 0, "embedding: vocab_begin must be >= 0, got ",
+                vocab_begin.value_or(0));
+  const int32_t* id = ids.data<int32_t>();
+  if (!vocab_begin) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      PAGEDLM_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: token id ", id[t], " at position ", t,
+                    " is outside the vocabulary [0, ", vocab, ")");
+    }
+  }
+  const int64_t begin = vocab_begin.value_or(0);
+  float* dst = out.data<float>();
+#pragma omp parallel for schedule(static) if (n_tokens >= 16)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t row = int64_t{id[t]} - begin;
+    float* o = dst + t * dim;
+    if (row < 0 || row >= vocab) {
+      for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
+      continue;
+    }
+    dequantize_row(table, row, o);
+    if (scale != 1.f) {
+      for (int64_t i = 0; i < dim; ++i) o[i] *= scale;
+    }
+  }
+}
+
 }  // namespace pagedlm::ops

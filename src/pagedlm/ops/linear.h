@@ -27,11 +27,17 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
 // its rows with them. Batch invariant as well: every output is defined by one arithmetic (its
 // own 16-lane accumulation over the blocks in order, summed as a tree; see linear_cpu.cc) that
 // every kernel and the portable loops reproduce bit for bit.
-void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out);
+// With out_col0, out may be wider than the weight's rows: the weight's outputs go to its columns
+// [out_col0, out_col0 + weight.rows), so that parts of one projection in different formats fill
+// one output (a bias then covers all of out's columns).
+void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out,
+            int64_t out_col0 = 0);
 
-// The blocks in the format the CPU's linear reads fastest, with the same weights: Q4_1 becomes
-// Q4_1 with f32 scales (20 -> 24 bytes a block; see core/quantized.h), others stay as they are.
-// Done once at load; the outputs of linear are bitwise the same either way.
+// The blocks in the format the CPU's linear reads fastest, with the same weights (the format's
+// cpu_form, core/quantized.h: f16 scales made f32, K-quant scales unpacked; Q4_1 20 -> 24 bytes a
+// block, Q5_0 22 -> 24, Q4_K 144 -> 152, Q6_K 210 -> 212); Q4_0, Q5_1 and Q8_0 stay as they are.
+// Done once at load; the outputs of linear are bitwise the same either way (the AVX-512 kernels
+// read only the repacked layouts of Q5_0, Q4_K and Q6_K: ggml's own go the portable way).
 QuantizedMatrix repack_for_cpu(QuantizedMatrix weight);
 
 // 8-bit activations (an option, not the default): each row of x is quantized to int8 per block
@@ -45,20 +51,25 @@ struct Q8PackedMatrix {
 
   bool empty() const { return rows == 0; }
 };
+// Takes ggml's Q4_1, Q8_0, Q4_0 (packed as Q4_1 with m = -8 d) and Q5_0 (as Q8_0 with q - 16):
+// q8_packs says which; the other formats stay on the exact kernels under --cpu-q8-activations.
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
+bool q8_packs(QuantType type);
 
 // y = x W^T + b with x quantized to 8 bits (CPU, f32 x / bias / out). Batch invariant: each
 // output is one lane's own sequence of operations over the blocks in order, whatever the rows
 // around it.
-void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias,
-               const Tensor& out);
+// out_col0 as for linear above.
+void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
+               int64_t out_col0 = 0);
 
 namespace cpu {
 // bias may be null.
 void linear(const float* x, const float* weight, const float* bias, float* out, int64_t rows,
             int64_t out_features, int64_t in_features);
+// Output row i at out + i * out_stride (out_stride < 0: weight.rows).
 void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-            int64_t rows);
+            int64_t rows, int64_t out_stride = -1);
 // The same with the portable block kernel (plain loops), which machines without AVX2 + FMA +
 // F16C run; exposed so that tests hold the SIMD kernels to it bit for bit.
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
@@ -82,7 +93,7 @@ enum class Q8Kernel { kPortable, kAvx2, kAvxVnni, kAvx512Vnni };
 std::vector<Q8Kernel> q8_kernels();  // those built, the one linear_q8 uses by default first
 const char* q8_kernel_name(Q8Kernel kernel);
 void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, float* out,
-               int64_t rows, Q8Kernel kernel);
+               int64_t rows, Q8Kernel kernel, int64_t out_stride = -1);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

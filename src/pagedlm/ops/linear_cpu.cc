@@ -87,7 +87,8 @@ namespace {
 // Every output of the block kernels is defined by one arithmetic, whichever kernel computes it
 // (that is what makes them batch invariant: a decode step's 1-row kernel, a prefill's panel GEMM
 // and the portable loops give the same bits):
-//   - a weight is expanded as fma(q, d, m) (Q4_1) or q * d (Q8_0), ggml's dequantization;
+//   - a weight is its format's reference dequantization (core/quantized.cc, ggml's arithmetic,
+//     whose every weight is one correctly rounded value, so fused or not makes no difference);
 //   - 16 lanes accumulate with fused multiply-adds, block by block in order: lane l adds
 //     w[l] * x[l], then w[l + 16] * x[l + 16];
 //   - the lanes are summed as a tree (reduce_lanes), then the bias (or 0) is added.
@@ -105,47 +106,25 @@ inline float reduce_lanes(const float* a) {
   return w[0] + w[1];
 }
 
-// Block b of a weight row as 32 floats, with the arithmetic of ggml's dequantization.
-inline void expand_block(QuantType type, const uint8_t* block, float* w) {
-  if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
-    float d, m;
-    const uint8_t* qs;
-    if (type == QuantType::kQ4_1) {
-      d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
-      m = f16_to_f32(static_cast<uint16_t>(block[2] | (block[3] << 8)));
-      qs = block + 4;
-    } else {
-      std::memcpy(&d, block, sizeof(d));
-      std::memcpy(&m, block + sizeof(d), sizeof(m));
-      qs = block + 2 * sizeof(float);
-    }
-    for (int j = 0; j < kQuantBlock / 2; ++j) {
-      w[j] = std::fma(static_cast<float>(qs[j] & 0x0F), d, m);
-      w[j + kQuantBlock / 2] = std::fma(static_cast<float>(qs[j] >> 4), d, m);
-    }
-  } else {
-    const float d = f16_to_f32(static_cast<uint16_t>(block[0] | (block[1] << 8)));
-    const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
-    for (int j = 0; j < kQuantBlock; ++j) w[j] = static_cast<float>(qs[j]) * d;
-  }
-}
-
-// out[i] = dot(x row i, weight row) for the R rows of a tile, in plain loops (std::fma keeps the
-// products unrounded as the SIMD kernels' FMAs do).
+// out[i] = dot(x row i, weight row) for the R rows of a tile, in plain loops: each block's
+// weights by its format's reference dequantization (core/quantized.h), consumed 32 at a time
+// (std::fma keeps the products unrounded as the SIMD kernels' FMAs do).
 template <int R>
 void quant_dot_rows_portable(const float* x, int64_t in_features, const uint8_t* weight_row,
                              QuantType type, float* out) {
-  const int64_t num_blocks = in_features / kQuantBlock;
-  const int64_t block_bytes = quant_block_bytes(type);
+  const QuantFormat& format = quant_format(type);
+  const int64_t num_blocks = in_features / format.block_elems;
   float acc[R][kLanes] = {};
-  float w[kQuantBlock];
+  float w[kMaxQuantBlockElems];
   for (int64_t b = 0; b < num_blocks; ++b) {
-    expand_block(type, weight_row + b * block_bytes, w);
-    for (int i = 0; i < R; ++i) {
-      const float* xb = x + i * in_features + b * kQuantBlock;
-      for (int l = 0; l < kLanes; ++l) acc[i][l] = std::fma(w[l], xb[l], acc[i][l]);
-      for (int l = 0; l < kLanes; ++l) {
-        acc[i][l] = std::fma(w[kLanes + l], xb[kLanes + l], acc[i][l]);
+    format.dequantize_block(weight_row + b * format.block_bytes, w);
+    for (int64_t s = 0; s < format.block_elems; s += kQuantBlock) {
+      for (int i = 0; i < R; ++i) {
+        const float* xb = x + i * in_features + b * format.block_elems + s;
+        for (int l = 0; l < kLanes; ++l) acc[i][l] = std::fma(w[s + l], xb[l], acc[i][l]);
+        for (int l = 0; l < kLanes; ++l) {
+          acc[i][l] = std::fma(w[s + kLanes + l], xb[kLanes + l], acc[i][l]);
+        }
       }
     }
   }
@@ -161,7 +140,7 @@ constexpr QuantDotFn kPortableDot[kQuantRowTile] = {
 // The column-chunk / row-tile driver over one of the row kernels: the decode path (few rows,
 // bound by streaming the blocks) and the portable one.
 void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& weight,
-                 const float* bias, float* out, int64_t rows) {
+                 const float* bias, float* out, int64_t rows, int64_t out_stride) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t row_bytes = weight.row_bytes();
   const int64_t num_chunks = (out_features + kQuantColChunk - 1) / kQuantColChunk;
@@ -178,7 +157,7 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
         dot[tile_rows - 1](x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes,
                            weight.type, tile_out);
         for (int64_t i = 0; i < tile_rows; ++i) {
-          out[(r0 + i) * out_features + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
+          out[(r0 + i) * out_stride + n] = tile_out[i] + (bias != nullptr ? bias[n] : 0.f);
         }
       }
     }
@@ -211,8 +190,41 @@ inline void expand_q4_1(__m512 d, __m512 m, const uint8_t* qs, __m512& lo, __m51
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
 }
 
+inline float load_float(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+inline __m512i load_bytes_u32(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// A 5-bit block's weights from its 32 possible ones (`below`: q = 0..15, `above`: 16..31), its
+// u32 of fifth bits (bit j: weight j's) and its 16 bytes of nibbles: the fifth bit set by a masked
+// or, which also picks the register (vpermt2ps reads an index's low 5 bits).
+inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, const uint8_t* qs,
+                        __m512& lo, __m512& hi) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  const __m512i bytes = load_bytes_u32(qs);
+  const __m512i fifth = _mm512_set1_epi32(16);
+  const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+  const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
+  lo = _mm512_permutex2var_ps(
+      below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
+  hi = _mm512_permutex2var_ps(
+      below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+}
+
+// Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
+// k + 16..k + 31, each the format's reference dequantization bit for bit. The 4- and 5-bit
+// formats look their weights up: a block's 16 (or 32) possible weights, computed once, and a
+// permute that picks each by its quant.
 template <QuantType kType>
-inline void expand_block(const uint8_t* block, __m512& lo, __m512& hi) {
+inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) {
+  const uint8_t* block = row + k / quant_block_elems(kType) * quant_block_bytes(kType);
+  const int sub = static_cast<int>(k % quant_block_elems(kType) / kQuantBlock);
   if constexpr (kType == QuantType::kQ4_1) {
     // d and m side by side, converted by one instruction.
     uint32_t dm_bits;
@@ -222,16 +234,123 @@ inline void expand_block(const uint8_t* block, __m512& lo, __m512& hi) {
                 lo, hi);
   } else if constexpr (kType == QuantType::kQ4_1F32) {
     // Broadcasts from memory, which the load unit does: no conversion, no shuffle.
-    float d, m;
-    std::memcpy(&d, block, sizeof(d));
-    std::memcpy(&m, block + sizeof(d), sizeof(m));
-    expand_q4_1(_mm512_set1_ps(d), _mm512_set1_ps(m), block + 2 * sizeof(float), lo, hi);
-  } else {
+    expand_q4_1(_mm512_set1_ps(load_float(block)), _mm512_set1_ps(load_float(block + 4)),
+                block + 2 * sizeof(float), lo, hi);
+  } else if constexpr (kType == QuantType::kQ8_0) {
     const __m512 d = _mm512_set1_ps(half_to_float(block));
     const __m128i q_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
     const __m128i q_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_lo)), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q_hi)), d);
+  } else if constexpr (kType == QuantType::kQ4_0) {
+    // (q - 8) * d for q = 0..15.
+    const __m512 centered = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
+                                           2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+    const __m512 weights = _mm512_mul_ps(centered, _mm512_set1_ps(half_to_float(block)));
+    const __m512i bytes = load_bytes_u32(block + 2);
+    lo = _mm512_permutexvar_ps(bytes, weights);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
+  } else if constexpr (kType == QuantType::kQ5_0F32) {
+    // (q - 16) * d for q = 0..31 in two registers.
+    const __m512 d = _mm512_set1_ps(load_float(block));
+    const __m512 below =
+        _mm512_mul_ps(_mm512_setr_ps(-16.f, -15.f, -14.f, -13.f, -12.f, -11.f, -10.f, -9.f, -8.f,
+                                     -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f),
+                      d);
+    const __m512 above = _mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f,
+                                                      9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
+                                       d);
+    expand_5bit(below, above, block + 4, block + 8, lo, hi);
+  } else if constexpr (kType == QuantType::kQ5_1) {
+    // q * d + m for q = 0..31 in two registers (d and m converted together as Q4_1's).
+    uint32_t dm_bits;
+    std::memcpy(&dm_bits, block, sizeof(dm_bits));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
+    const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+    const __m512 below = _mm512_fmadd_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f,
+                                                        9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
+                                         d, m);
+    const __m512 above =
+        _mm512_fmadd_ps(_mm512_setr_ps(16.f, 17.f, 18.f, 19.f, 20.f, 21.f, 22.f, 23.f, 24.f, 25.f,
+                                       26.f, 27.f, 28.f, 29.f, 30.f, 31.f),
+                        d, m);
+    expand_5bit(below, above, block + 4, block + 8, lo, hi);
+  } else if constexpr (kType == QuantType::kQ4_KF32) {
+    // Sub-block `sub`: d * sc * q - dmin * m for q = 0..15, its nibbles the low (even sub) or
+    // high (odd) ones of chunk sub / 2.
+    const float scale = load_float(block) * static_cast<float>(block[8 + sub]);
+    const float min = load_float(block + 4) * static_cast<float>(block[16 + sub]);
+    const __m512 nibble_values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
+                                                10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
+    const __m512 weights =
+        _mm512_sub_ps(_mm512_mul_ps(nibble_values, _mm512_set1_ps(scale)), _mm512_set1_ps(min));
+    const uint8_t* qs = block + 24 + 32 * (sub / 2);
+    __m512i q_lo = load_bytes_u32(qs), q_hi = load_bytes_u32(qs + 16);
+    if (sub % 2 == 1) {
+      q_lo = _mm512_srli_epi32(q_lo, 4);
+      q_hi = _mm512_srli_epi32(q_hi, 4);
+    }
+    lo = _mm512_permutexvar_ps(q_lo, weights);
+    hi = _mm512_permutexvar_ps(q_hi, weights);
+  } else if constexpr (kType == QuantType::kQ6_KF32) {
+    // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
+    // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
+    // 2c of h's 32 bytes of qh; q - 32 made in bytes, then widened; scales d * sc per 16.
+    const int h = sub / 4, c = sub % 4;
+    const float d = load_float(block);
+    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 8 * h + 2 * c;
+    const uint8_t* ql = block + 20 + 64 * h + 32 * (c % 2);
+    const uint8_t* qh = block + 148 + 32 * h;
+    const __m256i low_bits =
+        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
+                                          _mm_cvtsi32_si128(4 * (c / 2))),
+                         _mm256_set1_epi8(0x0F));
+    const __m256i high_bits = _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)),
+                                          _mm_cvtsi32_si128(2 * c)),
+                         _mm256_set1_epi8(0x03)),
+        4);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low_bits, high_bits), _mm256_set1_epi8(32));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
+                       _mm512_set1_ps(d * static_cast<float>(sc[0])));
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                       _mm512_set1_ps(d * static_cast<float>(sc[1])));
+  } else {
+    static_assert(kType == QuantType::kQ8_0, "no AVX-512 expansion for this format");
+  }
+}
+
+// Calls fn(std::integral_constant<QuantType, T>) for the format T the AVX-512 kernels compute
+// from; false for a format they do not read (ggml's layout of a format the CPU repacks).
+template <typename Fn>
+bool with_avx512_format(QuantType type, Fn&& fn) {
+  switch (type) {
+    case QuantType::kQ4_1:
+      fn(std::integral_constant<QuantType, QuantType::kQ4_1>{});
+      return true;
+    case QuantType::kQ8_0:
+      fn(std::integral_constant<QuantType, QuantType::kQ8_0>{});
+      return true;
+    case QuantType::kQ4_1F32:
+      fn(std::integral_constant<QuantType, QuantType::kQ4_1F32>{});
+      return true;
+    case QuantType::kQ4_0:
+      fn(std::integral_constant<QuantType, QuantType::kQ4_0>{});
+      return true;
+    case QuantType::kQ5_0F32:
+      fn(std::integral_constant<QuantType, QuantType::kQ5_0F32>{});
+      return true;
+    case QuantType::kQ5_1:
+      fn(std::integral_constant<QuantType, QuantType::kQ5_1>{});
+      return true;
+    case QuantType::kQ4_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ4_KF32>{});
+      return true;
+    case QuantType::kQ6_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ6_KF32>{});
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -287,18 +406,22 @@ struct BlockColumns {
   int64_t n_cols;
   void load(int j, int64_t k, __m512& lo, __m512& hi) const {
     const int64_t col = j < n_cols ? j : n_cols - 1;
-    expand_block<kType>(first + col * row_bytes + k / kQuantBlock * quant_block_bytes(kType), lo,
-                        hi);
+    expand_block<kType>(first + col * row_bytes, k, lo, hi);
   }
   const uint8_t* end;  // the matrix's end, which no prefetch passes
   // One block step's share of the group kPrefetchGroups ahead: the bytes of its kMicroCols rows
   // taken in order, kMicroCols blocks' worth a step, so the steps of a group cover the next.
+  // The loop's trip count is a constant: with bounds computed from k, GCC 12 emitted no
+  // prefetch at all in the 1-row kernel, and SmolLM2 Q8_0's single-stream decode halved.
   void prefetch(int64_t k) const {
-    constexpr int64_t kStep = kMicroCols * quant_block_bytes(kType);
-    const int64_t ahead = kPrefetchGroups * kMicroCols * row_bytes + k / kQuantBlock * kStep;
-    for (int64_t off = 0; off < kStep; off += 64) {
-      if (ahead + off < end - first) {
-        _mm_prefetch(reinterpret_cast<const char*>(first + ahead + off), _MM_HINT_T0);
+    constexpr int64_t kStepBytes =
+        kMicroCols * quant_block_bytes(kType) * kQuantBlock / quant_block_elems(kType);
+    static_assert(kStepBytes * quant_block_elems(kType) ==
+                  kMicroCols * quant_block_bytes(kType) * kQuantBlock);
+    const int64_t from = kPrefetchGroups * kMicroCols * row_bytes + k / kQuantBlock * kStepBytes;
+    for (int64_t off = 0; off < kStepBytes; off += 64) {
+      if (from + off < end - first) {
+        _mm_prefetch(reinterpret_cast<const char*>(first + from + off), _MM_HINT_T0);
       }
     }
   }
@@ -447,26 +570,16 @@ void pack_tile(const float* x, int64_t rows, int64_t in_features, int64_t r0, fl
 
 // Expands weight rows [col0, col0 + n_cols) into a packed panel; columns past n_cols are zero
 // (their outputs are computed and dropped).
+template <QuantType kType>
 void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
   const int64_t num_blocks = weight.cols / kQuantBlock;
-  const int64_t row_bytes = weight.row_bytes(), block_bytes = quant_block_bytes(weight.type);
+  const int64_t row_bytes = weight.row_bytes();
   for (int64_t b = 0; b < num_blocks; ++b) {
     for (int64_t c = 0; c < kPanelCols; ++c) {
       float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
       __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
       if (c < n_cols) {
-        const uint8_t* block = weight.blocks.data() + (col0 + c) * row_bytes + b * block_bytes;
-        switch (weight.type) {
-          case QuantType::kQ4_1:
-            expand_block<QuantType::kQ4_1>(block, lo, hi);
-            break;
-          case QuantType::kQ8_0:
-            expand_block<QuantType::kQ8_0>(block, lo, hi);
-            break;
-          case QuantType::kQ4_1F32:
-            expand_block<QuantType::kQ4_1F32>(block, lo, hi);
-            break;
-        }
+        expand_block<kType>(weight.blocks.data() + (col0 + c) * row_bytes, b * kQuantBlock, lo, hi);
       }
       _mm512_store_ps(dst, lo);
       _mm512_store_ps(dst + kLanes, hi);
@@ -478,7 +591,7 @@ void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, f
 // their format fixed at compile time so that no block asks which it is.
 template <QuantType kType>
 void decode_linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-                   int64_t rows) {
+                   int64_t rows, int64_t out_stride) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t row_bytes = weight.row_bytes();
   const int64_t num_chunks = (out_features + kDecodeColChunk - 1) / kDecodeColChunk;
@@ -492,27 +605,15 @@ void decode_linear(const float* x, const QuantizedMatrix& weight, const float* b
                                   std::min<int64_t>(kMicroCols, col1 - c),
                                   weight.blocks.data() + weight.blocks.size()};
       for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
-      micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_features);
+      micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_stride);
     }
   }
 }
 
-void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-                   int64_t rows) {
-  if (rows < kPanelMinRows) {
-    switch (weight.type) {
-      case QuantType::kQ4_1:
-        decode_linear<QuantType::kQ4_1>(x, weight, bias, out, rows);
-        break;
-      case QuantType::kQ8_0:
-        decode_linear<QuantType::kQ8_0>(x, weight, bias, out, rows);
-        break;
-      case QuantType::kQ4_1F32:
-        decode_linear<QuantType::kQ4_1F32>(x, weight, bias, out, rows);
-        break;
-    }
-    return;
-  }
+// A prefill-sized step: panels of weights expanded once per block of rows.
+template <QuantType kType>
+void panel_linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                  int64_t rows, int64_t out_stride) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t num_blocks = in_features / kQuantBlock;
   const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
@@ -541,7 +642,7 @@ void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col0 = p * kPanelCols;
         const int64_t n_cols = std::min(kPanelCols, out_features - col0);
-        expand_panel(weight, col0, n_cols, panel);
+        expand_panel<kType>(weight, col0, n_cols, panel);
         alignas(16) float bias_panel[kPanelCols] = {};
         if (bias != nullptr) std::copy(bias + col0, bias + col0 + n_cols, bias_panel);
         for (int64_t tile = t0; tile < t1; ++tile) {
@@ -549,13 +650,25 @@ void linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
           for (int64_t c = 0; c < n_cols; c += kMicroCols) {
             kPanelKernel[std::min<int64_t>(kTileRows, rows - r) - 1](
                 packed + tile * tile_floats, panel + c * kQuantBlock, num_blocks, bias_panel + c,
-                out + r * out_features + col0 + c, out_features,
+                out + r * out_stride + col0 + c, out_stride,
                 std::min<int64_t>(kMicroCols, n_cols - c));
           }
         }
       }
     }
   }
+}
+
+// False for a format the AVX-512 kernels do not read.
+bool linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                   int64_t rows, int64_t out_stride) {
+  return with_avx512_format(weight.type, [&](auto format) {
+    if (rows < kPanelMinRows) {
+      decode_linear<format.value>(x, weight, bias, out, rows, out_stride);
+    } else {
+      panel_linear<format.value>(x, weight, bias, out, rows, out_stride);
+    }
+  });
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -565,19 +678,27 @@ inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15.
+// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15. Q4_1 and Q8_0 are
+// expanded in registers; the other formats by their reference dequantization, a block at a time.
 template <int R>
 void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
                     float* out) {
-  const int64_t num_blocks = in_features / kQuantBlock;
-  const int64_t block_bytes = quant_block_bytes(type);
+  const QuantFormat& format = quant_format(type);
+  const bool in_registers =
+      type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32 || type == QuantType::kQ8_0;
+  const int64_t block_bytes = format.block_bytes;
+  alignas(32) float dequantized[kMaxQuantBlockElems];
   __m256 acc[R][2];
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const uint8_t* block = weight_row + b * block_bytes;
+  for (int64_t k = 0; k < in_features; k += kQuantBlock) {
+    const uint8_t* block = weight_row + k / format.block_elems * block_bytes;
     __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
-    if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
+    if (!in_registers) {
+      const int64_t sub = k % format.block_elems;
+      if (sub == 0) format.dequantize_block(block, dequantized);
+      for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + sub + 8 * j);
+    } else if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
       const bool f32 = type == QuantType::kQ4_1F32;
       float d_f, m_f;
       if (f32) {
@@ -606,7 +727,7 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
       }
     }
     for (int i = 0; i < R; ++i) {
-      const float* xb = x + i * in_features + b * kQuantBlock;
+      const float* xb = x + i * in_features + k;
       acc[i][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[i][0]);
       acc[i][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[i][1]);
       acc[i][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[i][0]);
@@ -631,55 +752,59 @@ constexpr const QuantDotFn* kQuantDot = kPortableDot;
 }  // namespace
 
 void linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-            int64_t rows) {
+            int64_t rows, int64_t out_stride) {
   if (rows == 0 || weight.rows == 0) return;
+  if (out_stride < 0) out_stride = weight.rows;
 #if defined(__AVX512F__) && defined(__F16C__)
-  linear_avx512(x, weight, bias, out, rows);
+  if (linear_avx512(x, weight, bias, out, rows, out_stride)) return;
+  linear_rows(kPortableDot, x, weight, bias, out, rows, out_stride);
 #else
-  linear_rows(kQuantDot, x, weight, bias, out, rows);
+  linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
 #endif
 }
 
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                      int64_t rows) {
   if (rows == 0 || weight.rows == 0) return;
-  linear_rows(kPortableDot, x, weight, bias, out, rows);
+  linear_rows(kPortableDot, x, weight, bias, out, rows, weight.rows);
 }
 
 }  // namespace cpu
 
-void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out) {
+void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, const Tensor& out,
+            int64_t out_col0) {
   constexpr const char* kOp = "linear (quantized weight)";
   detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
-  detail::expect(out, kOp, "out", DType::kF32, {x.dim(0), weight.rows});
+  PAGEDLM_CHECK(out.dtype() == DType::kF32 && out.shape().size() == 2 && out.dim(0) == x.dim(0) &&
+                    out_col0 >= 0 && out_col0 + weight.rows <= out.dim(1),
+                kOp, ": out must be f32 [", x.dim(0), ", >= ", out_col0 + weight.rows,
+                "] (columns ", out_col0, " on for this weight's ", weight.rows, " rows), got ",
+                dtype_name(out.dtype()), " ", shape_str(out.shape()));
   PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
                 ": block-quantized weights are a CPU path");
-  PAGEDLM_CHECK(weight.cols % kQuantBlock == 0 &&
+  PAGEDLM_CHECK(weight.cols % quant_block_elems(weight.type) == 0 &&
                     static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
                 kOp, ": the weight's blocks do not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {weight.rows});
-  cpu::linear(x.data<float>(), weight, bias.defined() ? bias.data<float>() : nullptr,
-              out.data<float>(), x.dim(0));
+  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {out.dim(1)});
+  cpu::linear(x.data<float>(), weight, bias.defined() ? bias.data<float>() + out_col0 : nullptr,
+              out.data<float>() + out_col0, x.dim(0), out.dim(1));
 }
 
 QuantizedMatrix repack_for_cpu(QuantizedMatrix weight) {
-  if (weight.type != QuantType::kQ4_1) return weight;
+  const QuantFormat& from = quant_format(weight.type);
+  if (from.repack_block == nullptr) return weight;
   QuantizedMatrix out;
-  out.type = QuantType::kQ4_1F32;
+  out.type = from.cpu_form;
   out.rows = weight.rows;
   out.cols = weight.cols;
   out.blocks.resize(out.rows * out.row_bytes());
-  const int64_t num_blocks = weight.rows * weight.cols / kQuantBlock;
-  const int64_t src_bytes = quant_block_bytes(weight.type);
-  const int64_t dst_bytes = quant_block_bytes(out.type);
+  const int64_t num_blocks = weight.rows * weight.cols / from.block_elems;
+  const int64_t to_bytes = quant_block_bytes(out.type);
+#pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const uint8_t* src = weight.blocks.data() + b * src_bytes;
-    uint8_t* dst = out.blocks.data() + b * dst_bytes;
-    const float dm[2] = {f16_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8))),
-                         f16_to_f32(static_cast<uint16_t>(src[2] | (src[3] << 8)))};
-    std::memcpy(dst, dm, sizeof(dm));
-    std::memcpy(dst + sizeof(dm), src + 4, kQuantBlock / 2);
+    from.repack_block(weight.blocks.data() + b * from.block_bytes,
+                      out.blocks.data() + b * to_bytes);
   }
   return out;
 }

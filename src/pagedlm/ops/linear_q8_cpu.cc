@@ -19,6 +19,8 @@
 // then adds the bias. The integer part is exact, so the portable, AVX2 and VNNI kernels give
 // the same bits, and a row's outputs never depend on the rows tiled with it (batch invariant).
 //
+// Q4_0 and Q5_0 are packed as the Q4_1 and Q8_0 blocks holding the same weights (pack_for_q8).
+//
 // Dispatch is at compile time: the build uses -march=native (as linear_cpu.cc does), so the
 // binary runs where it was built and every instruction set the compiler enables is present.
 // Each kernel the build can compile is kept, so tests compare them all against the portable one.
@@ -48,24 +50,65 @@ constexpr int64_t group_block_bytes(QuantType t) {
   return t == QuantType::kQ4_1 ? 2 * 2 * kGroup + 4 * kChunk : 2 * kGroup + 8 * kChunk;
 }
 
+// Q4_0 and Q5_0 blocks as the Q4_1 and Q8_0 blocks holding the same weights: Q4_0's
+// (q - 8) * d is Q4_1's q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused);
+// Q5_0's (q - 16) * d is Q8_0's with q - 16, which fits an int8.
+QuantType q8_layout_of(QuantType t) {
+  return t == QuantType::kQ4_1 || t == QuantType::kQ4_0 ? QuantType::kQ4_1 : QuantType::kQ8_0;
+}
+
+const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
+  if (t == QuantType::kQ4_0) {
+    uint16_t d;
+    std::memcpy(&d, src, 2);
+    const float m = -8.f * f16_to_f32(d);
+    const uint16_t m_bits = f32_to_f16(m);
+    PAGEDLM_CHECK(f16_to_f32(m_bits) == m, "pack_for_q8: a Q4_0 scale of ", f16_to_f32(d),
+                  " is too large for 8-bit activations");
+    std::memcpy(tmp, src, 2);
+    std::memcpy(tmp + 2, &m_bits, 2);
+    std::memcpy(tmp + 4, src + 2, kQuantBlock / 2);
+    return tmp;
+  }
+  if (t == QuantType::kQ5_0) {
+    std::memcpy(tmp, src, 2);
+    uint32_t qh;
+    std::memcpy(&qh, src + 2, 4);
+    for (int j = 0; j < kQuantBlock / 2; ++j) {
+      const int lo = (src[6 + j] & 0x0F) | (((qh >> j) & 1) << 4);
+      const int hi = (src[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      tmp[2 + j] = static_cast<uint8_t>(lo - 16);
+      tmp[2 + j + kQuantBlock / 2] = static_cast<uint8_t>(hi - 16);
+    }
+    return tmp;
+  }
+  return src;
+}
+
 }  // namespace
+
+bool q8_packs(QuantType type) {
+  return type == QuantType::kQ4_1 || type == QuantType::kQ8_0 || type == QuantType::kQ4_0 ||
+         type == QuantType::kQ5_0;
+}
 
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
   PAGEDLM_CHECK(weight.cols % kQuantBlock == 0 &&
                     static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
                 "pack_for_q8: the weight's blocks do not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  PAGEDLM_CHECK(weight.type == QuantType::kQ4_1 || weight.type == QuantType::kQ8_0,
-                "pack_for_q8: takes ggml's Q4_1 or Q8_0 blocks, not the CPU's repacking");
+  PAGEDLM_CHECK(q8_packs(weight.type),
+                "pack_for_q8: takes ggml's Q4_0, Q4_1, Q5_0 or Q8_0 blocks, not ",
+                quant_format(weight.type).name);
   Q8PackedMatrix p;
-  p.type = weight.type;
+  p.type = q8_layout_of(weight.type);
   p.rows = weight.rows;
   p.cols = weight.cols;
   const int64_t nb = weight.cols / kQuantBlock;
   const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;
-  const int64_t gbb = group_block_bytes(weight.type);
+  const int64_t gbb = group_block_bytes(p.type);
   const int64_t src_bytes = quant_block_bytes(weight.type);
-  const bool q4 = weight.type == QuantType::kQ4_1;
+  const bool q4 = p.type == QuantType::kQ4_1;
   // Padding features (past rows) get zero scales and zero quants (Q8_0: 128, i.e. q = 0).
   p.data.assign(num_groups * nb * gbb, 0);
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -80,7 +123,9 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
           }
           continue;
         }
-        const uint8_t* src = weight.blocks.data() + n * weight.row_bytes() + b * src_bytes;
+        uint8_t converted[quant_block_bytes(QuantType::kQ8_0)];
+        const uint8_t* src = as_q8_layout(
+            weight.type, weight.blocks.data() + n * weight.row_bytes() + b * src_bytes, converted);
         std::memcpy(dst + 2 * c, src, 2);  // d
         if (q4) {
           std::memcpy(dst + 2 * kGroup + 2 * c, src + 2, 2);  // m
@@ -424,7 +469,8 @@ const char* q8_kernel_name(Q8Kernel kernel) {
 }
 
 void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, float* out,
-               int64_t rows, Q8Kernel kernel) {
+               int64_t rows, Q8Kernel kernel, int64_t out_stride) {
+  if (out_stride < 0) out_stride = weight.rows;
   const KernelTable& table = table_of(kernel);
   const int64_t out_features = weight.rows;
   if (rows == 0 || out_features == 0) return;
@@ -452,7 +498,7 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
         const int64_t col0 = g * kGroup;
         const int64_t n_cols = std::min(kGroup, out_features - col0);
         for (int64_t i = 0; i < tile_rows; ++i) {
-          float* dst = out + (r0 + i) * out_features + col0;
+          float* dst = out + (r0 + i) * out_stride + col0;
           for (int64_t c = 0; c < n_cols; ++c) {
             dst[c] = tile[i * kGroup + c] + (bias != nullptr ? bias[col0 + c] : 0.f);
           }
@@ -464,11 +510,15 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 
 }  // namespace cpu
 
-void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias,
-               const Tensor& out) {
+void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
+               int64_t out_col0) {
   constexpr const char* kOp = "linear (8-bit activations)";
   detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
-  detail::expect(out, kOp, "out", DType::kF32, {x.dim(0), weight.rows});
+  PAGEDLM_CHECK(out.dtype() == DType::kF32 && out.shape().size() == 2 && out.dim(0) == x.dim(0) &&
+                    out_col0 >= 0 && out_col0 + weight.rows <= out.dim(1),
+                kOp, ": out must be f32 [", x.dim(0), ", >= ", out_col0 + weight.rows,
+                "] (columns ", out_col0, " on for this weight's ", weight.rows, " rows), got ",
+                dtype_name(out.dtype()), " ", shape_str(out.shape()));
   PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
                 ": 8-bit activations are a CPU path");
   const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;
@@ -477,9 +527,9 @@ void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias
                         num_groups * (weight.cols / kQuantBlock) * group_block_bytes(weight.type),
                 kOp, ": the packed weight does not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {weight.rows});
-  cpu::linear_q8(x.data<float>(), weight, bias.defined() ? bias.data<float>() : nullptr,
-                 out.data<float>(), x.dim(0), cpu::q8_kernels().front());
+  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {out.dim(1)});
+  cpu::linear_q8(x.data<float>(), weight, bias.defined() ? bias.data<float>() + out_col0 : nullptr,
+                 out.data<float>() + out_col0, x.dim(0), cpu::q8_kernels().front(), out.dim(1));
 }
 
 }  // namespace pagedlm::ops

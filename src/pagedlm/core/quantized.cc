@@ -1,0 +1,214 @@
+// The block formats' table and reference dequantization: ggml's arithmetic (ggml-quants.c, the
+// same products and sums in the same order). In every format a weight is a product of exactly
+// representable values (an f16 scale, or an f16 times a small integer, times a small integer),
+// rounded at most once more by an added or subtracted min, so fused and unfused evaluation give
+// the same float and the kernels can reproduce it bit for bit.
+#include "pagedlm/core/quantized.h"
+
+#include <cstring>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/core/error.h"
+
+namespace pagedlm {
+namespace {
+
+constexpr int kQK = 32;    // weights per block of the legacy formats
+constexpr int kQKK = 256;  // weights per K-quant block
+
+float load_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+float load_float(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// Q4_0: d; u8 qs[16]. Low nibbles are weights 0..15, high nibbles 16..31.
+void q4_0(float d, const uint8_t* qs, float* y) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
+    y[j + kQK / 2] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+// Q4_1: d; m; u8 qs[16].
+void q4_1(float d, float m, const uint8_t* qs, float* y) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+    y[j + kQK / 2] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
+// Q5_0: d; u8 qh[4] (the fifth bits, little-endian u32); u8 qs[16].
+void q5_0(float d, const uint8_t* qh_bytes, const uint8_t* qs, float* y) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < kQK / 2; ++j) {
+    const uint8_t xh0 = ((qh >> j) << 4) & 0x10;
+    const uint8_t xh1 = (qh >> (j + 12)) & 0x10;
+    y[j] = static_cast<float>(((qs[j] & 0x0F) | xh0) - 16) * d;
+    y[j + kQK / 2] = static_cast<float>(((qs[j] >> 4) | xh1) - 16) * d;
+  }
+}
+
+// Q5_1: d; m; u8 qh[4]; u8 qs[16].
+void q5_1(float d, float m, const uint8_t* qh_bytes, const uint8_t* qs, float* y) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < kQK / 2; ++j) {
+    const uint8_t xh0 = ((qh >> j) << 4) & 0x10;
+    const uint8_t xh1 = (qh >> (j + 12)) & 0x10;
+    y[j] = static_cast<float>((qs[j] & 0x0F) | xh0) * d + m;
+    y[j + kQK / 2] = static_cast<float>((qs[j] >> 4) | xh1) * d + m;
+  }
+}
+
+// Q4_K's weights from its super-block scales d, dmin, the 8 sub-blocks' 6-bit scales sc and mins
+// m, and its 128 bytes of nibbles (each 32-byte chunk: two sub-blocks, low nibbles first).
+void q4_k(float d, float dmin, const uint8_t* sc, const uint8_t* m, const uint8_t* q, float* y) {
+  for (int j = 0; j < 8; j += 2) {
+    const float d1 = d * sc[j], m1 = dmin * m[j];
+    const float d2 = d * sc[j + 1], m2 = dmin * m[j + 1];
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    q += 32;
+  }
+}
+
+// Q4_K's 12 bytes of 6-bit scales and mins unpacked (ggml's get_scale_min_k4).
+void unpack_scales_k4(const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      sc[j] = s[j] & 63;
+      m[j] = s[j + 4] & 63;
+    } else {
+      sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+      m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+  }
+}
+
+// Q6_K: u8 ql[128]; u8 qh[64]; i8 scales[16]; d.
+void q6_k(float d, const int8_t* sc, const uint8_t* ql, const uint8_t* qh, float* y) {
+  for (int n = 0; n < kQKK; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l + 0] = d * sc[is + 0] * q1;
+      y[l + 32] = d * sc[is + 2] * q2;
+      y[l + 64] = d * sc[is + 4] * q3;
+      y[l + 96] = d * sc[is + 6] * q4;
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+void dequant_q4_0(const uint8_t* b, float* y) { q4_0(load_half(b), b + 2, y); }
+void dequant_q4_1(const uint8_t* b, float* y) { q4_1(load_half(b), load_half(b + 2), b + 4, y); }
+void dequant_q5_0(const uint8_t* b, float* y) { q5_0(load_half(b), b + 2, b + 6, y); }
+void dequant_q5_1(const uint8_t* b, float* y) {
+  q5_1(load_half(b), load_half(b + 2), b + 4, b + 8, y);
+}
+void dequant_q8_0(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(qs[j]) * d;
+}
+void dequant_q4_k(const uint8_t* b, float* y) {
+  uint8_t sc[8], m[8];
+  unpack_scales_k4(b + 4, sc, m);
+  q4_k(load_half(b), load_half(b + 2), sc, m, b + 16, y);
+}
+void dequant_q6_k(const uint8_t* b, float* y) {
+  q6_k(load_half(b + 208), reinterpret_cast<const int8_t*>(b + 192), b, b + 128, y);
+}
+
+void dequant_q4_1f32(const uint8_t* b, float* y) {
+  q4_1(load_float(b), load_float(b + 4), b + 8, y);
+}
+void dequant_q5_0f32(const uint8_t* b, float* y) { q5_0(load_float(b), b + 4, b + 8, y); }
+void dequant_q4_kf32(const uint8_t* b, float* y) {
+  q4_k(load_float(b), load_float(b + 4), b + 8, b + 16, b + 24, y);
+}
+void dequant_q6_kf32(const uint8_t* b, float* y) {
+  q6_k(load_float(b), reinterpret_cast<const int8_t*>(b + 4), b + 20, b + 148, y);
+}
+
+// The repackings (core/quantized.h): f16 scales widened to f32, Q4_K's 6-bit scales unpacked.
+void store_float(float f, uint8_t* p) { std::memcpy(p, &f, 4); }
+
+void repack_q4_1(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  store_float(load_half(b + 2), out + 4);
+  std::memcpy(out + 8, b + 4, kQK / 2);
+}
+void repack_q5_0(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  std::memcpy(out + 4, b + 2, 4 + kQK / 2);
+}
+void repack_q4_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  store_float(load_half(b + 2), out + 4);
+  unpack_scales_k4(b + 4, out + 8, out + 16);
+  std::memcpy(out + 24, b + 16, kQKK / 2);
+}
+void repack_q6_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b + 208), out);
+  std::memcpy(out + 4, b + 192, 16);
+  std::memcpy(out + 20, b, 192);
+}
+
+using Dequantize = void (*)(const uint8_t*, float*);
+using Repack = void (*)(const uint8_t*, uint8_t*);
+
+constexpr QuantFormat format(const char* name, QuantType type, Dequantize dequantize,
+                             QuantType ggml_type, QuantType cpu_form, Repack repack) {
+  return {name,  quant_block_elems(type), quant_block_bytes(type), dequantize, ggml_type, cpu_form,
+          repack};
+}
+
+// In QuantType's order.
+using enum QuantType;
+const QuantFormat kFormats[] = {
+    format("Q4_1", kQ4_1, dequant_q4_1, kQ4_1, kQ4_1F32, repack_q4_1),
+    format("Q8_0", kQ8_0, dequant_q8_0, kQ8_0, kQ8_0, nullptr),
+    format("Q4_1 (f32 scales)", kQ4_1F32, dequant_q4_1f32, kQ4_1, kQ4_1F32, nullptr),
+    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0, nullptr),
+    format("Q5_0", kQ5_0, dequant_q5_0, kQ5_0, kQ5_0F32, repack_q5_0),
+    format("Q4_K", kQ4_K, dequant_q4_k, kQ4_K, kQ4_KF32, repack_q4_k),
+    format("Q6_K", kQ6_K, dequant_q6_k, kQ6_K, kQ6_KF32, repack_q6_k),
+    format("Q5_0 (f32 scale)", kQ5_0F32, dequant_q5_0f32, kQ5_0, kQ5_0F32, nullptr),
+    format("Q4_K (f32 scales)", kQ4_KF32, dequant_q4_kf32, kQ4_K, kQ4_KF32, nullptr),
+    format("Q6_K (f32 scale)", kQ6_KF32, dequant_q6_kf32, kQ6_K, kQ6_KF32, nullptr),
+    format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr),
+};
+static_assert(sizeof(kFormats) / sizeof(kFormats[0]) == static_cast<size_t>(QuantType::kQ5_1) + 1);
+
+}  // namespace
+
+const QuantFormat& quant_format(QuantType type) {
+  const auto i = static_cast<size_t>(type);
+  PAGEDLM_CHECK(i < sizeof(kFormats) / sizeof(kFormats[0]), "unknown block format ", i);
+  return kFormats[i];
+}
+
+void dequantize_row(const QuantizedMatrix& m, int64_t r, float* out) {
+  const QuantFormat& f = quant_format(m.type);
+  const uint8_t* row = m.blocks.data() + r * m.row_bytes();
+  for (int64_t b = 0; b < m.cols / f.block_elems; ++b) {
+    f.dequantize_block(row + b * f.block_bytes, out + b * f.block_elems);
+  }
+}
+
+}  // namespace pagedlm
