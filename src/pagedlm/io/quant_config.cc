@@ -1,7 +1,10 @@
 #include "pagedlm/io/quant_config.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/config_keys.h"
@@ -10,9 +13,48 @@ namespace pagedlm {
 
 namespace {
 
-// Longer patterns are refused: std::regex compiles by recursion, and a config is no place for a
-// pattern of more than a few module names anyway.
+// A config is no place for a pattern of more than a few module names.
 constexpr size_t kMaxPatternChars = 512;
+// Backtracking steps one match may take: a module name is short, so only a pattern built to
+// backtrack exponentially ("(.*)*x") gets near it, and it fails instead of hanging the load.
+constexpr uint32_t kMatchLimit = 100'000;
+
+struct Pcre2Code {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+
+// A compiled "re:" pattern (Python's re syntax, which PCRE2 reads), anchored at the start of the
+// subject as re.match is. Throws pagedlm::Error naming `where` for a bad pattern.
+std::unique_ptr<pcre2_code, Pcre2Code> compile_pattern(const std::string& pattern,
+                                                       const std::string& where) {
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  std::unique_ptr<pcre2_code, Pcre2Code> code(
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_ANCHORED,
+                    &error_code, &error_offset, nullptr));
+  if (!code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error_code, message, sizeof(message));
+    fail("config key \"quantization_config.", where, "\" holds a bad regular expression 're:",
+         pattern, "' (", reinterpret_cast<const char*>(message), " at offset ", error_offset, ")");
+  }
+  return code;
+}
+
+bool pattern_matches(const std::string& pattern, const std::string& module) {
+  const auto code = compile_pattern(pattern, "re:");
+  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> context(
+      pcre2_match_context_create(nullptr), &pcre2_match_context_free);
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
+      pcre2_match_data_create_from_pattern(code.get(), nullptr), &pcre2_match_data_free);
+  PAGEDLM_CHECK(context && data, "out of memory matching quantization_config pattern");
+  pcre2_set_match_limit(context.get(), kMatchLimit);
+  const int rc = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(module.data()),
+                             module.size(), 0, 0, data.get(), context.get());
+  PAGEDLM_CHECK(rc >= 0 || rc == PCRE2_ERROR_NOMATCH, "quantization_config pattern 're:", pattern,
+                "' failed on module ", module, " (PCRE2 error ", rc, ")");
+  return rc >= 0;
+}
 
 // A list of module names or "re:" patterns, each checked.
 // `where`: the dotted path of `keys` inside quantization_config ("" or "config_groups.g.").
@@ -24,14 +66,7 @@ std::vector<std::string> string_list(const ConfigKeys& keys, const std::string& 
                   "\" holds an empty module name");
     PAGEDLM_CHECK(s.size() <= kMaxPatternChars, "config key \"quantization_config.", where, key,
                   "\" holds a name of ", s.size(), " characters (at most ", kMaxPatternChars, ")");
-    if (s.rfind("re:", 0) == 0) {
-      try {
-        std::regex(s.substr(3), std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        fail("config key \"quantization_config.", where, key, "\" holds a bad regular expression '", s,
-             "' (", e.what(), ")");
-      }
-    }
+    if (s.rfind("re:", 0) == 0) compile_pattern(s.substr(3), where + key);
   }
   return out;
 }
@@ -41,8 +76,7 @@ std::vector<std::string> string_list(const ConfigKeys& keys, const std::string& 
 bool matches_target(const std::string& target, const std::string& module) {
   if (target == "Linear") return true;
   if (target.rfind("re:", 0) == 0) {
-    return std::regex_search(module, std::regex(target.substr(3), std::regex::ECMAScript),
-                             std::regex_constants::match_continuous);
+    return pattern_matches(target.substr(3), module);
   }
   return target == module;
 }
