@@ -261,7 +261,9 @@ std::string QuantConfig::describe() const {
       out += cat(" for ", targets);
     }
   }
-  if (!ignore.empty()) out += cat("; ", ignore.size(), " ignore entries");
+  std::string ignored;
+  for (const std::string& entry : ignore) ignored += cat(ignored.empty() ? "" : ", ", entry);
+  if (!ignored.empty()) out += cat("; not ", ignored);
   if (kv_cache_scales) out += "; kv cache scales";
   return out;
 }

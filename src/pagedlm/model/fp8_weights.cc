@@ -135,11 +135,12 @@ Tensor Fp8Matrix::dequantize() const {
 }
 
 std::string Fp8Matrix::describe() const {
-  std::string out = cat("f8_e4m3 x ", weight_quant_name(spec), " scales (",
-                        dtype_name(scale.dtype()), " ", shape_str(scale.shape()),
-                        "); activations ", activation_quant_name(inputs));
+  std::string out = cat("x ", weight_quant_name(spec), " scale");
+  if (scale.numel() == 1) out += cat(" ", scale.to_f32().data<float>()[0]);
+  out += cat(" (", dtype_name(scale.dtype()), " ", shape_str(scale.shape()), "); activations ",
+             activation_quant_name(inputs));
   if (input_scale.numel() == 1 && input_scale.defined()) {
-    out += cat(" (input_scale ", input_scale.to_f32().data<float>()[0], ")");
+    out += cat(", input_scale ", input_scale.to_f32().data<float>()[0]);
   }
   return out;
 }

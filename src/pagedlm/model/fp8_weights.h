@@ -26,7 +26,8 @@ struct Fp8Matrix {
   // F32 [rows, cols], each element the e4m3 value times its scale, rounded once to float32 (a
   // product of a 4-bit and a 24-bit significand).
   Tensor dequantize() const;
-  // "f8_e4m3 x per-block 128x128 scales (f32 [8, 8]); activations dynamic per-token"
+  // "x per-block 128x128 scale (f32 [8, 8]); activations dynamic per-token", a single scale
+  // and a static input_scale with their values.
   std::string describe() const;
 };
 
