@@ -129,7 +129,8 @@ TEST_F(CliTest, InspectShowsFp8FormatsAndScales) {
         "32x32 scale (bf16 [4, 8]); activations dynamic per-token",
         "model.layers.0.mlp.up_proj.weight                        f8_e4m3 [256, 128]  x "
         "per-channel scale (bf16 [256, 1])",
-        "input_scale 0.0400391", "model.layers.1.self_attn.v_scale                         bf16  "
+        "input_scale 0.0400391",
+        "model.layers.1.self_attn.v_scale                         bf16  "
         "[]  0.0100098"}) {
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   }

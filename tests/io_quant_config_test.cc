@@ -28,8 +28,12 @@ std::string error_of(const json& quantization_config) {
 }
 
 json float8(const std::string& strategy, bool dynamic) {
-  return {{"num_bits", 8},          {"type", "float"},         {"strategy", strategy},
-          {"symmetric", true},      {"dynamic", dynamic},      {"group_size", nullptr},
+  return {{"num_bits", 8},
+          {"type", "float"},
+          {"strategy", strategy},
+          {"symmetric", true},
+          {"dynamic", dynamic},
+          {"group_size", nullptr},
           {"block_structure", nullptr}};
 }
 
@@ -66,7 +70,8 @@ TEST(QuantConfig, Qwen3Fp8Blocks) {
   // Whole dotted components: the MoE router is ignored, gate_proj is not.
   EXPECT_EQ(c.scheme_for("model.layers.0.mlp.gate"), nullptr);
   EXPECT_NE(c.scheme_for("model.layers.0.mlp.gate_proj"), nullptr);
-  EXPECT_CONTAINS(c.describe(), "fp8: weights e4m3 per-block 128x128, activations dynamic per-token");
+  EXPECT_CONTAINS(c.describe(),
+                  "fp8: weights e4m3 per-block 128x128, activations dynamic per-token");
 }
 
 TEST(QuantConfig, CompressedTensorsGroupsTakeNameThenRegexThenLinear) {
@@ -78,13 +83,15 @@ TEST(QuantConfig, CompressedTensorsGroupsTakeNameThenRegexThenLinear) {
        {"ignore", {"lm_head", "re:.*layers\\.1\\..*"}},
        {"kv_cache_scheme", float8("tensor", false)},
        {"config_groups",
-        {{"group_0", {{"targets", {"Linear"}}, {"weights", float8("channel", false)},
-                      {"input_activations", float8("token", true)}}},
-         {"group_1", {{"targets", {"re:.*self_attn\\.(q|k|v)_proj$"}},
-                      {"weights", float8("tensor", false)},
-                      {"input_activations", float8("tensor", false)}}},
-         {"group_2", {{"targets", {"model.layers.0.self_attn.k_proj"}},
-                      {"weights", blocks}}}}}});
+        {{"group_0",
+          {{"targets", {"Linear"}},
+           {"weights", float8("channel", false)},
+           {"input_activations", float8("token", true)}}},
+         {"group_1",
+          {{"targets", {"re:.*self_attn\\.(q|k|v)_proj$"}},
+           {"weights", float8("tensor", false)},
+           {"input_activations", float8("tensor", false)}}},
+         {"group_2", {{"targets", {"model.layers.0.self_attn.k_proj"}}, {"weights", blocks}}}}}});
   EXPECT_EQ(c.method, QuantMethod::kCompressedTensors);
   EXPECT_TRUE(c.kv_cache_scales);
   const QuantScheme* linear = c.scheme_for("model.layers.0.mlp.down_proj");
@@ -142,34 +149,36 @@ TEST(QuantConfig, BadConfigsNameTheKey) {
                             {"format", "pack-quantized"},
                             {"config_groups", {{"group_0", group}}}}),
                   "\"quantization_config.format\" is 'pack-quantized'");
-  EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"},
-                            {"config_groups", {{"group_0", group}}}}),
-                  "\"quantization_config.config_groups.group_0.weights\" asks for 4-bit int");
-  EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"}, {"config_groups", json::object()}}),
-                  "holds no group");
-  EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"},
-                            {"config_groups",
-                             {{"g", {{"targets", {"re:(unclosed"}},
-                                     {"weights", float8("tensor", false)}}}}}}),
-                  "bad regular expression 're:(unclosed'");
+  EXPECT_CONTAINS(
+      error_of({{"quant_method", "compressed-tensors"}, {"config_groups", {{"group_0", group}}}}),
+      "\"quantization_config.config_groups.group_0.weights\" asks for 4-bit int");
+  EXPECT_CONTAINS(
+      error_of({{"quant_method", "compressed-tensors"}, {"config_groups", json::object()}}),
+      "holds no group");
+  EXPECT_CONTAINS(
+      error_of({{"quant_method", "compressed-tensors"},
+                {"config_groups",
+                 {{"g", {{"targets", {"re:(unclosed"}}, {"weights", float8("tensor", false)}}}}}}),
+      "bad regular expression 're:(unclosed'");
   json asymmetric = float8("channel", false);
   asymmetric["symmetric"] = false;
+  EXPECT_CONTAINS(
+      error_of({{"quant_method", "compressed-tensors"},
+                {"config_groups", {{"g", {{"targets", {"Linear"}}, {"weights", asymmetric}}}}}}),
+      "asymmetric");
   EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"},
                             {"config_groups",
-                             {{"g", {{"targets", {"Linear"}}, {"weights", asymmetric}}}}}}),
-                  "asymmetric");
-  EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"},
-                            {"config_groups",
-                             {{"g", {{"targets", {"Linear"}},
-                                     {"weights", float8("tensor", false)},
-                                     {"input_activations", float8("token", false)}}}}}}),
+                             {{"g",
+                               {{"targets", {"Linear"}},
+                                {"weights", float8("tensor", false)},
+                                {"input_activations", float8("token", false)}}}}}}),
                   "static token scales");
-  EXPECT_CONTAINS(error_of({{"quant_method", "compressed-tensors"},
-                            {"config_groups",
-                             {{"g", {{"targets", {"Linear"}},
-                                     {"weights", float8("block", false)}}}}}}),
-                  "\"quantization_config.config_groups.g.weights.block_structure\" must be two "
-                  "positive integers");
+  EXPECT_CONTAINS(
+      error_of({{"quant_method", "compressed-tensors"},
+                {"config_groups",
+                 {{"g", {{"targets", {"Linear"}}, {"weights", float8("block", false)}}}}}}),
+      "\"quantization_config.config_groups.g.weights.block_structure\" must be two "
+      "positive integers");
 }
 
 }  // namespace

@@ -30,12 +30,12 @@ std::string fixture(const std::string& name) { return PAGEDLM_TESTDATA "/fixture
 TEST(Fp8, E4m3DecodesPerTheSpecification) {
   EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
   EXPECT_TRUE(std::signbit(f8e4m3_to_f32(0x80)));
-  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);      // 0.0111.000
+  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);  // 0.0111.000
   EXPECT_EQ(f8e4m3_to_f32(0xb8), -1.0f);
-  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);    // largest normal: 0.1111.110
-  EXPECT_EQ(f8e4m3_to_f32(0x08), 0x1p-6f);   // smallest normal
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);     // largest normal: 0.1111.110
+  EXPECT_EQ(f8e4m3_to_f32(0x08), 0x1p-6f);    // smallest normal
   EXPECT_EQ(f8e4m3_to_f32(0x07), 0x1.cp-7f);  // largest subnormal: 7/8 x 2^-6
-  EXPECT_EQ(f8e4m3_to_f32(0x01), 0x1p-9f);   // smallest subnormal
+  EXPECT_EQ(f8e4m3_to_f32(0x01), 0x1p-9f);    // smallest subnormal
   EXPECT_EQ(f8e4m3_to_f32(0x3c), 1.5f);
   EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));
   EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0xff)));
@@ -78,16 +78,15 @@ TEST_P(Fp8Fixture, WeightsStayE4m3WithTheirScales) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, Fp8Fixture,
-    ::testing::Values(
-        Fp8FixtureCase{"fp8-tensor", 14, WeightScaleLayout::kTensor,
-                       ActivationQuant::kStaticTensor, 0},
-        Fp8FixtureCase{"fp8-block", 14, WeightScaleLayout::kBlock, ActivationQuant::kDynamicToken,
-                       0},
-        Fp8FixtureCase{"ct-mixed", 14, WeightScaleLayout::kBlock, ActivationQuant::kDynamicToken,
-                       4},
-        // Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj.
-        Fp8FixtureCase{"fbgemm", 8, WeightScaleLayout::kChannel, ActivationQuant::kDynamicToken,
-                       0}),
+    ::testing::Values(Fp8FixtureCase{"fp8-tensor", 14, WeightScaleLayout::kTensor,
+                                     ActivationQuant::kStaticTensor, 0},
+                      Fp8FixtureCase{"fp8-block", 14, WeightScaleLayout::kBlock,
+                                     ActivationQuant::kDynamicToken, 0},
+                      Fp8FixtureCase{"ct-mixed", 14, WeightScaleLayout::kBlock,
+                                     ActivationQuant::kDynamicToken, 4},
+                      // Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj.
+                      Fp8FixtureCase{"fbgemm", 8, WeightScaleLayout::kChannel,
+                                     ActivationQuant::kDynamicToken, 0}),
     [](const auto& info) {
       std::string n = info.param.name;
       for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -98,10 +97,10 @@ TEST(Fp8, CompressedTensorsKvScalesAreKept) {
   const Checkpoint ckpt = load_checkpoint(fixture("ct-mixed"));
   EXPECT_TRUE(ckpt.quantization.kv_cache_scales);
   // The generator stores 0.02 and 0.01 in bf16.
-  EXPECT_NEAR(ckpt.kv_scales.at("model.layers.0.self_attn.k_scale").to_f32().data<float>()[0],
-              0.02, 1e-4);
-  EXPECT_NEAR(ckpt.kv_scales.at("model.layers.1.self_attn.v_scale").to_f32().data<float>()[0],
-              0.01, 1e-4);
+  EXPECT_NEAR(ckpt.kv_scales.at("model.layers.0.self_attn.k_scale").to_f32().data<float>()[0], 0.02,
+              1e-4);
+  EXPECT_NEAR(ckpt.kv_scales.at("model.layers.1.self_attn.v_scale").to_f32().data<float>()[0], 0.01,
+              1e-4);
 }
 
 // A copy of an FP8 fixture with its config or tensors changed.
@@ -171,8 +170,9 @@ TEST_F(BrokenFp8, PerChannelScaleShapeMustMatchTheWeight) {
 TEST_F(BrokenFp8, BlockSizeMustDivideTheWeight) {
   use("fp8-block");
   edit_config([](json& c) { c["quantization_config"]["weight_block_size"] = {48, 32}; });
-  EXPECT_CONTAINS(load_error(), "FP8 tensor model.layers.0.mlp.down_proj.weight [128, 256] does not "
-                                "divide into quantization_config's 48x32 blocks");
+  EXPECT_CONTAINS(load_error(),
+                  "FP8 tensor model.layers.0.mlp.down_proj.weight [128, 256] does not "
+                  "divide into quantization_config's 48x32 blocks");
 }
 
 TEST_F(BrokenFp8, MissingScaleTensorIsNamed) {
@@ -204,18 +204,22 @@ TEST_F(BrokenFp8, ScaledWeightMustBeFp8) {
 
 TEST_F(BrokenFp8, ScaleOfAMissingWeightIsNamed) {
   use("fp8-block");
-  edit_tensors([](auto& t) { t["model.layers.0.mlp.extra_proj.weight_scale_inv"] = t.at(kQ + ".weight_scale_inv"); });
-  EXPECT_CONTAINS(load_error(), "tensor model.layers.0.mlp.extra_proj.weight_scale_inv is the "
-                                "scale of model.layers.0.mlp.extra_proj.weight, which the "
-                                "checkpoint lacks");
+  edit_tensors([](auto& t) {
+    t["model.layers.0.mlp.extra_proj.weight_scale_inv"] = t.at(kQ + ".weight_scale_inv");
+  });
+  EXPECT_CONTAINS(load_error(),
+                  "tensor model.layers.0.mlp.extra_proj.weight_scale_inv is the "
+                  "scale of model.layers.0.mlp.extra_proj.weight, which the "
+                  "checkpoint lacks");
 }
 
 TEST_F(BrokenFp8, Fp8WeightOfAnIgnoredModule) {
   use("ct-mixed");
   edit_config([](json& c) { c["quantization_config"]["ignore"].push_back(kQ); });
-  EXPECT_CONTAINS(load_error(), "tensor " + kQ + ".weight has dtype f8_e4m3 but "
-                                "quantization_config (compressed-tensors) leaves module " + kQ +
-                                " unquantized");
+  EXPECT_CONTAINS(load_error(), "tensor " + kQ +
+                                    ".weight has dtype f8_e4m3 but "
+                                    "quantization_config (compressed-tensors) leaves module " +
+                                    kQ + " unquantized");
 }
 
 TEST_F(BrokenFp8, OnlyProjectionWeightsMayBeFp8) {
@@ -224,15 +228,15 @@ TEST_F(BrokenFp8, OnlyProjectionWeightsMayBeFp8) {
     t["model.norm.weight"] = Tensor::zeros(DType::kF8E4M3, {128});
     t["model.norm.bias"] = Tensor::zeros(DType::kF8E4M3, {128});
   });
-  EXPECT_CONTAINS(load_error(), "tensor model.norm.bias has dtype f8_e4m3; only projection "
-                                "weights (<module>.weight) may be FP8");
+  EXPECT_CONTAINS(load_error(),
+                  "tensor model.norm.bias has dtype f8_e4m3; only projection "
+                  "weights (<module>.weight) may be FP8");
 }
 
 TEST_F(BrokenFp8, KvScaleMustBeOneValue) {
   use("ct-mixed");
-  edit_tensors([](auto& t) {
-    t["model.layers.1.self_attn.k_scale"] = Tensor::zeros(DType::kF32, {2});
-  });
+  edit_tensors(
+      [](auto& t) { t["model.layers.1.self_attn.k_scale"] = Tensor::zeros(DType::kF32, {2}); });
   EXPECT_CONTAINS(load_error(), "tensor model.layers.1.self_attn.k_scale must hold one value");
 }
 

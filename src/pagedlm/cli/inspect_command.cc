@@ -86,9 +86,10 @@ void print_model(const TextModel& model, bool list_tensors) {
               static_cast<double>(params) / 1e6);
   if (ckpt.quantization.quantized()) {
     std::printf("quantization      %s\n", ckpt.quantization.describe().c_str());
-    std::printf("                  %zu FP8 matrices, %zu kv cache scales; computed dequantized "
-                "(CPU f32, GPU bf16)\n",
-                ckpt.fp8.size(), ckpt.kv_scales.size());
+    std::printf(
+        "                  %zu FP8 matrices, %zu kv cache scales; computed dequantized "
+        "(CPU f32, GPU bf16)\n",
+        ckpt.fp8.size(), ckpt.kv_scales.size());
   }
   if (model.tokenizer) {
     std::printf("tokenizer         %d tokens, bos %d, eos %d\n", model.tokenizer->vocab_size(),

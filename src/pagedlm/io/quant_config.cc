@@ -35,8 +35,9 @@ std::unique_ptr<pcre2_code, Pcre2Code> compile_pattern(const std::string& patter
   if (!code) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    fail("config key \"quantization_config.", where, "\" holds a bad regular expression 're:",
-         pattern, "' (", reinterpret_cast<const char*>(message), " at offset ", error_offset, ")");
+    fail("config key \"quantization_config.", where,
+         "\" holds a bad regular expression 're:", pattern, "' (",
+         reinterpret_cast<const char*>(message), " at offset ", error_offset, ")");
   }
   return code;
 }
@@ -49,8 +50,8 @@ bool pattern_matches(const std::string& pattern, const std::string& module) {
       pcre2_match_data_create_from_pattern(code.get(), nullptr), &pcre2_match_data_free);
   PAGEDLM_CHECK(context && data, "out of memory matching quantization_config pattern");
   pcre2_set_match_limit(context.get(), kMatchLimit);
-  const int rc = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(module.data()),
-                             module.size(), 0, 0, data.get(), context.get());
+  const int rc = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(),
+                             0, 0, data.get(), context.get());
   PAGEDLM_CHECK(rc >= 0 || rc == PCRE2_ERROR_NOMATCH, "quantization_config pattern 're:", pattern,
                 "' failed on module ", module, " (PCRE2 error ", rc, ")");
   return rc >= 0;
@@ -127,7 +128,8 @@ QuantScheme compressed_tensors_scheme(const ConfigKeys& group, const std::string
   } else if (strategy == "channel") {
     scheme.weights.layout = WeightScaleLayout::kChannel;
   } else if (strategy == "block") {
-    scheme.weights = block_weights(*weights, where + ".weights.", "block_structure", "weight_scale");
+    scheme.weights =
+        block_weights(*weights, where + ".weights.", "block_structure", "weight_scale");
   } else {
     fail("config key \"quantization_config.", where, ".weights.strategy\" is '", strategy,
          "'; pagedlm reads FP8 weights per tensor, channel or block");

@@ -35,7 +35,7 @@ enum class ActivationQuant : uint8_t {
 
 struct WeightQuantSpec {
   WeightScaleLayout layout = WeightScaleLayout::kTensor;
-  int64_t block_rows = 0, block_cols = 0;  // kBlock only
+  int64_t block_rows = 0, block_cols = 0;     // kBlock only
   std::string scale_suffix = "weight_scale";  // the scale tensor: <module>.<scale_suffix>
 };
 

@@ -38,8 +38,8 @@ std::optional<DType> parse_dtype(std::string_view s) {
 
 // Valid in the format but with no DType of ours to hold them.
 bool is_known_unsupported_dtype(std::string_view s) {
-  for (std::string_view known : {"BOOL", "I8", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-                                 "F6_E3M2", "I16", "U16", "U32", "F64", "I64", "U64"}) {
+  for (std::string_view known : {"BOOL", "I8", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2",
+                                 "I16", "U16", "U32", "F64", "I64", "U64"}) {
     if (s == known) return true;
   }
   return false;

@@ -12,7 +12,8 @@ namespace {
 constexpr std::string_view kWeightSuffix = ".weight";
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
