@@ -15,7 +15,7 @@ shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   targets=(fuzz_http_request fuzz_openai_request fuzz_json_shapes fuzz_reply_parsers
-           fuzz_tokenizer_json fuzz_jinja fuzz_gguf fuzz_safetensors)
+           fuzz_tokenizer_json fuzz_jinja fuzz_gguf fuzz_safetensors fuzz_quant_config)
 fi
 
 # Seeds: tests/fuzz/seeds/<target>/, plus the repo's own files of the formats read as text.

@@ -117,6 +117,25 @@ TEST_F(CliTest, InspectShowsConfigAndTensors) {
   }
 }
 
+// An FP8 checkpoint: each projection's format and scales, the kv cache scales.
+TEST_F(CliTest, InspectShowsFp8FormatsAndScales) {
+  const RunResult r = run("inspect --tensors --model " PAGEDLM_TESTDATA "/fixtures/ct-mixed");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle :
+       {"quantization      compressed-tensors: weights e4m3 per-tensor, activations static "
+        "per-tensor for re:.*self_attn\\.(q|k|v|o)_proj$",
+        "14 FP8 matrices, 4 kv cache scales",
+        "model.layers.1.mlp.down_proj.weight                      f8_e4m3 [128, 256]  x per-block "
+        "32x32 scale (bf16 [4, 8]); activations dynamic per-token",
+        "model.layers.0.mlp.up_proj.weight                        f8_e4m3 [256, 128]  x "
+        "per-channel scale (bf16 [256, 1])",
+        "input_scale 0.0400391",
+        "model.layers.1.self_attn.v_scale                         bf16  "
+        "[]  0.0100098"}) {
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  }
+}
+
 TEST_F(CliTest, GenerateTokensRunsAndReportsFinish) {
   const RunResult r = run("generate --model " + kFixture + " --tokens \"5 6 7\" --max-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -46,6 +46,9 @@ std::map<std::string, Tensor> sample_tensors() {
   Tensor u8 = Tensor::empty(DType::kU8, {5});
   for (int i = 0; i < 5; ++i) u8.data<uint8_t>()[i] = static_cast<uint8_t>(250 + i);
   t["e.u8"] = u8;
+  Tensor f8 = Tensor::empty(DType::kF8E4M3, {2, 2});
+  for (int i = 0; i < 4; ++i) f8.data<uint8_t>()[i] = static_cast<uint8_t>(0x38 + i);
+  t["e.f8_e4m3"] = f8;
   t["f.empty"] = Tensor::empty(DType::kF32, {0, 4});
   t["g.scalar"] = Tensor::from_f32({42.f}, {});
   return t;
@@ -65,6 +68,7 @@ TEST(Safetensors, WriteThenReadRoundTrips) {
   EXPECT_EQ(header["__metadata__"], json({{"format", "pt"}}));
   EXPECT_EQ(header["c.bf16"]["dtype"], "BF16");
   EXPECT_EQ(header["d.f16"]["shape"], json({1, 3}));
+  EXPECT_EQ(header["e.f8_e4m3"]["dtype"], "F8_E4M3");  // the Hub's name for torch.float8_e4m3fn
 
   const SafetensorsFile file = SafetensorsFile::open(path);
   EXPECT_EQ(file.metadata().at("format"), "pt");

@@ -241,6 +241,32 @@ def reply_seeds():
         write("fuzz_reply_parsers", name, bytes([head]) + text.encode())
 
 
+# ---- fuzz_quant_config: config.json quantization_config of each FP8 writer ----
+def quant_config_seeds():
+    f8 = lambda strategy, dynamic: {"num_bits": 8, "type": "float", "strategy": strategy,
+                                    "symmetric": True, "dynamic": dynamic}
+    configs = {
+        "autofp8.json": {"quant_method": "fp8", "activation_scheme": "static",
+                         "ignored_layers": ["lm_head"]},
+        "blocks.json": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                        "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", "mlp.gate"]},
+        "compressed_tensors.json": {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "ignore": ["lm_head", "re:.*layers\\.1\\..*"], "kv_cache_scheme": f8("tensor", False),
+            "config_groups": {
+                "group_0": {"targets": ["Linear"], "weights": f8("channel", False),
+                            "input_activations": f8("token", True)},
+                "group_1": {"targets": ["re:.*self_attn\\.(q|k|v)_proj$"], "weights": f8("tensor", False),
+                            "input_activations": f8("tensor", False)},
+                "group_2": {"targets": ["model.layers.0.self_attn.k_proj"],
+                            "weights": dict(f8("block", False), block_structure=[64, 32])}}},
+        "fbgemm.json": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                        "modules_to_not_convert": ["lm_head"]},
+    }
+    for name, q in configs.items():
+        write("fuzz_quant_config", name, json.dumps({"hidden_size": 64, "quantization_config": q}))
+
+
 if __name__ == "__main__":
     gguf_seeds()
     safetensors_seeds()
@@ -248,3 +274,4 @@ if __name__ == "__main__":
     openai_seeds()
     json_shape_seeds()
     reply_seeds()
+    quant_config_seeds()

@@ -84,6 +84,13 @@ void print_model(const TextModel& model, bool list_tensors) {
   }
   std::printf("tensors           %zu (%.1fM parameters)\n", shapes.size(),
               static_cast<double>(params) / 1e6);
+  if (ckpt.quantization.quantized()) {
+    std::printf("quantization      %s\n", ckpt.quantization.describe().c_str());
+    std::printf(
+        "                  %zu FP8 matrices, %zu kv cache scales; computed dequantized "
+        "(CPU f32, GPU bf16)\n",
+        ckpt.fp8.size(), ckpt.kv_scales.size());
+  }
   if (model.tokenizer) {
     std::printf("tokenizer         %d tokens, bos %d, eos %d\n", model.tokenizer->vocab_size(),
                 model.tokenizer->bos_id(), model.tokenizer->eos_id());
@@ -94,10 +101,22 @@ void print_model(const TextModel& model, bool list_tensors) {
   if (!list_tensors) return;
   for (const auto& [name, shape] : shapes) {
     const auto q = ckpt.quantized.find(name);
-    const std::string type = q == ckpt.quantized.end()
-                                 ? std::string(dtype_name(ckpt.tensors.at(name).dtype()))
-                                 : quant_format(q->second.type).name;
-    std::printf("  %-56s %-5s %s\n", name.c_str(), type.c_str(), shape_str(shape).c_str());
+    const auto f = ckpt.fp8.find(name);
+    std::string type;
+    if (q != ckpt.quantized.end()) {
+      type = quant_format(q->second.type).name;
+    } else if (f != ckpt.fp8.end()) {
+      type = "f8_e4m3";
+    } else {
+      type = dtype_name(ckpt.tensors.at(name).dtype());
+    }
+    std::printf("  %-56s %-5s %s", name.c_str(), type.c_str(), shape_str(shape).c_str());
+    if (f != ckpt.fp8.end()) std::printf("  %s", f->second.describe().c_str());
+    std::printf("\n");
+  }
+  for (const auto& [name, t] : ckpt.kv_scales) {
+    std::printf("  %-56s %-5s %s  %g\n", name.c_str(), std::string(dtype_name(t.dtype())).c_str(),
+                shape_str(t.shape()).c_str(), t.to_f32().data<float>()[0]);
   }
 }
 

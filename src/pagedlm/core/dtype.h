@@ -7,7 +7,9 @@
 
 namespace pagedlm {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8 };
+// kF8E4M3: OCP FP8 E4M3 ("e4m3fn": no infinities, S.1111.111 is NaN), as FP8 checkpoints store
+// their weights; only ever read, and always with the checkpoint's scales (model/fp8_weights.h).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8, kF8E4M3 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kBF16:
       return 2;
     case DType::kU8:
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
@@ -35,6 +38,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "i32";
     case DType::kU8:
       return "u8";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
   }
   return "?";
 }
@@ -82,5 +87,26 @@ inline float f16_to_f32(uint16_t h) {
 }
 
 uint16_t f32_to_f16(float f);
+
+// Exact: every E4M3 value is a float (4 significant bits, exponents -9..8).
+inline float f8e4m3_to_f32(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80) << 24;
+  const uint32_t exp = (v >> 3) & 0xf;
+  const uint32_t mant = v & 0x7;
+  uint32_t bits;
+  if (exp == 0xf && mant == 0x7) {
+    bits = sign | 0x7fc00000;  // NaN
+  } else if (exp == 0) {
+    // Subnormal: mant * 2^-9, exact in a float.
+    const float f = static_cast<float>(mant) * 0x1p-9f;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else {
+    bits = sign | (exp + 127 - 7) << 23 | mant << 20;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 }  // namespace pagedlm

@@ -136,6 +136,11 @@ Tensor Tensor::to_f32() const {
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
       break;
     }
+    case DType::kF8E4M3: {
+      const uint8_t* src = data<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(src[i]);
+      break;
+    }
     default:
       fail("to_f32: cannot convert dtype ", dtype_name(dtype_));
   }

@@ -32,13 +32,14 @@ std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "BF16") return DType::kBF16;
   if (s == "I32") return DType::kI32;
   if (s == "U8") return DType::kU8;
+  if (s == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
 // Valid in the format but with no DType of ours to hold them.
 bool is_known_unsupported_dtype(std::string_view s) {
-  for (std::string_view known : {"BOOL", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3",
-                                 "F6_E3M2", "I16", "U16", "U32", "F64", "I64", "U64"}) {
+  for (std::string_view known : {"BOOL", "I8", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2",
+                                 "I16", "U16", "U32", "F64", "I64", "U64"}) {
     if (s == known) return true;
   }
   return false;
@@ -56,6 +57,8 @@ std::string_view format_dtype(DType t) {
       return "I32";
     case DType::kU8:
       return "U8";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   fail("dtype ", dtype_name(t), " cannot be written to safetensors");
 }
@@ -91,7 +94,7 @@ Entry parse_entry(const std::string& name, const json& j, const std::string& whe
   const std::optional<DType> dtype = parse_dtype(dtype_str);
   if (!dtype) {
     fail(where, ": ", is_known_unsupported_dtype(dtype_str) ? "unsupported" : "unknown", " dtype ",
-         dtype_str, " (supported: F32, F16, BF16, I32, U8)");
+         dtype_str, " (supported: F32, F16, BF16, I32, U8, F8_E4M3)");
   }
 
   Entry e{name, *dtype, {}, 0, 0};

@@ -25,7 +25,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes CPU tensors (F32, F16, BF16, I32, U8) with HF's layout (8-byte aligned header).
+// Writes CPU tensors (F32, F16, BF16, I32, U8, F8_E4M3) with HF's layout (8-byte aligned header).
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors);
 
 }  // namespace pagedlm

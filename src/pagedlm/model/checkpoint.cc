@@ -64,6 +64,10 @@ Tensor Checkpoint::get(const std::string& name, const Shape& expected_shape) con
     for (int64_t r = 0; r < q->rows; ++r) dequantize_row(*q, r, out.data<float>() + r * q->cols);
     return out;
   }
+  if (const auto f = fp8.find(name); f != fp8.end()) {
+    check_shape(name, f->second.weight.shape(), expected_shape);
+    return f->second.dequantize();
+  }
   const auto it = tensors.find(name);
   PAGEDLM_CHECK(it != tensors.end(), "checkpoint has no tensor ", name, " (expected shape ",
                 shape_str(expected_shape), ")");
@@ -92,6 +96,7 @@ std::map<std::string, Shape> Checkpoint::shapes() const {
   std::map<std::string, Shape> out;
   for (const auto& [name, t] : tensors) out.emplace(name, t.shape());
   for (const auto& [name, q] : quantized) out.emplace(name, Shape{q.rows, q.cols});
+  for (const auto& [name, m] : fp8) out.emplace(name, m.weight.shape());
   return out;
 }
 
@@ -227,6 +232,7 @@ Checkpoint load_hf_checkpoint(const std::string& dir, const LoadProgress& progre
   Checkpoint ckpt;
   try {
     ckpt.config = parse_hf_config(config);
+    ckpt.quantization = parse_quant_config(config);
   } catch (const Error& e) {
     fail(config_path.string(), ": ", e.what());
   }
@@ -247,8 +253,17 @@ Checkpoint load_hf_checkpoint(const std::string& dir, const LoadProgress& progre
   }
 
   ckpt.tensors = read_safetensors_folder(dir, progress);
+  try {
+    take_fp8_weights(ckpt.quantization, ckpt.tensors, ckpt.fp8, ckpt.kv_scales);
+  } catch (const Error& e) {
+    fail(dir, ": ", e.what());
+  }
   for (const auto& [name, shape] : expected_tensor_shapes(ckpt.config)) {
     try {
+      if (const auto f = ckpt.fp8.find(name); f != ckpt.fp8.end()) {
+        check_shape(name, f->second.weight.shape(), shape);  // f32 once dequantized
+        continue;
+      }
       const DType dtype = ckpt.get(name, shape).dtype();
       PAGEDLM_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
                     "tensor ", name, " has dtype ", dtype_name(dtype),

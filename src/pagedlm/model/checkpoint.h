@@ -12,7 +12,9 @@
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/io/hf_folder.h"
+#include "pagedlm/io/quant_config.h"
 #include "pagedlm/model/family.h"
+#include "pagedlm/model/fp8_weights.h"
 #include "pagedlm/model/model_config.h"
 
 namespace pagedlm {
@@ -26,11 +28,17 @@ struct Checkpoint {
   // their blocks (rows in HF order): backends that compute from blocks read them here, get()
   // dequantizes them for the others.
   std::map<std::string, QuantizedMatrix> quantized;
+  // FP8 checkpoints (config.json's quantization_config): the projection weights in e4m3 with
+  // their scales; get() dequantizes them. The attention layers' k_scale / v_scale, where the
+  // checkpoint has them, wait in kv_scales for an FP8 KV cache (none reads them yet).
+  QuantConfig quantization;
+  std::map<std::string, Fp8Matrix> fp8;
+  std::map<std::string, Tensor> kv_scales;
 
   bool has(const std::string& name) const {
-    return tensors.count(name) != 0 || quantized.count(name) != 0;
+    return tensors.count(name) != 0 || quantized.count(name) != 0 || fp8.count(name) != 0;
   }
-  // The tensor (a quantized matrix dequantized to F32, a new tensor each call). Throws
+  // The tensor (a quantized or FP8 matrix dequantized to F32, a new tensor each call). Throws
   // pagedlm::Error naming the tensor if it is missing or its shape differs.
   Tensor get(const std::string& name, const Shape& expected_shape) const;
   // The matrix's blocks, or null when it has none; throws if its shape differs.

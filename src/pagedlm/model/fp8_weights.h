@@ -1,0 +1,44 @@
+// An FP8 checkpoint's projection weights (io/quant_config.h names the layouts): each kept as the
+// file stores it, e4m3 values and scales, and dequantized when the model loads it. Every backend
+// computes with the dequantized weights for now: the CPU in float32 (the exact reference), the
+// GPU in bf16; FP8 GEMMs would read the e4m3 values and scales from here.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "pagedlm/core/tensor.h"
+#include "pagedlm/io/quant_config.h"
+
+namespace pagedlm {
+
+struct Fp8Matrix {
+  Tensor weight;  // [rows, cols] F8_E4M3, a view of the mapped file
+  // F32, BF16 or F16: one value (kTensor), [rows, 1] or [rows] (kChannel), or
+  // [rows / block_rows, cols / block_cols] (kBlock).
+  Tensor scale;
+  WeightQuantSpec spec;
+  ActivationQuant inputs = ActivationQuant::kNone;
+  Tensor input_scale;  // kStaticTensor only: one value
+
+  int64_t rows() const { return weight.dim(0); }
+  int64_t cols() const { return weight.dim(1); }
+  // F32 [rows, cols], each element the e4m3 value times its scale, rounded once to float32 (a
+  // product of a 4-bit and a 24-bit significand).
+  Tensor dequantize() const;
+  // "x per-block 128x128 scale (f32 [8, 8]); activations dynamic per-token", a single scale
+  // and a static input_scale with their values.
+  std::string describe() const;
+};
+
+// Moves every FP8 projection weight of `tensors` (a checkpoint's, by HF name), with its scale
+// and input scale, into `fp8` under the weight's name, and the attention layers' k_scale /
+// v_scale into `kv_scales`. Throws pagedlm::Error naming the tensor or key for an FP8 tensor the
+// config does not quantize (or with no quantization_config at all), a missing scale, a scale
+// whose shape does not match its weight or whose dtype is not a float, a weight the block size
+// does not divide, or a scale whose weight is not FP8.
+void take_fp8_weights(const QuantConfig& config, std::map<std::string, Tensor>& tensors,
+                      std::map<std::string, Fp8Matrix>& fp8,
+                      std::map<std::string, Tensor>& kv_scales);
+
+}  // namespace pagedlm
