@@ -17,9 +17,9 @@ namespace pagedlm::testing {
 
 inline constexpr int kNumCases = 6;
 
-inline const char* const kFixtures[] = {"llama-gqa",  "llama3-rope", "qwen2-bias", "qwen3-qknorm",
-                                        "mistral",    "gemma2",      "gemma3",     "phi3",
-                                        "qwen3-yarn", "qwen3-moe",   "mixtral"};
+inline const char* const kFixtures[] = {
+    "llama-gqa", "llama3-rope", "qwen2-bias", "qwen3-qknorm", "mistral",  "gemma2",    "gemma3",
+    "phi3",      "qwen3-yarn",  "qwen3-moe",  "mixtral",      "phi3-d96", "gemma2-d80"};
 
 inline std::string fixture_dir(const std::string& name) {
   return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;
