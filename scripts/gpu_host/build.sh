@@ -57,7 +57,7 @@ for a in $ARCHS; do
   esac
 done
 echo "CUDA architectures:$gencode"
-export NVCC_CMD="nvcc -std=c++17 -O3 $gencode --expt-relaxed-constexpr -lineinfo -w $inc $def"
+export NVCC_CMD="nvcc -std=c++17 -O3 $gencode -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -w $inc $def"
 export OBJ=$obj
 compile() {
   local o=$OBJ/$(echo "$1" | tr / _).o

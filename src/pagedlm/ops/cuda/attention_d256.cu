@@ -6,27 +6,21 @@
 // (consumer GPUs): 16-key tiles in three stages, one decode stage (the decode warps split 64
 // keys, so its tiles cannot shrink).
 
-#include <iterator>
-
 #include "pagedlm/ops/cuda/attention_kernel.cuh"
 
 namespace pagedlm::cuda::attn {
 
 template <>
 AttnKernels attention_kernels<256>() {
-  static const AttnKernel kernels[] = {
-      attn_kernel<256, 4, 1, 2, 64, Pass::kPrefill>(),  // 165 KB
-      attn_kernel<256, 4, 1, 3, 32, Pass::kPrefill>(),  // 132 KB
-      attn_kernel<256, 4, 1, 3, 16, Pass::kPrefill>(),  // 82 KB
-      attn_kernel<256, 1, 4, 3, 64, Pass::kDecode>(),   // 206 KB
-      attn_kernel<256, 1, 4, 2, 64, Pass::kDecode>(),   // 140 KB
-      attn_kernel<256, 1, 4, 1, 64, Pass::kDecode>(),   // 74 KB
-      attn_kernel<256, 4, 1, 2, 64, Pass::kShared>(),
-      attn_kernel<256, 4, 1, 3, 32, Pass::kShared>(),
-      attn_kernel<256, 4, 1, 3, 16, Pass::kShared>(),
-  };
-  return {kernels, static_cast<int>(std::size(kernels)),
-          reinterpret_cast<const void*>(&merge_splits_kernel<256>)};
+  return kernel_list<256>(Config<4, 1, 2, 64, Pass::kPrefill>{},  // 165 KB
+                          Config<4, 1, 3, 32, Pass::kPrefill>{},  // 132 KB
+                          Config<4, 1, 3, 16, Pass::kPrefill>{},  // 82 KB
+                          Config<1, 4, 3, 64, Pass::kDecode>{},   // 206 KB
+                          Config<1, 4, 2, 64, Pass::kDecode>{},   // 140 KB
+                          Config<1, 4, 1, 64, Pass::kDecode>{},   // 74 KB
+                          Config<4, 1, 2, 64, Pass::kShared>{},
+                          Config<4, 1, 3, 32, Pass::kShared>{},
+                          Config<4, 1, 3, 16, Pass::kShared>{});
 }
 
 }  // namespace pagedlm::cuda::attn

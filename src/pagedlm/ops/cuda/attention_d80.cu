@@ -1,9 +1,5 @@
-// The paged attention kernel's configurations at head size 80 (attention_kernel.cuh).
-// Head size 80: every configuration fits 99 KB per block (the least of sm_80 on), so one of
-// each pass. Decode keeps three stages (at d = 64 59% of copy bandwidth against 51% with two at
-// 768 keys on the H200).
-
-#include <iterator>
+// The paged attention kernel's configurations at head size 80 (attention_kernel.cuh). Decode keeps
+// three stages (at d = 64 59% of copy bandwidth against 51% with two at 768 keys on the H200).
 
 #include "pagedlm/ops/cuda/attention_kernel.cuh"
 
@@ -11,13 +7,7 @@ namespace pagedlm::cuda::attn {
 
 template <>
 AttnKernels attention_kernels<80>() {
-  static const AttnKernel kernels[] = {
-      attn_kernel<80, 4, 1, 2, 64, Pass::kPrefill>(),
-      attn_kernel<80, 1, 4, 3, 64, Pass::kDecode>(),
-      attn_kernel<80, 4, 1, 2, 64, Pass::kShared>(),
-  };
-  return {kernels, static_cast<int>(std::size(kernels)),
-          reinterpret_cast<const void*>(&merge_splits_kernel<80>)};
+  return one_config_per_pass<80, 3>();
 }
 
 }  // namespace pagedlm::cuda::attn

@@ -743,6 +743,27 @@ struct AttnKernels {
   const void* merge;
 };
 
+// A configuration: warp layout WM x WN, STAGES stages of BKV keys, for one pass.
+template <int WM, int WN, int STAGES, int BKV, Pass kPass>
+struct Config {};
+
+// The kernels of head size D in the configurations listed.
+template <int D, int... WM, int... WN, int... STAGES, int... BKV, Pass... kPass>
+AttnKernels kernel_list(Config<WM, WN, STAGES, BKV, kPass>...) {
+  static const AttnKernel kernels[] = {attn_kernel<D, WM, WN, STAGES, BKV, kPass>()...};
+  return {kernels, static_cast<int>(sizeof...(WM)),
+          reinterpret_cast<const void*>(&merge_splits_kernel<D>)};
+}
+
+// Up to head_dim 128 every configuration fits 99 KB per block (the least of any GPU from sm_80
+// on), so each pass has one: 64-row tiles in two stages, decode in `decode_stages`.
+template <int D, int decode_stages>
+AttnKernels one_config_per_pass() {
+  return kernel_list<D>(Config<4, 1, 2, 64, Pass::kPrefill>{},
+                        Config<1, 4, decode_stages, 64, Pass::kDecode>{},
+                        Config<4, 1, 2, 64, Pass::kShared>{});
+}
+
 // Defined in attention_d<D>.cu for D = 64, 80, 96, 128, 256.
 template <int D>
 AttnKernels attention_kernels();
