@@ -138,9 +138,14 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  const DeviceLimits* limits = nullptr;
+  CK(current_device_limits(&limits));
   const double copy_bw = copy_bandwidth();
-  std::printf("device %s, %d SMs; D2D copy %.0f GB/s (read + write)\n", prop.name,
-              prop.multiProcessorCount, copy_bw / 1e9);
+  std::printf(
+      "device %s, %d SMs, kernels' shared memory %zu KB per block%s; D2D copy %.0f GB/s "
+      "(read + write)\n",
+      prop.name, prop.multiProcessorCount, limits->smem_per_block / 1024,
+      limits->smem_cap_kb > 0 ? " (PAGEDLM_CUDA_SMEM_CAP_KB)" : "", copy_bw / 1e9);
 
   const std::vector<Config> configs = {
       {64, 4096, 32, 8, 128, 16},
@@ -170,6 +175,10 @@ int main(int argc, char** argv) {
       {256, 1024, 8, 4, 256, 16},
       {64, 32768, 8, 4, 256, 16, 0, 4096, 50.f},
       {64, 32768, 32, 8, 128, 16, 0, 1024},
+      // head_dim 96 (Phi-3-mini: 32 q heads, 32 kv heads) and 80.
+      {64, 4096, 32, 32, 96, 16},
+      {256, 1024, 32, 32, 96, 16},
+      {64, 4096, 32, 8, 80, 16},
   };
   std::printf("%-6s %-9s %-3s %-3s %-4s %-3s | %-7s %9s %8s %6s | %-7s %9s %6s\n", "batch", "ctx",
               "Hq", "Hk", "d", "ps", "splits", "us", "GB/s", "%copy", "best_s", "GB/s", "%copy");
@@ -215,8 +224,7 @@ int main(int argc, char** argv) {
                                          ws_bytes, order_d, nullptr, nullptr));
       });
     };
-    const int heur =
-        paged_attention_decode_num_splits(c.batch, c.hk, c.d, c.ctx, prop.multiProcessorCount);
+    const int heur = paged_attention_decode_num_splits(c.batch, c.hk, c.d, c.ctx, *limits);
     const double t_heur = run(heur);
     int best_s = heur;
     double best_t = t_heur;
@@ -248,6 +256,8 @@ int main(int argc, char** argv) {
                                              {29, 565, 9, 3, 64, 16},
                                              {29, 1024, 32, 8, 128, 16, 100},
                                              {4, 4096, 8, 4, 256, 16},
+                                             {4, 4096, 32, 32, 96, 16},
+                                             {4, 4096, 32, 8, 80, 16},
                                              {4, 8192, 8, 4, 256, 16, 0, 4096, 50.f}}) {
     const std::vector<int> len = lengths_of(c, rng);
     std::vector<PrefillSeq> seqs;

@@ -161,10 +161,9 @@ int main(int argc, char** argv) {
   const Tensor vc = Tensor::zeros(DType::kBF16, cache_shape, Device::kCuda);
   const Tensor q = Tensor::zeros(DType::kBF16, {batch, Hq, d}, Device::kCuda);
   const Tensor out = Tensor::empty(DType::kBF16, {batch, Hq, d}, Device::kCuda);
-  int dev_id = 0, sms = 0;
+  int dev_id = 0;
   cudaGetDevice(&dev_id);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id);
-  plan.num_splits = ops::cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, sms);
+  plan.num_splits = ops::cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, dev_id);
   plan.workspace_bytes = ops::cuda::paged_attention_workspace_bytes(batch, Hq, d, plan.num_splits);
   if (plan.workspace_bytes)
     cuda::check(cudaMalloc(&plan.workspace, plan.workspace_bytes), "malloc");

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 # A CUDA build takes NCCL from its pinned wheel (tensor parallelism over GPUs).
 nccl=()
-if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+if [[ " ${PAGEDLM_CMAKE_ARGS:-} " != *" -DPAGEDLM_CUDA=OFF "* ]] &&
+  { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
   nccl=(-DPAGEDLM_NCCL_ROOT="$(scripts/fetch_nccl.sh)")
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${nccl[@]}" ${PAGEDLM_CMAKE_ARGS:-} >/dev/null

@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 model=$(scripts/fetch_model.sh)
+# The CUDA kernels for this machine's GPU only (a build for every GPU from sm_80 on takes many
+# minutes more); without a GPU none at all, and the demo runs on the CPU.
+if nvidia-smi -L >/dev/null 2>&1; then
+  export PAGEDLM_CMAKE_ARGS="-DPAGEDLM_CUDA_ARCHS=native ${PAGEDLM_CMAKE_ARGS:-}"
+else
+  export PAGEDLM_CMAKE_ARGS="-DPAGEDLM_CUDA=OFF ${PAGEDLM_CMAKE_ARGS:-}"
+fi
 scripts/build.sh pagedlm  # the binary only: the tests are scripts/test.sh's
 build/pagedlm generate --model "$model" --chat --show-cache --max-tokens 64 \
   --system "You are a concise and friendly assistant. Answer every question in one or two short

@@ -1,8 +1,11 @@
 """What the golden fixtures' generators share (scripts/make_fixtures.py,
-scripts/make_fixtures_families.py): a tiny random HF model with every parameter made
-non-trivial, saved, reloaded in float64, and its six reference cases."""
+scripts/make_fixtures_families.py, scripts/make_fixtures_head_dims.py): a tiny random HF model with
+every parameter made non-trivial, saved, reloaded in float64, and its six reference cases."""
+import json
 import os
+import random
 import torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 
@@ -49,3 +52,24 @@ def reference_cases(ref, rng, vocab, greedy_len_in_meta):
         case.update(min_margin=min(margins), logit_std=float(logits.std()))
         meta.append(case)
     return tensors, meta
+
+
+def make_bf16_fixture(out, name, config_class, config_kwargs, seed, experts=False):
+    """One bf16 fixture in out/name, drawn from `seed`: the checkpoint, expected.safetensors and
+    expected.json (the reference from a fresh float64 load, eager attention and, with experts,
+    eager experts). Returns the per-case summary."""
+    torch.manual_seed(seed); rng = random.Random(seed)
+    cfg = config_class(**config_kwargs)
+    d = os.path.join(out, name)
+    # Gemma's RMSNorm multiplies by 1 + w: its checkpoints store w - 1.
+    model, ref = save_random_model(cfg, d, torch.bfloat16, norm_mean=0.0 if name.startswith("gemma") else 1.0,
+                                   **({"experts_implementation": "eager"} if experts else {}))
+    tensors, meta = reference_cases(ref, rng, cfg.vocab_size, greedy_len_in_meta=False)
+    save_file(tensors, os.path.join(d, "expected.safetensors"))
+    info = {"name": name, "hf_class": type(model).__name__, "weights_dtype": "bfloat16",
+            "reference": "HF transformers %s, eager attention, float64 (fresh load of the saved checkpoint)"
+                         % __import__("transformers").__version__,
+            "cases": meta, "notes": "case2 shares its first 33 tokens with case1; case5 is 300 tokens"}
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    return meta

@@ -6,11 +6,9 @@ As make_fixtures.py: one seed for every fixture, every parameter non-trivial (no
 1.0 +/- 0.2, Gemma's stored as w - 1 since its RMSNorm multiplies by 1 + w), bf16 weights, and the
 reference computed from a fresh float64 load of the saved checkpoint with eager attention (and
 eager experts for the mixtures of experts)."""
-import os, sys, json, random
-import torch
-from safetensors.torch import save_file
+import os, sys, json
 from transformers import Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig, MixtralConfig
-from fixture_common import save_random_model, reference_cases
+from fixture_common import make_bf16_fixture
 out, seed = sys.argv[1], int(sys.argv[2])
 base = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -40,20 +38,6 @@ specs = {
 moe = {"qwen3-moe", "mixtral"}
 summary = {}
 for name, (C, kw) in specs.items():
-    torch.manual_seed(seed); rng = random.Random(seed)
-    cfg = C(**kw)
-    d = os.path.join(out, name)
-    # Gemma's RMSNorm multiplies by 1 + w: its checkpoints store w - 1.
-    model, ref = save_random_model(cfg, d, torch.bfloat16, norm_mean=0.0 if name.startswith("gemma") else 1.0,
-                                   **({"experts_implementation": "eager"} if name in moe else {}))
-    tensors, meta = reference_cases(ref, rng, cfg.vocab_size, greedy_len_in_meta=False)
-    save_file(tensors, os.path.join(d, "expected.safetensors"))
-    info = {"name": name, "hf_class": type(model).__name__, "weights_dtype": "bfloat16",
-            "reference": "HF transformers %s, eager attention, float64 (fresh load of the saved checkpoint)"
-                         % __import__("transformers").__version__,
-            "cases": meta, "notes": "case2 shares its first 33 tokens with case1; case5 is 300 tokens"}
-    with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump(info, f, indent=1)
-    summary[name] = meta
-    print(name, json.load(open(os.path.join(d, "config.json"))).get("rope_parameters"), flush=True)
+    summary[name] = make_bf16_fixture(out, name, C, kw, seed, experts=name in moe)
+    print(name, json.load(open(os.path.join(out, name, "config.json"))).get("rope_parameters"), flush=True)
 print(json.dumps(summary)[:3000])

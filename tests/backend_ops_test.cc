@@ -15,7 +15,7 @@
 // - tests/cuda_kernels_test.cu, the raw launchers: CUDA graph capture and replay of decode with
 //   the page table changing between replays, the split-count heuristic on the device's real
 //   multiprocessor count, the decode kernel's several-token rows (outside AttentionPlan's
-//   contract), launch refusals (head_dim 96, an f32 GEMM output with a bias) and the cuBLASLt
+//   contract), launch refusals (head_dim 72, an f32 GEMM output with a bias) and the cuBLASLt
 //   tuning of GEMM plans.
 // - tests/ops_cpu_test.cc, CPU internals: the vectorized exp, linear's thread-count invariance
 //   and the portable quantized-block kernel.
@@ -54,6 +54,12 @@
 #include "pagedlm/ops/silu_mul.h"
 #include "pagedlm/ops/softcap.h"
 #include "pagedlm/ops/write_kv.h"
+
+#ifdef PAGEDLM_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "pagedlm/ops/cuda/check.h"
+#endif
 
 namespace pagedlm {
 namespace {
@@ -1105,10 +1111,16 @@ TEST(BackendOpsCpu, SampleTokensErrors) {
 // paged_attention
 // ------------------------------------------------------------------------------------------
 
-// The multiprocessor count the GPU's split-count heuristics are asked about here: an H100 /
-// H200's. It only shapes the split counts; tests/cuda_kernels_test.cu runs the heuristic on the
-// device's real count.
-constexpr int kHeuristicSms = 132;
+#ifdef PAGEDLM_HAS_CUDA
+// The device whose SM count and shared memory the GPU's split-count heuristics are asked about:
+// the current one, so that a run under PAGEDLM_CUDA_SMEM_CAP_KB takes the splits that a smaller
+// GPU would.
+int heuristic_device() {
+  int device = 0;
+  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+#endif
 
 struct AttnCase {
   std::vector<int> n_new;  // query rows per sequence (0: a sequence with no rows this step)
@@ -1244,7 +1256,7 @@ PlanTensors make_plan(const AttnCase& c, const AttnData& d, const Backend& b) {
   for (size_t s = 0; s < c.n_new.size(); ++s) max_kv = std::max(max_kv, c.n_new[s] + c.n_ctx[s]);
   plan.num_splits = c.num_splits > 0 ? c.num_splits
                                      : ops::cuda::paged_attention_decode_num_splits(
-                                           d.num_seqs, c.hk, c.d, max_kv, kHeuristicSms);
+                                           d.num_seqs, c.hk, c.d, max_kv, heuristic_device());
   int slots = plan.num_splits;
   if (c.cascade) {
     // The shared pass's arrays as ops/cuda/kernels.h documents them: items of up to per_item
@@ -1270,10 +1282,10 @@ PlanTensors make_plan(const AttnCase& c, const AttnData& d, const Backend& b) {
     plan.shared_items = b.i32(items, {d.num_seqs, 4});
     plan.shared_members = b.i32(members, {d.num_seqs});
     plan.shared_max_items = d.num_seqs;
-    plan.shared_splits = c.shared_splits > 0
-                             ? c.shared_splits
-                             : ops::cuda::shared_prefix_num_splits(
-                                   (d.num_seqs + per_item - 1) / per_item, c.hk, kHeuristicSms);
+    plan.shared_splits =
+        c.shared_splits > 0 ? c.shared_splits
+                            : ops::cuda::shared_prefix_num_splits(
+                                  (d.num_seqs + per_item - 1) / per_item, c.hk, heuristic_device());
     slots += plan.shared_splits;
   }
   plan.workspace_bytes = ops::cuda::paged_attention_workspace_bytes(d.num_tokens, c.hq, c.d, slots);
@@ -1511,11 +1523,55 @@ TEST_P(BackendOps, PagedAttentionHeadDim256) {
 const std::vector<int> kVariantNew = {1, 1, 7, 40, 75, 1};
 const std::vector<int> kVariantCtx = {130, 7, 33, 100, 0, 60};
 
+// head_dim 80 and 96 (Phi-3-mini's heads, as many kv heads as q heads), whose rows of 10 and 12
+// 16-byte chunks do not divide a warp: prefill, decode with and without splits, windows and
+// soft-caps through both, the cascade with a window and a cap. The CPU runs each batch once.
+TEST_P(BackendOps, PagedAttentionHeadDims80And96) {
+  const Backend b = backend();
+  for (int d : {80, 96}) {
+    const int hq = 8, hk = d == 96 ? 8 : 2;
+    expect_attention(b, shape({1, 7, 33, 130}, {0, 40, 1000, 100}, hq, hk, d, 32), d + 1);
+    for (int splits : {1, 3, 0}) {
+      AttnCase c = decode_shape({0, 6, 32, 999, 63, 64, 4096}, hq, hk, d, 16, splits);
+      c.padded_tail = splits == 3 ? 2 : 0;
+      c.on_cpu = splits == 1;
+      expect_attention(b, c, d + 10 + splits);
+    }
+    for (int window : {0, 5, 40}) {
+      for (float cap : {0.f, 1.5f}) {
+        if (window == 0 && cap == 0.f) continue;
+        AttnCase prefill = shape(kVariantNew, kVariantCtx, 4, 2, d, 16);
+        prefill.window = window;
+        prefill.softcap = cap;
+        prefill.leading_decodes = true;
+        expect_attention(b, prefill, d + window);
+        for (int splits : {1, 4}) {
+          AttnCase c = decode_shape({0, 6, 32, 999, 63, 64, 4096}, hq, hk, d, 16, splits);
+          c.window = window;
+          c.softcap = cap;
+          c.on_cpu = splits == 1;
+          expect_attention(b, c, d + 20 * splits + window);
+        }
+      }
+    }
+    std::vector<int> ctx;
+    for (int s = 0; s < 24; ++s) ctx.push_back(s < 20 ? 2000 + (s * 7) % 64 : 48 + s);
+    for (int window : {0, 50}) {
+      AttnCase c = decode_shape(ctx, hq, hk, d, 16, 0);
+      c.cascade = true;
+      c.shared = {{0, 20, 125}, {20, 4, 3}};
+      c.window = window;
+      c.softcap = window > 0 ? 1.5f : 0.f;
+      expect_attention(b, c, 900 + window + d);
+    }
+  }
+}
+
 // Sliding windows smaller than a page, crossing pages and key tiles, larger than every context,
 // and 1 (each row sees itself only), each with and without a soft-cap, through prefill (prompts
 // and one-token rows in one launch). Each variant must change the reference wherever it can, so
 // that a kernel cannot pass by ignoring it. head_dim 72 (not a multiple of the vector width) is
-// a CPU shape; the GPU takes 64, 128 and 256.
+// a CPU shape; the GPU takes 64, 80, 96, 128 and 256 (80 and 96 below).
 TEST_P(BackendOps, PagedAttentionWindowSoftcap) {
   const Backend b = backend();
   for (int d : {72, 64, 128, 256}) {

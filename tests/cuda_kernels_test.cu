@@ -240,11 +240,10 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
   const AttentionVariant variant = c.variant();
   if (c.decode) {
     int splits = c.num_splits;
-    if (splits == 0) {
-      int sms = 0;
-      CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      splits = paged_attention_decode_num_splits(d.num_seqs, Hk, D, d.max_kv, sms);
-    }
+    const DeviceLimits* device = nullptr;
+    CK(current_device_limits(&device));
+    if (splits == 0)
+      splits = paged_attention_decode_num_splits(d.num_seqs, Hk, D, d.max_kv, *device);
     // The shared pass's arrays, built from the runs as kernels.h documents them.
     const int per_item = shared_prefix_members_per_item(Hq, Hk);
     std::vector<int32_t> kv_skip(d.num_seqs, 0), items, members;
@@ -263,13 +262,12 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
     const std::vector<int32_t> num_items = {static_cast<int32_t>(items.size() / 4)};
     items.resize(static_cast<size_t>(max_items) * 4, -7);  // unused items: never read
     members.resize(d.num_seqs, -7);
-    int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     SharedPrefixPass pass;
     pass.max_items = max_items;
-    pass.num_splits = c.shared_splits > 0 ? c.shared_splits
-                                          : shared_prefix_num_splits(
-                                                (d.num_seqs + per_item - 1) / per_item, Hk, sms);
+    pass.num_splits =
+        c.shared_splits > 0
+            ? c.shared_splits
+            : shared_prefix_num_splits((d.num_seqs + per_item - 1) / per_item, Hk, *device);
     DevBuf<int32_t> skip_d(kv_skip), n_items_d(num_items), items_d(items), members_d(members);
     pass.kv_skip = skip_d.get();
     pass.num_items = n_items_d.get();
@@ -482,7 +480,7 @@ TEST(CudaAttention, DecodeGraphReplayWindow) {
 }
 
 // Arguments the kernels do not take are refused before anything is launched: attention's
-// head_dim 96, a soft-cap of 0.
+// head_dim 72 and 112 (the kernels take 64, 80, 96, 128, 256), a soft-cap of 0.
 TEST(CudaAttention, UnsupportedShapesRefused) {
   SKIP_WITHOUT_GPU();
   DevBuf<int32_t> idx(8);
@@ -497,8 +495,10 @@ TEST(CudaAttention, UnsupportedShapesRefused) {
                                          idx.get(), idx.get(), buf.get(), 1, 1, 1, 2, 1, d, 16, v,
                                          1, nullptr, 0, nullptr, nullptr, nullptr);
   };
-  EXPECT_EQ(prefill(96, AttentionVariant{0.1f}), cudaErrorInvalidValue);
-  EXPECT_EQ(decode(96, AttentionVariant{0.1f}), cudaErrorInvalidValue);
+  for (int d : {72, 112}) {
+    EXPECT_EQ(prefill(d, AttentionVariant{0.1f}), cudaErrorInvalidValue) << d;
+    EXPECT_EQ(decode(d, AttentionVariant{0.1f}), cudaErrorInvalidValue) << d;
+  }
   DevBuf<float> logits(16);
   EXPECT_EQ(launch_softcap(logits.get(), true, 16, 0.f, nullptr), cudaErrorInvalidValue)
       << "a soft-cap needs cap > 0";

@@ -19,10 +19,10 @@ inline constexpr int kNumCases = 6;
 
 // The last four: FP8 checkpoints (scripts/make_fixtures_fp8.py), their reference the float64
 // logits of the dequantized weights.
-inline const char* const kFixtures[] = {"llama-gqa",  "llama3-rope", "qwen2-bias", "qwen3-qknorm",
-                                        "mistral",    "gemma2",      "gemma3",     "phi3",
-                                        "qwen3-yarn", "qwen3-moe",   "mixtral",    "fp8-tensor",
-                                        "fp8-block",  "ct-mixed",    "fbgemm"};
+inline const char* const kFixtures[] = {
+    "llama-gqa",  "llama3-rope", "qwen2-bias", "qwen3-qknorm", "mistral", "gemma2",
+    "gemma3",     "phi3",        "qwen3-yarn", "qwen3-moe",    "mixtral", "phi3-d96",
+    "gemma2-d80", "fp8-tensor",  "fp8-block",  "ct-mixed",     "fbgemm"};
 
 inline std::string fixture_dir(const std::string& name) {
   return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;

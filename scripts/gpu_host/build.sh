@@ -4,7 +4,10 @@
 # build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test, engine_grammar_test,
 # cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench. Then e.g.:
 # build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
-# Run from anywhere; JOBS sets the parallelism.
+# Run from anywhere; JOBS sets the parallelism. ARCHS sets the GPUs, in CMake's spelling (N: SASS
+# and PTX, N-real: SASS, N-virtual: PTX only): by default those of the CMake build (SASS for 80,
+# 86, 89, 90, 100 and 120 as far as nvcc goes, the newest's PTX too); ARCHS=90 builds for the
+# H200 alone, ARCHS=80-virtual only sm_80's PTX (which any later GPU compiles at load).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deps=$PWD/.gpu-deps
@@ -36,7 +39,25 @@ else
   echo "no NCCL found: tensor parallelism over GPUs is off in this build" >&2
 fi
 export CXX_CMD="g++ -std=c++20 -O2 -march=native -fopenmp -w $inc $def"
-export NVCC_CMD="nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -lineinfo -w $inc $def"
+if [[ -z ${ARCHS:-} ]]; then
+  ARCHS="" known=$(nvcc --list-gpu-arch)
+  for a in 80 86 89 90 100 120; do
+    if grep -qx "compute_$a" <<<"$known"; then ARCHS="$ARCHS $a-real"; fi
+  done
+  [[ -n $ARCHS ]] || { echo "nvcc knows none of sm_80, 86, 89, 90, 100, 120" >&2; exit 1; }
+  newest=${ARCHS##* }
+  ARCHS="${ARCHS% *} ${newest%-real}"
+fi
+gencode=""
+for a in $ARCHS; do
+  case $a in
+    *-real) gencode="$gencode -gencode arch=compute_${a%-real},code=sm_${a%-real}" ;;
+    *-virtual) gencode="$gencode -gencode arch=compute_${a%-virtual},code=compute_${a%-virtual}" ;;
+    *) gencode="$gencode -gencode arch=compute_$a,code=[sm_$a,compute_$a]" ;;
+  esac
+done
+echo "CUDA architectures:$gencode"
+export NVCC_CMD="nvcc -std=c++17 -O3 $gencode -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -w $inc $def"
 export OBJ=$obj
 compile() {
   local o=$OBJ/$(echo "$1" | tr / _).o

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check of a GPU host in one command, logs under LOG_DIR (default /tmp/pagedlm-check):
 # build (scripts/gpu_host/build.sh), the op tests on both backends, the CUDA kernel and model
-# tests, compute-sanitizer memcheck on the CUDA op cases of attention, rope and the norms and on
+# tests (attention and models again under PAGEDLM_CUDA_SMEM_CAP_KB 163 and 99), compute-sanitizer memcheck on the CUDA op cases of attention, rope and the norms and on
 # the graph replay, then the benchmark table (scripts/gpu_host/bench.sh; MODELS, default
 # "smollm2-135m llama-3.1-8b", and its REPEAT / WORKLOADS / FLAGS env). Prints a short summary.
 #   JOBS=16 scripts/gpu_host/check.sh [LOG_DIR]
@@ -16,9 +16,22 @@ for t in backend_ops_test cuda_kernels_test cuda_model_test; do
   timeout 300 "build-gpu/$t" >"$logs/$t.log" 2>&1 || status=1
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
 done
+# The attention configurations of GPUs with less shared memory per block: 163 KB (A100), 99 KB
+# (RTX 30xx / 40xx / 50xx).
+for cap in 163 99; do
+  for t in backend_ops_test cuda_model_test; do
+    filter=$([[ $t == backend_ops_test ]] && echo 'Cuda/*PagedAttention*' || echo '*')
+    PAGEDLM_CUDA_SMEM_CAP_KB=$cap timeout 300 "build-gpu/$t" --gtest_filter="$filter" \
+      >"$logs/$t.cap$cap.log" 2>&1 || status=1
+    echo "$t (${cap} KB): $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.cap$cap.log" | tr '\n' ' ')"
+  done
+done
 timeout 300 compute-sanitizer --tool memcheck build-gpu/backend_ops_test \
-  --gtest_filter='Cuda/*Cascade*:Cuda/*PagedAttentionDecode/*:Cuda/*RopeWriteKv*:Cuda/*RmsNorm*:Cuda/*SiluMul*' \
+  --gtest_filter='Cuda/*Cascade*:Cuda/*PagedAttentionDecode/*:Cuda/*HeadDims80And96*:Cuda/*RopeWriteKv*:Cuda/*RmsNorm*:Cuda/*SiluMul*' \
   >"$logs/memcheck.log" 2>&1 || status=1
+# head_dim 256's one-stage decode and 16-key tiles (99 KB).
+PAGEDLM_CUDA_SMEM_CAP_KB=99 timeout 300 compute-sanitizer --tool memcheck build-gpu/backend_ops_test \
+  --gtest_filter='Cuda/*PagedAttentionHeadDim256*' >>"$logs/memcheck.log" 2>&1 || status=1
 timeout 300 compute-sanitizer --tool memcheck build-gpu/cuda_kernels_test \
   --gtest_filter='*GraphReplay*:*SeveralTokens*' >>"$logs/memcheck.log" 2>&1 || status=1
 echo "memcheck: $(grep -E 'ERROR SUMMARY' "$logs/memcheck.log" | tr '\n' ' ')"

@@ -129,6 +129,7 @@ EngineOptions EngineFlags::resolve() const {
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA
   if (cuda_device_available()) {
+    require_supported_cuda_devices();  // an older GPU is refused, not left to fail in a kernel
     o.device = Device::kCuda;
     if (o.tensor_parallel_size > 1 && o.tensor_parallel_endpoint.empty()) {
       // Two ranks on one GPU would fail only later, inside NCCL ("duplicate GPU").

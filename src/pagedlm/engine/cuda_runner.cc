@@ -61,7 +61,6 @@ struct CudaStepRunner::Impl {
   cudaEvent_t step_begin = nullptr, step_end = nullptr;  // the last step's device time
   double last_gpu_ms = 0;
   std::chrono::steady_clock::time_point wait_begin, wait_end;  // host clock around the last wait
-  int num_sms = 1;
   // The GPU current when the runner was made (a tensor-parallel rank's own): steps may run on
   // another thread than the one that made it (the server's engine thread), and the current
   // device is per thread.
@@ -120,8 +119,7 @@ struct CudaStepRunner::Impl {
     vocab = c.vocab_size;
     members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda::check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
-                "cudaDeviceGetAttribute");
+    ops::cuda::require_supported_device(device);
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
@@ -149,7 +147,7 @@ struct CudaStepRunner::Impl {
     // so scan every batch size at the longest context, plus the cascade's shared splits.
     for (int32_t b = 1; b <= max_bucket; ++b) {
       const int splits = ops::cuda::paged_attention_decode_num_splits(
-                             b, num_kv_heads, head_dim, static_cast<int>(max_model_len), num_sms) +
+                             b, num_kv_heads, head_dim, static_cast<int>(max_model_len), device) +
                          (use_cascade ? shared_splits(b) : 0);
       workspace_bytes = std::max(workspace_bytes, ops::cuda::paged_attention_workspace_bytes(
                                                       b, num_q_heads, head_dim, splits));
@@ -235,7 +233,7 @@ struct CudaStepRunner::Impl {
   // Shared-pass splits of a decode bucket: enough blocks when one group holds the whole batch.
   int32_t shared_splits(int32_t num_seqs) const {
     const int items = (num_seqs + members_per_item - 1) / members_per_item;
-    return ops::cuda::shared_prefix_num_splits(items, num_kv_heads, num_sms);
+    return ops::cuda::shared_prefix_num_splits(items, num_kv_heads, device);
   }
 
   // The split count of a decode bucket, for the longest context the model allows (the kernel
@@ -243,7 +241,7 @@ struct CudaStepRunner::Impl {
   // A function of the bucket alone, so one graph per bucket serves every step.
   int32_t decode_splits(int32_t num_seqs) const {
     int splits = ops::cuda::paged_attention_decode_num_splits(
-        num_seqs, num_kv_heads, head_dim, static_cast<int>(max_model_len), num_sms);
+        num_seqs, num_kv_heads, head_dim, static_cast<int>(max_model_len), device);
     const int extra = use_cascade ? shared_splits(num_seqs) : 0;
     while (splits > 1 && ops::cuda::paged_attention_workspace_bytes(
                              num_seqs, num_q_heads, head_dim, splits + extra) > workspace_bytes) {
@@ -609,6 +607,12 @@ int CudaStepRunner::device_count() {
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
+void CudaStepRunner::require_supported_devices() {
+  for (int device = 0, n = device_count(); device < n; ++device) {
+    ops::cuda::require_supported_device(device);
+  }
+}
+
 int64_t CudaStepRunner::free_memory_bytes() {
   size_t free_bytes = 0, total_bytes = 0;
   cuda::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -666,6 +670,8 @@ CudaStepRunner::CudaStepRunner(CausalLM&, const EngineOptions&, int64_t) {
 CudaStepRunner::~CudaStepRunner() = default;
 
 int CudaStepRunner::device_count() { return 0; }
+
+void CudaStepRunner::require_supported_devices() {}
 
 int64_t CudaStepRunner::free_memory_bytes() { return 0; }
 

@@ -44,6 +44,9 @@ class CudaStepRunner {
 
   // The GPUs this process sees (0 when this build has no CUDA).
   static int device_count();
+  // Fails unless every GPU this process sees runs pagedlm's kernels (compute capability 8.0 on),
+  // naming the first that does not.
+  static void require_supported_devices();
   // Free device memory now, in bytes.
   static int64_t free_memory_bytes();
 

@@ -104,6 +104,7 @@ int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, 
 
 int cuda_device_count() { return CudaStepRunner::device_count(); }
 bool cuda_device_available() { return cuda_device_count() > 0; }
+void require_supported_cuda_devices() { CudaStepRunner::require_supported_devices(); }
 
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     : options_(std::move(options)), seed_counter_(std::random_device{}()) {

@@ -129,6 +129,9 @@ int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, 
 // The GPUs this process sees: 0 when this build has no CUDA support or the machine no GPU.
 int cuda_device_count();
 bool cuda_device_available();
+// Fails unless every GPU this process sees runs pagedlm's CUDA kernels (compute capability 8.0
+// or later), naming the GPU and its capability and pointing to --device cpu.
+void require_supported_cuda_devices();
 
 class Engine {
  public:

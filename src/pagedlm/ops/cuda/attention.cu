@@ -1,751 +1,105 @@
-// Paged attention over the packed token stream, FlashAttention-2 style: K/V tiles of 64 keys
-// stream through shared memory (cp.async, multi-stage), S = Q K^T and O += P V run on tensor
-// cores (mma.sync m16n8k16 bf16 -> fp32), softmax is online, S never leaves registers.
-//
-// Rows of a tile are (token, q head) pairs of one kv head's group, so all q heads that share a
-// kv head read each K/V tile once (GQA packing, as FlashInfer does). Two warp layouts:
-//   prefill: 4 warps x 16 rows each, every warp sees all 64 keys of a tile;
-//   decode:  1 x 16 rows, the 4 warps split the 64 keys of a tile (more bytes in flight per
-//            row), merged through shared memory; across blocks the keys are split again
-//            (flash-decoding) and a small kernel merges the per-split (lse, out) pairs.
-// See docs/KERNELS.md for the variants and their timings.
-//
-// The layer's attention variant enters as two compile-time policies, as FlashInfer's variants
-// do: kWindow (sliding window: each row's key range starts at its window, so tiles wholly
-// before every row's window are never loaded, and the decode splits cut only the window) and
-// kSoftcap (Gemma 2's tanh cap on the scores). Each launch picks its instantiation once, so the
-// plain path (neither) compiles to exactly the code it had before the policies existed.
-// head_dim 96 (Phi-3) is not supported: a row of 12 16-byte chunks does not divide a warp,
-// which the K/V tile loads' per-warp row mapping relies on.
+// Paged attention, host side: picks each launch's kernel configuration by the device's shared
+// memory (attention_kernel.cuh has the kernel; attention_d<D>.cu its instantiations), the decode
+// split counts by its SM count, and launches.
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
+#include <mutex>
+#include <vector>
 
+#include "pagedlm/ops/cuda/attention_kernel.cuh"
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
-#include "pagedlm/ops/cuda/mma.cuh"
 
 namespace pagedlm::cuda {
 namespace {
 
+using attn::AttnKernel;
+using attn::AttnKernels;
+using attn::AttnParams;
+using attn::kLog2e;
+using attn::kMinSharedSplitKeys;
+using attn::kMinSplitKeys;
+using attn::kThreads;
+using attn::Pass;
 using detail::ceil_div;
-using detail::cp_async_16;
-using detail::cp_async_commit;
-using detail::cp_async_wait;
-using detail::ldmatrix_x4;
-using detail::ldmatrix_x4_trans;
-using detail::mma_16816;
-using detail::pack_bf16;
-using detail::smem_addr;
 
-constexpr int kThreads = 128;
-constexpr int kBlockKv = 64;        // keys per pipeline stage
-constexpr int kMinSplitKeys = 256;  // no decode split shorter than this
-// The shared pass's blocks hold 64 query rows (many sequences), so even one key tile per split
-// is worth its merge.
-constexpr int kMinSharedSplitKeys = kBlockKv;
-constexpr float kLog2e = 1.4426950408889634f;
-// Decode pipeline depth per head size. d = 128: two stages (74 KB of shared memory, 3 blocks per
-// SM) beat three (108 KB, 2 per SM) at 512-1024 keys on the H200, 68-82% of copy bandwidth
-// against 64-76%; d = 64 keeps three (59% against 51% with two at 768 keys). Both held again
-// once the loop's address arithmetic was cut (7bbb77d; docs/KERNELS.md, "Deeper pipelines").
-// d = 256: one block per SM either way (two stages take 140 KB, three 206 KB of the 227 KB a
-// block may have), so three, which keep two 64 KB tiles in flight per SM instead of one.
-template <int D>
-constexpr int kDecodeStages = D == 128 ? 2 : 3;
-
-struct AttnParams {
-  const __nv_bfloat16* q;
-  const __nv_bfloat16* k_cache;
-  const __nv_bfloat16* v_cache;
-  const int32_t* q_indptr;
-  const int32_t* kv_indptr;
-  const int32_t* kv_page_indices;
-  const int32_t* kv_last_page_len;
-  __nv_bfloat16* out;
-  // Partial results [slot, num_tokens, num_q_heads, (head_dim)] (lse in the log2 domain),
-  // merged by merge_splits_kernel; null: the kernel normalizes and writes `out` itself.
-  float* ws_o;
-  float* ws_lse;
-  int num_tokens;
-  int num_q_heads;
-  int num_kv_heads;
-  int group;
-  int page_size;
-  int num_splits;   // key splits per (sequence or item, kv head)
-  int extra_slots;  // slots after the splits, marked empty by split 0 (the shared pass fills them)
-  int slot_offset;  // workspace slot of split 0
-  float scale_log2;
-  // Decode: the order in which sequences' blocks start (null: 0, 1, ...).
-  const int32_t* seq_order;
-  // Decode beside a shared-prefix pass: kv_skip[b] leading keys of sequence b are left to it.
-  const int32_t* kv_skip;
-  // The shared-prefix pass (kShared): items of sequences whose first keys are the same pages.
-  const int32_t* num_items;  // [1]
-  const int32_t* items;      // [max_items][4]: first member, members, page offset, shared keys
-  const int32_t* members;    // sequence indices
-  // kWindow: a row at position pos sees keys pos - (window - 1) .. pos.
-  int window;
-  // kSoftcap, in the log2 domain of the softmax: score * log2(e) = softcap_log2 *
-  // tanh(q.k * softcap_pre), with softcap_pre = scale / softcap, softcap_log2 = softcap * log2(e).
-  float softcap_pre;
-  float softcap_log2;
-};
-
-// The hardware tanh (max relative error 2^-11, as FlashAttention's and FlashInfer's soft-caps
-// use): tanhf would cost far more instructions than the score's mma.
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// A raw score q.k in the softmax's log2 domain: scale * log2(e) * q.k, or with the soft-cap
-// softcap * log2(e) * tanh(scale * q.k / softcap).
-template <bool kSoftcap>
-__device__ __forceinline__ float score_log2(const AttnParams& p, float qk) {
-  if constexpr (kSoftcap) {
-    return p.softcap_log2 * tanh_approx(qk * p.softcap_pre);
-  } else {
-    return qk * p.scale_log2;
-  }
-}
-
-// Keys of sequence b, whose pages start at kv_page_indices[page_begin] (= kv_indptr[b]).
-__device__ __forceinline__ int seq_keys(const AttnParams& p, int b, int page_begin) {
-  const int num_pages = p.kv_indptr[b + 1] - page_begin;
-  return num_pages > 0 ? (num_pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
-}
-
-// The first key a row at position pos sees under the sliding window (may be negative).
-__device__ __forceinline__ int window_start(const AttnParams& p, int pos) {
-  return pos - (p.window - 1);
-}
-
-template <int D, int WM, int WN, int STAGES>
-constexpr size_t attn_smem_bytes() {
-  return static_cast<size_t>(16 * WM + 2 * STAGES * kBlockKv) * (D + 8) * sizeof(__nv_bfloat16);
-}
-
-// The three launches of the kernel: prefill and decode (one unit per block, the grid covers the
-// units) and the shared-prefix pass (blocks that loop over their units).
-enum class Pass { kPrefill, kDecode, kShared };
-
-// One unit of a block's work: rows [row0, row0 + 16 * WM) of sequence b's (token, q head) pairs of
-// kv head hk (shared pass: of an item's members) against keys [kv_begin, kv_end). Thread 0 fills
-// it in shared memory; every thread reads it from there.
-struct Unit {
-  int id;  // position in the launch's unit order; -1: no unit left
-  int hk, split, row0, n_rows, q_start, first_member, ctx;
-  int kv_begin, kv_end, page_begin, num_tiles;
-};
-
-// The unit of row tile `tile` (shared pass: item `tile`), key split `split`, sequence b and kv
-// head hk. False when it has no rows: a padding sequence, a tile past the sequence's rows, an
-// item past the step's count.
-// kWindow: the key range starts at the window of the unit's earliest row.
-template <int kRows, bool kShared, bool kWindow>
-__device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int hk, Unit& u) {
-  // Decode/prefill: sequence b's new tokens, which see the keys before them (ctx) and up to
-  // themselves. Shared pass: one token per member, all of which see keys [0, shared).
-  int kv_lo = 0, kv_limit;
-  u.hk = hk;
-  u.split = split;
-  u.q_start = 0;
-  u.first_member = 0;
-  if constexpr (kShared) {
-    if (tile >= *p.num_items) return false;
-    const int32_t* item = p.items + 4 * tile;
-    u.first_member = item[0];
-    u.n_rows = item[1] * p.group;
-    u.page_begin = item[2];
-    u.row0 = 0;
-    u.ctx = kv_limit = item[3];
-    if constexpr (kWindow) {
-      // Each member's one new token is its last key; the earliest member window bounds the
-      // item's keys (none at all when every member's window starts past the shared keys).
-      int lo = kv_limit;
-#pragma unroll 8
-      for (int i = 0; i < item[1]; ++i) {
-        const int m = p.members[u.first_member + i];
-        lo = min(lo, window_start(p, seq_keys(p, m, p.kv_indptr[m]) - 1));
-      }
-      kv_lo = max(lo, 0);
-    }
-  } else {
-    u.q_start = p.q_indptr[b];
-    const int n_new = p.q_indptr[b + 1] - u.q_start;
-    u.n_rows = n_new * p.group;
-    u.row0 = tile * kRows;
-    if (u.row0 >= u.n_rows) return false;
-    u.page_begin = p.kv_indptr[b];
-    const int n_kv = seq_keys(p, b, u.page_begin);
-    u.ctx = n_kv - n_new;  // keys before the first new token
-    const int last_row = min(u.row0 + kRows, u.n_rows) - 1;
-    kv_limit = max(u.ctx + last_row / p.group + 1, 0);
-    if (p.kv_skip != nullptr) kv_lo = min(p.kv_skip[b], kv_limit);
-    // The first row's window starts first; it is never past the first row's own key.
-    if constexpr (kWindow) kv_lo = max(kv_lo, window_start(p, u.ctx + u.row0 / p.group));
-  }
-  // Each sequence uses only as many of the launch's splits as its own length warrants; the
-  // others see an empty key range and store an empty (lse = -inf) partial result. So the launch
-  // shape, and a captured graph, do not depend on the lengths.
-  const int n_keys = kv_limit - kv_lo;
-  const int min_keys = kShared ? kMinSharedSplitKeys : kMinSplitKeys;
-  const int splits = max(1, min(p.num_splits, n_keys / min_keys));
-  const int chunk = static_cast<int>(ceil_div(ceil_div(n_keys, splits), kBlockKv)) * kBlockKv;
-  u.kv_begin = kv_lo + min(split * chunk, n_keys);
-  u.kv_end = min(u.kv_begin + chunk, kv_limit);
-  u.num_tiles = static_cast<int>(ceil_div(u.kv_end - u.kv_begin, kBlockKv));
-  return true;
-}
-
-// A block's units in order: positions first, first + stride, ... below total (kLoop; otherwise
-// only the first); unit_at(position, unit) fills a unit and says whether it has rows (positions
-// without are skipped). q: [num_tokens, num_q_heads, D]; k_cache/v_cache: [num_pages,
-// page_size, num_kv_heads, D]. Shared memory: the Q rows, then STAGES K/V stages, each a tile's
-// K rows followed by its V rows. Q arrives by cp.async with the first tile. A looping block
-// loads the next unit's Q and first tiles while it writes the current unit's result, and its
-// thread 0 looks the next unit up while the current one's first tile arrives. (Decode blocks
-// looping this way over all units, assigned round-robin or fetched from an atomic counter, ran
-// no faster than one block per unit: docs/KERNELS.md.)
-template <int D, int WM, int WN, int STAGES, bool kShared, bool kLoop, bool kWindow, bool kSoftcap,
-          typename UnitAt>
-__device__ __forceinline__ void attend_units(const AttnParams& p, int first, int stride, int total,
-                                             UnitAt unit_at) {
-  static_assert(WM * WN == kThreads / 32, "4 warps");
-  constexpr int kRows = 16 * WM;
-  constexpr int kStride = D + 8;  // padded smem row: conflict-free fragment loads
-  constexpr int kStageRows = 2 * kBlockKv;
-  constexpr int kWarpKv = kBlockKv / WN;
-  constexpr int kNt = kWarpKv / 8;  // n8 tiles of S per warp
-  constexpr int kDt = D / 8;        // n8 tiles of O per warp
-  static_assert(kWarpKv % 16 == 0, "P.V steps over 16 keys (and K loads two n8 tiles)");
-  // The warps' merge (WN > 1) works in one consumed stage.
-  static_assert(WN == 1 || (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) <=
-                               kStageRows * kStride * sizeof(__nv_bfloat16),
-                "merge buffers fit in one K/V stage");
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ Unit units[2];  // the current unit and the next
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  auto stage_k = [&](int stage) { return q_s + (kRows + stage * kStageRows) * kStride; };
-
-  const int group = p.group;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int wm = warp / WN, wn = warp % WN;
-  const bool split_out = p.ws_o != nullptr;
-
-  auto find = [&](int pos, Unit& u) {
-    for (; pos < total; pos += stride) {
-      if (unit_at(pos, u)) {
-        u.id = pos;
-        return;
-      }
-    }
-    u.id = -1;
-  };
-  // The token of row r of unit u (its q head is hk * group + r % group).
-  auto token_of = [&](const Unit& u, int r) {
-    return kShared ? p.q_indptr[p.members[u.first_member + r / group]] : u.q_start + r / group;
-  };
-  auto load_q = [&](const Unit& u) {
-    for (int idx = tid; idx < kRows * (D / 8); idx += kThreads) {
-      const int r = idx / (D / 8), c = idx % (D / 8);
-      const int gr = u.row0 + r;
-      const bool valid = gr < u.n_rows;
-      size_t off = 0;
-      if (valid) {
-        off =
-            (static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group) * D +
-            c * 8;
-      }
-      cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
-    }
-  };
-  // A tile's rows: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i *
-  // kRowsPerPass. A warp's threads touch 16 rows in all; lane l looks up the cache offset of the
-  // warp's row l % 16 (one page-table read and one division per tile, not one per chunk: those
-  // were most of the loop's instructions) and the others take it by shuffle.
-  auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
-    constexpr int kChunks = D / 8;
-    constexpr int kRowsPerPass = kThreads / kChunks;
-    constexpr int kPasses = kBlockKv / kRowsPerPass;
-    constexpr int kWarpRows = 32 / kChunks;  // rows of one warp in one pass
-    static_assert(kWarpRows * kPasses == 16, "a warp's rows of a tile: one per half-warp lane");
-    const int kv0 = u.kv_begin + kv_tile * kBlockKv;
-    const int kv_end = u.kv_end;
-    const int c = tid % kChunks;
-    const int mine = (lane % 16) / kWarpRows * kRowsPerPass + warp * kWarpRows + lane % kWarpRows;
-    int64_t my_off = 0;
-    if (kv0 + mine < kv_end) {
-      const int pos = kv0 + mine;
-      const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
-      my_off =
-          ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads + u.hk) *
-          D;
-    }
-    __nv_bfloat16* ks = stage_k(stage);
-    __nv_bfloat16* vs = ks + kBlockKv * kStride;
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int r = tid / kChunks + i * kRowsPerPass;
-      const int64_t row_off = __shfl_sync(0xffffffffu, my_off, i * kWarpRows + lane / kChunks);
-      const bool valid = kv0 + r < kv_end;
-      const int64_t off = valid ? row_off + c * 8 : 0;
-      cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
-      cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
-    }
-  };
-  // A unit's Q rows with its first tile, then its next STAGES - 2 tiles: STAGES - 1 groups.
-  auto prologue = [&](const Unit& u, int stage0) {
-    load_q(u);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < u.num_tiles) load_kv(u, s, (stage0 + s) % STAGES);
-      cp_async_commit();
-    }
-  };
-
-  if (tid == 0) find(first, units[0]);
-  __syncthreads();
-  if (units[0].id < 0) return;
-  prologue(units[0], 0);
-  int cur = 0;
-  int base = 0;  // the stage of the current unit's first tile
-  for (;;) {
-    const Unit& u = units[cur];
-    const Unit& next = units[cur ^ 1];
-    if (tid == 0) {  // published by the next barrier
-      if (kLoop) {
-        find(u.id + stride, units[cur ^ 1]);
-      } else {
-        units[cur ^ 1].id = -1;
-      }
-    }
-
-    if (u.split == 0) {  // slots the shared pass fills for its members: empty until then
-      const int rows = min(u.row0 + kRows, u.n_rows) - u.row0;
-      for (int i = tid; i < rows * p.extra_slots; i += kThreads) {
-        const int r = u.row0 + i / p.extra_slots;
-        const int slot = p.slot_offset + p.num_splits + i % p.extra_slots;
-        const size_t row =
-            static_cast<size_t>(token_of(u, r)) * p.num_q_heads + u.hk * group + r % group;
-        p.ws_lse[static_cast<size_t>(slot) * p.num_tokens * p.num_q_heads + row] = -INFINITY;
-      }
-    }
-
-    // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see: below
-    // lim, and (kWindow) from lo on.
-    int lim[2], lo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int gr = u.row0 + wm * 16 + g + 8 * h;
-      const int visible = kShared ? u.ctx : u.ctx + gr / group + 1;
-      lim[h] = gr < u.n_rows ? min(visible, u.kv_end) : u.kv_begin;
-      if constexpr (kWindow) {
-        int pos = 0;  // the row's position; a row past the unit sees nothing anyway
-        if (gr < u.n_rows) {
-          if constexpr (kShared) {
-            const int m = p.members[u.first_member + gr / group];
-            pos = seq_keys(p, m, p.kv_indptr[m]) - 1;
-          } else {
-            pos = u.ctx + gr / group;
-          }
-        }
-        lo[h] = window_start(p, pos);
-      }
-    }
-
-    float o[kDt][4];
-#pragma unroll
-    for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};
-    float l[2] = {0.f, 0.f};
-    uint32_t qf[D / 16][4];
-
-    const int n = u.num_tiles;
-    for (int it = 0; it < n; ++it) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // tile `it` visible to all; the stage before it free for reuse
-      if (it == 0) {
-        const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          qf[ks][0] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 2 * t);
-          qf[ks][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 2 * t);
-          qf[ks][2] = *reinterpret_cast<const uint32_t*>(qw + g * kStride + ks * 16 + 8 + 2 * t);
-          qf[ks][3] =
-              *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
-        }
-      }
-      if (it + STAGES - 1 < n) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
-      cp_async_commit();
-
-      const __nv_bfloat16* ks = stage_k((base + it) % STAGES) + (wn * kWarpKv) * kStride;
-      const __nv_bfloat16* vs = ks + kBlockKv * kStride;
-
-      // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
-      // chains of mma latency instead of one twice as long, and adds them after.
-      constexpr int kChains = kNt >= 4 ? 1 : 2;
-      float s[kNt][4];
-      float s_odd[kNt][4];  // unused (and compiled away) with one chain
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
-      }
-      // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
-      // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
-      const __nv_bfloat16* krow =
-          ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t bk[4];
-          ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
-          mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
-          mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
-        }
-      }
-      if constexpr (kChains == 2) {
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
-        }
-      }
-
-      const int col0 = u.kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = col0 + nt * 8 + (e & 1);
-          const int h = e >> 1;
-          bool seen = col < lim[h];
-          if constexpr (kWindow) seen = seen && col >= lo[h];
-          // The cap applies before the mask, as in HF; masked scores are -inf either way.
-          s[nt][e] = seen ? score_log2<kSoftcap>(p, s[nt][e]) : -INFINITY;
-          mx[h] = fmaxf(mx[h], s[nt][e]);
-        }
-      }
-      float alpha[2];
-      bool rescale = false;  // O holds keys and the row's max grew: O must be scaled down
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m[h], mx[h]);
-        rescale |= m[h] != -INFINITY && m_new > m[h];
-        // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-        const float base_h = m_new == -INFINITY ? 0.f : m_new;
-        alpha[h] = exp2f(m[h] - base_h);
-        m[h] = m_new;
-        mx[h] = base_h;
-      }
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
-          rs[e >> 1] += s[nt][e];
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
-      // Once a row's max settles most tiles leave it, so the warp skips the 4 * kDt multiplies
-      // unless one of its rows needs them (a row whose O is still 0 needs none).
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int dt = 0; dt < kDt; ++dt) {
-          o[dt][0] *= alpha[0];
-          o[dt][1] *= alpha[0];
-          o[dt][2] *= alpha[1];
-          o[dt][3] *= alpha[1];
-        }
-      }
-
-      // The S accumulator layout is the A-operand layout of P, so P stays in registers.
-#pragma unroll
-      for (int kk = 0; kk < kWarpKv / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const __nv_bfloat16* vrow =
-            vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t bv[4];
-          ldmatrix_x4_trans(bv, vrow + dn * 16);
-          mma_16816(o[2 * dn], a, bv[0], bv[1]);
-          mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
-        }
-      }
-    }
-    // The next unit's Q and first tiles load while this one's result is written: into q_s
-    // once every warp has its Q fragments (and this unit's own Q copy has landed when it had
-    // no tiles), into the stages after the last one consumed.
-    if constexpr (kLoop) {
-      if (n == 0) cp_async_wait<0>();
-      __syncthreads();
-      if (next.id >= 0) prologue(next, (base + n) % STAGES);
-    }
-
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-
-    auto store = [&](int r, int col, float v0, float v1, float lse) {
-      const int gr = u.row0 + r;
-      if (gr >= u.n_rows) return;
-      const size_t row =
-          static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
-      if (!split_out) {
-        *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
-      } else {
-        const size_t srow =
-            static_cast<size_t>(p.slot_offset + u.split) * p.num_tokens * p.num_q_heads + row;
-        // An empty split's output is never read (the merge skips lse = -inf).
-        if (lse != -INFINITY)
-          *reinterpret_cast<float2*>(p.ws_o + srow * D + col) = make_float2(v0, v1);
-        if (col == 0) p.ws_lse[srow] = lse;
-      }
-    };
-
-    if constexpr (WN == 1) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-        const float lse = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
-        const int r = wm * 16 + g + 8 * h;
-#pragma unroll
-        for (int dt = 0; dt < kDt; ++dt) {
-          store(r, dt * 8 + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, lse);
-        }
-      }
-    } else {
-      // Merge the WN warps' partial softmax states of the same 16 rows through shared memory
-      // (the stage of the last tile, which no load in flight targets), only for the rows in
-      // use: a decode tile holds one token's group of q heads (3 or 4 of its 16 rows for
-      // SmolLM2 and Llama).
-      const int rows_used = min(u.row0 + 16, u.n_rows) - u.row0;
-      __syncthreads();  // every warp is done with the last tile
-      float* o_s = reinterpret_cast<float*>(stage_k((base + n - 1 + STAGES) % STAGES));
-      float* m_s = o_s + WN * 16 * D;  // [WN][16]
-      float* l_s = m_s + WN * 16;      // [WN][16]
-      float* f_s = l_s + WN * 16;      // [WN][16] per-warp factors
-      float* lse_s = f_s + WN * 16;    // [16]
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h;
-        if (r >= rows_used) continue;
-        if (t == 0) {
-          m_s[wn * 16 + r] = m[h];
-          l_s[wn * 16 + r] = l[h];
-        }
-#pragma unroll
-        for (int dt = 0; dt < kDt; ++dt) {
-          *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
-              make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
-        }
-      }
-      __syncthreads();
-      if (tid < rows_used) {
-        float mm = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < WN; ++w) mm = fmaxf(mm, m_s[w * 16 + tid]);
-        const float mbase = mm == -INFINITY ? 0.f : mm;
-        float ll = 0.f;
-#pragma unroll
-        for (int w = 0; w < WN; ++w) ll += l_s[w * 16 + tid] * exp2f(m_s[w * 16 + tid] - mbase);
-        const float inv = ll > 0.f ? 1.f / ll : 0.f;
-#pragma unroll
-        for (int w = 0; w < WN; ++w) f_s[w * 16 + tid] = exp2f(m_s[w * 16 + tid] - mbase) * inv;
-        lse_s[tid] = ll > 0.f ? mbase + log2f(ll) : -INFINITY;
-      }
-      __syncthreads();
-      for (int idx = tid; idx < rows_used * D / 2; idx += kThreads) {
-        const int r = idx / (D / 2), col = (idx % (D / 2)) * 2;
-        float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-        for (int w = 0; w < WN; ++w) {
-          const float f = f_s[w * 16 + r];
-          const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
-          v0 += f * ov.x;
-          v1 += f * ov.y;
-        }
-        store(r, col, v0, v1, lse_s[r]);
-      }
-    }
-    if constexpr (!kLoop) return;
-    base = (base + n) % STAGES;
-    __syncthreads();  // every thread is done with `u` (refilled next) and the merge's stage
-    if (next.id < 0) return;
-    cur ^= 1;
-  }
-}
-
-// Blocks per SM that the registers must allow: as many as the shared memory holds (decode: 3 at
-// d = 128, where a fourth would not fit anyway; 64-row tiles: 4 at d = 64, 2 at d = 128). d =
-// 256: one block per SM (64-row tiles: 165 KB; decode: 206 KB), so the full 255 registers.
-template <int D, Pass kPass>
-constexpr int kMinBlocksPerSm = D == 256 ? 1 : (kPass == Pass::kDecode ? 3 : (D == 64 ? 4 : 2));
-
-// prefill and decode: grid (row tiles * num_splits, num_kv_heads, num_seqs), one unit per block.
-//   Decode blocks start roughly in index order, sequence outermost: with seq_order longest
-//   first, the longest sequences start first and the short ones fill the tail of the last wave.
-// shared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
-//   grid need not cover the largest possible number of items.
-template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
-    paged_attention_kernel(AttnParams p) {
-  constexpr int kRows = 16 * WM;
-  if constexpr (kPass == Pass::kShared) {
-    attend_units<D, WM, WN, STAGES, true, true, kWindow, kSoftcap>(
-        p, blockIdx.x, gridDim.x, *p.num_items * p.num_splits, [&](int u, Unit& unit) {
-          return make_unit<kRows, true, kWindow>(p, u / p.num_splits, u % p.num_splits, 0,
-                                                 blockIdx.y, unit);
-        });
-  } else {
-    attend_units<D, WM, WN, STAGES, false, false, kWindow, kSoftcap>(
-        p, 0, 1, 1, [&](int, Unit& unit) {
-          const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
-          return make_unit<kRows, false, kWindow>(p, blockIdx.x / p.num_splits,
-                                                  blockIdx.x % p.num_splits, b, blockIdx.y, unit);
-        });
-  }
-}
-
-// ws_o: [num_splits, num_tokens, num_q_heads, D] f32, ws_lse: [num_splits, num_tokens,
-// num_q_heads]; out: [num_tokens, num_q_heads, D] bf16. One warp per (token, head).
-template <int D>
-__global__ void __launch_bounds__(kThreads)
-    merge_splits_kernel(const float* ws_o, const float* ws_lse, const int32_t* q_indptr,
-                        int num_seqs, int num_tokens, int num_q_heads, int num_splits,
-                        __nv_bfloat16* out) {
-  const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= num_tokens * num_q_heads) return;
-  const int token = row / num_q_heads;
-  // Rows outside every sequence (padding of the stream) were never computed.
-  if (token < q_indptr[0] || token >= q_indptr[num_seqs]) return;
-  const size_t stride = static_cast<size_t>(num_tokens) * num_q_heads;
-  float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_lse[s * stride + row]);
-  const float base = mx == -INFINITY ? 0.f : mx;
-  constexpr int kPer = D / 32;
-  float acc[kPer] = {};
-  float wsum = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float lse = ws_lse[s * stride + row];
-    if (lse == -INFINITY) continue;  // an empty split
-    const float w = exp2f(lse - base);
-    wsum += w;
-    const float* src = ws_o + (s * stride + row) * D + lane * kPer;
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(src + i);
-      acc[i] += w * v.x;
-      acc[i + 1] += w * v.y;
-    }
-  }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  __nv_bfloat16* dst = out + static_cast<size_t>(row) * D + lane * kPer;
-#pragma unroll
-  for (int i = 0; i < kPer; i += 2) {
-    *reinterpret_cast<__nv_bfloat162*>(dst + i) =
-        __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
-  }
-}
-
-// The kernel's dynamic shared-memory limit, set once per instantiation (a host-side setting, not
-// a stream operation).
-template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
-cudaError_t prepare_kernel() {
-  static const cudaError_t err =
-      cudaFuncSetAttribute(paged_attention_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(attn_smem_bytes<D, WM, WN, STAGES>()));
-  return err;
-}
-
-// Blocks of the kernel resident per SM (registers and shared memory), at least 1; of the plain
-// variant (the policies add a few registers at most, not enough to change the split count).
-template <int D, int WM, int WN, int STAGES, Pass kPass>
-int resident_blocks_per_sm() {
-  static const int blocks = [] {
-    int n = 0;
-    if (prepare_kernel<D, WM, WN, STAGES, kPass, false, false>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, paged_attention_kernel<D, WM, WN, STAGES, kPass, false, false>, kThreads,
-            attn_smem_bytes<D, WM, WN, STAGES>()) != cudaSuccess) {
-      cudaGetLastError();  // leave no sticky error behind; one block per SM is always safe
-      return 1;
-    }
-    return std::max(n, 1);
-  }();
-  return blocks;
-}
-
-int device_num_sms() {
-  static const int num_sms = [] {
-    int device = 0, sms = 1;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return sms;
-  }();
-  return num_sms;
-}
-
-template <int D, int WM, int WN, int STAGES, Pass kPass, bool kWindow, bool kSoftcap>
-cudaError_t launch_attn(const AttnParams& params, dim3 grid, cudaStream_t stream) {
-  PAGEDLM_CUDA_TRY((prepare_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>()));
-  paged_attention_kernel<D, WM, WN, STAGES, kPass, kWindow, kSoftcap>
-      <<<grid, kThreads, attn_smem_bytes<D, WM, WN, STAGES>(), stream>>>(params);
-  return cudaGetLastError();
-}
-
-// The launch of the instantiation that params' variant needs (make_params sets window and
-// softcap_log2 only when they are on). Every head size has all four: windows and caps come with
-// d = 64 (small Qwen2 / Gemma configs, the test fixtures), 128 (Mistral, Qwen2, Gemma 2 27B) and
-// 256 (Gemma 2 and 3).
-template <int D, int WM, int WN, int STAGES, Pass kPass>
-cudaError_t launch_variant(const AttnParams& params, dim3 grid, cudaStream_t stream) {
-  const bool window = params.window > 0, cap = params.softcap_log2 > 0.f;
-  if (window) {
-    return cap ? launch_attn<D, WM, WN, STAGES, kPass, true, true>(params, grid, stream)
-               : launch_attn<D, WM, WN, STAGES, kPass, true, false>(params, grid, stream);
-  }
-  if (cap) return launch_attn<D, WM, WN, STAGES, kPass, false, true>(params, grid, stream);
-  return launch_attn<D, WM, WN, STAGES, kPass, false, false>(params, grid, stream);
-}
-
-// f(std::integral_constant<int, D>{}) for a supported head_dim (64, 128, 256); check_shapes
-// rejects the others before any launch, and host-side sizing takes them as 128.
-template <typename F>
-auto with_head_dim(int head_dim, F&& f) {
+// A supported head size's kernels; none for the others.
+AttnKernels kernels_of(int head_dim) {
   switch (head_dim) {
     case 64:
-      return f(std::integral_constant<int, 64>{});
+      return attn::attention_kernels<64>();
+    case 80:
+      return attn::attention_kernels<80>();
+    case 96:
+      return attn::attention_kernels<96>();
+    case 128:
+      return attn::attention_kernels<128>();
     case 256:
-      return f(std::integral_constant<int, 256>{});
+      return attn::attention_kernels<256>();
     default:
-      return f(std::integral_constant<int, 128>{});
+      return {nullptr, 0, nullptr};
   }
+}
+
+// The first configuration of `pass` at head_dim (in the order attention_d<D>.cu prefers them)
+// whose shared memory one block of the device may have; null when none fits.
+const AttnKernel* pick_kernel(int head_dim, Pass pass, const DeviceLimits& device) {
+  const AttnKernels kernels = kernels_of(head_dim);
+  for (int i = 0; i < kernels.count; ++i) {
+    const AttnKernel& k = kernels.kernels[i];
+    if (k.pass == pass && k.smem + attn::kAttnStaticSmemBytes <= device.smem_per_block) return &k;
+  }
+  return nullptr;
+}
+
+// Sets a kernel's dynamic shared-memory limit on the device (a host-side setting, not a stream
+// operation), once per device and kernel, and tells how many of its blocks one SM holds
+// (registers and shared memory, at least 1; under PAGEDLM_CUDA_SMEM_CAP_KB, what the capped SM
+// holds). The variants of a configuration take the plain one's count (the policies add a few
+// registers at most).
+cudaError_t prepare(const AttnKernel& kernel, int variant, const DeviceLimits& device,
+                    int* blocks_per_sm) {
+  struct Prepared {
+    int device;
+    const void* fn;
+    int blocks_per_sm;
+  };
+  static std::mutex mu;
+  static std::vector<Prepared> prepared;
+  const void* fn = kernel.variants[variant];
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Prepared& p : prepared) {
+    if (p.device == device.device && p.fn == fn) {
+      *blocks_per_sm = p.blocks_per_sm;
+      return cudaSuccess;
+    }
+  }
+  PAGEDLM_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kernel.smem)));
+  int n = 0;
+  PAGEDLM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kThreads, kernel.smem));
+  const size_t per_block =
+      kernel.smem + attn::kAttnStaticSmemBytes + device.smem_reserved_per_block;
+  n = std::min(n, static_cast<int>(device.smem_per_sm / per_block));
+  prepared.push_back({device.device, fn, std::max(n, 1)});
+  *blocks_per_sm = prepared.back().blocks_per_sm;
+  return cudaSuccess;
+}
+
+// The launch of the variant that params needs (make_params sets window and softcap_log2 only
+// when they are on).
+cudaError_t launch(const AttnKernel& kernel, const AttnParams& params, dim3 grid,
+                   const DeviceLimits& device, cudaStream_t stream) {
+  const int variant = (params.window > 0 ? 2 : 0) + (params.softcap_log2 > 0.f ? 1 : 0);
+  int blocks_per_sm = 0;
+  PAGEDLM_CUDA_TRY(prepare(kernel, variant, device, &blocks_per_sm));
+  AttnParams p = params;
+  void* args[] = {&p};
+  return cudaLaunchKernel(kernel.variants[variant], grid, dim3(kThreads), args, kernel.smem,
+                          stream);
 }
 
 // The grid of a per-sequence launch: row tiles of the longest sequence times splits.
@@ -759,7 +113,7 @@ cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int pa
   if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const int group = num_q_heads / num_kv_heads;
   if (group < 1 || group > 8) return cudaErrorInvalidValue;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return cudaErrorInvalidValue;
+  if (kernels_of(head_dim).count == 0) return cudaErrorInvalidValue;
   if (page_size < 1) return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -805,12 +159,16 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
 }
 
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
-                                      int num_sms) {
-  // Decode blocks resident per SM (the kernel's registers and shared memory): 3 at d = 128 (two
-  // stages) and at d = 64 (three), 1 at d = 256 (three stages, 206 KB) on sm_90.
-  const int64_t per_sm = with_head_dim(head_dim, [](auto d) {
-    return resident_blocks_per_sm<d, 1, 4, kDecodeStages<d>, Pass::kDecode>();
-  });
+                                      const DeviceLimits& device) {
+  // Decode blocks resident per SM (the kernel's registers and shared memory): on the H200 3 at
+  // d = 128 (two stages) and at d = 64 (three), 1 at d = 256 (three stages, 206 KB).
+  const AttnKernel* kernel = pick_kernel(head_dim, Pass::kDecode, device);
+  int per_sm = 1;
+  if (kernel == nullptr || prepare(*kernel, 0, device, &per_sm) != cudaSuccess) {
+    cudaGetLastError();  // leave no sticky error behind; one block per SM is always safe
+    per_sm = 1;
+  }
+  const int num_sms = device.num_sms;
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * per_sm;
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(num_seqs) * num_kv_heads);
   // Two rounds of units or more: the last round's tail is a small share (and live batches mix
@@ -845,10 +203,12 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
   const AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
                   num_tokens, num_q_heads, num_kv_heads, page_size, variant);
-  const dim3 grid = sequence_grid(params, 64, num_seqs, max_q_len);
-  return with_head_dim(head_dim, [&](auto d) {
-    return launch_variant<d, 4, 1, 2, Pass::kPrefill>(params, grid, stream);
-  });
+  const DeviceLimits* device = nullptr;
+  PAGEDLM_CUDA_TRY(current_device_limits(&device));
+  const AttnKernel* kernel = pick_kernel(head_dim, Pass::kPrefill, *device);
+  if (kernel == nullptr) return cudaErrorInvalidConfiguration;
+  return launch(*kernel, params, sequence_grid(params, kernel->rows, num_seqs, max_q_len), *device,
+                stream);
 }
 
 cudaError_t launch_paged_attention_decode(
@@ -885,10 +245,16 @@ cudaError_t launch_paged_attention_decode(
     params.kv_skip = shared->kv_skip;
     params.extra_slots = shared_splits;
   }
-  const dim3 grid = sequence_grid(params, 16, num_seqs, max_q_len);
-  PAGEDLM_CUDA_TRY(with_head_dim(head_dim, [&](auto d) {
-    return launch_variant<d, 1, 4, kDecodeStages<d>, Pass::kDecode>(params, grid, stream);
-  }));
+  const DeviceLimits* device = nullptr;
+  PAGEDLM_CUDA_TRY(current_device_limits(&device));
+  const AttnKernel* decode = pick_kernel(head_dim, Pass::kDecode, *device);
+  const AttnKernel* shared_kernel =
+      shared != nullptr ? pick_kernel(head_dim, Pass::kShared, *device) : nullptr;
+  if (decode == nullptr || (shared != nullptr && shared_kernel == nullptr)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  PAGEDLM_CUDA_TRY(launch(*decode, params, sequence_grid(params, decode->rows, num_seqs, max_q_len),
+                          *device, stream));
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
     // get the shared keys' partial results.
@@ -902,31 +268,31 @@ cudaError_t launch_paged_attention_decode(
     sp.members = shared->members;
     // Enough looping blocks for a few per SM, never more than the units that could exist.
     const int blocks = std::min(shared->max_items * shared_splits,
-                                std::max(1, 4 * device_num_sms() / num_kv_heads));
+                                std::max(1, 4 * device->num_sms / num_kv_heads));
     const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
-    PAGEDLM_CUDA_TRY(with_head_dim(head_dim, [&](auto d) {
-      return launch_variant<d, 4, 1, 2, Pass::kShared>(sp, shared_grid, stream);
-    }));
+    PAGEDLM_CUDA_TRY(launch(*shared_kernel, sp, shared_grid, *device, stream));
   }
   if (slots == 1) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
-  with_head_dim(head_dim, [&](auto d) {
-    merge_splits_kernel<d><<<blocks, kThreads, 0, stream>>>(
-        params.ws_o, params.ws_lse, q_indptr, num_seqs, num_tokens, num_q_heads, slots, params.out);
-    return 0;
-  });
-  return cudaGetLastError();
+  const float* ws_o = params.ws_o;
+  const float* ws_lse = params.ws_lse;
+  __nv_bfloat16* merged = params.out;
+  int merge_slots = slots;
+  void* args[] = {&ws_o,       &ws_lse,      &q_indptr,    &num_seqs,
+                  &num_tokens, &num_q_heads, &merge_slots, &merged};
+  return cudaLaunchKernel(kernels_of(head_dim).merge, dim3(blocks), dim3(kThreads), args, 0,
+                          stream);
 }
 
 int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {
   return num_kv_heads > 0 ? std::max(1, 64 / std::max(1, num_q_heads / num_kv_heads)) : 1;
 }
 
-int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms) {
+int shared_prefix_num_splits(int num_items, int num_kv_heads, const DeviceLimits& device) {
   // Four blocks per SM (what fits of this kernel) over all splits; the kernel trims splits below
   // kMinSharedSplitKeys keys, and the merge reads every split, so no more than 16.
   const int64_t blocks_per_split = std::max<int64_t>(1, int64_t{num_items} * num_kv_heads);
-  const int64_t splits = int64_t{std::max(num_sms, 1)} * 4 / blocks_per_split;
+  const int64_t splits = int64_t{std::max(device.num_sms, 1)} * 4 / blocks_per_split;
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 16));
 }
 

@@ -17,6 +17,32 @@
 namespace pagedlm::cuda {
 
 // ---------------------------------------------------------------------------------------------
+// The device, asked once per device: every kernel that sizes itself by the device (the
+// attention's stage counts and key tiles, the split heuristics) reads these.
+// PAGEDLM_CUDA_SMEM_CAP_KB=N caps the shared memory the kernels may use at N KB per block (and
+// N + the per-block reservation per SM), so that one GPU runs the configurations of a smaller
+// one: 99 (RTX 30xx / 40xx / 50xx), 163 (A100).
+// ---------------------------------------------------------------------------------------------
+struct DeviceLimits {
+  int device;
+  char name[256];
+  int cc_major, cc_minor;
+  int num_sms;
+  size_t smem_per_block;  // dynamic + static shared memory one block may have (the opt-in limit)
+  size_t smem_per_sm;
+  size_t smem_reserved_per_block;  // the runtime's own share of each resident block's
+  int smem_cap_kb;                 // PAGEDLM_CUDA_SMEM_CAP_KB, 0 when unset
+};
+// The kernels need sm_80 (bf16 mma.sync, cp.async).
+constexpr int kMinComputeCapability = 80;
+// Fills *limits for `device` (cached after the first call). cudaErrorInvalidValue when
+// PAGEDLM_CUDA_SMEM_CAP_KB is not a whole number from 48 to 1024 (smem_cap_error says so).
+cudaError_t device_limits(int device, const DeviceLimits** limits);
+// The current device's.
+cudaError_t current_device_limits(const DeviceLimits** limits);
+const char* smem_cap_error();
+
+// ---------------------------------------------------------------------------------------------
 // Paged attention over the packed token stream (FlashInfer CSR page table, see StepPlan).
 //
 // q:          [num_tokens, num_q_heads, head_dim] bf16
@@ -28,13 +54,15 @@ namespace pagedlm::cuda {
 // Sequence b holds n_kv = (pages - 1) * page_size + last_len keys (0 when it has no page); its
 // n_new query rows are its last n_new positions: query j sees keys 0 .. n_kv - n_new + j.
 // Sequences with no query rows (padding) are skipped; rows outside every sequence are not
-// written. head_dim is 64, 128 or 256 (96 is not supported), num_q_heads / num_kv_heads is 1..8
-// (Hq % Hk == 0), any page_size >= 1 works (16/32/64 are the tuned ones). `variant`: the layer's
-// scale, sliding window and soft-cap (core/attention_variant.h): with window w > 0, the query at
-// position p sees keys max(0, p - w + 1) .. p, and key tiles outside every row's window are not
-// read; with softcap c > 0, score = c * tanh(scale * q.k / c) (hardware tanh, relative error
-// 2^-11), before the mask. Every head size has both. Shared memory per block at head_dim 256:
-// 165 KB for prefill and the shared-prefix pass, 206 KB for decode (one block per SM each).
+// written. head_dim is 64, 80, 96, 128 or 256, num_q_heads / num_kv_heads is 1..8 (Hq % Hk == 0),
+// any page_size >= 1 works (16/32/64 are the tuned ones). `variant`: the layer's scale, sliding
+// window and soft-cap (core/attention_variant.h): with window w > 0, the query at position p sees
+// keys max(0, p - w + 1) .. p, and key tiles outside every row's window are not read; with
+// softcap c > 0, score = c * tanh(scale * q.k / c) (hardware tanh, relative error 2^-11), before
+// the mask. Every head size has both. The kernels' shared memory fits the device's
+// (device_limits): at head_dim 256 an H200 takes 165 KB per block for prefill and the
+// shared-prefix pass and 206 KB for decode (one block per SM each), a device with 163 KB per
+// block (A100) 132 KB and 140 KB, one with 99 KB (consumer GPUs) 82 KB and 74 KB.
 // ---------------------------------------------------------------------------------------------
 
 // Prefill / mixed batches: tiles of 64 (token, q head) rows per (sequence, kv head).
@@ -68,14 +96,14 @@ struct SharedPrefixPass {
 };
 int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads);
 // Splits that fill the GPU when `num_items` items are in use.
-int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms);
+int shared_prefix_num_splits(int num_items, int num_kv_heads, const DeviceLimits& device);
 
 // Decode (flash-decoding): each sequence's keys are cut into num_splits parts handled by
 // different blocks, then merged. Launch shapes depend only on (num_seqs, num_tokens,
 // max_q_len, num_splits), so a graph captured for a batch bucket replays for any lengths.
 // max_q_len is 1 for plain decode (small values, e.g. speculative tokens, also work).
-// The first call for each head_dim and variant sets the kernel's shared-memory limit (a
-// host-side attribute); make it once outside stream capture, e.g. in the warm-up before
+// The first call for each head_dim and variant on a device sets the kernel's shared-memory limit
+// (a host-side attribute); make it once outside stream capture, e.g. in the warm-up before
 // capturing. A sliding window cuts each sequence's keys to its window before they are split.
 // seq_order: null, or a permutation of 0 .. num_seqs-1: the blocks of seq_order[0] start first
 // (longest first shortens the last wave's tail). shared: null, or the cascade's shared-prefix pass
@@ -96,12 +124,13 @@ size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int 
                                        int max_num_splits);
 
 // A split count that fills the GPU: (sequence, kv head, split) blocks in full waves (none split
-// once there are two waves or more), no split shorter than 256 keys. num_sms from
-// cudaDeviceProp::multiProcessorCount. The kernel also caps each sequence's splits by its own
+// once there are two waves or more), no split shorter than 256 keys, from the device's SM count
+// and the blocks of the decode kernel it runs that fit one SM (`device` is the current one). The
+// kernel also caps each sequence's splits by its own
 // length, so a count chosen for the longest possible context (max_kv_len = the model's limit)
 // serves every step of a graph bucket.
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
-                                      int num_sms);
+                                      const DeviceLimits& device);
 
 // ---------------------------------------------------------------------------------------------
 // Small fused kernels.

@@ -224,10 +224,30 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
   }
 }
 
+namespace {
+
+const raw::DeviceLimits& limits_of(int device) {
+  const raw::DeviceLimits* limits = nullptr;
+  const cudaError_t err = raw::device_limits(device, &limits);
+  if (err == cudaErrorInvalidValue && *raw::smem_cap_error() != '\0') fail(raw::smem_cap_error());
+  raw::check(err, "the CUDA device's properties");
+  return *limits;
+}
+
+}  // namespace
+
+void require_supported_device(int device) {
+  const raw::DeviceLimits& d = limits_of(device);
+  PAGEDLM_CHECK(d.cc_major * 10 + d.cc_minor >= raw::kMinComputeCapability, "GPU ", device, " (",
+                d.name, ") has compute capability ", d.cc_major, ".", d.cc_minor,
+                "; pagedlm's CUDA kernels need 8.0 or later (Ampere on). Run on the CPU with "
+                "--device cpu");
+}
+
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
-                                      int num_sms) {
+                                      int device) {
   return raw::paged_attention_decode_num_splits(num_seqs, num_kv_heads, head_dim, max_kv_len,
-                                                num_sms);
+                                                limits_of(device));
 }
 
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
@@ -240,8 +260,8 @@ int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {
   return raw::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
 }
 
-int shared_prefix_num_splits(int num_items, int num_kv_heads, int num_sms) {
-  return raw::shared_prefix_num_splits(num_items, num_kv_heads, num_sms);
+int shared_prefix_num_splits(int num_items, int num_kv_heads, int device) {
+  return raw::shared_prefix_num_splits(num_items, num_kv_heads, limits_of(device));
 }
 
 }  // namespace pagedlm::ops::cuda
