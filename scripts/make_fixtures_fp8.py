@@ -29,7 +29,7 @@ out, seed = sys.argv[1], int(sys.argv[2])
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
 base = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
             rms_norm_eps=1e-5, initializer_range=0.08, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 rope = {"rope_type": "default", "rope_theta": 10000.0}
 

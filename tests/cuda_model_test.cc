@@ -295,6 +295,26 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
   return n;
 });
 
+// A head size the GPU's kernels are not compiled for is refused when the engine is built, naming
+// it (the CPU runs any even size). llama-gqa's heads are split in two: the same projection
+// shapes at head_dim 32.
+TEST(CudaModelLoad, HeadSizesWithoutKernelsAreRefused) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Checkpoint checkpoint = load_checkpoint(fixture_dir("llama-gqa"));
+  ModelConfig& c = checkpoint.config;
+  c.head_dim /= 2;
+  c.num_heads *= 2;
+  c.num_kv_heads *= 2;
+  try {
+    Engine engine(checkpoint, cuda_options());
+    ADD_FAILURE() << "head_dim 32 was accepted on the GPU";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 32 is not supported on the GPU"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The real model: greedy tokens of the GPU (bf16) and the CPU (f32) agree while the CPU's top-2
 // logit gap is wide enough for bf16 rounding not to flip it.
 TEST(CudaSmolLM2, GreedyTokensMatchCpu) {

@@ -157,7 +157,7 @@ TEST_F(BrokenFp8, BlockScaleShapeMustMatchTheWeight) {
   edit_tensors([](auto& t) { t[kQ + ".weight_scale_inv"] = Tensor::zeros(DType::kF32, {4, 2}); });
   EXPECT_CONTAINS(load_error(), "scale tensor " + kQ +
                                     ".weight_scale_inv has shape [4, 2] but FP8 tensor " + kQ +
-                                    ".weight [128, 128] with per-block 32x32 scales needs [4, 4]");
+                                    ".weight [256, 128] with per-block 32x32 scales needs [8, 4]");
 }
 
 TEST_F(BrokenFp8, PerChannelScaleShapeMustMatchTheWeight) {

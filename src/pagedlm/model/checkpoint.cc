@@ -50,14 +50,6 @@ void fold_rope_attention_factor(ModelConfig& c) {
   }
 }
 
-// The head sizes both backends' attention runs (the CUDA kernels are compiled for these).
-void check_head_dim(int64_t head_dim) {
-  PAGEDLM_CHECK(
-      head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256,
-      "head_dim ", head_dim, " is not supported: attention runs head sizes 64, 80, 96, ",
-      "128 and 256");
-}
-
 void check_shape(const std::string& name, const Shape& shape, const Shape& expected_shape) {
   PAGEDLM_CHECK(shape == expected_shape, "tensor ", name, " has shape ", shape_str(shape),
                 " but the config implies ", shape_str(expected_shape));
@@ -211,7 +203,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config) {
                   ") and the config gives no head_dim");
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  check_head_dim(c.head_dim);
+  PAGEDLM_CHECK(c.head_dim % 2 == 0, "head_dim must be even for rope, got ", c.head_dim);
   c.max_position_embeddings = keys.get_positive_int("max_position_embeddings");
   c.rms_norm_eps = static_cast<float>(keys.get_float("rms_norm_eps", 1e-6));
   PAGEDLM_CHECK(c.rms_norm_eps > 0, "config key \"rms_norm_eps\" must be positive");
@@ -318,7 +310,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   } else {
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  check_head_dim(c.head_dim);
+  PAGEDLM_CHECK(c.head_dim % 2 == 0, "head_dim must be even for rope, got ", c.head_dim);
   c.max_position_embeddings = get_positive(f, p + "context_length");
   c.rope.theta = static_cast<float>(opt_float(p + "rope.freq_base", 10000.0));
   c.rms_norm_eps = static_cast<float>(opt_float(p + "attention.layer_norm_rms_epsilon", 1e-5));

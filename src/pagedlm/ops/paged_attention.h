@@ -87,6 +87,16 @@ struct PagedAttentionDims {
   int64_t num_page_indices;  // length of kv_page_indices
 };
 
+// The head sizes the CUDA kernels are compiled for (ops/cuda/attention_d<D>.cu). The CPU's
+// attention runs any even head size, so the check belongs to the GPU path alone.
+inline constexpr int64_t kCudaAttentionHeadDims[] = {64, 80, 96, 128, 256};
+inline bool cuda_attention_runs_head_dim(int64_t head_dim) {
+  for (const int64_t d : kCudaAttentionHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
+}
+
 namespace cpu {
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      const int32_t* q_indptr, const int32_t* kv_indptr,
