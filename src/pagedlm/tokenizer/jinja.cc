@@ -603,33 +603,38 @@ class Renderer {
   }
 
   // `loop` in iteration i of a loop over `items`, in `loop`: the previous iteration's dict when
-  // nothing else holds it any more, else a new one (a value never changes once a template can
-  // see it: one that kept `loop` past its iteration keeps what it saw).
+  // nothing else holds it any more, its values set anew, else a new one (a value never changes
+  // once a template can see it: one that kept `loop` past its iteration keeps what it saw).
   static Value loop_object(std::shared_ptr<Dict>& loop, const std::vector<Value>& items,
                            int64_t i) {
+    static constexpr const char* kNames[] = {"index",  "index0",   "revindex", "revindex0",
+                                             "first",  "last",     "length",   "depth",
+                                             "depth0", "previtem", "nextitem", "cycle"};
     static const Value kNoPrevItem = Value::undefined("previtem");
     static const Value kNoNextItem = Value::undefined("nextitem");
+    if (!loop || loop.use_count() > 1) {
+      loop = std::make_shared<Dict>();
+      loop->items.reserve(std::size(kNames));
+      for (const char* name : kNames) loop->items.emplace_back(name, Value());
+    }
     const int64_t n = static_cast<int64_t>(items.size());
-    if (!loop || loop.use_count() > 1) loop = std::make_shared<Dict>();
-    // The keys are distinct, so no Dict::set search for one already there.
-    std::vector<std::pair<std::string, Value>>& attrs = loop->items;
-    attrs.clear();
-    attrs.reserve(12);
-    attrs.emplace_back("index", Value::integer(i + 1));
-    attrs.emplace_back("index0", Value::integer(i));
-    attrs.emplace_back("revindex", Value::integer(n - i));
-    attrs.emplace_back("revindex0", Value::integer(n - i - 1));
-    attrs.emplace_back("first", Value::boolean(i == 0));
-    attrs.emplace_back("last", Value::boolean(i == n - 1));
-    attrs.emplace_back("length", Value::integer(n));
-    attrs.emplace_back("depth", Value::integer(1));
-    attrs.emplace_back("depth0", Value::integer(0));
-    attrs.emplace_back("previtem", i > 0 ? items[i - 1] : kNoPrevItem);
-    attrs.emplace_back("nextitem", i + 1 < n ? items[i + 1] : kNoNextItem);
-    attrs.emplace_back("cycle", Value::function("cycle", [i](const CallArgs& a) {
-                         PAGEDLM_CHECK(!a.positional.empty(), "no items for cycling given");
-                         return a.positional[i % a.positional.size()];
-                       }));
+    size_t next = 0;  // the values in kNames' order
+    auto put = [&](Value value) { loop->items[next++].second = std::move(value); };
+    put(Value::integer(i + 1));
+    put(Value::integer(i));
+    put(Value::integer(n - i));
+    put(Value::integer(n - i - 1));
+    put(Value::boolean(i == 0));
+    put(Value::boolean(i == n - 1));
+    put(Value::integer(n));
+    put(Value::integer(1));
+    put(Value::integer(0));
+    put(i > 0 ? items[i - 1] : kNoPrevItem);
+    put(i + 1 < n ? items[i + 1] : kNoNextItem);
+    put(Value::function("cycle", [i](const CallArgs& a) {
+      PAGEDLM_CHECK(!a.positional.empty(), "no items for cycling given");
+      return a.positional[i % a.positional.size()];
+    }));
     return Value::dict(loop);
   }
 
