@@ -309,6 +309,10 @@ FEATURES = [
      {"x": 1.0, "y": 123456789012345678.0, "z": 0.0001, "w": 0.00001}),
     ("concatenation", "{{ 'n=' ~ 3 ~ none ~ true ~ missing }}|{{ 'a' + 'b' }}|{{ [1] + [2] }}|"
      "{{ 'ab' * 3 }}", {}),
+    ("concatenation chains", "{{ 'a' + 'b' + 'c' }}|{{ 1 ~ 2 + 'x' }}|{{ none ~ 'a' + 'b' ~ none }}|"
+     "{{ [1] + [2] + [3] }}|{{ 1 + 2 + 3.5 }}|{{ 'ab' + 'c' * 2 + 'd' }}|{{ ([1] + [2]) ~ 'x' }}|"
+     "{{ 'x' ~ 1 + 2 ~ 'y' }}|{{ s + '-' + s }}|{{ 'a' + ('b' ~ 'c' + 'd') + 'e' }}",
+     {"s": "é"}),
     ("comparisons", "{{ 1 < 2 }}{{ 2 <= 1 }}{{ 'a' == 'a' }}{{ 'a' != 'a' }}{{ 3 > 2 }}"
      "{{ 1 >= 1 }}{{ 1 == 1.0 }}{{ 1 < 2 < 3 }}{{ 3 > 2 > 5 }}{{ 'abc' < 'abd' }}"
      "{{ [1, 2] == [1, 2] }}{{ {'a': 1} == {'a': 1} }}{{ none == none }}", {}),
@@ -414,6 +418,7 @@ FEATURES = [
     ("syntax error: unterminated tag", "ok\n{{ 'x' ", {}),
     ("runtime error: attribute of undefined", "a\n{{ missing.attr }}", {}),
     ("runtime error: add string and number", "{{ 'a' + 1 }}", {}),
+    ("runtime error: string chain then number", "{{ 'a' + 'b' ~ 'c' + 1 + 'd' }}", {}),
 ]
 
 

@@ -130,6 +130,25 @@ TEST(Jinja, RuntimeErrorsNameTheLine) {
             "chat template error at line 1: no filter named 'nosuchfilter'");
   EXPECT_EQ(error_of("{% set d = {} %}{% set d.a = 1 %}"),
             "chat template error at line 1: cannot assign attribute on non-namespace object");
+  // A chain of + is evaluated in one pass; each + still reports its own line.
+  EXPECT_EQ(error_of("{{ 'a'\n + 'b'\n + 1\n + 'c' }}"),
+            "chat template error at line 3: unsupported operand type(s) for +: 'str' and 'int'");
+}
+
+// A loop reuses its `loop` dict from one iteration to the next only while nothing else holds
+// it: one kept past its iteration still reads as it did then, as values here never change once
+// made. (Jinja2 differs: its loop object is one object that moves on, and prints "3 b  True x"
+// for the first template; no chat template keeps `loop`.)
+TEST(Jinja, LoopKeptPastItsIterationKeepsItsValues) {
+  EXPECT_EQ(render("{% set ns = namespace(kept=none) %}{% for x in 'abc' %}"
+                   "{% if loop.index == 2 %}{% set ns.kept = loop %}{% endif %}{% endfor %}"
+                   "{{ ns.kept.index }} {{ ns.kept.previtem }} {{ ns.kept.nextitem }} "
+                   "{{ ns.kept.last }} {{ ns.kept.cycle('x', 'y') }}"),
+            "2 a c False y");
+  // Names set in one iteration are gone in the next, the loop's own names set again.
+  EXPECT_EQ(render("{% for m in [{'f': 1}, {'f': 2}] %}[{{ t }}]{% set t = m.f %}"
+                   "{% set m = m.f %}{{ m }}{{ loop.index }}{% endfor %}"),
+            "[]11[]22");
 }
 
 // Data nested past kMaxValueDepth, from a request or made by the template itself, fails with an

@@ -1,6 +1,10 @@
 #include "pagedlm/tokenizer/chat_template.h"
 
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/core/file.h"
@@ -12,15 +16,16 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// Joins text-only content parts into one string; other content is left as the client sent it.
-ojson flatten_content(const ojson& content) {
-  if (!content.is_array() || content.empty()) return content;
+// Text-only content parts joined into one string; nullopt for other content, which is left as
+// the client sent it.
+std::optional<std::string> joined_text_parts(const ojson& content) {
+  if (!content.is_array() || content.empty()) return std::nullopt;
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const ojson& part = content[i];
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
-      return content;
+      return std::nullopt;
     }
     if (i) text += "\n";
     text += part["text"].get<std::string>();
@@ -29,8 +34,9 @@ ojson flatten_content(const ojson& content) {
 }
 
 // transformers copies a message's reasoning (reasoning_content, thinking or reasoning) to
-// both "thinking" (first) and "reasoning_content" (last) before rendering.
-ojson alias_reasoning(const ojson& message) {
+// both "thinking" (first) and "reasoning_content" (last) before rendering; nullopt for a
+// message without reasoning.
+std::optional<ojson> alias_reasoning(const ojson& message) {
   for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
     auto it = message.find(key);
     if (it == message.end() || it->is_null()) continue;
@@ -43,7 +49,23 @@ ojson alias_reasoning(const ojson& message) {
     out["reasoning_content"] = reasoning;
     return out;
   }
-  return message;
+  return std::nullopt;
+}
+
+// A message as templates see it: reasoning aliased, text-only content parts joined. Most
+// messages need neither and are converted without a copy (a request may carry tens of
+// thousands).
+jinja::Value prepared_message(const ojson& message) {
+  std::optional<ojson> changed = alias_reasoning(message);
+  const ojson& aliased = changed ? *changed : message;
+  auto content = aliased.find("content");
+  if (content != aliased.end()) {
+    if (std::optional<std::string> text = joined_text_parts(*content)) {
+      if (!changed) changed = message;
+      (*changed)["content"] = std::move(*text);
+    }
+  }
+  return jinja::Value::from_json(changed ? *changed : message);
 }
 
 std::string token_text(const ojson& config, const char* key) {
@@ -70,16 +92,15 @@ std::string ChatTemplate::render(const ojson& messages, bool add_generation_prom
                                  const ojson& extra) const {
   PAGEDLM_CHECK(messages.is_array(), "chat messages must be a JSON array");
   PAGEDLM_CHECK(extra.is_object() || extra.is_null(), "chat template variables must be an object");
-  ojson prepared = ojson::array();
+  std::vector<jinja::Value> prepared;
+  prepared.reserve(messages.size());
   for (const auto& message : messages) {
     PAGEDLM_CHECK(message.is_object(), "each chat message must be a JSON object, got ",
                   message.dump());
-    ojson m = alias_reasoning(message);
-    if (m.contains("content")) m["content"] = flatten_content(m["content"]);
-    prepared.push_back(std::move(m));
+    prepared.push_back(prepared_message(message));
   }
   std::vector<std::pair<std::string, jinja::Value>> context = {
-      {"messages", jinja::Value::from_json(prepared)},
+      {"messages", jinja::Value::list(std::move(prepared))},
       {"tools", jinja::Value::none()},
       {"documents", jinja::Value::none()},
       {"add_generation_prompt", jinja::Value::boolean(add_generation_prompt)},

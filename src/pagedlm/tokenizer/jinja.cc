@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
+#include <string_view>
 #include <unordered_map>
 
 #include "pagedlm/core/error.h"
@@ -194,7 +195,10 @@ class Args {
   // Position of a parameter that can only be given by keyword.
   static constexpr size_t kKeywordOnly = static_cast<size_t>(-1);
 
-  Args(const CallArgs& args, std::string what) : args_(args), what_(std::move(what)) {}
+  // `what` names the callee in errors: "strip", or "filter" with the filter's `name`. Both
+  // outlive the Args (they are literals or the caller's); nothing is built unless it fails.
+  Args(const CallArgs& args, std::string_view what, std::string_view name = {})
+      : args_(args), what_(what), name_(name) {}
 
   // The i-th parameter, given by position or by `name`; Undefined if absent.
   Value get(size_t i, const char* name) const {
@@ -210,14 +214,15 @@ class Args {
   }
   std::string string(size_t i, const char* name) const {
     Value v = get(i, name);
-    PAGEDLM_CHECK(v.is_string(), what_, ": argument '", name, "' must be a string, got ",
-                  v.type_name());
+    PAGEDLM_CHECK(v.is_string(), what_, name_.empty() ? "" : " '", name_, name_.empty() ? "" : "'",
+                  ": argument '", name, "' must be a string, got ", v.type_name());
     return v.as_string();
   }
 
  private:
   const CallArgs& args_;
-  std::string what_;
+  std::string_view what_;
+  std::string_view name_;
 };
 
 std::vector<Value> iterate(const Value& v) {
@@ -479,10 +484,16 @@ class Renderer {
         out += s.text;
         check_text_size(out.size());
         return Flow::kNormal;
-      case Stmt::Kind::kOutput:
-        out += eval(*s.expr).str();
+      case Stmt::Kind::kOutput: {
+        const Value v = eval(*s.expr);
+        if (v.is_string()) {
+          out += v.as_string();  // str() would copy it first
+        } else {
+          out += v.str();
+        }
         check_text_size(out.size());
         return Flow::kNormal;
+      }
       case Stmt::Kind::kIf:
         for (size_t i = 0; i < s.conditions.size(); ++i) {
           if (eval(*s.conditions[i]).truthy()) return exec(s.bodies[i], out);
@@ -536,53 +547,95 @@ class Renderer {
   }
 
   void exec_for(const Stmt& s, std::string& out) {
-    Value seq = eval(*s.expr);
-    std::vector<Value> items;
+    const Value seq = eval(*s.expr);
+    // A list is iterated in place (lists never change once made, and `seq` holds this one);
+    // anything else, and a filtered loop, gets a vector of its own.
+    std::vector<Value> own;
+    const std::vector<Value>* items = &own;
     try {
-      items = iterate(seq);
+      if (seq.is_list() && !s.condition) {
+        items = &seq.as_list();
+      } else {
+        own = iterate(seq);
+      }
     } catch (const Error& e) {
       runtime_error(s.line, e.what());
     }
     if (s.condition) {
       std::vector<Value> kept;
-      for (auto& item : items) {
+      for (auto& item : own) {
         frames_.emplace_back();
         assign(s.targets, item, s.line);
         bool keep = eval(*s.condition).truthy();
         frames_.pop_back();
         if (keep) kept.push_back(std::move(item));
       }
-      items = std::move(kept);
+      own = std::move(kept);
     }
-    if (items.empty()) {
+    if (items->empty()) {
       if (s.bodies.size() > 1) exec(s.bodies[1], out);
       return;
     }
-    const int64_t n = static_cast<int64_t>(items.size());
+    const int64_t n = static_cast<int64_t>(items->size());
+    // One frame for the loop, emptied at each iteration (what one sets does not reach the next)
+    // but for the entries of the loop's own names, which are set again at once: this runs once
+    // per item, e.g. per message of a request that may hold tens of thousands, and so reuses
+    // what it can.
+    frames_.emplace_back();
+    const size_t frame = frames_.size() - 1;
+    std::shared_ptr<Dict> loop;
     for (int64_t i = 0; i < n; ++i) {
-      auto loop = std::make_shared<Dict>();
-      loop->set("index", Value::integer(i + 1));
-      loop->set("index0", Value::integer(i));
-      loop->set("revindex", Value::integer(n - i));
-      loop->set("revindex0", Value::integer(n - i - 1));
-      loop->set("first", Value::boolean(i == 0));
-      loop->set("last", Value::boolean(i == n - 1));
-      loop->set("length", Value::integer(n));
-      loop->set("depth", Value::integer(1));
-      loop->set("depth0", Value::integer(0));
-      loop->set("previtem", i > 0 ? items[i - 1] : Value::undefined("previtem"));
-      loop->set("nextitem", i + 1 < n ? items[i + 1] : Value::undefined("nextitem"));
-      loop->set("cycle", Value::function("cycle", [i](const CallArgs& a) {
-                  PAGEDLM_CHECK(!a.positional.empty(), "no items for cycling given");
-                  return a.positional[i % a.positional.size()];
-                }));
-      frames_.emplace_back();
-      assign(s.targets, items[i], s.line);
-      frames_.back()["loop"] = Value::dict(loop);
-      Flow flow = exec(s.bodies[0], out);
-      frames_.pop_back();
-      if (flow == Flow::kBreak) break;
+      Frame& vars = frames_[frame];
+      for (auto it = vars.begin(); it != vars.end();) {
+        if (it->first == "loop" ||
+            std::find(s.targets.begin(), s.targets.end(), it->first) != s.targets.end()) {
+          it->second = Value();
+          ++it;
+        } else {
+          it = vars.erase(it);
+        }
+      }
+      assign(s.targets, (*items)[i], s.line);
+      vars.insert_or_assign("loop", loop_object(loop, *items, i));
+      if (exec(s.bodies[0], out) == Flow::kBreak) break;
     }
+    frames_.pop_back();
+  }
+
+  // `loop` in iteration i of a loop over `items`, in `loop`: the previous iteration's dict when
+  // nothing else holds it any more, its values set anew, else a new one (a value never changes
+  // once a template can see it: one that kept `loop` past its iteration keeps what it saw).
+  static Value loop_object(std::shared_ptr<Dict>& loop, const std::vector<Value>& items,
+                           int64_t i) {
+    static constexpr const char* kNames[] = {"index",  "index0",   "revindex", "revindex0",
+                                             "first",  "last",     "length",   "depth",
+                                             "depth0", "previtem", "nextitem", "cycle"};
+    static const Value kNoPrevItem = Value::undefined("previtem");
+    static const Value kNoNextItem = Value::undefined("nextitem");
+    if (!loop || loop.use_count() > 1) {
+      loop = std::make_shared<Dict>();
+      loop->items.reserve(std::size(kNames));
+      for (const char* name : kNames) loop->items.emplace_back(name, Value());
+    }
+    const int64_t n = static_cast<int64_t>(items.size());
+    size_t next = 0;  // the values in kNames' order
+    auto put = [&](Value value) { loop->items[next++].second = std::move(value); };
+    put(Value::integer(i + 1));
+    put(Value::integer(i));
+    put(Value::integer(n - i));
+    put(Value::integer(n - i - 1));
+    put(Value::boolean(i == 0));
+    put(Value::boolean(i == n - 1));
+    put(Value::integer(n));
+    put(Value::integer(1));
+    put(Value::integer(0));
+    put(i > 0 ? items[i - 1] : kNoPrevItem);
+    put(i + 1 < n ? items[i + 1] : kNoNextItem);
+    put(Value::function("cycle", [i](const CallArgs& a) {
+      PAGEDLM_CHECK(!a.positional.empty(), "no items for cycling given");
+      return a.positional[i % a.positional.size()];
+    }));
+    return Value::dict(loop);
   }
 
   Value make_macro(const Stmt& s) {
@@ -615,16 +668,23 @@ class Renderer {
   // -------------------------------------------------------------------------------------------
   // Expressions.
 
-  Value eval(const Expr& e) {
+  // Runs `f`, reporting an Error it throws as a template error at `line` (one that already
+  // names its line, and raise_exception's message, pass unchanged).
+  template <typename F>
+  static decltype(auto) at_line(int line, F&& f) {
     try {
-      return eval_unchecked(e);
+      return f();
     } catch (const TemplateException&) {
       throw;
     } catch (const Error& err) {
       std::string what = err.what();
       if (what.rfind("chat template", 0) == 0) throw;
-      runtime_error(e.line, what);
+      runtime_error(line, what);
     }
+  }
+
+  Value eval(const Expr& e) {
+    return at_line(e.line, [&] { return eval_unchecked(e); });
   }
 
   Value eval_unchecked(const Expr& e) {
@@ -685,6 +745,7 @@ class Renderer {
         return Value::integer(-v.as_int());
       }
       case Expr::Kind::kBinary:
+        if (is_concatenation(e)) return eval_concatenation(e);
         return binary(e.name, eval(*e.args[0]), eval(*e.args[1]));
       case Expr::Kind::kCompare: {
         Value lhs = eval(*e.args[0]);
@@ -708,6 +769,59 @@ class Renderer {
         return e.args[2] ? eval(*e.args[2]) : Value::undefined();
     }
     return Value();
+  }
+
+  static bool is_concatenation(const Expr& e) {
+    return e.kind == Expr::Kind::kBinary && (e.name == "+" || e.name == "~");
+  }
+
+  // The result so far of a chain of + and ~.
+  struct Concatenation {
+    Value value;       // unless is_text
+    std::string text;  // a string result, while operands are strings
+    bool is_text = false;
+  };
+
+  // A + or ~ with the + and ~ to its left (`a + b + c` is `(a + b) + c`, as templates build
+  // prompts), string operands appended to one buffer: one step at a time, every step would copy
+  // the string so far into a new value. Operands are evaluated, and errors raised, in the same
+  // order and at the same lines as one step at a time.
+  Value eval_concatenation(const Expr& e) {
+    Concatenation acc;
+    concatenate(e, acc);
+    return acc.is_text ? Value::string(std::move(acc.text)) : std::move(acc.value);
+  }
+
+  void concatenate(const Expr& e, Concatenation& acc) {
+    const Expr& lhs = *e.args[0];
+    if (is_concatenation(lhs)) {
+      concatenate(lhs, acc);
+    } else {
+      acc.value = eval(lhs);
+    }
+    const Value rhs = eval(*e.args[1]);
+    at_line(e.line, [&] {
+      // binary()'s string cases: ~ joins str() of any two values, + joins two strings.
+      if (e.name == "~" || ((acc.is_text || acc.value.is_string()) && rhs.is_string())) {
+        if (!acc.is_text) {
+          acc.text = acc.value.str();
+          acc.is_text = true;
+        }
+        if (rhs.is_string()) {
+          acc.text += rhs.as_string();
+        } else {
+          acc.text += rhs.str();
+        }
+        check_text_size(acc.text.size());
+        return;
+      }
+      if (acc.is_text) {
+        acc.value = Value::string(std::move(acc.text));
+        acc.text.clear();
+        acc.is_text = false;
+      }
+      acc.value = binary(e.name, acc.value, rhs);
+    });
   }
 
   CallArgs eval_args(const Expr& e) {
@@ -879,7 +993,9 @@ class Renderer {
     return !less_than(a, b);  // >=
   }
 
-  // Methods of strings and dicts that templates call; Undefined when there is no such method.
+  // Methods of strings and dicts that templates call; Undefined when there is no such method
+  // (unnamed: get_attr, the only caller, names what it returns, and every `message.content`
+  // would otherwise allocate a name only to drop it).
   static Value bound_method(const Value& self, const std::string& name) {
     auto method = [&](Function fn) { return Value::function(name, std::move(fn)); };
     if (self.is_string()) {
@@ -961,7 +1077,7 @@ class Renderer {
           return Value::string(out);
         });
       }
-      return Value::undefined(name);
+      return Value();
     }
     if (self.is_dict()) {
       if (name == "items") {
@@ -986,7 +1102,7 @@ class Renderer {
         });
       }
     }
-    return Value::undefined(name);
+    return Value();
   }
 
   // -------------------------------------------------------------------------------------------
@@ -1003,7 +1119,7 @@ class Renderer {
   }
 
   Value apply_filter(const std::string& name, const Value& v, const CallArgs& call) {
-    Args args(call, "filter '" + name + "'");
+    Args args(call, "filter", name);
     if (name == "trim") {
       return Value::string(strip_chars(v.str(), args.get(0, "chars"), true, true));
     }

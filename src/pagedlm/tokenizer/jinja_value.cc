@@ -102,6 +102,7 @@ Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
+      d->items.reserve(j.size());
       for (const auto& [key, item] : j.items())
         d->items.emplace_back(key, from_json(item, depth + 1));
       return dict(std::move(d));
