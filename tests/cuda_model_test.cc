@@ -261,7 +261,13 @@ TEST_P(CudaModel, CascadeDecodeAgreesWithPrefillLogits) {
     requests.push_back(std::move(r));
   }
   const std::vector<RequestOutput> outputs = engine.generate(requests);
-  EXPECT_GT(engine.cascade_steps(), 0);
+  // With a sliding window on every layer (phi3-d96: 48 tokens) the pages behind it are released,
+  // and the few shared pages left save too little for cascade to run; the other models take it.
+  if (checkpoint_.config.window_of_all_layers() > 0) {
+    EXPECT_EQ(engine.cascade_steps(), 0);
+  } else {
+    EXPECT_GT(engine.cascade_steps(), 0);
+  }
 
   EngineOptions o = cuda_options();
   o.use_cascade_attention = false;
@@ -296,11 +302,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
 });
 
 // A head size the GPU's kernels are not compiled for is refused when the engine is built, naming
-// it (the CPU runs any even size). llama-gqa's heads are split in two: the same projection
+// it (the CPU runs any even size). llama3-rope's heads are split in two: the same projection
 // shapes at head_dim 32.
 TEST(CudaModelLoad, HeadSizesWithoutKernelsAreRefused) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  Checkpoint checkpoint = load_checkpoint(fixture_dir("llama-gqa"));
+  Checkpoint checkpoint = load_checkpoint(fixture_dir("llama3-rope"));
   ModelConfig& c = checkpoint.config;
   c.head_dim /= 2;
   c.num_heads *= 2;
