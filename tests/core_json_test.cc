@@ -5,6 +5,7 @@
 // Xeon, 2026-12-02: 40,000 `{}` in an array 5.7 s, as an object's values 61 s).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -79,6 +80,25 @@ TEST(JsonParse, BuildsWhatNlohmannBuilds) {
   EXPECT_EQ(parse_json<ojson>("7"), 7);
   EXPECT_THROW(parse_json<ojson>(R"({"a":1,})"), ojson::parse_error);
   EXPECT_THROW(parse_json<ojson>("[1e999]"), ojson::out_of_range);
+}
+
+// A parse given an abandon flag builds the same value while the flag is down, and throws
+// JsonParseAbandoned, whatever the shape, once it is up (the server raises it when it drains).
+TEST(JsonParse, AbandonsOnceItsFlagIsUp) {
+  std::atomic<bool> abandon{false};
+  for (const Shape& shape : shapes()) {
+    const std::string text = shape.make(20000);
+    abandon = false;
+    EXPECT_EQ(parse_json<ojson>(text, kMaxJsonDepth, &abandon), ojson::parse(text)) << shape.name;
+    abandon = true;
+    EXPECT_THROW(parse_json<ojson>(text, kMaxJsonDepth, &abandon), JsonParseAbandoned)
+        << shape.name;
+    EXPECT_THROW(parse_json<nlohmann::json>(text, kMaxJsonDepth, &abandon), JsonParseAbandoned)
+        << shape.name;
+  }
+  EXPECT_THROW(parse_json<ojson>("7", kMaxJsonDepth, &abandon), JsonParseAbandoned);
+  // Text that is not JSON is still refused as such when the refusal comes first.
+  EXPECT_THROW(parse_json<ojson>("]", kMaxJsonDepth, &abandon), ojson::parse_error);
 }
 
 // 8 MB of each shape (the server's default --max-body-bytes) parses in well under the bound

@@ -151,15 +151,19 @@ void register_serve(CLI::App& app) {
       while (stop_signal() == 0 && !listening_done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      if (!http.stop()) {
-        // Every client has its answer; only the engine's current step is left, still running
-        // half a second after the drain's deadline, past which a CPU step leaves at its next
-        // point between two operations (EngineLoop: Engine::set_abandon_check): one operation
-        // that took longer than that.
+      const bool engine_left = http.stop();
+      if (!engine_left) {
+        // Only the engine's current step is left, still running half a second after the
+        // drain's deadline, past which a CPU step leaves at its next point between two
+        // operations (EngineLoop: Engine::set_abandon_check): one operation that took longer
+        // than that.
         std::fprintf(stderr, "pagedlm: stopped without waiting for the engine's current step\n");
-        std::fflush(stderr);
-        std::_Exit(0);
       }
+      // Every client has its answer or has been told the server stopped, and nothing is left
+      // to write: the process ends here. Destroying the server, the engine and the model would
+      // only hand their memory back piece by piece, which the kernel takes back whole at exit.
+      std::fflush(nullptr);
+      std::_Exit(0);
     });
     http.listen();
     listening_done = true;

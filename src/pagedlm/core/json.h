@@ -15,10 +15,16 @@
 // ordered_json object (request bodies keep their key order) is a vector of pairs whose
 // operator[] searches it from the start, so keys are appended directly and found again through
 // a hash index while their object is open: 200,000 keys took 59 s the other way.
+//
+// Abandoning: a server that shuts down has no use for the value of a body still being parsed
+// (8 MB of `{}` take seconds and hundreds of MB), so the parse can watch a flag and stop at
+// the next value once it is up.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -49,26 +55,28 @@ class BoundedDomBuilder {
   using string_t = typename Json::string_t;
   using binary_t = typename Json::binary_t;
 
-  BoundedDomBuilder(Json& root, int max_depth) : root_(root), max_depth_(max_depth) {}
+  // Each callback returns false, which ends sax_parse, once `abandon` (when given) is up.
+  BoundedDomBuilder(Json& root, int max_depth, const std::atomic<bool>* abandon)
+      : root_(root), max_depth_(max_depth), abandon_(abandon) {}
 
-  bool null() { return add(Json(nullptr)) != nullptr; }
-  bool boolean(bool value) { return add(Json(value)) != nullptr; }
-  bool number_integer(number_integer_t value) { return add(Json(value)) != nullptr; }
-  bool number_unsigned(number_unsigned_t value) { return add(Json(value)) != nullptr; }
+  bool null() { return go_on() && add(Json(nullptr)) != nullptr; }
+  bool boolean(bool value) { return go_on() && add(Json(value)) != nullptr; }
+  bool number_integer(number_integer_t value) { return go_on() && add(Json(value)) != nullptr; }
+  bool number_unsigned(number_unsigned_t value) { return go_on() && add(Json(value)) != nullptr; }
   bool number_float(number_float_t value, const string_t& /*text*/) {
-    return add(Json(value)) != nullptr;
+    return go_on() && add(Json(value)) != nullptr;
   }
-  bool string(string_t& value) { return add(Json(std::move(value))) != nullptr; }
-  bool binary(binary_t& value) { return add(Json::binary(std::move(value))) != nullptr; }
+  bool string(string_t& value) { return go_on() && add(Json(std::move(value))) != nullptr; }
+  bool binary(binary_t& value) { return go_on() && add(Json::binary(std::move(value))) != nullptr; }
 
-  bool start_object(std::size_t /*elements*/) { return open(Json::object()); }
-  bool start_array(std::size_t /*elements*/) { return open(Json::array()); }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
+  bool start_object(std::size_t /*elements*/) { return go_on() && open(Json::object()); }
+  bool start_array(std::size_t /*elements*/) { return go_on() && open(Json::array()); }
+  bool end_object() { return go_on() && close(); }
+  bool end_array() { return go_on() && close(); }
 
   bool key(string_t& name) {
     key_ = std::move(name);
-    return true;
+    return go_on();
   }
 
   template <class Exception>
@@ -87,6 +95,10 @@ class BoundedDomBuilder {
     Json* container;
     KeyIndex keys;
   };
+
+  // A relaxed load per value: nothing is read through the flag, and a parse that sees it a few
+  // values late only does those few more.
+  bool go_on() const { return abandon_ == nullptr || !abandon_->load(std::memory_order_relaxed); }
 
   Json* add(Json&& value) {
     if (path_.empty()) {
@@ -141,20 +153,29 @@ class BoundedDomBuilder {
 
   Json& root_;
   const int max_depth_;
+  const std::atomic<bool>* abandon_;
   std::vector<Open> path_;
   string_t key_;
 };
 
 }  // namespace json_detail
 
+// What parse_json throws when its `abandon` flag came up before the text's end.
+class JsonParseAbandoned : public std::runtime_error {
+ public:
+  JsonParseAbandoned() : std::runtime_error("JSON parse abandoned") {}
+};
+
 // Parses `text`. Throws pagedlm::Error when arrays and objects nest more than `max_depth`
 // levels, and a nlohmann exception when the text is not JSON: parse_error, or out_of_range for
-// a number too large for a double (1e999).
+// a number too large for a double (1e999). With `abandon`, the parse looks at it before each
+// value and key, and throws JsonParseAbandoned once it is up.
 template <typename Json = nlohmann::json>
-Json parse_json(std::string_view text, int max_depth = kMaxJsonDepth) {
+Json parse_json(std::string_view text, int max_depth = kMaxJsonDepth,
+                const std::atomic<bool>* abandon = nullptr) {
   Json root;
-  json_detail::BoundedDomBuilder<Json> builder(root, max_depth);
-  Json::sax_parse(text, &builder);
+  json_detail::BoundedDomBuilder<Json> builder(root, max_depth, abandon);
+  if (!Json::sax_parse(text, &builder)) throw JsonParseAbandoned();
   return root;
 }
 

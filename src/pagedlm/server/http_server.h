@@ -59,10 +59,10 @@ class HttpServer {
   // target_itl_ms (EngineLoop::drain), so the engine thread leaves between two short steps.
   // False when it is still inside a step half a second after the drain (one that was already
   // long when the drain began, such as a prompt prefilled alone with the whole step budget on
-  // the CPU, or any step with target_itl_ms off), or when a worker is still busy then (a
-  // request that was being parsed or tokenized at the signal is not waited for): the Engine or
-  // the workers are then still in use, and the caller should end the process rather than
-  // destroy them.
+  // the CPU, or any step with target_itl_ms off): the Engine is then still in use, and the
+  // caller should end the process rather than destroy it. A body still being parsed at the
+  // drain is abandoned (503); a worker may still be busy with other work of a client whose
+  // connection is closed (a long prompt tokenizing), which destroying the server waits for.
   bool stop();
 
  private:

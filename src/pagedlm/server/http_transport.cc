@@ -175,7 +175,6 @@ struct HttpTransport::Impl {
   net::thread_pool workers;
   std::unordered_set<std::shared_ptr<Connection>> connections;  // the front end's thread only
   std::map<net::ip::address, int> connections_per_client;       // the front end's thread only
-  std::atomic<int> busy_workers{0};  // worker tasks running (a parse, a template, a wait)
   std::atomic<bool> draining{false};
   std::atomic<int> answering{0};  // connections whose answer is being made or written
 };
@@ -256,6 +255,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto& head = parser_->get();
     if (const Refusal r = check_head(head.base()); r.status != 0) return refuse(r);
     request_ = HttpRequest{};
+    request_.shutting_down = &server_.draining;
     request_.method = std::string(head.method_string());
     const std::string_view target(head.target().data(), head.target().size());
     const size_t q = target.find('?');
@@ -347,11 +347,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     set_answering(true);
     net::post(server_.workers, [self = shared_from_this(), &route, admission = std::move(admission),
                                 request = std::move(request_)]() mutable {
-      struct Busy {
-        std::atomic<int>& count;
-        explicit Busy(std::atomic<int>& c) : count(c) { ++count; }
-        ~Busy() { --count; }
-      } busy(self->server_.busy_workers);
       HttpReply reply = self->run(route, request);
       const bool large = request.body.capacity() >= kTrimAfterBytes;
       request = HttpRequest{};
@@ -594,6 +589,7 @@ HttpTransport::HttpTransport(TransportOptions options, TransportHooks hooks)
     : impl_(std::make_shared<Impl>(std::move(options), std::move(hooks))) {}
 
 HttpTransport::~HttpTransport() {
+  impl_->draining = true;  // a body still being parsed is abandoned, not waited for
   impl_->ioc.stop();
   impl_->workers.join();
 }
@@ -660,15 +656,8 @@ void HttpTransport::shutdown(std::chrono::milliseconds drain) {
   each(&Connection::close);
   s.guard.reset();
   net::post(s.ioc, [&s] { s.ioc.stop(); });
-  // Tasks still queued are dropped; the ones running end on their own (idle_by says when).
+  // Tasks still queued are dropped; the ones running end on their own.
   s.workers.stop();
-}
-
-bool HttpTransport::idle_by(Clock::time_point deadline) const {
-  while (impl_->busy_workers > 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return impl_->busy_workers == 0;
 }
 
 }  // namespace pagedlm::server

@@ -8,6 +8,7 @@
 // holding a thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -26,6 +27,9 @@ struct HttpRequest {
   std::string query;   // after '?', as sent
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // Up once the server drains (the transport sets it): a handler parsing the body stops at it
+  // (parse_json's `abandon`), as its request has not reached the engine yet.
+  const std::atomic<bool>* shutting_down = nullptr;
 
   // The first header of that name (case-insensitive); empty when absent.
   std::string header(std::string_view name) const;
@@ -111,14 +115,11 @@ class HttpTransport {
   // says draining) and refuses others with 503, closing each after its answer; lets running
   // answers finish for up to `drain`, then aborts the rest, and returns once they were written
   // (or a second later) and every connection closed.
-  // Requests still on a worker then are not waited for: their connections close, queued tasks
-  // are dropped, and idle_by() says whether the running ones have ended.
+  // Requests still on a worker then are not waited for: their connections close and queued
+  // tasks are dropped. A body being parsed is abandoned from the drain's start
+  // (HttpRequest::shutting_down), so the drain does not wait for that.
   void shutdown(std::chrono::milliseconds drain);
   bool draining() const;
-  // After shutdown(): waits until no worker runs a task, or `deadline`; whether none does.
-  // While one does (a large body still parsing), the transport must not be destroyed, which
-  // waits for it.
-  bool idle_by(std::chrono::steady_clock::time_point deadline) const;
 
   struct Impl;  // named by the connections in the .cc
 
