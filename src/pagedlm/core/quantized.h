@@ -29,10 +29,15 @@ namespace pagedlm {
 //         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
 //   Q6_K: 256 weights, 128 bytes of low nibbles, 64 of high 2 bits, 16 int8 scales, f16 d,
 //         w = d * sc * (q - 32) per 16 weights;
+//   Q5_K: 256 weights, f16 d, f16 dmin, Q4_K's 12 bytes of scales and mins, 32 bytes of fifth
+//         bits (byte l, bit j: weight l of sub-block j), Q4_K's 128 bytes of nibbles,
+//         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
 //   Q4_1F32: f32 d, f32 m, then the 16 bytes of nibbles;
 //   Q5_0F32: f32 d, u32 qh, 16 bytes of nibbles;
 //   Q4_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], Q4_K's 128 bytes of nibbles;
-//   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64].
+//   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64];
+//   Q5_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], u32 qh[8] (sub-block j's fifth bits, bit l for
+//            its weight l: Q5_0's form), Q5_K's 128 bytes of nibbles.
 enum class QuantType : uint8_t {
   kQ4_1,
   kQ8_0,
@@ -45,6 +50,8 @@ enum class QuantType : uint8_t {
   kQ4_KF32,
   kQ6_KF32,
   kQ5_1,
+  kQ5_K,
+  kQ5_KF32,
 };
 
 // The unit the CPU kernels step through a row in: every format's blocks are made of whole
@@ -92,6 +99,10 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 212;
     case QuantType::kQ5_1:
       return 24;
+    case QuantType::kQ5_K:
+      return 176;
+    case QuantType::kQ5_KF32:
+      return 184;
   }
   return 0;
 }
@@ -102,6 +113,8 @@ constexpr int64_t quant_block_elems(QuantType t) {
     case QuantType::kQ6_K:
     case QuantType::kQ4_KF32:
     case QuantType::kQ6_KF32:
+    case QuantType::kQ5_K:
+    case QuantType::kQ5_KF32:
       return 256;
     default:
       return 32;

@@ -61,6 +61,8 @@ TypeTraits traits(GgmlType type) {
       return ggml_format(QuantType::kQ8_0);
     case GgmlType::kQ4_K:
       return ggml_format(QuantType::kQ4_K);
+    case GgmlType::kQ5_K:
+      return ggml_format(QuantType::kQ5_K);
     case GgmlType::kQ6_K:
       return ggml_format(QuantType::kQ6_K);
   }

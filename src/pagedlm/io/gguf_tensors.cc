@@ -77,6 +77,8 @@ std::optional<QuantType> cpu_block_format(GgmlType type) {
       return QuantType::kQ8_0;
     case GgmlType::kQ4_K:
       return QuantType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return QuantType::kQ5_K;
     case GgmlType::kQ6_K:
       return QuantType::kQ6_K;
     default:
