@@ -2,7 +2,7 @@
 """The default SmolLM2 GGUF requantized to each ggml format by llama.cpp's quantizer, and
 pagedlm's exact CPU logits on it held to a forward whose weights gguf-py dequantizes.
 
-For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M):
+For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S):
   1. llama.cpp's llama_model_quantize (llama-cpp-python, scripts/requirements-cpu-peer.txt)
      requantizes the default Q4_1 file (allow_requantize: llama.cpp dequantizes each tensor to
      float32 and quantizes it again) into ~/.cache/pagedlm/requantized/. llama.cpp picks the
@@ -96,7 +96,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(cache_dir(),
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--types", nargs="+",
-                    default=["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q4_K_M", "Q5_K_M"])
+                    default=["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q4_K_M", "Q5_K_M", "Q3_K_S"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--q8", action="store_true", help="also report --cpu-q8-activations")

@@ -110,11 +110,37 @@ void q5_k(float d, float dmin, const uint8_t* sc, const uint8_t* m, const uint32
   }
 }
 
-// Q5_K's 32 bytes of fifth bits (byte l, bit j) as one u32 per sub-block j (bit l).
-void transpose_fifth_bits(const uint8_t* qh, uint32_t* fifth) {
+// Q5_K's 32 bytes of fifth bits, or Q3_K's of third bits (byte l, bit j), as one u32 per
+// sub-block j (bit l).
+void transpose_high_bits(const uint8_t* qh, uint32_t* fifth) {
   for (int j = 0; j < 8; ++j) {
     fifth[j] = 0;
     for (int l = 0; l < 32; ++l) fifth[j] |= static_cast<uint32_t>((qh[l] >> j) & 1) << l;
+  }
+}
+
+// Q3_K's weights from d, its 16 scales (sc - 32), its third bits as one u32 per sub-block (bit l:
+// weight l's) and its 64 bytes of 2-bit quants (sub-block j: weights 0-15 and 16-31 of its half's
+// 32 bytes, j / 4, at bits 2 (j % 4)); a weight is q - 4 with the third bit set, q without.
+void q3_k(float d, const int8_t* sc, const uint32_t* high, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* q = qs + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int l = 0; l < 32; ++l) {
+      const float dl = d * static_cast<float>(sc[2 * j + l / 16]);
+      const int value = ((q[l] >> shift) & 3) - (((high[j] >> l) & 1) != 0 ? 0 : 4);
+      *y++ = dl * static_cast<float>(value);
+    }
+  }
+}
+
+// Q3_K's 12 bytes of 6-bit scales unpacked, less 32 (ggml's dequantize_row_q3_K): scale i's low
+// 4 bits from byte i % 8 (low nibble for i < 8), its high 2 from byte 8 + i % 4 at bit 2 (i / 4).
+void unpack_scales_k3(const uint8_t* s, int8_t* sc) {
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = static_cast<int8_t>((low | (high << 4)) - 32);
   }
 }
 
@@ -162,8 +188,16 @@ void dequant_q5_k(const uint8_t* b, float* y) {
   uint8_t sc[8], m[8];
   uint32_t fifth[8];
   unpack_scales_k4(b + 4, sc, m);
-  transpose_fifth_bits(b + 16, fifth);
+  transpose_high_bits(b + 16, fifth);
   q5_k(load_half(b), load_half(b + 2), sc, m, fifth, b + 48, y);
+}
+
+void dequant_q3_k(const uint8_t* b, float* y) {
+  int8_t sc[16];
+  uint32_t high[8];
+  unpack_scales_k3(b + 96, sc);
+  transpose_high_bits(b, high);
+  q3_k(load_half(b + 108), sc, high, b + 32, y);
 }
 
 void dequant_q4_1f32(const uint8_t* b, float* y) {
@@ -181,9 +215,14 @@ void dequant_q5_kf32(const uint8_t* b, float* y) {
   std::memcpy(fifth, b + 24, sizeof(fifth));
   q5_k(load_float(b), load_float(b + 4), b + 8, b + 16, fifth, b + 56, y);
 }
+void dequant_q3_kf32(const uint8_t* b, float* y) {
+  uint32_t high[8];
+  std::memcpy(high, b + 20, sizeof(high));
+  q3_k(load_float(b), reinterpret_cast<const int8_t*>(b + 4), high, b + 52, y);
+}
 
-// The repackings (core/quantized.h): f16 scales widened to f32, Q4_K's and Q5_K's 6-bit scales
-// unpacked, Q5_K's fifth bits transposed.
+// The repackings (core/quantized.h): f16 scales widened to f32, the K-quants' 6-bit scales
+// unpacked, Q5_K's fifth and Q3_K's third bits transposed.
 void store_float(float f, uint8_t* p) { std::memcpy(p, &f, 4); }
 
 void repack_q4_1(const uint8_t* b, uint8_t* out) {
@@ -207,12 +246,20 @@ void repack_q6_k(const uint8_t* b, uint8_t* out) {
   std::memcpy(out + 20, b, 192);
 }
 
+void repack_q3_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b + 108), out);
+  unpack_scales_k3(b + 96, reinterpret_cast<int8_t*>(out + 4));
+  uint32_t high[8];
+  transpose_high_bits(b, high);
+  std::memcpy(out + 20, high, sizeof(high));
+  std::memcpy(out + 52, b + 32, kQKK / 4);
+}
 void repack_q5_k(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b), out);
   store_float(load_half(b + 2), out + 4);
   unpack_scales_k4(b + 4, out + 8, out + 16);
   uint32_t fifth[8];
-  transpose_fifth_bits(b + 16, fifth);
+  transpose_high_bits(b + 16, fifth);
   std::memcpy(out + 24, fifth, sizeof(fifth));
   std::memcpy(out + 56, b + 48, kQKK / 2);
 }
@@ -242,9 +289,11 @@ const QuantFormat kFormats[] = {
     format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr),
     format("Q5_K", kQ5_K, dequant_q5_k, kQ5_K, kQ5_KF32, repack_q5_k),
     format("Q5_K (f32 scales)", kQ5_KF32, dequant_q5_kf32, kQ5_K, kQ5_KF32, nullptr),
+    format("Q3_K", kQ3_K, dequant_q3_k, kQ3_K, kQ3_KF32, repack_q3_k),
+    format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kQ5_KF32) + 1);
+              static_cast<size_t>(QuantType::kQ3_KF32) + 1);
 
 }  // namespace
 

@@ -325,6 +325,33 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
       q_hi = _mm512_and_si512(q_hi, _mm512_set1_epi32(0x0F));
     }
     pick_5bit(below, above, block + 24 + 4 * sub, q_lo, q_hi, lo, hi);
+  } else if constexpr (kType == QuantType::kQ3_KF32) {
+    // Sub-block `sub` of 32 in half h = sub / 4, part c = sub % 4: (q - 4) * d * sc for q = 0..7
+    // and the scales of its two 16s in one register (lanes 0-7 and 8-15), q's 2 low bits at 2c in
+    // h's 32 bytes of quants, its third bit in the sub-block's u32.
+    const int h = sub / 4, c = sub % 4;
+    const float d = load_float(block);
+    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 2 * sub;
+    const __m512 scales =
+        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * static_cast<float>(sc[0])),
+                             _mm512_set1_ps(d * static_cast<float>(sc[1])));
+    const __m512 weights = _mm512_mul_ps(_mm512_setr_ps(-4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f,
+                                                        -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f),
+                                         scales);
+    const uint8_t* qs = block + 52 + 32 * h;
+    const __m128i shift = _mm_cvtsi32_si128(2 * c);
+    const __m512i two_bits = _mm512_set1_epi32(3);
+    const __m512i q_lo = _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits);
+    const __m512i q_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
+        _mm512_set1_epi32(8));
+    uint32_t third;
+    std::memcpy(&third, block + 20 + 4 * sub, sizeof(third));
+    const __m512i four = _mm512_set1_epi32(4);
+    lo = _mm512_permutexvar_ps(
+        _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(third), q_lo, four), weights);
+    hi = _mm512_permutexvar_ps(
+        _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
     // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
     // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
@@ -384,6 +411,9 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ5_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ5_KF32>{});
+      return true;
+    case QuantType::kQ3_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ3_KF32>{});
       return true;
     default:
       return false;
