@@ -35,7 +35,7 @@ const Case kCases[] = {
     {QuantType::kQ5_0, "random_Q5_0"}, {QuantType::kQ5_1, "random_Q5_1"},
     {QuantType::kQ8_0, "random_Q8_0"}, {QuantType::kQ4_K, "random_Q4_K"},
     {QuantType::kQ6_K, "random_Q6_K"}, {QuantType::kQ5_K, "random_Q5_K"},
-    {QuantType::kQ3_K, "random_Q3_K"},
+    {QuantType::kQ3_K, "random_Q3_K"}, {QuantType::kQ2_K, "random_Q2_K"},
 };
 
 // The reference's rows, repeated to `rows` rows (so that the kernels' column tiles and groups

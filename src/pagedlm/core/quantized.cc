@@ -121,15 +121,17 @@ void transpose_high_bits(const uint8_t* qh, uint32_t* fifth) {
 
 // Q3_K's weights from d, its 16 scales (sc - 32), its third bits as one u32 per sub-block (bit l:
 // weight l's) and its 64 bytes of 2-bit quants (sub-block j: weights 0-15 and 16-31 of its half's
-// 32 bytes, j / 4, at bits 2 (j % 4)); a weight is q - 4 with the third bit set, q without.
+// 32 bytes, j / 4, at bits 2 (j % 4)); a weight is q with the third bit set, q - 4 without.
 void q3_k(float d, const int8_t* sc, const uint32_t* high, const uint8_t* qs, float* y) {
   for (int j = 0; j < 8; ++j) {
     const uint8_t* q = qs + 32 * (j / 4);
     const int shift = 2 * (j % 4);
-    for (int l = 0; l < 32; ++l) {
-      const float dl = d * static_cast<float>(sc[2 * j + l / 16]);
-      const int value = ((q[l] >> shift) & 3) - (((high[j] >> l) & 1) != 0 ? 0 : 4);
-      *y++ = dl * static_cast<float>(value);
+    for (int half = 0; half < 2; ++half) {  // a scale per 16 weights
+      const float dl = d * static_cast<float>(sc[2 * j + half]);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        const int value = ((q[l] >> shift) & 3) - (((high[j] >> l) & 1) != 0 ? 0 : 4);
+        *y++ = dl * static_cast<float>(value);
+      }
     }
   }
 }
@@ -141,6 +143,22 @@ void unpack_scales_k3(const uint8_t* s, int8_t* sc) {
     const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
     const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
     sc[i] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+// Q2_K's weights from d, dmin, its 16 bytes of scales and mins and its 64 bytes of 2-bit quants
+// (laid out as Q3_K's).
+void q2_k(float d, float dmin, const uint8_t* scales, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* q = qs + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int half = 0; half < 2; ++half) {  // a scale and a min per 16 weights
+      const uint8_t sc = scales[2 * j + half];
+      const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        *y++ = dl * static_cast<float>((q[l] >> shift) & 3) - ml;
+      }
+    }
   }
 }
 
@@ -200,6 +218,10 @@ void dequant_q3_k(const uint8_t* b, float* y) {
   q3_k(load_half(b + 108), sc, high, b + 32, y);
 }
 
+void dequant_q2_k(const uint8_t* b, float* y) {
+  q2_k(load_half(b + 80), load_half(b + 82), b, b + 16, y);
+}
+
 void dequant_q4_1f32(const uint8_t* b, float* y) {
   q4_1(load_float(b), load_float(b + 4), b + 8, y);
 }
@@ -246,6 +268,14 @@ void repack_q6_k(const uint8_t* b, uint8_t* out) {
   std::memcpy(out + 20, b, 192);
 }
 
+void dequant_q2_kf32(const uint8_t* b, float* y) {
+  q2_k(load_float(b), load_float(b + 4), b + 8, b + 24, y);
+}
+void repack_q2_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b + 80), out);
+  store_float(load_half(b + 82), out + 4);
+  std::memcpy(out + 8, b, 16 + kQKK / 4);
+}
 void repack_q3_k(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b + 108), out);
   unpack_scales_k3(b + 96, reinterpret_cast<int8_t*>(out + 4));
@@ -291,9 +321,11 @@ const QuantFormat kFormats[] = {
     format("Q5_K (f32 scales)", kQ5_KF32, dequant_q5_kf32, kQ5_K, kQ5_KF32, nullptr),
     format("Q3_K", kQ3_K, dequant_q3_k, kQ3_K, kQ3_KF32, repack_q3_k),
     format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
+    format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k),
+    format("Q2_K (f32 scales)", kQ2_KF32, dequant_q2_kf32, kQ2_K, kQ2_KF32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kQ3_KF32) + 1);
+              static_cast<size_t>(QuantType::kQ2_KF32) + 1);
 
 }  // namespace
 

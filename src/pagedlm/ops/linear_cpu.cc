@@ -352,6 +352,33 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
         _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(third), q_lo, four), weights);
     hi = _mm512_permutexvar_ps(
         _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
+  } else if constexpr (kType == QuantType::kQ2_KF32) {
+    // Sub-block `sub`: d * sc * q - dmin * m for q = 0..3 and the scales and mins of its two 16s
+    // in one register (lanes 0-3 and 4-7), q at bits 2 (sub % 4) of Q3_K's bytes of quants.
+    const int h = sub / 4, c = sub % 4;
+    const uint8_t sc_lo = block[8 + 2 * sub], sc_hi = block[9 + 2 * sub];
+    const float d = load_float(block), dmin = load_float(block + 4);
+    const __m512 scales =
+        _mm512_mask_blend_ps(0xFFF0, _mm512_set1_ps(d * static_cast<float>(sc_lo & 0x0F)),
+                             _mm512_set1_ps(d * static_cast<float>(sc_hi & 0x0F)));
+    const __m512 mins =
+        _mm512_mask_blend_ps(0xFFF0, _mm512_set1_ps(dmin * static_cast<float>(sc_lo >> 4)),
+                             _mm512_set1_ps(dmin * static_cast<float>(sc_hi >> 4)));
+    const __m512 weights =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 0.f, 1.f, 2.f, 3.f, 0.f, 1.f,
+                                                   2.f, 3.f, 0.f, 1.f, 2.f, 3.f),
+                                    scales),
+                      mins);
+    const uint8_t* qs = block + 24 + 32 * h;
+    const __m128i shift = _mm_cvtsi32_si128(2 * c);
+    const __m512i two_bits = _mm512_set1_epi32(3);
+    lo = _mm512_permutexvar_ps(
+        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits), weights);
+    hi = _mm512_permutexvar_ps(
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
+            _mm512_set1_epi32(4)),
+        weights);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
     // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
     // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
@@ -414,6 +441,9 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ3_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ3_KF32>{});
+      return true;
+    case QuantType::kQ2_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
       return true;
     default:
       return false;
