@@ -2,13 +2,15 @@
 """The default SmolLM2 GGUF requantized to each ggml format by llama.cpp's quantizer, and
 pagedlm's exact CPU logits on it held to a forward whose weights gguf-py dequantizes.
 
-For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M):
+For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S Q2_K-pure):
   1. llama.cpp's llama_model_quantize (llama-cpp-python, scripts/requirements-cpu-peer.txt)
      requantizes the default Q4_1 file (allow_requantize: llama.cpp dequantizes each tensor to
      float32 and quantizes it again) into ~/.cache/pagedlm/requantized/. llama.cpp picks the
      tensors' formats itself: SmolLM2's 576-wide rows are not a multiple of the K-quants' 256, so
      most K-quant tensors fall back to Q5_0 / Q8_0 (its own rule), and only ffn_down
-     (1536-wide) keeps Q4_K / Q6_K.
+     (1536-wide) keeps Q4_K / Q6_K. A type named TYPE-pure is llama.cpp's `pure` quantization:
+     every tensor that it can put in TYPE in TYPE (its Q2_K file keeps ffn_down in Q3_K, and its
+     Q2_K_S wants an importance matrix, so Q2_K-pure is the one file with Q2_K tensors).
   2. The reference: scripts/make_smollm2_reference.py's numpy forward, every tensor
      dequantized by gguf-py (gguf.quants.dequantize), in float32 and float64, decoding the
      prompt greedily for --tokens tokens (the float32 forward's argmax).
@@ -50,9 +52,11 @@ def cache_dir():
 def requantize(src, dst, type_name):
     import llama_cpp
 
-    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}")
+    base, pure = type_name.removesuffix("-pure"), type_name.endswith("-pure")
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{base}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
+    params.pure = pure
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
     rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
@@ -96,7 +100,8 @@ def main():
     ap.add_argument("--model", default=os.path.join(cache_dir(),
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--types", nargs="+",
-                    default=["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q4_K_M"])
+                    default=["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q4_K_M", "Q5_K_M", "Q3_K_S",
+                             "Q2_K-pure"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--q8", action="store_true", help="also report --cpu-q8-activations")

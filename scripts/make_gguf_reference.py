@@ -10,8 +10,8 @@ Contents:
   * "blocks": raw block bytes + gguf.quants.dequantize() floats for
     - random data quantized with gguf.quants.quantize() into Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16,
       BF16 (and F32);
-    - random Q4_K and Q6_K blocks (gguf-py cannot quantize these, so the bytes are random with a
-      finite fp16 scale; dequantization does not care how the bytes were produced);
+    - random Q4_K, Q6_K, Q5_K, Q3_K and Q2_K blocks (gguf-py cannot quantize these, so the bytes are random
+      with finite fp16 scales; dequantization does not care how the bytes were produced);
     - rows of real SmolLM2 tensors: token_embd (Q8_0), blk.0.attn_v (Q4_1), blk.0.attn_norm (F32).
   * "unpermuted": rows of blk.0.attn_q / attn_k of the SmolLM2 file, dequantized by gguf-py and
     un-permuted with numpy, i.e. the inverse of convert_hf_to_gguf.py's
@@ -83,7 +83,10 @@ def main():
     for qtype in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
         add_case(f"random_{qtype.name}", qtype, quantize(data, qtype), 256)
 
-    for qtype, nbytes, scale_at in ((T.Q4_K, 144, (0, 2)), (T.Q6_K, 210, (208,))):
+    # New formats go last: each draws from rng after the ones before, which stay as they were.
+    for qtype, nbytes, scale_at in ((T.Q4_K, 144, (0, 2)), (T.Q6_K, 210, (208,)),
+                                    (T.Q5_K, 176, (0, 2)), (T.Q3_K, 110, (108,)),
+                                    (T.Q2_K, 84, (80, 82))):
         raw = rng.integers(0, 256, (3, nbytes * 2), dtype=np.uint8)
         for row in raw:
             for b in range(2):

@@ -34,7 +34,8 @@ const Case kCases[] = {
     {QuantType::kQ4_0, "random_Q4_0"}, {QuantType::kQ4_1, "random_Q4_1"},
     {QuantType::kQ5_0, "random_Q5_0"}, {QuantType::kQ5_1, "random_Q5_1"},
     {QuantType::kQ8_0, "random_Q8_0"}, {QuantType::kQ4_K, "random_Q4_K"},
-    {QuantType::kQ6_K, "random_Q6_K"},
+    {QuantType::kQ6_K, "random_Q6_K"}, {QuantType::kQ5_K, "random_Q5_K"},
+    {QuantType::kQ3_K, "random_Q3_K"}, {QuantType::kQ2_K, "random_Q2_K"},
 };
 
 // The reference's rows, repeated to `rows` rows (so that the kernels' column tiles and groups
@@ -216,7 +217,7 @@ TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
 TEST(QuantFormats, PartsFillTheirColumns) {
   std::mt19937 rng(5);
   const Weights a = reference_weights(kCases[2], 20);  // Q5_0
-  const Weights b = reference_weights(kCases[3], 12);  // Q8_0
+  const Weights b = reference_weights(kCases[3], 12);  // Q5_1
   const int64_t rows = 3, in_features = a.blocks.cols;
   ASSERT_EQ(b.blocks.cols, in_features);
   const Tensor x = random_f32({rows, in_features}, rng);

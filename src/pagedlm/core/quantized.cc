@@ -93,6 +93,75 @@ void unpack_scales_k4(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   }
 }
 
+// Q5_K's weights: Q4_K's, each nibble's fifth bit from fifth[j] (sub-block j's u32, bit l for
+// its weight l).
+void q5_k(float d, float dmin, const uint8_t* sc, const uint8_t* m, const uint32_t* fifth,
+          const uint8_t* q, float* y) {
+  for (int j = 0; j < 8; j += 2) {
+    const float d1 = d * sc[j], m1 = dmin * m[j];
+    const float d2 = d * sc[j + 1], m2 = dmin * m[j + 1];
+    for (int l = 0; l < 32; ++l) {
+      *y++ = d1 * static_cast<float>((q[l] & 0x0F) | (((fifth[j] >> l) & 1) << 4)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      *y++ = d2 * static_cast<float>((q[l] >> 4) | (((fifth[j + 1] >> l) & 1) << 4)) - m2;
+    }
+    q += 32;
+  }
+}
+
+// Q5_K's 32 bytes of fifth bits, or Q3_K's of third bits (byte l, bit j), as one u32 per
+// sub-block j (bit l).
+void transpose_high_bits(const uint8_t* qh, uint32_t* fifth) {
+  for (int j = 0; j < 8; ++j) {
+    fifth[j] = 0;
+    for (int l = 0; l < 32; ++l) fifth[j] |= static_cast<uint32_t>((qh[l] >> j) & 1) << l;
+  }
+}
+
+// Q3_K's weights from d, its 16 scales (sc - 32), its third bits as one u32 per sub-block (bit l:
+// weight l's) and its 64 bytes of 2-bit quants (sub-block j: weights 0-15 and 16-31 of its half's
+// 32 bytes, j / 4, at bits 2 (j % 4)); a weight is q with the third bit set, q - 4 without.
+void q3_k(float d, const int8_t* sc, const uint32_t* high, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* q = qs + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int half = 0; half < 2; ++half) {  // a scale per 16 weights
+      const float dl = d * static_cast<float>(sc[2 * j + half]);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        const int value = ((q[l] >> shift) & 3) - (((high[j] >> l) & 1) != 0 ? 0 : 4);
+        *y++ = dl * static_cast<float>(value);
+      }
+    }
+  }
+}
+
+// Q3_K's 12 bytes of 6-bit scales unpacked, less 32 (ggml's dequantize_row_q3_K): scale i's low
+// 4 bits from byte i % 8 (low nibble for i < 8), its high 2 from byte 8 + i % 4 at bit 2 (i / 4).
+void unpack_scales_k3(const uint8_t* s, int8_t* sc) {
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+// Q2_K's weights from d, dmin, its 16 bytes of scales and mins and its 64 bytes of 2-bit quants
+// (laid out as Q3_K's).
+void q2_k(float d, float dmin, const uint8_t* scales, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* q = qs + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int half = 0; half < 2; ++half) {  // a scale and a min per 16 weights
+      const uint8_t sc = scales[2 * j + half];
+      const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        *y++ = dl * static_cast<float>((q[l] >> shift) & 3) - ml;
+      }
+    }
+  }
+}
+
 // Q6_K: u8 ql[128]; u8 qh[64]; i8 scales[16]; d.
 void q6_k(float d, const int8_t* sc, const uint8_t* ql, const uint8_t* qh, float* y) {
   for (int n = 0; n < kQKK; n += 128) {
@@ -133,6 +202,25 @@ void dequant_q4_k(const uint8_t* b, float* y) {
 void dequant_q6_k(const uint8_t* b, float* y) {
   q6_k(load_half(b + 208), reinterpret_cast<const int8_t*>(b + 192), b, b + 128, y);
 }
+void dequant_q5_k(const uint8_t* b, float* y) {
+  uint8_t sc[8], m[8];
+  uint32_t fifth[8];
+  unpack_scales_k4(b + 4, sc, m);
+  transpose_high_bits(b + 16, fifth);
+  q5_k(load_half(b), load_half(b + 2), sc, m, fifth, b + 48, y);
+}
+
+void dequant_q3_k(const uint8_t* b, float* y) {
+  int8_t sc[16];
+  uint32_t high[8];
+  unpack_scales_k3(b + 96, sc);
+  transpose_high_bits(b, high);
+  q3_k(load_half(b + 108), sc, high, b + 32, y);
+}
+
+void dequant_q2_k(const uint8_t* b, float* y) {
+  q2_k(load_half(b + 80), load_half(b + 82), b, b + 16, y);
+}
 
 void dequant_q4_1f32(const uint8_t* b, float* y) {
   q4_1(load_float(b), load_float(b + 4), b + 8, y);
@@ -144,8 +232,19 @@ void dequant_q4_kf32(const uint8_t* b, float* y) {
 void dequant_q6_kf32(const uint8_t* b, float* y) {
   q6_k(load_float(b), reinterpret_cast<const int8_t*>(b + 4), b + 20, b + 148, y);
 }
+void dequant_q5_kf32(const uint8_t* b, float* y) {
+  uint32_t fifth[8];
+  std::memcpy(fifth, b + 24, sizeof(fifth));
+  q5_k(load_float(b), load_float(b + 4), b + 8, b + 16, fifth, b + 56, y);
+}
+void dequant_q3_kf32(const uint8_t* b, float* y) {
+  uint32_t high[8];
+  std::memcpy(high, b + 20, sizeof(high));
+  q3_k(load_float(b), reinterpret_cast<const int8_t*>(b + 4), high, b + 52, y);
+}
 
-// The repackings (core/quantized.h): f16 scales widened to f32, Q4_K's 6-bit scales unpacked.
+// The repackings (core/quantized.h): f16 scales widened to f32, the K-quants' 6-bit scales
+// unpacked, Q5_K's fifth and Q3_K's third bits transposed.
 void store_float(float f, uint8_t* p) { std::memcpy(p, &f, 4); }
 
 void repack_q4_1(const uint8_t* b, uint8_t* out) {
@@ -167,6 +266,32 @@ void repack_q6_k(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b + 208), out);
   std::memcpy(out + 4, b + 192, 16);
   std::memcpy(out + 20, b, 192);
+}
+
+void dequant_q2_kf32(const uint8_t* b, float* y) {
+  q2_k(load_float(b), load_float(b + 4), b + 8, b + 24, y);
+}
+void repack_q2_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b + 80), out);
+  store_float(load_half(b + 82), out + 4);
+  std::memcpy(out + 8, b, 16 + kQKK / 4);
+}
+void repack_q3_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b + 108), out);
+  unpack_scales_k3(b + 96, reinterpret_cast<int8_t*>(out + 4));
+  uint32_t high[8];
+  transpose_high_bits(b, high);
+  std::memcpy(out + 20, high, sizeof(high));
+  std::memcpy(out + 52, b + 32, kQKK / 4);
+}
+void repack_q5_k(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  store_float(load_half(b + 2), out + 4);
+  unpack_scales_k4(b + 4, out + 8, out + 16);
+  uint32_t fifth[8];
+  transpose_high_bits(b + 16, fifth);
+  std::memcpy(out + 24, fifth, sizeof(fifth));
+  std::memcpy(out + 56, b + 48, kQKK / 2);
 }
 
 using Dequantize = void (*)(const uint8_t*, float*);
@@ -192,8 +317,15 @@ const QuantFormat kFormats[] = {
     format("Q4_K (f32 scales)", kQ4_KF32, dequant_q4_kf32, kQ4_K, kQ4_KF32, nullptr),
     format("Q6_K (f32 scale)", kQ6_KF32, dequant_q6_kf32, kQ6_K, kQ6_KF32, nullptr),
     format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr),
+    format("Q5_K", kQ5_K, dequant_q5_k, kQ5_K, kQ5_KF32, repack_q5_k),
+    format("Q5_K (f32 scales)", kQ5_KF32, dequant_q5_kf32, kQ5_K, kQ5_KF32, nullptr),
+    format("Q3_K", kQ3_K, dequant_q3_k, kQ3_K, kQ3_KF32, repack_q3_k),
+    format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
+    format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k),
+    format("Q2_K (f32 scales)", kQ2_KF32, dequant_q2_kf32, kQ2_K, kQ2_KF32, nullptr),
 };
-static_assert(sizeof(kFormats) / sizeof(kFormats[0]) == static_cast<size_t>(QuantType::kQ5_1) + 1);
+static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
+              static_cast<size_t>(QuantType::kQ2_KF32) + 1);
 
 }  // namespace
 

@@ -29,10 +29,23 @@ namespace pagedlm {
 //         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
 //   Q6_K: 256 weights, 128 bytes of low nibbles, 64 of high 2 bits, 16 int8 scales, f16 d,
 //         w = d * sc * (q - 32) per 16 weights;
+//   Q5_K: 256 weights, f16 d, f16 dmin, Q4_K's 12 bytes of scales and mins, 32 bytes of fifth
+//         bits (byte l, bit j: weight l of sub-block j), Q4_K's 128 bytes of nibbles,
+//         w = d * sc_j * q - dmin * m_j for sub-block j of 32;
+//   Q3_K: 256 weights, 32 bytes of third bits (byte l, bit j: weight l of sub-block j), 64 bytes
+//         of 2-bit quants, 12 bytes of 6-bit scales, f16 d, w = d * (sc - 32) * (q - 4) per 16;
+//   Q2_K: 256 weights, 16 bytes of 4-bit scales and mins (byte i: scale i in the low nibble, min i
+//         in the high one), 64 bytes of 2-bit quants as Q3_K's, f16 d, f16 dmin,
+//         w = d * sc_i * q - dmin * m_i per 16;
 //   Q4_1F32: f32 d, f32 m, then the 16 bytes of nibbles;
 //   Q5_0F32: f32 d, u32 qh, 16 bytes of nibbles;
 //   Q4_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], Q4_K's 128 bytes of nibbles;
-//   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64].
+//   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64];
+//   Q5_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], u32 qh[8] (sub-block j's fifth bits, bit l for
+//            its weight l: Q5_0's form), Q5_K's 128 bytes of nibbles;
+//   Q3_KF32: f32 d, int8 sc[16] (sc - 32), u32 hmask[8] (sub-block j's third bits, as Q5_KF32's
+//            fifth), Q3_K's 64 bytes of 2-bit quants;
+//   Q2_KF32: f32 d, f32 dmin, then Q2_K's 16 bytes of scales and mins and 64 of quants.
 enum class QuantType : uint8_t {
   kQ4_1,
   kQ8_0,
@@ -45,6 +58,12 @@ enum class QuantType : uint8_t {
   kQ4_KF32,
   kQ6_KF32,
   kQ5_1,
+  kQ5_K,
+  kQ5_KF32,
+  kQ3_K,
+  kQ3_KF32,
+  kQ2_K,
+  kQ2_KF32,
 };
 
 // The unit the CPU kernels step through a row in: every format's blocks are made of whole
@@ -92,6 +111,18 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 212;
     case QuantType::kQ5_1:
       return 24;
+    case QuantType::kQ5_K:
+      return 176;
+    case QuantType::kQ5_KF32:
+      return 184;
+    case QuantType::kQ3_K:
+      return 110;
+    case QuantType::kQ3_KF32:
+      return 116;
+    case QuantType::kQ2_K:
+      return 84;
+    case QuantType::kQ2_KF32:
+      return 88;
   }
   return 0;
 }
@@ -102,6 +133,12 @@ constexpr int64_t quant_block_elems(QuantType t) {
     case QuantType::kQ6_K:
     case QuantType::kQ4_KF32:
     case QuantType::kQ6_KF32:
+    case QuantType::kQ5_K:
+    case QuantType::kQ5_KF32:
+    case QuantType::kQ3_K:
+    case QuantType::kQ3_KF32:
+    case QuantType::kQ2_K:
+    case QuantType::kQ2_KF32:
       return 256;
     default:
       return 32;

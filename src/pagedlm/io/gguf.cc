@@ -223,7 +223,10 @@ bool known_ggml_type(uint32_t t) {
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       return true;
   }

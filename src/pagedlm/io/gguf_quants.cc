@@ -59,8 +59,14 @@ TypeTraits traits(GgmlType type) {
       return ggml_format(QuantType::kQ5_1);
     case GgmlType::kQ8_0:
       return ggml_format(QuantType::kQ8_0);
+    case GgmlType::kQ2_K:
+      return ggml_format(QuantType::kQ2_K);
+    case GgmlType::kQ3_K:
+      return ggml_format(QuantType::kQ3_K);
     case GgmlType::kQ4_K:
       return ggml_format(QuantType::kQ4_K);
+    case GgmlType::kQ5_K:
+      return ggml_format(QuantType::kQ5_K);
     case GgmlType::kQ6_K:
       return ggml_format(QuantType::kQ6_K);
   }

@@ -75,8 +75,14 @@ std::optional<QuantType> cpu_block_format(GgmlType type) {
       return QuantType::kQ5_1;
     case GgmlType::kQ8_0:
       return QuantType::kQ8_0;
+    case GgmlType::kQ2_K:
+      return QuantType::kQ2_K;
+    case GgmlType::kQ3_K:
+      return QuantType::kQ3_K;
     case GgmlType::kQ4_K:
       return QuantType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return QuantType::kQ5_K;
     case GgmlType::kQ6_K:
       return QuantType::kQ6_K;
     default:

@@ -200,21 +200,28 @@ inline __m512i load_bytes_u32(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// A 5-bit block's weights from its 32 possible ones (`below`: q = 0..15, `above`: 16..31), its
-// u32 of fifth bits (bit j: weight j's) and its 16 bytes of nibbles: the fifth bit set by a masked
-// or, which also picks the register (vpermt2ps reads an index's low 5 bits).
-inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, const uint8_t* qs,
-                        __m512& lo, __m512& hi) {
+// 32 weights of 5 bits from their 32 possible ones (`below`: q = 0..15, `above`: 16..31), their
+// low 4 bits (q_lo: weights 0-15, q_hi: 16-31, as 32-bit lanes) and the u32 at qh_bytes of their
+// fifth bits (bit j: weight j's): the fifth bit set by a masked or, which also picks the register
+// (vpermt2ps reads an index's low 5 bits).
+inline void pick_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, __m512i q_lo,
+                      __m512i q_hi, __m512& lo, __m512& hi) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, sizeof(qh));
-  const __m512i bytes = load_bytes_u32(qs);
   const __m512i fifth = _mm512_set1_epi32(16);
-  const __m512i q_lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-  const __m512i q_hi = _mm512_srli_epi32(bytes, 4);
   lo = _mm512_permutex2var_ps(
       below, _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(qh), q_lo, fifth), above);
   hi = _mm512_permutex2var_ps(
       below, _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(qh >> 16), q_hi, fifth), above);
+}
+
+// A Q5_0 or Q5_1 block's weights: its fifth bits, then 16 bytes of nibbles (weight j: the low
+// nibble of byte j, weight j + 16: the high one).
+inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, const uint8_t* qs,
+                        __m512& lo, __m512& hi) {
+  const __m512i bytes = load_bytes_u32(qs);
+  pick_5bit(below, above, qh_bytes, _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)),
+            _mm512_srli_epi32(bytes, 4), lo, hi);
 }
 
 // Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
@@ -292,6 +299,86 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     }
     lo = _mm512_permutexvar_ps(q_lo, weights);
     hi = _mm512_permutexvar_ps(q_hi, weights);
+  } else if constexpr (kType == QuantType::kQ5_KF32) {
+    // Sub-block `sub`: d * sc * q - dmin * m for q = 0..31 in two registers, its nibbles as
+    // Q4_K's (low or high ones of chunk sub / 2, masked: the fifth bit picks the register) and
+    // its u32 of fifth bits.
+    const float scale = load_float(block) * static_cast<float>(block[8 + sub]);
+    const float min = load_float(block + 4) * static_cast<float>(block[16 + sub]);
+    const __m512 below =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f,
+                                                   10.f, 11.f, 12.f, 13.f, 14.f, 15.f),
+                                    _mm512_set1_ps(scale)),
+                      _mm512_set1_ps(min));
+    const __m512 above =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_setr_ps(16.f, 17.f, 18.f, 19.f, 20.f, 21.f, 22.f, 23.f,
+                                                   24.f, 25.f, 26.f, 27.f, 28.f, 29.f, 30.f, 31.f),
+                                    _mm512_set1_ps(scale)),
+                      _mm512_set1_ps(min));
+    const uint8_t* qs = block + 56 + 32 * (sub / 2);
+    __m512i q_lo = load_bytes_u32(qs), q_hi = load_bytes_u32(qs + 16);
+    if (sub % 2 == 1) {
+      q_lo = _mm512_srli_epi32(q_lo, 4);
+      q_hi = _mm512_srli_epi32(q_hi, 4);
+    } else {
+      q_lo = _mm512_and_si512(q_lo, _mm512_set1_epi32(0x0F));
+      q_hi = _mm512_and_si512(q_hi, _mm512_set1_epi32(0x0F));
+    }
+    pick_5bit(below, above, block + 24 + 4 * sub, q_lo, q_hi, lo, hi);
+  } else if constexpr (kType == QuantType::kQ3_KF32) {
+    // Sub-block `sub` of 32 in half h = sub / 4, part c = sub % 4: (q - 4) * d * sc for q = 0..7
+    // and the scales of its two 16s in one register (lanes 0-7 and 8-15), q's 2 low bits at 2c in
+    // h's 32 bytes of quants, its third bit in the sub-block's u32.
+    const int h = sub / 4, c = sub % 4;
+    const float d = load_float(block);
+    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 2 * sub;
+    const __m512 scales =
+        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * static_cast<float>(sc[0])),
+                             _mm512_set1_ps(d * static_cast<float>(sc[1])));
+    const __m512 weights = _mm512_mul_ps(_mm512_setr_ps(-4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f,
+                                                        -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f),
+                                         scales);
+    const uint8_t* qs = block + 52 + 32 * h;
+    const __m128i shift = _mm_cvtsi32_si128(2 * c);
+    const __m512i two_bits = _mm512_set1_epi32(3);
+    const __m512i q_lo = _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits);
+    const __m512i q_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
+        _mm512_set1_epi32(8));
+    uint32_t third;
+    std::memcpy(&third, block + 20 + 4 * sub, sizeof(third));
+    const __m512i four = _mm512_set1_epi32(4);
+    lo = _mm512_permutexvar_ps(
+        _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(third), q_lo, four), weights);
+    hi = _mm512_permutexvar_ps(
+        _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
+  } else if constexpr (kType == QuantType::kQ2_KF32) {
+    // Sub-block `sub`: d * sc * q - dmin * m for q = 0..3 and the scales and mins of its two 16s
+    // in one register (lanes 0-3 and 4-7), q at bits 2 (sub % 4) of Q3_K's bytes of quants.
+    const int h = sub / 4, c = sub % 4;
+    const uint8_t sc_lo = block[8 + 2 * sub], sc_hi = block[9 + 2 * sub];
+    const float d = load_float(block), dmin = load_float(block + 4);
+    const __m512 scales =
+        _mm512_mask_blend_ps(0xFFF0, _mm512_set1_ps(d * static_cast<float>(sc_lo & 0x0F)),
+                             _mm512_set1_ps(d * static_cast<float>(sc_hi & 0x0F)));
+    const __m512 mins =
+        _mm512_mask_blend_ps(0xFFF0, _mm512_set1_ps(dmin * static_cast<float>(sc_lo >> 4)),
+                             _mm512_set1_ps(dmin * static_cast<float>(sc_hi >> 4)));
+    const __m512 weights =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 0.f, 1.f, 2.f, 3.f, 0.f, 1.f,
+                                                   2.f, 3.f, 0.f, 1.f, 2.f, 3.f),
+                                    scales),
+                      mins);
+    const uint8_t* qs = block + 24 + 32 * h;
+    const __m128i shift = _mm_cvtsi32_si128(2 * c);
+    const __m512i two_bits = _mm512_set1_epi32(3);
+    lo = _mm512_permutexvar_ps(
+        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits), weights);
+    hi = _mm512_permutexvar_ps(
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
+            _mm512_set1_epi32(4)),
+        weights);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
     // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
     // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
@@ -348,6 +435,15 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ6_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ6_KF32>{});
+      return true;
+    case QuantType::kQ5_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ5_KF32>{});
+      return true;
+    case QuantType::kQ3_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ3_KF32>{});
+      return true;
+    case QuantType::kQ2_KF32:
+      fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
       return true;
     default:
       return false;
