@@ -228,7 +228,7 @@ TEST(QuantFormats, PartsFillTheirColumns) {
   ops::linear(x, rb, bias, out, 20);
   std::vector<float> w = a.floats;
   w.insert(w.end(), b.floats.begin(), b.floats.end());
-  expect_within(out, reference_product(x, w, bias.data<float>(), 32, in_features), "Q5_0 + Q8_0");
+  expect_within(out, reference_product(x, w, bias.data<float>(), 32, in_features), "Q5_0 + Q5_1");
   testing::expect_error([&] { ops::linear(x, rb, bias, out, 21); }, {"out must be f32"});
 }
 
