@@ -354,12 +354,30 @@ class Model {
     spec.text = text;
     spec.choices = choices;
     spec.strict = strict;
-    nb::gil_scoped_release release;
+    return compile(spec);
+  }
+
+  // tool_choice (its JSON) over tools (a JSON list, or "null") for a chat template whose call
+  // form is template_format: the grammar of the one call it forces and the form that call is
+  // written in, or nothing ("auto", "none"). As the server reads tool_choice.
+  std::optional<std::pair<Grammar, std::string>> compile_tool_choice(
+      const std::string& tools, const std::string& tool_choice,
+      const std::string& template_format) {
+    const json tools_json = json::parse(tools, nullptr, /*allow_exceptions=*/false);
+    const json choice_json = json::parse(tool_choice, nullptr, /*allow_exceptions=*/false);
+    if (tools_json.is_discarded() || choice_json.is_discarded()) {
+      throw BadInput("tools and tool_choice must be JSON");
+    }
+    std::optional<serving::ForcedToolCall> forced;
     try {
-      return Grammar{state_->compiler->compile(spec)};
-    } catch (const grammar::GrammarError& e) {
+      forced = serving::forced_tool_call(tools_json.is_null() ? nullptr : &tools_json, choice_json,
+                                         parse_format(template_format));
+    } catch (const serving::ToolChoiceError& e) {
       throw BadInput(e.what());
     }
+    if (!forced) return std::nullopt;
+    if (!state_->compiler) throw BadInput("tool_choice needs a model with a tokenizer");
+    return std::pair{compile(forced->spec), std::string(format_name(forced->format))};
   }
 
   std::unique_ptr<Stream> submit(std::vector<std::vector<int32_t>> prompts,
@@ -467,6 +485,16 @@ class Model {
   }
 
  private:
+  // Compiles on this thread with the GIL released (a schema may take a while).
+  Grammar compile(const grammar::GrammarSpec& spec) {
+    nb::gil_scoped_release release;
+    try {
+      return Grammar{state_->compiler->compile(spec)};
+    } catch (const grammar::GrammarError& e) {
+      throw BadInput(e.what());
+    }
+  }
+
   std::shared_ptr<State> state_;
 };
 
@@ -531,6 +559,8 @@ NB_MODULE(_pagedlm, m) {
       .def("chat_template_source", &Model::chat_template_source)
       .def_static("tool_call_format", &Model::tool_call_format, "template_source"_a)
       .def("compile_grammar", &Model::compile_grammar, "kind"_a, "text"_a, "choices"_a, "strict"_a)
+      .def("compile_tool_choice", &Model::compile_tool_choice, "tools"_a, "tool_choice"_a,
+           "template_format"_a)
       .def("submit", &Model::submit, "prompts"_a, "sampling"_a, "max_tokens"_a, "n"_a, "stop"_a,
            "top_logprobs"_a, "tool_calls"_a, "reasoning"_a, "reasoning_opened"_a,
            "grammar"_a.none(), "prompt_logits"_a)
