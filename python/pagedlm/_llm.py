@@ -174,6 +174,9 @@ class LLM:
     seed, seed + 1, ... in the order they are made (None: random). chat_template: a Jinja file
     replacing the model's template. reasoning_parser: any value splits chat replies' <think> block
     into reasoning_content. max_waiting: requests queued at most (beyond: RuntimeError).
+    load_format: "auto" (the model's weights) or "dummy", as vLLM's: random weights of the shape
+    model (a config.json, or a folder holding one) gives, and no tokenizer (prompts as token ids),
+    for benchmarks (`pagedlm bench --dummy`).
 
     A missing model raises FileNotFoundError; a bad option ValueError.
     """
@@ -198,12 +201,14 @@ class LLM:
         chat_template: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
         max_waiting: int = 1 << 20,
+        load_format: str = "auto",
     ):
         self._model = _pagedlm.Model(
             os.fspath(model) if model is not None else "", device, page_size, num_pages,
             kv_cache_bytes, max_num_batched_tokens, max_num_seqs, float(target_itl_ms),
             enable_prefix_cache, threads, cpu_q8_activations, gpu_memory_fraction,
-            use_cuda_graphs, max_waiting, os.fspath(chat_template) if chat_template else "")
+            use_cuda_graphs, max_waiting, os.fspath(chat_template) if chat_template else "",
+            load_format)
         self._tokenizer = Tokenizer(self._model) if self._model.has_tokenizer() else None
         self._seed = seed
         self._reasoning = reasoning_parser is not None

@@ -198,6 +198,39 @@ def test_tool_choice_errors_carry_the_servers_message(llm):
         llm.chat(messages, SamplingParams(regex="[a-z]+"), tools=TOOLS, tool_choice="required")
 
 
+def test_dummy_weights_run_the_benchmarks_workload(binary):
+    # `pagedlm bench`'s own count of the workload it ran is the reference for the requests the
+    # binding hands out for the same spec.
+    config = ROOT / "testdata" / "fixtures" / "llama3-rope" / "config.json"
+    spec = dict(kind="random", num_requests=6, seed=3, prompt_min=8, prompt_max=40,
+                output_min=2, output_max=9, prefix_len=0, unique_len=0, warmup=0)
+    bench = subprocess.run(
+        [binary, "bench", "--dummy", str(config), "--device", "cpu", "--threads", str(THREADS),
+         "--json", "--num-requests", "6", "--seed", "3", "--prompt-min", "8", "--prompt-max",
+         "40", "--output-min", "2", "--output-max", "9", "--warmup", "0"],
+        capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr
+    counted = json.loads(bench.stdout)
+    llm = pagedlm.LLM(str(config), load_format="dummy", device="cpu", threads=THREADS,
+                      kv_cache_bytes=64 << 20)
+    try:
+        warm, timed = pagedlm._pagedlm.benchmark_workload(vocab=512, **spec)
+        assert warm == [] and len(timed) == 6
+        assert sum(len(p) for p, _ in timed) == counted["prompt_tokens"]
+        outs = llm.generate([p for p, _ in timed],
+                            [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in timed])
+        assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in timed]
+        assert sum(n for _, n in timed) == counted["generated_tokens"]
+        with pytest.raises(ValueError, match="no tokenizer"):
+            llm.generate("text needs a tokenizer")
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="load_format must be 'auto' or 'dummy'"):
+        pagedlm.LLM(str(config), load_format="random")
+    with pytest.raises(ValueError, match="needs model="):
+        pagedlm.LLM(load_format="dummy")
+
+
 def test_tokenizer_and_chat_template(llm):
     tok = llm.tokenizer
     text = "Hello, world! Ünïcödé"

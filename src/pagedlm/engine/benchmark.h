@@ -77,6 +77,13 @@ struct BenchmarkResult {
   bool interrupted = false;
 };
 
+// The requests of a workload fixed in advance (random, shared-prefix) for a model of `vocab`
+// tokens, in submission order: what run_benchmark submits, so that another front end (the Python
+// package's LLM.generate) can run the very same workload. Each ignores EOS.
+std::vector<Request> workload_requests(const WorkloadSpec& spec, int64_t vocab);
+// Its untimed warm-up requests (spec.warmup_requests of them, 4 output tokens each).
+std::vector<Request> warmup_requests(const WorkloadSpec& spec, int64_t vocab);
+
 // Runs the workload to completion; `progress(done, total)` is called after each step. Before
 // each step (warm-up included) `interrupted()`, when given, may stop the run: the result then
 // says only that (BenchmarkResult::interrupted), and requests of the run stay in the engine.
