@@ -15,10 +15,12 @@
 
 #include "default_model_util.h"
 #include "golden_fixture_util.h"
+#include "ops_test_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/ops/linear_fp8.h"
 
 namespace pagedlm {
 namespace {
@@ -60,10 +62,13 @@ std::vector<double> position_errors(const Tensor& got, const Tensor& ref) {
 
 bool has_experts(const Checkpoint& ckpt) { return ckpt.config.moe.num_experts > 0; }
 
+// The FP8 fixtures run here dequantized to bf16, as every other fixture's weights are: their
+// W8A8 GEMMs have tests of their own below (CudaModelFp8), with the bound FP8 inputs allow.
 EngineOptions cuda_options() {
   EngineOptions o;
   o.device = Device::kCuda;
   o.num_pages = 256;
+  o.fp8_weights = Fp8Weights::kNone;
   return o;
 }
 
@@ -300,6 +305,88 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
   for (char& c : n) c = std::isalnum(c) ? c : '_';
   return n;
 });
+
+// W8A8: the FP8 fixtures with their own weights and scales (per-tensor with static inputs,
+// per-channel with clamped per-token inputs, compressed-tensors' mixed groups; fp8-block's
+// 32x32 blocks run dequantized), and bf16 fixtures quantized at load (--quantization fp8),
+// qwen2-bias for the bias, phi3 for fused projections. e4m3's 3 significand bits round each
+// quantized input by ~2.6% (RMS, relative), and so each FP8 projection's output; the logits,
+// after 8 such projections over 2 layers, are held to 3 times that. The reference stays the
+// float64 forward of the dequantized weights with unquantized activations (the fixtures'),
+// which scripts/gpu_host/fixture_accuracy.py --fp8 also scores a PyTorch W8A8 forward against.
+constexpr double kW8A8LogitsTolerance = 8e-2;
+
+struct Fp8Case {
+  const char* fixture;
+  Fp8Weights mode;
+};
+
+class CudaModelFp8 : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(CudaModelFp8, LogitsNearReferenceUnchunkedAndChunked) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const Fp8Case& c = GetParam();
+  const Checkpoint checkpoint = load_checkpoint(fixture_dir(c.fixture));
+  const Expected expected = load_expected(c.fixture);
+  EngineOptions o = cuda_options();
+  o.fp8_weights = c.mode;
+  if (!ops::fp8_gemm_supported()) {
+    // FP8 asked for on a GPU without FP8 tensor cores: refused, naming what is missing; an FP8
+    // checkpoint on its own runs dequantized.
+    if (c.mode == Fp8Weights::kAll) {
+      expect_error([&] { Engine engine(checkpoint, o); },
+                   {"--quantization fp8", "FP8 tensor cores", "8.9"});
+    }
+    GTEST_SKIP() << "the GPU has no FP8 tensor cores";
+  }
+  auto run = [&](int32_t budget, std::map<std::string, int64_t>* formats) {
+    o.max_num_batched_tokens = budget;
+    Engine engine(checkpoint, o);
+    if (formats != nullptr) *formats = engine.step_weight_bytes_by_format();
+    std::vector<Request> requests;
+    for (const auto& p : expected.prompts) requests.push_back(logits_request(p));
+    return engine.generate(std::move(requests));
+  };
+  std::map<std::string, int64_t> formats;
+  const std::vector<RequestOutput> whole = run(4096, &formats), chunked = run(16, nullptr);
+  const std::string fp8_format = "f8_e4m3 (W8A8)";
+  const bool fp8_block = std::string(c.fixture) == "fp8-block";
+  EXPECT_EQ(formats.count(fp8_format), fp8_block ? 0u : 1u) << c.fixture;
+  // bf16 besides the FP8 projections: the embedding / lm_head, and ct-mixed's block-scaled down.
+  for (const auto& [format, bytes] : formats) {
+    std::printf("%s: %s %lld bytes\n", c.fixture, format.c_str(), static_cast<long long>(bytes));
+  }
+  double worst = 0;
+  for (int i = 0; i < kNumCases; ++i) {
+    const double err = relative_error(whole[i].prompt_logits, expected.logits[i]);
+    const double chunked_err = relative_error(chunked[i].prompt_logits, expected.logits[i]);
+    worst = std::max({worst, err, chunked_err});
+    EXPECT_LT(err, kW8A8LogitsTolerance) << c.fixture << " case " << i;
+    EXPECT_LT(chunked_err, kW8A8LogitsTolerance) << c.fixture << " case " << i << " chunked";
+    // Inputs are quantized per row (or with a fixed scale), so chunks change GEMM shapes only.
+    EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits),
+              kLogitsTolerance / 2)
+        << c.fixture << " case " << i << " chunked vs unchunked";
+  }
+  std::printf("%s (%s): W8A8 worst rel err %.3e vs the float64 reference\n", c.fixture,
+              c.mode == Fp8Weights::kAll ? "--quantization fp8" : "checkpoint", worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelFp8,
+                         ::testing::Values(Fp8Case{"fp8-tensor", Fp8Weights::kCheckpoint},
+                                           Fp8Case{"fbgemm", Fp8Weights::kCheckpoint},
+                                           Fp8Case{"ct-mixed", Fp8Weights::kCheckpoint},
+                                           Fp8Case{"fp8-block", Fp8Weights::kCheckpoint},
+                                           Fp8Case{"llama-gqa", Fp8Weights::kAll},
+                                           Fp8Case{"qwen2-bias", Fp8Weights::kAll},
+                                           Fp8Case{"phi3", Fp8Weights::kAll},
+                                           Fp8Case{"gemma2", Fp8Weights::kAll}),
+                         [](const auto& info) {
+                           std::string n = info.param.fixture;
+                           for (char& ch : n) ch = std::isalnum(ch) ? ch : '_';
+                           return n + (info.param.mode == Fp8Weights::kAll ? "_quantized"
+                                                                           : "_checkpoint");
+                         });
 
 // A head size the GPU's kernels are not compiled for is refused when the engine is built, naming
 // it (the CPU runs any even size). llama3-rope's heads are split in two: the same projection
