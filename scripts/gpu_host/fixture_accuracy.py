@@ -58,6 +58,14 @@ def read_safetensors(path):
     return out
 
 
+def fixture_cases(fixture_dir):
+    """The fixture's case prompts (token id lists) and their float64 reference logits."""
+    exp = read_safetensors(os.path.join(fixture_dir, "expected.safetensors"))
+    cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
+    return ([exp[f"case{i}.prompt"].astype(int).tolist() for i in cases],
+            [exp[f"case{i}.logits"] for i in cases])
+
+
 def rel_err(got, want):
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
@@ -142,10 +150,7 @@ def main():
     worse = []
     for name in names:
         d = os.path.join(FIXTURES, name)
-        exp = read_safetensors(os.path.join(d, "expected.safetensors"))
-        cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
-        prompts = [exp[f"case{i}.prompt"].astype(int).tolist() for i in cases]
-        want = [exp[f"case{i}.logits"] for i in cases]
+        prompts, want = fixture_cases(d)
         hf_logits = hf_bf16_logits(d, prompts)
         ours_logits = pagedlm_logits(args.pagedlm, d, prompts, [])
         hf = [rel_err(g, w) for g, w in zip(hf_logits, want)]

@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_accuracy import FIXTURES, pagedlm_logits, read_safetensors, rel_err  # noqa: E402
+from fixture_accuracy import FIXTURES, fixture_cases, pagedlm_logits, rel_err  # noqa: E402
 
 FP8_FIXTURES = ["fp8-tensor", "fp8-block", "ct-mixed", "fbgemm"]
 E4M3_MAX = 448.0
@@ -149,10 +149,7 @@ def main():
     worse = []
     for name in args.fixtures or FP8_FIXTURES:
         d = os.path.join(FIXTURES, name)
-        exp = read_safetensors(os.path.join(d, "expected.safetensors"))
-        cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
-        prompts = [exp[f"case{i}.prompt"].astype(int).tolist() for i in cases]
-        want = [exp[f"case{i}.logits"] for i in cases]
+        prompts, want = fixture_cases(d)
         model, fp8_checkpoint = torch_w8a8_model(d)
         with torch.no_grad():
             got = [model(torch.tensor([p], device="cuda")).logits[0].double().cpu().numpy()
@@ -173,8 +170,7 @@ def main():
         print(line)
     if worse:
         print("pagedlm is worse than torch's W8A8 on: " + " ".join(worse))
-        return 1
-    return 0
+    return 1 if worse else 0
 
 
 if __name__ == "__main__":
