@@ -319,22 +319,26 @@ cudaError_t launch_gemm_fp8(GemmHandle* h, const void* xq, const float* x_scales
   if (m == 0) return cudaSuccess;
   const auto key = std::make_tuple(m, n, k, bias != nullptr, false, true);
   auto it = h->plans.find(key);
+  // No kernel for the scale vectors: unscaled sums, scaled (and biased) by our kernel.
+  auto epilogue_plan = [&](GemmHandle::Plan* plan) {
+    const cudaError_t err = make_plan(h, m, n, k, false, false, PlanFormat{true, false}, plan);
+    if (err == cudaSuccess) {
+      h->last_status = 0;
+      plan->scale_in_epilogue = true;
+    }
+    return err;
+  };
   if (it == h->plans.end()) {
     GemmHandle::Plan plan;
     cudaError_t err = cudaErrorNotSupported;
     if (!h->fp8_epilogue) {
       err = make_plan(h, m, n, k, bias != nullptr, false, PlanFormat{true, true}, &plan);
     }
-    if (err != cudaSuccess) {
-      // No kernel for the scale vectors: unscaled sums, scaled (and biased) by our kernel.
-      err = make_plan(h, m, n, k, false, false, PlanFormat{true, false}, &plan);
-      if (err != cudaSuccess) return err;
-      h->last_status = 0;
-      plan.scale_in_epilogue = true;
-    }
+    if (err != cudaSuccess) PAGEDLM_CUDA_TRY(epilogue_plan(&plan));
     it = h->plans.emplace(key, plan).first;
   }
   GemmHandle::Plan& p = it->second;
+  const float alpha = 1.f, beta = 0.f;
   if (!p.scale_in_epilogue) {
     PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                      &w_scales, sizeof(w_scales)));
@@ -344,14 +348,21 @@ cudaError_t launch_gemm_fp8(GemmHandle* h, const void* xq, const float* x_scales
       PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &bias, sizeof(bias)));
     }
+    const cublasStatus_t st =
+        cublasLtMatmul(h->lt, p.op, &alpha, wq, p.a, xq, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                       h->workspace, h->workspace_bytes, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) return cudaSuccess;
+    // The heuristic offered an algorithm the call then refused for the scale vectors (it
+    // checks some of them only here): this shape scales in the epilogue from now on.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) return fail(h, st);
+    GemmHandle::Plan fallback;
+    PAGEDLM_CUDA_TRY(epilogue_plan(&fallback));
+    destroy_plan(p);
+    p = fallback;
   }
-  const float alpha = 1.f, beta = 0.f;
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, wq, p.a, xq, p.b, &beta, y, p.c, y, p.c,
                                    &p.algo, h->workspace, h->workspace_bytes, stream));
-  if (p.scale_in_epilogue) {
-    return launch_fp8_scale_epilogue(y, x_scales, w_scales, bias, m, n, stream);
-  }
-  return cudaSuccess;
+  return launch_fp8_scale_epilogue(y, x_scales, w_scales, bias, m, n, stream);
 }
 
 }  // namespace pagedlm::cuda
