@@ -479,7 +479,10 @@ class DecoderModel final : public CausalLM {
       if (device == Device::kCpu) proj = cpu_form(stacked_blocks(ckpt, c, tp, parts));
       if (fp8 && may_fp8) {
         proj.fp8 = checkpoint_fp8(ckpt, c, tp, parts);
-        if (!proj.fp8.defined() && options.fp8_weights == Fp8Weights::kAll) {
+        // A checkpoint's own FP8 weights (per-block ones) are not quantized a second time.
+        const bool in_checkpoint = std::any_of(
+            parts.begin(), parts.end(), [&](const auto& p) { return ckpt.fp8.count(p.name) != 0; });
+        if (!proj.fp8.defined() && !in_checkpoint && options.fp8_weights == Fp8Weights::kAll) {
           proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
           if (proj.dense.dim(0) % 16 == 0 && proj.dense.dim(1) % 16 == 0) {
             proj.fp8 = ops::quantize_fp8_weight(proj.dense);
