@@ -99,14 +99,18 @@ def hf_bf16_logits(fixture_dir, prompts, dtype_name="bfloat16"):
     return out
 
 
-def pagedlm_logits(binary, fixture_dir, prompts, extra):
+def pagedlm_logits(binary, fixture_dir, prompts, extra, quantization="none"):
+    """pagedlm's prompt logits; quantization "none" runs an FP8 checkpoint dequantized to bf16
+    (this script's comparison is bf16 against bf16), "auto" its own FP8 weights W8A8, "fp8" every
+    projection quantized at load (scripts/gpu_host/fp8_torch_reference.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         prompts_path = os.path.join(tmp, "prompts.json")
         out_path = os.path.join(tmp, "logits.safetensors")
         with open(prompts_path, "w") as f:
             json.dump(prompts, f)
         subprocess.run([binary, "logits", "--model", fixture_dir, "--input", prompts_path,
-                        "--output", out_path, "--device", "cuda", *extra],
+                        "--output", out_path, "--device", "cuda", "--quantization", quantization,
+                        *extra],
                        check=True, stdout=subprocess.DEVNULL)
         t = read_safetensors(out_path)
         return [t[f"logits.{i}"] for i in range(len(prompts))]

@@ -159,9 +159,9 @@ def main():
         ref = [rel_err(g, w) for g, w in zip(got, want)]
         line = f"{name:14s} {max(ref):17.3e} {np.mean(ref):10.3e}"
         if args.pagedlm:
-            extra = [] if fp8_checkpoint else ["--quantization", "fp8"]
+            mode = "auto" if fp8_checkpoint else "fp8"
             ours = [rel_err(g, w) for g, w in
-                    zip(pagedlm_logits(args.pagedlm, d, prompts, extra), want)]
+                    zip(pagedlm_logits(args.pagedlm, d, prompts, [], mode), want)]
             ok = max(ours) <= max(ref)
             line += f" {max(ours):14.3e} {np.mean(ours):10.3e}  " + (
                 "ok" if ok else "WORSE THAN TORCH W8A8")
