@@ -308,13 +308,20 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), []
 
 // W8A8: the FP8 fixtures with their own weights and scales (per-tensor with static inputs,
 // per-channel with clamped per-token inputs, compressed-tensors' mixed groups; fp8-block's
-// 32x32 blocks run dequantized), and bf16 fixtures quantized at load (--quantization fp8),
-// qwen2-bias for the bias, phi3 for fused projections. e4m3's 3 significand bits round each
-// quantized input by ~2.6% (RMS, relative), and so each FP8 projection's output; the logits,
-// after 8 such projections over 2 layers, are held to 3 times that. The reference stays the
-// float64 forward of the dequantized weights with unquantized activations (the fixtures'),
-// which scripts/gpu_host/fixture_accuracy.py --fp8 also scores a PyTorch W8A8 forward against.
-constexpr double kW8A8LogitsTolerance = 8e-2;
+// 32x32 blocks run dequantized, so within the bf16 bound), and bf16 fixtures quantized at load
+// (--quantization fp8), qwen2-bias for the bias, phi3 for fused projections. The reference stays
+// the fixtures' float64 forward with unquantized activations (and, for the bf16 fixtures,
+// unquantized weights), so the bounds are what FP8 itself costs on these tiny random models:
+// scripts/fp8_w8a8_simulation.py, a float64 forward that rounds every FP8 input (and weight) to
+// e4m3 as the GPU does, is 8.7e-2 to 9.1e-2 from the reference on fp8-tensor, ct-mixed and
+// fbgemm (worst case), and 1.7e-1 to 1.9e-1 on llama-gqa, qwen2-bias, mistral and phi3 quantized
+// at load. Which inputs cross an e4m3 rounding boundary depends on bf16's roundings before them
+// (the simulation without its bf16 rounding of the inputs draws fp8-tensor's worst case at
+// 9.5e-2: the same error drawn again), and the GPU's bf16 adds ~1e-2 in quadrature: bounds about
+// 1.3 times the simulation's worst. scripts/gpu_host/fp8_torch_reference.py scores PyTorch's
+// W8A8 forward of the same checkpoints beside pagedlm's.
+constexpr double kW8A8CheckpointTolerance = 1.2e-1;
+constexpr double kW8A8QuantizedTolerance = 2.4e-1;
 
 struct Fp8Case {
   const char* fixture;
@@ -356,16 +363,22 @@ TEST_P(CudaModelFp8, LogitsNearReferenceUnchunkedAndChunked) {
   for (const auto& [format, bytes] : formats) {
     std::printf("%s: %s %lld bytes\n", c.fixture, format.c_str(), static_cast<long long>(bytes));
   }
+  const double bound = fp8_block                    ? kLogitsTolerance
+                       : c.mode == Fp8Weights::kAll ? kW8A8QuantizedTolerance
+                                                    : kW8A8CheckpointTolerance;
   double worst = 0;
   for (int i = 0; i < kNumCases; ++i) {
     const double err = relative_error(whole[i].prompt_logits, expected.logits[i]);
     const double chunked_err = relative_error(chunked[i].prompt_logits, expected.logits[i]);
     worst = std::max({worst, err, chunked_err});
-    EXPECT_LT(err, kW8A8LogitsTolerance) << c.fixture << " case " << i;
-    EXPECT_LT(chunked_err, kW8A8LogitsTolerance) << c.fixture << " case " << i << " chunked";
-    // Inputs are quantized per row (or with a fixed scale), so chunks change GEMM shapes only.
-    EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits),
-              kLogitsTolerance / 2)
+    EXPECT_LT(err, bound) << c.fixture << " case " << i;
+    EXPECT_LT(chunked_err, bound) << c.fixture << " case " << i << " chunked";
+    // Inputs are quantized per row (or with a fixed scale), so chunks change GEMM shapes only:
+    // the f32 sums' order. Its bf16 roundings move some inputs across e4m3 rounding boundaries,
+    // and on these models that draws the FP8 error anew rather than nudging it (the simulation's
+    // two draws, with and without bf16 inputs, are 4.6e-2 to 9.2e-2 apart on the FP8
+    // checkpoints, 1.0e-1 to 1.2e-1 on llama-gqa quantized at load): the same bound.
+    EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits), bound)
         << c.fixture << " case " << i << " chunked vs unchunked";
   }
   std::printf("%s (%s): W8A8 worst rel err %.3e vs the float64 reference\n", c.fixture,
@@ -380,7 +393,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelFp8,
                                            Fp8Case{"llama-gqa", Fp8Weights::kAll},
                                            Fp8Case{"qwen2-bias", Fp8Weights::kAll},
                                            Fp8Case{"phi3", Fp8Weights::kAll},
-                                           Fp8Case{"gemma2", Fp8Weights::kAll}),
+                                           Fp8Case{"mistral", Fp8Weights::kAll}),
                          [](const auto& info) {
                            std::string n = info.param.fixture;
                            for (char& ch : n) ch = std::isalnum(ch) ? ch : '_';

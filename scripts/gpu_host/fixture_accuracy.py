@@ -34,7 +34,8 @@ FIXTURES = os.path.join(ROOT, "testdata", "fixtures")
 
 
 def read_safetensors(path):
-    """name -> numpy array (F32, I32, BF16 as float32), without the safetensors package."""
+    """name -> numpy array (F32, I32, BF16 as float32, F8_E4M3 as its uint8 codes), without the
+    safetensors package."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -52,6 +53,8 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype=np.int32)
         elif dtype == "BF16":
             arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dtype == "F8_E4M3":
+            arr = np.frombuffer(raw, dtype=np.uint8)
         else:
             raise ValueError(f"{path}: tensor {name} has dtype {dtype}")
         out[name] = arr.reshape(info["shape"])
