@@ -385,6 +385,42 @@ TEST_P(CudaModelFp8, LogitsNearReferenceUnchunkedAndChunked) {
               c.mode == Fp8Weights::kAll ? "--quantization fp8" : "checkpoint", worst);
 }
 
+// Decode steps replay CUDA graphs of the FP8 GEMMs (the row quantizer, cuBLASLt's FP8 call, the
+// epilogue kernel where it scales): the same kernels on the same shapes as eager steps, so the
+// same tokens, greedy and sampled, as the batch shrinks through the buckets.
+TEST_P(CudaModelFp8, GraphsGiveTheSameTokensAsEagerSteps) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  if (!ops::fp8_gemm_supported()) GTEST_SKIP() << "the GPU has no FP8 tensor cores";
+  const Fp8Case& c = GetParam();
+  const Checkpoint checkpoint = load_checkpoint(fixture_dir(c.fixture));
+  const Expected expected = load_expected(c.fixture);
+  std::vector<std::vector<int32_t>> runs[2];
+  for (bool graphs : {false, true}) {
+    EngineOptions o = cuda_options();
+    o.fp8_weights = c.mode;
+    o.use_cuda_graphs = graphs;
+    Engine engine(checkpoint, o);
+    std::vector<Request> requests;
+    for (int i = 0; i < kNumCases; ++i) {
+      Request r;
+      r.prompt = expected.prompts[i];
+      r.sampling.max_tokens = 16 + 4 * i;
+      r.sampling.ignore_eos = true;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.seed = 2000 + i;
+      }
+      requests.push_back(std::move(r));
+    }
+    for (const RequestOutput& out : engine.generate(std::move(requests))) {
+      runs[graphs].push_back(out.tokens);
+    }
+  }
+  for (int i = 0; i < kNumCases; ++i) {
+    EXPECT_EQ(runs[0][i], runs[1][i]) << c.fixture << " case " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelFp8,
                          ::testing::Values(Fp8Case{"fp8-tensor", Fp8Weights::kCheckpoint},
                                            Fp8Case{"fbgemm", Fp8Weights::kCheckpoint},
