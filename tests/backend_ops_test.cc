@@ -46,6 +46,7 @@
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
@@ -2062,6 +2063,254 @@ TEST(BackendOpsCpu, MoeErrors) {
                          small, out);
       },
       {"moe_experts", "workspace is too small"});
+}
+
+// ------------------------------------------------------------------------------------------
+// linear_fp8: W8A8 GEMMs (GPU with FP8 tensor cores), against a double reference computed here
+// from e4m3 values this file encodes itself.
+// ------------------------------------------------------------------------------------------
+
+// The e4m3 code nearest to v by exhaustive search of the 127 non-negative finite codes (ties to
+// the even code, i.e. the even significand, as IEEE round-to-nearest-even), magnitudes beyond
+// 448 saturated, the sign kept (so -0 for a negative value that rounds to zero).
+uint8_t e4m3_nearest(float v) {
+  const double a = std::min(std::abs(static_cast<double>(v)), 448.0);
+  uint8_t best = 0;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (int code = 0; code < 0x7f; ++code) {
+    const double err = std::abs(a - static_cast<double>(f8e4m3_to_f32(static_cast<uint8_t>(code))));
+    if (err < best_err || (err == best_err && code % 2 == 0)) {
+      best = static_cast<uint8_t>(code);
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+// Rows quantized as the contract of ops::quantize_fp8_rows says, in float as the device does:
+// scale = max(min(max |x|, ub) / 448, kFp8MinScale) unless static, q = e4m3(x / scale).
+struct HostFp8Rows {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+};
+HostFp8Rows host_quantize_rows(const std::vector<float>& x, int64_t rows, int64_t cols,
+                               const ops::Fp8InputScaling& how) {
+  HostFp8Rows out;
+  for (int64_t r = 0; r < rows; ++r) {
+    float scale = how.static_scale;
+    if (scale <= 0.f) {
+      float amax = 0.f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(x[r * cols + c]));
+      if (how.max_abs_ub > 0.f) amax = std::min(amax, how.max_abs_ub);
+      scale = std::max(amax / ops::kFp8Max, ops::kFp8MinScale);
+    }
+    out.scales.push_back(scale);
+    for (int64_t c = 0; c < cols; ++c) out.q.push_back(e4m3_nearest(x[r * cols + c] / scale));
+  }
+  return out;
+}
+
+Tensor bytes_tensor(const std::vector<uint8_t>& bytes, const Shape& shape, Device device) {
+  Tensor t = Tensor::empty(DType::kF8E4M3, shape);
+  std::memcpy(t.raw(), bytes.data(), bytes.size());
+  return t.to(device);
+}
+
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  const Tensor h = t.to(Device::kCpu);
+  const auto* p = static_cast<const uint8_t*>(h.raw());
+  return {p, p + h.nbytes()};
+}
+
+// Skips without a GPU, or on one without FP8 tensor cores.
+#define PAGEDLM_REQUIRE_FP8_GPU()                                                      \
+  do {                                                                                 \
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";                    \
+    if (!ops::fp8_gemm_supported()) GTEST_SKIP() << "the GPU has no FP8 tensor cores"; \
+  } while (0)
+
+TEST(BackendOpsCpu, E4m3EncoderRoundTripsEveryCode) {
+  // The test's encoder against the core decoder: every finite code maps back to itself, and the
+  // midpoints between neighbours go to the even one.
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;  // NaN
+    const float v = f8e4m3_to_f32(static_cast<uint8_t>(code));
+    EXPECT_EQ(e4m3_nearest(v), code) << code;
+  }
+  EXPECT_EQ(e4m3_nearest(1.0625f), 0x38);  // between 1 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(e4m3_nearest(1.1875f), 0x3a);  // between 1.125 and 1.25 (0x3a): even
+  EXPECT_EQ(e4m3_nearest(1000.f), 0x7e);   // saturated at 448
+  EXPECT_EQ(e4m3_nearest(-1e-6f), 0x80);   // -0
+}
+
+TEST(BackendOpsCuda, QuantizeFp8RowsMatchesHostEncoding) {
+  PAGEDLM_REQUIRE_FP8_GPU();
+  std::mt19937 rng(21);
+  const Backend b(Device::kCuda);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096}, {7, 100}, {33, 576}}) {
+    std::vector<float> x = uniform(rows * cols, rng, -3.f, 3.f);
+    for (int64_t c = 0; c < cols; ++c) x[c] = 0.f;  // a padding row: kFp8MinScale
+    if (rows > 1) x[cols + 3] = 50.f;               // an outlier for the clamp
+    b.round(x);
+    for (const ops::Fp8InputScaling how :
+         {ops::Fp8InputScaling{}, ops::Fp8InputScaling{0.f, 4.f}, ops::Fp8InputScaling{0.004f, 0.f},
+          ops::Fp8InputScaling{0.05f, 0.f}}) {
+      const HostFp8Rows want = host_quantize_rows(x, rows, cols, how);
+      Tensor q = Tensor::zeros(DType::kF8E4M3, {rows, cols}, Device::kCuda);
+      Tensor scales = Tensor::zeros(DType::kF32, {rows}, Device::kCuda);
+      ops::quantize_fp8_rows(b.tensor(x, {rows, cols}), how, q, scales);
+      const std::string what =
+          cat("rows ", rows, " cols ", cols, " static ", how.static_scale, " ub ", how.max_abs_ub);
+      EXPECT_EQ(host_f32(scales), want.scales) << what;
+      EXPECT_EQ(host_bytes(q), want.q) << what;
+    }
+  }
+  // A weight's rows, as --quantization fp8 stores them at load.
+  std::vector<float> w = uniform(64 * 160, rng, -0.2f, 0.2f);
+  b.round(w);
+  const ops::Fp8Weight fw = ops::quantize_fp8_weight(b.tensor(w, {64, 160}));
+  const HostFp8Rows want = host_quantize_rows(w, 64, 160, {});
+  EXPECT_EQ(host_f32(fw.scale), want.scales);
+  EXPECT_EQ(host_bytes(fw.weight), want.q);
+}
+
+// y = sx[m] sw[n] sum_k qx qw (+ b) in double from the host's own encoding, against the GPU's
+// bf16 output: both sides see the same e4m3 inputs, so only the f32 accumulation and the bf16
+// output rounding (twice where the epilogue kernel scales) differ; FP8's own rounding, ~2.6%
+// relative per product, would be NMSE ~7e-4 if either side quantized differently.
+TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
+#ifndef PAGEDLM_HAS_CUDA
+  GTEST_SKIP() << "this build of pagedlm has no CUDA support";
+#else
+  PAGEDLM_REQUIRE_FP8_GPU();
+  constexpr double kFp8GemmNmse = 1e-5;
+  std::mt19937 rng(22);
+  const Backend b(Device::kCuda);
+  struct Case {
+    int64_t rows, k, n;
+    bool per_channel, static_inputs, bias;
+    float ub;
+  };
+  const std::vector<Case> cases = {
+      {1, 4096, 1024, true, false, false, 0.f},  {7, 576, 1536, true, false, true, 0.f},
+      {256, 512, 768, true, false, false, 0.f},  {1, 128, 512, false, true, false, 0.f},
+      {7, 256, 256, false, true, true, 0.f},     {256, 1024, 512, false, false, false, 0.f},
+      {33, 256, 512, true, false, false, 1.5f},  {256, 256, 128, false, true, false, 0.f},
+      {1, 14336, 4096, true, false, false, 0.f},
+  };
+  for (const bool epilogue : {false, true}) {
+    ops::cuda::set_fp8_epilogue_scaling(epilogue);
+    for (const Case& c : cases) {
+      const int64_t rows = c.rows + (epilogue ? 1 : 0);  // a shape of its own: a new plan
+      std::vector<float> x = uniform(rows * c.k, rng, -2.f, 2.f),
+                         w = uniform(c.n * c.k, rng, -0.1f, 0.1f), bias = uniform(c.n, rng);
+      b.round(x);
+      b.round(bias);
+      // The weight's e4m3 values and scales, as a checkpoint would hold them.
+      std::vector<float> w_scale(c.n);
+      std::vector<uint8_t> wq;
+      float tensor_amax = 0.f;
+      for (float v : w) tensor_amax = std::max(tensor_amax, std::abs(v));
+      for (int64_t n = 0; n < c.n; ++n) {
+        float amax = tensor_amax;
+        if (c.per_channel) {
+          amax = 0.f;
+          for (int64_t k = 0; k < c.k; ++k) amax = std::max(amax, std::abs(w[n * c.k + k]));
+        }
+        w_scale[n] = amax / ops::kFp8Max;
+        for (int64_t k = 0; k < c.k; ++k) wq.push_back(e4m3_nearest(w[n * c.k + k] / w_scale[n]));
+      }
+      ops::Fp8Weight fw;
+      fw.weight = bytes_tensor(wq, {c.n, c.k}, Device::kCuda);
+      fw.scale = Tensor::from_f32(w_scale, {c.n}).to(Device::kCuda);
+      if (c.static_inputs) fw.inputs.static_scale = 2.f / ops::kFp8Max;
+      fw.inputs.max_abs_ub = c.ub;
+      const HostFp8Rows xq = host_quantize_rows(x, rows, c.k, fw.inputs);
+      std::vector<double> want(rows * c.n);
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t n = 0; n < c.n; ++n) {
+          double sum = 0;
+          for (int64_t k = 0; k < c.k; ++k) {
+            sum += static_cast<double>(f8e4m3_to_f32(xq.q[m * c.k + k])) *
+                   f8e4m3_to_f32(wq[n * c.k + k]);
+          }
+          want[m * c.n + n] = sum * xq.scales[m] * w_scale[n] + (c.bias ? bias[n] : 0.0);
+        }
+      }
+      ops::Fp8Scratch scratch{Tensor::empty(DType::kF8E4M3, {rows * c.k + 64}, Device::kCuda),
+                              Tensor::empty(DType::kF32, {rows + 3}, Device::kCuda)};
+      Tensor out = b.poisoned({rows, c.n});
+      ops::linear_fp8(b.tensor(x, {rows, c.k}), fw, c.bias ? b.tensor(bias, {c.n}) : Tensor(), out,
+                      scratch);
+      const std::string what =
+          cat("linear_fp8 rows ", rows, " k ", c.k, " n ", c.n,
+              c.per_channel ? " per-channel" : " per-tensor",
+              c.static_inputs ? " static" : " dynamic", " ub ", c.ub, " bias ", c.bias,
+              " scaled in ", epilogue ? "the epilogue kernel" : "cuBLASLt");
+      expect_nmse(host_f32(out), want, kFp8GemmNmse, what);
+      // The scaling each plan took: the one forced, or cuBLASLt's own where it has a kernel.
+      const bool in_epilogue = ops::cuda::fp8_scales_in_epilogue(rows, c.n, c.k, c.bias);
+      if (epilogue) EXPECT_TRUE(in_epilogue) << what;
+      std::printf("%s: scales applied by %s\n", what.c_str(),
+                  in_epilogue ? "the epilogue kernel" : "cuBLASLt");
+    }
+  }
+  ops::cuda::set_fp8_epilogue_scaling(false);
+#endif
+}
+
+TEST(BackendOpsCpu, LinearFp8Errors) {
+  // Shapes are checked before devices, so these run anywhere.
+  const Tensor x = Tensor::zeros(DType::kBF16, {2, 32});
+  const Tensor out = Tensor::zeros(DType::kBF16, {2, 16});
+  const ops::Fp8Scratch scratch{Tensor::zeros(DType::kF8E4M3, {64}),
+                                Tensor::zeros(DType::kF32, {2})};
+  ops::Fp8Weight w{Tensor::zeros(DType::kF8E4M3, {16, 32}), Tensor::zeros(DType::kF32, {15}), {}};
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "weight scale", "[16]", "[15]"});
+  w.scale = Tensor::zeros(DType::kF32, {16, 1});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "weight scale"});
+  w.scale = Tensor::zeros(DType::kBF16, {16});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); }, {"weight scale", "f32"});
+  w.scale = Tensor::zeros(DType::kF32, {16});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor::zeros(DType::kBF16, {8}), out, scratch); },
+               {"linear (FP8 weight)", "bias"});
+  const ops::Fp8Weight odd{
+      Tensor::zeros(DType::kF8E4M3, {16, 24}), Tensor::zeros(DType::kF32, {16}), {}};
+  expect_error(
+      [&] {
+        ops::linear_fp8(Tensor::zeros(DType::kBF16, {2, 24}), odd, Tensor(), out, scratch);
+      },
+      {"multiples of 16", "24"});
+  const ops::Fp8Scratch small{Tensor::zeros(DType::kF8E4M3, {63}), Tensor::zeros(DType::kF32, {2})};
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, small); }, {"scratch", "64"});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "must be on the GPU"});
+  expect_error(
+      [&] {
+        ops::quantize_fp8_rows(x, {}, Tensor::zeros(DType::kF8E4M3, {2, 32}),
+                               Tensor::zeros(DType::kF32, {2}));
+      },
+      {"quantize_fp8_rows", "must be on the GPU"});
+  expect_error(
+      [&] {
+        ops::quantize_fp8_rows(x, {-1.f, 0.f}, Tensor::zeros(DType::kF8E4M3, {2, 32}),
+                               Tensor::zeros(DType::kF32, {2}));
+      },
+      {"quantize_fp8_rows", "static_scale -1"});
+}
+
+TEST(BackendOpsCpu, Fp8NeedsComputeCapability89) {
+  for (auto [major, minor] : {std::pair{8, 0}, {8, 6}, {7, 5}}) {
+    expect_error(
+        [&] { ops::check_fp8_compute_capability(major, minor, "NVIDIA A100", "FP8 weights"); },
+        {"FP8 weights", "FP8 tensor cores", "8.9", "NVIDIA A100",
+         cat("compute capability ", major, ".", minor)});
+  }
+  for (auto [major, minor] : {std::pair{8, 9}, {9, 0}, {10, 0}, {12, 0}}) {
+    EXPECT_NO_THROW(ops::check_fp8_compute_capability(major, minor, "GPU", "FP8 weights"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendOps, ::testing::Values(Device::kCpu),

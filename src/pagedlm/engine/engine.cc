@@ -149,7 +149,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
                         tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
     comm = cpu_ranks_->communicator(0);
   }
-  model_ = create_model(checkpoint, options_.device, {0, tp}, comm, {options_.cpu_q8_activations});
+  model_ = create_model(checkpoint, options_.device, {0, tp}, comm, options_.model_options());
   const ModelConfig& c = model_->config();
   // Each rank's cache holds its share of the kv heads in the same pages.
   const int64_t kv_heads = rank_dims(c, {0, tp}).kv_heads;
@@ -165,7 +165,7 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
                                      c.head_dim, options_.device, model_->compute_dtype());
   if (cpu_ranks_)
     cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size,
-                             {options_.cpu_q8_activations});
+                             options_.model_options());
   if (cuda_) {
     cuda_->set_kv_cache(kv_cache_.get());
     cuda_->warm_up();

@@ -14,6 +14,7 @@
 
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/model.h"
 #include "pagedlm/model/tensor_parallel.h"
 #include "pagedlm/sched/request.h"
 #include "pagedlm/sched/scheduler.h"
@@ -63,6 +64,9 @@ struct EngineOptions {
   int32_t threads = 0;  // 0: all hardware threads
   // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
   bool cpu_q8_activations = false;
+  // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).
+  Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
+  ModelOptions model_options() const { return {cpu_q8_activations, fp8_weights}; }
   // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
   // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host
   // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward

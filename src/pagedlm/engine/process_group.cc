@@ -138,8 +138,8 @@ void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions&
                 "a tensor-parallel rank in its own process runs on a GPU");
   ProcessGroup group(options, checkpoint.config);
   const int32_t tp = options.tensor_parallel_size;
-  std::unique_ptr<CausalLM> model =
-      create_model(checkpoint, Device::kCuda, {group.rank(), tp}, group.communicator());
+  std::unique_ptr<CausalLM> model = create_model(checkpoint, Device::kCuda, {group.rank(), tp},
+                                                 group.communicator(), options.model_options());
   const ModelConfig& c = model->config();
   // The same order as rank 0's engine: runner, cache, warm-up (whose steps hold collectives).
   CudaStepRunner runner(*model, options, c.max_position_embeddings);

@@ -258,4 +258,35 @@ void gemm_set_tuning(GemmHandle* handle, bool on);
 // The cuBLAS status of the handle's last failed call (0 when none), for error messages.
 int gemm_last_status(const GemmHandle* handle);
 
+// ---------------------------------------------------------------------------------------------
+// FP8 (e4m3) W8A8 GEMMs, on devices with FP8 tensor cores (compute capability 8.9 and up).
+// "e4m3" pointers hold OCP E4M3 bytes (__nv_fp8_e4m3).
+// ---------------------------------------------------------------------------------------------
+// Rows of x [rows, cols] bf16 quantized to e4m3: q[r, c] = e4m3(x[r, c] / scales[r]), rounded to
+// nearest even and saturated at +-448. static_scale > 0: every row's scale is static_scale (a
+// checkpoint's calibrated input_scale). Else each row's own: scales[r] = max(a / 448, min_scale)
+// with a = max |x[r, :]|, or min(a, scale_ub) where scale_ub > 0 (fbgemm's activation_scale_ub:
+// outliers saturate instead of coarsening the row). One block per row.
+cudaError_t launch_quantize_fp8_rows(const void* x, void* q, float* scales, int rows, int cols,
+                                     float static_scale, float scale_ub, float min_scale,
+                                     cudaStream_t stream);
+// y[M, N] = (x_scales[m] * w_scales[n]) * sum_k xq[m, k] * wq[n, k] (+ bias[n]): xq [M, K] and
+// wq [N, K] e4m3, x_scales [M] and w_scales [N] f32, bias [N] bf16 (may be null), y [M, N] bf16,
+// f32 accumulation. K and N multiples of 16. cuBLASLt applies the two scale vectors itself
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) where the device's cuBLASLt has a kernel for
+// them; else (or with gemm_fp8_set_epilogue_scaling) the GEMM writes the unscaled sums in bf16
+// and one more kernel scales them and adds the bias in place.
+cudaError_t launch_gemm_fp8(GemmHandle* handle, const void* xq, const float* x_scales,
+                            const void* wq, const float* w_scales, const void* bias, void* y, int m,
+                            int n, int k, cudaStream_t stream);
+// On: every FP8 shape met from now on takes the epilogue kernel's scaling (tests hold both ways
+// to the same reference). Plans already made keep theirs.
+void gemm_fp8_set_epilogue_scaling(GemmHandle* handle, bool on);
+// Whether the plan of this FP8 shape (made by a call) scales in the epilogue kernel; false when
+// no call has made it.
+bool gemm_fp8_scales_in_epilogue(const GemmHandle* handle, int m, int n, int k, bool has_bias);
+// The epilogue kernel alone: y[m, n] = y[m, n] * x_scales[m] * w_scales[n] (+ bias[n]), bf16 y.
+cudaError_t launch_fp8_scale_epilogue(void* y, const float* x_scales, const float* w_scales,
+                                      const void* bias, int m, int n, cudaStream_t stream);
+
 }  // namespace pagedlm::cuda

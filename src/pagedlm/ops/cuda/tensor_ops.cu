@@ -15,6 +15,7 @@
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/sampling.h"
@@ -87,6 +88,43 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
 }
 
 void set_linear_tuning(bool on) { raw::gemm_set_tuning(gemm_handle(), on); }
+
+void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int64_t cols,
+                       const Fp8InputScaling& how, void* stream) {
+  raw::check(raw::launch_quantize_fp8_rows(x, q, scales, static_cast<int>(rows),
+                                           static_cast<int>(cols), how.static_scale, how.max_abs_ub,
+                                           kFp8MinScale, as_stream(stream)),
+             "quantize_fp8_rows");
+}
+
+void linear_fp8(const void* xq, const float* x_scales, const void* wq, const float* w_scales,
+                const void* bias, void* out, int64_t rows, int64_t out_features,
+                int64_t in_features, void* stream) {
+  raw::GemmHandle* h = gemm_handle();
+  const cudaError_t err = raw::launch_gemm_fp8(
+      h, xq, x_scales, wq, w_scales, bias, out, static_cast<int>(rows),
+      static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
+  PAGEDLM_CHECK(err == cudaSuccess, "linear (FP8 weight) [", rows, ", ", in_features, "] x [",
+                out_features, ", ", in_features, "]^T: ", cudaGetErrorString(err),
+                " (cuBLAS status ", raw::gemm_last_status(h), ")");
+}
+
+void device_capability(int* major, int* minor, const char** name) {
+  const raw::DeviceLimits* limits = nullptr;
+  raw::check(raw::current_device_limits(&limits), "the CUDA device");
+  *major = limits->cc_major;
+  *minor = limits->cc_minor;
+  *name = limits->name;
+}
+
+void set_fp8_epilogue_scaling(bool on) { raw::gemm_fp8_set_epilogue_scaling(gemm_handle(), on); }
+
+bool fp8_scales_in_epilogue(int64_t rows, int64_t out_features, int64_t in_features,
+                            bool has_bias) {
+  return raw::gemm_fp8_scales_in_epilogue(gemm_handle(), static_cast<int>(rows),
+                                          static_cast<int>(out_features),
+                                          static_cast<int>(in_features), has_bias);
+}
 
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
               int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
