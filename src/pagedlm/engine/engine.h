@@ -189,6 +189,8 @@ class Engine {
   // Decode steps that read the pages several sequences share once for all of them (CUDA's
   // cascade attention).
   int64_t cascade_steps() const;
+  // GPU steps that downloaded logits (only for prompt logits asked for; 0 on the CPU).
+  int64_t logits_downloads() const;
   // Mixture-of-experts models: the bytes of expert weights the steps so far activated, all ranks
   // together (see CausalLM::expert_bytes_read; waits for the device).
   int64_t expert_bytes_read() const;
