@@ -1,5 +1,6 @@
 // The engine on the GPU (bf16 weights, activations and KV cache) against the golden fixtures'
-// float64 reference logits, and against itself across chunking, prefix caching and CUDA graphs.
+// float64 reference logits, and against itself across chunking, prefix caching and CUDA graphs;
+// its device sampling (bias, penalties, logprobs) against the host reference on the same logits.
 // Skips on machines without a GPU (and in builds without CUDA).
 #include <gtest/gtest.h>
 
@@ -368,6 +369,30 @@ TEST_P(CudaModel, DeviceSamplingMatchesHostReference) {
       EXPECT_NEAR(event.logprob, row[out.tokens[0]] - log_z, kTolerance);
     }
   }
+}
+
+// One penalty slot (max_num_seqs 1), two requests in turn with the same prompt and strong
+// penalties: the second takes the first's slot, which must start clean (its counts zeroed, its
+// prompt bits those of the new request), so both generate the same tokens; and so does a fresh
+// engine with slots to spare.
+TEST_P(CudaModel, PenaltySlotReuseStartsClean) {
+  Request r;
+  r.prompt = expected_.prompts[1];
+  r.use_prefix_cache = false;  // both prefill the whole prompt, as the fresh engine does
+  r.sampling.max_tokens = 16;
+  r.sampling.ignore_eos = true;
+  r.sampling.presence_penalty = 2.f;
+  r.sampling.frequency_penalty = 1.f;
+  r.sampling.repetition_penalty = 1.5f;
+  EngineOptions one = cuda_options();
+  one.max_num_seqs = 1;
+  Engine engine(checkpoint_, one);
+  const std::vector<RequestOutput> outs = engine.generate({r, r});
+  Engine fresh(checkpoint_, cuda_options());
+  const std::vector<int32_t> alone = fresh.generate({r})[0].tokens;
+  ASSERT_EQ(alone.size(), 16u);
+  EXPECT_EQ(outs[0].tokens, alone) << GetParam();
+  EXPECT_EQ(outs[1].tokens, alone) << GetParam() << ": the reused slot kept the first's counts";
 }
 
 // Twelve requests behind one 448-token prefix: their decode steps take the cascade's shared pass
