@@ -969,25 +969,9 @@ TEST_P(BackendOps, SampleTokensDrawsEachRowWithItsParams) {
   const Tensor logits_t = b.f32(logits, {num_rows, vocab});
   int compared = 0, drawn = 0;
   for (int round = 0; round < 4; ++round) {
-    std::vector<float> temperature, top_p, min_p;
-    std::vector<int32_t> top_k;
-    std::vector<uint64_t> seed;
-    std::vector<int64_t> step;
-    for (SampleRow& r : rows) {
-      r.seed += 1000;
-      temperature.push_back(r.temperature);
-      top_k.push_back(r.top_k);
-      top_p.push_back(r.top_p);
-      min_p.push_back(r.min_p);
-      seed.push_back(r.seed);
-      step.push_back(r.step);
-    }
-    const Tensor t_t = b.f32(temperature, {num_rows}), k_t = b.i32(top_k, {num_rows});
-    const Tensor p_t = b.f32(top_p, {num_rows}), m_t = b.f32(min_p, {num_rows});
-    const Tensor seed_t = bytes_on(b, seed), step_t = bytes_on(b, step);
-    const ops::SamplerRows arrays{t_t.data<float>(),       k_t.data<int32_t>(),
-                                  p_t.data<float>(),       m_t.data<float>(),
-                                  seed_t.data<uint64_t>(), step_t.data<int64_t>()};
+    for (SampleRow& r : rows) r.seed += 1000;
+    const SampleArrays params(b, rows);
+    const ops::SamplerRows& arrays = params.rows;
     const Tensor out = b.i32(std::vector<int32_t>(num_rows, -1), {num_rows});
     ops::sample_tokens(logits_t, arrays, out);
     const Tensor got = out.to(Device::kCpu);
