@@ -200,7 +200,8 @@ class Engine {
   std::map<std::string, int64_t> step_weight_bytes_by_format() const;  // the same, by format
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
-  // every token this request samples from now on (the server's logprobs option).
+  // every token this request samples from now on (the server's logprobs option). The GPU
+  // computes them on the device and takes top_k <= ops::kMaxTopLogprobs (20, the server's cap).
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
   // Holds the request's output to a compiled grammar (structured output) from its first token:
