@@ -1,5 +1,6 @@
 // The engine on the GPU (bf16 weights, activations and KV cache) against the golden fixtures'
-// float64 reference logits, and against itself across chunking, prefix caching and CUDA graphs.
+// float64 reference logits, and against itself across chunking, prefix caching and CUDA graphs;
+// its device sampling (bias, penalties, logprobs) against the host reference on the same logits.
 // Skips on machines without a GPU (and in builds without CUDA).
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/ops/linear_fp8.h"
+#include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
 namespace {
@@ -203,10 +205,10 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
   for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
 }
 
-// Rows with logit adjustments are sampled on the host from the step's logits: each token must be
-// the argmax of the GPU's own logits for its prefix with the bias and the penalties applied
-// (vLLM's order), wherever the adjusted top-2 gap is larger than bf16 noise between the decode
-// and prefill kernels.
+// Rows with logit adjustments are sampled on the device, penalties read from its per-request
+// token counts: each token must be the argmax of the GPU's own logits for its prefix with the
+// bias and the penalties applied (vLLM's order), wherever the adjusted top-2 gap is larger than
+// bf16 noise between the decode and prefill kernels.
 TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
   Engine engine(checkpoint_, cuda_options());
   Request r;
@@ -242,6 +244,160 @@ TEST_P(CudaModel, PenaltiesShapeGreedyTokens) {
     ++counts[generated[t]];
     seen.insert(generated[t]);
   }
+}
+
+// Sampling parameters the GPU applies on the device, one request each: every penalty alone,
+// logit bias, logprobs, and all of them with a seeded draw.
+std::vector<Request> device_sampling_requests(const Expected& expected) {
+  std::vector<Request> requests;
+  for (int kind = 0; kind < 6; ++kind) {
+    Request r;
+    r.prompt = expected.prompts[kind % kNumCases];
+    r.sampling.max_tokens = 12;
+    r.sampling.ignore_eos = true;
+    switch (kind) {
+      case 0:
+        r.sampling.presence_penalty = 1.5f;
+        break;
+      case 1:
+        r.sampling.frequency_penalty = 0.8f;
+        break;
+      case 2:
+        r.sampling.repetition_penalty = 1.3f;
+        break;
+      case 3:
+        r.sampling.logit_bias = {{r.prompt[0], 4.f}, {r.prompt[1], -2.f}};
+        break;
+      case 4:
+        break;  // logprobs only
+      default:
+        r.sampling.temperature = 0.9f;
+        r.sampling.top_p = 0.95f;
+        r.sampling.seed = 77;
+        r.sampling.presence_penalty = 0.5f;
+        r.sampling.frequency_penalty = 0.5f;
+        r.sampling.repetition_penalty = 1.1f;
+        r.sampling.logit_bias = {{r.prompt[0], 1.f}};
+    }
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+// Bias, penalties and logprobs never bring the logits to the host: the runner counts every
+// logits download, and only the request that asks for its prompt logits makes one. Every token
+// with logprobs carries them (top 5, descending).
+TEST_P(CudaModel, DeviceSamplingDownloadsNoLogits) {
+  Engine engine(checkpoint_, cuda_options());
+  std::vector<int64_t> ids;
+  for (Request& r : device_sampling_requests(expected_)) ids.push_back(engine.add_request(r));
+  for (size_t i = 3; i < ids.size(); ++i) engine.enable_logprobs(ids[i], 5);
+  int events_with_logprobs = 0;
+  while (engine.has_unfinished()) {
+    for (const RequestEvent& e : engine.step()) {
+      if (e.request_id < ids[3] || e.token < 0) continue;
+      ++events_with_logprobs;
+      ASSERT_EQ(e.top_logprobs.size(), 5u);
+      EXPECT_LE(e.logprob, 0.f);
+      for (size_t j = 1; j < e.top_logprobs.size(); ++j) {
+        EXPECT_GE(e.top_logprobs[j - 1].second, e.top_logprobs[j].second);
+      }
+    }
+  }
+  EXPECT_EQ(events_with_logprobs, 3 * 12);
+  EXPECT_EQ(engine.logits_downloads(), 0) << GetParam() << ": logits left the device";
+  for (const int64_t id : ids) EXPECT_EQ(engine.take_output(id).tokens.size(), 12u);
+  // The counter counts: prompt logits are a download.
+  engine.generate({logits_request(expected_.prompts[0])});
+  EXPECT_GT(engine.logits_downloads(), 0);
+}
+
+// The device's bias, penalties, draw and logprobs against the host's on the same logits: a
+// request's first token is drawn from its last prompt row, which comes back as its prompt
+// logits in the same step. ops::sample_token over the row adjusted on the host (bias, then the
+// repetition penalty over the prompt) must give the same token, greedy and seeded, and the
+// logprobs must be ops::log_softmax_topk's within f32 rounding of a vocabulary-long sum.
+TEST_P(CudaModel, DeviceSamplingMatchesHostReference) {
+  Engine engine(checkpoint_, cuda_options());
+  const int64_t vocab = checkpoint_.config.vocab_size;
+  for (int i = 0; i < kNumCases; ++i) {
+    for (const bool seeded : {false, true}) {
+      Request r;
+      r.prompt = expected_.prompts[i];
+      r.sampling.max_tokens = 1;
+      r.sampling.ignore_eos = true;
+      r.want_prompt_logits = true;
+      r.use_prefix_cache = false;
+      r.sampling.repetition_penalty = seeded ? 1.25f : 0.8f;
+      r.sampling.presence_penalty = 1.f;  // no output yet: presence and frequency stay off
+      r.sampling.frequency_penalty = 0.5f;
+      r.sampling.logit_bias = {
+          {r.prompt.back(), 3.f}, {static_cast<int32_t>(i), -1.5f}, {r.prompt.back(), 0.25f}};
+      if (seeded) {
+        r.sampling.temperature = 1.1f;
+        r.sampling.top_k = 50;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = 1234 + i;
+      }
+      const int64_t id = engine.add_request(r);
+      engine.enable_logprobs(id, 20);
+      RequestEvent event;
+      while (engine.has_unfinished()) {
+        for (RequestEvent& e : engine.step()) {
+          if (e.token >= 0) event = std::move(e);
+        }
+      }
+      const RequestOutput out = engine.take_output(id);
+      ASSERT_EQ(out.tokens.size(), 1u);
+      const float* row = out.prompt_logits.data<float>() + (r.prompt.size() - 1) * vocab;
+      // The host reference: bias in list order, the repetition penalty over the prompt.
+      std::vector<float> adjusted(row, row + vocab);
+      for (const auto& [token, bias] : r.sampling.logit_bias) adjusted[token] += bias;
+      std::vector<bool> seen(vocab, false);
+      for (const int32_t t : r.prompt) seen[t] = true;
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (!seen[t]) continue;
+        adjusted[t] = adjusted[t] > 0.f ? adjusted[t] / r.sampling.repetition_penalty
+                                        : adjusted[t] * r.sampling.repetition_penalty;
+      }
+      const int32_t want =
+          ops::sample_token(adjusted.data(), vocab, r.sampling, r.sampling.seed.value_or(0), 0);
+      EXPECT_EQ(out.tokens[0], want) << GetParam() << " case " << i << (seeded ? " seeded" : "");
+      const auto top = ops::log_softmax_topk(row, vocab, 20);
+      ASSERT_EQ(event.top_logprobs.size(), top.size());
+      constexpr float kTolerance = 1e-4f;
+      for (size_t j = 0; j < top.size(); ++j) {
+        EXPECT_EQ(event.top_logprobs[j].first, top[j].first) << GetParam() << " #" << j;
+        EXPECT_NEAR(event.top_logprobs[j].second, top[j].second, kTolerance);
+      }
+      const double log_z = row[top[0].first] - static_cast<double>(top[0].second);
+      EXPECT_NEAR(event.logprob, row[out.tokens[0]] - log_z, kTolerance);
+    }
+  }
+}
+
+// One penalty slot (max_num_seqs 1), two requests in turn with the same prompt and strong
+// penalties: the second takes the first's slot, which must start clean (its counts zeroed, its
+// prompt bits those of the new request), so both generate the same tokens; and so does a fresh
+// engine with slots to spare.
+TEST_P(CudaModel, PenaltySlotReuseStartsClean) {
+  Request r;
+  r.prompt = expected_.prompts[1];
+  r.use_prefix_cache = false;  // both prefill the whole prompt, as the fresh engine does
+  r.sampling.max_tokens = 16;
+  r.sampling.ignore_eos = true;
+  r.sampling.presence_penalty = 2.f;
+  r.sampling.frequency_penalty = 1.f;
+  r.sampling.repetition_penalty = 1.5f;
+  EngineOptions one = cuda_options();
+  one.max_num_seqs = 1;
+  Engine engine(checkpoint_, one);
+  const std::vector<RequestOutput> outs = engine.generate({r, r});
+  Engine fresh(checkpoint_, cuda_options());
+  const std::vector<int32_t> alone = fresh.generate({r})[0].tokens;
+  ASSERT_EQ(alone.size(), 16u);
+  EXPECT_EQ(outs[0].tokens, alone) << GetParam();
+  EXPECT_EQ(outs[1].tokens, alone) << GetParam() << ": the reused slot kept the first's counts";
 }
 
 // Twelve requests behind one 448-token prefix: their decode steps take the cascade's shared pass

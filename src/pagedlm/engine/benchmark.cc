@@ -189,13 +189,19 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.step_weight_bytes_by_format = engine.step_weight_bytes_by_format();
   const SchedulerStats stats_before = engine.stats();
   const int64_t steps_before = engine.num_steps();
+  const int64_t logits_downloads_before = engine.logits_downloads();
   std::unordered_map<int64_t, Clock::time_point> submitted, last_token;
   std::vector<double> ttft_ms, itl_ms;
   const Clock::time_point start = Clock::now();
 
   auto submit = [&](Request r) {
     result.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    const int32_t max_tokens = r.sampling.max_tokens;
+    r.sampling = spec.sampling;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
     const int64_t id = engine.add_request(std::move(r));
+    if (spec.logprobs >= 0) engine.enable_logprobs(id, spec.logprobs);
     submitted[id] = Clock::now();
     return id;
   };
@@ -289,6 +295,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.prefix_hit_rate =
       queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
   result.preemptions = stats.preemptions - stats_before.preemptions;
+  result.logits_downloads = engine.logits_downloads() - logits_downloads_before;
   if (result.decode_s > 0) result.decode_bytes_per_s = result.decode_bytes / result.decode_s;
   if (peaks.bytes_per_s > 0 && peaks.flops_per_s > 0) {
     result.bound_s = std::max(result.bytes / peaks.bytes_per_s, result.flops / peaks.flops_per_s);

@@ -43,14 +43,14 @@ void validate_sampling(const SamplingParams& p) {
   }
 }
 
-// Whether a request's logits are changed before sampling (always on the host: the device sampler
-// knows none of this).
+// Whether a request's logits are changed before sampling.
 bool adjusts_logits(const SamplingParams& p) {
   return p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.repetition_penalty != 1.f ||
          !p.logit_bias.empty();
 }
 
-// The sampled token's log-probability and the top_k best alternatives of one logits row.
+// The sampled token's log-probability and the top_k best alternatives of one logits row (the
+// CPU's; the GPU computes the same on the device, CudaStepRunner::last_logprobs).
 RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_k) {
   RequestEvent e;
   const auto best = ops::log_softmax_topk(row, vocab, std::max(top_k, 1));
@@ -266,7 +266,8 @@ std::vector<RequestEvent> Engine::step() {
   last_step_ = shape_of(plan);
   std::vector<LiveRequest*> live(plan.num_seqs());
   for (int32_t b = 0; b < plan.num_seqs(); ++b) live[b] = &requests_.at(plan.request_ids[b]);
-  // Logits leave the device only for steps that hold prompt positions someone asked for.
+  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
+  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
   bool want_logits = false;
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
     const RequestOutput& out = live[b]->output;
@@ -274,12 +275,6 @@ std::vector<RequestEvent> Engine::step() {
     for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
     }
-  }
-  // ... and for sampled tokens whose request asked for logprobs or adjusts its logits (sampled
-  // here).
-  for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    want_logits =
-        plan.samples[b] && (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
   }
   Tensor logits;
   std::optional<std::vector<int32_t>> forward_result =
@@ -294,12 +289,6 @@ std::vector<RequestEvent> Engine::step() {
     last_step_.masked_sampler_gpu_ms = cuda_->last_masked_sampler_gpu_ms();
     wait_begin = cuda_->last_wait_begin();
     wait_end = cuda_->last_wait_end();
-    // The device sampler knows no logit adjustments: those rows are sampled again here.
-    for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-      if (sampled[b] >= 0 && adjusts_logits(live[b]->sampling)) {
-        sampled[b] = sample_row(plan, b, *live[b], logits, mask_of(b));
-      }
-    }
   }
 
   // The masks prefetched for this step are done (forward_and_sample waited for those it used);
@@ -358,7 +347,13 @@ std::vector<RequestEvent> Engine::step() {
     const int64_t id = plan.request_ids[b];
     RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
-    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
+    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && cuda_) {
+      // The device's numbers are those of the token it drew (the engine replaces it only when a
+      // grammar refuses it, which ends the output).
+      RequestEvent& e = logprob_events[id];
+      e.logprob = cuda_->last_logprobs()[b].logprob;
+      e.top_logprobs = cuda_->last_logprobs()[b].top;
+    } else if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
       const int32_t last = plan.logits_indptr[b + 1];
       logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
                                             sampled[b], live[b]->logprobs_top_k);
@@ -475,12 +470,14 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
   if (cuda_) {
     std::vector<SeqSampling> sampling(B);
     for (int32_t b = 0; b < B; ++b) {
-      sampling[b] = {&live[b]->sampling, live[b]->seed, int64_t{live[b]->tokens->num_outputs()},
-                     mask_row_[b]};
+      sampling[b] = {
+          &live[b]->sampling,     live[b]->seed,       int64_t{live[b]->tokens->num_outputs()},
+          mask_row_[b],           plan.request_ids[b], live[b]->tokens.get(),
+          live[b]->logprobs_top_k};
     }
     if (group_) group_->send_step(plan, want_logits);
     // The runner calls finish_masks while the device runs the forward pass, then uploads the
-    // rows before its sampler; rows sampled again on the host read the same rows.
+    // rows before its sampler, which applies bias and penalties too.
     std::vector<int32_t> sampled =
         cuda_->run(plan, sampling, want_logits ? logits : nullptr, finish_masks);
     last_mask_ms_ = cuda_->last_mask_ms();
@@ -530,25 +527,23 @@ int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& r
   if (!adjusts_logits(params)) {
     return ops::sample_token(row, vocab, params, request.seed, generated.size(), mask);
   }
-  // vLLM's order: the bias, then the repetition penalty (prompt and output), then presence and
-  // frequency (output only).
+  // vLLM's order (ops::adjust_logits, the same operations as the GPU sampler's): the bias, then
+  // the repetition penalty (prompt and output), then presence and frequency (output only).
   std::vector<float> penalized(row, row + vocab);
-  for (const auto& [token, bias] : params.logit_bias) penalized[token] += bias;
-  if (params.repetition_penalty != 1.f) {
-    std::vector<uint8_t> seen(vocab, 0);
-    for (int32_t t : request.tokens->prompt()) seen[t] = 1;
-    for (int32_t t : generated) seen[t] = 1;
-    for (int64_t t = 0; t < vocab; ++t) {
-      if (!seen[t]) continue;
-      penalized[t] = penalized[t] > 0.f ? penalized[t] / params.repetition_penalty
-                                        : penalized[t] * params.repetition_penalty;
-    }
+  std::vector<int32_t> bias_tokens, counts(vocab, 0), prompt_seen((vocab + 31) / 32, 0);
+  std::vector<float> bias_values;
+  for (const auto& [token, bias] : params.logit_bias) {
+    bias_tokens.push_back(token);
+    bias_values.push_back(bias);
   }
-  std::map<int32_t, int32_t> counts;
-  for (int32_t t : generated) ++counts[t];
-  for (const auto& [token, count] : counts) {
-    penalized[token] -= params.presence_penalty + params.frequency_penalty * count;
+  for (const int32_t t : request.tokens->prompt()) {
+    prompt_seen[t >> 5] |= static_cast<int32_t>(1u << (static_cast<uint32_t>(t) & 31));
   }
+  for (const int32_t t : generated) ++counts[t];
+  ops::adjust_logits(penalized.data(), vocab, bias_tokens.data(), bias_values.data(),
+                     static_cast<int64_t>(bias_tokens.size()), params.repetition_penalty,
+                     params.presence_penalty, params.frequency_penalty, counts.data(),
+                     prompt_seen.data());
   return ops::sample_token(penalized.data(), vocab, params, request.seed, generated.size(), mask);
 }
 
@@ -582,6 +577,8 @@ bool Engine::last_mask_hidden() const { return cuda_ && cuda_->last_mask_hidden(
 
 int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 0; }
 
+int64_t Engine::logits_downloads() const { return cuda_ ? cuda_->logits_downloads() : 0; }
+
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 
 std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
@@ -606,6 +603,8 @@ void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
+  PAGEDLM_CHECK(!cuda_ || top_k <= ops::kMaxTopLogprobs, "top logprobs must be at most ",
+                ops::kMaxTopLogprobs, " on the GPU, got ", top_k);
   it->second.logprobs_top_k = top_k;
 }
 

@@ -193,6 +193,8 @@ class Engine {
   // Decode steps that read the pages several sequences share once for all of them (CUDA's
   // cascade attention).
   int64_t cascade_steps() const;
+  // GPU steps that downloaded logits (only for prompt logits asked for; 0 on the CPU).
+  int64_t logits_downloads() const;
   // Mixture-of-experts models: the bytes of expert weights the steps so far activated, all ranks
   // together (see CausalLM::expert_bytes_read; waits for the device).
   int64_t expert_bytes_read() const;
@@ -202,7 +204,8 @@ class Engine {
   std::map<std::string, int64_t> step_weight_bytes_by_format() const;  // the same, by format
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
-  // every token this request samples from now on (the server's logprobs option).
+  // every token this request samples from now on (the server's logprobs option). The GPU
+  // computes them on the device and takes top_k <= ops::kMaxTopLogprobs (20, the server's cap).
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
   // Holds the request's output to a compiled grammar (structured output) from its first token:

@@ -179,11 +179,39 @@ void softcap(void* x, int64_t n, float cap, DType dtype, void* stream) {
 
 void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const SamplerRows& params,
                    int32_t* out_tokens, void* stream) {
+  raw::SampleAdjust adjust;
+  adjust.bias_indptr = params.bias_indptr;
+  adjust.bias_tokens = params.bias_tokens;
+  adjust.bias_values = params.bias_values;
+  adjust.bias_saved = params.bias_saved;
+  adjust.penalty_slot = params.penalty_slot;
+  adjust.repetition = params.repetition_penalty;
+  adjust.presence = params.presence_penalty;
+  adjust.frequency = params.frequency_penalty;
+  adjust.counts = params.token_counts;
+  adjust.prompt_seen = params.prompt_seen;
   raw::check(raw::launch_sample(logits, static_cast<int>(rows), static_cast<int>(vocab),
                                 params.temperature, params.top_k, params.top_p, params.min_p,
                                 params.seed, params.step, out_tokens, as_stream(stream),
-                                params.mask, params.mask_slot, params.mask_words),
+                                params.mask, params.mask_slot, params.mask_words, adjust),
              "sampling");
+}
+
+void count_tokens(const TokenState& state, const int32_t* tokens, const int32_t* slots, int64_t n,
+                  bool prompt, void* stream) {
+  raw::check(raw::launch_count_tokens(state.counts, state.prompt_seen,
+                                      static_cast<int>(state.vocab), state.num_slots, tokens, slots,
+                                      static_cast<int>(n), prompt, as_stream(stream)),
+             "count_tokens");
+}
+
+void sampled_logprobs(const float* logits, int64_t rows, int64_t vocab, const LogprobRows& params,
+                      void* stream) {
+  raw::check(
+      raw::launch_sampled_logprobs(logits, static_cast<int>(rows), static_cast<int>(vocab),
+                                   params.tokens, params.top_k, kMaxTopLogprobs, params.logprob,
+                                   params.top_ids, params.top_logprobs, as_stream(stream)),
+      "sampled_logprobs");
 }
 
 // The k part of qkv is rotated in place before it is written to the cache; q leaves the fused
