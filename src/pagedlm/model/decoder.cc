@@ -449,8 +449,8 @@ class DecoderModel final : public CausalLM {
     // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
     PAGEDLM_CHECK(
         !options.cpu_q8_activations || num_q8 > 0,
-        "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_0, Q4_1, Q5_0 or Q8_0 "
-        "projection weights; this model has none");
+        "8-bit activations (--cpu-q8-activations) need a GGUF with projection weights in ggml's "
+        "blocks; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
