@@ -19,16 +19,17 @@
 // then adds the bias. The integer part is exact, so the portable, AVX2 and VNNI kernels give
 // the same bits, and a row's outputs never depend on the rows tiled with it (batch invariant).
 //
-// Q4_0 and Q5_0 are packed as the Q4_1 and Q8_0 blocks holding the same weights (pack_for_q8).
+// Q4_0 is packed as the Q4_1 blocks holding the same weights (pack_for_q8).
 //
-// Q5_1 and the K-quants keep their bits per weight in a super-block layout (SuperLayout below):
-// a weight is w = d * sc * (u - offset) - dmin * mn with u its unsigned quant, sc and mn the
-// integer scale and min of its 16 or 32 weights, d and dmin its super-block's floats. x is
+// Q5_0, Q5_1 and the K-quants keep their bits per weight in a super-block layout (SuperLayout
+// below): a weight is w = d * sc * (u - offset) - dmin * mn with u its unsigned quant, sc and mn
+// the integer scale and min of its 16 or 32 weights, d and dmin its super-block's floats. x is
 // quantized per super-block (256 weights: ggml's q8_K; 32 for Q5_1), so that a super-block's
 // dot product is one integer, sum sc * (dot(u, q) - offset * sum q) over its sub-blocks, and its
 // mins another, sum mn * sum q: per lane and super-block every kernel does
 //   acc = fma(float(isum), d_w * d_x, acc); with mins acc = fma(-float(msum), dmin_w * d_x, acc).
-// Q5_1 is the case of one 32-weight sub-block with sc = mn = 1 and dmin = -m.
+// Q5_0 and Q5_1 are the case of one 32-weight sub-block with sc = 1 and f16 d as ggml's (Q5_0:
+// offset 16; Q5_1: mn = 1 and dmin = -m); Q5_0 so takes 5.5 bits a weight, not Q8_0's 8.5.
 //
 // Dispatch is at compile time: the build uses -march=native (as linear_cpu.cc does), so the
 // binary runs where it was built and every instruction set the compiler enables is present.
@@ -59,7 +60,7 @@ constexpr int64_t group_block_bytes(QuantType t) {
   return t == QuantType::kQ4_1 ? 2 * 2 * kGroup + 4 * kChunk : 2 * kGroup + 8 * kChunk;
 }
 
-// A super-block format's layout. A group's super-block: f32 d[16], f32 dmin[16] (with mins),
+// A super-block format's layout. A group's super-block: d[16], dmin[16] (with mins; f16 or f32),
 // then per 32-weight sub-block: `scales` rows of 16 int8 scales (one per 32 weights, or one per
 // 16: the first half's row, then the second's), `mins` rows of 16 uint8 mins likewise, the low
 // bits of u and its high bit planes:
@@ -69,16 +70,18 @@ constexpr int64_t group_block_bytes(QuantType t) {
 //   plane p:    one chunk, byte e's bit j the bit low_bits + p of element 4j + e.
 // Expanded, element 4j + e of every lane lands in byte e of chunk j, as a Q8_0 group's.
 struct SuperLayout {
-  int64_t sb;     // weights per super-block, and per block of quantized x
-  int low_bits;   // 4 or 2
-  int high_bits;  // bit planes above them
-  int scales;     // int8 scale rows per sub-block: 0 (sc = 1), 1 (per 32) or 2 (per 16)
-  int mins;       // uint8 min rows per sub-block: 0, 1 or 2; -1: mn = 1 (Q5_1)
-  int offset;     // subtracted from u
+  int64_t sb;       // weights per super-block, and per block of quantized x
+  int low_bits;     // 4 or 2
+  int high_bits;    // bit planes above them
+  int scales;       // int8 scale rows per sub-block: 0 (sc = 1), 1 (per 32) or 2 (per 16)
+  int mins;         // uint8 min rows per sub-block: 0, 1 or 2; -1: mn = 1 (Q5_1)
+  int offset;       // subtracted from u
+  int scale_bytes;  // d and dmin as f16 (2: the 32-weight formats, as ggml has them) or f32 (4)
 };
 
 constexpr bool is_super(QuantType t) {
   switch (t) {
+    case QuantType::kQ5_0:
     case QuantType::kQ5_1:
     case QuantType::kQ2_K:
     case QuantType::kQ3_K:
@@ -93,18 +96,20 @@ constexpr bool is_super(QuantType t) {
 
 constexpr SuperLayout super_layout(QuantType t) {
   switch (t) {
+    case QuantType::kQ5_0:
+      return {32, 4, 1, 0, 0, 16, 2};
     case QuantType::kQ5_1:
-      return {32, 4, 1, 0, -1, 0};
+      return {32, 4, 1, 0, -1, 0, 2};
     case QuantType::kQ2_K:
-      return {256, 2, 0, 2, 2, 0};
+      return {256, 2, 0, 2, 2, 0, 4};
     case QuantType::kQ3_K:
-      return {256, 2, 1, 2, 0, 4};
+      return {256, 2, 1, 2, 0, 4, 4};
     case QuantType::kQ4_K:
-      return {256, 4, 0, 1, 1, 0};
+      return {256, 4, 0, 1, 1, 0, 4};
     case QuantType::kQ5_K:
-      return {256, 4, 1, 1, 1, 0};
+      return {256, 4, 1, 1, 1, 0, 4};
     default:  // kQ6_K
-      return {256, 4, 2, 2, 0, 32};
+      return {256, 4, 2, 2, 0, 32, 4};
   }
 }
 
@@ -116,7 +121,7 @@ constexpr int64_t sub_bytes(const SuperLayout& l) {
   return sub_header_bytes(l) + kChunk * (l.low_bits + l.high_bits);
 }
 constexpr int64_t super_header_bytes(const SuperLayout& l) {
-  return 4 * kGroup * (has_min(l) ? 2 : 1);
+  return l.scale_bytes * kGroup * (has_min(l) ? 2 : 1);
 }
 constexpr int64_t super_group_bytes(const SuperLayout& l) {
   return super_header_bytes(l) + l.sb / kQuantBlock * sub_bytes(l);
@@ -174,6 +179,16 @@ SuperBlock decompose(QuantType t, const uint8_t* b) {
       }
       break;
     }
+    case QuantType::kQ5_0: {  // f16 d, u32 qh, 16 bytes of nibbles; u - 16
+      uint16_t d;
+      std::memcpy(&d, b, 2);
+      s.d = f16_to_f32(d);
+      for (int64_t k = 0; k < 32; ++k) {
+        const int low = (b[6 + k % 16] >> (4 * (k / 16))) & 0x0F;
+        s.u[k] = static_cast<uint8_t>(low | (high_bit(b + 2, k) << 4));
+      }
+      break;
+    }
     case QuantType::kQ4_KF32:  // f32 d, f32 dmin, u8 sc[8], u8 m[8], nibbles
     case QuantType::kQ5_KF32:  // the same, u32 fifth[8] before the nibbles
     {
@@ -228,8 +243,16 @@ SuperBlock decompose(QuantType t, const uint8_t* b) {
 
 // Lane c of a group's super-block at dst from one feature's decomposition.
 void put_super_lane(const SuperLayout& l, const SuperBlock& s, int64_t c, uint8_t* dst) {
-  std::memcpy(dst + 4 * c, &s.d, 4);
-  if (has_min(l)) std::memcpy(dst + 4 * kGroup + 4 * c, &s.dmin, 4);
+  auto put_scale = [&](float v, uint8_t* at) {
+    if (l.scale_bytes == 2) {
+      const uint16_t h = f32_to_f16(v);  // exact: d and m came from f16
+      std::memcpy(at + 2 * c, &h, 2);
+    } else {
+      std::memcpy(at + 4 * c, &v, 4);
+    }
+  };
+  put_scale(s.d, dst);
+  if (has_min(l)) put_scale(s.dmin, dst + l.scale_bytes * kGroup);
   for (int64_t sub = 0; sub < l.sb / kQuantBlock; ++sub) {
     uint8_t* p = dst + super_header_bytes(l) + sub * sub_bytes(l);
     const uint8_t* u = s.u + sub * kQuantBlock;
@@ -263,8 +286,7 @@ void put_super_lane(const SuperLayout& l, const SuperBlock& s, int64_t c, uint8_
 Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
   const SuperLayout l = super_layout(weight.type);
   // The K-quants are read from their repacking at load, whose fields are unpacked.
-  const QuantizedMatrix repacked =
-      weight.type == QuantType::kQ5_1 ? weight : repack_for_cpu(weight);
+  const QuantizedMatrix repacked = l.sb == kQuantBlock ? weight : repack_for_cpu(weight);
   Q8PackedMatrix p;
   p.type = weight.type;
   p.rows = weight.rows;
@@ -289,9 +311,8 @@ Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
   return p;
 }
 
-// Q4_0 and Q5_0 blocks as the Q4_1 and Q8_0 blocks holding the same weights: Q4_0's
-// (q - 8) * d is Q4_1's q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused);
-// Q5_0's (q - 16) * d is Q8_0's with q - 16, which fits an int8.
+// Q4_0 blocks as the Q4_1 blocks holding the same weights: Q4_0's (q - 8) * d is Q4_1's
+// q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused).
 QuantType q8_layout_of(QuantType t) {
   return t == QuantType::kQ4_1 || t == QuantType::kQ4_0 ? QuantType::kQ4_1 : QuantType::kQ8_0;
 }
@@ -309,18 +330,6 @@ const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
     std::memcpy(tmp + 4, src + 2, kQuantBlock / 2);
     return tmp;
   }
-  if (t == QuantType::kQ5_0) {
-    std::memcpy(tmp, src, 2);
-    uint32_t qh;
-    std::memcpy(&qh, src + 2, 4);
-    for (int j = 0; j < kQuantBlock / 2; ++j) {
-      const int lo = (src[6 + j] & 0x0F) | (((qh >> j) & 1) << 4);
-      const int hi = (src[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      tmp[2 + j] = static_cast<uint8_t>(lo - 16);
-      tmp[2 + j + kQuantBlock / 2] = static_cast<uint8_t>(hi - 16);
-    }
-    return tmp;
-  }
   return src;
 }
 
@@ -328,7 +337,7 @@ const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
 
 bool q8_packs(QuantType type) {
   return type == QuantType::kQ4_1 || type == QuantType::kQ8_0 || type == QuantType::kQ4_0 ||
-         type == QuantType::kQ5_0 || is_super(type);
+         is_super(type);
 }
 
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
@@ -473,6 +482,14 @@ void tile_portable(const Q8Activations& x, int64_t r0, const uint8_t* group, flo
   for (int i = 0; i < R; ++i) std::memcpy(tile + i * kGroup, acc[i], sizeof(acc[i]));
 }
 
+// Lane c's d (or dmin) of a group's super-block header at p.
+float header_scale(const SuperLayout& l, const uint8_t* p, int64_t c) {
+  if (l.scale_bytes == 4) return f32_at(p + 4 * c);
+  uint16_t h;
+  std::memcpy(&h, p + 2 * c, 2);
+  return f16_to_f32(h);
+}
+
 // Element k (0..31) of lane c's unsigned quants in a super-block layout's sub-block q.
 int super_quant(const SuperLayout& l, const uint8_t* q, int64_t c, int64_t k) {
   const int64_t j = k / 4, e = k % 4;
@@ -496,8 +513,8 @@ void tile_super_portable(const Q8Activations& x, int64_t r0, const uint8_t* grou
   for (int64_t b = 0; b < nsb; ++b) {
     const uint8_t* blk = group + b * super_group_bytes(kL);
     for (int64_t c = 0; c < kGroup; ++c) {
-      const float dw = f32_at(blk + 4 * c);
-      const float dmin = has_min(kL) ? f32_at(blk + 4 * kGroup + 4 * c) : 0.f;
+      const float dw = header_scale(kL, blk, c);
+      const float dmin = has_min(kL) ? header_scale(kL, blk + kL.scale_bytes * kGroup, c) : 0.f;
       for (int i = 0; i < R; ++i) {
         const int64_t xb = (r0 + i) * nsb + b;
         const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb;
@@ -683,6 +700,12 @@ inline __m256i half_dot_256(const __m256i* w, const int8_t* xq, int j0) {
   return s;
 }
 
+// Lanes [8h, 8h + 8) of a super-block header's d (or dmin) at p.
+inline __m256 header_scales_256(const SuperLayout& l, const uint8_t* p, int h) {
+  if (l.scale_bytes == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+}
+
 // Scales or mins, one byte per lane at p (lanes [8h, 8h + 8)), as int32.
 inline __m256i lane_bytes_256(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -730,13 +753,12 @@ void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, f
           }
         }
       }
-      const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(blk) + 8 * h);
+      const __m256 dw = header_scales_256(kL, blk, h);
       for (int i = 0; i < R; ++i) {
         const __m256 dx = _mm256_set1_ps(x.scale[(r0 + i) * nsb + b]);
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dw, dx), acc[i]);
         if constexpr (has_min(kL)) {
-          const __m256 dmin =
-              _mm256_loadu_ps(reinterpret_cast<const float*>(blk + 4 * kGroup) + 8 * h);
+          const __m256 dmin = header_scales_256(kL, blk + kL.scale_bytes * kGroup, h);
           acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[i]), _mm256_mul_ps(dmin, dx), acc[i]);
         }
       }
@@ -807,6 +829,11 @@ struct Ops512 {
   static __m512i slli16(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
 };
 
+inline __m512 header_scales_512(const SuperLayout& l, const uint8_t* p) {
+  if (l.scale_bytes == 4) return _mm512_loadu_ps(p);
+  return _mm512_maskz_cvtph_ps(kAllLanes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 inline __m512i lane_bytes_512(const uint8_t* p, bool is_signed) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return is_signed ? _mm512_maskz_cvtepi8_epi32(kAllLanes, v)
@@ -869,13 +896,13 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
         }
       }
     }
-    const __m512 dw = _mm512_loadu_ps(blk);
+    const __m512 dw = header_scales_512(kL, blk);
     for (int i = 0; i < R; ++i) {
       const __m512 dx = _mm512_set1_ps(x.scale[(r0 + i) * nsb + b]);
       acc[i] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAllLanes, isum[i]), _mm512_mul_ps(dw, dx),
                                acc[i]);
       if constexpr (has_min(kL)) {
-        const __m512 dmin = _mm512_loadu_ps(blk + 4 * kGroup);
+        const __m512 dmin = header_scales_512(kL, blk + kL.scale_bytes * kGroup);
         acc[i] = _mm512_fnmadd_ps(_mm512_maskz_cvtepi32_ps(kAllLanes, msum[i]),
                                   _mm512_mul_ps(dmin, dx), acc[i]);
       }
@@ -886,9 +913,9 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
 #endif
 
 // The packed layouts, in KernelTable's order.
-constexpr QuantType kLayouts[] = {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_1,
-                                  QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K,
-                                  QuantType::kQ5_K, QuantType::kQ6_K};
+constexpr QuantType kLayouts[] = {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0,
+                                  QuantType::kQ5_1, QuantType::kQ2_K, QuantType::kQ3_K,
+                                  QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
 constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
 
 int layout_index(QuantType t) {
@@ -914,9 +941,10 @@ constexpr KernelTable make_table(int max_rows, std::integer_sequence<int, Rs...>
                       {K<kLayouts[4], Rs + 1>::fn...},
                       {K<kLayouts[5], Rs + 1>::fn...},
                       {K<kLayouts[6], Rs + 1>::fn...},
-                      {K<kLayouts[7], Rs + 1>::fn...}}};
+                      {K<kLayouts[7], Rs + 1>::fn...},
+                      {K<kLayouts[8], Rs + 1>::fn...}}};
 }
-static_assert(kNumLayouts == 8, "make_table lists every layout");
+static_assert(kNumLayouts == 9, "make_table lists every layout");
 
 template <QuantType T, int R>
 constexpr TileFn portable_fn() {
