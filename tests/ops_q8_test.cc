@@ -378,6 +378,33 @@ TEST(Q8Linear, SuperBlocksMatchReferenceAndKernelsAgree) {
   }
 }
 
+// A packed row read back (a tied embedding's lookup) is the reference dequantization of the
+// blocks it was packed from, for every format and for rows in every lane of a group: bit for bit
+// but for the sign of a zero (Q4_0 packed as Q4_1 gives q * d + m = +0 where ggml's (q - 8) * d
+// is -0 for a negative d; the two are equal and every sum they enter gives the same).
+TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
+  std::mt19937 rng(27);
+  for (QuantType type :
+       {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1,
+        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+    const int64_t rows = 37, cols = 512;
+    const QuantizedMatrix w = random_blocks(type, rows, cols, rng);
+    const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+    std::vector<float> want(cols), got(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(w, r, want.data());
+      ops::dequantize_row(packed, r, got.data());
+      for (int64_t k = 0; k < cols; ++k) {
+        ASSERT_EQ(got[k], want[k]) << quant_format(type).name << " row " << r << " column " << k;
+        if (type != QuantType::kQ4_0) {
+          ASSERT_EQ(std::signbit(got[k]), std::signbit(want[k])) << quant_format(type).name;
+        }
+      }
+    }
+    expect_error([&] { ops::dequantize_row(packed, rows, got.data()); }, {"row 37 of 37"});
+  }
+}
+
 // Every row again inside calls of 1, 3 and 10 rows, at every offset, gives the same bits as in
 // the whole batch (row tiles of 4 and 8 meet every tail).
 TEST(Q8Linear, RowsAreBatchInvariant) {

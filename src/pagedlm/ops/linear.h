@@ -59,6 +59,9 @@ struct Q8PackedMatrix {
 // in integers, one float step per super-block.
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
 bool q8_packs(QuantType type);
+// Row r's weights as floats (cols of them), bit for bit those of the format's reference
+// dequantization of the blocks it was packed from (a tied embedding reads its rows here).
+void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out);
 
 // y = x W^T + b with x quantized to 8 bits (CPU, f32 x / bias / out). Batch invariant: each
 // output is one lane's own sequence of operations over the blocks in order, whatever the rows

@@ -283,6 +283,29 @@ void put_super_lane(const SuperLayout& l, const SuperBlock& s, int64_t c, uint8_
   }
 }
 
+// Lane c's d (or dmin) of a group's super-block header at p.
+float header_scale(const SuperLayout& l, const uint8_t* p, int64_t c) {
+  if (l.scale_bytes == 4) return f32_at(p + 4 * c);
+  uint16_t h;
+  std::memcpy(&h, p + 2 * c, 2);
+  return f16_to_f32(h);
+}
+
+// Element k (0..31) of lane c's unsigned quants in a super-block layout's sub-block q.
+int super_quant(const SuperLayout& l, const uint8_t* q, int64_t c, int64_t k) {
+  const int64_t j = k / 4, e = k % 4;
+  int u;
+  if (l.low_bits == 4) {
+    u = (q[j % 4 * kChunk + 4 * c + e] >> (4 * (j / 4))) & 0x0F;
+  } else {
+    u = (q[j / 4 * kChunk + 4 * c + e] >> (2 * (j % 4))) & 3;
+  }
+  for (int plane = 0; plane < l.high_bits; ++plane) {
+    u |= ((q[(l.low_bits + plane) * kChunk + 4 * c + e] >> j) & 1) << (l.low_bits + plane);
+  }
+  return u;
+}
+
 Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
   const SuperLayout l = super_layout(weight.type);
   // The K-quants are read from their repacking at load, whose fields are unpacked.
@@ -396,6 +419,62 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
   return p;
 }
 
+void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out) {
+  PAGEDLM_CHECK(r >= 0 && r < m.rows, "dequantize_row: row ", r, " of ", m.rows);
+  const int64_t c = r % kGroup;
+  const uint8_t* group = m.data.data() + r / kGroup * packed_group_bytes(m.type, m.cols);
+  auto half = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+  };
+  if (!is_super(m.type)) {
+    const bool q4 = m.type == QuantType::kQ4_1;
+    for (int64_t b = 0; b < m.cols / kQuantBlock; ++b) {
+      const uint8_t* blk = group + b * group_block_bytes(m.type);
+      const float d = half(blk + 2 * c);
+      float* o = out + b * kQuantBlock;
+      if (q4) {  // ggml's q * d + m (Q4_0's (q - 8) * d with m = -8 d: both exact)
+        const float mw = half(blk + 2 * kGroup + 2 * c);
+        for (int64_t k = 0; k < kQuantBlock; ++k) {
+          const uint8_t byte = blk[4 * kGroup + k % 16 / 4 * kChunk + 4 * c + k % 4];
+          o[k] = static_cast<float>(k < 16 ? byte & 0x0F : byte >> 4) * d + mw;
+        }
+      } else {  // q stored as q + 128
+        for (int64_t k = 0; k < kQuantBlock; ++k) {
+          const auto q =
+              static_cast<int8_t>(blk[2 * kGroup + k / 4 * kChunk + 4 * c + k % 4] ^ 0x80);
+          o[k] = static_cast<float>(q) * d;
+        }
+      }
+    }
+    return;
+  }
+  // ggml's (d * sc) * (u - offset) - dmin * mn, in that order (its dequantize_row_q*_K).
+  const SuperLayout l = super_layout(m.type);
+  for (int64_t b = 0; b < m.cols / l.sb; ++b) {
+    const uint8_t* blk = group + b * super_group_bytes(l);
+    const float d = header_scale(l, blk, c);
+    const float dmin = has_min(l) ? header_scale(l, blk + l.scale_bytes * kGroup, c) : 0.f;
+    for (int64_t sub = 0; sub < l.sb / kQuantBlock; ++sub) {
+      const uint8_t* p = blk + super_header_bytes(l) + sub * sub_bytes(l);
+      float* o = out + b * l.sb + sub * kQuantBlock;
+      for (int64_t k = 0; k < kQuantBlock; ++k) {
+        const int h = static_cast<int>(k / 16);
+        const int sc =
+            l.scales == 0 ? 1 : static_cast<int8_t>(p[(l.scales == 2 ? h : 0) * kGroup + c]);
+        const int mn = l.mins < 0    ? 1
+                       : l.mins == 0 ? 0
+                                     : p[(l.scales + (l.mins == 2 ? h : 0)) * kGroup + c];
+        const float value =
+            static_cast<float>(super_quant(l, p + sub_header_bytes(l), c, k) - l.offset);
+        o[k] = has_min(l) ? d * static_cast<float>(sc) * value - dmin * static_cast<float>(mn)
+                          : d * static_cast<float>(sc) * value;
+      }
+    }
+  }
+}
+
 namespace cpu {
 
 void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out, int64_t block) {
@@ -480,29 +559,6 @@ void tile_portable(const Q8Activations& x, int64_t r0, const uint8_t* group, flo
     }
   }
   for (int i = 0; i < R; ++i) std::memcpy(tile + i * kGroup, acc[i], sizeof(acc[i]));
-}
-
-// Lane c's d (or dmin) of a group's super-block header at p.
-float header_scale(const SuperLayout& l, const uint8_t* p, int64_t c) {
-  if (l.scale_bytes == 4) return f32_at(p + 4 * c);
-  uint16_t h;
-  std::memcpy(&h, p + 2 * c, 2);
-  return f16_to_f32(h);
-}
-
-// Element k (0..31) of lane c's unsigned quants in a super-block layout's sub-block q.
-int super_quant(const SuperLayout& l, const uint8_t* q, int64_t c, int64_t k) {
-  const int64_t j = k / 4, e = k % 4;
-  int u;
-  if (l.low_bits == 4) {
-    u = (q[j % 4 * kChunk + 4 * c + e] >> (4 * (j / 4))) & 0x0F;
-  } else {
-    u = (q[j / 4 * kChunk + 4 * c + e] >> (2 * (j % 4))) & 3;
-  }
-  for (int plane = 0; plane < l.high_bits; ++plane) {
-    u |= ((q[(l.low_bits + plane) * kChunk + 4 * c + e] >> j) & 1) << (l.low_bits + plane);
-  }
-  return u;
 }
 
 template <QuantType T, int R>
