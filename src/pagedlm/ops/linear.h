@@ -42,7 +42,8 @@ void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, 
 QuantizedMatrix repack_for_cpu(QuantizedMatrix weight);
 
 // 8-bit activations (an option, not the default): each row of x is quantized to int8 per block
-// of 32 and the block dot products are computed in integers, as llama.cpp does. Faster, but
+// of 32 (of 256 for the K-quants) and the block dot products are computed in integers, as
+// llama.cpp does. Faster, but
 // no longer exact (see linear_q8_cpu.cc). The weight's blocks regrouped for it: 16 output
 // features side by side, so one int32 / f32 lane of a 512-bit register is one output feature.
 struct Q8PackedMatrix {

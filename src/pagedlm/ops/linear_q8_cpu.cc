@@ -1,7 +1,7 @@
 // The CPU projections with 8-bit activations (--cpu-q8-activations): x is quantized per block of
-// 32 to int8 (ops/linear.h, Q8Activations) and each block's dot product with a Q4_1 or Q8_0
-// weight block is an exact integer sum; only the scales are floating point. Not exact (x loses
-// its low bits), which is why it is an option.
+// 32 (256 for the K-quants) to int8 (ops/linear.h, Q8Activations) and each block's dot product
+// with a weight block is an exact integer sum; only the scales are floating point. Not exact (x
+// loses its low bits), which is why it is an option.
 //
 // Layout: the weight's rows (output features) are regrouped 16 at a time, block by block, so
 // that a 64-byte chunk holds 4 consecutive elements of each of the 16 features. One VNNI
