@@ -11,6 +11,7 @@
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/core/error.h"
+#include "pagedlm/engine/executor.h"
 #include "pagedlm/engine/rendezvous.h"
 
 namespace pagedlm::cli {
@@ -150,6 +151,12 @@ EngineOptions EngineFlags::resolve() const {
   if (device == "cuda") fail("--device cuda: this build of pagedlm has no CUDA support");
 #endif
   return o;
+}
+
+bool ran_as_worker_rank(const Checkpoint& checkpoint, const EngineOptions& options) {
+  if (options.tensor_parallel_rank == 0) return false;
+  run_worker_rank(checkpoint, options);
+  return true;
 }
 
 }  // namespace pagedlm::cli

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/engine/worker.h"
 #include "pagedlm/sched/step_plan.h"
 
 namespace pagedlm {
@@ -20,20 +20,6 @@ namespace pagedlm {
 class CausalLM;
 class PagedKvCache;
 struct EngineOptions;
-
-// What the sampler needs of one sequence of the step.
-struct SeqSampling {
-  const SamplingParams* params = nullptr;  // the request's, alive for the step
-  uint64_t seed = 0;
-  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
-  // Structured output: the row of mask_rows() holding the token bitmask the sequence is sampled
-  // under, or -1 (unmasked).
-  int32_t mask_row = -1;
-};
-
-// Completes every masked sequence's row of mask_rows(); run() calls it once the forward pass is
-// enqueued, so that the host's work on the masks overlaps the device's.
-using MaskFill = std::function<void()>;
 
 class CudaStepRunner {
  public:
