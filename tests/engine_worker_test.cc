@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "golden_fixture_util.h"
+#include "ops_test_util.h"
 #include "pagedlm/core/error.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/worker.h"
@@ -16,6 +17,7 @@
 namespace pagedlm {
 namespace {
 
+using testing::expect_error;
 using testing::fixture_dir;
 using testing::load_expected;
 using testing::relative_error;
@@ -41,16 +43,6 @@ StepPlan prefill_plan(const std::vector<int32_t>& prompt, int32_t page_size) {
   plan.request_ids = {1};
   plan.samples = {1};
   return plan;
-}
-
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no pagedlm::Error thrown (expected one containing \"" << needle << "\")";
 }
 
 class CpuWorkerTest : public ::testing::Test {
@@ -97,10 +89,10 @@ TEST_F(CpuWorkerTest, APrefillStepGivesTheReferenceLogitsAndGreedyToken) {
 TEST_F(CpuWorkerTest, OneStepIsInFlightAtATime) {
   const StepPlan plan = prefill_plan({1, 2, 3}, options_.page_size);
   const StepHandle first = worker_->launch(plan, greedy_inputs(false));
-  expect_error([&] { worker_->launch(plan, greedy_inputs(false)); }, "a step is in flight");
-  expect_error([&] { worker_->collect(StepHandle{first.id + 1}); }, "is not in flight");
+  expect_error([&] { worker_->launch(plan, greedy_inputs(false)); }, {"a step is in flight"});
+  expect_error([&] { worker_->collect(StepHandle{first.id + 1}); }, {"is not in flight"});
   EXPECT_TRUE(worker_->collect(first).completed);
-  expect_error([&] { worker_->collect(first); }, "is not in flight");
+  expect_error([&] { worker_->collect(first); }, {"is not in flight"});
   // The worker goes on after its errors.
   EXPECT_TRUE(worker_->collect(worker_->launch(plan, greedy_inputs(false))).completed);
 }
