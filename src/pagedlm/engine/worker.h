@@ -52,8 +52,8 @@ using MaskFill = std::function<void()>;
 
 // What a step asks of a worker besides its plan. What it points to stays alive until collect.
 struct StepInputs {
-  // One per sequence of the plan; rank 0 samples, the other ranks of a group give greedy rows
-  // whose tokens are thrown away.
+  // One per sequence of the plan. Rank 0's tokens are the step's; a GPU rank other than 0
+  // samples greedy rows whose tokens are thrown away (run_worker_rank).
   std::vector<SeqSampling> sampling;
   // The step's logits [S, vocab] f32 come back to the host (StepResult::logits).
   bool want_logits = false;
@@ -82,7 +82,7 @@ struct StepResult {
   // the step's K/V are only partly written.
   bool completed = true;
   std::vector<int32_t> sampled;  // per sequence of the plan: its token, -1 where not sampled
-  Tensor logits;                 // [S, vocab] f32 on the host when want_logits
+  Tensor logits;                 // [S, vocab] f32 on the host when want_logits (CPU: always)
   StepTimings timings;
 };
 
