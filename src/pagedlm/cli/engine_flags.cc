@@ -74,6 +74,18 @@ std::string launch_local_ranks(int32_t size) {
 }  // namespace
 #endif
 
+namespace {
+
+// A rank of this process's group of GPU processes is gone: a collective waiting for it never
+// returns, so this process ends, saying why.
+[[noreturn]] void end_process(const std::string& why) {
+  std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace
+
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   EngineOptions& o = flags.options;
   app.add_option("--page-size", o.page_size, "tokens per KV page (a power of two)")
@@ -126,6 +138,7 @@ EngineOptions EngineFlags::resolve() const {
   o.use_cuda_graphs = !no_cuda_graphs;
   o.use_cascade_attention = !no_cascade_attention;
   o.tune_gemms = !no_gemm_tuning;
+  o.on_lost_rank = end_process;
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

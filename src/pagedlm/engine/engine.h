@@ -76,6 +76,11 @@ struct EngineOptions {
   int32_t tensor_parallel_device = -1;  // this rank's GPU; -1: its rank modulo the GPUs seen
   // How long a rank waits in a collective for the others before the whole group fails.
   int32_t collective_timeout_ms = 300000;
+  // GPU ranks in processes: what to do when another rank's process is gone (`why` names it; on
+  // a watcher thread). A collective waiting for a dead peer never returns, so it should end the
+  // process, as the command line's does; the engine never ends it itself. Such a group is
+  // refused without one.
+  std::function<void(const std::string& why)> on_lost_rank;
 };
 
 // What one step produced for one request.

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,14 +37,6 @@ int32_t pages_of(const std::string& m, char kind, const std::string& whose) {
   return n;
 }
 
-#ifdef PAGEDLM_HAS_CUDA
-[[noreturn]] void end_process(const std::string& why) {
-  std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-#endif
-
 }  // namespace
 
 ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& config)
@@ -56,6 +46,9 @@ ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& conf
                 size, ")");
   PAGEDLM_CHECK(!options.tensor_parallel_endpoint.empty(),
                 "a tensor-parallel group of processes needs rank 0's HOST:PORT");
+  PAGEDLM_CHECK(options.on_lost_rank != nullptr,
+                "a tensor-parallel group of processes needs EngineOptions::on_lost_rank (a rank ",
+                "whose peer is gone would wait in a collective forever)");
 #ifdef PAGEDLM_HAS_CUDA
   int devices = 0;
   PAGEDLM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "tensor-parallel rank ",
@@ -81,8 +74,8 @@ ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& conf
   }
   comm_ = ops::make_nccl_communicator(id, rank_, size);
   // From here a dead rank would leave the others inside a collective forever.
-  if (server_) server_->watch(end_process);
-  if (client_) client_->watch(end_process);
+  if (server_) server_->watch(options.on_lost_rank);
+  if (client_) client_->watch(options.on_lost_rank);
 #else
   (void)config;
   fail("tensor parallelism over processes needs the CUDA build (NCCL)");

@@ -3,8 +3,9 @@
 // ranks, whose worker loops (run_worker_rank, engine/executor.h) run their share of the model on
 // it, the NCCL collectives joining them on each rank's stream. They meet through
 // engine/rendezvous.h (rank 0 listens at the endpoint and hands out the NCCL id), so the ranks may
-// span machines. A rank whose process is gone ends every other rank's process with a message naming
-// it: a collective waiting for a dead peer never returns, so exiting is the only way not to hang.
+// span machines. A rank whose process is gone is reported to every other rank's
+// EngineOptions::on_lost_rank, naming it, which the command line answers by ending the process: a
+// collective waiting for a dead peer never returns, so exiting is the only way not to hang.
 #pragma once
 
 #include <memory>
