@@ -46,6 +46,7 @@
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
@@ -859,6 +860,36 @@ struct SampleRow {
   int64_t step;
 };
 
+// The per-row parameters of `rows` on the backend's device, and the SamplerRows over them.
+struct SampleArrays {
+  Tensor temperature, top_k, top_p, min_p, seed, step;
+  ops::SamplerRows rows;
+
+  SampleArrays(const Backend& b, const std::vector<SampleRow>& params) {
+    std::vector<float> t, p, m;
+    std::vector<int32_t> k;
+    std::vector<uint64_t> seeds;
+    std::vector<int64_t> steps;
+    for (const SampleRow& r : params) {
+      t.push_back(r.temperature);
+      k.push_back(r.top_k);
+      p.push_back(r.top_p);
+      m.push_back(r.min_p);
+      seeds.push_back(r.seed);
+      steps.push_back(r.step);
+    }
+    const auto n = static_cast<int64_t>(params.size());
+    temperature = b.f32(t, {n});
+    top_k = b.i32(k, {n});
+    top_p = b.f32(p, {n});
+    min_p = b.f32(m, {n});
+    seed = bytes_on(b, seeds);
+    step = bytes_on(b, steps);
+    rows = {temperature.data<float>(), top_k.data<int32_t>(), top_p.data<float>(),
+            min_p.data<float>(),       seed.data<uint64_t>(), step.data<int64_t>()};
+  }
+};
+
 // The documented rules (ops/sampling.h) written out independently, in double where it matters:
 // the token, and in *margin how far (as a fraction of the kept mass) the draw landed from the
 // nearest boundary between two tokens.
@@ -939,25 +970,9 @@ TEST_P(BackendOps, SampleTokensDrawsEachRowWithItsParams) {
   const Tensor logits_t = b.f32(logits, {num_rows, vocab});
   int compared = 0, drawn = 0;
   for (int round = 0; round < 4; ++round) {
-    std::vector<float> temperature, top_p, min_p;
-    std::vector<int32_t> top_k;
-    std::vector<uint64_t> seed;
-    std::vector<int64_t> step;
-    for (SampleRow& r : rows) {
-      r.seed += 1000;
-      temperature.push_back(r.temperature);
-      top_k.push_back(r.top_k);
-      top_p.push_back(r.top_p);
-      min_p.push_back(r.min_p);
-      seed.push_back(r.seed);
-      step.push_back(r.step);
-    }
-    const Tensor t_t = b.f32(temperature, {num_rows}), k_t = b.i32(top_k, {num_rows});
-    const Tensor p_t = b.f32(top_p, {num_rows}), m_t = b.f32(min_p, {num_rows});
-    const Tensor seed_t = bytes_on(b, seed), step_t = bytes_on(b, step);
-    const ops::SamplerRows arrays{t_t.data<float>(),       k_t.data<int32_t>(),
-                                  p_t.data<float>(),       m_t.data<float>(),
-                                  seed_t.data<uint64_t>(), step_t.data<int64_t>()};
+    for (SampleRow& r : rows) r.seed += 1000;
+    const SampleArrays params(b, rows);
+    const ops::SamplerRows& arrays = params.rows;
     const Tensor out = b.i32(std::vector<int32_t>(num_rows, -1), {num_rows});
     ops::sample_tokens(logits_t, arrays, out);
     const Tensor got = out.to(Device::kCpu);
@@ -1034,24 +1049,9 @@ TEST_P(BackendOps, SampleTokensHonoursMasks) {
       }
     }
   }
-  std::vector<float> temperature, top_p, min_p;
-  std::vector<int32_t> top_k;
-  std::vector<uint64_t> seed;
-  std::vector<int64_t> step;
-  for (const SampleRow& r : rows) {
-    temperature.push_back(r.temperature);
-    top_k.push_back(r.top_k);
-    top_p.push_back(r.top_p);
-    min_p.push_back(r.min_p);
-    seed.push_back(r.seed);
-    step.push_back(r.step);
-  }
-  const Tensor t_t = b.f32(temperature, {num_rows}), k_t = b.i32(top_k, {num_rows});
-  const Tensor p_t = b.f32(top_p, {num_rows}), m_t = b.f32(min_p, {num_rows});
-  const Tensor seed_t = bytes_on(b, seed), step_t = bytes_on(b, step);
+  const SampleArrays params(b, rows);
   const Tensor mask_t = b.i32(masks, {4, words}), slot_t = b.i32(slot, {num_rows});
-  ops::SamplerRows arrays{t_t.data<float>(), k_t.data<int32_t>(),     p_t.data<float>(),
-                          m_t.data<float>(), seed_t.data<uint64_t>(), step_t.data<int64_t>()};
+  ops::SamplerRows arrays = params.rows;
   arrays.mask = mask_t.data<int32_t>();
   arrays.mask_slot = slot_t.data<int32_t>();
   arrays.mask_words = words;
@@ -1075,6 +1075,200 @@ TEST_P(BackendOps, SampleTokensHonoursMasks) {
   EXPECT_EQ(got.data<int32_t>()[6], 4321);
   // The unmasked row 4 may take the forbidden-elsewhere 50.0 logit: it is its argmax-by-far.
   EXPECT_EQ(logits[4 * vocab + got.data<int32_t>()[4]], 50.f);
+}
+
+// The documented adjustments (ops/sampling.h, SamplerRows) written out: bias in list order,
+// then the repetition penalty over prompt and output tokens, then presence + frequency * count
+// (one fused multiply-add) over output tokens.
+std::vector<float> adjusted_ref(const float* row, int vocab,
+                                const std::vector<std::pair<int32_t, float>>& bias,
+                                const int32_t* counts, const std::vector<bool>& in_prompt,
+                                float repetition, float presence, float frequency) {
+  std::vector<float> x(row, row + vocab);
+  for (const auto& [token, value] : bias) x[token] += value;
+  if (counts == nullptr) return x;
+  for (int t = 0; t < vocab; ++t) {
+    if (repetition != 1.f && (counts[t] > 0 || in_prompt[t])) {
+      x[t] = x[t] > 0.f ? x[t] / repetition : x[t] * repetition;
+    }
+    if (counts[t] > 0) x[t] -= std::fma(frequency, static_cast<float>(counts[t]), presence);
+  }
+  return x;
+}
+
+// Rows with logit bias (a token listed twice included), penalties read from a token state of
+// three slots, both, and neither; greedy and seeded draws. Every row's token is the reference
+// draw over the adjusted logits, and the largest raw logits sit where the adjustments must push
+// them down; the logits read the same after the call (the GPU's in-place bias is undone).
+TEST_P(BackendOps, SampleTokensAppliesBiasAndPenalties) {
+  const Backend b = backend();
+  std::mt19937 rng(12);
+  const int vocab = 50000, words = (vocab + 31) / 32, num_slots = 3;
+  std::vector<SampleRow> rows = {{0.f, 0, 1.f, 0.f, 1, 0},    {0.f, 0, 1.f, 0.f, 2, 0},
+                                 {0.f, 0, 1.f, 0.f, 3, 0},    {1.f, 0, 1.f, 0.f, 4, 7},
+                                 {0.8f, 40, 0.9f, 0.f, 5, 3}, {1.2f, 0, 0.8f, 0.02f, 6, 11},
+                                 {0.f, 0, 1.f, 0.f, 7, 0},    {1.f, 0, 1.f, 0.f, 8, 2}};
+  const std::vector<int32_t> penalty_slot = {0, -1, 1, 2, 0, 1, -1, 2};
+  const std::vector<float> repetition = {1.3f, 1.f, 1.f, 1.5f, 1.1f, 2.f, 1.f, 1.f};
+  const std::vector<float> presence = {0.5f, 0.f, 2.f, 0.f, -0.5f, 1.f, 0.f, 0.3f};
+  const std::vector<float> frequency = {0.7f, 0.f, 1.5f, 0.f, 0.25f, -0.4f, 0.f, 2.f};
+  const std::vector<std::vector<std::pair<int32_t, float>>> bias = {
+      {}, {{42, 60.f}}, {{7, -3.f}, {9, 2.5f}, {7, 1.25f}}, {}, {{100, 5.f}}, {},
+      {}, {{3, -100.f}}};
+  const auto num_rows = static_cast<int64_t>(rows.size());
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(num_rows * vocab);
+  for (float& v : logits) v = normal(rng);
+  std::vector<int32_t> counts(num_slots * vocab, 0), seen(num_slots * words, 0);
+  std::vector<std::vector<bool>> in_prompt(num_slots, std::vector<bool>(vocab, false));
+  std::uniform_int_distribution<int> token(0, vocab - 1), count(1, 6);
+  for (int slot = 0; slot < num_slots; ++slot) {
+    for (int i = 0; i < 2000; ++i) counts[slot * vocab + token(rng)] = count(rng);
+    for (int i = 0; i < 3000; ++i) {
+      const int t = token(rng);
+      in_prompt[slot][t] = true;
+      seen[slot * words + t / 32] |= static_cast<int32_t>(1u << (t % 32));
+    }
+  }
+  // Each penalized greedy row's raw argmax is an output token its penalties push below others.
+  for (const int r : {0, 2}) {
+    const int slot = penalty_slot[r];
+    counts[slot * vocab + 31337] = 4;
+    logits[r * vocab + 31337] = 16.f;  // above every N(0, 3) logit, and below once penalized
+    ASSERT_EQ(std::max_element(&logits[r * vocab], &logits[(r + 1) * vocab]) - &logits[r * vocab],
+              31337);
+  }
+  logits[6 * vocab + 5] = logits[6 * vocab + 6] = 40.f;  // a tie: the lower index
+  std::vector<int32_t> bias_indptr = {0}, bias_tokens;
+  std::vector<float> bias_values;
+  for (const auto& list : bias) {
+    for (const auto& [t, v] : list) {
+      bias_tokens.push_back(t);
+      bias_values.push_back(v);
+    }
+    bias_indptr.push_back(static_cast<int32_t>(bias_tokens.size()));
+  }
+  const SampleArrays params(b, rows);
+  const Tensor indptr_t = b.i32(bias_indptr, {num_rows + 1});
+  const auto num_bias = static_cast<int64_t>(bias_tokens.size());
+  const Tensor bias_tokens_t = b.i32(bias_tokens, {num_bias});
+  const Tensor bias_values_t = b.f32(bias_values, {num_bias});
+  const Tensor saved_t = b.f32(std::vector<float>(num_bias, 0.f), {num_bias});
+  const Tensor slot_t = b.i32(penalty_slot, {num_rows});
+  const Tensor rep_t = b.f32(repetition, {num_rows}), pres_t = b.f32(presence, {num_rows});
+  const Tensor freq_t = b.f32(frequency, {num_rows});
+  const Tensor counts_t = b.i32(counts, {num_slots, vocab}),
+               seen_t = b.i32(seen, {num_slots, words});
+  ops::SamplerRows arrays = params.rows;
+  arrays.bias_indptr = indptr_t.data<int32_t>();
+  arrays.bias_tokens = bias_tokens_t.data<int32_t>();
+  arrays.bias_values = bias_values_t.data<float>();
+  arrays.bias_saved = saved_t.data<float>();
+  arrays.penalty_slot = slot_t.data<int32_t>();
+  arrays.repetition_penalty = rep_t.data<float>();
+  arrays.presence_penalty = pres_t.data<float>();
+  arrays.frequency_penalty = freq_t.data<float>();
+  arrays.token_counts = counts_t.data<int32_t>();
+  arrays.prompt_seen = seen_t.data<int32_t>();
+  const Tensor logits_t = b.f32(logits, {num_rows, vocab});
+  const Tensor out = b.i32(std::vector<int32_t>(num_rows, -1), {num_rows});
+  ops::sample_tokens(logits_t, arrays, out);
+  const Tensor got = out.to(Device::kCpu);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int slot = penalty_slot[r];
+    const std::vector<float> x = adjusted_ref(
+        &logits[r * vocab], vocab, bias[r], slot >= 0 ? &counts[slot * vocab] : nullptr,
+        in_prompt[slot >= 0 ? slot : 0], repetition[r], presence[r], frequency[r]);
+    double margin = 0;
+    const int32_t want = sample_ref(x.data(), vocab, rows[r], &margin);
+    if (margin > 1e-5) EXPECT_EQ(got.data<int32_t>()[r], want) << "row " << r;
+  }
+  EXPECT_NE(got.data<int32_t>()[0], 31337) << "the frequency penalty must push it down";
+  EXPECT_NE(got.data<int32_t>()[2], 31337);
+  EXPECT_EQ(got.data<int32_t>()[1], 42) << "a +60 bias makes the argmax";
+  EXPECT_EQ(got.data<int32_t>()[6], 5);
+  const Tensor after = logits_t.to(Device::kCpu);
+  EXPECT_EQ(std::memcmp(after.data<float>(), logits.data(), logits.size() * sizeof(float)), 0)
+      << "the logits changed";
+}
+
+// count_tokens: output tokens counted per slot (repeats included), prompt tokens as bits, rows
+// without a slot skipped.
+TEST_P(BackendOps, CountTokensPerSlot) {
+  const Backend b = backend();
+  const int vocab = 1000, words = (vocab + 31) / 32, num_slots = 2;
+  const Tensor counts_t = b.i32(std::vector<int32_t>(num_slots * vocab, 0), {num_slots, vocab});
+  const Tensor seen_t = b.i32(std::vector<int32_t>(num_slots * words, 0), {num_slots, words});
+  const ops::TokenState state{counts_t.data<int32_t>(), seen_t.data<int32_t>(), vocab, num_slots,
+                              b.device()};
+  const std::vector<int32_t> tokens = {5, 5, 999, 0, 5, 33, 64, 64};
+  const std::vector<int32_t> slots = {0, 0, 1, -1, 1, 0, 1, 1};
+  const Tensor tokens_t = b.i32(tokens, {8}), slots_t = b.i32(slots, {8});
+  ops::count_tokens(state, tokens_t.data<int32_t>(), slots_t.data<int32_t>(), 8, false);
+  ops::count_tokens(state, tokens_t.data<int32_t>(), slots_t.data<int32_t>(), 3, true);
+  ops::count_tokens(state, tokens_t.data<int32_t>() + 3, slots_t.data<int32_t>() + 3, 5, true);
+  const Tensor counts = counts_t.to(Device::kCpu), seen = seen_t.to(Device::kCpu);
+  std::vector<int32_t> want(num_slots * vocab, 0);
+  want[5] = 2;
+  want[33] = 1;
+  want[vocab + 999] = 1;
+  want[vocab + 5] = 1;
+  want[vocab + 64] = 2;
+  EXPECT_EQ(std::vector<int32_t>(counts.data<int32_t>(), counts.data<int32_t>() + want.size()),
+            want);
+  std::vector<int32_t> want_seen(num_slots * words, 0);
+  want_seen[0] = 1 << 5;                          // slot 0: 5
+  want_seen[1] = 1 << (33 % 32);                  // slot 0: 33
+  want_seen[words] = 1 << 5;                      // slot 1: 5
+  want_seen[words + 2] = 1 << (64 % 32);          // slot 1: 64
+  want_seen[words + 999 / 32] = 1 << (999 % 32);  // slot 1: 999
+  EXPECT_EQ(std::vector<int32_t>(seen.data<int32_t>(), seen.data<int32_t>() + want_seen.size()),
+            want_seen);
+}
+
+// sampled_logprobs against log_softmax_topk on each row: the top tokens exactly (a tie at the
+// top goes to the lower index), their log-probabilities and the sampled token's (inside and
+// outside the top) within f32 rounding of a 50000-term sum; k < 0 leaves the row alone.
+TEST_P(BackendOps, SampledLogprobsMatchLogSoftmaxTopk) {
+  const Backend b = backend();
+  std::mt19937 rng(13);
+  const int vocab = 50000;
+  const std::vector<int32_t> top_k = {0, 1, 5, 20, -1, 3};
+  const std::vector<int32_t> tokens = {17, 4, 123, 49999, 0, 2};
+  const auto num_rows = static_cast<int64_t>(top_k.size());
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(num_rows * vocab);
+  for (float& v : logits) v = normal(rng);
+  logits[2 * vocab + 9] = logits[2 * vocab + 8] = 25.f;  // tie at the top
+  logits[5 * vocab + 2] = 20.f;                          // the sampled token is the top one
+  const int top = ops::kMaxTopLogprobs;
+  const Tensor logprob_t = b.f32(std::vector<float>(num_rows, -7.f), {num_rows});
+  const Tensor ids_t = b.i32(std::vector<int32_t>(num_rows * top, -1), {num_rows, top});
+  const Tensor top_t = b.f32(std::vector<float>(num_rows * top, 0.f), {num_rows, top});
+  const Tensor tokens_t = b.i32(tokens, {num_rows}), k_t = b.i32(top_k, {num_rows});
+  ops::LogprobRows rows{tokens_t.data<int32_t>(), k_t.data<int32_t>(), logprob_t.data<float>(),
+                        ids_t.data<int32_t>(), top_t.data<float>()};
+  ops::sampled_logprobs(b.f32(logits, {num_rows, vocab}), rows);
+  const Tensor logprob = logprob_t.to(Device::kCpu), ids = ids_t.to(Device::kCpu),
+               tops = top_t.to(Device::kCpu);
+  constexpr float kTolerance = 1e-4f;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (top_k[r] < 0) {
+      EXPECT_EQ(logprob.data<float>()[r], -7.f) << "row " << r << " was written";
+      continue;
+    }
+    const float* row = &logits[r * vocab];
+    const auto want = ops::log_softmax_topk(row, vocab, std::max(top_k[r], 1));
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_EQ(ids.data<int32_t>()[r * top + j], want[j].first) << "row " << r << " #" << j;
+      EXPECT_NEAR(tops.data<float>()[r * top + j], want[j].second, kTolerance);
+    }
+    const double log_z = row[want[0].first] - static_cast<double>(want[0].second);
+    EXPECT_NEAR(logprob.data<float>()[r], row[tokens[r]] - log_z, kTolerance) << "row " << r;
+  }
+  EXPECT_EQ(ids.data<int32_t>()[2 * top], 8);
+  EXPECT_EQ(ids.data<int32_t>()[2 * top + 1], 9);
+  EXPECT_EQ(logprob.data<float>()[5], tops.data<float>()[5 * top]) << "one number for the token";
 }
 
 TEST(BackendOpsCpu, SampleTokensErrors) {
@@ -2062,6 +2256,254 @@ TEST(BackendOpsCpu, MoeErrors) {
                          small, out);
       },
       {"moe_experts", "workspace is too small"});
+}
+
+// ------------------------------------------------------------------------------------------
+// linear_fp8: W8A8 GEMMs (GPU with FP8 tensor cores), against a double reference computed here
+// from e4m3 values this file encodes itself.
+// ------------------------------------------------------------------------------------------
+
+// The e4m3 code nearest to v by exhaustive search of the 127 non-negative finite codes (ties to
+// the even code, i.e. the even significand, as IEEE round-to-nearest-even), magnitudes beyond
+// 448 saturated, the sign kept (so -0 for a negative value that rounds to zero).
+uint8_t e4m3_nearest(float v) {
+  const double a = std::min(std::abs(static_cast<double>(v)), 448.0);
+  uint8_t best = 0;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (int code = 0; code < 0x7f; ++code) {
+    const double err = std::abs(a - static_cast<double>(f8e4m3_to_f32(static_cast<uint8_t>(code))));
+    if (err < best_err || (err == best_err && code % 2 == 0)) {
+      best = static_cast<uint8_t>(code);
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+// Rows quantized as the contract of ops::quantize_fp8_rows says, in float as the device does:
+// scale = max(min(max |x|, ub) / 448, kFp8MinScale) unless static, q = e4m3(x / scale).
+struct HostFp8Rows {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+};
+HostFp8Rows host_quantize_rows(const std::vector<float>& x, int64_t rows, int64_t cols,
+                               const ops::Fp8InputScaling& how) {
+  HostFp8Rows out;
+  for (int64_t r = 0; r < rows; ++r) {
+    float scale = how.static_scale;
+    if (scale <= 0.f) {
+      float amax = 0.f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(x[r * cols + c]));
+      if (how.max_abs_ub > 0.f) amax = std::min(amax, how.max_abs_ub);
+      scale = std::max(amax / ops::kFp8Max, ops::kFp8MinScale);
+    }
+    out.scales.push_back(scale);
+    for (int64_t c = 0; c < cols; ++c) out.q.push_back(e4m3_nearest(x[r * cols + c] / scale));
+  }
+  return out;
+}
+
+Tensor bytes_tensor(const std::vector<uint8_t>& bytes, const Shape& shape, Device device) {
+  Tensor t = Tensor::empty(DType::kF8E4M3, shape);
+  std::memcpy(t.raw(), bytes.data(), bytes.size());
+  return t.to(device);
+}
+
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  const Tensor h = t.to(Device::kCpu);
+  const auto* p = static_cast<const uint8_t*>(h.raw());
+  return {p, p + h.nbytes()};
+}
+
+// Skips without a GPU, or on one without FP8 tensor cores.
+#define PAGEDLM_REQUIRE_FP8_GPU()                                                      \
+  do {                                                                                 \
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";                    \
+    if (!ops::fp8_gemm_supported()) GTEST_SKIP() << "the GPU has no FP8 tensor cores"; \
+  } while (0)
+
+TEST(BackendOpsCpu, E4m3EncoderRoundTripsEveryCode) {
+  // The test's encoder against the core decoder: every finite code maps back to itself, and the
+  // midpoints between neighbours go to the even one.
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;  // NaN
+    const float v = f8e4m3_to_f32(static_cast<uint8_t>(code));
+    EXPECT_EQ(e4m3_nearest(v), code) << code;
+  }
+  EXPECT_EQ(e4m3_nearest(1.0625f), 0x38);  // between 1 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(e4m3_nearest(1.1875f), 0x3a);  // between 1.125 and 1.25 (0x3a): even
+  EXPECT_EQ(e4m3_nearest(1000.f), 0x7e);   // saturated at 448
+  EXPECT_EQ(e4m3_nearest(-1e-6f), 0x80);   // -0
+}
+
+TEST(BackendOpsCuda, QuantizeFp8RowsMatchesHostEncoding) {
+  PAGEDLM_REQUIRE_FP8_GPU();
+  std::mt19937 rng(21);
+  const Backend b(Device::kCuda);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096}, {7, 100}, {33, 576}}) {
+    std::vector<float> x = uniform(rows * cols, rng, -3.f, 3.f);
+    for (int64_t c = 0; c < cols; ++c) x[c] = 0.f;  // a padding row: kFp8MinScale
+    if (rows > 1) x[cols + 3] = 50.f;               // an outlier for the clamp
+    b.round(x);
+    for (const ops::Fp8InputScaling how :
+         {ops::Fp8InputScaling{}, ops::Fp8InputScaling{0.f, 4.f}, ops::Fp8InputScaling{0.004f, 0.f},
+          ops::Fp8InputScaling{0.05f, 0.f}}) {
+      const HostFp8Rows want = host_quantize_rows(x, rows, cols, how);
+      Tensor q = Tensor::zeros(DType::kF8E4M3, {rows, cols}, Device::kCuda);
+      Tensor scales = Tensor::zeros(DType::kF32, {rows}, Device::kCuda);
+      ops::quantize_fp8_rows(b.tensor(x, {rows, cols}), how, q, scales);
+      const std::string what =
+          cat("rows ", rows, " cols ", cols, " static ", how.static_scale, " ub ", how.max_abs_ub);
+      EXPECT_EQ(host_f32(scales), want.scales) << what;
+      EXPECT_EQ(host_bytes(q), want.q) << what;
+    }
+  }
+  // A weight's rows, as --quantization fp8 stores them at load.
+  std::vector<float> w = uniform(64 * 160, rng, -0.2f, 0.2f);
+  b.round(w);
+  const ops::Fp8Weight fw = ops::quantize_fp8_weight(b.tensor(w, {64, 160}));
+  const HostFp8Rows want = host_quantize_rows(w, 64, 160, {});
+  EXPECT_EQ(host_f32(fw.scale), want.scales);
+  EXPECT_EQ(host_bytes(fw.weight), want.q);
+}
+
+// y = sx[m] sw[n] sum_k qx qw (+ b) in double from the host's own encoding, against the GPU's
+// bf16 output: both sides see the same e4m3 inputs, so only the f32 accumulation and the bf16
+// output rounding (twice where the epilogue kernel scales) differ; FP8's own rounding, ~2.6%
+// relative per product, would be NMSE ~7e-4 if either side quantized differently.
+TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
+#ifndef PAGEDLM_HAS_CUDA
+  GTEST_SKIP() << "this build of pagedlm has no CUDA support";
+#else
+  PAGEDLM_REQUIRE_FP8_GPU();
+  constexpr double kFp8GemmNmse = 1e-5;
+  std::mt19937 rng(22);
+  const Backend b(Device::kCuda);
+  struct Case {
+    int64_t rows, k, n;
+    bool per_channel, static_inputs, bias;
+    float ub;
+  };
+  const std::vector<Case> cases = {
+      {1, 4096, 1024, true, false, false, 0.f},  {7, 576, 1536, true, false, true, 0.f},
+      {256, 512, 768, true, false, false, 0.f},  {1, 128, 512, false, true, false, 0.f},
+      {7, 256, 256, false, true, true, 0.f},     {256, 1024, 512, false, false, false, 0.f},
+      {33, 256, 512, true, false, false, 1.5f},  {256, 256, 128, false, true, false, 0.f},
+      {1, 14336, 4096, true, false, false, 0.f},
+  };
+  for (const bool epilogue : {false, true}) {
+    ops::cuda::set_fp8_epilogue_scaling(epilogue);
+    for (const Case& c : cases) {
+      const int64_t rows = c.rows + (epilogue ? 1 : 0);  // a shape of its own: a new plan
+      std::vector<float> x = uniform(rows * c.k, rng, -2.f, 2.f),
+                         w = uniform(c.n * c.k, rng, -0.1f, 0.1f), bias = uniform(c.n, rng);
+      b.round(x);
+      b.round(bias);
+      // The weight's e4m3 values and scales, as a checkpoint would hold them.
+      std::vector<float> w_scale(c.n);
+      std::vector<uint8_t> wq;
+      float tensor_amax = 0.f;
+      for (float v : w) tensor_amax = std::max(tensor_amax, std::abs(v));
+      for (int64_t n = 0; n < c.n; ++n) {
+        float amax = tensor_amax;
+        if (c.per_channel) {
+          amax = 0.f;
+          for (int64_t k = 0; k < c.k; ++k) amax = std::max(amax, std::abs(w[n * c.k + k]));
+        }
+        w_scale[n] = amax / ops::kFp8Max;
+        for (int64_t k = 0; k < c.k; ++k) wq.push_back(e4m3_nearest(w[n * c.k + k] / w_scale[n]));
+      }
+      ops::Fp8Weight fw;
+      fw.weight = bytes_tensor(wq, {c.n, c.k}, Device::kCuda);
+      fw.scale = Tensor::from_f32(w_scale, {c.n}).to(Device::kCuda);
+      if (c.static_inputs) fw.inputs.static_scale = 2.f / ops::kFp8Max;
+      fw.inputs.max_abs_ub = c.ub;
+      const HostFp8Rows xq = host_quantize_rows(x, rows, c.k, fw.inputs);
+      std::vector<double> want(rows * c.n);
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t n = 0; n < c.n; ++n) {
+          double sum = 0;
+          for (int64_t k = 0; k < c.k; ++k) {
+            sum += static_cast<double>(f8e4m3_to_f32(xq.q[m * c.k + k])) *
+                   f8e4m3_to_f32(wq[n * c.k + k]);
+          }
+          want[m * c.n + n] = sum * xq.scales[m] * w_scale[n] + (c.bias ? bias[n] : 0.0);
+        }
+      }
+      ops::Fp8Scratch scratch{Tensor::empty(DType::kF8E4M3, {rows * c.k + 64}, Device::kCuda),
+                              Tensor::empty(DType::kF32, {rows + 3}, Device::kCuda)};
+      Tensor out = b.poisoned({rows, c.n});
+      ops::linear_fp8(b.tensor(x, {rows, c.k}), fw, c.bias ? b.tensor(bias, {c.n}) : Tensor(), out,
+                      scratch);
+      const std::string what =
+          cat("linear_fp8 rows ", rows, " k ", c.k, " n ", c.n,
+              c.per_channel ? " per-channel" : " per-tensor",
+              c.static_inputs ? " static" : " dynamic", " ub ", c.ub, " bias ", c.bias,
+              " scaled in ", epilogue ? "the epilogue kernel" : "cuBLASLt");
+      expect_nmse(host_f32(out), want, kFp8GemmNmse, what);
+      // The scaling each plan took: the one forced, or cuBLASLt's own where it has a kernel.
+      const bool in_epilogue = ops::cuda::fp8_scales_in_epilogue(rows, c.n, c.k, c.bias);
+      if (epilogue) EXPECT_TRUE(in_epilogue) << what;
+      std::printf("%s: scales applied by %s\n", what.c_str(),
+                  in_epilogue ? "the epilogue kernel" : "cuBLASLt");
+    }
+  }
+  ops::cuda::set_fp8_epilogue_scaling(false);
+#endif
+}
+
+TEST(BackendOpsCpu, LinearFp8Errors) {
+  // Shapes are checked before devices, so these run anywhere.
+  const Tensor x = Tensor::zeros(DType::kBF16, {2, 32});
+  const Tensor out = Tensor::zeros(DType::kBF16, {2, 16});
+  const ops::Fp8Scratch scratch{Tensor::zeros(DType::kF8E4M3, {64}),
+                                Tensor::zeros(DType::kF32, {2})};
+  ops::Fp8Weight w{Tensor::zeros(DType::kF8E4M3, {16, 32}), Tensor::zeros(DType::kF32, {15}), {}};
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "weight scale", "[16]", "[15]"});
+  w.scale = Tensor::zeros(DType::kF32, {16, 1});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "weight scale"});
+  w.scale = Tensor::zeros(DType::kBF16, {16});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); }, {"weight scale", "f32"});
+  w.scale = Tensor::zeros(DType::kF32, {16});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor::zeros(DType::kBF16, {8}), out, scratch); },
+               {"linear (FP8 weight)", "bias"});
+  const ops::Fp8Weight odd{
+      Tensor::zeros(DType::kF8E4M3, {16, 24}), Tensor::zeros(DType::kF32, {16}), {}};
+  expect_error(
+      [&] {
+        ops::linear_fp8(Tensor::zeros(DType::kBF16, {2, 24}), odd, Tensor(), out, scratch);
+      },
+      {"multiples of 16", "24"});
+  const ops::Fp8Scratch small{Tensor::zeros(DType::kF8E4M3, {63}), Tensor::zeros(DType::kF32, {2})};
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, small); }, {"scratch", "64"});
+  expect_error([&] { ops::linear_fp8(x, w, Tensor(), out, scratch); },
+               {"linear (FP8 weight)", "must be on the GPU"});
+  expect_error(
+      [&] {
+        ops::quantize_fp8_rows(x, {}, Tensor::zeros(DType::kF8E4M3, {2, 32}),
+                               Tensor::zeros(DType::kF32, {2}));
+      },
+      {"quantize_fp8_rows", "must be on the GPU"});
+  expect_error(
+      [&] {
+        ops::quantize_fp8_rows(x, {-1.f, 0.f}, Tensor::zeros(DType::kF8E4M3, {2, 32}),
+                               Tensor::zeros(DType::kF32, {2}));
+      },
+      {"quantize_fp8_rows", "static_scale -1"});
+}
+
+TEST(BackendOpsCpu, Fp8NeedsComputeCapability89) {
+  for (auto [major, minor] : {std::pair{8, 0}, {8, 6}, {7, 5}}) {
+    expect_error(
+        [&] { ops::check_fp8_compute_capability(major, minor, "NVIDIA A100", "FP8 weights"); },
+        {"FP8 weights", "FP8 tensor cores", "8.9", "NVIDIA A100",
+         cat("compute capability ", major, ".", minor)});
+  }
+  for (auto [major, minor] : {std::pair{8, 9}, {9, 0}, {10, 0}, {12, 0}}) {
+    EXPECT_NO_THROW(ops::check_fp8_compute_capability(major, minor, "GPU", "FP8 weights"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendOps, ::testing::Values(Device::kCpu),

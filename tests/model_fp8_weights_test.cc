@@ -14,6 +14,7 @@
 #include "pagedlm/core/error.h"
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/model.h"
 
 namespace pagedlm {
 namespace {
@@ -92,6 +93,31 @@ INSTANTIATE_TEST_SUITE_P(
       for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
       return n;
     });
+
+// fbgemm_fp8's clamp of per-token input scales travels with each weight to its GEMM.
+TEST(Fp8, FbgemmWeightsCarryTheActivationScaleBound) {
+  const Checkpoint ckpt = load_checkpoint(fixture("fbgemm"));
+  EXPECT_EQ(ckpt.fp8.at("model.layers.0.self_attn.qkv_proj.weight").activation_scale_ub, 1200.0);
+  const Checkpoint tensor = load_checkpoint(fixture("fp8-tensor"));
+  EXPECT_EQ(tensor.fp8.at("model.layers.0.self_attn.q_proj.weight").activation_scale_ub, 0.0);
+}
+
+// W8A8 GEMMs are a GPU path: asking for them on the CPU is refused by name; the CPU computes an
+// FP8 checkpoint from its dequantized float32 weights.
+TEST(Fp8, QuantizationFp8OnTheCpuIsRefused) {
+  const Checkpoint ckpt = load_checkpoint(fixture("fp8-tensor"));
+  ModelOptions options;
+  options.fp8_weights = Fp8Weights::kAll;
+  try {
+    create_model(ckpt, Device::kCpu, {}, nullptr, options);
+    ADD_FAILURE() << "--quantization fp8 was accepted on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FP8 weights (--quantization fp8) are a GPU option"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(create_model(ckpt, Device::kCpu));
+}
 
 TEST(Fp8, CompressedTensorsKvScalesAreKept) {
   const Checkpoint ckpt = load_checkpoint(fixture("ct-mixed"));

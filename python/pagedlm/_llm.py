@@ -174,6 +174,9 @@ class LLM:
     seed, seed + 1, ... in the order they are made (None: random). chat_template: a Jinja file
     replacing the model's template. reasoning_parser: any value splits chat replies' <think> block
     into reasoning_content. max_waiting: requests queued at most (beyond: RuntimeError).
+    load_format: "auto" (the model's weights) or "dummy", as vLLM's: random weights of the shape
+    model (a config.json, or a folder holding one) gives, and no tokenizer (prompts as token ids),
+    for benchmarks (`pagedlm bench --dummy`).
 
     A missing model raises FileNotFoundError; a bad option ValueError.
     """
@@ -198,12 +201,14 @@ class LLM:
         chat_template: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
         max_waiting: int = 1 << 20,
+        load_format: str = "auto",
     ):
         self._model = _pagedlm.Model(
             os.fspath(model) if model is not None else "", device, page_size, num_pages,
             kv_cache_bytes, max_num_batched_tokens, max_num_seqs, float(target_itl_ms),
             enable_prefix_cache, threads, cpu_q8_activations, gpu_memory_fraction,
-            use_cuda_graphs, max_waiting, os.fspath(chat_template) if chat_template else "")
+            use_cuda_graphs, max_waiting, os.fspath(chat_template) if chat_template else "",
+            load_format)
         self._tokenizer = Tokenizer(self._model) if self._model.has_tokenizer() else None
         self._seed = seed
         self._reasoning = reasoning_parser is not None
@@ -260,7 +265,7 @@ class LLM:
 
     def _submit(self, text: Optional[str], ids: List[int], params: SamplingParams,
                 tool_calls: str = "none", reasoning_opened: Optional[bool] = None,
-                prompt_logits: bool = False) -> _Request:
+                prompt_logits: bool = False, grammar: Any = None) -> _Request:
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = max(0, self.max_model_len - len(ids))
@@ -272,7 +277,8 @@ class LLM:
         stream = self._model.submit(
             [ids], sampler, [int(max_tokens)], int(params.n), params.stop_strings(),
             -1 if params.logprobs is None else int(params.logprobs), tool_calls, reasoning,
-            bool(reasoning_opened), self._grammar(params), prompt_logits)
+            bool(reasoning_opened), grammar if grammar is not None else self._grammar(params),
+            prompt_logits)
         return _Request(str(number), stream, text, ids, self._tokenizer, tool_calls != "none")
 
     @staticmethod
@@ -338,6 +344,14 @@ class LLM:
         return self._run_all([functools.partial(submit, prompt, p)
                               for prompt, p in zip(prompts, params)], params)
 
+    def _forced_tool_call(self, tools, tool_choice, chat_template):
+        """(grammar, call form) of the one call tool_choice forces, or None ("auto", "none")."""
+        if isinstance(tool_choice, str) and tool_choice in ("auto", "none"):
+            return None
+        source = chat_template or self.tokenizer.chat_template or ""
+        return self._model.compile_tool_choice(json.dumps(tools), json.dumps(tool_choice),
+                                               self._model.tool_call_format(source))
+
     def _chat_prompt(self, messages, tools, chat_template, add_generation_prompt, kwargs):
         tokenizer = self.tokenizer
         text = tokenizer.apply_chat_template(messages, tools=tools,
@@ -362,18 +376,30 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         use_tqdm: bool = False,
+        tool_choice: Union[str, Dict[str, Any]] = "auto",
     ) -> List[RequestOutput]:
         """Answers a conversation (a list of {"role", "content"} messages) or a list of them,
         rendered with the model's chat template (or chat_template, a Jinja source). With tools
         (OpenAI's function list) on a template whose call form is known, the reply's calls are
-        parsed into CompletionOutput.tool_calls."""
+        parsed into CompletionOutput.tool_calls. tool_choice, as OpenAI's: "auto" (the model
+        decides), "none", "required" (the reply is one call to one of the tools) or
+        {"type": "function", "function": {"name": ...}} (one call to that tool); a forced call's
+        arguments are held to the tool's parameter schema, so no sampling_params may carry
+        another grammar."""
         del use_tqdm
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_list(sampling_params, len(conversations))
+        forced = self._forced_tool_call(tools, tool_choice, chat_template)
+        if forced is not None and any(p.structured() is not None for p in params):
+            raise ValueError("tool_choice and a structured-output constraint in sampling_params "
+                             "cannot be combined: one constraint per request")
 
         def submit(conversation, p: SamplingParams) -> _Request:
             text, ids, tool_calls, opened = self._chat_prompt(
                 conversation, tools, chat_template, add_generation_prompt, chat_template_kwargs)
+            if forced is not None:
+                grammar, tool_calls = forced
+                return self._submit(text, ids, p, tool_calls, opened, grammar=grammar)
             return self._submit(text, ids, p, tool_calls, opened)
 
         return self._run_all([functools.partial(submit, c, p)

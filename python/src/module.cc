@@ -26,10 +26,12 @@
 #include <vector>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/engine/benchmark.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/text_model.h"
 #include "pagedlm/grammar/grammar.h"
 #include "pagedlm/io/model_cache.h"
+#include "pagedlm/model/dummy_checkpoint.h"
 #include "pagedlm/serving/engine_loop.h"
 #include "pagedlm/serving/generation.h"
 #include "pagedlm/serving/reasoning.h"
@@ -220,7 +222,11 @@ class Model {
         int64_t kv_cache_bytes, int32_t max_num_batched_tokens, int32_t max_num_seqs,
         double target_itl_ms, bool enable_prefix_cache, int32_t threads, bool cpu_q8_activations,
         float gpu_memory_fraction, bool use_cuda_graphs, int32_t max_waiting,
-        const std::string& chat_template) {
+        const std::string& chat_template, const std::string& load_format) {
+    if (load_format != "auto" && load_format != "dummy") {
+      throw BadInput("load_format must be 'auto' or 'dummy', got '" + load_format + "'");
+    }
+    const bool dummy = load_format == "dummy";
     EngineOptions o;
     o.page_size = page_size;
     o.num_pages = num_pages;
@@ -243,7 +249,12 @@ class Model {
     } else if (device != "cpu" && device != "auto") {
       throw BadInput("device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
     }
-    const std::string path = model.empty() ? default_model_path() : model;
+    if (dummy && model.empty()) {
+      throw BadInput("load_format='dummy' needs model=: a config.json, or a folder holding one");
+    }
+    std::string path = model.empty() ? default_model_path() : model;
+    // Random weights of a config's shape (as `pagedlm bench --dummy`), with no tokenizer.
+    if (dummy && std::filesystem::is_directory(path)) path += "/config.json";
     if (!std::filesystem::exists(path)) {
       throw ModelNotFound(
           path + (model.empty() ? " is missing: run scripts/fetch_model.sh to fetch the default "
@@ -253,7 +264,8 @@ class Model {
     auto state = std::make_shared<State>();
     {
       nb::gil_scoped_release release;
-      state->text = load_text_model(path);
+      state->text = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
+                          : load_text_model(path);
       if (!chat_template.empty()) replace_chat_template(state->text, chat_template);
       try {
         state->engine = std::make_unique<Engine>(state->text.checkpoint, o);
@@ -354,12 +366,30 @@ class Model {
     spec.text = text;
     spec.choices = choices;
     spec.strict = strict;
-    nb::gil_scoped_release release;
+    return compile(spec);
+  }
+
+  // tool_choice (its JSON) over tools (a JSON list, or "null") for a chat template whose call
+  // form is template_format: the grammar of the one call it forces and the form that call is
+  // written in, or nothing ("auto", "none"). As the server reads tool_choice.
+  std::optional<std::pair<Grammar, std::string>> compile_tool_choice(
+      const std::string& tools, const std::string& tool_choice,
+      const std::string& template_format) {
+    const json tools_json = json::parse(tools, nullptr, /*allow_exceptions=*/false);
+    const json choice_json = json::parse(tool_choice, nullptr, /*allow_exceptions=*/false);
+    if (tools_json.is_discarded() || choice_json.is_discarded()) {
+      throw BadInput("tools and tool_choice must be JSON");
+    }
+    std::optional<serving::ForcedToolCall> forced;
     try {
-      return Grammar{state_->compiler->compile(spec)};
-    } catch (const grammar::GrammarError& e) {
+      forced = serving::forced_tool_call(tools_json.is_null() ? nullptr : &tools_json, choice_json,
+                                         parse_format(template_format));
+    } catch (const serving::ToolChoiceError& e) {
       throw BadInput(e.what());
     }
+    if (!forced) return std::nullopt;
+    if (!state_->compiler) throw BadInput("tool_choice needs a model with a tokenizer");
+    return std::pair{compile(forced->spec), std::string(format_name(forced->format))};
   }
 
   std::unique_ptr<Stream> submit(std::vector<std::vector<int32_t>> prompts,
@@ -467,6 +497,16 @@ class Model {
   }
 
  private:
+  // Compiles on this thread with the GIL released (a schema may take a while).
+  Grammar compile(const grammar::GrammarSpec& spec) {
+    nb::gil_scoped_release release;
+    try {
+      return Grammar{state_->compiler->compile(spec)};
+    } catch (const grammar::GrammarError& e) {
+      throw BadInput(e.what());
+    }
+  }
+
   std::shared_ptr<State> state_;
 };
 
@@ -512,12 +552,12 @@ NB_MODULE(_pagedlm, m) {
 
   nb::class_<Model>(m, "Model", "A model loaded with its engine thread.")
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
-                    int32_t, double, bool, int32_t, bool, float, bool, int32_t,
+                    int32_t, double, bool, int32_t, bool, float, bool, int32_t, const std::string&,
                     const std::string&>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
            "threads"_a, "cpu_q8_activations"_a, "gpu_memory_fraction"_a, "use_cuda_graphs"_a,
-           "max_waiting"_a, "chat_template"_a)
+           "max_waiting"_a, "chat_template"_a, "load_format"_a)
       .def("has_tokenizer", &Model::has_tokenizer)
       .def("encode", &Model::encode, "text"_a, "add_special_tokens"_a)
       .def("decode", &Model::decode, "ids"_a, "skip_special_tokens"_a)
@@ -531,6 +571,8 @@ NB_MODULE(_pagedlm, m) {
       .def("chat_template_source", &Model::chat_template_source)
       .def_static("tool_call_format", &Model::tool_call_format, "template_source"_a)
       .def("compile_grammar", &Model::compile_grammar, "kind"_a, "text"_a, "choices"_a, "strict"_a)
+      .def("compile_tool_choice", &Model::compile_tool_choice, "tools"_a, "tool_choice"_a,
+           "template_format"_a)
       .def("submit", &Model::submit, "prompts"_a, "sampling"_a, "max_tokens"_a, "n"_a, "stop"_a,
            "top_logprobs"_a, "tool_calls"_a, "reasoning"_a, "reasoning_opened"_a,
            "grammar"_a.none(), "prompt_logits"_a)
@@ -542,6 +584,42 @@ NB_MODULE(_pagedlm, m) {
       .def_prop_ro("page_size", &Model::page_size)
       .def_prop_ro("device", &Model::device)
       .def("close", &Model::close);
+
+  // `pagedlm bench`'s workload (engine/benchmark.h) as (prompt ids, max_tokens) pairs, so that a
+  // script can run the very same requests through LLM.generate: (warm-up, timed). token_variant
+  // k: the requests of `pagedlm bench --repeat`'s k-th run.
+  m.def(
+      "benchmark_workload",
+      [](const std::string& kind, int32_t num_requests, uint64_t seed, int32_t prompt_min,
+         int32_t prompt_max, int32_t output_min, int32_t output_max, int32_t prefix_len,
+         int32_t unique_len, int32_t warmup, int64_t vocab, uint64_t token_variant) {
+        WorkloadSpec spec;
+        spec.kind = kind;
+        spec.num_requests = num_requests;
+        spec.seed = seed;
+        spec.prompt_min = prompt_min;
+        spec.prompt_max = prompt_max;
+        spec.output_min = output_min;
+        spec.output_max = output_max;
+        spec.prefix_len = prefix_len;
+        spec.unique_len = unique_len;
+        spec.warmup_requests = warmup;
+        spec.token_variant = token_variant;
+        using Pairs = std::vector<std::pair<std::vector<int32_t>, int32_t>>;
+        const auto pairs = [](std::vector<Request> requests) {
+          Pairs out;
+          for (Request& r : requests) out.emplace_back(std::move(r.prompt), r.sampling.max_tokens);
+          return out;
+        };
+        try {
+          return std::pair{pairs(warmup_requests(spec, vocab)),
+                           pairs(workload_requests(spec, vocab))};
+        } catch (const Error& e) {
+          throw BadInput(e.what());
+        }
+      },
+      "kind"_a, "num_requests"_a, "seed"_a, "prompt_min"_a, "prompt_max"_a, "output_min"_a,
+      "output_max"_a, "prefix_len"_a, "unique_len"_a, "warmup"_a, "vocab"_a, "token_variant"_a = 0);
 
   m.def("prompt_opens_reasoning",
         [](const std::string& prompt) { return serving::prompt_opens_reasoning(prompt); });

@@ -2,7 +2,8 @@
 # Builds pagedlm on a GPU host that has only the CUDA toolkit and g++ (no CMake packages), from
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
 # build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_model_test, engine_grammar_test,
-# cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench. Then e.g.:
+# cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench, and the Python package
+# (build-gpu/python/pagedlm: PYTHONPATH=build-gpu/python) where .gpu-deps/nanobind is. Then e.g.:
 # build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
 # Run from anywhere; JOBS sets the parallelism. ARCHS sets the GPUs, in CMake's spelling (N: SASS
 # and PTX, N-real: SASS, N-virtual: PTX only): by default those of the CMake build (SASS for 80,
@@ -38,7 +39,9 @@ if [[ -n $nccl && -f $nccl/include/nccl.h && -f $nccl/lib/libnccl.so.2 ]]; then
 else
   echo "no NCCL found: tensor parallelism over GPUs is off in this build" >&2
 fi
-export CXX_CMD="g++ -std=c++20 -O2 -march=native -fopenmp -w $inc $def"
+# Position-independent code throughout, so that the Python module (a shared object) links the
+# same objects as the executables.
+export CXX_CMD="g++ -std=c++20 -O2 -march=native -fopenmp -fPIC -w $inc $def"
 if [[ -z ${ARCHS:-} ]]; then
   ARCHS="" known=$(nvcc --list-gpu-arch)
   for a in 80 86 89 90 100 120; do
@@ -57,7 +60,7 @@ for a in $ARCHS; do
   esac
 done
 echo "CUDA architectures:$gencode"
-export NVCC_CMD="nvcc -std=c++17 -O3 $gencode -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -w $inc $def"
+export NVCC_CMD="nvcc -std=c++17 -O3 $gencode -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC -w $inc $def"
 export OBJ=$obj
 compile() {
   local o=$OBJ/$(echo "$1" | tr / _).o
@@ -94,4 +97,20 @@ g++ -o $out/cuda_kernels_test "$(objof tests/cuda_kernels_test.cu)" $lib $gtest 
 g++ -o $out/cuda_decode_step_bench "$(objof bench/cuda_decode_step_bench.cc)" $lib $libs
 g++ -o $out/cuda_attention_bench "$(objof bench/cuda_attention_bench.cu)" $lib $libs
 g++ -o $out/cuda_gemm_bench "$(objof bench/cuda_gemm_bench.cc)" $lib $libs
+nb=$deps/nanobind
+py_inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
+if [[ -d $nb/src && ! -f $py_inc/Python.h ]]; then
+  echo "no Python.h under '$py_inc': the Python module is not built" >&2
+elif [[ -d $nb/src ]]; then
+  ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  nb_cmd="$CXX_CMD -fvisibility=hidden -fno-strict-aliasing -I$nb/include
+    -I$nb/ext/robin_map/include -I$py_inc"
+  $nb_cmd -c "$nb/src/nb_combined.cpp" -o $obj/nanobind.o &
+  $nb_cmd -c python/src/module.cc -o $obj/python_module.o
+  wait
+  mkdir -p $out/python/pagedlm
+  cp python/pagedlm/*.py python/pagedlm/py.typed $out/python/pagedlm/
+  g++ -shared -o "$out/python/pagedlm/_pagedlm$ext" $obj/python_module.o $obj/nanobind.o $lib $libs
+  echo "built $out/python/pagedlm (PYTHONPATH=$out/python)"
+fi
 echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,engine_grammar_test,cuda_kernels_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"

@@ -34,7 +34,8 @@ FIXTURES = os.path.join(ROOT, "testdata", "fixtures")
 
 
 def read_safetensors(path):
-    """name -> numpy array (F32, I32, BF16 as float32), without the safetensors package."""
+    """name -> numpy array (F32, I32, BF16 as float32, F8_E4M3 as its uint8 codes), without the
+    safetensors package."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -52,10 +53,20 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype=np.int32)
         elif dtype == "BF16":
             arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dtype == "F8_E4M3":
+            arr = np.frombuffer(raw, dtype=np.uint8)
         else:
             raise ValueError(f"{path}: tensor {name} has dtype {dtype}")
         out[name] = arr.reshape(info["shape"])
     return out
+
+
+def fixture_cases(fixture_dir):
+    """The fixture's case prompts (token id lists) and their float64 reference logits."""
+    exp = read_safetensors(os.path.join(fixture_dir, "expected.safetensors"))
+    cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
+    return ([exp[f"case{i}.prompt"].astype(int).tolist() for i in cases],
+            [exp[f"case{i}.logits"] for i in cases])
 
 
 def rel_err(got, want):
@@ -91,14 +102,18 @@ def hf_bf16_logits(fixture_dir, prompts, dtype_name="bfloat16"):
     return out
 
 
-def pagedlm_logits(binary, fixture_dir, prompts, extra):
+def pagedlm_logits(binary, fixture_dir, prompts, extra, quantization="none"):
+    """pagedlm's prompt logits; quantization "none" runs an FP8 checkpoint dequantized to bf16
+    (this script's comparison is bf16 against bf16), "auto" its own FP8 weights W8A8, "fp8" every
+    projection quantized at load (scripts/gpu_host/fp8_torch_reference.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         prompts_path = os.path.join(tmp, "prompts.json")
         out_path = os.path.join(tmp, "logits.safetensors")
         with open(prompts_path, "w") as f:
             json.dump(prompts, f)
         subprocess.run([binary, "logits", "--model", fixture_dir, "--input", prompts_path,
-                        "--output", out_path, "--device", "cuda", *extra],
+                        "--output", out_path, "--device", "cuda", "--quantization", quantization,
+                        *extra],
                        check=True, stdout=subprocess.DEVNULL)
         t = read_safetensors(out_path)
         return [t[f"logits.{i}"] for i in range(len(prompts))]
@@ -142,10 +157,7 @@ def main():
     worse = []
     for name in names:
         d = os.path.join(FIXTURES, name)
-        exp = read_safetensors(os.path.join(d, "expected.safetensors"))
-        cases = sorted(int(k[4:-7]) for k in exp if k.endswith(".prompt"))
-        prompts = [exp[f"case{i}.prompt"].astype(int).tolist() for i in cases]
-        want = [exp[f"case{i}.logits"] for i in cases]
+        prompts, want = fixture_cases(d)
         hf_logits = hf_bf16_logits(d, prompts)
         ours_logits = pagedlm_logits(args.pagedlm, d, prompts, [])
         hf = [rel_err(g, w) for g, w in zip(hf_logits, want)]

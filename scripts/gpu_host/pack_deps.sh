@@ -2,7 +2,7 @@
 # Run on a Debian machine with pagedlm's build dependencies (scripts/install_deps.sh): gathers
 # into .gpu-deps/ what a GPU host that has only the CUDA toolkit and a compiler lacks (headers,
 # static libraries, the Boost headers the server includes, GoogleTest's sources, xgrammar's
-# sources, Llama 3's tokenizer).
+# sources, Llama 3's tokenizer, nanobind).
 # Copy the checkout with .gpu-deps/ to the GPU host and run scripts/gpu_host/build.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,4 +33,12 @@ cp -r "$xg/cpp" "$xg/include" "$out/xgrammar/"
 cp -r "$xg/3rdparty/picojson" "$out/xgrammar/3rdparty/"
 cp -r "$xg/3rdparty/dlpack/include" "$out/xgrammar/3rdparty/dlpack/"
 python3 scripts/gpu_host/structured_bench.py --fetch-tokenizer "$out/llama3-tokenizer.json"
+# nanobind (its pinned wheel, scripts/requirements-python.txt) for the Python package's native
+# module: its headers and sources, which build.sh compiles beside the module.
+nb=$(python3 -c 'import nanobind, os; print(os.path.dirname(nanobind.__file__))' 2>/dev/null ||
+  PYTHONPATH=${PAGEDLM_CACHE:-$HOME/.cache/pagedlm}/python-deps python3 -c \
+    'import nanobind, os; print(os.path.dirname(nanobind.__file__))')
+mkdir -p "$out/nanobind/ext"
+cp -r "$nb/include" "$nb/src" "$out/nanobind/"
+cp -r "$nb/ext/robin_map" "$out/nanobind/ext/"
 du -sh "$out"

@@ -37,6 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fixture_accuracy import (FIXTURES, hf_bf16_logits, read_safetensors, rel_err,  # noqa: E402
                               row_errors)
 
+# bf16 against bf16: the FP8 fixtures run dequantized (their W8A8 GEMMs are
+# fp8_torch_reference.py's to score).
+BF16 = ["--quantization", "none"]
+
 TOLERANCE = 2e-2  # tests/cuda_model_test.cc kLogitsTolerance
 MARGIN = 0.1  # tests/cuda_model_test.cc kMarginThreshold
 
@@ -93,14 +97,14 @@ def logits(binary, fixture_dir, prompts, tp, share_gpu):
         with open(prompts_path, "w") as f:
             json.dump(prompts, f)
         run_group([binary, "logits", "--model", fixture_dir, "--input", prompts_path, "--output",
-                   out_path, "--device", "cuda"], tp, share_gpu)
+                   out_path, "--device", "cuda", *BF16], tp, share_gpu)
         t = read_safetensors(out_path)
         return [t[f"logits.{i}"] for i in range(len(prompts))]
 
 
 def greedy(binary, fixture_dir, prompts, tp, n, share_gpu):
     args = [binary, "generate", "--model", fixture_dir, "--device", "cuda", "--temperature", "0",
-            "--max-tokens", str(n)]
+            "--max-tokens", str(n), *BF16]
     for p in prompts:
         args += ["--tokens", " ".join(map(str, p))]
     out = run_group(args, tp, share_gpu)

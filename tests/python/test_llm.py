@@ -157,6 +157,80 @@ def test_tool_calls_parse(llm):
     assert c.text.strip() == ""
 
 
+WEATHER_AND_TIME = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}]
+
+
+def test_tool_choice_forces_a_valid_call(llm):
+    # The model is left to its own sampling: only tool_choice's grammar makes it write a call.
+    template = (ROOT / "testdata" / "chat_templates" / "qwen2.5.jinja").read_text()
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in WEATHER_AND_TIME}
+    for choice, allowed in [("required", {"get_weather", "get_time"}),
+                            ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]:
+        out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=96),
+                       tools=WEATHER_AND_TIME, chat_template=template, tool_choice=choice)
+        c = out[0].outputs[0]
+        assert c.finish_reason == "tool_calls", (choice, c)
+        assert len(c.tool_calls) == 1 and c.tool_calls[0].name in allowed, (choice, c)
+        jsonschema.validate(json.loads(c.tool_calls[0].arguments), schemas[c.tool_calls[0].name])
+    # Llama 3.1's template has no tag form: the forced call is a bare JSON reply.
+    template = (ROOT / "testdata" / "chat_templates" / "llama3.1.jinja").read_text()
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=96),
+                   tools=TOOLS, chat_template=template, tool_choice="required")
+    c = out[0].outputs[0]
+    assert [t.name for t in c.tool_calls] == ["get_weather"], c
+    jsonschema.validate(json.loads(c.tool_calls[0].arguments), schemas["get_weather"])
+
+
+def test_tool_choice_errors_carry_the_servers_message(llm):
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(ValueError, match="not among the 'tools'"):
+        llm.chat(messages, tools=TOOLS,
+                 tool_choice={"type": "function", "function": {"name": "get_time"}})
+    with pytest.raises(ValueError, match="non-empty 'tools'"):
+        llm.chat(messages, tool_choice="required")
+    with pytest.raises(ValueError, match="must be 'auto', 'none', 'required'"):
+        llm.chat(messages, tools=TOOLS, tool_choice="always")
+    with pytest.raises(ValueError, match="one constraint per request"):
+        llm.chat(messages, SamplingParams(regex="[a-z]+"), tools=TOOLS, tool_choice="required")
+
+
+def test_dummy_weights_run_the_benchmarks_workload(binary):
+    # `pagedlm bench`'s own count of the workload it ran is the reference for the requests the
+    # binding hands out for the same spec.
+    config = ROOT / "testdata" / "fixtures" / "llama3-rope" / "config.json"
+    spec = dict(kind="random", num_requests=6, seed=3, prompt_min=8, prompt_max=40,
+                output_min=2, output_max=9, prefix_len=0, unique_len=0, warmup=0)
+    bench = subprocess.run(
+        [binary, "bench", "--dummy", str(config), "--device", "cpu", "--threads", str(THREADS),
+         "--json", "--num-requests", "6", "--seed", "3", "--prompt-min", "8", "--prompt-max",
+         "40", "--output-min", "2", "--output-max", "9", "--warmup", "0"],
+        capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr
+    counted = json.loads(bench.stdout)
+    llm = pagedlm.LLM(str(config), load_format="dummy", device="cpu", threads=THREADS,
+                      kv_cache_bytes=64 << 20)
+    try:
+        warm, timed = pagedlm._pagedlm.benchmark_workload(vocab=512, **spec)
+        assert warm == [] and len(timed) == 6
+        assert sum(len(p) for p, _ in timed) == counted["prompt_tokens"]
+        outs = llm.generate([p for p, _ in timed],
+                            [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in timed])
+        assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in timed]
+        assert sum(n for _, n in timed) == counted["generated_tokens"]
+        with pytest.raises(ValueError, match="no tokenizer"):
+            llm.generate("text needs a tokenizer")
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="load_format must be 'auto' or 'dummy'"):
+        pagedlm.LLM(str(config), load_format="random")
+    with pytest.raises(ValueError, match="needs model="):
+        pagedlm.LLM(load_format="dummy")
+
+
 def test_tokenizer_and_chat_template(llm):
     tok = llm.tokenizer
     text = "Hello, world! Ünïcödé"

@@ -34,6 +34,7 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"prefix_hit_rate", r.prefix_hit_rate},
           {"peak_pages_used", r.peak_pages_used},
           {"preemptions", r.preemptions},
+          {"logits_downloads", r.logits_downloads},
           {"steps", r.steps},
           {"decode_steps", r.decode_steps},
           {"decode_s", r.decode_s},
@@ -64,6 +65,7 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %d\n", "peak pages used", r.peak_pages_used);
   std::printf("%-22s %lld\n", "preemptions", static_cast<long long>(r.preemptions));
   std::printf("%-22s %lld\n", "steps", static_cast<long long>(r.steps));
+  std::printf("%-22s %lld\n", "logits downloads", static_cast<long long>(r.logits_downloads));
   std::printf("%-22s %lld steps, %.3f s (device %.3f s), %.1f GB/s\n", "decode",
               static_cast<long long>(r.decode_steps), r.decode_s, r.decode_gpu_s,
               r.decode_bytes_per_s / 1e9);
@@ -126,6 +128,21 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--turns", args->spec.turns, "chat: turns per conversation")
       ->capture_default_str();
   cmd->add_option("--warmup", args->spec.warmup_requests, "untimed warm-up requests first")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->spec.sampling.temperature,
+                  "every timed request's temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->spec.sampling.presence_penalty,
+                  "every timed request's presence penalty, [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->spec.sampling.frequency_penalty,
+                  "every timed request's frequency penalty, [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->spec.sampling.repetition_penalty,
+                  "every timed request's repetition penalty, > 0")
+      ->capture_default_str();
+  cmd->add_option("--logprobs", args->spec.logprobs,
+                  "every timed request's logprobs with that many top tokens (-1: none)")
       ->capture_default_str();
   cmd->add_option("--peak-gb-s", args->peaks.bytes_per_s,
                   "device bandwidth for the lower bound, GB/s (CUDA default: the H200's measured "

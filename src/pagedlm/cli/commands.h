@@ -16,6 +16,7 @@ struct EngineFlags {
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
   std::string device = "auto";
+  std::string quantization = "auto";  // auto, fp8 or none: EngineOptions::fp8_weights
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;
 };

@@ -105,6 +105,13 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_flag("--cpu-q8-activations", o.cpu_q8_activations,
                "CPU, Q4_1 / Q8_0 GGUF: quantize the projections' inputs to 8 bits and multiply "
                "in integers (faster, not exact; like llama.cpp)");
+  app.add_option("--quantization", flags.quantization,
+                 "GPU: fp8 quantizes every projection's weight to FP8 (e4m3, one scale per output "
+                 "feature) at load and runs W8A8 GEMMs (GPUs with FP8 tensor cores); auto keeps an "
+                 "FP8 checkpoint's weights in FP8 where the GPU can, dequantizing them to bf16 "
+                 "elsewhere; none dequantizes every FP8 weight to bf16")
+      ->check(CLI::IsMember({"auto", "fp8", "none"}))
+      ->capture_default_str();
   app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
                  "ranks that split the model (a divisor of its attention heads)")
       ->check(CLI::PositiveNumber)
@@ -139,6 +146,9 @@ EngineOptions EngineFlags::resolve() const {
   o.use_cascade_attention = !no_cascade_attention;
   o.tune_gemms = !no_gemm_tuning;
   o.on_lost_rank = end_process;
+  o.fp8_weights = quantization == "fp8"    ? Fp8Weights::kAll
+                  : quantization == "none" ? Fp8Weights::kNone
+                                           : Fp8Weights::kCheckpoint;
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

@@ -96,6 +96,47 @@ struct ModelCosts {
 
 }  // namespace
 
+std::vector<Request> workload_requests(const WorkloadSpec& spec, int64_t vocab) {
+  PAGEDLM_CHECK(spec.kind == "random" || spec.kind == "shared-prefix", "workload_requests: the '",
+                spec.kind, "' workload is not fixed in advance (random, shared-prefix)");
+  PAGEDLM_CHECK(spec.num_requests > 0, "the workload needs at least one request");
+  const TokenDraw random_tokens(vocab, spec.token_variant);
+  std::mt19937_64 rng(spec.seed);
+  // The draws stay in the order (and the expressions in the form) earlier runs drew them in, so
+  // that a seed names the same workload as in the benchmarks logged before.
+  std::vector<Request> requests;
+  if (spec.kind == "random") {
+    for (int32_t i = 0; i < spec.num_requests; ++i) {
+      const int32_t len = uniform(rng, spec.prompt_min, spec.prompt_max);
+      requests.push_back(
+          make_request(random_tokens(rng, len), uniform(rng, spec.output_min, spec.output_max)));
+    }
+    return requests;
+  }
+  const std::vector<int32_t> prefix = random_tokens(rng, spec.prefix_len);
+  for (int32_t i = 0; i < spec.num_requests; ++i) {
+    std::vector<int32_t> prompt = prefix;
+    const auto unique = random_tokens(rng, spec.unique_len);
+    prompt.insert(prompt.end(), unique.begin(), unique.end());
+    requests.push_back(
+        make_request(std::move(prompt), uniform(rng, spec.output_min, spec.output_max)));
+  }
+  return requests;
+}
+
+std::vector<Request> warmup_requests(const WorkloadSpec& spec, int64_t vocab) {
+  const TokenDraw random_tokens(vocab, spec.token_variant);
+  std::mt19937_64 warm_rng(spec.seed ^ 0x9e3779b97f4a7c15ULL);
+  std::vector<Request> warm;
+  for (int32_t i = 0; i < spec.warmup_requests; ++i) {
+    const int32_t len = spec.kind == "shared-prefix"
+                            ? spec.prefix_len + spec.unique_len
+                            : uniform(warm_rng, spec.prompt_min, spec.prompt_max);
+    warm.push_back(make_request(random_tokens(warm_rng, len), 4));
+  }
+  return warm;
+}
+
 BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
                               const std::function<void(int64_t, int64_t)>& progress,
                               const DevicePeaks& peaks, const std::function<bool()>& interrupted) {
@@ -117,21 +158,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   stopped.interrupted = true;
 
   std::vector<Request> initial;
-  if (spec.kind == "random") {
-    for (int32_t i = 0; i < spec.num_requests; ++i) {
-      const int32_t len = uniform(rng, spec.prompt_min, spec.prompt_max);
-      initial.push_back(
-          make_request(random_tokens(rng, len), uniform(rng, spec.output_min, spec.output_max)));
-    }
-  } else if (spec.kind == "shared-prefix") {
-    const std::vector<int32_t> prefix = random_tokens(rng, spec.prefix_len);
-    for (int32_t i = 0; i < spec.num_requests; ++i) {
-      std::vector<int32_t> prompt = prefix;
-      const auto unique = random_tokens(rng, spec.unique_len);
-      prompt.insert(prompt.end(), unique.begin(), unique.end());
-      initial.push_back(
-          make_request(std::move(prompt), uniform(rng, spec.output_min, spec.output_max)));
-    }
+  if (spec.kind != "chat") {
+    initial = workload_requests(spec, engine.config().vocab_size);
   } else {
     PAGEDLM_CHECK(spec.turns >= 1, "chat needs at least one turn");
     conversations.resize(spec.num_requests);
@@ -142,14 +170,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   }
 
   if (spec.warmup_requests > 0) {
-    std::mt19937_64 warm_rng(spec.seed ^ 0x9e3779b97f4a7c15ULL);
-    std::vector<Request> warm;
-    for (int32_t i = 0; i < spec.warmup_requests; ++i) {
-      const int32_t len = spec.kind == "shared-prefix"
-                              ? spec.prefix_len + spec.unique_len
-                              : uniform(warm_rng, spec.prompt_min, spec.prompt_max);
-      warm.push_back(make_request(random_tokens(warm_rng, len), 4));
-    }
+    std::vector<Request> warm = warmup_requests(spec, engine.config().vocab_size);
     std::vector<int64_t> warm_ids;
     warm_ids.reserve(warm.size());
     for (Request& r : warm) warm_ids.push_back(engine.add_request(std::move(r)));
@@ -168,13 +189,19 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.step_weight_bytes_by_format = engine.step_weight_bytes_by_format();
   const SchedulerStats stats_before = engine.stats();
   const int64_t steps_before = engine.num_steps();
+  const int64_t logits_downloads_before = engine.logits_downloads();
   std::unordered_map<int64_t, Clock::time_point> submitted, last_token;
   std::vector<double> ttft_ms, itl_ms;
   const Clock::time_point start = Clock::now();
 
   auto submit = [&](Request r) {
     result.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    const int32_t max_tokens = r.sampling.max_tokens;
+    r.sampling = spec.sampling;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
     const int64_t id = engine.add_request(std::move(r));
+    if (spec.logprobs >= 0) engine.enable_logprobs(id, spec.logprobs);
     submitted[id] = Clock::now();
     return id;
   };
@@ -268,6 +295,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   result.prefix_hit_rate =
       queries > 0 ? static_cast<double>(hits) / static_cast<double>(queries) : 0;
   result.preemptions = stats.preemptions - stats_before.preemptions;
+  result.logits_downloads = engine.logits_downloads() - logits_downloads_before;
   if (result.decode_s > 0) result.decode_bytes_per_s = result.decode_bytes / result.decode_s;
   if (peaks.bytes_per_s > 0 && peaks.flops_per_s > 0) {
     result.bound_s = std::max(result.bytes / peaks.bytes_per_s, result.flops / peaks.flops_per_s);

@@ -31,6 +31,10 @@ struct WorkloadSpec {
   // while no page of another variant's prompts can be served from the prefix cache (repeats of
   // a run on one engine: `pagedlm bench --repeat`).
   uint64_t token_variant = 0;
+  // Every timed request's sampling (max_tokens and ignore_eos are the workload's): temperature,
+  // filters, penalties; and logprobs with that many top tokens (-1: none).
+  SamplingParams sampling;
+  int32_t logprobs = -1;
 };
 
 // The device's measured peaks, for the workload's lower bound (0: no bound reported).
@@ -52,6 +56,7 @@ struct BenchmarkResult {
   int32_t peak_pages_used = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int64_t logits_downloads = 0;  // GPU steps that brought logits to the host
   // Pure decode steps (one new token per sequence): their count, wall time, and the bytes they
   // must read (every weight once per step, every sequence's K/V once).
   int64_t decode_steps = 0;
@@ -76,6 +81,13 @@ struct BenchmarkResult {
   // part of a run's numbers would misstate the whole.
   bool interrupted = false;
 };
+
+// The requests of a workload fixed in advance (random, shared-prefix) for a model of `vocab`
+// tokens, in submission order: what run_benchmark submits, so that another front end (the Python
+// package's LLM.generate) can run the very same workload. Each ignores EOS.
+std::vector<Request> workload_requests(const WorkloadSpec& spec, int64_t vocab);
+// Its untimed warm-up requests (spec.warmup_requests of them, 4 output tokens each).
+std::vector<Request> warmup_requests(const WorkloadSpec& spec, int64_t vocab);
 
 // Runs the workload to completion; `progress(done, total)` is called after each step. Before
 // each step (warm-up included) `interrupted()`, when given, may stop the run: the result then

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -36,6 +37,49 @@ int32_t next_pow2(int32_t n) {
 }
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// A pinned host array and its device mirror, grown (never shrunk) on demand between steps, for
+// what varies in size from step to step (logit bias lists, tokens filling penalty slots).
+template <typename T>
+class StagedArray {
+ public:
+  StagedArray() = default;
+  StagedArray(const StagedArray&) = delete;
+  StagedArray& operator=(const StagedArray&) = delete;
+  ~StagedArray() { release(); }
+
+  // Room for n elements; the contents are lost when it grows. Call only with no work in flight
+  // that uses the arrays (the runner synchronizes at the end of every step).
+  void reserve(size_t n) {
+    if (n <= capacity_) return;
+    release();
+    capacity_ = std::max<size_t>(n, 2 * capacity_);
+    cuda::check(cudaMallocHost(&host_, sizeof(T) * capacity_), "cudaMallocHost (sampling)");
+    cuda::check(cudaMalloc(&dev_, sizeof(T) * capacity_), "cudaMalloc (sampling)");
+  }
+  void upload(size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    cuda::check(cudaMemcpyAsync(dev_, host_, sizeof(T) * n, cudaMemcpyHostToDevice, stream),
+                "sampling upload");
+  }
+  T* host() { return host_; }
+  T* dev() { return dev_; }
+
+ private:
+  void release() {
+    if (host_) cudaFreeHost(host_);
+    if (dev_) cudaFree(dev_);
+    host_ = dev_ = nullptr;
+    capacity_ = 0;
+  }
+  T* host_ = nullptr;
+  T* dev_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+bool uses_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+}
 
 // A decode step takes the cascade's shared-prefix pass when it saves reading at least this many
 // keys (per layer and kv head): below that its extra launches and merge cost more than they save.
@@ -72,9 +116,10 @@ struct CudaStepRunner::Impl {
   int64_t max_pages = 0;   // P
   size_t off_token_ids = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_top_k = 0,
          off_temperature = 0, off_top_p = 0, off_min_p = 0, off_seed = 0, off_step = 0,
-         off_mask_slot = 0, off_q_indptr = 0, off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0,
-         off_num_items = 0, off_items = 0, off_members = 0, off_seq_order = 0, off_copies = 0,
-         off_pages = 0, total_bytes = 0;
+         off_mask_slot = 0, off_penalty_slot = 0, off_repetition = 0, off_presence = 0,
+         off_frequency = 0, off_bias_indptr = 0, off_logprobs_k = 0, off_q_indptr = 0,
+         off_kv_indptr = 0, off_last_len = 0, off_kv_skip = 0, off_num_items = 0, off_items = 0,
+         off_members = 0, off_seq_order = 0, off_copies = 0, off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
@@ -99,8 +144,44 @@ struct CudaStepRunner::Impl {
   // followed once the host had sent the masks (the rest of their upload, the sampler, the
   // tokens' download); 0 unmasked.
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
-  // (decode bucket, cascade, forward only): forward-only graphs serve masked decode steps, whose
-  // sampler runs after the masks' upload.
+  // Penalties' token state (cuda_runner.h): one slot per possible sequence of a step, with a
+  // host record of which request holds it and how many of its outputs the device has counted
+  // (and the last one, as downloaded), to tell when a slot must be filled again.
+  struct PenaltySlot {
+    int64_t request_id = -1;
+    int64_t counted = 0;
+    int32_t last_token = -1;
+    int64_t last_used = -1;  // the run that last sampled with it
+  };
+  ops::TokenState token_state;
+  std::vector<PenaltySlot> penalty_slots;
+  std::map<int64_t, int32_t> slot_of_request;
+  int64_t run_count = 0, slot_fills = 0;
+  std::vector<int32_t> step_penalty_slot;  // per sequence of the current run, -1: none
+  std::vector<int32_t> slots_to_fill;      // the current run's sequences whose slot is filled
+  // Tokens filling slots this step: prompt tokens then output tokens, and each one's slot.
+  StagedArray<int32_t> fill_tokens, fill_slots;
+  // The step's logit bias lists (tokens, values) and the device scratch the sampler keeps the
+  // replaced logits in.
+  StagedArray<int32_t> bias_tokens;
+  StagedArray<float> bias_values;
+  float* bias_saved = nullptr;
+  size_t bias_saved_capacity = 0;
+  // Logprobs of sampled tokens: per logits row, the token's and the top kMaxTopLogprobs.
+  float* dev_logprob = nullptr;
+  int32_t* dev_top_ids = nullptr;
+  float* dev_top_logprobs = nullptr;
+  float* host_logprob = nullptr;
+  int32_t* host_top_ids = nullptr;
+  float* host_top_logprobs = nullptr;
+  std::vector<SampledLogprobs> logprobs;
+  int64_t logits_downloads = 0;
+  // What the current step samples with beyond temperature and filters.
+  bool step_biased = false, step_penalized = false, step_logprobs = false;
+
+  // (decode bucket, cascade, forward only): forward-only graphs serve decode steps whose sampler
+  // runs eagerly: masked ones (after the masks' upload) and those with bias, penalties or
+  // logprobs.
   std::map<std::tuple<int32_t, bool, bool>, cudaGraphExec_t> graphs;
 
   Impl(CausalLM& m, const EngineOptions& o, int64_t max_len)
@@ -145,6 +226,22 @@ struct CudaStepRunner::Impl {
     const size_t mask_bytes = sizeof(int32_t) * mask_words * max_masks;
     cuda::check(cudaMallocHost(&host_masks, mask_bytes), "cudaMallocHost (token masks)");
     cuda::check(cudaMalloc(&dev_masks, mask_bytes), "cudaMalloc (token masks)");
+    token_state.vocab = vocab;
+    token_state.num_slots = o.max_num_seqs;
+    token_state.device = Device::kCuda;
+    const size_t count_bytes = sizeof(int32_t) * vocab * o.max_num_seqs;
+    const size_t seen_bytes = sizeof(int32_t) * mask_words * o.max_num_seqs;
+    cuda::check(cudaMalloc(&token_state.counts, count_bytes), "cudaMalloc (penalty counts)");
+    cuda::check(cudaMalloc(&token_state.prompt_seen, seen_bytes), "cudaMalloc (penalty counts)");
+    penalty_slots.resize(o.max_num_seqs);
+    const size_t top_entries = static_cast<size_t>(max_tokens) * ops::kMaxTopLogprobs;
+    cuda::check(cudaMalloc(&dev_logprob, sizeof(float) * max_tokens), "cudaMalloc (logprobs)");
+    cuda::check(cudaMalloc(&dev_top_ids, sizeof(int32_t) * top_entries), "cudaMalloc (logprobs)");
+    cuda::check(cudaMalloc(&dev_top_logprobs, sizeof(float) * top_entries),
+                "cudaMalloc (logprobs)");
+    cuda::check(cudaMallocHost(&host_logprob, sizeof(float) * max_tokens), "cudaMallocHost");
+    cuda::check(cudaMallocHost(&host_top_ids, sizeof(int32_t) * top_entries), "cudaMallocHost");
+    cuda::check(cudaMallocHost(&host_top_logprobs, sizeof(float) * top_entries), "cudaMallocHost");
     m.reserve(max_tokens);
     // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
     // so scan every batch size at the longest context, plus the cascade's shared splits.
@@ -173,6 +270,15 @@ struct CudaStepRunner::Impl {
     if (upload_stream) cudaStreamDestroy(upload_stream);
     if (host_masks) cudaFreeHost(host_masks);
     if (dev_masks) cudaFree(dev_masks);
+    if (token_state.counts) cudaFree(token_state.counts);
+    if (token_state.prompt_seen) cudaFree(token_state.prompt_seen);
+    if (bias_saved) cudaFree(bias_saved);
+    if (dev_logprob) cudaFree(dev_logprob);
+    if (dev_top_ids) cudaFree(dev_top_ids);
+    if (dev_top_logprobs) cudaFree(dev_top_logprobs);
+    if (host_logprob) cudaFreeHost(host_logprob);
+    if (host_top_ids) cudaFreeHost(host_top_ids);
+    if (host_top_logprobs) cudaFreeHost(host_top_logprobs);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -207,6 +313,12 @@ struct CudaStepRunner::Impl {
     off_seed = take(8 * T);
     off_step = take(8 * T);
     off_mask_slot = take(4 * T);
+    off_penalty_slot = take(4 * T);
+    off_repetition = take(4 * T);
+    off_presence = take(4 * T);
+    off_frequency = take(4 * T);
+    off_bias_indptr = take(4 * (T + 1));
+    off_logprobs_k = take(4 * T);
     off_q_indptr = take(4 * (B + 1));
     off_kv_indptr = take(4 * (B + 1));
     off_last_len = take(4 * B);
@@ -256,7 +368,7 @@ struct CudaStepRunner::Impl {
   // The model and the sampler for a staged step of `rows` stream rows and `logit_rows` logits.
   void forward_and_sample(int32_t rows, int32_t logit_rows) {
     forward(rows, logit_rows);
-    sample(logit_rows, /*masked=*/false);
+    sample(logit_rows, /*masked=*/false, /*extras=*/false);
   }
 
   void forward(int32_t rows, int32_t logit_rows) {
@@ -271,8 +383,10 @@ struct CudaStepRunner::Impl {
   }
 
   // masked: some rows have token masks (uploaded into dev_masks); otherwise the sampler takes
-  // its unmasked kernel, which never looks at a mask.
-  void sample(int32_t logit_rows, bool masked) {
+  // its unmasked kernel, which never looks at a mask. extras: the step's bias, penalties and
+  // logprobs (step_biased, step_penalized, step_logprobs) are applied; never in a graph's
+  // capture (captured steps sample with neither).
+  void sample(int32_t logit_rows, bool masked, bool extras) {
     const Tensor step_logits = logits.rows(0, logit_rows);
     ops::SamplerRows params;
     params.temperature = d<float>(off_temperature);
@@ -286,9 +400,131 @@ struct CudaStepRunner::Impl {
       params.mask_slot = d<int32_t>(off_mask_slot);
       params.mask_words = mask_words;
     }
+    if (extras && step_biased) {
+      params.bias_indptr = d<int32_t>(off_bias_indptr);
+      params.bias_tokens = bias_tokens.dev();
+      params.bias_values = bias_values.dev();
+      params.bias_saved = bias_saved;
+    }
+    if (extras && step_penalized) {
+      params.penalty_slot = d<int32_t>(off_penalty_slot);
+      params.repetition_penalty = d<float>(off_repetition);
+      params.presence_penalty = d<float>(off_presence);
+      params.frequency_penalty = d<float>(off_frequency);
+      params.token_counts = token_state.counts;
+      params.prompt_seen = token_state.prompt_seen;
+    }
     ops::sample_tokens(step_logits, params,
                        Tensor::wrap(dev_tokens, DType::kI32, {logit_rows}, Device::kCuda, {}),
                        stream);
+    if (extras && step_penalized) {
+      // Each penalized row's sampled token joins its slot's counts, before the next step reads.
+      ops::count_tokens(token_state, dev_tokens, d<int32_t>(off_penalty_slot), logit_rows,
+                        /*prompt=*/false, stream);
+    }
+    if (extras && step_logprobs) {
+      ops::LogprobRows rows;
+      rows.tokens = dev_tokens;
+      rows.top_k = d<int32_t>(off_logprobs_k);
+      rows.logprob = dev_logprob;
+      rows.top_ids = dev_top_ids;
+      rows.top_logprobs = dev_top_logprobs;
+      ops::sampled_logprobs(step_logits, rows, stream);
+    }
+  }
+
+  // The penalty slot of every penalized sequence the step samples (step_penalty_slot): the one
+  // its request holds, else the least recently used slot no sequence of this step holds. A slot
+  // taken now, or whose record disagrees with the request's outputs (a token the engine
+  // replaced after the draw), is queued to be filled from the request's tokens.
+  void assign_penalty_slots(const StepPlan& plan, const std::vector<SeqSampling>& sampling) {
+    const int32_t B = plan.num_seqs();
+    ++run_count;
+    step_penalty_slot.assign(B, -1);
+    slots_to_fill.clear();
+    std::vector<int32_t> waiting;
+    for (int32_t b = 0; b < B; ++b) {
+      const SeqSampling& s = sampling[b];
+      if (!plan.samples[b] || plan.logits_indptr[b + 1] == plan.logits_indptr[b] ||
+          !uses_penalties(*s.params)) {
+        continue;
+      }
+      PAGEDLM_CHECK(s.tokens != nullptr && s.request_id >= 0,
+                    "a penalized sequence needs its request's tokens");
+      auto it = slot_of_request.find(s.request_id);
+      if (it == slot_of_request.end()) {
+        waiting.push_back(b);
+        continue;
+      }
+      step_penalty_slot[b] = it->second;
+      penalty_slots[it->second].last_used = run_count;
+    }
+    for (const int32_t b : waiting) {
+      int32_t best = -1;
+      for (int32_t slot = 0; slot < static_cast<int32_t>(penalty_slots.size()); ++slot) {
+        if (penalty_slots[slot].last_used == run_count) continue;
+        if (best < 0 || penalty_slots[slot].last_used < penalty_slots[best].last_used) best = slot;
+      }
+      PAGEDLM_CHECK(best >= 0, "more penalized sequences in a step than penalty slots (",
+                    penalty_slots.size(), ")");
+      PenaltySlot& slot = penalty_slots[best];
+      if (slot.request_id >= 0) slot_of_request.erase(slot.request_id);
+      slot = PenaltySlot{sampling[b].request_id, -1, -1, run_count};
+      slot_of_request[sampling[b].request_id] = best;
+      step_penalty_slot[b] = best;
+    }
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t slot = step_penalty_slot[b];
+      if (slot < 0) continue;
+      const std::span<const int32_t> out = sampling[b].tokens->outputs();
+      const PenaltySlot& rec = penalty_slots[slot];
+      const bool current = rec.counted == static_cast<int64_t>(out.size()) &&
+                           (out.empty() || rec.last_token == out.back());
+      if (!current) slots_to_fill.push_back(b);
+    }
+  }
+
+  // Enqueues the filling of slots_to_fill's slots from their requests' tokens.
+  void fill_penalty_slots(const std::vector<SeqSampling>& sampling) {
+    if (slots_to_fill.empty()) return;
+    size_t num_prompt = 0, num_out = 0;
+    for (const int32_t b : slots_to_fill) {
+      num_prompt += sampling[b].tokens->prompt().size();
+      num_out += sampling[b].tokens->outputs().size();
+    }
+    // Zero the slots, then mark the prompts' tokens and count the outputs' on the device.
+    const size_t total = num_prompt + num_out;
+    fill_tokens.reserve(total);
+    fill_slots.reserve(total);
+    size_t at_prompt = 0, at_out = num_prompt;
+    for (const int32_t b : slots_to_fill) {
+      const int32_t slot = step_penalty_slot[b];
+      const RequestTokens& t = *sampling[b].tokens;
+      for (const int32_t token : t.prompt()) {
+        fill_tokens.host()[at_prompt] = token;
+        fill_slots.host()[at_prompt++] = slot;
+      }
+      for (const int32_t token : t.outputs()) {
+        fill_tokens.host()[at_out] = token;
+        fill_slots.host()[at_out++] = slot;
+      }
+      cuda::check(cudaMemsetAsync(token_state.counts + static_cast<size_t>(slot) * vocab, 0,
+                                  sizeof(int32_t) * vocab, stream),
+                  "penalty slot reset");
+      cuda::check(cudaMemsetAsync(token_state.prompt_seen + static_cast<size_t>(slot) * mask_words,
+                                  0, sizeof(int32_t) * mask_words, stream),
+                  "penalty slot reset");
+      PenaltySlot& rec = penalty_slots[slot];
+      rec.counted = static_cast<int64_t>(t.outputs().size());
+      rec.last_token = t.outputs().empty() ? -1 : t.outputs().back();
+      ++slot_fills;
+    }
+    fill_tokens.upload(total, stream);
+    fill_slots.upload(total, stream);
+    ops::count_tokens(token_state, fill_tokens.dev(), fill_slots.dev(),
+                      static_cast<int64_t>(num_prompt), /*prompt=*/true, stream);
+    ops::count_tokens(token_state, fill_tokens.dev() + num_prompt, fill_slots.dev() + num_prompt,
+                      static_cast<int64_t>(num_out), /*prompt=*/false, stream);
   }
 
   void capture(std::tuple<int32_t, bool, bool> key, int32_t rows) {
@@ -351,6 +587,33 @@ struct CudaStepRunner::Impl {
     std::fill(h<uint64_t>(off_seed), h<uint64_t>(off_seed) + logit_rows, 0);
     std::fill(h<int64_t>(off_step), h<int64_t>(off_step) + logit_rows, 0);
     std::fill(h<int32_t>(off_mask_slot), h<int32_t>(off_mask_slot) + logit_rows, -1);
+    std::fill(h<int32_t>(off_penalty_slot), h<int32_t>(off_penalty_slot) + logit_rows, -1);
+    std::fill(h<float>(off_repetition), h<float>(off_repetition) + logit_rows, 1.f);
+    std::fill(h<float>(off_presence), h<float>(off_presence) + logit_rows, 0.f);
+    std::fill(h<float>(off_frequency), h<float>(off_frequency) + logit_rows, 0.f);
+    std::fill(h<int32_t>(off_logprobs_k), h<int32_t>(off_logprobs_k) + logit_rows, -1);
+    // Bias lists in logits-row order (bias_indptr), so every row's entries are contiguous.
+    size_t num_bias = 0;
+    for (int32_t b = 0; b < B; ++b) {
+      if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
+        num_bias += sampling[b].params->logit_bias.size();
+      }
+    }
+    step_biased = num_bias > 0;
+    step_penalized = step_logprobs = false;
+    if (step_biased) {
+      bias_tokens.reserve(num_bias);
+      bias_values.reserve(num_bias);
+      if (num_bias > bias_saved_capacity) {
+        if (bias_saved) cudaFree(bias_saved);
+        bias_saved = nullptr;
+        bias_saved_capacity = std::max(num_bias, 2 * bias_saved_capacity);
+        cuda::check(cudaMalloc(&bias_saved, sizeof(float) * bias_saved_capacity),
+                    "cudaMalloc (logit bias)");
+      }
+    }
+    int32_t* bias_indptr = h<int32_t>(off_bias_indptr);
+    std::fill(bias_indptr, bias_indptr + logit_rows + 1, 0);
     for (int32_t b = 0; b < B; ++b) {
       const int32_t last = plan.logits_indptr[b + 1];
       if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
@@ -364,6 +627,38 @@ struct CudaStepRunner::Impl {
       if (s.mask_row >= 0) {
         PAGEDLM_CHECK(s.mask_row < max_masks, "mask row ", s.mask_row, " out of range");
         h<int32_t>(off_mask_slot)[last - 1] = s.mask_row;
+      }
+      if (b < static_cast<int32_t>(step_penalty_slot.size()) && step_penalty_slot[b] >= 0) {
+        step_penalized = true;
+        h<int32_t>(off_penalty_slot)[last - 1] = step_penalty_slot[b];
+        h<float>(off_repetition)[last - 1] = s.params->repetition_penalty;
+        h<float>(off_presence)[last - 1] = s.params->presence_penalty;
+        h<float>(off_frequency)[last - 1] = s.params->frequency_penalty;
+      }
+      if (s.logprobs_top_k >= 0) {
+        PAGEDLM_CHECK(s.logprobs_top_k <= ops::kMaxTopLogprobs, "top logprobs must be at most ",
+                      ops::kMaxTopLogprobs, " on the GPU, got ", s.logprobs_top_k);
+        step_logprobs = true;
+        h<int32_t>(off_logprobs_k)[last - 1] = s.logprobs_top_k;
+      }
+    }
+    // Row r's bias entries: [bias_indptr[r], bias_indptr[r + 1]); only last rows have any.
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t last = plan.logits_indptr[b + 1];
+      if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
+      bias_indptr[last] = static_cast<int32_t>(sampling[b].params->logit_bias.size());
+    }
+    size_t at = 0;
+    for (int32_t r = 0; r < logit_rows; ++r) {
+      const int32_t n = bias_indptr[r + 1];
+      bias_indptr[r + 1] = bias_indptr[r] + n;
+    }
+    for (int32_t b = 0; b < B && step_biased; ++b) {
+      const int32_t last = plan.logits_indptr[b + 1];
+      if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
+      for (const auto& [token, value] : sampling[b].params->logit_bias) {
+        bias_tokens.host()[at] = token;
+        bias_values.host()[at++] = value;
       }
     }
     std::fill(h<int32_t>(off_kv_skip), h<int32_t>(off_kv_skip) + num_seqs, 0);
@@ -397,6 +692,10 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
                 "step plan upload");
+    if (step_biased) {
+      bias_tokens.upload(num_bias, stream);
+      bias_values.upload(num_bias, stream);
+    }
   }
 
   // Points the KV cache's attention at the staged plan (leading_decodes: see
@@ -531,7 +830,9 @@ struct CudaStepRunner::Impl {
       if (saved_keys < kCascadeMinSavedKeys) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
+    assign_penalty_slots(plan, sampling);
     stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared);
+    fill_penalty_slots(sampling);
     bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
     // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
     // token was cached can look like a decode) runs eagerly.
@@ -543,10 +844,13 @@ struct CudaStepRunner::Impl {
     }
     const bool masked = !mask_rows.empty();
     PAGEDLM_CHECK(!masked || finish_masks, "masked sequences need their masks");
+    // Bias, penalties and logprobs sample eagerly after the forward pass (a graph's when the
+    // step is one): the graphs hold the plain sampler only.
+    const bool extras = step_biased || step_penalized || step_logprobs;
     const bool graph = use_graphs && bucketed && plan.kv_copies.empty();
     if (graph) {
-      run_decode_graph(num_seqs, !shared.empty(), masked);
-    } else if (!masked) {
+      run_decode_graph(num_seqs, !shared.empty(), masked || extras);
+    } else if (!masked && !extras) {
       forward_and_sample(rows, logit_rows);
     } else {
       forward(rows, logit_rows);
@@ -563,12 +867,27 @@ struct CudaStepRunner::Impl {
       upload_mask_rows(std::move(mask_rows));
       cuda::check(cudaEventRecord(masks_sent, stream), "cudaEventRecord");
       cuda::check(cudaStreamWaitEvent(stream, masks_uploaded, 0), "cudaStreamWaitEvent");
-      sample(logit_rows, /*masked=*/true);
+      sample(logit_rows, /*masked=*/true, extras);
+    } else if (extras) {
+      sample(logit_rows, /*masked=*/false, /*extras=*/true);
     }
     cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
                                 cudaMemcpyDeviceToHost, stream),
                 "sampled tokens download");
+    if (step_logprobs) {
+      const size_t top = static_cast<size_t>(logit_rows) * ops::kMaxTopLogprobs;
+      cuda::check(cudaMemcpyAsync(host_logprob, dev_logprob, sizeof(float) * logit_rows,
+                                  cudaMemcpyDeviceToHost, stream),
+                  "logprobs download");
+      cuda::check(cudaMemcpyAsync(host_top_ids, dev_top_ids, sizeof(int32_t) * top,
+                                  cudaMemcpyDeviceToHost, stream),
+                  "logprobs download");
+      cuda::check(cudaMemcpyAsync(host_top_logprobs, dev_top_logprobs, sizeof(float) * top,
+                                  cudaMemcpyDeviceToHost, stream),
+                  "logprobs download");
+    }
     if (logits_out != nullptr) {
+      ++logits_downloads;
       *logits_out = Tensor::empty(DType::kF32, {S, vocab});
       cuda::check(cudaMemcpyAsync(logits_out->raw(), logits.raw(), logits_out->nbytes(),
                                   cudaMemcpyDeviceToHost, stream),
@@ -592,9 +911,26 @@ struct CudaStepRunner::Impl {
     }
 
     std::vector<int32_t> sampled(B, -1);
+    logprobs.assign(B, SampledLogprobs{});
     for (int32_t b = 0; b < B; ++b) {
       const int32_t last = plan.logits_indptr[b + 1];
-      if (plan.samples[b] && last > plan.logits_indptr[b]) sampled[b] = host_tokens[last - 1];
+      if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
+      sampled[b] = host_tokens[last - 1];
+      if (step_penalty_slot[b] >= 0) {  // the device counted the token into the slot
+        PenaltySlot& rec = penalty_slots[step_penalty_slot[b]];
+        ++rec.counted;
+        rec.last_token = sampled[b];
+      }
+      const int32_t k = sampling[b].logprobs_top_k;
+      if (k < 0) continue;
+      const size_t at = static_cast<size_t>(last - 1) * ops::kMaxTopLogprobs;
+      SampledLogprobs& lp = logprobs[b];
+      lp.logprob = host_logprob[last - 1];
+      if (k > 0) {
+        for (int64_t j = 0; j < std::min<int64_t>(k, vocab); ++j) {
+          lp.top.emplace_back(host_top_ids[at + j], host_top_logprobs[at + j]);
+        }
+      }
     }
     return sampled;
   }
@@ -652,6 +988,14 @@ void CudaStepRunner::make_current() const {
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
+const std::vector<SampledLogprobs>& CudaStepRunner::last_logprobs() const {
+  return impl_->logprobs;
+}
+
+int64_t CudaStepRunner::logits_downloads() const { return impl_->logits_downloads; }
+
+int64_t CudaStepRunner::penalty_slot_fills() const { return impl_->slot_fills; }
+
 double CudaStepRunner::last_step_gpu_ms() const { return impl_->last_gpu_ms; }
 
 std::chrono::steady_clock::time_point CudaStepRunner::last_wait_begin() const {
@@ -704,6 +1048,15 @@ double CudaStepRunner::last_masked_forward_gpu_ms() const { return 0; }
 double CudaStepRunner::last_masked_sampler_gpu_ms() const { return 0; }
 
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
+
+const std::vector<SampledLogprobs>& CudaStepRunner::last_logprobs() const {
+  static const std::vector<SampledLogprobs> none;
+  return none;
+}
+
+int64_t CudaStepRunner::logits_downloads() const { return 0; }
+
+int64_t CudaStepRunner::penalty_slot_fills() const { return 0; }
 
 double CudaStepRunner::last_step_gpu_ms() const { return 0; }
 

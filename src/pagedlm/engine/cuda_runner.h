@@ -1,14 +1,25 @@
 // The GPU side of an engine step: stages the StepPlan in pinned memory and copies it with one
 // asynchronous copy into fixed device buffers, runs the model and the sampler on the engine's
-// stream, and returns only the sampled token ids (and logits rows when a request asks for them).
-// Pure decode steps are padded to a batch bucket (1, 2, 4, ...) and replayed as CUDA graphs,
-// captured at start-up (warm_up).
+// stream, and returns only the sampled token ids, with logprobs where asked (logits rows only
+// when a request asks for its prompt logits). Logit bias, penalties and logprobs are all
+// computed on the device. Pure decode steps are padded to a batch bucket (1, 2, 4, ...) and
+// replayed as CUDA graphs, captured at start-up (warm_up); a decode step with masks, bias,
+// penalties or logprobs replays the bucket's forward-only graph and samples eagerly.
+//
+// Penalties read a device table of per-request token state: max_num_seqs slots, each the
+// request's output-token counts (int32 [vocab]) and prompt bits ([vocab / 32] words), so
+// 4.125 bytes x vocab per slot: 129 MiB for 256 slots at a 128k vocabulary, 153 MiB at 152k,
+// allocated with the runner. A request that uses penalties takes a slot when it is first
+// sampled (the least recently used one, so it keeps it across preemption until others need
+// it), filled on the device from its prompt and outputs; after each draw a kernel counts the
+// sampled token into its slot, so the table follows the device's own tokens.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -69,6 +80,14 @@ class CudaStepRunner {
   // run.
   double last_masked_forward_gpu_ms() const;
   double last_masked_sampler_gpu_ms() const;
+
+  // Per sequence of the last run(): the logprobs of its sampled token where its SeqSampling
+  // asked for them (empty top and 0 elsewhere).
+  const std::vector<SampledLogprobs>& last_logprobs() const;
+  // Runs that downloaded logits (only those whose caller asked for them: prompt logits).
+  int64_t logits_downloads() const;
+  // Penalty slots filled from a request's tokens (first use, or again after eviction).
+  int64_t penalty_slot_fills() const;
 
   // Steps that ran cascade attention's shared-prefix pass.
   int64_t cascade_steps() const;

@@ -6,6 +6,7 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/engine/worker.h"
 #include "pagedlm/grammar/grammar.h"
+#include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
 
@@ -28,18 +29,21 @@ void CudaWorker::make_current() const { runner_->make_current(); }
 
 int64_t CudaWorker::cascade_steps() const { return runner_->cascade_steps(); }
 
+int64_t CudaWorker::logits_downloads() const { return runner_->logits_downloads(); }
+
+int32_t CudaWorker::max_top_logprobs() const { return ops::kMaxTopLogprobs; }
+
 StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
-  PAGEDLM_CHECK(!in_flight_, "a step is in flight: collect it before launching the next");
-  InFlight step{&plan, std::move(inputs), {}};
+  PAGEDLM_CHECK(!done_, "a step is in flight: collect it before launching the next");
   // CudaStepRunner::run enqueues the plan's upload, the forward pass, the masks' upload and the
   // sampler, and the downloads of the tokens and logits, then waits for its stream
   // (cudaStreamSynchronize) and reads the tokens. The wait and the read belong in collect: with
-  // run() split there (the pinned token and logits buffers kept per step in flight), launch
-  // returns while the device runs the step.
-  StepResult& result = step.result;
-  result.sampled =
-      runner_->run(plan, step.inputs.sampling, step.inputs.want_logits ? &result.logits : nullptr,
-                   step.inputs.finish_masks);
+  // run() split there (the pinned token, logprob and logits buffers kept per step in flight),
+  // launch returns while the device runs the step.
+  StepResult result;
+  result.sampled = runner_->run(plan, inputs.sampling,
+                                inputs.want_logits ? &result.logits : nullptr, inputs.finish_masks);
+  result.logprobs = runner_->last_logprobs();
   StepTimings& t = result.timings;
   t.gpu_ms = runner_->last_step_gpu_ms();
   t.masked_forward_gpu_ms = runner_->last_masked_forward_gpu_ms();
@@ -48,30 +52,15 @@ StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
   t.wait_end = runner_->last_wait_end();
   t.mask_ms = runner_->last_mask_ms();
   t.mask_hidden = runner_->last_mask_hidden();
-  in_flight_ = std::move(step);
+  done_ = std::move(result);
   return {++launched_};
 }
 
 StepResult CudaWorker::collect(StepHandle handle) {
-  PAGEDLM_CHECK(in_flight_ && handle.id == launched_, "collect: step ", handle.id,
-                " is not in flight");
-  InFlight step = std::move(*in_flight_);
-  in_flight_.reset();
-  const StepPlan& plan = *step.plan;
-  StepResult& result = step.result;
-  const int64_t vocab = model_->config().vocab_size;
-  // The device sampler knows no logit adjustments: those rows are sampled again here, from the
-  // logits the step downloaded (StepInputs::want_logits covers them) and the same mask rows.
-  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    const SeqSampling& seq = step.inputs.sampling[b];
-    if (result.sampled[b] < 0 || !adjusts_logits(*seq.params)) continue;
-    PAGEDLM_CHECK(result.logits.defined(), "a row that adjusts its logits needs them on the host");
-    const float* row = result.logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
-    const int32_t* mask =
-        seq.mask_row >= 0 ? mask_rows() + int64_t{seq.mask_row} * mask_words_ : nullptr;
-    result.sampled[b] = sample_on_host(row, vocab, seq, mask);
-  }
-  return std::move(result);
+  PAGEDLM_CHECK(done_ && handle.id == launched_, "collect: step ", handle.id, " is not in flight");
+  StepResult result = std::move(*done_);
+  done_.reset();
+  return result;
 }
 
 }  // namespace pagedlm

@@ -40,7 +40,8 @@ void validate_sampling(const SamplingParams& p) {
   }
 }
 
-// The sampled token's log-probability and the top_k best alternatives of one logits row.
+// The sampled token's log-probability and the top_k best alternatives of one logits row (the
+// CPU's; the GPU computes the same on the device, StepResult::logprobs).
 RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_k) {
   RequestEvent e;
   const auto best = ops::log_softmax_topk(row, vocab, std::max(top_k, 1));
@@ -199,7 +200,8 @@ std::vector<RequestEvent> Engine::step() {
   last_step_ = shape_of(plan);
   std::vector<LiveRequest*> live(plan.num_seqs());
   for (int32_t b = 0; b < plan.num_seqs(); ++b) live[b] = &requests_.at(plan.request_ids[b]);
-  // Logits leave the device only for steps that hold prompt positions someone asked for.
+  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
+  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
   bool want_logits = false;
   for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
     const RequestOutput& out = live[b]->output;
@@ -207,12 +209,6 @@ std::vector<RequestEvent> Engine::step() {
     for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
     }
-  }
-  // ... and for sampled tokens whose request asked for logprobs or adjusts its logits (sampled
-  // on the host).
-  for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    want_logits =
-        plan.samples[b] && (live[b]->logprobs_top_k >= 0 || adjusts_logits(live[b]->sampling));
   }
   StepResult result = forward_and_sample(plan, live, want_logits);
   if (!result.completed) return abandon_step(plan);
@@ -280,7 +276,13 @@ std::vector<RequestEvent> Engine::step() {
     const int64_t id = plan.request_ids[b];
     RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
-    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
+    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && !result.logprobs.empty()) {
+      // The device's numbers are those of the token it drew (the engine replaces it only when a
+      // grammar refuses it, which ends the output).
+      RequestEvent& e = logprob_events[id];
+      e.logprob = result.logprobs[b].logprob;
+      e.top_logprobs = result.logprobs[b].top;
+    } else if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
       const int32_t last = plan.logits_indptr[b + 1];
       logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
                                             sampled[b], live[b]->logprobs_top_k);
@@ -397,9 +399,10 @@ StepResult Engine::forward_and_sample(const StepPlan& plan, const std::vector<Li
   StepInputs inputs;
   inputs.sampling.resize(B);
   for (int32_t b = 0; b < B; ++b) {
-    inputs.sampling[b] = {&live[b]->sampling, live[b]->seed,
-                          int64_t{live[b]->tokens->num_outputs()}, mask_row_[b],
-                          live[b]->tokens.get()};
+    inputs.sampling[b] = {
+        &live[b]->sampling,     live[b]->seed,       int64_t{live[b]->tokens->num_outputs()},
+        mask_row_[b],           plan.request_ids[b], live[b]->tokens.get(),
+        live[b]->logprobs_top_k};
   }
   inputs.want_logits = want_logits;
   // The worker calls finish_masks while the device runs the forward pass (the CPU: after it),
@@ -445,6 +448,8 @@ SchedulerStats Engine::stats() const { return scheduler_->stats(); }
 
 int64_t Engine::cascade_steps() const { return executor_->worker().cascade_steps(); }
 
+int64_t Engine::logits_downloads() const { return executor_->worker().logits_downloads(); }
+
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 
 std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
@@ -470,6 +475,8 @@ void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
+  const int32_t most = executor_->worker().max_top_logprobs();
+  PAGEDLM_CHECK(top_k <= most, "top logprobs must be at most ", most, " on the GPU, got ", top_k);
   it->second.logprobs_top_k = top_k;
 }
 

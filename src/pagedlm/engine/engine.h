@@ -15,6 +15,7 @@
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/worker.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/model.h"
 #include "pagedlm/model/tensor_parallel.h"
 #include "pagedlm/sched/request.h"
 #include "pagedlm/sched/scheduler.h"
@@ -60,6 +61,9 @@ struct EngineOptions {
   int32_t threads = 0;  // 0: all hardware threads
   // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
   bool cpu_q8_activations = false;
+  // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).
+  Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
+  ModelOptions model_options() const { return {cpu_q8_activations, fp8_weights}; }
   // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
   // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host
   // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward
@@ -190,6 +194,8 @@ class Engine {
   // Decode steps that read the pages several sequences share once for all of them (CUDA's
   // cascade attention).
   int64_t cascade_steps() const;
+  // GPU steps that downloaded logits (only for prompt logits asked for; 0 on the CPU).
+  int64_t logits_downloads() const;
   // Mixture-of-experts models: the bytes of expert weights the steps so far activated, all ranks
   // together (see CausalLM::expert_bytes_read; waits for the device).
   int64_t expert_bytes_read() const;
@@ -199,7 +205,8 @@ class Engine {
   std::map<std::string, int64_t> step_weight_bytes_by_format() const;  // the same, by format
 
   // Makes step() fill RequestEvent::logprob and the `top_k` best alternatives (0: none) for
-  // every token this request samples from now on (the server's logprobs option).
+  // every token this request samples from now on (the server's logprobs option). The GPU
+  // computes them on the device and takes top_k <= ops::kMaxTopLogprobs (20, the server's cap).
   void enable_logprobs(int64_t request_id, int32_t top_k);
 
   // Holds the request's output to a compiled grammar (structured output) from its first token:

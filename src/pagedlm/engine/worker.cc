@@ -14,6 +14,15 @@
 #include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
+namespace {
+
+// Whether a request's logits are changed before sampling.
+bool adjusts_logits(const SamplingParams& p) {
+  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.repetition_penalty != 1.f ||
+         !p.logit_bias.empty();
+}
+
+}  // namespace
 
 int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
                        DType dtype) {
@@ -42,7 +51,7 @@ RankParts build_rank(const Checkpoint& checkpoint, const EngineOptions& options,
                      ops::Communicator* comm,
                      const std::function<int32_t(int32_t)>& agree_num_pages) {
   RankParts rank;
-  rank.model = create_model(checkpoint, options.device, tp, comm, {options.cpu_q8_activations});
+  rank.model = create_model(checkpoint, options.device, tp, comm, options.model_options());
   const ModelConfig& c = rank.model->config();
   if (options.device == Device::kCuda) {
     rank.runner = std::make_unique<CudaStepRunner>(*rank.model, options, c.max_position_embeddings);
@@ -69,11 +78,6 @@ std::unique_ptr<Worker> make_worker(RankParts parts, const EngineOptions& option
   return std::make_unique<CpuWorker>(std::move(parts), options, peers);
 }
 
-bool adjusts_logits(const SamplingParams& p) {
-  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.repetition_penalty != 1.f ||
-         !p.logit_bias.empty();
-}
-
 int32_t sample_on_host(const float* row, int64_t vocab, const SeqSampling& seq,
                        const int32_t* mask) {
   const SamplingParams& params = *seq.params;
@@ -82,25 +86,23 @@ int32_t sample_on_host(const float* row, int64_t vocab, const SeqSampling& seq,
   }
   PAGEDLM_CHECK(seq.tokens != nullptr, "penalties need the sequence's tokens");
   const std::span<const int32_t> generated = seq.tokens->outputs();
-  // vLLM's order: the bias, then the repetition penalty (prompt and output), then presence and
-  // frequency (output only).
+  // vLLM's order (ops::adjust_logits, the same operations as the GPU sampler's): the bias, then
+  // the repetition penalty (prompt and output), then presence and frequency (output only).
   std::vector<float> penalized(row, row + vocab);
-  for (const auto& [token, bias] : params.logit_bias) penalized[token] += bias;
-  if (params.repetition_penalty != 1.f) {
-    std::vector<uint8_t> seen(vocab, 0);
-    for (int32_t t : seq.tokens->prompt()) seen[t] = 1;
-    for (int32_t t : generated) seen[t] = 1;
-    for (int64_t t = 0; t < vocab; ++t) {
-      if (!seen[t]) continue;
-      penalized[t] = penalized[t] > 0.f ? penalized[t] / params.repetition_penalty
-                                        : penalized[t] * params.repetition_penalty;
-    }
+  std::vector<int32_t> bias_tokens, counts(vocab, 0), prompt_seen((vocab + 31) / 32, 0);
+  std::vector<float> bias_values;
+  for (const auto& [token, bias] : params.logit_bias) {
+    bias_tokens.push_back(token);
+    bias_values.push_back(bias);
   }
-  std::map<int32_t, int32_t> counts;
-  for (int32_t t : generated) ++counts[t];
-  for (const auto& [token, count] : counts) {
-    penalized[token] -= params.presence_penalty + params.frequency_penalty * count;
+  for (const int32_t t : seq.tokens->prompt()) {
+    prompt_seen[t >> 5] |= static_cast<int32_t>(1u << (static_cast<uint32_t>(t) & 31));
   }
+  for (const int32_t t : generated) ++counts[t];
+  ops::adjust_logits(penalized.data(), vocab, bias_tokens.data(), bias_values.data(),
+                     static_cast<int64_t>(bias_tokens.size()), params.repetition_penalty,
+                     params.presence_penalty, params.frequency_penalty, counts.data(),
+                     prompt_seen.data());
   return ops::sample_token(penalized.data(), vocab, params, seq.seed, seq.step, mask);
 }
 

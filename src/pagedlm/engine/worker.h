@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -41,9 +43,20 @@ struct SeqSampling {
   // Structured output: the row of the worker's mask_rows() holding the token bitmask the
   // sequence is sampled under, or -1 (unmasked).
   int32_t mask_row = -1;
-  // Its prompt and outputs, which the penalties read (host sampling); may be null when its
-  // params adjust no logits (adjusts_logits).
+  // The request and its tokens (alive for the step), which the penalties read: on the host
+  // directly; the GPU keeps a device table of the tokens of each request that uses them, filled
+  // from these when the request takes a slot. Tokens may be null when no penalty is set.
+  int64_t request_id = -1;
   const RequestTokens* tokens = nullptr;
+  int32_t logprobs_top_k = -1;  // -1: no logprobs; else at most max_top_logprobs()
+};
+
+// Returned logprobs of a sampled token, computed on the device from its raw logits row: its
+// log-probability and the max(top_k, 1) most probable tokens (descending, ties toward the lower
+// index), as ops::log_softmax_topk gives them.
+struct SampledLogprobs {
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // Completes every masked sequence's row of mask_rows(); the worker calls it once the forward
@@ -83,6 +96,9 @@ struct StepResult {
   bool completed = true;
   std::vector<int32_t> sampled;  // per sequence of the plan: its token, -1 where not sampled
   Tensor logits;                 // [S, vocab] f32 on the host when want_logits (CPU: always)
+  // GPU: per sequence, the logprobs of its sampled token where its SeqSampling asked for them,
+  // computed on the device. Empty on the CPU, where the engine computes them from the logits.
+  std::vector<SampledLogprobs> logprobs;
   StepTimings timings;
 };
 
@@ -112,6 +128,10 @@ class Worker {
   // Decode steps that read the pages several sequences share once for all of them (the GPU's
   // cascade attention).
   virtual int64_t cascade_steps() const { return 0; }
+  // Steps that downloaded logits from the device (only for prompt logits asked for).
+  virtual int64_t logits_downloads() const { return 0; }
+  // The most alternatives SeqSampling::logprobs_top_k may ask for.
+  virtual int32_t max_top_logprobs() const { return std::numeric_limits<int32_t>::max(); }
 };
 
 // One rank's share of the model and what runs it on its device.
@@ -146,10 +166,6 @@ RankParts build_rank(const Checkpoint& checkpoint, const EngineOptions& options,
 // ranks of its thread group, or null).
 std::unique_ptr<Worker> make_worker(RankParts parts, const EngineOptions& options,
                                     CpuRanks* peers = nullptr);
-
-// Whether a request's logits are changed before sampling (always on the host: the device sampler
-// knows none of this).
-bool adjusts_logits(const SamplingParams& p);
 
 // Samples a sequence's token on the host from its logits row [vocab], its bias and penalties
 // applied; mask: its token bitmask or null.
@@ -186,9 +202,8 @@ class CpuWorker final : public Worker {
 };
 
 // The GPU's worker: the model, its paged KV cache and the CudaStepRunner that stages each plan,
-// launches the forward pass (a CUDA graph for decode buckets) and the sampler on its stream, and
-// downloads the tokens. Rows whose requests adjust their logits (bias, penalties) are sampled
-// again on the host from the downloaded logits at collect.
+// launches the forward pass (a CUDA graph for decode buckets) and the sampler (bias, penalties
+// and logprobs included) on its stream, and downloads the tokens.
 class CudaWorker final : public Worker {
  public:
   CudaWorker(RankParts parts, const EngineOptions& options);
@@ -201,21 +216,17 @@ class CudaWorker final : public Worker {
   int32_t* mask_rows() override;
   void make_current() const override;
   int64_t cascade_steps() const override;
+  int64_t logits_downloads() const override;
+  int32_t max_top_logprobs() const override;
 
  private:
-  // The launched step, until collected.
-  struct InFlight {
-    const StepPlan* plan = nullptr;
-    StepInputs inputs;
-    StepResult result;
-  };
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<CudaStepRunner> runner_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
   int32_t mask_words_ = 0;
   int64_t launched_ = 0;
-  std::optional<InFlight> in_flight_;
+  std::optional<StepResult> done_;  // the launched step's result, until collected
 };
 
 }  // namespace pagedlm

@@ -2,11 +2,14 @@
 // family switches on in its ModelConfig (q/k/v biases, q/k norms, sandwich norms, (1 + w) norms,
 // GeGLU, scaled embeddings, a final soft-cap, mixture-of-experts MLPs) and one attention spec
 // per layer. Weights are found under the family's names (model/family.h).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagedlm/model/family.h"
@@ -17,6 +20,7 @@
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/silu_mul.h"
@@ -42,16 +46,32 @@ struct BlockPart {
   }
 };
 
-// A projection's weight as the backend computes with it: dense in the compute dtype, or, on the
-// CPU for a GGUF's block formats, its parts' blocks in order of their output features (one part
-// unless the stacked matrices differ in format, as a Q4_K_M file's q, k and v projections do).
+// How a projection's weight is kept, and so which kernel multiplies by it.
+enum class WeightFormat : uint8_t {
+  kDense,   // the compute dtype: f32 on the CPU, bf16 on the GPU
+  kBlocks,  // CPU, a GGUF's block formats: its parts' blocks
+  kFp8,     // GPU with FP8 tensor cores: e4m3 with per-feature scales, W8A8 GEMMs
+};
+
+// A projection's weight as the backend computes with it: dense in the compute dtype; on the CPU
+// for a GGUF's block formats, its parts' blocks in order of their output features (one part
+// unless the stacked matrices differ in format, as a Q4_K_M file's q, k and v projections do);
+// or in FP8 on the GPU.
 struct Projection {
+  WeightFormat format = WeightFormat::kDense;
   Tensor dense;
   std::vector<BlockPart> parts;
+  ops::Fp8Weight fp8;
 
-  void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream) const {
-    if (parts.empty()) {
+  // fp8_scratch: where an FP8 projection quantizes x (unused by the others).
+  void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
+             const ops::Fp8Scratch& fp8_scratch) const {
+    if (format == WeightFormat::kDense) {
       ops::linear(x, dense, bias, out, stream);
+      return;
+    }
+    if (format == WeightFormat::kFp8) {
+      ops::linear_fp8(x, fp8, bias, out, fp8_scratch, stream);
       return;
     }
     int64_t col0 = 0;
@@ -69,14 +89,18 @@ struct Projection {
 
   // The bytes apply() reads by format, added to `by_format`.
   void add_bytes(std::map<std::string, int64_t>& by_format) const {
-    if (parts.empty() && dense.defined())
+    if (format == WeightFormat::kDense && dense.defined())
       by_format[std::string(dtype_name(dense.dtype()))] += bytes();
+    if (format == WeightFormat::kFp8) by_format["f8_e4m3 (W8A8)"] += bytes();
     for (const BlockPart& part : parts) by_format[part.format()] += part.bytes();
   }
 
   // The bytes apply() reads: whichever form it computes with.
   int64_t bytes() const {
-    if (parts.empty()) return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;
+    if (format == WeightFormat::kDense) {
+      return dense.defined() ? static_cast<int64_t>(dense.nbytes()) : 0;
+    }
+    if (format == WeightFormat::kFp8) return fp8.bytes();
     int64_t total = 0;
     for (const BlockPart& part : parts) total += part.bytes();
     return total;  // none: no router
@@ -318,6 +342,92 @@ ops::ExpertWeights load_experts(const Checkpoint& ckpt, const ModelConfig& c, Te
   return w;
 }
 
+// This rank's share of an FP8 checkpoint's parts (shapes checked), stacked by rows into one
+// W8A8 weight on the GPU; undefined where some part is not FP8, has per-block scales (which
+// cuBLASLt's per-feature scaling cannot apply: those run dequantized to bf16), or a size the FP8
+// GEMM does not take. Per-tensor scales become one per row; the stacked parts' inputs are
+// quantized statically where all of them ask for it, with the largest of their input scales (so
+// that none saturates earlier than its own would), else per token (also where a checkpoint asks
+// for weights only, or for one dynamic scale per step: per token is the finer of the two).
+ops::Fp8Weight checkpoint_fp8(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+                              const std::vector<WeightPart>& parts) {
+  std::vector<const Fp8Matrix*> matrices;
+  for (const WeightPart& part : parts) {
+    const auto it = ckpt.fp8.find(part.name);
+    if (it == ckpt.fp8.end() || it->second.spec.layout == WeightScaleLayout::kBlock) return {};
+    PAGEDLM_CHECK(it->second.weight.shape() == part.shape, "tensor ", part.name, " has shape ",
+                  shape_str(it->second.weight.shape()), " but the config implies ",
+                  shape_str(part.shape));
+    matrices.push_back(&it->second);
+  }
+  std::vector<uint8_t> values;
+  std::vector<float> scales;
+  int64_t cols = 0;
+  bool all_static = true;
+  float input_scale = 0.f;
+  double scale_ub = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Fp8Matrix& m = *matrices[i];
+    const ShardRanges shard = shard_ranges(config, tp, parts[i].shard, parts[i].shape);
+    const Tensor scale = m.scale.to_f32();
+    const float* sv = scale.data<float>();
+    const bool per_row = m.spec.layout == WeightScaleLayout::kChannel;
+    int64_t col0 = 0, col1 = m.cols();
+    std::vector<std::pair<int64_t, int64_t>> row_ranges = shard.ranges;
+    if (shard.by_cols) {
+      std::tie(col0, col1) = shard.ranges.front();
+      row_ranges = {{0, m.rows()}};
+    }
+    cols = col1 - col0;
+    const auto* w = m.weight.data<uint8_t>();
+    for (const auto& [begin, end] : row_ranges) {
+      for (int64_t r = begin; r < end; ++r) {
+        values.insert(values.end(), w + r * m.cols() + col0, w + r * m.cols() + col1);
+        scales.push_back(per_row ? sv[r] : sv[0]);
+      }
+    }
+    if (m.inputs == ActivationQuant::kStaticTensor) {
+      const float s = m.input_scale.to_f32().data<float>()[0];
+      PAGEDLM_CHECK(std::isfinite(s) && s > 0.f, "the input_scale of ", parts[i].name,
+                    " must be a positive number, got ", s);
+      input_scale = std::max(input_scale, s);
+    } else {
+      all_static = false;
+    }
+    scale_ub = std::max(scale_ub, m.activation_scale_ub);
+  }
+  const auto rows = static_cast<int64_t>(scales.size());
+  if (rows % 16 != 0 || cols % 16 != 0) return {};
+  Tensor host = Tensor::empty(DType::kF8E4M3, {rows, cols});
+  std::memcpy(host.raw(), values.data(), values.size());
+  ops::Fp8Weight out;
+  out.weight = host.to(Device::kCuda);
+  out.scale = Tensor::from_f32(scales, {rows}).to(Device::kCuda);
+  out.inputs.static_scale = all_static ? input_scale : 0.f;
+  out.inputs.max_abs_ub = all_static ? 0.f : static_cast<float>(scale_ub);
+  return out;
+}
+
+// Whether the model runs W8A8 GEMMs at all: only on a GPU with FP8 tensor cores, and only where
+// the checkpoint has FP8 weights or all are to be quantized. Throws where --quantization fp8
+// asks for it on the CPU or a GPU without FP8 tensor cores; an FP8 checkpoint on such a GPU runs
+// dequantized to bf16, as it says on stderr.
+bool runs_fp8(const Checkpoint& ckpt, Device device, Fp8Weights mode) {
+  if (mode == Fp8Weights::kNone) return false;
+  if (mode == Fp8Weights::kAll) {
+    PAGEDLM_CHECK(device != Device::kCpu, "FP8 weights (--quantization fp8) are a GPU option: ",
+                  "the CPU computes in float32");
+    ops::check_fp8_gemm_supported("FP8 weights (--quantization fp8)");
+    return true;
+  }
+  if (ckpt.fp8.empty() || device == Device::kCpu) return false;
+  if (ops::fp8_gemm_supported()) return true;
+  std::fprintf(stderr,
+               "pagedlm: this GPU has no FP8 tensor cores (compute capability below 8.9): the "
+               "checkpoint's FP8 weights run dequantized to bf16\n");
+  return false;
+}
+
 class DecoderModel final : public CausalLM {
  public:
   DecoderModel(const Checkpoint& ckpt, Device device, TensorParallel tp, ops::Communicator* comm,
@@ -348,6 +458,7 @@ class DecoderModel final : public CausalLM {
     // faster).
     auto cpu_form = [&](std::vector<QuantizedMatrix> stacked) {
       Projection proj;
+      if (!stacked.empty()) proj.format = WeightFormat::kBlocks;
       for (QuantizedMatrix& blocks : stacked) {
         BlockPart part;
         if (options.cpu_q8_activations && ops::q8_packs(blocks.type)) {
@@ -360,10 +471,33 @@ class DecoderModel final : public CausalLM {
       }
       return proj;
     };
-    auto projection = [&](const std::vector<WeightPart>& parts) {
+    const bool fp8 = runs_fp8(ckpt, device, options.fp8_weights);
+    // may_fp8: false for the projections that stay bf16 whatever the mode (the lm_head, a
+    // router: both write f32).
+    auto projection = [&](const std::vector<WeightPart>& parts, bool may_fp8 = true) {
       Projection proj;
       if (device == Device::kCpu) proj = cpu_form(stacked_blocks(ckpt, c, tp, parts));
-      if (proj.parts.empty()) proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
+      if (fp8 && may_fp8) {
+        proj.fp8 = checkpoint_fp8(ckpt, c, tp, parts);
+        // A checkpoint's own FP8 weights (per-block ones) are not quantized a second time.
+        const bool in_checkpoint = std::any_of(
+            parts.begin(), parts.end(), [&](const auto& p) { return ckpt.fp8.count(p.name) != 0; });
+        if (!proj.fp8.defined() && !in_checkpoint && options.fp8_weights == Fp8Weights::kAll) {
+          proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
+          if (proj.dense.dim(0) % 16 == 0 && proj.dense.dim(1) % 16 == 0) {
+            proj.fp8 = ops::quantize_fp8_weight(proj.dense);
+            proj.dense = Tensor();
+          }
+        }
+        if (proj.fp8.defined()) {
+          proj.format = WeightFormat::kFp8;
+          has_fp8_ = true;
+          return proj;
+        }
+      }
+      if (proj.parts.empty() && !proj.dense.defined()) {
+        proj.dense = upload(shard_of(ckpt, c, tp, parts), device);
+      }
       return proj;
     };
     // The embedding and the lm_head are split by vocabulary rows.
@@ -371,7 +505,7 @@ class DecoderModel final : public CausalLM {
     if (c.tie_word_embeddings) {
       if (device == Device::kCpu) lm_head_ = cpu_form(stacked_blocks(ckpt, c, tp, {embed_part}));
     } else {
-      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
+      lm_head_ = projection({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}}, false);
     }
     // On the CPU a GGUF's embedding stays in its blocks (rows dequantized as they are looked
     // up): SmolLM2's as float32 would be 113 MB, its Q8_0 blocks are 30 MB, and those of a tied
@@ -434,7 +568,7 @@ class DecoderModel final : public CausalLM {
         w.k_norm = vector(name(i, LayerWeight::kKNorm), d);
       }
       if (c.layers[i].sparse_mlp) {
-        w.router = projection({part(i, LayerWeight::kRouter, {c.moe.num_experts, D})});
+        w.router = projection({part(i, LayerWeight::kRouter, {c.moe.num_experts, D})}, false);
         w.experts = load_experts(ckpt, c, tp, i, device);
       } else {
         w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
@@ -526,6 +660,12 @@ class DecoderModel final : public CausalLM {
       b.moe.act = make({rows * k, Fe});
       b.moe.expert_out = make({rows * k, D});
     }
+    if (has_fp8_) {
+      // The widest input of an FP8 projection: o's (Hq d), down's (F) or the hidden size.
+      const int64_t widest = std::max({D, Hq * d, F});
+      b.fp8.values = Tensor::empty(DType::kF8E4M3, {rows * widest}, device_);
+      b.fp8.scales = make_f32({rows});
+    }
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
@@ -549,6 +689,7 @@ class DecoderModel final : public CausalLM {
     Tensor qkv = buffers_.qkv.rows(0, L), q = buffers_.q.rows(0, L);
     Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
+    const ops::Fp8Scratch& fp8 = buffers_.fp8;
 
     const float offset = c.norm_weight_offset;
     if (comm_ == nullptr) {
@@ -579,7 +720,7 @@ class DecoderModel final : public CausalLM {
       } else {
         ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset);
       }
-      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream);
+      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, fp8);
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
@@ -587,7 +728,7 @@ class DecoderModel final : public CausalLM {
       if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       if (leave_at(2 * i)) return false;
-      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream);
+      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, fp8);
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
@@ -600,7 +741,7 @@ class DecoderModel final : public CausalLM {
         const Tensor router_logits = buffers_.router_logits.rows(0, L);
         const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
         const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
-        w.router.apply(hidden, Tensor(), router_logits, stream);
+        w.router.apply(hidden, Tensor(), router_logits, stream, fp8);
         ops::moe_route(router_logits, c.moe.normalize_top_k, expert_ids, expert_weights, stream);
         ops::MoeWorkspace ws = buffers_.moe;
         ws.activated =
@@ -608,10 +749,10 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
-        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream);
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, fp8);
         ops::gated_mul(gated_activation(c), gate_up, act, stream);
         if (leave_at(2 * i + 1)) return false;
-        w.down_proj.apply(act, Tensor(), proj_out, stream);
+        w.down_proj.apply(act, Tensor(), proj_out, stream, fp8);
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
@@ -627,11 +768,11 @@ class DecoderModel final : public CausalLM {
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
     if (comm_ == nullptr) {
-      lm_head_.apply(last, Tensor(), logits, stream);
+      lm_head_.apply(last, Tensor(), logits, stream, fp8);
     } else {
       // Each rank scores its share of the vocabulary; the gather lays them side by side.
       const Tensor local = buffers_.local_logits.rows(0, S);
-      lm_head_.apply(last, Tensor(), local, stream);
+      lm_head_.apply(last, Tensor(), local, stream, fp8);
       comm_->all_gather_cols(local, logits, stream);
     }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
@@ -648,6 +789,7 @@ class DecoderModel final : public CausalLM {
     // [rows, k], and the experts' scratch for rows * k (token, slot) pairs.
     Tensor router_logits, expert_ids, expert_weights;
     ops::MoeWorkspace moe;
+    ops::Fp8Scratch fp8;  // FP8 projections' quantized inputs: [rows * widest input], [rows]
   };
 
   static ops::GatedActivation gated_activation(const ModelConfig& c) {
@@ -672,6 +814,7 @@ class DecoderModel final : public CausalLM {
   bool embed_in_lm_head_ = false;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
+  bool has_fp8_ = false;  // some projection is FP8 (reserve() then sizes the scratch)
   Activations buffers_;
   Tensor experts_activated_;  // [layers] i32: experts that received tokens, summed over calls
 };

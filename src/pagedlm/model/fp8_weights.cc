@@ -68,6 +68,7 @@ Fp8Matrix take_matrix(const QuantConfig& config, std::map<std::string, Tensor>& 
   m.weight = take(tensors, name);
   m.spec = scheme->weights;
   m.inputs = scheme->inputs;
+  m.activation_scale_ub = scheme->activation_scale_ub;
   PAGEDLM_CHECK(m.weight.shape().size() == 2, "FP8 tensor ", name, " must be a matrix, got shape ",
                 shape_str(m.weight.shape()));
   const std::string scale_name = cat(module, ".", m.spec.scale_suffix);

@@ -1,7 +1,8 @@
 // An FP8 checkpoint's projection weights (io/quant_config.h names the layouts): each kept as the
-// file stores it, e4m3 values and scales, and dequantized when the model loads it. Every backend
-// computes with the dequantized weights for now: the CPU in float32 (the exact reference), the
-// GPU in bf16; FP8 GEMMs would read the e4m3 values and scales from here.
+// file stores it, e4m3 values and scales. The CPU computes with them dequantized to float32 (the
+// exact reference); a GPU with FP8 tensor cores takes per-tensor and per-channel ones as they
+// are for W8A8 GEMMs (ops/linear_fp8.h), and the others (per-block scales, a GPU without FP8)
+// dequantized to bf16.
 #pragma once
 
 #include <map>
@@ -19,7 +20,8 @@ struct Fp8Matrix {
   Tensor scale;
   WeightQuantSpec spec;
   ActivationQuant inputs = ActivationQuant::kNone;
-  Tensor input_scale;  // kStaticTensor only: one value
+  Tensor input_scale;              // kStaticTensor only: one value
+  double activation_scale_ub = 0;  // fbgemm_fp8: dynamic per-token scales clamp at ub / 448
 
   int64_t rows() const { return weight.dim(0); }
   int64_t cols() const { return weight.dim(1); }

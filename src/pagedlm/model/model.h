@@ -103,10 +103,24 @@ class Communicator;
 }
 
 // Choices about how the model computes that are not in its checkpoint.
+// Which projections the GPU runs as FP8 W8A8 GEMMs (ops/linear_fp8.h). Embeddings, the
+// lm_head, routers and experts stay bf16 in every mode.
+enum class Fp8Weights : uint8_t {
+  // An FP8 checkpoint's per-tensor and per-channel weights, where the GPU has FP8 tensor cores
+  // (else, and for per-block scales, they are dequantized to bf16); other weights bf16.
+  kCheckpoint,
+  // Those, and every other projection's bf16 weight quantized at load, one scale per output
+  // feature (--quantization fp8). An error on the CPU or a GPU without FP8 tensor cores.
+  kAll,
+  // Every weight in bf16, FP8 checkpoints dequantized (--quantization none).
+  kNone,
+};
+
 struct ModelOptions {
   // CPU: projections over Q4_1 / Q8_0 blocks quantize their input rows to 8 bits and multiply
   // in integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
   bool cpu_q8_activations = false;
+  Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
 };
 
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to

@@ -150,14 +150,36 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
                 kOp, ": a per-row parameter array is null");
   PAGEDLM_CHECK(!rows.mask_slot || (rows.mask && rows.mask_words == (vocab + 31) / 32), kOp,
                 ": masks need ", (vocab + 31) / 32, " words per row, got ", rows.mask_words);
+  PAGEDLM_CHECK(!rows.bias_indptr || (rows.bias_tokens && rows.bias_values && rows.bias_saved), kOp,
+                ": logit bias needs its tokens, values and scratch");
+  PAGEDLM_CHECK(
+      !rows.penalty_slot || (rows.repetition_penalty && rows.presence_penalty &&
+                             rows.frequency_penalty && rows.token_counts && rows.prompt_seen),
+      kOp, ": penalties need their per-row values and a token state");
   if (logits.device() == Device::kCpu) {
     const float* x = logits.data<float>();
     int32_t* out = out_tokens.data<int32_t>();
+    const int64_t words = (vocab + 31) / 32;
+    std::vector<float> adjusted;
     for (int64_t r = 0; r < num_rows; ++r) {
       const SamplerParams params{rows.temperature[r], rows.top_k[r], rows.top_p[r], rows.min_p[r]};
       const int32_t slot = rows.mask_slot ? rows.mask_slot[r] : -1;
-      out[r] = sample_token(x + r * vocab, vocab, params, rows.seed[r],
-                            static_cast<uint64_t>(rows.step[r]),
+      const float* row = x + r * vocab;
+      const int64_t bias_begin = rows.bias_indptr ? rows.bias_indptr[r] : 0;
+      const int64_t num_bias = rows.bias_indptr ? rows.bias_indptr[r + 1] - bias_begin : 0;
+      const int32_t penalty_slot = rows.penalty_slot ? rows.penalty_slot[r] : -1;
+      if (num_bias > 0 || penalty_slot >= 0) {
+        adjusted.assign(row, row + vocab);
+        adjust_logits(adjusted.data(), vocab, rows.bias_tokens + bias_begin,
+                      rows.bias_values + bias_begin, num_bias,
+                      penalty_slot >= 0 ? rows.repetition_penalty[r] : 1.f,
+                      penalty_slot >= 0 ? rows.presence_penalty[r] : 0.f,
+                      penalty_slot >= 0 ? rows.frequency_penalty[r] : 0.f,
+                      penalty_slot >= 0 ? rows.token_counts + penalty_slot * vocab : nullptr,
+                      penalty_slot >= 0 ? rows.prompt_seen + penalty_slot * words : nullptr);
+        row = adjusted.data();
+      }
+      out[r] = sample_token(row, vocab, params, rows.seed[r], static_cast<uint64_t>(rows.step[r]),
                             slot >= 0 ? rows.mask + int64_t{slot} * rows.mask_words : nullptr);
     }
     return;
@@ -166,6 +188,100 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
   cuda::sample_tokens(logits.data<float>(), num_rows, vocab, rows, out_tokens.data<int32_t>(),
                       stream);
 #else
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+void adjust_logits(float* row, int64_t vocab, const int32_t* bias_tokens, const float* bias_values,
+                   int64_t num_bias, float repetition_penalty, float presence_penalty,
+                   float frequency_penalty, const int32_t* counts, const int32_t* prompt_seen) {
+  for (int64_t j = 0; j < num_bias; ++j) {
+    PAGEDLM_CHECK(bias_tokens[j] >= 0 && bias_tokens[j] < vocab, "adjust_logits: bias token ",
+                  bias_tokens[j], " is outside a vocabulary of ", vocab);
+    row[bias_tokens[j]] += bias_values[j];
+  }
+  if (counts == nullptr) return;
+  const bool repetition = repetition_penalty != 1.f;
+  const bool counted = presence_penalty != 0.f || frequency_penalty != 0.f;
+  for (int64_t t = 0; t < vocab; ++t) {
+    const int32_t count = counts[t];
+    const bool in_prompt = (static_cast<uint32_t>(prompt_seen[t >> 5]) >> (t & 31)) & 1u;
+    float v = row[t];
+    if (repetition && (count > 0 || in_prompt)) {
+      v = v > 0.f ? v / repetition_penalty : v * repetition_penalty;
+    }
+    // One fused multiply-add, written out so that the device's fmaf and this line round alike
+    // whatever the compiler contracts.
+    if (counted && count > 0) {
+      v -= std::fma(frequency_penalty, static_cast<float>(count), presence_penalty);
+    }
+    row[t] = v;
+  }
+}
+
+void count_tokens(const TokenState& state, const int32_t* tokens, const int32_t* slots, int64_t n,
+                  bool prompt, void* stream) {
+  constexpr const char* kOp = "count_tokens";
+  PAGEDLM_CHECK(n >= 0 && state.vocab > 0 && state.counts && state.prompt_seen, kOp,
+                ": no token state or a negative count");
+  PAGEDLM_CHECK(n == 0 || (tokens && slots), kOp, ": null tokens or slots");
+  if (state.device == Device::kCpu) {
+    const int64_t words = (state.vocab + 31) / 32;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = slots[i], token = tokens[i];
+      if (slot < 0) continue;
+      PAGEDLM_CHECK(slot < state.num_slots, kOp, ": slot ", slot, " of ", state.num_slots);
+      PAGEDLM_CHECK(token >= 0 && token < state.vocab, kOp, ": token ", token,
+                    " is outside a vocabulary of ", state.vocab);
+      if (prompt) {
+        state.prompt_seen[slot * words + (token >> 5)] |=
+            static_cast<int32_t>(1u << (static_cast<uint32_t>(token) & 31));
+      } else {
+        ++state.counts[slot * state.vocab + token];
+      }
+    }
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::count_tokens(state, tokens, slots, n, prompt, stream);
+#else
+  static_cast<void>(stream);
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
+void sampled_logprobs(const Tensor& logits, const LogprobRows& rows, void* stream) {
+  constexpr const char* kOp = "sampled_logprobs";
+  detail::expect(logits, kOp, "logits", DType::kF32, {detail::kAnyDim, detail::kAnyDim});
+  const int64_t num_rows = logits.dim(0), vocab = logits.dim(1);
+  PAGEDLM_CHECK(num_rows == 0 || (rows.tokens && rows.top_k && rows.logprob && rows.top_ids &&
+                                  rows.top_logprobs),
+                kOp, ": a per-row array is null");
+  if (logits.device() == Device::kCpu) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const int32_t k = rows.top_k[r];
+      if (k < 0) continue;
+      PAGEDLM_CHECK(k <= kMaxTopLogprobs, kOp, ": top_k ", k, " exceeds ", kMaxTopLogprobs);
+      const int32_t token = rows.tokens[r];
+      PAGEDLM_CHECK(token >= 0 && token < vocab, kOp, ": token ", token,
+                    " is outside a vocabulary of ", vocab);
+      const float* row = logits.data<float>() + r * vocab;
+      const auto best = log_softmax_topk(row, vocab, std::max(k, 1));
+      // best[0] is logit - log_z of the top token, which gives log_z for any other token.
+      const float log_z = row[best[0].first] - best[0].second;
+      rows.logprob[r] = row[token] - log_z;
+      for (size_t j = 0; j < best.size(); ++j) {
+        rows.top_ids[r * kMaxTopLogprobs + j] = best[j].first;
+        rows.top_logprobs[r * kMaxTopLogprobs + j] = best[j].second;
+        if (best[j].first == token) rows.logprob[r] = best[j].second;
+      }
+    }
+    return;
+  }
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::sampled_logprobs(logits.data<float>(), num_rows, vocab, rows, stream);
+#else
+  static_cast<void>(stream);
   detail::fail_no_cuda(kOp);
 #endif
 }

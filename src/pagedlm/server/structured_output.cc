@@ -1,6 +1,8 @@
 #include "pagedlm/server/structured_output.h"
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/core/error.h"
@@ -21,23 +23,6 @@ using grammar::GrammarSpec;
 const json* field(const json& body, const char* key) {
   auto it = body.find(key);
   return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-// The JSON schema of one call to `tool` in the given form: {"name": <its name>, <args_key>:
-// <its parameters>}.
-json call_schema(const json& tool, const char* args_key) {
-  if (!tool.is_object() || tool.value("type", "function") != "function" ||
-      !tool.contains("function") || !tool["function"].is_object() ||
-      !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
-    bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
-  }
-  const json& fn = tool["function"];
-  json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
-                                                                         : json{{"type", "object"}};
-  return json{{"type", "object"},
-              {"properties", {{"name", {{"const", fn["name"]}}}, {args_key, params}}},
-              {"required", {"name", args_key}},
-              {"additionalProperties", false}};
 }
 
 }  // namespace
@@ -128,51 +113,16 @@ StructuredOutput parse_structured_output(const json& body, bool chat,
     spec.text = parsed.dump();
   }
   if (const json* tc = chat ? field(body, "tool_choice") : nullptr) {
-    const json* tools = field(body, "tools");
-    std::vector<const json*> forced;  // the tools the call may name
-    if (tc->is_string() && *tc == "required") {
-      if (!tools || !tools->is_array() || tools->empty()) {
-        bad("tool_choice", "tool_choice 'required' needs a non-empty 'tools' list");
-      }
-      for (const json& t : *tools) forced.push_back(&t);
-    } else if (tc->is_object()) {
-      const json* fn = field(*tc, "function");
-      if (tc->value("type", "") != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
-          !(*fn)["name"].is_string()) {
-        bad("tool_choice",
-            "a named tool_choice is {\"type\": \"function\", \"function\": "
-            "{\"name\": ...}}");
-      }
-      if (!tools || !tools->is_array()) bad("tool_choice", "a named tool_choice needs 'tools'");
-      for (const json& t : *tools) {
-        if (t.is_object() && t.contains("function") && t["function"].is_object() &&
-            t["function"].value("name", "") == (*fn)["name"].get<std::string>()) {
-          forced.push_back(&t);
-        }
-      }
-      if (forced.empty()) {
-        bad("tool_choice", "tool_choice names '" + (*fn)["name"].get<std::string>() +
-                               "', which is not among the 'tools'");
-      }
-    } else if (!tc->is_string() || (*tc != "auto" && *tc != "none")) {
-      bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a named function");
+    std::optional<serving::ForcedToolCall> forced;
+    try {
+      forced = serving::forced_tool_call(field(body, "tools"), *tc, template_format);
+    } catch (const serving::ToolChoiceError& e) {
+      bad(e.field(), e.what());
     }
-    if (!forced.empty()) {
+    if (forced) {
       take("tool_choice");
-      // Templates with <tool_call> tags get their own form; every other model writes the call
-      // as a bare JSON reply, which the JSON-reply parser reads.
-      const bool tags = template_format == ToolCallFormat::kTags;
-      out.forced_tool_calls = tags ? ToolCallFormat::kTags : ToolCallFormat::kJsonReply;
-      const char* args_key = tags ? "arguments" : "parameters";
-      json any = json::array();
-      for (const json* t : forced) any.push_back(call_schema(*t, args_key));
-      spec.kind = GrammarSpec::Kind::kJsonSchema;
-      spec.text = (any.size() == 1 ? any[0] : json{{"anyOf", any}}).dump();
-      spec.strict = true;
-      if (tags) {
-        spec.prefix = "<tool_call>\n";
-        spec.suffix = "\n</tool_call>";
-      }
+      out.forced_tool_calls = forced->format;
+      spec = std::move(forced->spec);
     }
   }
   if (param.empty()) return out;

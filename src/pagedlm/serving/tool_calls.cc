@@ -148,4 +148,83 @@ ParsedReply ToolCallStream::finish(const std::string& reply, std::string* unsent
   return parsed;
 }
 
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+const ordered_json* field(const ordered_json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// The JSON schema of one call to `tool` in the given form: {"name": <its name>, <args_key>:
+// <its parameters>}.
+ordered_json call_schema(const ordered_json& tool, const char* args_key) {
+  if (!tool.is_object() || tool.value("type", "function") != "function" ||
+      !tool.contains("function") || !tool["function"].is_object() ||
+      !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
+    throw ToolChoiceError(
+        "tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  const ordered_json& fn = tool["function"];
+  ordered_json params = fn.contains("parameters") && !fn["parameters"].is_null()
+                            ? fn["parameters"]
+                            : ordered_json{{"type", "object"}};
+  return ordered_json{{"type", "object"},
+                      {"properties", {{"name", {{"const", fn["name"]}}}, {args_key, params}}},
+                      {"required", {"name", args_key}},
+                      {"additionalProperties", false}};
+}
+
+}  // namespace
+
+std::optional<ForcedToolCall> forced_tool_call(const ordered_json* tools,
+                                               const ordered_json& tool_choice,
+                                               ToolCallFormat template_format) {
+  const auto bad = [](const std::string& message) {
+    throw ToolChoiceError("tool_choice", message);
+  };
+  std::vector<const ordered_json*> forced;  // the tools the call may name
+  if (tool_choice.is_string() && tool_choice == "required") {
+    if (!tools || !tools->is_array() || tools->empty()) {
+      bad("tool_choice 'required' needs a non-empty 'tools' list");
+    }
+    for (const ordered_json& t : *tools) forced.push_back(&t);
+  } else if (tool_choice.is_object()) {
+    const ordered_json* fn = field(tool_choice, "function");
+    if (tool_choice.value("type", "") != "function" || !fn || !fn->is_object() ||
+        !fn->contains("name") || !(*fn)["name"].is_string()) {
+      bad("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!tools || !tools->is_array()) bad("a named tool_choice needs 'tools'");
+    const std::string& name = (*fn)["name"].get_ref<const std::string&>();
+    for (const ordered_json& t : *tools) {
+      if (t.is_object() && t.contains("function") && t["function"].is_object() &&
+          t["function"].value("name", "") == name) {
+        forced.push_back(&t);
+      }
+    }
+    if (forced.empty()) bad("tool_choice names '" + name + "', which is not among the 'tools'");
+  } else if (!tool_choice.is_string() || (tool_choice != "auto" && tool_choice != "none")) {
+    bad("'tool_choice' must be 'auto', 'none', 'required' or a named function");
+  }
+  if (forced.empty()) return std::nullopt;
+  ForcedToolCall out;
+  // Templates with <tool_call> tags get their own form; every other model writes the call as a
+  // bare JSON reply, which the JSON-reply parser reads.
+  const bool tags = template_format == ToolCallFormat::kTags;
+  out.format = tags ? ToolCallFormat::kTags : ToolCallFormat::kJsonReply;
+  const char* args_key = tags ? "arguments" : "parameters";
+  ordered_json any = ordered_json::array();
+  for (const ordered_json* t : forced) any.push_back(call_schema(*t, args_key));
+  out.spec.kind = grammar::GrammarSpec::Kind::kJsonSchema;
+  out.spec.text = (any.size() == 1 ? any[0] : ordered_json{{"anyOf", any}}).dump();
+  out.spec.strict = true;
+  if (tags) {
+    out.spec.prefix = "<tool_call>\n";
+    out.spec.suffix = "\n</tool_call>";
+  }
+  return out;
+}
+
 }  // namespace pagedlm::serving

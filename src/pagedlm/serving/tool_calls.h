@@ -15,11 +15,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pagedlm/engine/stop_strings.h"
+#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/tokenizer/tokenizer.h"
 
 namespace pagedlm::serving {
@@ -51,6 +56,34 @@ int32_t dropped_call_marker(const Tokenizer& tokenizer, ToolCallFormat format);
 // ("parameters" in the JSON-reply form; either may be absent); a JSON reply that is not such an
 // object; a marker not followed by a JSON list of such objects (the whole reply stays text).
 ParsedReply parse_tool_calls(ToolCallFormat format, const std::string& text);
+
+// A malformed `tools` list or `tool_choice`; field() names the one at fault (the server answers
+// 400 with it, the Python binding raises ValueError).
+class ToolChoiceError : public std::invalid_argument {
+ public:
+  ToolChoiceError(std::string field, const std::string& message)
+      : std::invalid_argument(message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+// What tool_choice "required" or a named function ({"type": "function", "function": {"name":
+// ...}}) makes of the reply: exactly one call to one of the allowed tools, its arguments held to
+// that tool's parameter schema by a grammar, written in `format`: the template's tags where it
+// uses them, else a bare JSON reply (which the JSON-reply parser reads).
+struct ForcedToolCall {
+  grammar::GrammarSpec spec;
+  ToolCallFormat format = ToolCallFormat::kNone;
+};
+
+// tool_choice as OpenAI's chat API takes it, tools its `tools` list (null: none given).
+// "auto", "none": nothing forced (nullopt). Throws ToolChoiceError for any other value, a named
+// tool missing from `tools`, or a malformed tool among those forced.
+std::optional<ForcedToolCall> forced_tool_call(const nlohmann::ordered_json* tools,
+                                               const nlohmann::ordered_json& tool_choice,
+                                               ToolCallFormat template_format);
 
 // A streamed reply that may hold calls: text goes out as it comes until a call may begin (an
 // opening tag or the marker, or what may still grow into one; a JSON reply's first '{'); from

@@ -11,9 +11,19 @@
 // kTuneMinRows rows) keep the first choice: repeated for timing, their weights stay in the L2
 // (a Llama-3.1-8B q/k/v matrix is 50 MB), which a model's step never sees, and tuning them made
 // the Llama decode steps slower (docs/PERF.md).
+//
+// FP8 (launch_gemm_fp8): the same call with e4m3 operands, which cuBLASLt runs on Hopper only in
+// this "TN" form (A transposed, B not), which is ours. The per-feature weight scales are A's
+// scale vector (op(A)'s rows: y^T's rows, the output features) and the per-token input scales
+// B's (op(B)'s columns: the tokens), both in CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode,
+// so the sums are scaled in cuBLASLt's epilogue, before the bias. Where the library has no
+// kernel for that mode (its heuristic finds none), the plan multiplies unscaled into the bf16 y
+// and launch_fp8_scale_epilogue scales it in place: one more rounding to bf16 and one more pass
+// over y. FP8 plans are not tuned (the timing harness feeds bf16 inputs).
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,17 +42,20 @@ struct GemmHandle {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int last_status = 0;
-  bool tuning = false;  // new plans time the heuristic's candidates (gemm_set_tuning)
+  bool tuning = false;        // new plans time the heuristic's candidates (gemm_set_tuning)
+  bool fp8_epilogue = false;  // new FP8 plans scale in the epilogue kernel (tests)
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     // The heuristic's choices after the first, in its order, until the plan has been timed.
     std::vector<cublasLtMatmulAlgo_t> candidates;
+    // FP8: cuBLASLt leaves the scales (and the bias) to launch_fp8_scale_epilogue.
+    bool scale_in_epilogue = false;
   };
-  // Keyed by (m, n, k, has_bias, y_f32): descriptors and the heuristic's algorithm are built
-  // once.
-  std::map<std::tuple<int, int, int, bool, bool>, Plan> plans;
+  // Keyed by (m, n, k, has_bias, y_f32, fp8): descriptors and the heuristic's algorithm are
+  // built once.
+  std::map<std::tuple<int, int, int, bool, bool, bool>, Plan> plans;
 };
 
 namespace {
@@ -72,10 +85,16 @@ void destroy_plan(GemmHandle::Plan& p) {
   p = GemmHandle::Plan{};
 }
 
+// The operands' types and how an FP8 plan is scaled.
+struct PlanFormat {
+  bool fp8 = false;
+  bool outer_vec_scales = false;  // FP8: cuBLASLt scales by A's and B's vectors
+};
+
 cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_f32,
-                      GemmHandle::Plan* out) {
+                      PlanFormat format, GemmHandle::Plan* out) {
   GemmHandle::Plan p;
-  const bool tuned = h->tuning && m >= kTuneMinRows;
+  const bool tuned = h->tuning && m >= kTuneMinRows && !format.fp8;
   auto cleanup_fail = [&](cublasStatus_t st) {
     destroy_plan(p);
     return fail(h, st);
@@ -87,6 +106,15 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
+  if (format.outer_vec_scales) {
+    const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                        sizeof(mode));
+    if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
+    st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                        sizeof(mode));
+    if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
+  }
   if (has_bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
@@ -98,9 +126,10 @@ cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_
   }
   // A = W: column-major [K, N] (ld K), used transposed; B = x: column-major [K, M];
   // C = y: column-major [N, M], bf16 or f32.
-  st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k);
+  const cudaDataType_t in_type = format.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  st = cublasLtMatrixLayoutCreate(&p.a, in_type, k, n, k);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
-  st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k);
+  st = cublasLtMatrixLayoutCreate(&p.b, in_type, k, m, k);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
   st = cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n);
   if (st != CUBLAS_STATUS_SUCCESS) return cleanup_fail(st);
@@ -250,11 +279,11 @@ cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const 
   if (h == nullptr || m < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
   if (y_f32 && bias != nullptr) return cudaErrorNotSupported;
   if (m == 0) return cudaSuccess;
-  const auto key = std::make_tuple(m, n, k, bias != nullptr, y_f32);
+  const auto key = std::make_tuple(m, n, k, bias != nullptr, y_f32, false);
   auto it = h->plans.find(key);
   if (it == h->plans.end()) {
     GemmHandle::Plan plan;
-    const cudaError_t err = make_plan(h, m, n, k, bias != nullptr, y_f32, &plan);
+    const cudaError_t err = make_plan(h, m, n, k, bias != nullptr, y_f32, PlanFormat{}, &plan);
     if (err != cudaSuccess) return err;
     it = h->plans.emplace(key, plan).first;
   }
@@ -268,6 +297,72 @@ cudaError_t launch_gemm_bf16(GemmHandle* h, const void* x, const void* w, const 
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                                    &p.algo, h->workspace, h->workspace_bytes, stream));
   return cudaSuccess;
+}
+
+void gemm_fp8_set_epilogue_scaling(GemmHandle* handle, bool on) {
+  if (handle != nullptr) handle->fp8_epilogue = on;
+}
+
+bool gemm_fp8_scales_in_epilogue(const GemmHandle* handle, int m, int n, int k, bool has_bias) {
+  if (handle == nullptr) return false;
+  const auto it = handle->plans.find(std::make_tuple(m, n, k, has_bias, false, true));
+  return it != handle->plans.end() && it->second.scale_in_epilogue;
+}
+
+cudaError_t launch_gemm_fp8(GemmHandle* h, const void* xq, const float* x_scales, const void* wq,
+                            const float* w_scales, const void* bias, void* y, int m, int n, int k,
+                            cudaStream_t stream) {
+  if (h == nullptr || m < 0 || n <= 0 || k <= 0 || x_scales == nullptr || w_scales == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (k % 16 != 0 || n % 16 != 0) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  const auto key = std::make_tuple(m, n, k, bias != nullptr, false, true);
+  auto it = h->plans.find(key);
+  // No kernel for the scale vectors: unscaled sums, scaled (and biased) by our kernel.
+  auto epilogue_plan = [&](GemmHandle::Plan* plan) {
+    const cudaError_t err = make_plan(h, m, n, k, false, false, PlanFormat{true, false}, plan);
+    if (err == cudaSuccess) {
+      h->last_status = 0;
+      plan->scale_in_epilogue = true;
+    }
+    return err;
+  };
+  if (it == h->plans.end()) {
+    GemmHandle::Plan plan;
+    cudaError_t err = cudaErrorNotSupported;
+    if (!h->fp8_epilogue) {
+      err = make_plan(h, m, n, k, bias != nullptr, false, PlanFormat{true, true}, &plan);
+    }
+    if (err != cudaSuccess) PAGEDLM_CUDA_TRY(epilogue_plan(&plan));
+    it = h->plans.emplace(key, plan).first;
+  }
+  GemmHandle::Plan& p = it->second;
+  const float alpha = 1.f, beta = 0.f;
+  if (!p.scale_in_epilogue) {
+    PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                     &w_scales, sizeof(w_scales)));
+    PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &x_scales, sizeof(x_scales)));
+    if (bias != nullptr) {
+      PAGEDLM_LT_TRY(h, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias, sizeof(bias)));
+    }
+    const cublasStatus_t st =
+        cublasLtMatmul(h->lt, p.op, &alpha, wq, p.a, xq, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                       h->workspace, h->workspace_bytes, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) return cudaSuccess;
+    // The heuristic offered an algorithm the call then refused for the scale vectors (it
+    // checks some of them only here): this shape scales in the epilogue from now on.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) return fail(h, st);
+    GemmHandle::Plan fallback;
+    PAGEDLM_CUDA_TRY(epilogue_plan(&fallback));
+    destroy_plan(p);
+    p = fallback;
+  }
+  PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, wq, p.a, xq, p.b, &beta, y, p.c, y, p.c,
+                                   &p.algo, h->workspace, h->workspace_bytes, stream));
+  return launch_fp8_scale_epilogue(y, x_scales, w_scales, bias, m, n, stream);
 }
 
 }  // namespace pagedlm::cuda

@@ -228,11 +228,51 @@ cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, i
 // mask_slot[r] >= 0, row r's tokens whose bit is clear in mask + mask_slot[r] * mask_words
 // (bit id % 32 of word id / 32) count as -inf before step 1.
 // ---------------------------------------------------------------------------------------------
+// Logit adjustments, applied before step 1 (after the mask: a masked token stays -inf), in
+// vLLM's order:
+//  a. bias (bias_indptr given): row r adds bias_values[j] to logit bias_tokens[j] for j in
+//     [bias_indptr[r], bias_indptr[r + 1]), in order. launch_sample makes the additions in the
+//     logits in place (one thread per row, in list order, keeping each replaced value in
+//     bias_saved[j]) and undoes them after the draw, so the logits read the same afterwards.
+//  b. penalties (penalty_slot given, penalty_slot[r] >= 0): with c = counts[slot * vocab + i]
+//     and s = c > 0 or bit i of prompt_seen + slot * ceil(vocab / 32): where s, x = x > 0 ?
+//     x / repetition : x * repetition; where c > 0, x -= fmaf(frequency, c, presence). Applied
+//     as the sampler reads each logit: the logits are not written.
+struct SampleAdjust {
+  const int32_t* bias_indptr = nullptr;  // [num_rows + 1]
+  const int32_t* bias_tokens = nullptr;
+  const float* bias_values = nullptr;
+  float* bias_saved = nullptr;
+  const int32_t* penalty_slot = nullptr;  // [num_rows]
+  const float* repetition = nullptr;      // [num_rows]
+  const float* presence = nullptr;        // [num_rows]
+  const float* frequency = nullptr;       // [num_rows]
+  const int32_t* counts = nullptr;        // [slots, vocab]
+  const int32_t* prompt_seen = nullptr;   // [slots, ceil(vocab / 32)]
+};
 cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const float* temperature,
                           const int32_t* top_k, const float* top_p, const float* min_p,
                           const uint64_t* seed, const int64_t* step, int32_t* out_tokens,
                           cudaStream_t stream, const int32_t* mask = nullptr,
-                          const int32_t* mask_slot = nullptr, int mask_words = 0);
+                          const int32_t* mask_slot = nullptr, int mask_words = 0,
+                          const SampleAdjust& adjust = {});
+
+// For every i < n with slots[i] in [0, num_slots) and tokens[i] in [0, vocab): prompt ? set bit
+// tokens[i] of prompt_seen + slots[i] * ceil(vocab / 32) : counts[slots[i] * vocab +
+// tokens[i]] += 1 (atomically: a token may repeat).
+cudaError_t launch_count_tokens(int32_t* counts, int32_t* prompt_seen, int vocab, int num_slots,
+                                const int32_t* tokens, const int32_t* slots, int n, bool prompt,
+                                cudaStream_t stream);
+
+// Logprobs of sampled tokens, one block per row of logits [num_rows, vocab] f32; rows with
+// top_k[r] < 0 are skipped. log_z = max + log(sum exp(x - max)); top_ids/top_logprobs[r *
+// max_top + j], j < max(top_k[r], 1) <= max_top: the tokens in descending logit order, ties
+// toward the lower index, with x - log_z; logprob[r]: that number for tokens[r] where it is
+// among them, else x[tokens[r]] - log_z.
+cudaError_t launch_sampled_logprobs(const float* logits, int num_rows, int vocab,
+                                    const int32_t* tokens, const int32_t* top_k, int max_top,
+                                    float* logprob, int32_t* top_ids, float* top_logprobs,
+                                    cudaStream_t stream);
 
 // The counter-based uniform of step 6, for host code and tests.
 double sampling_uniform(uint64_t seed, int64_t step);
@@ -257,5 +297,36 @@ cudaError_t launch_gemm_bf16(GemmHandle* handle, const void* x, const void* w, c
 void gemm_set_tuning(GemmHandle* handle, bool on);
 // The cuBLAS status of the handle's last failed call (0 when none), for error messages.
 int gemm_last_status(const GemmHandle* handle);
+
+// ---------------------------------------------------------------------------------------------
+// FP8 (e4m3) W8A8 GEMMs, on devices with FP8 tensor cores (compute capability 8.9 and up).
+// "e4m3" pointers hold OCP E4M3 bytes (__nv_fp8_e4m3).
+// ---------------------------------------------------------------------------------------------
+// Rows of x [rows, cols] bf16 quantized to e4m3: q[r, c] = e4m3(x[r, c] / scales[r]), rounded to
+// nearest even and saturated at +-448. static_scale > 0: every row's scale is static_scale (a
+// checkpoint's calibrated input_scale). Else each row's own: scales[r] = max(a / 448, min_scale)
+// with a = max |x[r, :]|, or min(a, scale_ub) where scale_ub > 0 (fbgemm's activation_scale_ub:
+// outliers saturate instead of coarsening the row). One block per row.
+cudaError_t launch_quantize_fp8_rows(const void* x, void* q, float* scales, int rows, int cols,
+                                     float static_scale, float scale_ub, float min_scale,
+                                     cudaStream_t stream);
+// y[M, N] = (x_scales[m] * w_scales[n]) * sum_k xq[m, k] * wq[n, k] (+ bias[n]): xq [M, K] and
+// wq [N, K] e4m3, x_scales [M] and w_scales [N] f32, bias [N] bf16 (may be null), y [M, N] bf16,
+// f32 accumulation. K and N multiples of 16. cuBLASLt applies the two scale vectors itself
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) where the device's cuBLASLt has a kernel for
+// them; else (or with gemm_fp8_set_epilogue_scaling) the GEMM writes the unscaled sums in bf16
+// and one more kernel scales them and adds the bias in place.
+cudaError_t launch_gemm_fp8(GemmHandle* handle, const void* xq, const float* x_scales,
+                            const void* wq, const float* w_scales, const void* bias, void* y, int m,
+                            int n, int k, cudaStream_t stream);
+// On: every FP8 shape met from now on takes the epilogue kernel's scaling (tests hold both ways
+// to the same reference). Plans already made keep theirs.
+void gemm_fp8_set_epilogue_scaling(GemmHandle* handle, bool on);
+// Whether the plan of this FP8 shape (made by a call) scales in the epilogue kernel; false when
+// no call has made it.
+bool gemm_fp8_scales_in_epilogue(const GemmHandle* handle, int m, int n, int k, bool has_bias);
+// The epilogue kernel alone: y[m, n] = y[m, n] * x_scales[m] * w_scales[n] (+ bias[n]), bf16 y.
+cudaError_t launch_fp8_scale_epilogue(void* y, const float* x_scales, const float* w_scales,
+                                      const void* bias, int m, int n, cudaStream_t stream);
 
 }  // namespace pagedlm::cuda

@@ -3,10 +3,15 @@
 // (4 passes of 8-bit digits: counts for top-k, probability mass for top-p), so nothing is
 // sorted and no scratch memory is needed. The draw is an inverse-CDF walk in token order with a
 // counter-based uniform (splitmix64), reproducible per request whatever the batch holds.
+// Penalties are applied as each logit is read (from a per-sequence table of token counts and
+// prompt bits that a tiny kernel updates from the sampled tokens), the logit bias in place and
+// undone after the draw, and returned logprobs come from the raw logits: nothing leaves the
+// device but tokens and a few numbers per row.
 
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
 
 #include "pagedlm/ops/cuda/common.cuh"
@@ -34,15 +39,65 @@ __device__ __forceinline__ float key_float(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
 
+// The block's largest (value, lowest index on ties) of every thread's (best, best_i); valid in
+// thread 0. A thread with no candidate passes (-inf, INT_MAX).
+__device__ __forceinline__ void block_argmax(float& best, int& best_i) {
+  __shared__ float wb[32];
+  __shared__ int wi[32];
+  const int tid = threadIdx.x;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) {
+      best = ob;
+      best_i = oi;
+    }
+  }
+  if ((tid & 31) == 0) {
+    wb[tid >> 5] = best;
+    wi[tid >> 5] = best_i;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) {
+      if (wb[w] > best || (wb[w] == best && wi[w] < best_i)) {
+        best = wb[w];
+        best_i = wi[w];
+      }
+    }
+  }
+  __syncthreads();  // wb/wi may be reused by the next call
+}
+
+// A logit with row r's penalties applied (SampleAdjust b.; the host's ops::adjust_logits does
+// the same operations, hence the explicit roundings: no contraction may fuse them otherwise).
+struct RowPenalty {
+  const int32_t* counts = nullptr;        // the row's slot: [vocab]
+  const uint32_t* prompt_seen = nullptr;  // [ceil(vocab / 32)]
+  float repetition = 1.f, presence = 0.f, frequency = 0.f;
+
+  __device__ __forceinline__ float operator()(float v, int i) const {
+    const int c = counts[i];
+    if (repetition != 1.f && (c > 0 || ((prompt_seen[i >> 5] >> (i & 31)) & 1u))) {
+      v = v > 0.f ? __fdiv_rn(v, repetition) : __fmul_rn(v, repetition);
+    }
+    if ((presence != 0.f || frequency != 0.f) && c > 0) {
+      v = __fsub_rn(v, fmaf(frequency, static_cast<float>(c), presence));
+    }
+    return v;
+  }
+};
+
 // logits: [num_rows, vocab] f32; out_tokens: [num_rows]; grid: num_rows blocks of kThreads.
-// kMasked: rows may have token masks (mask_slot); the unmasked instantiation, which steps
-// without structured output take, reads the logits alone.
-template <bool kMasked>
+// kMasked: rows may have token masks (mask_slot); kPenalized: rows may have penalties
+// (adjust.penalty_slot). The plain instantiation, which steps without structured output or
+// penalties take, reads the logits alone.
+template <bool kMasked, bool kPenalized>
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int vocab, const float* temperature, const int32_t* top_k,
                   const float* top_p, const float* min_p, const uint64_t* seed, const int64_t* step,
                   int32_t* out_tokens, const int32_t* masks, const int32_t* mask_slot,
-                  int mask_words) {
+                  int mask_words, SampleAdjust adjust) {
   __shared__ float scratch[32];
   __shared__ float hist_mass[kBins];
   __shared__ int hist_count[kBins];
@@ -59,10 +114,21 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t* row_mask =
       slot >= 0 ? reinterpret_cast<const uint32_t*>(masks) + static_cast<size_t>(slot) * mask_words
                 : nullptr;
-  // Token i's logit, -inf where the row's grammar forbids it.
+  RowPenalty penalty;
+  const int pslot = kPenalized ? adjust.penalty_slot[row] : -1;
+  if (pslot >= 0) {
+    penalty.counts = adjust.counts + static_cast<size_t>(pslot) * vocab;
+    penalty.prompt_seen = reinterpret_cast<const uint32_t*>(adjust.prompt_seen) +
+                          static_cast<size_t>(pslot) * ((vocab + 31) / 32);
+    penalty.repetition = adjust.repetition[row];
+    penalty.presence = adjust.presence[row];
+    penalty.frequency = adjust.frequency[row];
+  }
+  // Token i's logit, -inf where the row's grammar forbids it, penalized where the row asks.
   const auto x = [&](int i) {
-    if (!kMasked) return row_logits[i];
-    return (!row_mask || ((row_mask[i >> 5] >> (i & 31)) & 1u)) ? row_logits[i] : -INFINITY;
+    if (kMasked && row_mask && !((row_mask[i >> 5] >> (i & 31)) & 1u)) return -INFINITY;
+    if (kPenalized && pslot >= 0) return penalty(row_logits[i], i);
+    return row_logits[i];
   };
   const float temp = temperature[row];
   const int k = top_k[row];
@@ -76,31 +142,8 @@ __global__ void __launch_bounds__(kThreads)
         best_i = i;
       }
     }
-    // Warp then block argmax with the lowest index on ties.
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (ob > best || (ob == best && oi < best_i)) {
-        best = ob;
-        best_i = oi;
-      }
-    }
-    __shared__ float wb[32];
-    __shared__ int wi[32];
-    if ((tid & 31) == 0) {
-      wb[tid >> 5] = best;
-      wi[tid >> 5] = best_i;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < kThreads / 32; ++w) {
-        if (wb[w] > best || (wb[w] == best && wi[w] < best_i)) {
-          best = wb[w];
-          best_i = wi[w];
-        }
-      }
-      out_tokens[row] = best_i < vocab ? best_i : 0;
-    }
+    block_argmax(best, best_i);
+    if (tid == 0) out_tokens[row] = best_i < vocab ? best_i : 0;
     return;
   }
 
@@ -246,6 +289,104 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Logit bias in place (undo false: each replaced value kept in saved[j]) or undone (undo true,
+// in reverse order, so a token listed twice gets its first value back). One thread per row:
+// the additions of a row are made in list order, as the host makes them.
+__global__ void logit_bias_kernel(float* logits, int num_rows, int vocab, const int32_t* indptr,
+                                  const int32_t* tokens, const float* values, float* saved,
+                                  bool undo) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= num_rows) return;
+  float* x = logits + static_cast<size_t>(row) * vocab;
+  const int begin = indptr[row], end = indptr[row + 1];
+  if (!undo) {
+    for (int j = begin; j < end; ++j) {
+      const int t = tokens[j];
+      if (t < 0 || t >= vocab) continue;
+      saved[j] = x[t];
+      x[t] = __fadd_rn(x[t], values[j]);
+    }
+  } else {
+    for (int j = end - 1; j >= begin; --j) {
+      const int t = tokens[j];
+      if (t >= 0 && t < vocab) x[t] = saved[j];
+    }
+  }
+}
+
+__global__ void count_tokens_kernel(int32_t* counts, uint32_t* prompt_seen, int vocab,
+                                    int num_slots, const int32_t* tokens, const int32_t* slots,
+                                    int n, bool prompt) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int slot = slots[i], t = tokens[i];
+  if (slot < 0 || slot >= num_slots || t < 0 || t >= vocab) return;
+  if (prompt) {
+    atomicOr(prompt_seen + static_cast<size_t>(slot) * ((vocab + 31) / 32) + (t >> 5),
+             1u << (t & 31));
+  } else {
+    atomicAdd(counts + static_cast<size_t>(slot) * vocab + t, 1);
+  }
+}
+
+// One block per row: log_z, then the top tokens one at a time (each the block's best among the
+// tokens ordered after the previous one: lower logit, or the same logit and a higher index).
+__global__ void __launch_bounds__(kThreads)
+    sampled_logprobs_kernel(const float* logits, int vocab, const int32_t* tokens,
+                            const int32_t* top_k, int max_top, float* logprob, int32_t* top_ids,
+                            float* top_logprobs) {
+  __shared__ float scratch[32];
+  __shared__ float prev_s;
+  __shared__ int prev_i_s;
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const int k = top_k[row];
+  if (k < 0) return;
+  const int n = min(max(k, 1), max_top);
+  const float* x = logits + static_cast<size_t>(row) * vocab;
+  float local = -INFINITY;
+  for (int i = tid; i < vocab; i += kThreads) local = fmaxf(local, x[i]);
+  const float max_x = detail::block_max(local, scratch);
+  float sum = 0.f;
+  for (int i = tid; i < vocab; i += kThreads) sum += expf(x[i] - max_x);
+  const float log_z = max_x + logf(detail::block_sum(sum, scratch));
+  float prev = INFINITY;
+  int prev_i = -1, found = 0;
+  for (int j = 0; j < n; ++j) {
+    float best = -INFINITY;
+    int best_i = INT_MAX;
+    for (int i = tid; i < vocab; i += kThreads) {
+      const float v = x[i];
+      const bool after = v < prev || (v == prev && i > prev_i);
+      if (after && (v > best || (v == best && i < best_i))) {
+        best = v;
+        best_i = i;
+      }
+    }
+    block_argmax(best, best_i);
+    if (tid == 0) {
+      prev_s = best;
+      prev_i_s = best_i;
+      if (best_i < vocab) {
+        top_ids[row * max_top + j] = best_i;
+        top_logprobs[row * max_top + j] = best - log_z;
+      }
+    }
+    __syncthreads();
+    prev = prev_s;
+    prev_i = prev_i_s;
+    if (prev_i >= vocab) break;  // fewer tokens than asked for
+    found = j + 1;
+  }
+  if (tid == 0) {
+    const int t = tokens[row];
+    float lp = t >= 0 && t < vocab ? x[t] - log_z : -INFINITY;
+    for (int j = 0; j < found; ++j) {
+      if (top_ids[row * max_top + j] == t) lp = top_logprobs[row * max_top + j];
+    }
+    logprob[row] = lp;
+  }
+}
+
 }  // namespace
 
 double sampling_uniform(uint64_t seed, int64_t step) { return uniform01(seed, step); }
@@ -254,18 +395,70 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
                           const int32_t* top_k, const float* top_p, const float* min_p,
                           const uint64_t* seed, const int64_t* step, int32_t* out_tokens,
                           cudaStream_t stream, const int32_t* mask, const int32_t* mask_slot,
-                          int mask_words) {
+                          int mask_words, const SampleAdjust& adjust) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
-  if (mask != nullptr && mask_slot != nullptr) {
-    sample_kernel<true><<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k, top_p,
-                                                           min_p, seed, step, out_tokens, mask,
-                                                           mask_slot, mask_words);
-  } else {
-    sample_kernel<false><<<num_rows, kThreads, 0, stream>>>(logits, vocab, temperature, top_k,
-                                                            top_p, min_p, seed, step, out_tokens,
-                                                            nullptr, nullptr, 0);
+  const bool masked = mask != nullptr && mask_slot != nullptr;
+  const bool penalized = adjust.penalty_slot != nullptr;
+  if (penalized && (!adjust.repetition || !adjust.presence || !adjust.frequency || !adjust.counts ||
+                    !adjust.prompt_seen)) {
+    return cudaErrorInvalidValue;
   }
+  const bool biased = adjust.bias_indptr != nullptr;
+  if (biased && (!adjust.bias_tokens || !adjust.bias_values || !adjust.bias_saved)) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kBiasThreads = 128;
+  const int bias_blocks = (num_rows + kBiasThreads - 1) / kBiasThreads;
+  // In place and undone below: the caller's logits read the same after the call.
+  auto* biased_logits =
+      const_cast<float*>(logits);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  if (biased) {
+    logit_bias_kernel<<<bias_blocks, kBiasThreads, 0, stream>>>(
+        biased_logits, num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
+        adjust.bias_saved, /*undo=*/false);
+  }
+  const auto launch = [&](auto kernel) {
+    kernel<<<num_rows, kThreads, 0, stream>>>(
+        logits, vocab, temperature, top_k, top_p, min_p, seed, step, out_tokens,
+        masked ? mask : nullptr, masked ? mask_slot : nullptr, masked ? mask_words : 0, adjust);
+  };
+  if (masked && penalized) {
+    launch(sample_kernel<true, true>);
+  } else if (masked) {
+    launch(sample_kernel<true, false>);
+  } else if (penalized) {
+    launch(sample_kernel<false, true>);
+  } else {
+    launch(sample_kernel<false, false>);
+  }
+  if (biased) {
+    logit_bias_kernel<<<bias_blocks, kBiasThreads, 0, stream>>>(
+        biased_logits, num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
+        adjust.bias_saved, /*undo=*/true);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_count_tokens(int32_t* counts, int32_t* prompt_seen, int vocab, int num_slots,
+                                const int32_t* tokens, const int32_t* slots, int n, bool prompt,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (vocab <= 0 || !counts || !prompt_seen || !tokens || !slots) return cudaErrorInvalidValue;
+  constexpr int kCountThreads = 256;
+  count_tokens_kernel<<<(n + kCountThreads - 1) / kCountThreads, kCountThreads, 0, stream>>>(
+      counts, reinterpret_cast<uint32_t*>(prompt_seen), vocab, num_slots, tokens, slots, n, prompt);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sampled_logprobs(const float* logits, int num_rows, int vocab,
+                                    const int32_t* tokens, const int32_t* top_k, int max_top,
+                                    float* logprob, int32_t* top_ids, float* top_logprobs,
+                                    cudaStream_t stream) {
+  if (num_rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || max_top <= 0) return cudaErrorInvalidValue;
+  sampled_logprobs_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, tokens, top_k, max_top,
+                                                             logprob, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

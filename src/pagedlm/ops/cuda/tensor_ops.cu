@@ -15,6 +15,7 @@
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/rms_norm.h"
 #include "pagedlm/ops/sampling.h"
@@ -88,6 +89,43 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
 
 void set_linear_tuning(bool on) { raw::gemm_set_tuning(gemm_handle(), on); }
 
+void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int64_t cols,
+                       const Fp8InputScaling& how, void* stream) {
+  raw::check(raw::launch_quantize_fp8_rows(x, q, scales, static_cast<int>(rows),
+                                           static_cast<int>(cols), how.static_scale, how.max_abs_ub,
+                                           kFp8MinScale, as_stream(stream)),
+             "quantize_fp8_rows");
+}
+
+void linear_fp8(const void* xq, const float* x_scales, const void* wq, const float* w_scales,
+                const void* bias, void* out, int64_t rows, int64_t out_features,
+                int64_t in_features, void* stream) {
+  raw::GemmHandle* h = gemm_handle();
+  const cudaError_t err = raw::launch_gemm_fp8(
+      h, xq, x_scales, wq, w_scales, bias, out, static_cast<int>(rows),
+      static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
+  PAGEDLM_CHECK(err == cudaSuccess, "linear (FP8 weight) [", rows, ", ", in_features, "] x [",
+                out_features, ", ", in_features, "]^T: ", cudaGetErrorString(err),
+                " (cuBLAS status ", raw::gemm_last_status(h), ")");
+}
+
+void device_capability(int* major, int* minor, const char** name) {
+  const raw::DeviceLimits* limits = nullptr;
+  raw::check(raw::current_device_limits(&limits), "the CUDA device");
+  *major = limits->cc_major;
+  *minor = limits->cc_minor;
+  *name = limits->name;
+}
+
+void set_fp8_epilogue_scaling(bool on) { raw::gemm_fp8_set_epilogue_scaling(gemm_handle(), on); }
+
+bool fp8_scales_in_epilogue(int64_t rows, int64_t out_features, int64_t in_features,
+                            bool has_bias) {
+  return raw::gemm_fp8_scales_in_epilogue(gemm_handle(), static_cast<int>(rows),
+                                          static_cast<int>(out_features),
+                                          static_cast<int>(in_features), has_bias);
+}
+
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
               int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
   require_bf16(dtype, "rms_norm");
@@ -141,11 +179,39 @@ void softcap(void* x, int64_t n, float cap, DType dtype, void* stream) {
 
 void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const SamplerRows& params,
                    int32_t* out_tokens, void* stream) {
+  raw::SampleAdjust adjust;
+  adjust.bias_indptr = params.bias_indptr;
+  adjust.bias_tokens = params.bias_tokens;
+  adjust.bias_values = params.bias_values;
+  adjust.bias_saved = params.bias_saved;
+  adjust.penalty_slot = params.penalty_slot;
+  adjust.repetition = params.repetition_penalty;
+  adjust.presence = params.presence_penalty;
+  adjust.frequency = params.frequency_penalty;
+  adjust.counts = params.token_counts;
+  adjust.prompt_seen = params.prompt_seen;
   raw::check(raw::launch_sample(logits, static_cast<int>(rows), static_cast<int>(vocab),
                                 params.temperature, params.top_k, params.top_p, params.min_p,
                                 params.seed, params.step, out_tokens, as_stream(stream),
-                                params.mask, params.mask_slot, params.mask_words),
+                                params.mask, params.mask_slot, params.mask_words, adjust),
              "sampling");
+}
+
+void count_tokens(const TokenState& state, const int32_t* tokens, const int32_t* slots, int64_t n,
+                  bool prompt, void* stream) {
+  raw::check(raw::launch_count_tokens(state.counts, state.prompt_seen,
+                                      static_cast<int>(state.vocab), state.num_slots, tokens, slots,
+                                      static_cast<int>(n), prompt, as_stream(stream)),
+             "count_tokens");
+}
+
+void sampled_logprobs(const float* logits, int64_t rows, int64_t vocab, const LogprobRows& params,
+                      void* stream) {
+  raw::check(
+      raw::launch_sampled_logprobs(logits, static_cast<int>(rows), static_cast<int>(vocab),
+                                   params.tokens, params.top_k, kMaxTopLogprobs, params.logprob,
+                                   params.top_ids, params.top_logprobs, as_stream(stream)),
+      "sampled_logprobs");
 }
 
 // The k part of qkv is rotated in place before it is written to the cache; q leaves the fused
