@@ -34,7 +34,7 @@ int64_t CudaWorker::logits_downloads() const { return runner_->logits_downloads(
 int32_t CudaWorker::max_top_logprobs() const { return ops::kMaxTopLogprobs; }
 
 StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
-  PAGEDLM_CHECK(!done_, "a step is in flight: collect it before launching the next");
+  held_.require_none();
   // CudaStepRunner::run enqueues the plan's upload, the forward pass, the masks' upload and the
   // sampler, and the downloads of the tokens and logits, then waits for its stream
   // (cudaStreamSynchronize) and reads the tokens. The wait and the read belong in collect: with
@@ -52,15 +52,9 @@ StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
   t.wait_end = runner_->last_wait_end();
   t.mask_ms = runner_->last_mask_ms();
   t.mask_hidden = runner_->last_mask_hidden();
-  done_ = std::move(result);
-  return {++launched_};
+  return held_.hold(std::move(result));
 }
 
-StepResult CudaWorker::collect(StepHandle handle) {
-  PAGEDLM_CHECK(done_ && handle.id == launched_, "collect: step ", handle.id, " is not in flight");
-  StepResult result = std::move(*done_);
-  done_.reset();
-  return result;
-}
+StepResult CudaWorker::collect(StepHandle handle) { return held_.take(handle); }
 
 }  // namespace pagedlm

@@ -42,6 +42,24 @@ int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, 
       std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
 }
 
+void HeldStep::require_none() const {
+  PAGEDLM_CHECK(!result_, "a step is in flight: collect it before launching the next");
+}
+
+StepHandle HeldStep::hold(StepResult result) {
+  require_none();
+  result_ = std::move(result);
+  return {++launched_};
+}
+
+StepResult HeldStep::take(StepHandle handle) {
+  PAGEDLM_CHECK(result_ && handle.id == launched_, "collect: step ", handle.id,
+                " is not in flight");
+  StepResult result = std::move(*result_);
+  result_.reset();
+  return result;
+}
+
 RankParts::RankParts() = default;
 RankParts::RankParts(RankParts&&) noexcept = default;
 RankParts& RankParts::operator=(RankParts&&) noexcept = default;
@@ -124,7 +142,7 @@ bool CpuWorker::forward(const StepPlan& plan, const ForwardInputs& inputs, const
 }
 
 StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
-  PAGEDLM_CHECK(!done_, "a step is in flight: collect it before launching the next");
+  held_.require_none();
   StepResult result;
   const int32_t B = plan.num_seqs();
   const int64_t vocab = model_->config().vocab_size;
@@ -140,8 +158,9 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
     finished = forward(plan, inputs, result.logits);
   }
   if (!finished) {
-    done_.emplace().completed = false;
-    return {++launched_};
+    StepResult left;
+    left.completed = false;
+    return held_.hold(std::move(left));
   }
   const bool masked = std::any_of(step.sampling.begin(), step.sampling.end(),
                                   [](const SeqSampling& s) { return s.mask_row >= 0; });
@@ -163,15 +182,9 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
   }
   // The forward ran inline: no wait.
   result.timings.wait_begin = result.timings.wait_end = std::chrono::steady_clock::now();
-  done_ = std::move(result);
-  return {++launched_};
+  return held_.hold(std::move(result));
 }
 
-StepResult CpuWorker::collect(StepHandle handle) {
-  PAGEDLM_CHECK(done_ && handle.id == launched_, "collect: step ", handle.id, " is not in flight");
-  StepResult result = std::move(*done_);
-  done_.reset();
-  return result;
-}
+StepResult CpuWorker::collect(StepHandle handle) { return held_.take(handle); }
 
 }  // namespace pagedlm

@@ -134,6 +134,21 @@ class Worker {
   virtual int32_t max_top_logprobs() const { return std::numeric_limits<int32_t>::max(); }
 };
 
+// A launched step's result, held until it is collected, for workers whose launch ends with the
+// step done (the CPU's; the GPU's while CudaStepRunner::run waits for its stream).
+class HeldStep {
+ public:
+  // Fails while a step is held: one step is in flight at a time.
+  void require_none() const;
+  StepHandle hold(StepResult result);
+  // The held step's result; fails unless `handle` is the held step's.
+  StepResult take(StepHandle handle);
+
+ private:
+  int64_t launched_ = 0;
+  std::optional<StepResult> result_;
+};
+
 // One rank's share of the model and what runs it on its device.
 struct RankParts {
   RankParts();
@@ -197,8 +212,7 @@ class CpuWorker final : public Worker {
   CpuRanks* peers_ = nullptr;
   std::unique_ptr<int32_t[]> mask_rows_;
   int32_t mask_words_ = 0;
-  int64_t launched_ = 0;
-  std::optional<StepResult> done_;  // the launched step's result, until collected
+  HeldStep held_;
 };
 
 // The GPU's worker: the model, its paged KV cache and the CudaStepRunner that stages each plan,
@@ -225,8 +239,7 @@ class CudaWorker final : public Worker {
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
   int32_t mask_words_ = 0;
-  int64_t launched_ = 0;
-  std::optional<StepResult> done_;  // the launched step's result, until collected
+  HeldStep held_;
 };
 
 }  // namespace pagedlm
