@@ -141,7 +141,10 @@ Engine::~Engine() = default;
 
 const ModelConfig& Engine::config() const { return executor_->worker().model().config(); }
 
-void Engine::use_on_this_thread() const { executor_->worker().make_current(); }
+void Engine::use_on_this_thread() const {
+  executor_->worker().make_current();
+  set_num_threads(options_.threads);
+}
 
 int64_t Engine::add_request(Request request) {
   const int64_t vocab = config().vocab_size;
