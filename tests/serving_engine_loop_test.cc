@@ -23,6 +23,13 @@ Checkpoint tiny_checkpoint() {
           .string());
 }
 
+EngineOptions one_thread_options() {
+  EngineOptions options;
+  options.threads = 1;
+  options.kv_cache_bytes = 16 << 20;
+  return options;
+}
+
 GenerationJob one_token_job(int32_t first_token) {
   GenerationJob job;
   job.request.prompt = {first_token, first_token + 1, first_token + 2, first_token + 3};
@@ -48,10 +55,7 @@ TokenEvent wait_finished(OutputChannel& channel) {
 
 TEST(EngineLoop, HeldSubmissionsAreAdmittedTogetherAtOneStep) {
   const Checkpoint checkpoint = tiny_checkpoint();
-  EngineOptions options;
-  options.threads = 1;
-  options.kv_cache_bytes = 16 << 20;
-  Engine engine(checkpoint, options);
+  Engine engine(checkpoint, one_thread_options());
   EngineLoop loop(engine, /*max_waiting=*/64);
 
   loop.hold_admissions();
@@ -79,10 +83,7 @@ TEST(EngineLoop, HeldSubmissionsAreAdmittedTogetherAtOneStep) {
 
 TEST(EngineLoop, ReleaseWithoutHoldIsRefused) {
   const Checkpoint checkpoint = tiny_checkpoint();
-  EngineOptions options;
-  options.threads = 1;
-  options.kv_cache_bytes = 16 << 20;
-  Engine engine(checkpoint, options);
+  Engine engine(checkpoint, one_thread_options());
   EngineLoop loop(engine, /*max_waiting=*/64);
   EXPECT_THROW(loop.release_admissions(), Error);
   loop.stop();
