@@ -5,7 +5,10 @@ Batch: `pagedlm bench --dummy CONFIG --repeat R` (the random workload: 256 reque
 100-1024 tokens, 256 new tokens each, after 8 warm-up requests) against the very same requests
 (pagedlm._pagedlm.benchmark_workload, the bench's own generator) through one
 `LLM(CONFIG, load_format="dummy").generate(...)` call per repeat; output tok/s = generated tokens /
-wall time from the first submission to the last output, as the bench counts it.
+wall time from the first submission to the last output, as the bench counts it. Both sample
+greedily: the bench's default temperature is 0, SamplingParams' vLLM's 1.0, and sampling at 1.0
+costs a step more than an argmax does (on a CPU most of a step of a small model), a cost that is
+no part of the binding's overhead.
 Single stream: `pagedlm bench --num-requests 1` (a 512-token prompt, 256 new tokens) against
 `LLM.stream()` of the same request: decode tok/s from the second token to the last (the bench:
 its decode steps over their time; stream(): tokens after the first delta over the time from the
@@ -26,6 +29,11 @@ from pagedlm import SamplingParams
 RANDOM = dict(kind="random", num_requests=256, seed=0, prompt_min=100, prompt_max=1024,
               output_min=256, output_max=256, prefix_len=0, unique_len=0, warmup=8)
 SINGLE = dict(RANDOM, num_requests=1, prompt_min=512, prompt_max=512, warmup=2)
+
+
+def bench_params(max_tokens):
+    """A timed request's sampling as `pagedlm bench` has it: greedy, max_tokens exactly."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
 
 
 def bench_cli(args, spec, repeat):
@@ -49,7 +57,7 @@ def warm_up(llm, spec):
     """The bench's untimed warm-up requests, as it runs them before its timed ones."""
     warm, _ = workload(llm, spec, 0)
     llm.generate([p for p, _ in warm],
-                 [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warm])
+                 [bench_params(n) for _, n in warm])
 
 
 def python_batch(llm, spec, repeat):
@@ -57,7 +65,7 @@ def python_batch(llm, spec, repeat):
     runs = []
     for variant in range(repeat):
         _, timed = workload(llm, spec, variant)
-        params = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in timed]
+        params = [bench_params(n) for _, n in timed]
         start = time.perf_counter()
         outs = llm.generate([p for p, _ in timed], params)
         wall = time.perf_counter() - start
@@ -75,7 +83,7 @@ def python_single(llm, spec, repeat):
         (prompt, n), = timed
         first = last = None
         tokens = 0
-        for delta in llm.stream(prompt, SamplingParams(max_tokens=n, ignore_eos=True)):
+        for delta in llm.stream(prompt, bench_params(n)):
             got = len(delta.outputs[0].token_ids)
             now = time.perf_counter()
             if first is None:
