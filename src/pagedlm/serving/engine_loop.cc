@@ -170,6 +170,7 @@ int32_t EngineLoop::retry_after_seconds() const {
 bool EngineLoop::submit(std::vector<GenerationJob> jobs,
                         const std::shared_ptr<OutputChannel>& channel) {
   const Clock::time_point now = Clock::now();
+  bool held = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t waiting = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
@@ -178,8 +179,12 @@ bool EngineLoop::submit(std::vector<GenerationJob> jobs,
       return false;
     }
     for (GenerationJob& job : jobs) inbox_.push_back({std::move(job), channel, now});
+    held = admission_holds_ > 0;
   }
-  cv_.notify_all();
+  // Held, the engine thread could not admit the jobs: release_admissions() wakes it (a batch
+  // submitted under a hold would otherwise wake an idle engine thread once per request, for
+  // nothing, while the engine waits for the batch).
+  if (!held) cv_.notify_all();
   return true;
 }
 
