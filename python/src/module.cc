@@ -580,8 +580,9 @@ NB_MODULE(_pagedlm, m) {
       .def("poll", &Stream::poll, "timeout"_a,
            "Waits up to timeout seconds for output; True if any arrived.")
       .def_static("poll_all", &Stream::poll_all, "streams"_a, "timeout"_a,
-                  "Polls every stream in one call (waiting up to timeout seconds when none had "
-                  "output): per stream, bit 0 output arrived, bit 1 done.")
+                  "Polls every stream in one call (when none had output, waiting up to timeout "
+                  "seconds for an engine step that gave any of them output): per stream, bit 0 "
+                  "output arrived, bit 1 done.")
       .def(
           "done", [](const Stream& s) { return s.stream_done(); },
           "Whether every choice finished (as of the last poll).")
