@@ -112,9 +112,9 @@ struct CudaStepRunner::Impl {
   struct Slot {
     cudaEvent_t begin = nullptr, end = nullptr;  // device time: plan upload .. downloads
     cudaEvent_t forward_done = nullptr, masks_sent = nullptr;  // masked steps
-    int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
-    float* host_logprob = nullptr;   // [T]
-    int32_t* host_top_ids = nullptr;  // [T, kMaxTopLogprobs]
+    int32_t* host_tokens = nullptr;                            // [T] sampled ids, pinned
+    float* host_logprob = nullptr;                             // [T]
+    int32_t* host_top_ids = nullptr;                           // [T, kMaxTopLogprobs]
     float* host_top_logprobs = nullptr;
     // The step: per sequence its sampled logits row (-1: none), logprobs asked, penalty slot
     // and that slot's count after this step's draw.
@@ -129,8 +129,6 @@ struct CudaStepRunner::Impl {
   int64_t launched = 0, collected = 0;  // steps; step k uses slots[k % kSlots]
   // The last collected step was a decode (its end event is in slots[(collected - 1) % kSlots]).
   bool last_collected_decode = false;
-  double decode_gap_ms = 0;
-  int64_t decode_gaps = 0;
   // Recorded after each step's uploads from pinned memory: the next step's staging waits for it
   // before writing the staging block and arrays (the uploads run first in the step, so by then
   // they are done, or nearly).
@@ -156,7 +154,7 @@ struct CudaStepRunner::Impl {
   char* host = nullptr;
   char* dev = nullptr;
   int32_t* dev_tokens = nullptr;  // [T]: the last step's sampled ids, which pending rows read
-  Tensor logits;                   // [T, vocab] f32
+  Tensor logits;                  // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Token bitmasks (structured output): rows written on the host (the engine's mask_rows()),
@@ -228,8 +226,7 @@ struct CudaStepRunner::Impl {
     ops::cuda::require_supported_device(device);
     device_state = std::make_unique<ops::DeviceState>();
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda::check(cudaEventCreateWithFlags(&uploads_done, cudaEventDisableTiming),
-                "cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&uploads_done, cudaEventDisableTiming), "cudaEventCreate");
     cuda::check(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
                 "cudaStreamCreate");
     cuda::check(cudaEventCreateWithFlags(&masks_uploaded, cudaEventDisableTiming),
@@ -266,8 +263,7 @@ struct CudaStepRunner::Impl {
       cuda::check(cudaEventCreate(&slot.masks_sent), "cudaEventCreate");
       cuda::check(cudaMallocHost(&slot.host_tokens, sizeof(int32_t) * max_tokens),
                   "cudaMallocHost");
-      cuda::check(cudaMallocHost(&slot.host_logprob, sizeof(float) * max_tokens),
-                  "cudaMallocHost");
+      cuda::check(cudaMallocHost(&slot.host_logprob, sizeof(float) * max_tokens), "cudaMallocHost");
       cuda::check(cudaMallocHost(&slot.host_top_ids, sizeof(int32_t) * top_entries),
                   "cudaMallocHost");
       cuda::check(cudaMallocHost(&slot.host_top_logprobs, sizeof(float) * top_entries),
@@ -860,10 +856,10 @@ struct CudaStepRunner::Impl {
       PAGEDLM_CHECK(first.row >= 0 && first.row + static_cast<int32_t>(j - i) <= rows &&
                         first.source_row >= 0 && first.source_row < max_tokens,
                     "pending row ", first.row, " (source ", first.source_row, ") out of range");
-      cuda::check(cudaMemcpyAsync(d<int32_t>(off_token_ids) + first.row,
-                                  dev_tokens + first.source_row, sizeof(int32_t) * (j - i),
-                                  cudaMemcpyDeviceToDevice, stream),
-                  "pending tokens copy");
+      cuda::check(
+          cudaMemcpyAsync(d<int32_t>(off_token_ids) + first.row, dev_tokens + first.source_row,
+                          sizeof(int32_t) * (j - i), cudaMemcpyDeviceToDevice, stream),
+          "pending tokens copy");
       i = j;
     }
   }
@@ -1027,8 +1023,7 @@ struct CudaStepRunner::Impl {
       float gap_ms = 0;
       cuda::check(cudaEventElapsedTime(&gap_ms, slots[(collected - 1) % kSlots].end, slot.begin),
                   "cudaEventElapsedTime");
-      decode_gap_ms += gap_ms;
-      ++decode_gaps;
+      t.gap_gpu_ms = gap_ms;
     }
     last_collected_decode = slot.decode;
     const auto B = static_cast<int32_t>(slot.sampled_row.size());
@@ -1092,16 +1087,11 @@ void CudaStepRunner::launch(const StepPlan& plan, const std::vector<SeqSampling>
 
 StepResult CudaStepRunner::collect() { return impl_->collect(); }
 
-double CudaStepRunner::decode_gap_gpu_ms() const { return impl_->decode_gap_ms; }
-
-int64_t CudaStepRunner::decode_gaps() const { return impl_->decode_gaps; }
-
 int32_t* CudaStepRunner::mask_rows() { return impl_->host_masks; }
 
 int32_t CudaStepRunner::num_mask_rows() const { return impl_->max_masks; }
 
 int32_t CudaStepRunner::mask_words() const { return impl_->mask_words; }
-
 
 void CudaStepRunner::make_current() const {
   cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
@@ -1109,11 +1099,9 @@ void CudaStepRunner::make_current() const {
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
-
 int64_t CudaStepRunner::logits_downloads() const { return impl_->logits_downloads; }
 
 int64_t CudaStepRunner::penalty_slot_fills() const { return impl_->slot_fills; }
-
 
 #else  // !PAGEDLM_HAS_CUDA
 
@@ -1144,24 +1132,17 @@ void CudaStepRunner::launch(const StepPlan&, const std::vector<SeqSampling>&, bo
 
 StepResult CudaStepRunner::collect() { fail("this build of pagedlm has no CUDA support"); }
 
-double CudaStepRunner::decode_gap_gpu_ms() const { return 0; }
-
-int64_t CudaStepRunner::decode_gaps() const { return 0; }
-
 int32_t* CudaStepRunner::mask_rows() { return nullptr; }
 
 int32_t CudaStepRunner::num_mask_rows() const { return 0; }
 
 int32_t CudaStepRunner::mask_words() const { return 0; }
 
-
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
-
 
 int64_t CudaStepRunner::logits_downloads() const { return 0; }
 
 int64_t CudaStepRunner::penalty_slot_fills() const { return 0; }
-
 
 #endif  // PAGEDLM_HAS_CUDA
 

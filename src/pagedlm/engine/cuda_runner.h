@@ -71,10 +71,6 @@ class CudaStepRunner {
   // token sampled from its last logits row (-1 where the plan does not sample it), its logits
   // and logprobs where asked, its device time and the host's wait.
   StepResult collect();
-  // Device time between the end of one collected step and the start of the next (the plan
-  // upload), summed over decode steps that followed a decode step, and how many such gaps.
-  double decode_gap_gpu_ms() const;
-  int64_t decode_gaps() const;
   // Token bitmasks (structured output): num_mask_rows() rows of mask_words() int32 words in
   // pinned host memory, written by the engine (and its prefetch worker) between steps and by
   // finish_masks; a masked sequence names its row in SeqSampling::mask_row.

@@ -271,9 +271,12 @@ bool Engine::can_run_ahead(const Launched& step) const {
   }
   // A grammar's mask for the next token depends on this one (the step after is planned once
   // it is accepted); logprobs are computed beside the token and read with it.
+  // (A request whose output was taken since it finished is gone.)
   for (const int64_t id : step.plan.request_ids) {
-    const LiveRequest& r = requests_.at(id);
-    if (r.matcher || r.logprobs_top_k >= 0) return false;
+    const auto it = requests_.find(id);
+    if (it != requests_.end() && (it->second.matcher || it->second.logprobs_top_k >= 0)) {
+      return false;
+    }
   }
   return true;
 }
@@ -358,7 +361,8 @@ std::unique_ptr<Engine::Launched> Engine::launch_step(StepPlan plan, const StepP
     PAGEDLM_CHECK(previous != nullptr, "a plan with pending tokens needs the step before it");
     std::unordered_map<int64_t, int32_t> source_row;
     for (int32_t b = 0; b < previous->num_seqs(); ++b) {
-      if (previous->samples[b]) source_row[previous->request_ids[b]] = previous->logits_indptr[b + 1] - 1;
+      if (previous->samples[b])
+        source_row[previous->request_ids[b]] = previous->logits_indptr[b + 1] - 1;
     }
     for (int32_t b = 0; b < B; ++b) {
       for (int32_t row = p.q_indptr[b]; row < p.q_indptr[b + 1]; ++row) {
@@ -384,6 +388,7 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
   std::vector<int32_t>& sampled = result.sampled;
   const Tensor& logits = result.logits;
   last_step_.gpu_ms = result.timings.gpu_ms;
+  last_step_.gap_gpu_ms = result.timings.gap_gpu_ms;
   last_step_.masked_forward_gpu_ms = result.timings.masked_forward_gpu_ms;
   last_step_.masked_sampler_gpu_ms = result.timings.masked_sampler_gpu_ms;
   const Clock::time_point wait_begin = result.timings.wait_begin;
@@ -481,7 +486,10 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
       ran_ahead ? scheduler_->resolve(plan, sampled) : scheduler_->update(plan, sampled);
   for (const SeqUpdate& u : updates) {
     if (u.reported) continue;  // finished by the step before: this step's token is discarded
-    if (u.finished) requests_.at(u.request_id).output.reason = u.reason;
+    // Cancelled and its output taken while this step ran (after the step before returned).
+    const auto live_it = requests_.find(u.request_id);
+    if (live_it == requests_.end()) continue;
+    if (u.finished) live_it->second.output.reason = u.reason;
     RequestEvent event;
     if (auto lp = logprob_events.find(u.request_id); lp != logprob_events.end() && u.token >= 0) {
       event = std::move(lp->second);

@@ -124,6 +124,7 @@ struct StepShape {
   int64_t attention_pairs = 0;  // (query, visible key) pairs the step's attention computes
   bool decode = false;          // every sequence has exactly one new token
   double gpu_ms = 0;            // CUDA: the step's device time, upload to download
+  double gap_gpu_ms = -1;       // CUDA: the device's idle time before it (StepTimings)
   // Host clock of step(): scheduling; the rest until the device is waited for (plan
   // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
   // (sampled tokens into the scheduler and the events).

@@ -160,11 +160,12 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
                       last_row_tokens_[p.source_row] >= 0,
                   "pending row ", p.row, " has no token of the last step's row ", p.source_row);
     token_ids[p.row] = last_row_tokens_[p.source_row];
-    const auto b = static_cast<int32_t>(
-        std::upper_bound(plan.q_indptr.begin(), plan.q_indptr.end(), p.row) -
-        plan.q_indptr.begin() - 1);
+    const auto b =
+        static_cast<int32_t>(std::upper_bound(plan.q_indptr.begin(), plan.q_indptr.end(), p.row) -
+                             plan.q_indptr.begin() - 1);
     SeqSampling& seq = step.sampling[b];
-    if (seq.tokens != nullptr && seq.tokens->size() > 0 && seq.tokens->all.back() == kPendingToken) {
+    if (seq.tokens != nullptr && seq.tokens->size() > 0 &&
+        seq.tokens->all.back() == kPendingToken) {
       resolved_tokens.push_back(*seq.tokens);
       resolved_tokens.back().all.back() = token_ids[p.row];
       seq.tokens = &resolved_tokens.back();

@@ -97,6 +97,9 @@ struct StepTimings {
   // its forward and sampling were done).
   std::chrono::steady_clock::time_point wait_begin, wait_end;
   double gpu_ms = 0;  // GPU: device time from the plan upload to the tokens' download
+  // GPU, a decode step after a decode step: the device's idle time between the two (from the
+  // end event of the one before to this one's begin event); -1 otherwise.
+  double gap_gpu_ms = -1;
   // GPU, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;

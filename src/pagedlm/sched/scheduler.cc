@@ -567,10 +567,10 @@ std::vector<SeqUpdate> Scheduler::resolve(const StepPlan& plan,
                                           const std::vector<int32_t>& sampled) {
   State& state = *state_;
   const size_t num_seqs = state.ahead.size();
-  PAGEDLM_CHECK(plan.request_ids.size() == num_seqs && sampled.size() >= num_seqs,
-                "resolve() needs the plan given to run_ahead() and its tokens: ",
-                plan.request_ids.size(), " sequences and ", sampled.size(), " tokens for ",
-                num_seqs);
+  PAGEDLM_CHECK(
+      plan.request_ids.size() == num_seqs && sampled.size() >= num_seqs,
+      "resolve() needs the plan given to run_ahead() and its tokens: ", plan.request_ids.size(),
+      " sequences and ", sampled.size(), " tokens for ", num_seqs);
   for (size_t b = 0; b < num_seqs; ++b) {
     PAGEDLM_CHECK(plan.request_ids[b] == state.ahead[b].seq->request.id,
                   "resolve() got a plan whose sequence ", b, " is request ", plan.request_ids[b],
