@@ -2,9 +2,9 @@
 // engine path as the GPU's (step N + 1 planned and launched before step N is collected, pending
 // rows taking N's tokens in the worker): a mixed workload of the SmolLM2 GGUF (greedy, seeded
 // sampling, penalties, logit bias, stop ids, max_tokens, a grammar, logprobs, prefix hits, a
-// chunked prefill, a small page pool, a request cancelled mid-stream as a stop string would) gives
-// the same tokens with it on and off, and no request gets a token past its stop: the tokens its
-// events streamed are those its output holds.
+// chunked prefill, preemption in a small page pool, a request cancelled mid-stream as a stop
+// string would) gives the same tokens with it on and off, and no request gets a token past its
+// stop: the tokens its events streamed are those its output holds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,7 +36,7 @@ Outcome run(const TextModel& model, int32_t async, const std::vector<Request>& r
   EngineOptions opts;
   opts.threads = 2;
   opts.page_size = 16;
-  opts.num_pages = 14;               // 224 slots for ~10 requests, the longest ~130 tokens
+  opts.num_pages = 12;               // 192 slots for ~9 requests of ~27 pages together: preemption
   opts.max_num_batched_tokens = 64;  // the long prompt is prefilled in chunks
   opts.max_num_seqs = 8;
   opts.async_scheduling = async;
@@ -128,6 +128,8 @@ TEST(EngineAsync, MixedWorkloadSameTokensOnAndOff) {
   requests.push_back(request("Once upon a time", 1, 0.f, 0));           // 7: one token
   requests.push_back(request("My favourite colour is", 26, 0.6f, 15));  // 8: cancelled
   requests.push_back(request("def add(a, b):", 32, 0.f, 0));            // 9: greedy
+  // These run to max_tokens, so that the pool runs out while the others stop where EOS comes.
+  for (const int i : {0, 2, 6, 9}) requests[i].sampling.ignore_eos = true;
   const int grammar_index = 4, logprobs_index = 5, cancel_index = 8;
   constexpr int32_t kCancelAfter = 6;
 
@@ -142,8 +144,8 @@ TEST(EngineAsync, MixedWorkloadSameTokensOnAndOff) {
       run(model, 0, requests, schema, grammar_index, logprobs_index, cancel_index, kCancelAfter);
   const Outcome async_run =
       run(model, 1, requests, schema, grammar_index, logprobs_index, cancel_index, kCancelAfter);
-  // Preemption with asynchronous scheduling is asserted by engine_property_test, whose pools
-  // force it.
+  EXPECT_GT(sync_run.preemptions, 0) << "the page pool was meant to force preemption";
+  EXPECT_GT(async_run.preemptions, 0) << "the page pool was meant to force preemption";
   EXPECT_GT(async_run.prefix_hits, 0) << "request 1 was meant to hit request 0's pages";
   for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
     ASSERT_TRUE(sync_run.outputs.count(i) && async_run.outputs.count(i)) << "request " << i;
@@ -165,6 +167,12 @@ TEST(EngineAsync, MixedWorkloadSameTokensOnAndOff) {
   EXPECT_EQ(async_run.outputs.at(cancel_index).size(), static_cast<size_t>(kCancelAfter));
   const std::vector<int32_t>& eos = model.checkpoint.config.eos_token_ids;
   for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
+    if (requests[i].sampling.ignore_eos) {
+      EXPECT_EQ(async_run.outputs.at(i).size(),
+                static_cast<size_t>(requests[i].sampling.max_tokens))
+          << "request " << i;
+      continue;
+    }
     const std::vector<int32_t>& got = async_run.outputs.at(i);
     for (size_t t = 0; t + 1 < got.size(); ++t) {
       EXPECT_EQ(std::count(eos.begin(), eos.end(), got[t]), 0)
