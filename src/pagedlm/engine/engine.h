@@ -127,7 +127,9 @@ struct StepShape {
   double gap_gpu_ms = -1;       // CUDA: the device's idle time before it (StepTimings)
   // Host clock of step(): scheduling; the rest until the device is waited for (plan
   // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
-  // (sampled tokens into the scheduler and the events).
+  // (sampled tokens into the scheduler and the events). With asynchronous scheduling the step
+  // was planned and launched in the step() before, so the rest until its wait also holds that
+  // step()'s end and this one's planning of the next step.
   double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
   // CUDA, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).

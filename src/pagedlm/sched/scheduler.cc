@@ -585,8 +585,12 @@ std::vector<SeqUpdate> Scheduler::resolve(const StepPlan& plan,
     update.request_id = seq.request.id;
     const int32_t pending_at = seq.pending_at;
     seq.pending_at = -1;
+    FinishReason reason = FinishReason::kNone;
     if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran: no token
       if (pending_at >= 0) seq.tokens.all.resize(pending_at);
+    } else if (seq.status == SeqStatus::kRunning && seq.num_pending() == 0 &&
+               seq.request.sampling.max_tokens <= 0) {
+      reason = FinishReason::kLength;  // max_tokens == 0: the prompt was all
     } else if (plan.samples[b]) {
       // The pending token's place (a sequence preempted since keeps it for its recompute), or
       // the end of a sequence the length stops whatever its token.
@@ -601,23 +605,24 @@ std::vector<SeqUpdate> Scheduler::resolve(const StepPlan& plan,
       }
       update.token = token;
       update.num_appended = 1;
-      const FinishReason reason = state.finish_reason_after(seq, token);
-      if (reason != FinishReason::kNone) {
-        if (seq.status == SeqStatus::kWaiting) {
-          state.waiting.erase(std::find(state.waiting.begin(), state.waiting.end(), &seq));
-        } else {
-          state.running.erase(std::find(state.running.begin(), state.running.end(), &seq));
-        }
-        // Its pages go back now; the next step, still running, wrote its last slot, which no
-        // one finds (that position was never committed) and which later steps overwrite only
-        // after it, in stream order.
-        state.finish(seq, reason);
-        seq.finish_reported = true;
+      reason = state.finish_reason_after(seq, token);
+    }
+    if (reason != FinishReason::kNone) {
+      if (seq.status == SeqStatus::kWaiting) {
+        state.waiting.erase(std::find(state.waiting.begin(), state.waiting.end(), &seq));
+      } else {
+        state.running.erase(std::find(state.running.begin(), state.running.end(), &seq));
       }
+      // Its pages go back now; the next step, still running, wrote its last slot, which no
+      // one finds (that position was never committed) and which later steps overwrite only
+      // after it, in stream order.
+      state.finish(seq, reason);
+      seq.finish_reported = true;
     }
-    if (seq.status == SeqStatus::kRunning && seq.in_flight == 0) {
-      state.kv.release_behind_window(seq.kv, seq.num_computed);
-    }
+    // The next step, planned, reads keys from one position lower than the next query after it;
+    // pages released for that query go back to the pool, and a later step writes them only after
+    // the next one has run (stream order).
+    if (seq.status == SeqStatus::kRunning) state.kv.release_behind_window(seq.kv, seq.num_computed);
     update.finished = seq.status == SeqStatus::kFinished;
     update.reason = seq.finish_reason;
     if (update.finished && seq.in_flight == 0) state.sequences.erase(seq.request.id);
