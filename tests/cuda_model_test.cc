@@ -222,6 +222,49 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
   for (int i = 0; i < kNumCases; ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "case " << i;
 }
 
+// Asynchronous scheduling (the GPU's default) against steps planned only once the one before
+// has returned its tokens: the same tokens, greedy, seeded, penalized (the device's penalty
+// slots counting each draw as it runs ahead) and stopped by a stop id one step late, in a pool
+// small enough to preempt; and no token past a stop.
+TEST_P(CudaModel, AsynchronousSchedulingGivesTheSameTokens) {
+  std::vector<RequestOutput> runs[2];
+  int64_t preemptions[2] = {0, 0};
+  for (const int32_t async : {0, 1}) {
+    EngineOptions o = cuda_options();
+    o.async_scheduling = async;
+    o.num_pages = 100;  // 400 slots of 4 tokens: the longest request fits, all of them do not
+    o.page_size = 4;
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (int i = 0; i < 2 * kNumCases; ++i) {
+      Request r;
+      r.prompt = expected_.prompts[i % kNumCases];
+      r.sampling.max_tokens = 12 + 3 * i;
+      r.sampling.ignore_eos = true;
+      if (i % 3 == 1) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.seed = 2000 + i;
+      }
+      if (i % 3 == 2) {
+        r.sampling.repetition_penalty = 1.2f;
+        r.sampling.frequency_penalty = 0.5f;
+      }
+      if (i == 0) r.sampling.stop_token_ids = {expected_.greedy[0][2]};  // greedy: stops early
+      requests.push_back(std::move(r));
+    }
+    runs[async] = engine.generate(std::move(requests));
+    preemptions[async] = engine.stats().preemptions;
+  }
+  EXPECT_GT(preemptions[1], 0) << "the pool was meant to force preemption";
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[1][i].tokens, runs[0][i].tokens) << "request " << i;
+    EXPECT_EQ(runs[1][i].reason, runs[0][i].reason) << "request " << i;
+    EXPECT_LE(runs[1][i].tokens.size(), static_cast<size_t>(12 + 3 * i)) << "request " << i;
+  }
+}
+
 // Rows with logit adjustments are sampled on the device, penalties read from its per-request
 // token counts: each token must be the argmax of the GPU's own logits for its prefix with the
 // bias and the penalties applied (vLLM's order), wherever the adjusted top-2 gap is larger than

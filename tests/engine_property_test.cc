@@ -25,7 +25,9 @@ std::vector<int32_t> alone(const Checkpoint& ckpt, const Request& r) {
   return engine.generate({r})[0].tokens;
 }
 
-TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) {
+// async: EngineOptions::async_scheduling of the batched engines (the requests alone run
+// synchronously, the CPU's default).
+void outputs_equal_running_alone(int32_t async) {
   const Checkpoint ckpt = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa");
   const Scenario scenarios[] = {
       {1, 160, 16, 4}, {4, 40, 64, 8}, {16, 12, 32, 16}, {16, 40, 256, 3}, {8, 20, 24, 32}};
@@ -38,6 +40,7 @@ TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) 
     opts.num_pages = sc.num_pages;
     opts.max_num_batched_tokens = sc.max_num_batched_tokens;
     opts.max_num_seqs = sc.max_num_seqs;
+    opts.async_scheduling = async;
     Engine engine(ckpt, opts);
     std::vector<std::vector<int32_t>> prefixes;
     for (int i = 0; i < 3; ++i) {
@@ -107,6 +110,15 @@ TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) 
   }
   EXPECT_GT(total_preemptions, 0) << "the pools were meant to force preemption";
   EXPECT_GT(total_hits, 0) << "the shared prefixes were meant to hit the prefix cache";
+}
+
+TEST(EngineProperty, OutputsEqualRunningAloneUnderPreemptionChunkingAndSharing) {
+  outputs_equal_running_alone(0);
+}
+
+// The same with step N + 1 planned and launched before step N's tokens are known.
+TEST(EngineProperty, OutputsEqualRunningAloneWithAsynchronousScheduling) {
+  outputs_equal_running_alone(1);
 }
 
 }  // namespace

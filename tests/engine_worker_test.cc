@@ -1,9 +1,11 @@
 // The worker seam (engine/worker.h) on the CPU, below the engine: one rank built by build_rank
 // runs a plan through launch and collect, its logits and greedy token against a golden
-// fixture's float64 reference; one step in flight at a time; a step left midway.
+// fixture's float64 reference; at most two steps in flight, collected in order; a pending row
+// (asynchronous scheduling) taking the step before's token; a step left midway.
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -86,15 +88,55 @@ TEST_F(CpuWorkerTest, APrefillStepGivesTheReferenceLogitsAndGreedyToken) {
   }
 }
 
-TEST_F(CpuWorkerTest, OneStepIsInFlightAtATime) {
+TEST_F(CpuWorkerTest, TwoStepsAreInFlightAtMostCollectedInOrder) {
   const StepPlan plan = prefill_plan({1, 2, 3}, options_.page_size);
   const StepHandle first = worker_->launch(plan, greedy_inputs(false));
-  expect_error([&] { worker_->launch(plan, greedy_inputs(false)); }, {"a step is in flight"});
-  expect_error([&] { worker_->collect(StepHandle{first.id + 1}); }, {"is not in flight"});
+  const StepHandle second = worker_->launch(plan, greedy_inputs(false));
+  expect_error([&] { worker_->launch(plan, greedy_inputs(false)); }, {"two steps are in flight"});
+  expect_error([&] { worker_->collect(second); }, {"is not the oldest in flight"});
   EXPECT_TRUE(worker_->collect(first).completed);
-  expect_error([&] { worker_->collect(first); }, {"is not in flight"});
+  expect_error([&] { worker_->collect(first); }, {"is not the oldest in flight"});
+  EXPECT_TRUE(worker_->collect(second).completed);
   // The worker goes on after its errors.
   EXPECT_TRUE(worker_->collect(worker_->launch(plan, greedy_inputs(false))).completed);
+}
+
+// A decode whose token is pending (kPendingToken) takes the token the step launched before it
+// sampled, before that step is collected: the same logits as a decode given the token itself.
+TEST_F(CpuWorkerTest, APendingRowTakesThePreviousStepsToken) {
+  const std::vector<int32_t> prompt = {5, 9, 17, 33};
+  const StepPlan prefill = prefill_plan(prompt, options_.page_size);
+  const auto decode_plan = [&](int32_t token) {
+    StepPlan plan = prefill_plan({token}, options_.page_size);
+    const auto n = static_cast<int32_t>(prompt.size());
+    plan.positions = {n};
+    plan.slot_mapping = {n};
+    plan.kv_page_indices.clear();
+    const int32_t pages = (n + 1 + options_.page_size - 1) / options_.page_size;
+    for (int32_t p = 0; p < pages; ++p) plan.kv_page_indices.push_back(p);
+    plan.kv_indptr = {0, pages};
+    plan.kv_last_page_len = {n + 1 - (pages - 1) * options_.page_size};
+    return plan;
+  };
+  const StepHandle first = worker_->launch(prefill, greedy_inputs(false));
+  StepInputs pending = greedy_inputs(true);
+  // The prefill's last logits row is its sampled one.
+  pending.pending_rows = {{0, static_cast<int32_t>(prompt.size()) - 1}};
+  const StepHandle second = worker_->launch(decode_plan(kPendingToken), std::move(pending));
+  const StepResult prefilled = worker_->collect(first);
+  const StepResult ahead = worker_->collect(second);
+  ASSERT_TRUE(prefilled.completed && ahead.completed);
+  const StepResult given =
+      worker_->collect(worker_->launch(decode_plan(prefilled.sampled[0]), greedy_inputs(true)));
+  ASSERT_TRUE(given.completed);
+  EXPECT_EQ(ahead.sampled, given.sampled);
+  ASSERT_EQ(ahead.logits.numel(), given.logits.numel());
+  EXPECT_EQ(0, std::memcmp(ahead.logits.raw(), given.logits.raw(), ahead.logits.nbytes()));
+  // A pending row with no token to take is refused.
+  StepInputs wrong = greedy_inputs(false);
+  wrong.pending_rows = {{0, 99}};
+  expect_error([&] { worker_->launch(decode_plan(kPendingToken), std::move(wrong)); },
+               {"has no token of the last step's row 99"});
 }
 
 TEST_F(CpuWorkerTest, AStepLeftMidwayIsCollectedAsNotCompleted) {

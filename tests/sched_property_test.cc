@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -170,8 +171,10 @@ class FakeModel {
 };
 
 // Returns the number of released page-table entries.
-int64_t check_invariants(const Scheduler& scheduler,
-                         const std::unordered_map<int64_t, Ints>& known) {
+// in_flight: a plan made ahead and not yet applied (or null); its sequences' pages behind the
+// window may still be held until it is.
+int64_t check_invariants(const Scheduler& scheduler, const std::unordered_map<int64_t, Ints>& known,
+                         const StepPlan* in_flight) {
   const SchedulerConfig& config = scheduler.config();
   const SchedulerStats stats = scheduler.stats();
   const std::vector<SequenceView> views = scheduler.sequence_map();
@@ -189,9 +192,14 @@ int64_t check_invariants(const Scheduler& scheduler,
     for (size_t i = 0; i < view.pages.size(); ++i) {
       const int32_t page = view.pages[i];
       const bool released = static_cast<int32_t>(i) < expected_released;
-      EXPECT_EQ(page == SequenceView::kReleasedPage, released)
-          << "request " << view.request_id << " page " << i << " of " << view.num_computed
-          << " computed tokens";
+      const bool applied = in_flight == nullptr ||
+                           std::find(in_flight->request_ids.begin(), in_flight->request_ids.end(),
+                                     view.request_id) == in_flight->request_ids.end();
+      if (applied || page == SequenceView::kReleasedPage) {
+        EXPECT_EQ(page == SequenceView::kReleasedPage, released)
+            << "request " << view.request_id << " page " << i << " of " << view.num_computed
+            << " computed tokens";
+      }
       if (page == SequenceView::kReleasedPage) {
         EXPECT_FALSE(view.page_shared[i]);
         ++num_released;
@@ -214,6 +222,11 @@ int64_t check_invariants(const Scheduler& scheduler,
       }
     }
   }
+  // A plan in flight holds its partial-page copies' sources until the next schedule().
+  if (in_flight != nullptr) {
+    for (int32_t c = 0; c < in_flight->num_kv_copies(); ++c)
+      ++num_holders[in_flight->kv_copies[3 * c]];
+  }
   for (const int32_t holders : num_holders) num_held += holders > 0 ? 1 : 0;
   // A page with a ref count but no holder would be counted used; a page held by more sequences
   // than its ref count says is caught by page_shared above or by the KV checks once it is reused.
@@ -231,7 +244,10 @@ int64_t check_invariants(const Scheduler& scheduler,
   return num_released;
 }
 
-StreamResult run_stream(const SchedulerConfig& config, const std::vector<RequestSpec>& specs) {
+// ahead: every step runs ahead (Scheduler::run_ahead): the next plan is made and run before the
+// step's tokens are applied (Scheduler::resolve), its pending rows taking them as a device would.
+StreamResult run_stream(const SchedulerConfig& config, const std::vector<RequestSpec>& specs,
+                        bool ahead = false) {
   Scheduler scheduler(config);
   FakeModel model(config.num_pages, config.page_size, config.window);
   StreamResult result;
@@ -239,6 +255,9 @@ StreamResult run_stream(const SchedulerConfig& config, const std::vector<Request
   std::unordered_map<int64_t, const Request*> requests;
   for (const RequestSpec& spec : specs) requests[spec.request.id] = &spec.request;
 
+  // Ahead: the plan run and not yet applied, and its sampled tokens.
+  std::optional<StepPlan> in_flight;
+  Ints in_flight_sampled;
   constexpr int32_t kMaxSteps = 20000;
   size_t num_added = 0;
   for (int32_t step = 0; num_added < specs.size() || scheduler.has_unfinished(); ++step) {
@@ -266,26 +285,74 @@ StreamResult run_stream(const SchedulerConfig& config, const std::vector<Request
         }
       }
     };
-    cancel_due(false, nullptr);
+    cancel_due(false, in_flight ? &*in_flight : nullptr);
 
-    const StepPlan plan = scheduler.schedule();
-    EXPECT_LE(plan.num_tokens(), config.max_num_batched_tokens);
-    if (plan.empty()) {
-      // Nothing to run is only right while no request is live.
-      EXPECT_TRUE(known.empty()) << "step " << step << " scheduled nothing";
-      if (known.empty()) continue;
-      break;
+    StepPlan plan;
+    Ints sampled;
+    if (in_flight) {
+      plan = std::move(*in_flight);
+      sampled = std::move(in_flight_sampled);
+      in_flight.reset();
+    } else {
+      plan = scheduler.schedule();
+      EXPECT_LE(plan.num_tokens(), config.max_num_batched_tokens);
+      if (plan.empty()) {
+        // Nothing to run is only right while no request is live.
+        EXPECT_TRUE(known.empty()) << "step " << step << " scheduled nothing";
+        if (known.empty()) continue;
+        break;
+      }
+      result.copies += plan.num_kv_copies();
+      sampled = model.run(plan, known, requests);
+      if (::testing::Test::HasFailure()) break;
     }
-    result.copies += plan.num_kv_copies();
-    const Ints sampled = model.run(plan, known, requests);
-    if (::testing::Test::HasFailure()) break;
     cancel_due(true, &plan);
 
-    const std::vector<SeqUpdate> updates = scheduler.update(plan, sampled);
+    std::vector<SeqUpdate> updates;
+    if (ahead) {
+      scheduler.run_ahead(plan);
+      StepPlan next = scheduler.schedule();
+      EXPECT_LE(next.num_tokens(), config.max_num_batched_tokens);
+      if (!next.empty()) {
+        // Pending rows take the tokens `plan` sampled; the model sees each such sequence with
+        // its token, as the device does.
+        std::unordered_map<int64_t, int32_t> token_of;
+        for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+          if (plan.samples[b]) token_of[plan.request_ids[b]] = sampled[b];
+        }
+        std::unordered_map<int64_t, Ints> ahead_known = known;
+        for (int32_t b = 0; b < next.num_seqs(); ++b) {
+          for (int32_t row = next.q_indptr[b]; row < next.q_indptr[b + 1]; ++row) {
+            if (next.token_ids[row] != kPendingToken) continue;
+            const int64_t id = next.request_ids[b];
+            EXPECT_EQ(row, next.q_indptr[b + 1] - 1) << "a pending token is not the last";
+            if (!token_of.contains(id)) {
+              ADD_FAILURE() << "request " << id << " has a pending token its step did not sample";
+              return result;
+            }
+            next.token_ids[row] = token_of.at(id);
+            ahead_known[id].push_back(token_of.at(id));
+          }
+        }
+        result.copies += next.num_kv_copies();
+        in_flight_sampled = model.run(next, ahead_known, requests);
+        if (::testing::Test::HasFailure()) break;
+        in_flight = std::move(next);
+      }
+      updates = scheduler.resolve(plan, sampled);
+    } else {
+      updates = scheduler.update(plan, sampled);
+    }
     EXPECT_EQ(static_cast<int32_t>(updates.size()), plan.num_seqs());
     for (size_t b = 0; b < updates.size(); ++b) {
       const SeqUpdate& update = updates[b];
       EXPECT_EQ(update.request_id, plan.request_ids[b]);
+      if (update.reported) {  // stopped by the step before: its token here is discarded
+        EXPECT_TRUE(update.finished);
+        EXPECT_EQ(update.token, -1);
+        EXPECT_FALSE(known.contains(update.request_id));
+        continue;
+      }
       Outcome& outcome = result.outcomes[update.request_id];
       if (update.token >= 0) {
         EXPECT_TRUE(plan.samples[b]);
@@ -301,7 +368,8 @@ StreamResult run_stream(const SchedulerConfig& config, const std::vector<Request
     for (const auto& [id, outcome] : result.outcomes) {
       if (known.contains(id)) EXPECT_EQ(scheduler.output_tokens(id), outcome.outputs);
     }
-    result.released_entries += check_invariants(scheduler, known);
+    result.released_entries +=
+        check_invariants(scheduler, known, in_flight ? &*in_flight : nullptr);
     if (::testing::Test::HasFailure()) break;
   }
   result.stats = scheduler.stats();
@@ -393,6 +461,8 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
                  << " prefix cache " << config.enable_prefix_cache << " window " << config.window);
     const StreamResult together = run_stream(config, specs);
     ASSERT_FALSE(HasFailure());
+    const StreamResult ahead = run_stream(config, specs, /*ahead=*/true);
+    ASSERT_FALSE(HasFailure());
     total_preemptions += together.stats.preemptions;
     total_hit_tokens += together.stats.prefix_hit_tokens;
     total_released += together.released_entries;
@@ -408,14 +478,17 @@ TEST_P(SchedulerPropertyTest, RandomStreamsMatchRunningEachRequestAlone) {
       const StreamResult alone = run_stream(config, {solo_spec});
       ASSERT_FALSE(HasFailure());
       const int64_t id = spec.request.id;
-      const Outcome& got = together.outcomes.at(id);
       const Outcome& expected = alone.outcomes.at(id);
-      if (got.reason == FinishReason::kCancelled) {
-        EXPECT_TRUE(is_prefix(got.outputs, expected.outputs)) << "request " << id;
-      } else {
-        EXPECT_EQ(got.outputs, expected.outputs) << "request " << id;
-        EXPECT_EQ(got.reason, expected.reason) << "request " << id;
-        EXPECT_NE(got.reason, FinishReason::kNone) << "request " << id;
+      for (const StreamResult* run : {&together, &ahead}) {
+        const Outcome& got = run->outcomes.at(id);
+        const char* mode = run == &ahead ? " (ahead)" : "";
+        if (got.reason == FinishReason::kCancelled) {
+          EXPECT_TRUE(is_prefix(got.outputs, expected.outputs)) << "request " << id << mode;
+        } else {
+          EXPECT_EQ(got.outputs, expected.outputs) << "request " << id << mode;
+          EXPECT_EQ(got.reason, expected.reason) << "request " << id << mode;
+          EXPECT_NE(got.reason, FinishReason::kNone) << "request " << id << mode;
+        }
       }
     }
   }

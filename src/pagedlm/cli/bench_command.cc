@@ -39,6 +39,8 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"decode_steps", r.decode_steps},
           {"decode_s", r.decode_s},
           {"decode_gpu_s", r.decode_gpu_s},
+          {"decode_gap_gpu_s", r.decode_gap_gpu_s},
+          {"decode_gaps", r.decode_gaps},
           {"decode_host",
            {{"schedule_s", r.decode_schedule_s},
             {"prepare_s", r.decode_prepare_s},
@@ -83,6 +85,11 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
                 "decode host ms/step", r.decode_schedule_s * per_step,
                 r.decode_prepare_s * per_step, r.decode_wait_s * per_step,
                 r.decode_finish_s * per_step);
+  }
+  if (r.decode_gaps > 0) {
+    std::printf("%-22s %.3f s over %lld gaps (%.1f%% of the decode steps' device time)\n",
+                "device idle, decode", r.decode_gap_gpu_s, static_cast<long long>(r.decode_gaps),
+                r.decode_gpu_s > 0 ? 100 * r.decode_gap_gpu_s / r.decode_gpu_s : 0.0);
   }
   if (r.gpu_s > 0) std::printf("%-22s %.3f s\n", "device time, all steps", r.gpu_s);
   if (r.bound_output_tok_s > 0) {

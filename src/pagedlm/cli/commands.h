@@ -13,6 +13,7 @@ struct EngineFlags {
   EngineOptions options;
   bool no_prefix_cache = false;
   bool no_cuda_graphs = false;
+  bool no_async_scheduling = false, async_scheduling = false;
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
   std::string device = "auto";

@@ -135,6 +135,13 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                "CUDA: run decode steps eagerly instead of replaying graphs (debugging)");
   app.add_flag("--no-cascade-attention", flags.no_cascade_attention,
                "CUDA: every sequence reads its shared prefix pages itself (A/B runs)");
+  CLI::Option* no_async = app.add_flag(
+      "--no-async-scheduling", flags.no_async_scheduling,
+      "plan each step only after the one before has returned its tokens (A/B runs; the GPU's "
+      "default plans step N + 1 while the device runs step N)");
+  app.add_flag("--async-scheduling", flags.async_scheduling,
+               "plan step N + 1 while step N runs, on the CPU too (the GPU's default)")
+      ->excludes(no_async);
   app.add_flag("--no-gemm-tuning", flags.no_gemm_tuning,
                "CUDA: take cuBLASLt's first algorithm for each GEMM shape untimed (A/B runs)");
 }
@@ -145,6 +152,7 @@ EngineOptions EngineFlags::resolve() const {
   o.use_cuda_graphs = !no_cuda_graphs;
   o.use_cascade_attention = !no_cascade_attention;
   o.tune_gemms = !no_gemm_tuning;
+  o.async_scheduling = no_async_scheduling ? 0 : async_scheduling ? 1 : -1;
   o.on_lost_rank = end_process;
   o.fp8_weights = quantization == "fp8"    ? Fp8Weights::kAll
                   : quantization == "none" ? Fp8Weights::kNone

@@ -242,6 +242,10 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       result.decode_s += std::chrono::duration<double>(now - step_start).count();
       result.decode_bytes += step_bytes;
       result.decode_gpu_s += shape.gpu_ms / 1e3;
+      if (shape.gap_gpu_ms >= 0) {
+        result.decode_gap_gpu_s += shape.gap_gpu_ms / 1e3;
+        ++result.decode_gaps;
+      }
       result.decode_schedule_s += shape.schedule_ms / 1e3;
       result.decode_prepare_s += shape.prepare_ms / 1e3;
       result.decode_wait_s += shape.wait_ms / 1e3;

@@ -62,6 +62,9 @@ struct BenchmarkResult {
   int64_t decode_steps = 0;
   double decode_s = 0;
   double decode_gpu_s = 0;  // CUDA: the device time of those steps (decode_s - it: host work)
+  // CUDA: the device's idle time between consecutive decode steps, summed, and how many gaps.
+  double decode_gap_gpu_s = 0;
+  int64_t decode_gaps = 0;
   // Host clock of those steps (StepShape): scheduling, preparing, waiting for the device, the
   // bookkeeping after it; decode_s less all four is the benchmark loop's own share.
   double decode_schedule_s = 0, decode_prepare_s = 0, decode_wait_s = 0, decode_finish_s = 0;

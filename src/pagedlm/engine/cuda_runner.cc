@@ -50,10 +50,11 @@ class StagedArray {
   StagedArray& operator=(const StagedArray&) = delete;
   ~StagedArray() { release(); }
 
-  // Room for n elements; the contents are lost when it grows. Call only with no work in flight
-  // that uses the arrays (the runner synchronizes at the end of every step).
-  void reserve(size_t n) {
+  // Room for n elements; the contents are lost when it grows, after the stream's work in flight
+  // (which may read them) is done.
+  void reserve(size_t n, cudaStream_t stream) {
     if (n <= capacity_) return;
+    cuda::check(cudaStreamSynchronize(stream), "step (before growing the sampling arrays)");
     release();
     capacity_ = std::max<size_t>(n, 2 * capacity_);
     cuda::check(cudaMallocHost(&host_, sizeof(T) * capacity_), "cudaMallocHost (sampling)");
@@ -104,9 +105,34 @@ struct CudaStepRunner::Impl {
   int64_t max_model_len;
   int32_t members_per_item = 1;  // cascade: members of one shared-prefix item
   int64_t cascade_steps = 0;
-  cudaEvent_t step_begin = nullptr, step_end = nullptr;  // the last step's device time
-  double last_gpu_ms = 0;
-  std::chrono::steady_clock::time_point wait_begin, wait_end;  // host clock around the last wait
+  // What each step in flight keeps apart from the others, in a ring of kSlots (at most two
+  // steps are in flight; the third slot keeps the last collected step's end event for the gap
+  // to the next): its pinned download buffers, its events, and what collect reads of its plan.
+  static constexpr int kSlots = 3;
+  struct Slot {
+    cudaEvent_t begin = nullptr, end = nullptr;  // device time: plan upload .. downloads
+    cudaEvent_t forward_done = nullptr, masks_sent = nullptr;  // masked steps
+    int32_t* host_tokens = nullptr;                            // [T] sampled ids, pinned
+    float* host_logprob = nullptr;                             // [T]
+    int32_t* host_top_ids = nullptr;                           // [T, kMaxTopLogprobs]
+    float* host_top_logprobs = nullptr;
+    // The step: per sequence its sampled logits row (-1: none), logprobs asked, penalty slot
+    // and that slot's count after this step's draw.
+    std::vector<int32_t> sampled_row, logprobs_k, penalty_slot;
+    std::vector<int64_t> penalty_counted;
+    bool masked = false, logprobs = false, decode = false;
+    Tensor logits;  // [S, vocab] f32 on the host when asked for
+    double mask_ms = 0;
+    bool mask_hidden = false;
+  };
+  Slot slots[kSlots];
+  int64_t launched = 0, collected = 0;  // steps; step k uses slots[k % kSlots]
+  // The last collected step was a decode (its end event is in slots[(collected - 1) % kSlots]).
+  bool last_collected_decode = false;
+  // Recorded after each step's uploads from pinned memory: the next step's staging waits for it
+  // before writing the staging block and arrays (the uploads run first in the step, so by then
+  // they are done, or nearly).
+  cudaEvent_t uploads_done = nullptr;
   // The GPU current when the runner was made (a tensor-parallel rank's own): steps may run on
   // another thread than the one that made it (the server's engine thread), and the current
   // device is per thread.
@@ -127,9 +153,8 @@ struct CudaStepRunner::Impl {
          off_members = 0, off_seq_order = 0, off_copies = 0, off_pages = 0, total_bytes = 0;
   char* host = nullptr;
   char* dev = nullptr;
-  int32_t* host_tokens = nullptr;  // [T] sampled ids, pinned
-  int32_t* dev_tokens = nullptr;   // [T]
-  Tensor logits;                   // [T, vocab] f32
+  int32_t* dev_tokens = nullptr;  // [T]: the last step's sampled ids, which pending rows read
+  Tensor logits;                  // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Token bitmasks (structured output): rows written on the host (the engine's mask_rows()),
@@ -142,13 +167,7 @@ struct CudaStepRunner::Impl {
   // The upload runs on its own stream from the moment the masks are done, beside the forward
   // pass; the sampler waits for it (masks_uploaded).
   cudaStream_t upload_stream = nullptr;
-  cudaEvent_t forward_done = nullptr, masks_sent = nullptr, masks_uploaded = nullptr;
-  bool mask_hidden = false;
-  double mask_ms = 0;
-  // Device time of the last masked step's forward pass (from the plan upload) and of what
-  // followed once the host had sent the masks (the rest of their upload, the sampler, the
-  // tokens' download); 0 unmasked.
-  double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
+  cudaEvent_t masks_uploaded = nullptr;
   // Penalties' token state (cuda_runner.h): one slot per possible sequence of a step, with a
   // host record of which request holds it and how many of its outputs the device has counted
   // (and the last one, as downloaded), to tell when a slot must be filled again.
@@ -176,10 +195,6 @@ struct CudaStepRunner::Impl {
   float* dev_logprob = nullptr;
   int32_t* dev_top_ids = nullptr;
   float* dev_top_logprobs = nullptr;
-  float* host_logprob = nullptr;
-  int32_t* host_top_ids = nullptr;
-  float* host_top_logprobs = nullptr;
-  std::vector<SampledLogprobs> logprobs;
   int64_t logits_downloads = 0;
   // What the current step samples with beyond temperature and filters.
   bool step_biased = false, step_penalized = false, step_logprobs = false;
@@ -211,10 +226,7 @@ struct CudaStepRunner::Impl {
     ops::cuda::require_supported_device(device);
     device_state = std::make_unique<ops::DeviceState>();
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
-    cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
-    cuda::check(cudaEventCreate(&forward_done), "cudaEventCreate");
-    cuda::check(cudaEventCreate(&masks_sent), "cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&uploads_done, cudaEventDisableTiming), "cudaEventCreate");
     cuda::check(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
                 "cudaStreamCreate");
     cuda::check(cudaEventCreateWithFlags(&masks_uploaded, cudaEventDisableTiming),
@@ -224,7 +236,6 @@ struct CudaStepRunner::Impl {
     max_tokens = std::max(o.max_num_batched_tokens, max_bucket);
     const int64_t pages_per_seq = (max_model_len + page_size - 1) / page_size + 1;
     layout(int64_t{o.max_num_seqs} * pages_per_seq);
-    cuda::check(cudaMallocHost(&host_tokens, sizeof(int32_t) * max_tokens), "cudaMallocHost");
     cuda::check(cudaMalloc(&dev_tokens, sizeof(int32_t) * max_tokens), "cudaMalloc");
     logits = Tensor::empty(DType::kF32, {max_tokens, vocab}, Device::kCuda);
     mask_words = static_cast<int32_t>((vocab + 31) / 32);
@@ -245,9 +256,19 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaMalloc(&dev_top_ids, sizeof(int32_t) * top_entries), "cudaMalloc (logprobs)");
     cuda::check(cudaMalloc(&dev_top_logprobs, sizeof(float) * top_entries),
                 "cudaMalloc (logprobs)");
-    cuda::check(cudaMallocHost(&host_logprob, sizeof(float) * max_tokens), "cudaMallocHost");
-    cuda::check(cudaMallocHost(&host_top_ids, sizeof(int32_t) * top_entries), "cudaMallocHost");
-    cuda::check(cudaMallocHost(&host_top_logprobs, sizeof(float) * top_entries), "cudaMallocHost");
+    for (Slot& slot : slots) {
+      cuda::check(cudaEventCreate(&slot.begin), "cudaEventCreate");
+      cuda::check(cudaEventCreate(&slot.end), "cudaEventCreate");
+      cuda::check(cudaEventCreate(&slot.forward_done), "cudaEventCreate");
+      cuda::check(cudaEventCreate(&slot.masks_sent), "cudaEventCreate");
+      cuda::check(cudaMallocHost(&slot.host_tokens, sizeof(int32_t) * max_tokens),
+                  "cudaMallocHost");
+      cuda::check(cudaMallocHost(&slot.host_logprob, sizeof(float) * max_tokens), "cudaMallocHost");
+      cuda::check(cudaMallocHost(&slot.host_top_ids, sizeof(int32_t) * top_entries),
+                  "cudaMallocHost");
+      cuda::check(cudaMallocHost(&slot.host_top_logprobs, sizeof(float) * top_entries),
+                  "cudaMallocHost");
+    }
     m.reserve(max_tokens);
     // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
     // so scan every batch size at the longest context, plus the cascade's shared splits.
@@ -265,13 +286,20 @@ struct CudaStepRunner::Impl {
     drop_graphs();
     if (host) cudaFreeHost(host);
     if (dev) cudaFree(dev);
-    if (host_tokens) cudaFreeHost(host_tokens);
     if (dev_tokens) cudaFree(dev_tokens);
     if (workspace) cudaFree(workspace);
-    if (step_begin) cudaEventDestroy(step_begin);
-    if (step_end) cudaEventDestroy(step_end);
-    if (forward_done) cudaEventDestroy(forward_done);
-    if (masks_sent) cudaEventDestroy(masks_sent);
+    if (stream) cudaStreamSynchronize(stream);  // a step still in flight
+    for (Slot& slot : slots) {
+      if (slot.begin) cudaEventDestroy(slot.begin);
+      if (slot.end) cudaEventDestroy(slot.end);
+      if (slot.forward_done) cudaEventDestroy(slot.forward_done);
+      if (slot.masks_sent) cudaEventDestroy(slot.masks_sent);
+      if (slot.host_tokens) cudaFreeHost(slot.host_tokens);
+      if (slot.host_logprob) cudaFreeHost(slot.host_logprob);
+      if (slot.host_top_ids) cudaFreeHost(slot.host_top_ids);
+      if (slot.host_top_logprobs) cudaFreeHost(slot.host_top_logprobs);
+    }
+    if (uploads_done) cudaEventDestroy(uploads_done);
     if (masks_uploaded) cudaEventDestroy(masks_uploaded);
     if (upload_stream) cudaStreamDestroy(upload_stream);
     if (host_masks) cudaFreeHost(host_masks);
@@ -282,9 +310,6 @@ struct CudaStepRunner::Impl {
     if (dev_logprob) cudaFree(dev_logprob);
     if (dev_top_ids) cudaFree(dev_top_ids);
     if (dev_top_logprobs) cudaFree(dev_top_logprobs);
-    if (host_logprob) cudaFreeHost(host_logprob);
-    if (host_top_ids) cudaFreeHost(host_top_ids);
-    if (host_top_logprobs) cudaFreeHost(host_top_logprobs);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -296,6 +321,7 @@ struct CudaStepRunner::Impl {
   // (Re)allocates the staging blocks for `pages` page indices. Captured graphs hold the old
   // device pointers, so they are dropped.
   void layout(int64_t pages) {
+    if (stream) cuda::check(cudaStreamSynchronize(stream), "step (before growing the plan block)");
     drop_graphs();
     if (host) cudaFreeHost(host);
     if (dev) cudaFree(dev);
@@ -501,12 +527,17 @@ struct CudaStepRunner::Impl {
     }
     // Zero the slots, then mark the prompts' tokens and count the outputs' on the device.
     const size_t total = num_prompt + num_out;
-    fill_tokens.reserve(total);
-    fill_slots.reserve(total);
+    fill_tokens.reserve(total, stream);
+    fill_slots.reserve(total, stream);
     size_t at_prompt = 0, at_out = num_prompt;
     for (const int32_t b : slots_to_fill) {
       const int32_t slot = step_penalty_slot[b];
       const RequestTokens& t = *sampling[b].tokens;
+      // A pending token's value is on the device only; its request held this slot when the
+      // step that samples it was launched (every sequence of a step keeps its slot).
+      PAGEDLM_CHECK(t.size() == 0 || t.all.back() != kPendingToken, "request ",
+                    sampling[b].request_id, "'s penalty slot must be filled from its tokens ",
+                    "while one is pending");
       for (const int32_t token : t.prompt()) {
         fill_tokens.host()[at_prompt] = token;
         fill_slots.host()[at_prompt++] = slot;
@@ -565,7 +596,7 @@ struct CudaStepRunner::Impl {
   // order in which attention starts the sequences.
   void stage(const StepPlan& plan, const std::vector<SeqSampling>& sampling, int32_t rows,
              int32_t num_seqs, int32_t logit_rows, bool decode,
-             const std::vector<SharedPrefixGroup>& shared) {
+             const std::vector<SharedPrefixGroup>& shared, cudaEvent_t begin) {
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int64_t num_pages = static_cast<int64_t>(plan.kv_page_indices.size());
     if (num_pages > max_pages) layout(std::max(num_pages, 2 * max_pages));
@@ -609,9 +640,10 @@ struct CudaStepRunner::Impl {
     step_biased = num_bias > 0;
     step_penalized = step_logprobs = false;
     if (step_biased) {
-      bias_tokens.reserve(num_bias);
-      bias_values.reserve(num_bias);
+      bias_tokens.reserve(num_bias, stream);
+      bias_values.reserve(num_bias, stream);
       if (num_bias > bias_saved_capacity) {
+        cuda::check(cudaStreamSynchronize(stream), "step (before growing the bias scratch)");
         if (bias_saved) cudaFree(bias_saved);
         bias_saved = nullptr;
         bias_saved_capacity = std::max(num_bias, 2 * bias_saved_capacity);
@@ -695,7 +727,7 @@ struct CudaStepRunner::Impl {
       std::stable_sort(order, order + num_seqs,
                        [&](int32_t a, int32_t b) { return pages(a) > pages(b); });
     }
-    cuda::check(cudaEventRecord(step_begin, stream), "cudaEventRecord");  // host work done
+    cuda::check(cudaEventRecord(begin, stream), "cudaEventRecord");  // host work done
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
                 "step plan upload");
@@ -748,6 +780,8 @@ struct CudaStepRunner::Impl {
       cuda::check(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
       return;
     }
+    // A step still in flight on the stream ends first: the capture records this one alone.
+    cuda::check(cudaStreamSynchronize(stream), "step (before a graph capture)");
     if (forward_only) {
       forward(bucket, bucket);
     } else {
@@ -772,13 +806,13 @@ struct CudaStepRunner::Impl {
     } tuning(*device_state, tune_gemms);
     StepPlan empty;
     empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
-    stage(empty, {}, max_tokens, 1, 1, /*decode=*/false, {});
+    stage(empty, {}, max_tokens, 1, 1, /*decode=*/false, {}, slots[0].begin);
     bind(1, 1, false, false);
     forward_and_sample(max_tokens, 1);
     for (int32_t bucket = 1; bucket <= max_bucket; bucket *= 2) {
       for (const bool cascade : {false, true}) {
         if (cascade && !use_cascade) continue;
-        stage(empty, {}, bucket, bucket, bucket, /*decode=*/true, {});
+        stage(empty, {}, bucket, bucket, bucket, /*decode=*/true, {}, slots[0].begin);
         bind(bucket, 1, true, cascade);
         if (use_graphs) {
           run_decode_graph(bucket, cascade);
@@ -808,9 +842,32 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaEventRecord(masks_uploaded, upload_stream), "cudaEventRecord");
   }
 
-  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out, const MaskFill& finish_masks) {
+  // Copies each pending row's token from the last step's sampled ids (dev_tokens, by logits
+  // row) over its kPendingToken in the uploaded plan: one device copy per run of consecutive
+  // rows whose sources are consecutive too (a decode batch that keeps its order is one copy).
+  void copy_pending_rows(const std::vector<PendingRow>& pending_rows, int32_t rows) {
+    for (size_t i = 0; i < pending_rows.size();) {
+      size_t j = i + 1;
+      while (j < pending_rows.size() && pending_rows[j].row == pending_rows[j - 1].row + 1 &&
+             pending_rows[j].source_row == pending_rows[j - 1].source_row + 1) {
+        ++j;
+      }
+      const PendingRow& first = pending_rows[i];
+      PAGEDLM_CHECK(first.row >= 0 && first.row + static_cast<int32_t>(j - i) <= rows &&
+                        first.source_row >= 0 && first.source_row < max_tokens,
+                    "pending row ", first.row, " (source ", first.source_row, ") out of range");
+      cuda::check(
+          cudaMemcpyAsync(d<int32_t>(off_token_ids) + first.row, dev_tokens + first.source_row,
+                          sizeof(int32_t) * (j - i), cudaMemcpyDeviceToDevice, stream),
+          "pending tokens copy");
+      i = j;
+    }
+  }
+
+  void launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling, bool want_logits,
+              const MaskFill& finish_masks, const std::vector<PendingRow>& pending_rows) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    PAGEDLM_CHECK(launched - collected < 2, "two steps are in flight: collect one first");
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
     PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
@@ -824,7 +881,7 @@ struct CudaStepRunner::Impl {
     const bool decode = max_q_len == 1 && B <= max_bucket;
     // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
     // with or without graphs, so that a replayed graph computes exactly what the eager step does.
-    bool bucketed = decode && S == B && logits_out == nullptr;
+    bool bucketed = decode && S == B && !want_logits;
     for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
     const int32_t num_seqs = bucketed ? next_pow2(B) : B;
     const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
@@ -838,9 +895,17 @@ struct CudaStepRunner::Impl {
       if (saved_keys < kCascadeMinSavedKeys) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
+    // The step before this one may still be running: its uploads from the staging block and
+    // arrays, the first thing it did, must be done before they are written again.
+    if (launched > collected) {
+      cuda::check(cudaEventSynchronize(uploads_done), "step (its uploads)");
+    }
+    Slot& slot = slots[launched % kSlots];
     assign_penalty_slots(plan, sampling);
-    stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared);
+    stage(plan, sampling, rows, num_seqs, logit_rows, decode, shared, slot.begin);
     fill_penalty_slots(sampling);
+    cuda::check(cudaEventRecord(uploads_done, stream), "cudaEventRecord");
+    copy_pending_rows(pending_rows, L);
     bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
     // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
     // token was cached can look like a decode) runs eagerly.
@@ -863,84 +928,128 @@ struct CudaStepRunner::Impl {
     } else {
       forward(rows, logit_rows);
     }
-    mask_hidden = false;
-    mask_ms = 0;
+    slot.mask_hidden = false;
+    slot.mask_ms = 0;
     if (masked) {
-      cuda::check(cudaEventRecord(forward_done, stream), "cudaEventRecord");
+      cuda::check(cudaEventRecord(slot.forward_done, stream), "cudaEventRecord");
       const auto t0 = std::chrono::steady_clock::now();
       finish_masks();
-      mask_ms =
+      slot.mask_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      mask_hidden = cudaEventQuery(forward_done) == cudaErrorNotReady;
+      slot.mask_hidden = cudaEventQuery(slot.forward_done) == cudaErrorNotReady;
       upload_mask_rows(std::move(mask_rows));
-      cuda::check(cudaEventRecord(masks_sent, stream), "cudaEventRecord");
+      cuda::check(cudaEventRecord(slot.masks_sent, stream), "cudaEventRecord");
       cuda::check(cudaStreamWaitEvent(stream, masks_uploaded, 0), "cudaStreamWaitEvent");
       sample(logit_rows, /*masked=*/true, extras);
     } else if (extras) {
       sample(logit_rows, /*masked=*/false, /*extras=*/true);
     }
-    cuda::check(cudaMemcpyAsync(host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
+    cuda::check(cudaMemcpyAsync(slot.host_tokens, dev_tokens, sizeof(int32_t) * logit_rows,
                                 cudaMemcpyDeviceToHost, stream),
                 "sampled tokens download");
     if (step_logprobs) {
       const size_t top = static_cast<size_t>(logit_rows) * ops::kMaxTopLogprobs;
-      cuda::check(cudaMemcpyAsync(host_logprob, dev_logprob, sizeof(float) * logit_rows,
+      cuda::check(cudaMemcpyAsync(slot.host_logprob, dev_logprob, sizeof(float) * logit_rows,
                                   cudaMemcpyDeviceToHost, stream),
                   "logprobs download");
-      cuda::check(cudaMemcpyAsync(host_top_ids, dev_top_ids, sizeof(int32_t) * top,
+      cuda::check(cudaMemcpyAsync(slot.host_top_ids, dev_top_ids, sizeof(int32_t) * top,
                                   cudaMemcpyDeviceToHost, stream),
                   "logprobs download");
-      cuda::check(cudaMemcpyAsync(host_top_logprobs, dev_top_logprobs, sizeof(float) * top,
+      cuda::check(cudaMemcpyAsync(slot.host_top_logprobs, dev_top_logprobs, sizeof(float) * top,
                                   cudaMemcpyDeviceToHost, stream),
                   "logprobs download");
     }
-    if (logits_out != nullptr) {
+    slot.logits = Tensor();
+    if (want_logits) {
       ++logits_downloads;
-      *logits_out = Tensor::empty(DType::kF32, {S, vocab});
-      cuda::check(cudaMemcpyAsync(logits_out->raw(), logits.raw(), logits_out->nbytes(),
+      slot.logits = Tensor::empty(DType::kF32, {S, vocab});
+      cuda::check(cudaMemcpyAsync(slot.logits.raw(), logits.raw(), slot.logits.nbytes(),
                                   cudaMemcpyDeviceToHost, stream),
                   "logits download");
     }
-    cuda::check(cudaEventRecord(step_end, stream), "cudaEventRecord");
-    wait_begin = std::chrono::steady_clock::now();
-    cuda::check(cudaStreamSynchronize(stream), "step");
-    wait_end = std::chrono::steady_clock::now();
-    float gpu_ms = 0;
-    cuda::check(cudaEventElapsedTime(&gpu_ms, step_begin, step_end), "cudaEventElapsedTime");
-    last_gpu_ms = gpu_ms;
-    masked_forward_gpu_ms = masked_sampler_gpu_ms = 0;
-    if (masked) {
-      float forward_ms = 0, sampler_ms = 0;
-      cuda::check(cudaEventElapsedTime(&forward_ms, step_begin, forward_done),
-                  "cudaEventElapsedTime");
-      cuda::check(cudaEventElapsedTime(&sampler_ms, masks_sent, step_end), "cudaEventElapsedTime");
-      masked_forward_gpu_ms = forward_ms;
-      masked_sampler_gpu_ms = sampler_ms;
-    }
-
-    std::vector<int32_t> sampled(B, -1);
-    logprobs.assign(B, SampledLogprobs{});
+    cuda::check(cudaEventRecord(slot.end, stream), "cudaEventRecord");
+    // What collect reads of the step. A penalized sequence's slot counts the step's draw from
+    // now on (the device counts it in stream order); its last token is kPendingToken until the
+    // step is collected, which matches the pending token the next step's sequence ends with.
+    slot.masked = masked;
+    slot.logprobs = step_logprobs;
+    slot.decode = decode;
+    slot.sampled_row.assign(B, -1);
+    slot.logprobs_k.assign(B, -1);
+    slot.penalty_slot.assign(B, -1);
+    slot.penalty_counted.assign(B, 0);
     for (int32_t b = 0; b < B; ++b) {
       const int32_t last = plan.logits_indptr[b + 1];
       if (!plan.samples[b] || last == plan.logits_indptr[b]) continue;
-      sampled[b] = host_tokens[last - 1];
-      if (step_penalty_slot[b] >= 0) {  // the device counted the token into the slot
+      slot.sampled_row[b] = last - 1;
+      slot.logprobs_k[b] = sampling[b].logprobs_top_k;
+      if (step_penalty_slot[b] >= 0) {
         PenaltySlot& rec = penalty_slots[step_penalty_slot[b]];
         ++rec.counted;
-        rec.last_token = sampled[b];
-      }
-      const int32_t k = sampling[b].logprobs_top_k;
-      if (k < 0) continue;
-      const size_t at = static_cast<size_t>(last - 1) * ops::kMaxTopLogprobs;
-      SampledLogprobs& lp = logprobs[b];
-      lp.logprob = host_logprob[last - 1];
-      if (k > 0) {
-        for (int64_t j = 0; j < std::min<int64_t>(k, vocab); ++j) {
-          lp.top.emplace_back(host_top_ids[at + j], host_top_logprobs[at + j]);
-        }
+        rec.last_token = kPendingToken;
+        slot.penalty_slot[b] = step_penalty_slot[b];
+        slot.penalty_counted[b] = rec.counted;
       }
     }
-    return sampled;
+    ++launched;
+  }
+
+  StepResult collect() {
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    PAGEDLM_CHECK(collected < launched, "collect: no step in flight");
+    Slot& slot = slots[collected % kSlots];
+    StepResult result;
+    StepTimings& t = result.timings;
+    t.wait_begin = std::chrono::steady_clock::now();
+    cuda::check(cudaEventSynchronize(slot.end), "step");
+    t.wait_end = std::chrono::steady_clock::now();
+    float gpu_ms = 0;
+    cuda::check(cudaEventElapsedTime(&gpu_ms, slot.begin, slot.end), "cudaEventElapsedTime");
+    t.gpu_ms = gpu_ms;
+    if (slot.masked) {
+      float forward_ms = 0, sampler_ms = 0;
+      cuda::check(cudaEventElapsedTime(&forward_ms, slot.begin, slot.forward_done),
+                  "cudaEventElapsedTime");
+      cuda::check(cudaEventElapsedTime(&sampler_ms, slot.masks_sent, slot.end),
+                  "cudaEventElapsedTime");
+      t.masked_forward_gpu_ms = forward_ms;
+      t.masked_sampler_gpu_ms = sampler_ms;
+    }
+    t.mask_ms = slot.mask_ms;
+    t.mask_hidden = slot.mask_hidden;
+    // The device's idle time since the step before ended: from its end event to this step's
+    // begin event, which the stream reaches once it has this step to run.
+    if (slot.decode && last_collected_decode) {
+      float gap_ms = 0;
+      cuda::check(cudaEventElapsedTime(&gap_ms, slots[(collected - 1) % kSlots].end, slot.begin),
+                  "cudaEventElapsedTime");
+      t.gap_gpu_ms = gap_ms;
+    }
+    last_collected_decode = slot.decode;
+    const auto B = static_cast<int32_t>(slot.sampled_row.size());
+    result.sampled.assign(B, -1);
+    if (slot.logprobs) result.logprobs.assign(B, SampledLogprobs{});
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t row = slot.sampled_row[b];
+      if (row < 0) continue;
+      result.sampled[b] = slot.host_tokens[row];
+      if (slot.penalty_slot[b] >= 0) {
+        PenaltySlot& rec = penalty_slots[slot.penalty_slot[b]];
+        // Unless a later step has counted another draw into the slot since.
+        if (rec.counted == slot.penalty_counted[b]) rec.last_token = result.sampled[b];
+      }
+      const int32_t k = slot.logprobs_k[b];
+      if (k < 0 || !slot.logprobs) continue;
+      const size_t at = static_cast<size_t>(row) * ops::kMaxTopLogprobs;
+      SampledLogprobs& lp = result.logprobs[b];
+      lp.logprob = slot.host_logprob[row];
+      for (int64_t j = 0; j < std::min<int64_t>(k, vocab); ++j) {
+        lp.top.emplace_back(slot.host_top_ids[at + j], slot.host_top_logprobs[at + j]);
+      }
+    }
+    result.logits = std::move(slot.logits);
+    ++collected;
+    return result;
   }
 };
 
@@ -970,11 +1079,13 @@ void CudaStepRunner::set_kv_cache(PagedKvCache* kv_cache) { impl_->kv_cache = kv
 
 void CudaStepRunner::warm_up() { impl_->warm_up(); }
 
-std::vector<int32_t> CudaStepRunner::run(const StepPlan& plan,
-                                         const std::vector<SeqSampling>& sampling,
-                                         Tensor* logits_out, const MaskFill& finish_masks) {
-  return impl_->run(plan, sampling, logits_out, finish_masks);
+void CudaStepRunner::launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                            bool want_logits, const MaskFill& finish_masks,
+                            const std::vector<PendingRow>& pending_rows) {
+  impl_->launch(plan, sampling, want_logits, finish_masks, pending_rows);
 }
+
+StepResult CudaStepRunner::collect() { return impl_->collect(); }
 
 int32_t* CudaStepRunner::mask_rows() { return impl_->host_masks; }
 
@@ -982,37 +1093,15 @@ int32_t CudaStepRunner::num_mask_rows() const { return impl_->max_masks; }
 
 int32_t CudaStepRunner::mask_words() const { return impl_->mask_words; }
 
-bool CudaStepRunner::last_mask_hidden() const { return impl_->mask_hidden; }
-
-double CudaStepRunner::last_mask_ms() const { return impl_->mask_ms; }
-
-double CudaStepRunner::last_masked_forward_gpu_ms() const { return impl_->masked_forward_gpu_ms; }
-
-double CudaStepRunner::last_masked_sampler_gpu_ms() const { return impl_->masked_sampler_gpu_ms; }
-
 void CudaStepRunner::make_current() const {
   cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
 }
 
 int64_t CudaStepRunner::cascade_steps() const { return impl_->cascade_steps; }
 
-const std::vector<SampledLogprobs>& CudaStepRunner::last_logprobs() const {
-  return impl_->logprobs;
-}
-
 int64_t CudaStepRunner::logits_downloads() const { return impl_->logits_downloads; }
 
 int64_t CudaStepRunner::penalty_slot_fills() const { return impl_->slot_fills; }
-
-double CudaStepRunner::last_step_gpu_ms() const { return impl_->last_gpu_ms; }
-
-std::chrono::steady_clock::time_point CudaStepRunner::last_wait_begin() const {
-  return impl_->wait_begin;
-}
-
-std::chrono::steady_clock::time_point CudaStepRunner::last_wait_end() const {
-  return impl_->wait_end;
-}
 
 #else  // !PAGEDLM_HAS_CUDA
 
@@ -1036,10 +1125,12 @@ void CudaStepRunner::make_current() const {}
 
 void CudaStepRunner::warm_up() {}
 
-std::vector<int32_t> CudaStepRunner::run(const StepPlan&, const std::vector<SeqSampling>&, Tensor*,
-                                         const MaskFill&) {
+void CudaStepRunner::launch(const StepPlan&, const std::vector<SeqSampling>&, bool, const MaskFill&,
+                            const std::vector<PendingRow>&) {
   fail("this build of pagedlm has no CUDA support");
 }
+
+StepResult CudaStepRunner::collect() { fail("this build of pagedlm has no CUDA support"); }
 
 int32_t* CudaStepRunner::mask_rows() { return nullptr; }
 
@@ -1047,30 +1138,11 @@ int32_t CudaStepRunner::num_mask_rows() const { return 0; }
 
 int32_t CudaStepRunner::mask_words() const { return 0; }
 
-bool CudaStepRunner::last_mask_hidden() const { return false; }
-
-double CudaStepRunner::last_mask_ms() const { return 0; }
-
-double CudaStepRunner::last_masked_forward_gpu_ms() const { return 0; }
-
-double CudaStepRunner::last_masked_sampler_gpu_ms() const { return 0; }
-
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
-
-const std::vector<SampledLogprobs>& CudaStepRunner::last_logprobs() const {
-  static const std::vector<SampledLogprobs> none;
-  return none;
-}
 
 int64_t CudaStepRunner::logits_downloads() const { return 0; }
 
 int64_t CudaStepRunner::penalty_slot_fills() const { return 0; }
-
-double CudaStepRunner::last_step_gpu_ms() const { return 0; }
-
-std::chrono::steady_clock::time_point CudaStepRunner::last_wait_begin() const { return {}; }
-
-std::chrono::steady_clock::time_point CudaStepRunner::last_wait_end() const { return {}; }
 
 #endif  // PAGEDLM_HAS_CUDA
 

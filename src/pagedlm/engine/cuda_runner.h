@@ -57,33 +57,26 @@ class CudaStepRunner {
   // Call after set_kv_cache.
   void warm_up();
 
-  // Runs the step; returns, per sequence of the plan, the token sampled from its last logits
-  // row (-1 where the plan does not sample it). logits_out, when given, receives the step's
-  // logits [S, vocab] f32 on the host. With masked sequences, finish_masks runs on the host
-  // while the device runs the forward pass; then the rows they use are uploaded (on a stream
-  // of their own) into a fixed device buffer that the sampler reads.
-  std::vector<int32_t> run(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                           Tensor* logits_out, const MaskFill& finish_masks = {});
+  // Enqueues the step and returns while the device runs it: the plan's upload, the pending
+  // rows' tokens (copied on the device from the sampled ids of the step launched before), the
+  // forward pass, the sampler, and the downloads of the sampled ids (and the logits [S, vocab]
+  // f32 when want_logits, and logprobs where asked) into the step's own pinned buffers, then
+  // the step's event. With masked sequences, finish_masks runs on the host while the device
+  // runs the forward pass; then the rows they use are uploaded (on a stream of their own) into
+  // a fixed device buffer that the sampler reads. At most two steps are in flight (step N + 1
+  // is staged while N runs: the pinned buffers are kept per step in flight).
+  void launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling, bool want_logits,
+              const MaskFill& finish_masks, const std::vector<PendingRow>& pending_rows);
+  // Waits for the oldest step in flight and returns its result: per sequence of its plan the
+  // token sampled from its last logits row (-1 where the plan does not sample it), its logits
+  // and logprobs where asked, its device time and the host's wait.
+  StepResult collect();
   // Token bitmasks (structured output): num_mask_rows() rows of mask_words() int32 words in
   // pinned host memory, written by the engine (and its prefetch worker) between steps and by
   // finish_masks; a masked sequence names its row in SeqSampling::mask_row.
   int32_t* mask_rows();
   int32_t num_mask_rows() const;
   int32_t mask_words() const;
-  // Whether the last run()'s forward pass was still running when its masks were done, and the
-  // host time the masks took.
-  bool last_mask_hidden() const;
-  double last_mask_ms() const;
-  // A masked last run(): the device time of its forward pass (from the plan upload), and from
-  // the moment the host had sent the masks (the rest of their upload, the sampler, the tokens'
-  // download); the rest of its device time the device waited for the masks. 0 for an unmasked
-  // run.
-  double last_masked_forward_gpu_ms() const;
-  double last_masked_sampler_gpu_ms() const;
-
-  // Per sequence of the last run(): the logprobs of its sampled token where its SeqSampling
-  // asked for them (empty top and 0 elsewhere).
-  const std::vector<SampledLogprobs>& last_logprobs() const;
   // Runs that downloaded logits (only those whose caller asked for them: prompt logits).
   int64_t logits_downloads() const;
   // Penalty slots filled from a request's tokens (first use, or again after eviction).
@@ -91,12 +84,6 @@ class CudaStepRunner {
 
   // Steps that ran cascade attention's shared-prefix pass.
   int64_t cascade_steps() const;
-  // Device time of the last run(), from the plan upload to the sampled ids' download (the host
-  // work around it is the rest of the step's wall time).
-  double last_step_gpu_ms() const;
-  // Host clock when the last run() began and stopped waiting for the device.
-  std::chrono::steady_clock::time_point last_wait_begin() const;
-  std::chrono::steady_clock::time_point last_wait_end() const;
 
  private:
   struct Impl;

@@ -34,27 +34,19 @@ int64_t CudaWorker::logits_downloads() const { return runner_->logits_downloads(
 int32_t CudaWorker::max_top_logprobs() const { return ops::kMaxTopLogprobs; }
 
 StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
-  held_.require_none();
-  // CudaStepRunner::run enqueues the plan's upload, the forward pass, the masks' upload and the
-  // sampler, and the downloads of the tokens and logits, then waits for its stream
-  // (cudaStreamSynchronize) and reads the tokens. The wait and the read belong in collect: with
-  // run() split there (the pinned token, logprob and logits buffers kept per step in flight),
-  // launch returns while the device runs the step.
-  StepResult result;
-  result.sampled = runner_->run(plan, inputs.sampling,
-                                inputs.want_logits ? &result.logits : nullptr, inputs.finish_masks);
-  result.logprobs = runner_->last_logprobs();
-  StepTimings& t = result.timings;
-  t.gpu_ms = runner_->last_step_gpu_ms();
-  t.masked_forward_gpu_ms = runner_->last_masked_forward_gpu_ms();
-  t.masked_sampler_gpu_ms = runner_->last_masked_sampler_gpu_ms();
-  t.wait_begin = runner_->last_wait_begin();
-  t.wait_end = runner_->last_wait_end();
-  t.mask_ms = runner_->last_mask_ms();
-  t.mask_hidden = runner_->last_mask_hidden();
-  return held_.hold(std::move(result));
+  // The runner enqueues the plan's upload, the pending rows' tokens, the forward pass, the
+  // masks' upload and the sampler, and the downloads of the tokens (and logits, logprobs) into
+  // the step's own pinned buffers, then returns; collect waits for the step's event.
+  runner_->launch(plan, inputs.sampling, inputs.want_logits, inputs.finish_masks,
+                  inputs.pending_rows);
+  return {++launched_};
 }
 
-StepResult CudaWorker::collect(StepHandle handle) { return held_.take(handle); }
+StepResult CudaWorker::collect(StepHandle handle) {
+  PAGEDLM_CHECK(handle.id == collected_ + 1 && handle.id <= launched_, "collect: step ", handle.id,
+                " is not the oldest in flight");
+  ++collected_;
+  return runner_->collect();
+}
 
 }  // namespace pagedlm

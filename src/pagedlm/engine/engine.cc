@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
+#include <unordered_map>
 #include <utility>
 
 #include "pagedlm/core/parallel.h"
@@ -94,6 +96,7 @@ EngineOptions resolve_options(EngineOptions options) {
   PAGEDLM_CHECK(!options.cpu_q8_activations || !on_gpu,
                 "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
   if (options.prefetch_masks < 0) options.prefetch_masks = on_gpu ? 1 : 0;
+  if (options.async_scheduling < 0) options.async_scheduling = on_gpu ? 1 : 0;
   if (on_gpu) {
     PAGEDLM_CHECK(cuda_device_available(), "the CUDA device was asked for but ",
                   "this build has no CUDA support or the machine has no GPU");
@@ -105,6 +108,16 @@ EngineOptions resolve_options(EngineOptions options) {
                 "threads of one process)");
   return options;
 }
+
+struct Engine::Launched {
+  StepPlan plan;
+  StepHandle handle;
+  StepShape shape;
+  bool want_logits = false;
+  std::unique_ptr<ForwardStop> stop;
+  // Host clock: step() began, the plan was made.
+  std::chrono::steady_clock::time_point begin, planned;
+};
 
 Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
     : seed_counter_(std::random_device{}()) {
@@ -137,7 +150,16 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // A step still in flight (asynchronous scheduling) ends before the ranks that run it go.
+  if (in_flight_) {
+    try {
+      static_cast<void>(executor_->collect(in_flight_->handle));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pagedlm: the step in flight at shutdown failed: %s\n", e.what());
+    }
+  }
+}
 
 const ModelConfig& Engine::config() const { return executor_->worker().model().config(); }
 
@@ -184,11 +206,9 @@ bool Engine::cancel(int64_t request_id) {
   return true;
 }
 
-bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
+bool Engine::has_unfinished() const { return scheduler_->has_unfinished() || in_flight_; }
 
-std::vector<RequestEvent> Engine::step() {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point begin = Clock::now();
+StepTimeLimit Engine::step_limit() const {
   StepTimeLimit limit;
   // No limit before the first measured prefill: nothing to predict from yet.
   if (options_.target_itl_ms > 0 && step_cost_fit_.num_observations() > 0) {
@@ -196,32 +216,189 @@ std::vector<RequestEvent> Engine::step() {
     limit.cost = step_cost_;
     limit.without_decodes = draining_ || prefill_always_bounded_;
   }
-  const StepPlan plan = scheduler_->schedule(limit);
-  if (plan.empty()) return {};
-  const Clock::time_point planned = Clock::now();
-  ++num_steps_;
-  last_step_ = shape_of(plan);
-  std::vector<LiveRequest*> live(plan.num_seqs());
-  for (int32_t b = 0; b < plan.num_seqs(); ++b) live[b] = &requests_.at(plan.request_ids[b]);
-  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
-  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
-  bool want_logits = false;
-  for (int32_t b = 0; b < plan.num_seqs() && !want_logits; ++b) {
-    const RequestOutput& out = live[b]->output;
-    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
-    for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
-      want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
+  return limit;
+}
+
+// Asynchronous scheduling. Step N is launched; if it can run ahead (can_run_ahead), the
+// scheduler gives each of its sampling sequences a pending token (Scheduler::run_ahead) and plans
+// step N + 1, which is launched at once where it can be (can_launch_ahead), its pending rows
+// taking N's sampled ids on the device; then N is collected and its tokens resolve the pending
+// ones (Scheduler::resolve), stops checked there: a sequence that stopped at N is finished, and
+// the token N + 1 computes for it is discarded when N + 1 is collected. Where N + 1 cannot be
+// launched ahead, it is launched right after N is collected (the same pending rows). Either
+// way N + 1 stays in flight into the next step(), which plans N + 2 before collecting it.
+std::vector<RequestEvent> Engine::step() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point begin = Clock::now();
+  if (!in_flight_) {
+    StepPlan plan = scheduler_->schedule(step_limit());
+    if (plan.empty()) return {};
+    in_flight_ = launch_step(std::move(plan), nullptr);
+    in_flight_->begin = begin;
+  }
+  std::unique_ptr<Launched> current = std::move(in_flight_);
+  const bool ahead = can_run_ahead(*current);
+  std::optional<StepPlan> next;
+  if (ahead) {
+    scheduler_->run_ahead(current->plan);
+    const Clock::time_point next_begin = Clock::now();
+    StepPlan plan = scheduler_->schedule(step_limit());
+    if (!plan.empty() && can_launch_ahead(plan)) {
+      in_flight_ = launch_step(std::move(plan), &current->plan);
+      in_flight_->begin = next_begin;
+    } else if (!plan.empty()) {
+      next = std::move(plan);
     }
   }
-  StepResult result = forward_and_sample(plan, live, want_logits);
+  StepResult result = executor_->collect(current->handle);
+  std::vector<RequestEvent> events = finish_step(*current, result, ahead);
+  if (next) {
+    const Clock::time_point next_begin = Clock::now();
+    in_flight_ = launch_step(std::move(*next), &current->plan);
+    in_flight_->begin = next_begin;
+  }
+  return events;
+}
+
+bool Engine::can_run_ahead(const Launched& step) const {
+  // Tensor-parallel ranks run every step in lockstep, collected before the next (the GPU ranks'
+  // processes and the CPU's rank threads). A CPU step that may be left midway
+  // (set_abandon_check) must end before the next is planned. Prompt logits leave the device
+  // for the host to copy into the output.
+  if (options_.async_scheduling <= 0 || options_.tensor_parallel_size > 1 || step.want_logits ||
+      (abandon_ && options_.device == Device::kCpu)) {
+    return false;
+  }
+  // A grammar's mask for the next token depends on this one (the step after is planned once
+  // it is accepted); logprobs are computed beside the token and read with it.
+  // (A request whose output was taken since it finished is gone.)
+  for (const int64_t id : step.plan.request_ids) {
+    const auto it = requests_.find(id);
+    if (it != requests_.end() && (it->second.matcher || it->second.logprobs_top_k >= 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Engine::can_launch_ahead(const StepPlan& plan) const {
+  // Its grammar masks are filled once the step in flight is collected (the prefetch it starts).
+  for (const int64_t id : plan.request_ids) {
+    if (requests_.at(id).matcher) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Engine::Launched> Engine::launch_step(StepPlan plan, const StepPlan* previous) {
+  auto step = std::make_unique<Launched>();
+  step->planned = std::chrono::steady_clock::now();
+  step->plan = std::move(plan);
+  const StepPlan& p = step->plan;
+  ++num_steps_;
+  step->shape = shape_of(p);
+  const int32_t B = p.num_seqs();
+  std::vector<LiveRequest*> live(B);
+  for (int32_t b = 0; b < B; ++b) live[b] = &requests_.at(p.request_ids[b]);
+  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
+  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
+  for (int32_t b = 0; b < B && !step->want_logits; ++b) {
+    const RequestOutput& out = live[b]->output;
+    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
+    for (int32_t j = p.logits_indptr[b]; j < p.logits_indptr[b + 1]; ++j) {
+      step->want_logits |= p.positions[p.logits_rows[j]] < out.prompt_logits.dim(0);
+    }
+  }
+  // The rows of the sequences this step samples under a grammar: the prefetched mask's where
+  // there is one, else one of the rows filled in this step.
+  mask_row_.assign(B, -1);
+  std::vector<int32_t> to_fill;
+  int32_t num_prefetched = 0;
+  for (int32_t b = 0; b < B; ++b) {
+    if (!live[b]->matcher || live[b]->grammar_terminated || !p.samples[b] ||
+        p.logits_indptr[b + 1] == p.logits_indptr[b]) {
+      continue;
+    }
+    const int32_t row =
+        mask_prefetch_
+            ? mask_prefetch_->row_of(p.request_ids[b], int64_t{live[b]->tokens->num_outputs()})
+            : -1;
+    if (row >= 0) {
+      mask_row_[b] = row;
+      ++num_prefetched;
+    } else {
+      mask_row_[b] = options_.max_num_seqs + static_cast<int32_t>(to_fill.size());
+      to_fill.push_back(b);
+    }
+  }
+  last_mask_ms_ = 0;
+  last_prefetched_masks_ = num_prefetched;
+  // Waits for the prefetched masks (and for the worker to be done with every matcher) and fills
+  // the others, all ones where the grammar allows every token; several sequences at once: each
+  // matcher is its own, the compiled grammar read-only. The worker calls it within launch.
+  const auto finish_masks = [&] {
+    if (mask_prefetch_) mask_prefetch_->wait();
+    parallel_for_each(to_fill, [&](int32_t b) {
+      int32_t* words = mask_rows_ + int64_t{mask_row_[b]} * mask_words_;
+      if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
+    });
+  };
+  StepInputs inputs;
+  inputs.sampling.resize(B);
+  for (int32_t b = 0; b < B; ++b) {
+    inputs.sampling[b] = {
+        &live[b]->sampling,     live[b]->seed,    int64_t{live[b]->tokens->num_outputs()},
+        mask_row_[b],           p.request_ids[b], live[b]->tokens.get(),
+        live[b]->logprobs_top_k};
+  }
+  inputs.want_logits = step->want_logits;
+  // The worker calls finish_masks while the device runs the forward pass (the CPU: after it),
+  // then samples under the rows.
+  inputs.finish_masks = finish_masks;
+  if (abandon_) inputs.stop = (step->stop = std::make_unique<ForwardStop>(abandon_)).get();
+  // Pending rows (decodes planned ahead) take the previous step's sampled ids: each sequence's
+  // last logits row there.
+  if (std::find(p.token_ids.begin(), p.token_ids.end(), kPendingToken) != p.token_ids.end()) {
+    PAGEDLM_CHECK(previous != nullptr, "a plan with pending tokens needs the step before it");
+    std::unordered_map<int64_t, int32_t> source_row;
+    for (int32_t b = 0; b < previous->num_seqs(); ++b) {
+      if (previous->samples[b])
+        source_row[previous->request_ids[b]] = previous->logits_indptr[b + 1] - 1;
+    }
+    for (int32_t b = 0; b < B; ++b) {
+      for (int32_t row = p.q_indptr[b]; row < p.q_indptr[b + 1]; ++row) {
+        if (p.token_ids[row] != kPendingToken) continue;
+        const auto it = source_row.find(p.request_ids[b]);
+        PAGEDLM_CHECK(it != source_row.end(), "request ", p.request_ids[b],
+                      " has a pending token the step before did not sample");
+        inputs.pending_rows.push_back({row, it->second});
+      }
+    }
+  }
+  step->handle = executor_->launch(p, std::move(inputs));
+  return step;
+}
+
+std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result, bool ran_ahead) {
+  using Clock = std::chrono::steady_clock;
+  const StepPlan& plan = step.plan;
   if (!result.completed) return abandon_step(plan);
+  last_step_ = step.shape;
+  last_mask_ms_ = result.timings.mask_ms;
+  last_mask_hidden_ = result.timings.mask_hidden;
   std::vector<int32_t>& sampled = result.sampled;
   const Tensor& logits = result.logits;
   last_step_.gpu_ms = result.timings.gpu_ms;
+  last_step_.gap_gpu_ms = result.timings.gap_gpu_ms;
   last_step_.masked_forward_gpu_ms = result.timings.masked_forward_gpu_ms;
   last_step_.masked_sampler_gpu_ms = result.timings.masked_sampler_gpu_ms;
   const Clock::time_point wait_begin = result.timings.wait_begin;
   const Clock::time_point wait_end = result.timings.wait_end;
+  // A request may be gone (its output taken) when this step ran behind the one that finished it:
+  // its rows are discarded.
+  std::vector<LiveRequest*> live(plan.num_seqs(), nullptr);
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    if (auto it = requests_.find(plan.request_ids[b]); it != requests_.end()) live[b] = &it->second;
+  }
 
   // The masks prefetched for this step are done (forward_and_sample waited for those it used);
   // until the next start() the matchers are the engine thread's.
@@ -241,7 +418,9 @@ std::vector<RequestEvent> Engine::step() {
   const std::vector<int32_t>& eos = config().eos_token_ids;
   std::vector<int32_t> advancing, deferred;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    if (!live[b]->matcher || sampled[b] < 0 || live[b]->grammar_terminated) continue;
+    if (!live[b] || !live[b]->matcher || sampled[b] < 0 || live[b]->grammar_terminated) {
+      continue;
+    }
     if (live[b]->grammar_refused) {
       std::fprintf(stderr,
                    "pagedlm: request %lld: its grammar refused token %d, which its mask allowed; "
@@ -277,6 +456,7 @@ std::vector<RequestEvent> Engine::step() {
   std::map<int64_t, RequestEvent> logprob_events;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     const int64_t id = plan.request_ids[b];
+    if (!live[b]) continue;
     RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
     if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && !result.logprobs.empty()) {
@@ -302,8 +482,14 @@ std::vector<RequestEvent> Engine::step() {
   }
 
   std::vector<RequestEvent> events;
-  for (const SeqUpdate& u : scheduler_->update(plan, sampled)) {
-    if (u.finished) requests_.at(u.request_id).output.reason = u.reason;
+  const std::vector<SeqUpdate> updates =
+      ran_ahead ? scheduler_->resolve(plan, sampled) : scheduler_->update(plan, sampled);
+  for (const SeqUpdate& u : updates) {
+    if (u.reported) continue;  // finished by the step before: this step's token is discarded
+    // Cancelled and its output taken while this step ran (after the step before returned).
+    const auto live_it = requests_.find(u.request_id);
+    if (live_it == requests_.end()) continue;
+    if (u.finished) live_it->second.output.reason = u.reason;
     RequestEvent event;
     if (auto lp = logprob_events.find(u.request_id); lp != logprob_events.end() && u.token >= 0) {
       event = std::move(lp->second);
@@ -319,7 +505,7 @@ std::vector<RequestEvent> Engine::step() {
     // caller takes its events and the next step is planned and launched.
     std::vector<MaskPrefetch::Item> next;
     const auto add = [&](int32_t b, int32_t token_to_accept) {
-      const LiveRequest& r = *live[b];
+      const LiveRequest& r = *live[b];  // a grammar's sequence never runs behind a finish
       if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
         next.push_back({plan.request_ids[b], r.tokens->num_outputs(), r.matcher, token_to_accept});
       }
@@ -331,15 +517,17 @@ std::vector<RequestEvent> Engine::step() {
   const auto ms = [](Clock::duration d) {
     return std::chrono::duration<double, std::milli>(d).count();
   };
-  last_step_.schedule_ms = ms(planned - begin);
-  last_step_.prepare_ms = ms(wait_begin - planned);
+  last_step_.schedule_ms = ms(step.planned - step.begin);
+  last_step_.prepare_ms = ms(wait_begin - step.planned);
   last_step_.wait_ms = ms(wait_end - wait_begin);
   const Clock::time_point end = Clock::now();
   last_step_.finish_ms = ms(end - wait_end);
   // Steps that prefill teach the cost model, where a limit will use it (not on the GPU by
   // default); decode steps alone cannot tell the per-token cost from the fixed one (StepCostFit).
-  if (options_.target_itl_ms > 0 && last_step_.num_tokens > last_step_.num_seqs) {
-    step_cost_fit_.observe(last_step_.num_tokens, last_step_.attention_pairs, ms(end - begin));
+  // A step that ran ahead overlapped the next one's planning and launch: its wall time is not
+  // its own.
+  if (options_.target_itl_ms > 0 && !ran_ahead && last_step_.num_tokens > last_step_.num_seqs) {
+    step_cost_fit_.observe(last_step_.num_tokens, last_step_.attention_pairs, ms(end - step.begin));
     step_cost_ = step_cost_fit_.estimate();
   }
   return events;
@@ -360,63 +548,6 @@ std::vector<RequestEvent> Engine::abandon_step(const StepPlan& plan) {
     event.reason = u.reason;
   }
   return events;
-}
-
-StepResult Engine::forward_and_sample(const StepPlan& plan, const std::vector<LiveRequest*>& live,
-                                      bool want_logits) {
-  const int32_t B = plan.num_seqs();
-  // The rows of the sequences this step samples under a grammar: the prefetched mask's where
-  // there is one, else one of the rows filled in this step.
-  mask_row_.assign(B, -1);
-  std::vector<int32_t> to_fill;
-  int32_t num_prefetched = 0;
-  for (int32_t b = 0; b < B; ++b) {
-    if (!live[b]->matcher || live[b]->grammar_terminated || !plan.samples[b] ||
-        plan.logits_indptr[b + 1] == plan.logits_indptr[b]) {
-      continue;
-    }
-    const int32_t row =
-        mask_prefetch_
-            ? mask_prefetch_->row_of(plan.request_ids[b], int64_t{live[b]->tokens->num_outputs()})
-            : -1;
-    if (row >= 0) {
-      mask_row_[b] = row;
-      ++num_prefetched;
-    } else {
-      mask_row_[b] = options_.max_num_seqs + static_cast<int32_t>(to_fill.size());
-      to_fill.push_back(b);
-    }
-  }
-  last_mask_ms_ = 0;
-  last_prefetched_masks_ = num_prefetched;
-  // Waits for the prefetched masks (and for the worker to be done with every matcher) and fills
-  // the others, all ones where the grammar allows every token; several sequences at once: each
-  // matcher is its own, the compiled grammar read-only.
-  const auto finish_masks = [&] {
-    if (mask_prefetch_) mask_prefetch_->wait();
-    parallel_for_each(to_fill, [&](int32_t b) {
-      int32_t* words = mask_rows_ + int64_t{mask_row_[b]} * mask_words_;
-      if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
-    });
-  };
-  StepInputs inputs;
-  inputs.sampling.resize(B);
-  for (int32_t b = 0; b < B; ++b) {
-    inputs.sampling[b] = {
-        &live[b]->sampling,     live[b]->seed,       int64_t{live[b]->tokens->num_outputs()},
-        mask_row_[b],           plan.request_ids[b], live[b]->tokens.get(),
-        live[b]->logprobs_top_k};
-  }
-  inputs.want_logits = want_logits;
-  // The worker calls finish_masks while the device runs the forward pass (the CPU: after it),
-  // then samples under the rows.
-  inputs.finish_masks = finish_masks;
-  std::optional<ForwardStop> stop;
-  if (abandon_) inputs.stop = &stop.emplace(abandon_);
-  StepResult result = executor_->collect(executor_->launch(plan, std::move(inputs)));
-  last_mask_ms_ = result.timings.mask_ms;
-  last_mask_hidden_ = result.timings.mask_hidden;
-  return result;
 }
 
 const int32_t* Engine::mask_of(int32_t b) const {

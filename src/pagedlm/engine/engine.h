@@ -69,6 +69,13 @@ struct EngineOptions {
   // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward
   // pass; 0: off; 1: on.
   int32_t prefetch_masks = -1;
+  // Asynchronous scheduling: while the device runs step N, the host plans and launches step
+  // N + 1, whose decodes take N's sampled tokens on the device (Scheduler::run_ahead); stops
+  // are then checked one step late and the token computed past one is discarded. Steps that
+  // cannot run ahead are run synchronously (docs/ARCHITECTURE.md lists them). Greedy and
+  // seeded outputs are the same either way. -1: on on the GPU, off on the CPU (whose launch
+  // runs the whole step, so nothing overlaps); 0: off; 1: on.
+  int32_t async_scheduling = -1;
   Device device = Device::kCpu;
   // Ranks that split the model between them (model/tensor_parallel.h). Every rank runs the one
   // StepPlan rank 0's scheduler makes each step. On the CPU the ranks are threads of this
@@ -117,9 +124,12 @@ struct StepShape {
   int64_t attention_pairs = 0;  // (query, visible key) pairs the step's attention computes
   bool decode = false;          // every sequence has exactly one new token
   double gpu_ms = 0;            // CUDA: the step's device time, upload to download
+  double gap_gpu_ms = -1;       // CUDA: the device's idle time before it (StepTimings)
   // Host clock of step(): scheduling; the rest until the device is waited for (plan
   // bookkeeping, staging, launches; on the CPU also the forward); the wait; what follows it
-  // (sampled tokens into the scheduler and the events).
+  // (sampled tokens into the scheduler and the events). With asynchronous scheduling the step
+  // was planned and launched in the step() before, so the rest until its wait also holds that
+  // step()'s end and this one's planning of the next step.
   double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
   // CUDA, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
@@ -158,7 +168,9 @@ class Engine {
   bool cancel(int64_t request_id);
   bool has_unfinished() const;
 
-  // Runs one step; returns what happened to each request in it.
+  // Runs one step; returns what happened to each request in it. With asynchronous scheduling
+  // it launches the next step before it collects this one, which is then still in flight when
+  // step() returns (has_unfinished() stays true until it is collected).
   std::vector<RequestEvent> step();
   // While draining, every step's prefill is held to target_itl_ms, whether or not a sequence
   // decodes: a caller that is stopping (a server's shutdown) then never waits long for the
@@ -244,11 +256,20 @@ class Engine {
     bool grammar_refused = false;
   };
 
-  // Runs the step's forward and sampling on the executor's ranks: the sampled token per sequence
-  // (-1: none), the logits [S, vocab] f32 on the host when want_logits, or completed false when
-  // the forward pass was left midway (set_abandon_check). live[b] is the plan's sequence b.
-  StepResult forward_and_sample(const StepPlan& plan, const std::vector<LiveRequest*>& live,
-                                bool want_logits);
+  // A launched step, until it is collected.
+  struct Launched;
+  // Launches the plan's forward pass and sampling on the executor's ranks; `previous`: the
+  // plan of the step launched just before (null: none), whose tokens the plan's pending rows
+  // take.
+  std::unique_ptr<Launched> launch_step(StepPlan plan, const StepPlan* previous);
+  // Whether the engine may plan the next step before this one's tokens are known.
+  bool can_run_ahead(const Launched& step) const;
+  // Whether a plan made ahead may be launched before the step in flight is collected.
+  bool can_launch_ahead(const StepPlan& plan) const;
+  // Applies a collected step's tokens: grammars, logprobs, prompt logits, the scheduler's update
+  // (resolve when the step ran ahead), the events, the next masks' prefetch.
+  std::vector<RequestEvent> finish_step(Launched& step, StepResult& result, bool ran_ahead);
+  StepTimeLimit step_limit() const;
   // Ends the step of a forward pass left midway: its requests as cancelled, its pages forgotten.
   std::vector<RequestEvent> abandon_step(const StepPlan& plan);
   // Sequence b's token bitmask this step, or null.
@@ -277,6 +298,9 @@ class Engine {
   bool last_mask_hidden_ = false;
   double last_mask_prefetch_ms_ = 0;
   int32_t last_prefetched_masks_ = 0;
+  // The step launched and not yet collected (asynchronous scheduling keeps it between step()
+  // calls).
+  std::unique_ptr<Launched> in_flight_;
   // Last, so that its worker stops before anything it could read goes.
   std::unique_ptr<MaskPrefetch> mask_prefetch_;
 };

@@ -42,21 +42,21 @@ int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, 
       std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
 }
 
-void HeldStep::require_none() const {
-  PAGEDLM_CHECK(!result_, "a step is in flight: collect it before launching the next");
+void HeldStep::require_room() const {
+  PAGEDLM_CHECK(results_.size() < 2, "two steps are in flight: collect one before launching");
 }
 
 StepHandle HeldStep::hold(StepResult result) {
-  require_none();
-  result_ = std::move(result);
-  return {++launched_};
+  require_room();
+  results_.emplace_back(++launched_, std::move(result));
+  return {launched_};
 }
 
 StepResult HeldStep::take(StepHandle handle) {
-  PAGEDLM_CHECK(result_ && handle.id == launched_, "collect: step ", handle.id,
-                " is not in flight");
-  StepResult result = std::move(*result_);
-  result_.reset();
+  PAGEDLM_CHECK(!results_.empty() && handle.id == results_.front().first, "collect: step ",
+                handle.id, " is not the oldest in flight");
+  StepResult result = std::move(results_.front().second);
+  results_.pop_front();
   return result;
 }
 
@@ -142,12 +142,36 @@ bool CpuWorker::forward(const StepPlan& plan, const ForwardInputs& inputs, const
 }
 
 StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
-  held_.require_none();
+  held_.require_room();
   StepResult result;
   const int32_t B = plan.num_seqs();
   const int64_t vocab = model_->config().vocab_size;
   const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
-  ForwardInputs inputs{Tensor::from_i32(plan.token_ids, {plan.num_tokens()}),
+  // Pending rows take the last step's tokens here, as the GPU's take them on the device; a
+  // sequence's RequestTokens that end with its pending token are read, for penalties, through a
+  // copy that holds its value.
+  std::vector<int32_t> token_ids = plan.token_ids;
+  std::vector<RequestTokens> resolved_tokens;
+  resolved_tokens.reserve(step.pending_rows.size());
+  for (const PendingRow& p : step.pending_rows) {
+    PAGEDLM_CHECK(p.row >= 0 && p.row < plan.num_tokens() && token_ids[p.row] == kPendingToken &&
+                      p.source_row >= 0 &&
+                      p.source_row < static_cast<int32_t>(last_row_tokens_.size()) &&
+                      last_row_tokens_[p.source_row] >= 0,
+                  "pending row ", p.row, " has no token of the last step's row ", p.source_row);
+    token_ids[p.row] = last_row_tokens_[p.source_row];
+    const auto b =
+        static_cast<int32_t>(std::upper_bound(plan.q_indptr.begin(), plan.q_indptr.end(), p.row) -
+                             plan.q_indptr.begin() - 1);
+    SeqSampling& seq = step.sampling[b];
+    if (seq.tokens != nullptr && seq.tokens->size() > 0 &&
+        seq.tokens->all.back() == kPendingToken) {
+      resolved_tokens.push_back(*seq.tokens);
+      resolved_tokens.back().all.back() = token_ids[p.row];
+      seq.tokens = &resolved_tokens.back();
+    }
+  }
+  ForwardInputs inputs{Tensor::from_i32(token_ids, {plan.num_tokens()}),
                        Tensor::from_i32(plan.logits_rows, {num_rows})};
   inputs.stop = step.stop;
   result.logits = Tensor::empty(DType::kF32, {num_rows, vocab});
@@ -179,6 +203,10 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
           seq.mask_row >= 0 ? mask_rows_.get() + int64_t{seq.mask_row} * mask_words_ : nullptr;
       result.sampled[b] = sample_on_host(row, vocab, seq, mask);
     }
+  }
+  last_row_tokens_.assign(num_rows, -1);
+  for (int32_t b = 0; b < B; ++b) {
+    if (result.sampled[b] >= 0) last_row_tokens_[plan.logits_indptr[b + 1] - 1] = result.sampled[b];
   }
   // The forward ran inline: no wait.
   result.timings.wait_begin = result.timings.wait_end = std::chrono::steady_clock::now();

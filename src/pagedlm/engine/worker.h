@@ -3,14 +3,16 @@
 // sampled tokens, the logits when asked, timings). The engine above it knows no device; the
 // executor (engine/executor.h) drives the workers of every rank this process runs.
 //
-// launch and collect are apart so that a scheduler can plan step N + 1 while the device runs
-// step N. On the GPU launch enqueues the forward pass and the sampler; CudaStepRunner::run still
-// waits for its stream before it returns (see CudaWorker), so today the wait happens inside
-// launch. On the CPU the forward pass runs on the calling threads inside launch.
+// launch and collect are apart so that the engine can plan step N + 1 while the device runs
+// step N (asynchronous scheduling, engine.h). On the GPU launch enqueues the plan's upload, the
+// forward pass, the sampler and the sampled ids' download and returns; collect waits for the
+// step's event. On the CPU the forward pass runs on the calling threads inside launch and
+// collect returns what it held.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -63,6 +65,15 @@ struct SampledLogprobs {
 // pass is enqueued (GPU: the host's work on the masks overlaps the device's) or done (CPU).
 using MaskFill = std::function<void()>;
 
+// A row of a plan whose token id is kPendingToken (Scheduler::run_ahead): its token is the one
+// the step launched before this one sampled from its logits row source_row. The worker takes it
+// on the device (GPU: a copy from the sampled ids, which stay on the device), never through the
+// host.
+struct PendingRow {
+  int32_t row = 0;
+  int32_t source_row = 0;
+};
+
 // What a step asks of a worker besides its plan. What it points to stays alive until collect.
 struct StepInputs {
   // One per sequence of the plan. Rank 0's tokens are the step's; a GPU rank other than 0
@@ -74,6 +85,10 @@ struct StepInputs {
   // Where the CPU's forward pass may be left midway (every rank of a group asks the same
   // object); null: it runs to the end. GPU steps are never left midway.
   ForwardStop* stop = nullptr;
+  // The plan's rows whose tokens the step launched just before this one samples. A sequence's
+  // RequestTokens end with kPendingToken when it has such a row: penalties count that token
+  // as the one the row takes.
+  std::vector<PendingRow> pending_rows;
 };
 
 // Where a step's time went.
@@ -82,6 +97,9 @@ struct StepTimings {
   // its forward and sampling were done).
   std::chrono::steady_clock::time_point wait_begin, wait_end;
   double gpu_ms = 0;  // GPU: device time from the plan upload to the tokens' download
+  // GPU, a decode step after a decode step: the device's idle time between the two (from the
+  // end event of the one before to this one's begin event); -1 otherwise.
+  double gap_gpu_ms = -1;
   // GPU, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
@@ -110,8 +128,9 @@ struct StepHandle {
 class Worker {
  public:
   virtual ~Worker() = default;
-  // Starts the step. The plan and what inputs point to stay alive until collect. One step is in
-  // flight at a time: collect it before the next launch.
+  // Starts the step. The plan and what inputs point to stay alive until launch returns (the
+  // worker keeps what collect needs). At most two steps are in flight: step N + 1 may be
+  // launched before step N is collected, and the steps are collected in order.
   virtual StepHandle launch(const StepPlan& plan, StepInputs inputs) = 0;
   // Waits for the step and returns its result.
   virtual StepResult collect(StepHandle handle) = 0;
@@ -134,19 +153,19 @@ class Worker {
   virtual int32_t max_top_logprobs() const { return std::numeric_limits<int32_t>::max(); }
 };
 
-// A launched step's result, held until it is collected, for workers whose launch ends with the
-// step done (the CPU's; the GPU's while CudaStepRunner::run waits for its stream).
+// Launched steps' results, held until they are collected, for workers whose launch ends with the
+// step done (the CPU's).
 class HeldStep {
  public:
-  // Fails while a step is held: one step is in flight at a time.
-  void require_none() const;
+  // Fails while two steps are held: at most two are in flight.
+  void require_room() const;
   StepHandle hold(StepResult result);
-  // The held step's result; fails unless `handle` is the held step's.
+  // The oldest held step's result; fails unless `handle` is its.
   StepResult take(StepHandle handle);
 
  private:
   int64_t launched_ = 0;
-  std::optional<StepResult> result_;
+  std::deque<std::pair<int64_t, StepResult>> results_;
 };
 
 // One rank's share of the model and what runs it on its device.
@@ -213,11 +232,15 @@ class CpuWorker final : public Worker {
   std::unique_ptr<int32_t[]> mask_rows_;
   int32_t mask_words_ = 0;
   HeldStep held_;
+  // The last launched step's sampled ids by logits row (-1: not sampled), which the next
+  // step's pending rows take.
+  std::vector<int32_t> last_row_tokens_;
 };
 
 // The GPU's worker: the model, its paged KV cache and the CudaStepRunner that stages each plan,
 // launches the forward pass (a CUDA graph for decode buckets) and the sampler (bias, penalties
-// and logprobs included) on its stream, and downloads the tokens.
+// and logprobs included) on its stream and the tokens' download (launch), then waits for them
+// (collect).
 class CudaWorker final : public Worker {
  public:
   CudaWorker(RankParts parts, const EngineOptions& options);
@@ -239,7 +262,7 @@ class CudaWorker final : public Worker {
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
   int32_t mask_words_ = 0;
-  HeldStep held_;
+  int64_t launched_ = 0, collected_ = 0;
 };
 
 }  // namespace pagedlm

@@ -12,6 +12,11 @@ namespace pagedlm {
 
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kCancelled };
 
+// An output token a step is still computing: a step planned while its predecessor runs
+// (Scheduler::run_ahead) feeds it, and the worker takes its value on the device from the
+// predecessor's sampled ids. Never a valid token id.
+inline constexpr int32_t kPendingToken = -1;
+
 struct Request {
   int64_t id = 0;
   std::vector<int32_t> prompt;

@@ -21,7 +21,12 @@ struct Sequence {
   KvSeq kv;  // its pages, which only the KvCacheManager changes
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
-  bool in_flight = false;  // in the plan that update() has not seen yet
+  // Plans that update() (or resolve()) has not seen yet holding it: 0, 1, or 2 while a plan
+  // runs ahead of the one before it.
+  int32_t in_flight = 0;
+  // Index in tokens.all of the kPendingToken run_ahead() appended (-1: none).
+  int32_t pending_at = -1;
+  bool finish_reported = false;  // resolve() reported its finish; the next update() says so
 
   std::span<const int32_t> token_span() const { return tokens.all; }
   int32_t num_tokens() const { return tokens.size(); }
@@ -55,6 +60,7 @@ struct Scheduler::State {
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;       // in admission order: preemption takes the back
   std::vector<ScheduledSeq> scheduled;  // the last plan's sequences, in plan order
+  std::vector<ScheduledSeq> ahead;      // the plan run_ahead() was given, until resolve()
   std::vector<Sequence*> finished;      // scratch of update
   int64_t preemptions = 0;
   // This step's prefill under its StepTimeLimit: the time its prefill chunks may still take
@@ -351,8 +357,8 @@ bool Scheduler::cancel(int64_t request_id) {
     state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
   }
   state.finish(*seq, FinishReason::kCancelled);
-  // A sequence in the pending plan lives on until update() reports it.
-  if (!seq->in_flight) state.sequences.erase(it);
+  // A sequence in a pending plan lives on until update() reports it.
+  if (seq->in_flight == 0) state.sequences.erase(it);
   return true;
 }
 
@@ -384,8 +390,12 @@ StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   }
   // Running sequences can be preempted until both passes are done; only then is their chunk
   // final, and only then may others find its pages.
+  // A pending token (run_ahead) is not committed until its value is known: the next
+  // schedule() commits it with the rest.
   for (const auto& [seq, num_new_tokens] : state.scheduled) {
-    state.kv.commit(seq->kv, seq->token_span(), seq->num_computed + num_new_tokens);
+    const int32_t end = seq->num_computed + num_new_tokens;
+    state.kv.commit(seq->kv, seq->token_span(),
+                    seq->pending_at >= 0 ? std::min(end, seq->pending_at) : end);
   }
   // Admitting right after a preemption would only thrash: the pool just proved too small.
   if (!preempted) {
@@ -400,7 +410,7 @@ StepPlan Scheduler::schedule(const StepTimeLimit& limit) {
   state.emit(plan);
   for (const auto& [seq, num_new_tokens] : state.scheduled) {
     seq->num_computed += num_new_tokens;
-    seq->in_flight = true;
+    ++seq->in_flight;
   }
   return plan;
 }
@@ -433,10 +443,11 @@ std::vector<SeqUpdate> Scheduler::State::apply_step(TokensOf tokens_of,
   finished.clear();
   for (size_t b = 0; b < num_seqs; ++b) {
     Sequence& seq = *scheduled[b].seq;
-    seq.in_flight = false;
+    --seq.in_flight;
     SeqUpdate& update = updates.emplace_back();
     update.request_id = seq.request.id;
-    if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran
+    if (seq.status == SeqStatus::kFinished) {  // cancelled, or stopped (resolve), as it ran
+      update.reported = seq.finish_reported;
       finished.push_back(&seq);
     } else {
       if (!num_rolled_back.empty() && num_rolled_back[b] > 0) roll_back(seq, num_rolled_back[b]);
@@ -465,7 +476,9 @@ std::vector<SeqUpdate> Scheduler::State::apply_step(TokensOf tokens_of,
   }
   if (!finished.empty()) {
     std::erase_if(running, [](const Sequence* seq) { return seq->status == SeqStatus::kFinished; });
-    for (const Sequence* seq : finished) sequences.erase(seq->request.id);
+    for (const Sequence* seq : finished) {
+      if (seq->in_flight == 0) sequences.erase(seq->request.id);
+    }
   }
   scheduled.clear();
   // The step has run its copies: their sources may be reused now.
@@ -529,13 +542,102 @@ std::vector<SeqUpdate> Scheduler::update(const StepPlan& plan, const StepTokens&
       step.num_rolled_back);
 }
 
+void Scheduler::run_ahead(const StepPlan& plan) {
+  State& state = *state_;
+  state.check_last_plan(plan, "run_ahead");
+  PAGEDLM_CHECK(state.ahead.empty(), "run_ahead() while another plan runs ahead");
+  for (const auto& [seq, num_new_tokens] : state.scheduled) {
+    if (seq->status != SeqStatus::kRunning || seq->num_pending() != 0 ||
+        seq->request.sampling.max_tokens <= 0) {
+      continue;  // cancelled, or mid-prefill: nothing to sample
+    }
+    // The token to come ends the sequence by length whatever it is: nothing to run ahead for.
+    if (seq->num_outputs() + 1 >= seq->request.sampling.max_tokens ||
+        seq->num_tokens() + 1 >= config_.max_model_len) {
+      continue;
+    }
+    seq->pending_at = seq->num_tokens();
+    seq->tokens.all.push_back(kPendingToken);
+  }
+  state.ahead = std::move(state.scheduled);
+  state.scheduled.clear();
+}
+
+std::vector<SeqUpdate> Scheduler::resolve(const StepPlan& plan,
+                                          const std::vector<int32_t>& sampled) {
+  State& state = *state_;
+  const size_t num_seqs = state.ahead.size();
+  PAGEDLM_CHECK(
+      plan.request_ids.size() == num_seqs && sampled.size() >= num_seqs,
+      "resolve() needs the plan given to run_ahead() and its tokens: ", plan.request_ids.size(),
+      " sequences and ", sampled.size(), " tokens for ", num_seqs);
+  for (size_t b = 0; b < num_seqs; ++b) {
+    PAGEDLM_CHECK(plan.request_ids[b] == state.ahead[b].seq->request.id,
+                  "resolve() got a plan whose sequence ", b, " is request ", plan.request_ids[b],
+                  ", expected ", state.ahead[b].seq->request.id);
+  }
+  std::vector<SeqUpdate> updates;
+  updates.reserve(num_seqs);
+  for (size_t b = 0; b < num_seqs; ++b) {
+    Sequence& seq = *state.ahead[b].seq;
+    --seq.in_flight;
+    SeqUpdate& update = updates.emplace_back();
+    update.request_id = seq.request.id;
+    const int32_t pending_at = seq.pending_at;
+    seq.pending_at = -1;
+    FinishReason reason = FinishReason::kNone;
+    if (seq.status == SeqStatus::kFinished) {  // cancelled while the step ran: no token
+      if (pending_at >= 0) seq.tokens.all.resize(pending_at);
+    } else if (seq.status == SeqStatus::kRunning && seq.num_pending() == 0 &&
+               seq.request.sampling.max_tokens <= 0) {
+      reason = FinishReason::kLength;  // max_tokens == 0: the prompt was all
+    } else if (plan.samples[b]) {
+      // The pending token's place (a sequence preempted since keeps it for its recompute), or
+      // the end of a sequence the length stops whatever its token.
+      const int32_t token = sampled[b];
+      PAGEDLM_CHECK(token >= 0, "resolve() got no token for request ", seq.request.id);
+      if (pending_at >= 0) {
+        // Tokens after it exist only as pending rows of the next plan: the sequence reads as if
+        // this token were its last until then.
+        seq.tokens.all[pending_at] = token;
+      } else {
+        seq.tokens.all.push_back(token);
+      }
+      update.token = token;
+      update.num_appended = 1;
+      reason = state.finish_reason_after(seq, token);
+    }
+    if (reason != FinishReason::kNone) {
+      if (seq.status == SeqStatus::kWaiting) {
+        state.waiting.erase(std::find(state.waiting.begin(), state.waiting.end(), &seq));
+      } else {
+        state.running.erase(std::find(state.running.begin(), state.running.end(), &seq));
+      }
+      // Its pages go back now; the next step, still running, wrote its last slot, which no
+      // one finds (that position was never committed) and which later steps overwrite only
+      // after it, in stream order.
+      state.finish(seq, reason);
+      seq.finish_reported = true;
+    }
+    // The next step, planned, reads keys from one position lower than the next query after it;
+    // pages released for that query go back to the pool, and a later step writes them only after
+    // the next one has run (stream order).
+    if (seq.status == SeqStatus::kRunning) state.kv.release_behind_window(seq.kv, seq.num_computed);
+    update.finished = seq.status == SeqStatus::kFinished;
+    update.reason = seq.finish_reason;
+    if (update.finished && seq.in_flight == 0) state.sequences.erase(seq.request.id);
+  }
+  state.ahead.clear();
+  return updates;
+}
+
 std::vector<SeqUpdate> Scheduler::abandon(const StepPlan& plan) {
   State& state = *state_;
   state.check_last_plan(plan, "abandon");
   std::vector<SeqUpdate> updates;
   updates.reserve(state.scheduled.size());
   for (const auto& [seq, num_new_tokens] : state.scheduled) {
-    seq->in_flight = false;
+    --seq->in_flight;
     if (seq->status != SeqStatus::kFinished) {  // else cancelled while the step ran
       state.running.erase(std::find(state.running.begin(), state.running.end(), seq));
       state.finish(*seq, FinishReason::kCancelled);

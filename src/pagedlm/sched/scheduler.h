@@ -69,6 +69,9 @@ struct SeqUpdate {
   int32_t num_appended = 0;  // tokens appended this step (a stop token ends them early)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
+  // Finished in an earlier update (resolve() of the step before, which ran ahead): this one
+  // brings nothing new about it, and the token the step computed for it is discarded.
+  bool reported = false;
 };
 
 struct SchedulerStats {
@@ -131,6 +134,21 @@ class Scheduler {
   // pending at its last computed token only if that was rolled back (a sequence whose step
   // sampled and that gets nothing else waits for a token it can never get: an error).
   std::vector<SeqUpdate> update(const StepPlan& plan, const StepTokens& step);
+  // Running ahead (asynchronous scheduling): in place of update() while the last plan's step
+  // still runs, so that the next step can be planned before its tokens are known. Every
+  // sequence that the step samples gets kPendingToken as its next token, which makes it a decode
+  // in the next schedule() (its row's token id is kPendingToken: the worker takes the value
+  // from this step's sampled ids). A sequence whose token ends it by length whatever its value
+  // (max_tokens, max_model_len) gets none and is not scheduled again. Stops that depend on the
+  // token (EOS, stop ids) are checked by resolve(), one step late: a sequence that stopped is
+  // finished there, and the token the next step computes for it is discarded (its update
+  // reports it as `reported`, with no token); its pages, that step's slot included, go back to
+  // the pool. The pending position is not committed to the prefix cache until its token is
+  // known. At most one plan runs ahead at a time.
+  void run_ahead(const StepPlan& plan);
+  // The tokens of the plan run_ahead() was given (sampled[b] as update()'s): each replaces its
+  // sequence's kPendingToken, then stops are checked as update() does.
+  std::vector<SeqUpdate> resolve(const StepPlan& plan, const std::vector<int32_t>& sampled);
   // In place of update() for a plan whose step was left midway, its K/V partly written: every
   // sequence of the plan ends as cancelled (its pages go back to the pool), and every page the
   // step was to write is forgotten by the prefix cache (BlockPool::forget), so that no later
