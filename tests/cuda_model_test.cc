@@ -550,7 +550,8 @@ TEST_P(CudaModel, E4m3KvCacheLogitsAndGreedy) {
   expect_reference_greedy(greedy, expected_, kE4m3KvMargin, GetParam());
   int matching = 0;
   for (int i = 0; i < kNumCases; ++i) {
-    for (int t = 0; t < kGreedyTokens; ++t) matching += greedy[i].tokens[t] == expected_.greedy[i][t];
+    for (int t = 0; t < kGreedyTokens; ++t)
+      matching += greedy[i].tokens[t] == expected_.greedy[i][t];
   }
   std::printf("%s: e4m3 KV greedy tokens equal to the reference's: %d of %d\n", GetParam(),
               matching, kNumCases * kGreedyTokens);
@@ -578,8 +579,7 @@ TEST_P(CudaModel, E4m3KvCacheLogitsAndGreedy) {
       ++checked;
     }
   }
-  std::printf("%s: %d e4m3 KV decode tokens checked against prefill logits\n", GetParam(),
-              checked);
+  std::printf("%s: %d e4m3 KV decode tokens checked against prefill logits\n", GetParam(), checked);
   EXPECT_GT(checked, 0) << GetParam();
 }
 

@@ -29,8 +29,7 @@ TEST(KvCacheDtype, AutoIsTheComputeDtypeAndFp8IsE4m3OnTheGpu) {
   EXPECT_EQ(kv_cache_dtype(with(Device::kCpu, KvCacheDtype::kAuto), DType::kF32), DType::kF32);
   EXPECT_EQ(kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kAuto), DType::kBF16), DType::kBF16);
   EXPECT_EQ(kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kBf16), DType::kBF16), DType::kBF16);
-  EXPECT_EQ(kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kFp8), DType::kBF16),
-            DType::kF8E4M3);
+  EXPECT_EQ(kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kFp8), DType::kBF16), DType::kF8E4M3);
 }
 
 TEST(KvCacheDtype, TheCpuRefusesFp8AndBf16) {

@@ -300,21 +300,32 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // 16 rows at most; lane l looks up the cache offset of the warp's row l % 16 (one page-table
   // read and one division per tile, not one per chunk: those were most of the loop's
   // instructions) and the others take it by shuffle. Otherwise (D = 80, 96: 10 or 12 chunks)
-  // each thread looks up the rows of its own chunks.
-  // Visits the 16-byte shared-memory chunks of a tile that this thread fills: pass i (chunk
-  // tid + i * kThreads of the tile, row-major), its offset in a stage's K (or V) rows, its
-  // element offset in the caches and whether its key exists (else it must read as zeros).
+  // each thread looks up the rows of its own chunks. Either way pass i is chunk tid + i * kThreads
+  // of the tile, row-major.
+  // bf16 caches: the chunks go to the stage by cp.async (waited for with the commit groups).
+  // e4m3: a chunk is 8 bytes of K and 8 of V, loaded into registers (k_stash, v_stash; the
+  // stage is not touched) and converted to bf16 and stored to a stage by store_kv.
   constexpr int kChunks = D / 8;
   constexpr int kTileChunks = kBlockKv * kChunks;
   constexpr int kChunkPasses = (kTileChunks + kThreads - 1) / kThreads;
-  auto for_tile_chunks = [&](const Unit& u, int kv_tile, auto visit) {
+  uint2 k_stash[kFp8 ? kChunkPasses : 1], v_stash[kFp8 ? kChunkPasses : 1];
+  auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
     const int kv0 = u.kv_begin + kv_tile * kBlockKv;
     const int kv_end = u.kv_end;
+    __nv_bfloat16* ks = stage_k(stage);
+    __nv_bfloat16* vs = ks + kBlockKv * kStride;
     auto cache_offset = [&](int pos) {
       const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
       return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads +
               u.hk) *
              D;
+    };
+    // e4m3: chunk i's bytes of K and V into the registers.
+    auto stash = [&](int i, int64_t off, bool valid) {
+      const auto* k8 = static_cast<const uint8_t*>(p.k_cache);
+      const auto* v8 = static_cast<const uint8_t*>(p.v_cache);
+      k_stash[i] = valid ? *reinterpret_cast<const uint2*>(k8 + off) : make_uint2(0, 0);
+      v_stash[i] = valid ? *reinterpret_cast<const uint2*>(v8 + off) : make_uint2(0, 0);
     };
     if constexpr (32 % kChunks == 0) {
       constexpr int kRowsPerPass = kThreads / kChunks;
@@ -330,7 +341,15 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         const int r = tid / kChunks + i * kRowsPerPass;
         const int64_t row_off = __shfl_sync(0xffffffffu, my_off, i * kWarpRows + lane / kChunks);
         const bool valid = kv0 + r < kv_end;
-        visit(i, r * kStride + c * 8, valid ? row_off + c * 8 : 0, valid);
+        const int64_t off = valid ? row_off + c * 8 : 0;
+        if constexpr (kFp8) {
+          stash(i, off, valid);
+        } else {
+          cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
+                      valid);
+          cp_async_16(vs + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.v_cache) + off,
+                      valid);
+        }
       }
     } else {
 #pragma unroll
@@ -339,48 +358,29 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
         const int r = idx / kChunks, c = idx % kChunks;
         const bool valid = kv0 + r < kv_end;
-        visit(i, r * kStride + c * 8, valid ? cache_offset(kv0 + r) + c * 8 : 0, valid);
+        const int64_t off = valid ? cache_offset(kv0 + r) + c * 8 : 0;
+        if constexpr (kFp8) {
+          stash(i, off, valid);
+        } else {
+          cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
+                      valid);
+          cp_async_16(vs + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.v_cache) + off,
+                      valid);
+        }
       }
     }
   };
-  // e4m3 caches: a tile's chunks pass through registers (8 bytes each of K and V per chunk):
-  // fetch_kv issues the loads, store_kv converts and stores them to a stage.
-  uint2 k_stash[kFp8 ? kChunkPasses : 1], v_stash[kFp8 ? kChunkPasses : 1];
-  auto fetch_kv = [&](const Unit& u, int kv_tile) {
-    const auto* kc = static_cast<const uint8_t*>(p.k_cache);
-    const auto* vc = static_cast<const uint8_t*>(p.v_cache);
-    for_tile_chunks(u, kv_tile, [&](int i, int, int64_t off, bool valid) {
-      k_stash[i] = valid ? *reinterpret_cast<const uint2*>(kc + off) : make_uint2(0, 0);
-      v_stash[i] = valid ? *reinterpret_cast<const uint2*>(vc + off) : make_uint2(0, 0);
-    });
-  };
+  // e4m3: the chunks load_kv loaded, as bf16 into a stage.
   auto store_kv = [&](int stage) {
     __nv_bfloat16* ks = stage_k(stage);
     __nv_bfloat16* vs = ks + kBlockKv * kStride;
 #pragma unroll
     for (int i = 0; i < kChunkPasses; ++i) {
-      const int idx = tid + i * kThreads;  // the chunk for_tile_chunks visits in pass i
+      const int idx = tid + i * kThreads;
       if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
       const int dst = idx / kChunks * kStride + idx % kChunks * 8;
       *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8(k_stash[i]);
       *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8(v_stash[i]);
-    }
-  };
-  // A tile's K and V rows into a stage: bf16 by cp.async (waited for with the commit groups),
-  // e4m3 at once through registers.
-  auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
-    if constexpr (kFp8) {
-      fetch_kv(u, kv_tile);
-      store_kv(stage);
-    } else {
-      const auto* kc = static_cast<const __nv_bfloat16*>(p.k_cache);
-      const auto* vc = static_cast<const __nv_bfloat16*>(p.v_cache);
-      __nv_bfloat16* ks = stage_k(stage);
-      __nv_bfloat16* vs = ks + kBlockKv * kStride;
-      for_tile_chunks(u, kv_tile, [&](int, int dst, int64_t off, bool valid) {
-        cp_async_16(ks + dst, kc + off, valid);
-        cp_async_16(vs + dst, vc + off, valid);
-      });
     }
   };
   // A unit's Q rows with its first tile, then its next STAGES - 2 tiles: STAGES - 1 groups (one
@@ -389,7 +389,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     load_q(u);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < u.num_tiles) load_kv(u, s, (stage0 + s) % STAGES);
+      if (s < u.num_tiles) {
+        load_kv(u, s, (stage0 + s) % STAGES);
+        if constexpr (kFp8) store_kv((stage0 + s) % STAGES);
+      }
       cp_async_commit();
     }
   };
@@ -458,6 +461,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         // the previous one, and nothing overlaps the copy but the other resident blocks.
         if (it > 0) __syncthreads();
         load_kv(u, it, 0);
+        if constexpr (kFp8) store_kv(0);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -478,13 +482,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
       // The tile STAGES - 1 ahead, into the stage the barrier above freed. e4m3: its loads are
       // in flight during this tile's math and it is stored after, before the next barrier.
-      const bool load_ahead = STAGES > 1 && it + STAGES - 1 < n;
       if constexpr (STAGES > 1) {
-        if constexpr (kFp8) {
-          if (load_ahead) fetch_kv(u, it + STAGES - 1);
-        } else {
-          if (load_ahead) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
-        }
+        if (it + STAGES - 1 < n) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
         cp_async_commit();
       }
 
@@ -595,7 +594,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         }
       }
       if constexpr (kFp8 && STAGES > 1) {
-        if (load_ahead) store_kv((base + it + STAGES - 1) % STAGES);
+        if (it + STAGES - 1 < n) store_kv((base + it + STAGES - 1) % STAGES);
       }
     }
     // The next unit's Q and first tiles load while this one's result is written: into q_s
