@@ -77,6 +77,10 @@ TEST(KvCacheDtype, ScalesComeFromTheCheckpointElseOne) {
   EXPECT_EQ(partial[2].v, 1.f);
   expect_error([&] { PagedKvCache::checkpoint_scales(one, 1); },
                {"model.layers.1.self_attn.v_scale", "no layer"});
+  Checkpoint zero;
+  zero.kv_scales.emplace("model.layers.0.self_attn.k_scale", Tensor::from_f32({0.f}, {1}));
+  expect_error([&] { PagedKvCache::checkpoint_scales(zero, 2); },
+               {"model.layers.0.self_attn.k_scale", "positive"});
   Checkpoint unnamed;
   unnamed.kv_scales.emplace("model.k_scale", Tensor::from_f32({0.5f}, {1}));
   expect_error([&] { PagedKvCache::checkpoint_scales(unnamed, 2); }, {"model.k_scale"});

@@ -1,5 +1,6 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -44,6 +45,8 @@ std::vector<ops::KvCacheScales> PagedKvCache::checkpoint_scales(const Checkpoint
     PAGEDLM_CHECK(layer >= 0 && layer < num_layers, "KV cache scale ", name,
                   " names no layer of the model's ", num_layers);
     const float value = t.to_f32().data<float>()[0];
+    PAGEDLM_CHECK(std::isfinite(value) && value > 0.f, "KV cache scale ", name, " is ", value,
+                  "; an e4m3 cache's scales must be positive and finite");
     (name.ends_with(".k_scale") ? scales[layer].k : scales[layer].v) = value;
   }
   return scales;

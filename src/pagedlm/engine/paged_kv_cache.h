@@ -27,7 +27,8 @@ class PagedKvCache final : public Attention {
                std::vector<ops::KvCacheScales> scales = {});
 
   // The e4m3 cache's scales of each layer from the checkpoint's self_attn.k_scale and v_scale
-  // (Checkpoint::kv_scales), 1.0 where it has none. An Error names a scale of no layer.
+  // (Checkpoint::kv_scales), 1.0 where it has none. An Error names a scale of no layer, or one
+  // not positive and finite.
   static std::vector<ops::KvCacheScales> checkpoint_scales(const Checkpoint& checkpoint,
                                                            int64_t num_layers);
 

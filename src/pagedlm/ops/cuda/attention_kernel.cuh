@@ -304,7 +304,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // of the tile, row-major.
   // bf16 caches: the chunks go to the stage by cp.async (waited for with the commit groups).
   // e4m3: a chunk is 8 bytes of K and 8 of V, loaded into registers (k_stash, v_stash; the
-  // stage is not touched) and converted to bf16 and stored to a stage by store_kv.
+  // stage is not touched) and converted to bf16 and stored to a stage by store_kv. Each walk
+  // spells the bf16 copy out itself: passed through a shared lambda, the bf16 prefill and
+  // shared-pass loaders compiled to different SASS (docs/KERNELS.md, "FP8 KV cache").
   constexpr int kChunks = D / 8;
   constexpr int kTileChunks = kBlockKv * kChunks;
   constexpr int kChunkPasses = (kTileChunks + kThreads - 1) / kThreads;
