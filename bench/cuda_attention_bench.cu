@@ -3,6 +3,8 @@
 // launches stream from HBM. Pages are shuffled so reads are scattered as in a live cache.
 // Times: CUDA events, 3 warm-ups, median of 20 runs. Prints one table to stdout. Rows with a
 // sliding window ("w" after the context) count only the keys inside the windows as read.
+// Arguments: "short" (below), "e4m3" (the caches in e4m3, one byte per value, as
+// --kv-cache-dtype fp8 stores them; bandwidth counts those bytes).
 
 #include <cuda_runtime.h>
 
@@ -20,6 +22,10 @@
 namespace {
 
 using namespace pagedlm::cuda;
+
+// The caches' format and bytes per value (main sets both from its arguments).
+KvCacheFormat g_kv;
+size_t g_kv_bytes = 2;
 
 void check(cudaError_t err, const char* what, int line) {
   if (err != cudaSuccess) {
@@ -102,12 +108,12 @@ double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, in
   const size_t cache_elems = static_cast<size_t>(ki[n]) * ps * hk * d;
   const size_t q_elems = static_cast<size_t>(qi[n]) * hq * d;
   void *kc, *vc, *q, *out;
-  CK(cudaMalloc(&kc, cache_elems * 2));
-  CK(cudaMalloc(&vc, cache_elems * 2));
+  CK(cudaMalloc(&kc, cache_elems * g_kv_bytes));
+  CK(cudaMalloc(&vc, cache_elems * g_kv_bytes));
   CK(cudaMalloc(&q, q_elems * 2));
   CK(cudaMalloc(&out, q_elems * 2));
-  CK(cudaMemset(kc, 0, cache_elems * 2));
-  CK(cudaMemset(vc, 0, cache_elems * 2));
+  CK(cudaMemset(kc, 0, cache_elems * g_kv_bytes));
+  CK(cudaMemset(vc, 0, cache_elems * g_kv_bytes));
   CK(cudaMemset(q, 0, q_elems * 2));
   std::vector<int32_t> pages(ki[n]);
   std::iota(pages.begin(), pages.end(), 0);
@@ -116,10 +122,11 @@ double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, in
   const double ms = median_ms([&] {
     if (nd > 0) {
       CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, nd, qi[n], 1, hq, hk,
-                                       d, ps, variant, 1, nullptr, 0, nullptr, nullptr, nullptr));
+                                       d, ps, variant, 1, nullptr, 0, nullptr, nullptr, nullptr,
+                                       g_kv));
     }
     CK(launch_paged_attention_prefill(q, kc, vc, qi_d + nd, ki_d + nd, pg_d, ll_d + nd, out, n - nd,
-                                      qi[n], max_new, hq, hk, d, ps, variant, nullptr));
+                                      qi[n], max_new, hq, hk, d, ps, variant, nullptr, g_kv));
   });
   for (void* p : {kc, vc, q, out}) CK(cudaFree(p));
   for (int32_t* p : {qi_d, ki_d, pg_d, ll_d}) CK(cudaFree(p));
@@ -130,7 +137,15 @@ double prefill_launch_ms(const std::vector<PrefillSeq>& seqs, int hq, int hk, in
 
 int main(int argc, char** argv) {
   // "short": only the contexts of up to 1024 keys and the prefill cases.
-  const bool short_only = argc > 1 && std::string(argv[1]) == "short";
+  bool short_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    short_only |= arg == "short";
+    if (arg == "e4m3") {
+      g_kv.e4m3 = true;
+      g_kv_bytes = 1;
+    }
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("no CUDA device\n");
@@ -143,9 +158,10 @@ int main(int argc, char** argv) {
   const double copy_bw = copy_bandwidth();
   std::printf(
       "device %s, %d SMs, kernels' shared memory %zu KB per block%s; D2D copy %.0f GB/s "
-      "(read + write)\n",
+      "(read + write); %s caches\n",
       prop.name, prop.multiProcessorCount, limits->smem_per_block / 1024,
-      limits->smem_cap_kb > 0 ? " (PAGEDLM_CUDA_SMEM_CAP_KB)" : "", copy_bw / 1e9);
+      limits->smem_cap_kb > 0 ? " (PAGEDLM_CUDA_SMEM_CAP_KB)" : "", copy_bw / 1e9,
+      g_kv.e4m3 ? "e4m3" : "bf16");
 
   const std::vector<Config> configs = {
       {64, 4096, 32, 8, 128, 16},
@@ -195,10 +211,10 @@ int main(int argc, char** argv) {
     const int num_pages = ki[c.batch];
     const size_t cache_elems = static_cast<size_t>(num_pages) * c.page_size * c.hk * c.d;
     void *kc, *vc, *q, *out;
-    CK(cudaMalloc(&kc, cache_elems * 2));
-    CK(cudaMalloc(&vc, cache_elems * 2));
-    CK(cudaMemset(kc, 0, cache_elems * 2));
-    CK(cudaMemset(vc, 0, cache_elems * 2));
+    CK(cudaMalloc(&kc, cache_elems * g_kv_bytes));
+    CK(cudaMalloc(&vc, cache_elems * g_kv_bytes));
+    CK(cudaMemset(kc, 0, cache_elems * g_kv_bytes));
+    CK(cudaMemset(vc, 0, cache_elems * g_kv_bytes));
     CK(cudaMalloc(&q, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMalloc(&out, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
     CK(cudaMemset(q, 0, static_cast<size_t>(c.batch) * c.hq * c.d * 2));
@@ -216,12 +232,12 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&ws, ws_bytes));
     double keys_read = 0;
     for (const int n : len) keys_read += c.window > 0 ? std::min(n, c.window) : n;
-    const double kv_bytes = 2.0 * keys_read * c.hk * c.d * 2;
+    const double kv_bytes = 2.0 * keys_read * c.hk * c.d * static_cast<double>(g_kv_bytes);
     auto run = [&](int splits) {
       return median_ms([&] {
         CK(launch_paged_attention_decode(q, kc, vc, qi_d, ki_d, pg_d, ll_d, out, c.batch, c.batch,
                                          1, c.hq, c.hk, c.d, c.page_size, c.variant(), splits, ws,
-                                         ws_bytes, order_d, nullptr, nullptr));
+                                         ws_bytes, order_d, nullptr, nullptr, g_kv));
       });
     };
     const int heur = paged_attention_decode_num_splits(c.batch, c.hk, c.d, c.ctx, *limits);

@@ -42,6 +42,7 @@
 #include "ops_test_util.h"
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/io/gguf.h"
+#include "pagedlm/ops/copy_kv.h"
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
@@ -1302,6 +1303,43 @@ TEST(BackendOpsCpu, SampleTokensErrors) {
 }
 
 // ------------------------------------------------------------------------------------------
+// e4m3 values this file encodes itself: FP8 KV caches and FP8 GEMMs are checked against them.
+// ------------------------------------------------------------------------------------------
+
+// The e4m3 code nearest to v among the 127 non-negative finite codes, whose values increase with
+// the code (ties to the even code, i.e. the even significand, as IEEE round-to-nearest-even),
+// magnitudes beyond 448 saturated, the sign kept (so -0 for a negative value that rounds to
+// zero). A binary search of the decoded values, so that whole KV caches encode quickly.
+uint8_t e4m3_nearest(float v) {
+  static const std::vector<double> values = [] {
+    std::vector<double> out;
+    for (int code = 0; code < 0x7f; ++code)
+      out.push_back(f8e4m3_to_f32(static_cast<uint8_t>(code)));
+    return out;
+  }();
+  const double a = std::min(std::abs(static_cast<double>(v)), 448.0);
+  const auto above = std::lower_bound(values.begin(), values.end(), a);  // a <= 448: not end
+  auto code = static_cast<int>(above - values.begin());
+  if (code > 0) {
+    const double up = values[code] - a, down = a - values[code - 1];
+    if (down < up || (down == up && (code - 1) % 2 == 0)) --code;
+  }
+  return static_cast<uint8_t>(code | (std::signbit(v) ? 0x80 : 0));
+}
+
+Tensor bytes_tensor(const std::vector<uint8_t>& bytes, const Shape& shape, Device device) {
+  Tensor t = Tensor::empty(DType::kF8E4M3, shape);
+  std::memcpy(t.raw(), bytes.data(), bytes.size());
+  return t.to(device);
+}
+
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  const Tensor h = t.to(Device::kCpu);
+  const auto* p = static_cast<const uint8_t*>(h.raw());
+  return {p, p + h.nbytes()};
+}
+
+// ------------------------------------------------------------------------------------------
 // paged_attention
 // ------------------------------------------------------------------------------------------
 
@@ -1333,6 +1371,10 @@ struct AttnCase {
   int window = 0;
   float softcap = 0.f;
   float scale = 0.f;  // 0: head_dim^-0.5
+  // An e4m3 cache (GPU only) with these per-tensor scales: the pages hold this file's encoding of
+  // each value / scale, and the reference attends over the stored values times the scales.
+  bool e4m3 = false;
+  ops::KvCacheScales kv_scales;
   bool on_cpu = true, on_cuda = true;
   AttentionVariant variant() const {
     return {scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), window, softcap};
@@ -1341,14 +1383,17 @@ struct AttnCase {
     return cat("B=", n_new.size(), " Hq=", hq, " Hk=", hk, " d=", d, " ps=", page_size,
                decode ? " decode splits=" + std::to_string(num_splits) : " prefill",
                cascade ? " cascade splits=" + std::to_string(shared_splits) : "",
-               leading_decodes ? " leading decodes" : "", " window=", window, " softcap=", softcap);
+               leading_decodes ? " leading decodes" : "", " window=", window, " softcap=", softcap,
+               e4m3 ? cat(" e4m3 k_scale=", kv_scales.k, " v_scale=", kv_scales.v) : "");
   }
 };
 
 // The step's page table over randomly permuted pages (with spare pages of garbage no sequence
-// owns), the packed queries and the caches, as host values in the compute dtype.
+// owns), the packed queries and the caches, as host values in the compute dtype (e4m3 caches:
+// the stored values times the scales, and the stored bytes).
 struct AttnData {
   std::vector<float> q, k_cache, v_cache;
+  std::vector<uint8_t> k_e4m3, v_e4m3;
   std::vector<int32_t> q_indptr{0}, kv_indptr{0}, pages, last_len;
   int num_seqs = 0, num_tokens = 0, max_q_len = 0, num_pages = 0;
   int64_t poisoned_slots = 0;
@@ -1411,6 +1456,17 @@ AttnData build(const AttnCase& c, std::mt19937& rng, const Backend& b) {
         ++d.poisoned_slots;
       }
     }
+  }
+  if (c.e4m3) {
+    // NaN (the poisoned keys) as e4m3's NaN code.
+    auto encode = [](std::vector<float>& values, float scale, std::vector<uint8_t>& bytes) {
+      for (float& x : values) {
+        bytes.push_back(std::isnan(x) ? uint8_t{0x7f} : e4m3_nearest(x / scale));
+        x = f8e4m3_to_f32(bytes.back()) * scale;
+      }
+    };
+    encode(d.k_cache, c.kv_scales.k, d.k_e4m3);
+    encode(d.v_cache, c.kv_scales.v, d.v_e4m3);
   }
   return d;
 }
@@ -1496,10 +1552,11 @@ PlanTensors make_plan(const AttnCase& c, const AttnData& d, const Backend& b) {
 std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const Backend& b) {
   const PlanTensors p = make_plan(c, d, b);
   Tensor out = b.poisoned({d.num_tokens, c.hq, c.d});
-  ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}),
-                       b.tensor(d.k_cache, {d.num_pages, c.page_size, c.hk, c.d}),
-                       b.tensor(d.v_cache, {d.num_pages, c.page_size, c.hk, c.d}), p.plan,
-                       c.variant(), out);
+  const Shape cache = {d.num_pages, c.page_size, c.hk, c.d};
+  const Tensor k = c.e4m3 ? bytes_tensor(d.k_e4m3, cache, b.device()) : b.tensor(d.k_cache, cache);
+  const Tensor v = c.e4m3 ? bytes_tensor(d.v_e4m3, cache, b.device()) : b.tensor(d.v_cache, cache);
+  ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}), k, v, p.plan, c.variant(), out,
+                       nullptr, c.kv_scales);
   return host_f32(out);
 }
 
@@ -1941,6 +1998,221 @@ TEST_P(BackendOps, PagedAttentionBatchInvariant) {
 }
 
 // The page table is validated on the CPU: errors name the op and the bad sequence.
+// ------------------------------------------------------------------------------------------
+// e4m3 KV caches (GPU only): pages of this file's e4m3 encoding of value / scale; the reference
+// is attention in double over the stored values times the scales.
+// ------------------------------------------------------------------------------------------
+
+// The case with an e4m3 cache. The default scales saturate some values (|v| / 0.0021 reaches 476
+// > 448); scale 1, the default without checkpoint scales, puts the small ones in e4m3's
+// subnormals.
+AttnCase with_e4m3(AttnCase c, float k_scale = 0.013f, float v_scale = 0.0021f) {
+  c.e4m3 = true;
+  c.kv_scales = {k_scale, v_scale};
+  c.on_cpu = false;
+  return c;
+}
+
+// Every head size through prefill (prompts, chunks after a cached prefix), decode with and
+// without splits and a prefill step's leading decodes; page size 1; a long prompt and a long
+// batch.
+TEST_P(BackendOps, PagedAttentionE4m3Cache) {
+  const Backend b = backend();
+  for (int d : {64, 80, 96, 128, 256}) {
+    const int hk = d == 80 || d == 96 ? 4 : 2;
+    expect_attention(b, with_e4m3(shape({1, 7, 33, 130}, {0, 40, 1000, 100}, 8, hk, d, 16)), d);
+    for (int splits : {1, 4, 0}) {
+      AttnCase c = with_e4m3(decode_shape({0, 6, 32, 999, 63, 64, 4096}, 8, hk, d, 32, splits));
+      c.padded_tail = splits == 4 ? 3 : 0;
+      expect_attention(b, c, d + splits);
+    }
+    AttnCase mixed = with_e4m3(shape(kVariantNew, kVariantCtx, 8, hk, d, 16));
+    mixed.leading_decodes = true;
+    expect_attention(b, mixed, d + 7);
+  }
+  expect_attention(b, with_e4m3(shape({7, 33, 1, 5}, {3, 0, 100, 1000}, 2, 1, 128, 1), 1.f, 1.f),
+                   1);
+  expect_attention(b, with_e4m3(decode_shape({0, 6, 32, 999, 4096}, 8, 2, 64, 1, 3), 1.f, 1.f), 2);
+  expect_attention(b, with_e4m3(shape({1000}, {0}, 8, 1, 64, 64)), 3);
+  expect_attention(b, with_e4m3(shape({4097, 33, 7}, {0, 4097, 1000}, 4, 1, 128, 16)), 4);
+  std::mt19937 rng(3);
+  std::vector<int> lengths;
+  for (int s = 0; s < 300; ++s) lengths.push_back(static_cast<int>(rng() % 2000));
+  expect_attention(b, with_e4m3(decode_shape(lengths, 9, 3, 64, 16, 0)), 5);
+}
+
+// The variants over e4m3 caches: windows (the keys before every window are NaN codes, which a
+// kernel that loaded them would turn into NaN outputs) and soft-caps, through prefill and decode.
+TEST_P(BackendOps, PagedAttentionE4m3CacheWindowSoftcap) {
+  const Backend b = backend();
+  for (int d : {64, 128, 256}) {
+    for (int window : {0, 5, 23, 700}) {
+      for (float cap : {0.f, 1.5f}) {
+        if (window == 0 && cap == 0.f) continue;
+        AttnCase prefill = with_e4m3(shape(kVariantNew, kVariantCtx, 4, 2, d, 16));
+        prefill.window = window;
+        prefill.softcap = cap;
+        expect_attention(b, prefill, 40 + d + window);
+        AttnCase decode = with_e4m3(decode_shape({0, 6, 32, 999, 63, 64, 4096}, 8, 2, d, 16, 0));
+        decode.window = window;
+        decode.softcap = cap;
+        expect_attention(b, decode, 50 + d + window);
+      }
+    }
+  }
+}
+
+// Cascade attention over e4m3 pages: the shared pass reads the shared prefix's e4m3 pages once
+// for its members (SmolLM2's and Llama's heads; then with a window and a soft-cap).
+TEST_P(BackendOps, PagedAttentionE4m3CacheCascade) {
+  const Backend b = backend();
+  std::vector<int> lengths;
+  for (int s = 0; s < 40; ++s) lengths.push_back(s < 30 ? 2000 + (s * 7) % 64 : 48 + s);
+  for (int shared_splits : {0, 3}) {
+    AttnCase c = with_e4m3(decode_shape(lengths, 9, 3, 64, 16, 0));
+    c.cascade = true;
+    c.shared_splits = shared_splits;
+    c.shared = {{0, 30, 125}, {30, 6, 3}};
+    c.padded_tail = 3;
+    expect_attention(b, c, 700 + shared_splits);
+  }
+  std::vector<int> llama_lengths;
+  for (int s = 0; s < 37; ++s) llama_lengths.push_back(320 + s * 11);
+  AttnCase llama = with_e4m3(decode_shape(llama_lengths, 32, 8, 128, 32, 0));
+  llama.cascade = true;
+  llama.shared = {{0, 37, 10}};
+  expect_attention(b, llama, 800);
+  llama.window = 100;
+  llama.softcap = 1.5f;
+  expect_attention(b, llama, 801);
+}
+
+// rope_write_kv into e4m3 caches: each written slot holds this file's e4m3 of the rotated bf16
+// key (the k part of qkv, which the GPU rotates in place) divided by k_scale and of the value
+// divided by v_scale, bit for bit; the other slots keep their bytes. Shapes through the paired
+// and the one-at-a-time rotation, the 16-byte and the scalar v path. The CPU refuses e4m3
+// caches.
+TEST_P(BackendOps, RopeWriteKvE4m3) {
+  const Backend b = backend();
+  std::mt19937 rng(12);
+  const ops::KvCacheScales scales{0.013f, 0.0021f};
+  for (auto [n_tokens, n_q, n_kv, head_dim] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{11, 4, 2, 64},
+        {40, 16, 8, 128},
+        {7, 2, 1, 32},
+        {5, 4, 2, 6}}) {
+    const int64_t num_pages = 16, page_size = 4, num_slots = num_pages * page_size;
+    const int64_t q_width = n_q * head_dim, kv_width = n_kv * head_dim;
+    const int64_t width = q_width + 2 * kv_width;
+    const std::vector<float> inv_freq = rope_inv_freq(head_dim);
+    std::vector<float> qkv = uniform(n_tokens * width, rng, -2.f, 2.f);
+    b.round(qkv);
+    std::vector<uint8_t> k_bytes(num_slots * kv_width), v_bytes(num_slots * kv_width);
+    for (uint8_t& x : k_bytes) x = static_cast<uint8_t>(rng());
+    for (uint8_t& x : v_bytes) x = static_cast<uint8_t>(rng());
+    const std::vector<int32_t> positions = random_ids(n_tokens, 5000, rng);
+    std::vector<int32_t> slots(num_slots);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(n_tokens);
+    if (n_tokens > 2) slots[2] = -1;
+
+    ops::AttentionPlan plan;
+    plan.positions = b.i32(positions, {n_tokens});
+    plan.slot_mapping = b.i32(slots, {n_tokens});
+    const Shape cache = {num_pages, page_size, n_kv, head_dim};
+    const Tensor qkv_t = b.tensor(qkv, {n_tokens, width});
+    const Tensor k_t = bytes_tensor(k_bytes, cache, b.device());
+    const Tensor v_t = bytes_tensor(v_bytes, cache, b.device());
+    Tensor q = b.poisoned({n_tokens, n_q, head_dim});
+    const Tensor inv_freq_t = b.f32(inv_freq, {head_dim / 2});
+    if (b.cpu()) {
+      expect_error(
+          [&] { ops::rope_write_kv(qkv_t, inv_freq_t, plan, q, k_t, v_t, nullptr, scales); },
+          {"rope_write_kv", "GPU only"});
+      return;
+    }
+    ops::rope_write_kv(qkv_t, inv_freq_t, plan, q, k_t, v_t, nullptr, scales);
+
+    const std::string what = cat_shape("rope_write_kv e4m3", {n_tokens, n_q, n_kv, head_dim});
+    const std::vector<float> qkv_after = host_f32(qkv_t);
+    // The rotated keys the cache was written from, against the double rotation.
+    std::vector<double> k_want;
+    std::vector<float> k_got;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* row = qkv.data() + t * width + q_width;
+      const size_t at = k_want.size();
+      k_want.insert(k_want.end(), row, row + kv_width);
+      for (int64_t h = 0; h < n_kv; ++h) {
+        rope_ref(&k_want[at + h * head_dim], head_dim, positions[t], inv_freq);
+      }
+      k_got.insert(k_got.end(), qkv_after.begin() + t * width + q_width,
+                   qkv_after.begin() + t * width + q_width + kv_width);
+    }
+    expect_nmse(k_got, k_want, b.tol(kElementwise), what + " rotated k");
+    std::vector<uint8_t> k_expected = k_bytes, v_expected = v_bytes;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      if (slots[t] < 0) continue;
+      for (int64_t i = 0; i < kv_width; ++i) {
+        const float k = qkv_after[t * width + q_width + i];
+        const float v = qkv[t * width + q_width + kv_width + i];
+        k_expected[slots[t] * kv_width + i] = e4m3_nearest(k / scales.k);
+        v_expected[slots[t] * kv_width + i] = e4m3_nearest(v / scales.v);
+      }
+    }
+    EXPECT_EQ(host_bytes(k_t), k_expected) << what << " k cache";
+    EXPECT_EQ(host_bytes(v_t), v_expected) << what << " v cache";
+  }
+}
+
+// The partial-page copy moves e4m3 pages as it moves any: the copied slots hold their source's
+// bytes, every other byte is untouched. Rows of 256 bytes (the GPU's 16-byte path) and 6.
+TEST_P(BackendOps, CopyKvSlotsMovesE4m3Pages) {
+  const Backend b = backend();
+  std::mt19937 rng(13);
+  for (int64_t head_dim : {128, 3}) {
+    const int64_t pages = 6, page_size = 16, heads = 2, row = heads * head_dim;
+    const Shape cache = {pages, page_size, heads, head_dim};
+    std::vector<uint8_t> k_bytes(pages * page_size * row), v_bytes(k_bytes.size());
+    for (uint8_t& x : k_bytes) x = static_cast<uint8_t>(rng());
+    for (uint8_t& x : v_bytes) x = static_cast<uint8_t>(rng());
+    const Tensor k = bytes_tensor(k_bytes, cache, b.device());
+    const Tensor v = bytes_tensor(v_bytes, cache, b.device());
+    // (src, dst, slots): a partial page, a whole page, one slot.
+    const std::vector<int32_t> copies = {1, 3, 5, 0, 4, 16, 2, 5, 1};
+    ops::copy_kv_slots(k, v, b.i32(copies, {3, 3}));
+    std::vector<uint8_t> k_want = k_bytes, v_want = v_bytes;
+    for (size_t c = 0; c < copies.size(); c += 3) {
+      const int64_t n = copies[c + 2] * row;
+      std::copy_n(k_bytes.begin() + copies[c] * page_size * row, n,
+                  k_want.begin() + copies[c + 1] * page_size * row);
+      std::copy_n(v_bytes.begin() + copies[c] * page_size * row, n,
+                  v_want.begin() + copies[c + 1] * page_size * row);
+    }
+    EXPECT_EQ(host_bytes(k), k_want) << "head_dim " << head_dim;
+    EXPECT_EQ(host_bytes(v), v_want) << "head_dim " << head_dim;
+  }
+}
+
+// The CPU's attention reads f32 caches: an e4m3 one is refused by name, as is a cache of
+// another dtype than q's, and e4m3 scales that are not positive (GPU).
+TEST(BackendOpsCpu, PagedAttentionE4m3CacheIsGpuOnly) {
+  const Backend b(Device::kCpu);
+  AttnCase c = with_e4m3(shape({3}, {5}, 4, 2, 64, 16));
+  std::mt19937 rng(1);
+  const AttnData d = build(c, rng, b);
+  expect_error([&] { run_attention(c, d, b); }, {"paged_attention", "f8_e4m3", "GPU only"});
+  const PlanTensors p = make_plan(c, d, b);
+  const Shape cache = {d.num_pages, c.page_size, c.hk, c.d};
+  expect_error(
+      [&] {
+        ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}),
+                             Tensor::zeros(DType::kBF16, cache), Tensor::zeros(DType::kBF16, cache),
+                             p.plan, c.variant(), b.poisoned({d.num_tokens, c.hq, c.d}));
+      },
+      {"paged_attention", "bf16", "f32"});
+}
+
 TEST(BackendOpsCpu, PagedAttentionRejectsInconsistentPlans) {
   const Backend b(Device::kCpu);
   std::mt19937 rng(24);
@@ -2263,23 +2535,6 @@ TEST(BackendOpsCpu, MoeErrors) {
 // from e4m3 values this file encodes itself.
 // ------------------------------------------------------------------------------------------
 
-// The e4m3 code nearest to v by exhaustive search of the 127 non-negative finite codes (ties to
-// the even code, i.e. the even significand, as IEEE round-to-nearest-even), magnitudes beyond
-// 448 saturated, the sign kept (so -0 for a negative value that rounds to zero).
-uint8_t e4m3_nearest(float v) {
-  const double a = std::min(std::abs(static_cast<double>(v)), 448.0);
-  uint8_t best = 0;
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int code = 0; code < 0x7f; ++code) {
-    const double err = std::abs(a - static_cast<double>(f8e4m3_to_f32(static_cast<uint8_t>(code))));
-    if (err < best_err || (err == best_err && code % 2 == 0)) {
-      best = static_cast<uint8_t>(code);
-      best_err = err;
-    }
-  }
-  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
-}
-
 // Rows quantized as the contract of ops::quantize_fp8_rows says, in float as the device does:
 // scale = max(min(max |x|, ub) / 448, kFp8MinScale) unless static, q = e4m3(x / scale).
 struct HostFp8Rows {
@@ -2303,18 +2558,6 @@ HostFp8Rows host_quantize_rows(const std::vector<float>& x, int64_t rows, int64_
   return out;
 }
 
-Tensor bytes_tensor(const std::vector<uint8_t>& bytes, const Shape& shape, Device device) {
-  Tensor t = Tensor::empty(DType::kF8E4M3, shape);
-  std::memcpy(t.raw(), bytes.data(), bytes.size());
-  return t.to(device);
-}
-
-std::vector<uint8_t> host_bytes(const Tensor& t) {
-  const Tensor h = t.to(Device::kCpu);
-  const auto* p = static_cast<const uint8_t*>(h.raw());
-  return {p, p + h.nbytes()};
-}
-
 // Skips without a GPU, or on one without FP8 tensor cores.
 #define PAGEDLM_REQUIRE_FP8_GPU()                                                      \
   do {                                                                                 \
@@ -2334,6 +2577,32 @@ TEST(BackendOpsCpu, E4m3EncoderRoundTripsEveryCode) {
   EXPECT_EQ(e4m3_nearest(1.1875f), 0x3a);  // between 1.125 and 1.25 (0x3a): even
   EXPECT_EQ(e4m3_nearest(1000.f), 0x7e);   // saturated at 448
   EXPECT_EQ(e4m3_nearest(-1e-6f), 0x80);   // -0
+  // Every midpoint between neighbouring codes, and random values over the whole range, against
+  // the nearest code by exhaustive search.
+  auto nearest_by_search = [](float v) {
+    const double a = std::min(std::abs(static_cast<double>(v)), 448.0);
+    int best = 0;
+    double best_err = std::numeric_limits<double>::infinity();
+    for (int code = 0; code < 0x7f; ++code) {
+      const double err = std::abs(a - f8e4m3_to_f32(static_cast<uint8_t>(code)));
+      if (err < best_err || (err == best_err && code % 2 == 0)) {
+        best = code;
+        best_err = err;
+      }
+    }
+    return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+  };
+  std::vector<float> values;
+  for (int code = 0; code + 1 < 0x7f; ++code) {
+    values.push_back(0.5f * (f8e4m3_to_f32(static_cast<uint8_t>(code)) +
+                             f8e4m3_to_f32(static_cast<uint8_t>(code + 1))));
+  }
+  std::mt19937 rng(4);
+  for (float hi : {0.02f, 1.f, 500.f}) {
+    const std::vector<float> more = uniform(20000, rng, -hi, hi);
+    values.insert(values.end(), more.begin(), more.end());
+  }
+  for (float v : values) ASSERT_EQ(e4m3_nearest(v), nearest_by_search(v)) << v;
 }
 
 TEST(BackendOpsCuda, QuantizeFp8RowsMatchesHostEncoding) {

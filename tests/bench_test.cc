@@ -39,6 +39,8 @@ TEST(Benchmark, RandomWorkloadCountsAddUp) {
   EXPECT_LE(a.ttft_p50_ms, a.ttft_p99_ms);
   EXPECT_LE(a.itl_p50_ms, a.itl_p99_ms);
   EXPECT_GT(a.peak_pages_used, 0);
+  EXPECT_EQ(a.kv_pages, engine.stats().pages_total);
+  EXPECT_GE(a.kv_pages, a.peak_pages_used);
   EXPECT_EQ(engine.stats().pages_used, 0);
 
   // Same seed, same workload: the same token counts on a fresh engine.

@@ -516,6 +516,116 @@ TEST_P(CudaModel, CascadeDecodeAgreesWithPrefillLogits) {
   EXPECT_GT(checked, 12) << "too few tokens with a clear margin to check";
 }
 
+// --kv-cache-dtype fp8: K and V stored as e4m3 (3 significand bits: rounding is off by up to
+// 2^-4 of a value, about 3% RMS). scripts/fp8_w8a8_simulation.py --kv-cache-only, a float64
+// forward that rounds only the cached keys and values to e4m3 as the GPU stores them (from bf16,
+// with the checkpoint's k_scale / v_scale, else 1.0), is 3.7e-2 to 8.8e-2 from the reference on
+// the fixtures of Llama's layout (worst: mistral and llama-gqa, 8.8e-2; ct-mixed with its own
+// scales 5.4e-2): on these tiny random models the logits' error is about 1.4 times e4m3's
+// largest rounding error. The bound is one e4m3 step at 1.0, 2^-3 (1.4 times the simulation's
+// worst), for every fixture; the mixtures of experts take it for their median position, as the
+// bf16 bound above, with at most 1 in 10 positions beyond twice it (a flipped expert).
+constexpr double kE4m3KvTolerance = 0.125;
+// Greedy tokens against the reference: the bf16 margin scaled by the ratio of the two bounds.
+constexpr float kE4m3KvMargin = kMarginThreshold * (kE4m3KvTolerance / kLogitsTolerance);
+// Decode against prefill logits, both over e4m3 caches: the same values except where a GEMM
+// shape's bf16 rounding moves a key or value across an e4m3 rounding boundary.
+constexpr float kE4m3KvSelfMargin = 3 * kMarginThreshold;
+
+EngineOptions e4m3_kv_options() {
+  EngineOptions o = cuda_options();
+  o.kv_cache_dtype = KvCacheDtype::kFp8;
+  return o;
+}
+
+// Every fixture with an e4m3 KV cache: the prompts' logits (prefill, whole and in 16-token
+// chunks, which read pages earlier steps wrote) beside bf16's, both against the float64
+// reference; then greedy generation (the decode kernel, graphs) against the reference's tokens
+// and against the prefill kernel's argmax over the same e4m3 cache.
+TEST_P(CudaModel, E4m3KvCacheLogitsAndGreedy) {
+  auto logits = [&](const EngineOptions& options, int32_t budget) {
+    EngineOptions o = options;
+    o.max_num_batched_tokens = budget;
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (const auto& p : expected_.prompts) requests.push_back(logits_request(p));
+    return engine.generate(std::move(requests));
+  };
+  const std::vector<RequestOutput> bf16 = logits(cuda_options(), 4096);
+  const std::vector<RequestOutput> whole = logits(e4m3_kv_options(), 4096);
+  const std::vector<RequestOutput> chunked = logits(e4m3_kv_options(), 16);
+  const bool moe = has_experts(checkpoint_);
+  std::vector<double> positions;
+  double worst = 0, worst_bf16 = 0;
+  for (int i = 0; i < kNumCases; ++i) {
+    const double err = relative_error(whole[i].prompt_logits, expected_.logits[i]);
+    const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
+    const double bf16_err = relative_error(bf16[i].prompt_logits, expected_.logits[i]);
+    worst = std::max({worst, err, chunked_err});
+    worst_bf16 = std::max(worst_bf16, bf16_err);
+    std::printf("%s case %d: e4m3 KV rel err %.2e (chunked %.2e), bf16 KV %.2e\n", GetParam(), i,
+                err, chunked_err, bf16_err);
+    if (moe) {
+      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
+        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
+        positions.insert(positions.end(), e.begin(), e.end());
+      }
+    } else {
+      EXPECT_LT(err, kE4m3KvTolerance) << GetParam() << " case " << i;
+      EXPECT_LT(chunked_err, kE4m3KvTolerance) << GetParam() << " case " << i << " chunked";
+    }
+  }
+  std::printf("%s: worst rel err e4m3 KV %.3e, bf16 KV %.3e\n", GetParam(), worst, worst_bf16);
+  if (moe) {
+    const auto flipped = std::count_if(positions.begin(), positions.end(),
+                                       [](double e) { return e > 2 * kE4m3KvTolerance; });
+    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
+    const double median = positions[positions.size() / 2];
+    std::printf("%s: e4m3 KV median position error %.2e, %lld of %zu positions beyond %.2f\n",
+                GetParam(), median, static_cast<long long>(flipped), positions.size(),
+                2 * kE4m3KvTolerance);
+    EXPECT_LT(median, kE4m3KvTolerance) << GetParam();
+    EXPECT_LE(flipped * 10, static_cast<int64_t>(positions.size())) << GetParam();
+  }
+
+  Engine engine(checkpoint_, e4m3_kv_options());
+  const std::vector<RequestOutput> greedy = engine.generate(greedy_requests(expected_));
+  expect_reference_greedy(greedy, expected_, kE4m3KvMargin, GetParam());
+  int matching = 0;
+  for (int i = 0; i < kNumCases; ++i) {
+    for (int t = 0; t < kGreedyTokens; ++t)
+      matching += greedy[i].tokens[t] == expected_.greedy[i][t];
+  }
+  std::printf("%s: e4m3 KV greedy tokens equal to the reference's: %d of %d\n", GetParam(),
+              matching, kNumCases * kGreedyTokens);
+
+  // Each generated token against the prefill kernel's argmax for its prefix (a fresh engine).
+  const int32_t vocab = static_cast<int32_t>(checkpoint_.config.vocab_size);
+  std::vector<Request> prefixes;
+  for (int i = 0; i < kNumCases; ++i) {
+    std::vector<int32_t> tokens = expected_.prompts[i];
+    tokens.insert(tokens.end(), greedy[i].tokens.begin(), greedy[i].tokens.end() - 1);
+    prefixes.push_back(logits_request(tokens));
+  }
+  Engine check(checkpoint_, e4m3_kv_options());
+  const std::vector<RequestOutput> prefill = check.generate(std::move(prefixes));
+  int checked = 0;
+  for (int i = 0; i < kNumCases; ++i) {
+    for (int t = 0; t < kGreedyTokens; ++t) {
+      const float* row = prefill[i].prompt_logits.data<float>() +
+                         (expected_.prompts[i].size() - 1 + t) * static_cast<size_t>(vocab);
+      std::vector<float> sorted(row, row + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] <= kE4m3KvSelfMargin) break;
+      EXPECT_EQ(greedy[i].tokens[t], std::max_element(row, row + vocab) - row)
+          << GetParam() << " case " << i << " step " << t;
+      ++checked;
+    }
+  }
+  std::printf("%s: %d e4m3 KV decode tokens checked against prefill logits\n", GetParam(), checked);
+  EXPECT_GT(checked, 0) << GetParam();
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kFixtures), [](const auto& info) {
   std::string n = info.param;
   for (char& c : n) c = std::isalnum(c) ? c : '_';
@@ -656,6 +766,24 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelFp8,
 // A head size the GPU's kernels are not compiled for is refused when the engine is built, naming
 // it (the CPU runs any even size). llama3-rope's heads are split in two: the same projection
 // shapes at head_dim 32.
+// Sized from the GPU's free memory, an e4m3 KV cache holds twice the pages of a bf16 one (the
+// two engines one after the other, each taking the same share of what is free).
+TEST(CudaModelLoad, E4m3KvCacheHoldsTwiceThePages) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const Checkpoint checkpoint = load_checkpoint(fixture_dir("llama-gqa"));
+  auto pages = [&](KvCacheDtype dtype) {
+    EngineOptions o = cuda_options();
+    o.num_pages = 0;
+    o.gpu_memory_fraction = 0.05f;
+    o.kv_cache_dtype = dtype;
+    return Engine(checkpoint, o).stats().pages_total;
+  };
+  const double bf16 = pages(KvCacheDtype::kAuto), e4m3 = pages(KvCacheDtype::kFp8);
+  std::printf("KV pages in 5%% of free memory: bf16 %.0f, e4m3 %.0f\n", bf16, e4m3);
+  EXPECT_GT(e4m3, 1.9 * bf16);
+  EXPECT_LT(e4m3, 2.1 * bf16);
+}
+
 TEST(CudaModelLoad, HeadSizesWithoutKernelsAreRefused) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   Checkpoint checkpoint = load_checkpoint(fixture_dir("llama3-rope"));

@@ -33,6 +33,7 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
           {"itl_p99_ms", r.itl_p99_ms},
           {"prefix_hit_rate", r.prefix_hit_rate},
           {"peak_pages_used", r.peak_pages_used},
+          {"kv_pages", r.kv_pages},
           {"preemptions", r.preemptions},
           {"logits_downloads", r.logits_downloads},
           {"steps", r.steps},
@@ -64,7 +65,7 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %.2f / %.2f\n", "TTFT p50/p99 (ms)", r.ttft_p50_ms, r.ttft_p99_ms);
   std::printf("%-22s %.2f / %.2f\n", "ITL p50/p99 (ms)", r.itl_p50_ms, r.itl_p99_ms);
   std::printf("%-22s %.1f%%\n", "prefix-cache hit rate", 100 * r.prefix_hit_rate);
-  std::printf("%-22s %d\n", "peak pages used", r.peak_pages_used);
+  std::printf("%-22s %d of %d\n", "peak pages used", r.peak_pages_used, r.kv_pages);
   std::printf("%-22s %lld\n", "preemptions", static_cast<long long>(r.preemptions));
   std::printf("%-22s %lld\n", "steps", static_cast<long long>(r.steps));
   std::printf("%-22s %lld\n", "logits downloads", static_cast<long long>(r.logits_downloads));

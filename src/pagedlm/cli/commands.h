@@ -17,7 +17,8 @@ struct EngineFlags {
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
   std::string device = "auto";
-  std::string quantization = "auto";  // auto, fp8 or none: EngineOptions::fp8_weights
+  std::string quantization = "auto";    // auto, fp8 or none: EngineOptions::fp8_weights
+  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;
 };

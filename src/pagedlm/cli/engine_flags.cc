@@ -91,6 +91,11 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--page-size", o.page_size, "tokens per KV page (a power of two)")
       ->capture_default_str();
   app.add_option("--num-pages", o.num_pages, "KV pages (default: sized from memory)");
+  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
+                 "KV cache elements: auto (the compute dtype), bf16, or fp8 (GPU: e4m3 with the "
+                 "checkpoint's per-layer k_scale / v_scale, else 1.0; twice the pages of bf16)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+      ->capture_default_str();
   app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
                  "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
   app.add_option("--max-num-seqs", o.max_num_seqs, "most sequences running at once")
@@ -157,6 +162,9 @@ EngineOptions EngineFlags::resolve() const {
   o.fp8_weights = quantization == "fp8"    ? Fp8Weights::kAll
                   : quantization == "none" ? Fp8Weights::kNone
                                            : Fp8Weights::kCheckpoint;
+  o.kv_cache_dtype = kv_cache_dtype == "fp8"    ? KvCacheDtype::kFp8
+                     : kv_cache_dtype == "bf16" ? KvCacheDtype::kBf16
+                                                : KvCacheDtype::kAuto;
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

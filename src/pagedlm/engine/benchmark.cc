@@ -254,6 +254,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     result.gpu_s += shape.gpu_ms / 1e3;
     step_start = now;
     result.peak_pages_used = std::max(result.peak_pages_used, engine.stats().pages_used);
+    result.kv_pages = engine.stats().pages_total;
     for (const RequestEvent& e : events) {
       if (e.token >= 0) {
         ++result.generated_tokens;

@@ -54,6 +54,7 @@ struct BenchmarkResult {
   double itl_p50_ms = 0, itl_p99_ms = 0;
   double prefix_hit_rate = 0;  // prefix-cache hit tokens / query tokens
   int32_t peak_pages_used = 0;
+  int32_t kv_pages = 0;  // the KV cache's pages (with --kv-cache-dtype fp8 twice bf16's)
   int64_t preemptions = 0;
   int64_t steps = 0;
   int64_t logits_downloads = 0;  // GPU steps that brought logits to the host

@@ -29,8 +29,15 @@ class CompiledGrammar;
 class Matcher;
 }  // namespace grammar
 
+// The KV cache's element type (--kv-cache-dtype). kAuto: the compute dtype (f32 on the CPU,
+// bf16 on the GPU). kFp8 (GPU only): OCP e4m3 with one scale per layer for K and one for V (the
+// checkpoint's self_attn.k_scale / v_scale, 1.0 where it has none), half the bytes of bf16 per
+// page, so twice the pages in the same memory.
+enum class KvCacheDtype { kAuto, kBf16, kFp8 };
+
 struct EngineOptions {
   int32_t page_size = 16;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   int32_t num_pages = 0;  // 0: sized from kv_cache_bytes (CPU) or gpu_memory_fraction (CUDA)
   int64_t kv_cache_bytes = int64_t{2} << 30;  // CPU: all tensor-parallel ranks' caches together
   // CUDA: the share of the device memory left free after weights and activations that the KV

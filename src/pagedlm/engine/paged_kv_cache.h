@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/sched/step_plan.h"
@@ -19,9 +20,17 @@ namespace pagedlm {
 class PagedKvCache final : public Attention {
  public:
   // k and v of each layer: [num_pages, page_size, num_kv_heads, head_dim] in `dtype`
-  // (f32 on the CPU, bf16 on the GPU).
+  // (f32 on the CPU, bf16 or f8_e4m3 on the GPU). scales: an e4m3 cache's, one pair per layer
+  // (empty: 1.0 for every layer).
   PagedKvCache(int64_t num_layers, int32_t num_pages, int32_t page_size, int64_t num_kv_heads,
-               int64_t head_dim, Device device, DType dtype);
+               int64_t head_dim, Device device, DType dtype,
+               std::vector<ops::KvCacheScales> scales = {});
+
+  // The e4m3 cache's scales of each layer from the checkpoint's self_attn.k_scale and v_scale
+  // (Checkpoint::kv_scales), 1.0 where it has none. An Error names a scale of no layer, or one
+  // not positive and finite.
+  static std::vector<ops::KvCacheScales> checkpoint_scales(const Checkpoint& checkpoint,
+                                                           int64_t num_layers);
 
   static int64_t bytes_per_page(int64_t num_layers, int32_t page_size, int64_t num_kv_heads,
                                 int64_t head_dim, DType dtype);
@@ -42,6 +51,7 @@ class PagedKvCache final : public Attention {
 
  private:
   std::vector<Tensor> k_cache_, v_cache_;
+  std::vector<ops::KvCacheScales> scales_;  // per layer
   ops::AttentionPlan plan_;
   Tensor kv_copies_;  // the step's partial-page copies; no storage when there are none
   void* stream_ = nullptr;

@@ -24,6 +24,23 @@ bool adjusts_logits(const SamplingParams& p) {
 
 }  // namespace
 
+DType kv_cache_dtype(const EngineOptions& options, DType compute) {
+  switch (options.kv_cache_dtype) {
+    case KvCacheDtype::kAuto:
+      return compute;
+    case KvCacheDtype::kBf16:
+      PAGEDLM_CHECK(compute == DType::kBF16, "--kv-cache-dtype bf16: the model computes in ",
+                    dtype_name(compute), " on this device (the CPU's cache holds f32); use auto");
+      return DType::kBF16;
+    case KvCacheDtype::kFp8:
+      PAGEDLM_CHECK(options.device == Device::kCuda,
+                    "--kv-cache-dtype fp8 is GPU only (the CPU's attention reads f32 caches)");
+      ops::check_kv_cache_dtype(DType::kF8E4M3, compute, options.device, "--kv-cache-dtype fp8");
+      return DType::kF8E4M3;
+  }
+  return compute;
+}
+
 int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
                        DType dtype) {
   if (options.num_pages > 0) return options.num_pages;
@@ -74,12 +91,16 @@ RankParts build_rank(const Checkpoint& checkpoint, const EngineOptions& options,
   if (options.device == Device::kCuda) {
     rank.runner = std::make_unique<CudaStepRunner>(*rank.model, options, c.max_position_embeddings);
   }
-  const int32_t fits = kv_cache_pages(options, c, tp, rank.model->compute_dtype());
+  const DType kv_dtype = kv_cache_dtype(options, rank.model->compute_dtype());
+  const int32_t fits = kv_cache_pages(options, c, tp, kv_dtype);
   rank.num_pages = agree_num_pages ? agree_num_pages(fits) : fits;
-  // Each rank's cache holds its share of the kv heads in the same pages.
-  rank.kv_cache = std::make_unique<PagedKvCache>(c.num_layers, rank.num_pages, options.page_size,
-                                                 rank_dims(c, tp).kv_heads, c.head_dim,
-                                                 options.device, rank.model->compute_dtype());
+  // Each rank's cache holds its share of the kv heads in the same pages (an e4m3 cache's
+  // per-tensor scales are the same on every rank).
+  rank.kv_cache = std::make_unique<PagedKvCache>(
+      c.num_layers, rank.num_pages, options.page_size, rank_dims(c, tp).kv_heads, c.head_dim,
+      options.device, kv_dtype,
+      kv_dtype == DType::kF8E4M3 ? PagedKvCache::checkpoint_scales(checkpoint, c.num_layers)
+                                 : std::vector<ops::KvCacheScales>{});
   if (rank.runner) {
     rank.runner->set_kv_cache(rank.kv_cache.get());
     rank.runner->warm_up();

@@ -181,6 +181,11 @@ struct RankParts {
   int32_t num_pages = 0;
 };
 
+// The element type of the KV cache for a model computing in `compute` on options.device
+// (options.kv_cache_dtype); an Error says why for a combination the kernels do not run (e4m3 or
+// bf16 on the CPU).
+DType kv_cache_dtype(const EngineOptions& options, DType compute);
+
 // The KV cache pages a rank takes: options.num_pages when set, else what fits the share of free
 // GPU memory (options.gpu_memory_fraction; the runner and weights already allocated) or, on the
 // CPU, the rank's share of options.kv_cache_bytes.

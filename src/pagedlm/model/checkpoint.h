@@ -30,7 +30,7 @@ struct Checkpoint {
   std::map<std::string, QuantizedMatrix> quantized;
   // FP8 checkpoints (config.json's quantization_config): the projection weights in e4m3 with
   // their scales; get() dequantizes them. The attention layers' k_scale / v_scale, where the
-  // checkpoint has them, wait in kv_scales for an FP8 KV cache (none reads them yet).
+  // checkpoint has them, are in kv_scales for an e4m3 KV cache (PagedKvCache::checkpoint_scales).
   QuantConfig quantization;
   std::map<std::string, Fp8Matrix> fp8;
   std::map<std::string, Tensor> kv_scales;

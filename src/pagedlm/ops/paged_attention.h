@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <iterator>
 #include <string>
+#include <string_view>
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/dtype.h"
@@ -54,19 +55,34 @@ struct AttentionPlan {
   size_t workspace_bytes = 0;
 };
 
+// An e4m3 (DType::kF8E4M3) KV cache's per-tensor scales, one pair per layer: a cached key is its
+// stored e4m3 value times k, a value times v (vLLM's and compressed-tensors' self_attn.k_scale
+// and v_scale). Writes store the e4m3 of value / scale, rounded to nearest even and saturated at
+// +-448. Caches in the compute dtype ignore them. e4m3 caches are GPU only.
+struct KvCacheScales {
+  float k = 1.f;
+  float v = 1.f;
+};
+
+// The dtype of a KV cache whose values the ops compute in `compute`: `compute` itself, or
+// kF8E4M3 (GPU, bf16 compute). An Error names `op` and says why for any other.
+void check_kv_cache_dtype(DType cache, DType compute, Device device, std::string_view op);
+
 // qkv: [n_tokens, (n_q_heads + 2 n_kv_heads) head_dim], each row the q heads, then the k heads,
 // then the v heads (one fused projection's output); q: [n_tokens, n_q_heads, head_dim] receives
 // the rotated queries; inv_freq: [head_dim / 2] f32; k_cache, v_cache:
-// [num_pages, page_size, n_kv_heads, head_dim]. Rotates q and k (ops/rope.h's contract) at
-// plan.positions and writes k and v to the caches at plan.slot_mapping (ops/write_kv.h's
-// contract). The GPU does it in one kernel, rotating the k part of qkv in place; the CPU runs
-// rope then write_kv and leaves qkv as it was.
+// [num_pages, page_size, n_kv_heads, head_dim] in q's dtype or e4m3 (check_kv_cache_dtype, with
+// `scales`). Rotates q and k (ops/rope.h's contract) at plan.positions and writes k and v to the
+// caches at plan.slot_mapping (ops/write_kv.h's contract; e4m3: the e4m3 of the rotated bf16 k,
+// and of v, divided by the scale). The GPU does it in one kernel, rotating the k part of qkv in
+// place; the CPU runs rope then write_kv and leaves qkv as it was.
 void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPlan& plan,
                    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                   void* stream = nullptr);
+                   void* stream = nullptr, const KvCacheScales& scales = {});
 
 // q: [n_tokens, n_q_heads, head_dim], out: [n_tokens, n_q_heads, head_dim], k_cache, v_cache:
-// [num_pages, page_size, n_kv_heads, head_dim] already holding this step's keys/values.
+// [num_pages, page_size, n_kv_heads, head_dim] already holding this step's keys/values, in q's
+// dtype or e4m3 (check_kv_cache_dtype: keys and values are the stored values times `scales`).
 // Sequence b's j-th new token, at position p = n_kv - n_new + j, attends to kv positions
 // max(0, p - window + 1) .. p (0 .. p without a window), scored as variant says
 // (core/attention_variant.h: scale, then soft-cap, then the mask).
@@ -75,7 +91,7 @@ void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPla
 // The plan is validated on the CPU (an Error names the bad sequence), not on the GPU.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionPlan& plan, const AttentionVariant& variant, const Tensor& out,
-                     void* stream = nullptr);
+                     void* stream = nullptr, const KvCacheScales& scales = {});
 
 // The sizes every backend's kernel needs besides the pointers.
 struct PagedAttentionDims {
@@ -118,14 +134,17 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
-// Same contracts as the Tensor-level ops; q, qkv, the caches and out hold `dtype` elements,
-// the plan's tensors are in device memory. qkv's k part is rotated in place.
+// Same contracts as the Tensor-level ops; q, qkv and out hold `dtype` elements, the caches
+// `cache_dtype` ones (dtype or kF8E4M3), the plan's tensors are in device memory. qkv's k part
+// is rotated in place.
 void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPlan& plan,
                    void* k_cache, void* v_cache, int64_t n_tokens, int64_t n_q_heads,
-                   int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream);
+                   int64_t n_kv_heads, int64_t head_dim, DType dtype, DType cache_dtype,
+                   const KvCacheScales& scales, void* stream);
 void paged_attention(const void* q, const void* k_cache, const void* v_cache,
                      const AttentionPlan& plan, const AttentionVariant& variant, void* out,
-                     const PagedAttentionDims& dims, DType dtype, void* stream);
+                     const PagedAttentionDims& dims, DType dtype, DType cache_dtype,
+                     const KvCacheScales& scales, void* stream);
 
 // Fails unless `device` runs pagedlm's kernels: compute capability 8.0 or later (the message
 // names the GPU and its capability and points to --device cpu), and a valid

@@ -614,18 +614,42 @@ PagedAttentionDims plan_dims(const Tensor& q, const Tensor& k_cache, const Atten
   return dims;
 }
 
+// An e4m3 cache's scales: positive and finite.
+void check_kv_scales(const KvCacheScales& scales, DType cache, const char* op) {
+  if (cache != DType::kF8E4M3) return;
+  PAGEDLM_CHECK(
+      std::isfinite(scales.k) && scales.k > 0.f && std::isfinite(scales.v) && scales.v > 0.f, op,
+      ": the e4m3 KV cache's scales must be positive and finite, got k_scale ", scales.k,
+      " and v_scale ", scales.v);
+}
+
 }  // namespace
 
+void check_kv_cache_dtype(DType cache, DType compute, Device device, std::string_view op) {
+  if (cache == compute) return;
+  PAGEDLM_CHECK(cache == DType::kF8E4M3, op, ": a KV cache of ", dtype_name(cache),
+                " cannot hold values computed in ", dtype_name(compute),
+                " (it takes the compute dtype or f8_e4m3)");
+  PAGEDLM_CHECK(device == Device::kCuda, op,
+                ": an f8_e4m3 KV cache is GPU only (the CPU's attention reads f32 caches)");
+  PAGEDLM_CHECK(compute == DType::kBF16, op, ": an f8_e4m3 KV cache takes bf16 compute, not ",
+                dtype_name(compute));
+}
+
 void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPlan& plan,
-                   const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, void* stream) {
+                   const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, void* stream,
+                   const KvCacheScales& scales) {
   using detail::kAnyDim;
   constexpr const char* kOp = "rope_write_kv";
   const DType dt = detail::compute_dtype(q, kOp, "q");
   detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
   const int64_t n_tokens = q.dim(0), n_q_heads = q.dim(1), head_dim = q.dim(2);
-  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, kAnyDim, head_dim});
+  const DType cache_dt = k_cache.dtype();
+  check_kv_cache_dtype(cache_dt, dt, q.device(), kOp);
+  check_kv_scales(scales, cache_dt, kOp);
+  detail::expect(k_cache, kOp, "k_cache", cache_dt, {kAnyDim, kAnyDim, kAnyDim, head_dim});
   const int64_t n_kv_heads = k_cache.dim(2);
-  detail::expect(v_cache, kOp, "v_cache", dt,
+  detail::expect(v_cache, kOp, "v_cache", cache_dt,
                  {k_cache.dim(0), k_cache.dim(1), n_kv_heads, head_dim});
   const int64_t q_width = n_q_heads * head_dim, kv_width = n_kv_heads * head_dim;
   detail::expect(qkv, kOp, "qkv", dt, {n_tokens, q_width + 2 * kv_width});
@@ -660,7 +684,8 @@ void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPla
                           {&plan.slot_mapping, "slot_mapping"},
                           {&inv_freq, "inv_freq"}});
   cuda::rope_write_kv(qkv.raw(), q.raw(), inv_freq.data<float>(), plan, k_cache.raw(),
-                      v_cache.raw(), n_tokens, n_q_heads, n_kv_heads, head_dim, dt, stream);
+                      v_cache.raw(), n_tokens, n_q_heads, n_kv_heads, head_dim, dt, cache_dt,
+                      scales, stream);
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);
@@ -669,17 +694,20 @@ void rope_write_kv(const Tensor& qkv, const Tensor& inv_freq, const AttentionPla
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionPlan& plan, const AttentionVariant& variant, const Tensor& out,
-                     void* stream) {
+                     void* stream, const KvCacheScales& scales) {
   using detail::kAnyDim;
   constexpr const char* kOp = "paged_attention";
   const DType dt = detail::compute_dtype(q, kOp, "q");
   detail::expect(q, kOp, "q", dt, {kAnyDim, kAnyDim, kAnyDim});
-  detail::expect(k_cache, kOp, "k_cache", dt, {kAnyDim, kAnyDim, kAnyDim, q.dim(2)});
+  const DType cache_dt = k_cache.dtype();
+  check_kv_cache_dtype(cache_dt, dt, q.device(), kOp);
+  check_kv_scales(scales, cache_dt, kOp);
+  detail::expect(k_cache, kOp, "k_cache", cache_dt, {kAnyDim, kAnyDim, kAnyDim, q.dim(2)});
   const PagedAttentionDims dims = plan_dims(q, k_cache, plan, kOp);
   PAGEDLM_CHECK(dims.page_size > 0 && dims.n_kv_heads > 0 && dims.n_q_heads % dims.n_kv_heads == 0,
                 kOp, ": ", dims.n_q_heads, " q heads cannot share ", dims.n_kv_heads,
                 " kv heads (page size ", dims.page_size, ")");
-  detail::expect(v_cache, kOp, "v_cache", dt,
+  detail::expect(v_cache, kOp, "v_cache", cache_dt,
                  {dims.num_pages, dims.page_size, dims.n_kv_heads, dims.head_dim});
   detail::expect(out, kOp, "out", dt, {dims.n_tokens, dims.n_q_heads, dims.head_dim});
   detail::expect_devices(kOp, q.device(),
@@ -695,7 +723,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::paged_attention(q.raw(), k_cache.raw(), v_cache.raw(), plan, variant, out.raw(), dims, dt,
-                        stream);
+                        cache_dt, scales, stream);
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);

@@ -89,11 +89,12 @@ cudaError_t prepare(const AttnKernel& kernel, int variant, const DeviceLimits& d
   return cudaSuccess;
 }
 
-// The launch of the variant that params needs (make_params sets window and softcap_log2 only
-// when they are on).
-cudaError_t launch(const AttnKernel& kernel, const AttnParams& params, dim3 grid,
-                   const DeviceLimits& device, cudaStream_t stream) {
-  const int variant = (params.window > 0 ? 2 : 0) + (params.softcap_log2 > 0.f ? 1 : 0);
+// The launch of the variant that params and the cache's format need (make_params sets window
+// and softcap_log2 only when they are on).
+cudaError_t launch(const AttnKernel& kernel, const AttnParams& params, const KvCacheFormat& kv,
+                   dim3 grid, const DeviceLimits& device, cudaStream_t stream) {
+  const int variant =
+      (kv.e4m3 ? 4 : 0) + (params.window > 0 ? 2 : 0) + (params.softcap_log2 > 0.f ? 1 : 0);
   int blocks_per_sm = 0;
   PAGEDLM_CUDA_TRY(prepare(kernel, variant, device, &blocks_per_sm));
   AttnParams p = params;
@@ -109,7 +110,9 @@ dim3 sequence_grid(const AttnParams& params, int rows_per_tile, int num_seqs, in
   return dim3(tiles * params.num_splits, params.num_kv_heads, num_seqs);
 }
 
-cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int page_size) {
+cudaError_t check_shapes(int num_q_heads, int num_kv_heads, int head_dim, int page_size,
+                         const KvCacheFormat& kv) {
+  if (kv.e4m3 && !(kv.k_scale > 0.f && kv.v_scale > 0.f)) return cudaErrorInvalidValue;
   if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const int group = num_q_heads / num_kv_heads;
   if (group < 1 || group > 8) return cudaErrorInvalidValue;
@@ -122,11 +125,11 @@ AttnParams make_params(const void* q, const void* k_cache, const void* v_cache,
                        const int32_t* q_indptr, const int32_t* kv_indptr,
                        const int32_t* kv_page_indices, const int32_t* kv_last_page_len, void* out,
                        int num_tokens, int num_q_heads, int num_kv_heads, int page_size,
-                       const AttentionVariant& variant) {
+                       const AttentionVariant& variant, const KvCacheFormat& kv) {
   AttnParams p{};
   p.q = static_cast<const __nv_bfloat16*>(q);
-  p.k_cache = static_cast<const __nv_bfloat16*>(k_cache);
-  p.v_cache = static_cast<const __nv_bfloat16*>(v_cache);
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
   p.q_indptr = q_indptr;
   p.kv_indptr = kv_indptr;
   p.kv_page_indices = kv_page_indices;
@@ -138,12 +141,15 @@ AttnParams make_params(const void* q, const void* k_cache, const void* v_cache,
   p.group = num_q_heads / num_kv_heads;
   p.page_size = page_size;
   p.num_splits = 1;
-  p.scale_log2 = variant.scale * kLog2e;
+  // An e4m3 cache's scores are q.k of the stored values times k_scale.
+  const float score_scale = variant.scale * (kv.e4m3 ? kv.k_scale : 1.f);
+  p.scale_log2 = score_scale * kLog2e;
   p.window = std::max(variant.window, 0);
   if (variant.softcap > 0.f) {
-    p.softcap_pre = variant.scale / variant.softcap;
+    p.softcap_pre = score_scale / variant.softcap;
     p.softcap_log2 = variant.softcap * kLog2e;
   }
+  p.v_scale = kv.e4m3 ? kv.v_scale : 1.f;
   return p;
 }
 
@@ -197,18 +203,19 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           const AttentionVariant& variant, cudaStream_t stream) {
-  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
+                                           const AttentionVariant& variant, cudaStream_t stream,
+                                           const KvCacheFormat& kv) {
+  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size, kv));
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   const AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, variant);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant, kv);
   const DeviceLimits* device = nullptr;
   PAGEDLM_CUDA_TRY(current_device_limits(&device));
   const AttnKernel* kernel = pick_kernel(head_dim, Pass::kPrefill, *device);
   if (kernel == nullptr) return cudaErrorInvalidConfiguration;
-  return launch(*kernel, params, sequence_grid(params, kernel->rows, num_seqs, max_q_len), *device,
-                stream);
+  return launch(*kernel, params, kv, sequence_grid(params, kernel->rows, num_seqs, max_q_len),
+                *device, stream);
 }
 
 cudaError_t launch_paged_attention_decode(
@@ -217,8 +224,8 @@ cudaError_t launch_paged_attention_decode(
     void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
     int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
     size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
-    cudaStream_t stream) {
-  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size));
+    cudaStream_t stream, const KvCacheFormat& kv) {
+  PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size, kv));
   if (num_splits < 1) return cudaErrorInvalidValue;
   if (shared != nullptr &&
       (shared->num_splits < 1 || shared->max_items < 1 || shared->kv_skip == nullptr ||
@@ -228,7 +235,7 @@ cudaError_t launch_paged_attention_decode(
   if (num_seqs <= 0 || num_tokens <= 0 || max_q_len <= 0) return cudaSuccess;
   AttnParams params =
       make_params(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, out,
-                  num_tokens, num_q_heads, num_kv_heads, page_size, variant);
+                  num_tokens, num_q_heads, num_kv_heads, page_size, variant, kv);
   params.num_splits = num_splits;
   params.seq_order = seq_order;
   const int shared_splits = shared != nullptr ? shared->num_splits : 0;
@@ -253,8 +260,9 @@ cudaError_t launch_paged_attention_decode(
   if (decode == nullptr || (shared != nullptr && shared_kernel == nullptr)) {
     return cudaErrorInvalidConfiguration;
   }
-  PAGEDLM_CUDA_TRY(launch(*decode, params, sequence_grid(params, decode->rows, num_seqs, max_q_len),
-                          *device, stream));
+  PAGEDLM_CUDA_TRY(launch(*decode, params, kv,
+                          sequence_grid(params, decode->rows, num_seqs, max_q_len), *device,
+                          stream));
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
     // get the shared keys' partial results.
@@ -270,7 +278,7 @@ cudaError_t launch_paged_attention_decode(
     const int blocks = std::min(shared->max_items * shared_splits,
                                 std::max(1, 4 * device->num_sms / num_kv_heads));
     const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
-    PAGEDLM_CUDA_TRY(launch(*shared_kernel, sp, shared_grid, *device, stream));
+    PAGEDLM_CUDA_TRY(launch(*shared_kernel, sp, kv, shared_grid, *device, stream));
   }
   if (slots == 1) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);

@@ -20,12 +20,20 @@
 // plain path (neither) compiles to exactly the code it had before the policies existed.
 // Head sizes: 64, 80, 96, 128, 256 (a multiple of 16, for the mma's k steps and ldmatrix's
 // 16-column pairs).
+//
+// The cache's element type KvT is the third policy: bf16, or e4m3 (__nv_fp8_e4m3) with one scale
+// per tensor. An e4m3 tile is read into registers before the previous tile's math, converted to
+// bf16 (exact: e4m3's 3 mantissa bits and exponent range fit bf16's) and stored to the same
+// shared-memory layout after it, so the mma loop is the bf16 one. The scales never touch the
+// values: k_scale is folded into the score's scale on the host, v_scale multiplies the output.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/mma.cuh"
@@ -50,8 +58,8 @@ constexpr int kMinSharedSplitKeys = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 struct AttnParams {
   const __nv_bfloat16* q;
-  const __nv_bfloat16* k_cache;
-  const __nv_bfloat16* v_cache;
+  const void* k_cache;  // KvT elements
+  const void* v_cache;
   const int32_t* q_indptr;
   const int32_t* kv_indptr;
   const int32_t* kv_page_indices;
@@ -84,7 +92,26 @@ struct AttnParams {
   // tanh(q.k * softcap_pre), with softcap_pre = scale / softcap, softcap_log2 = softcap * log2(e).
   float softcap_pre;
   float softcap_log2;
+  // e4m3 caches: a value is its stored e4m3 times v_scale (k_scale is in scale_log2 and
+  // softcap_pre).
+  float v_scale;
 };
+
+// Eight e4m3 values (8 bytes, the first in the lowest byte) as eight bf16 (16 bytes, the same
+// order). cuda_fp8.h converts in hardware from sm_89 on and in software before.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 v) {
+  uint4 out;
+  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+  const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(words[j / 2] >> (16 * (j % 2)));
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    o[j] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return out;
+}
 
 // The hardware tanh (max relative error 2^-11, as FlashAttention's and FlashInfer's soft-caps
 // use): tanhf would cost far more instructions than the score's mma.
@@ -209,7 +236,7 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
 // looping this way over all units, assigned round-robin or fetched from an atomic counter, ran
 // no faster than one block per unit: docs/KERNELS.md.)
 template <int D, int WM, int WN, int STAGES, int BKV, bool kShared, bool kLoop, bool kWindow,
-          bool kSoftcap, typename UnitAt>
+          bool kSoftcap, typename KvT, typename UnitAt>
 __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int stride, int total,
                                              UnitAt unit_at) {
   static_assert(WM * WN == kThreads / 32, "4 warps");
@@ -222,6 +249,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   constexpr int kNt = kWarpKv / 8;  // n8 tiles of S per warp
   constexpr int kDt = D / 8;        // n8 tiles of O per warp
   static_assert(kWarpKv % 16 == 0, "P.V steps over 16 keys (and K loads two n8 tiles)");
+  constexpr bool kFp8 = std::is_same_v<KvT, __nv_fp8_e4m3>;
+  static_assert(kFp8 || std::is_same_v<KvT, __nv_bfloat16>, "bf16 or e4m3 caches");
   // The warps' merge (WN > 1) works in one consumed stage.
   static_assert(WN == 1 || (WN * 16 * D + 4 * WN * 16 + 16) * sizeof(float) <=
                                kStageRows * kStride * sizeof(__nv_bfloat16),
@@ -271,9 +300,18 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // 16 rows at most; lane l looks up the cache offset of the warp's row l % 16 (one page-table
   // read and one division per tile, not one per chunk: those were most of the loop's
   // instructions) and the others take it by shuffle. Otherwise (D = 80, 96: 10 or 12 chunks)
-  // each thread looks up the rows of its own chunks.
+  // each thread looks up the rows of its own chunks. Either way pass i is chunk tid + i * kThreads
+  // of the tile, row-major.
+  // bf16 caches: the chunks go to the stage by cp.async (waited for with the commit groups).
+  // e4m3: a chunk is 8 bytes of K and 8 of V, loaded into registers (k_stash, v_stash; the
+  // stage is not touched) and converted to bf16 and stored to a stage by store_kv. Each walk
+  // spells the bf16 copy out itself: passed through a shared lambda, the bf16 prefill and
+  // shared-pass loaders compiled to different SASS (docs/KERNELS.md, "FP8 KV cache").
+  constexpr int kChunks = D / 8;
+  constexpr int kTileChunks = kBlockKv * kChunks;
+  constexpr int kChunkPasses = (kTileChunks + kThreads - 1) / kThreads;
+  uint2 k_stash[kFp8 ? kChunkPasses : 1], v_stash[kFp8 ? kChunkPasses : 1];
   auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
-    constexpr int kChunks = D / 8;
     const int kv0 = u.kv_begin + kv_tile * kBlockKv;
     const int kv_end = u.kv_end;
     __nv_bfloat16* ks = stage_k(stage);
@@ -283,6 +321,13 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads +
               u.hk) *
              D;
+    };
+    // e4m3: chunk i's bytes of K and V into the registers.
+    auto stash = [&](int i, int64_t off, bool valid) {
+      const auto* k8 = static_cast<const uint8_t*>(p.k_cache);
+      const auto* v8 = static_cast<const uint8_t*>(p.v_cache);
+      k_stash[i] = valid ? *reinterpret_cast<const uint2*>(k8 + off) : make_uint2(0, 0);
+      v_stash[i] = valid ? *reinterpret_cast<const uint2*>(v8 + off) : make_uint2(0, 0);
     };
     if constexpr (32 % kChunks == 0) {
       constexpr int kRowsPerPass = kThreads / kChunks;
@@ -299,21 +344,45 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         const int64_t row_off = __shfl_sync(0xffffffffu, my_off, i * kWarpRows + lane / kChunks);
         const bool valid = kv0 + r < kv_end;
         const int64_t off = valid ? row_off + c * 8 : 0;
-        cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
-        cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
+        if constexpr (kFp8) {
+          stash(i, off, valid);
+        } else {
+          cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
+                      valid);
+          cp_async_16(vs + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.v_cache) + off,
+                      valid);
+        }
       }
     } else {
-      constexpr int kPasses = (kBlockKv * kChunks + kThreads - 1) / kThreads;
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
+      for (int i = 0; i < kChunkPasses; ++i) {
         const int idx = tid + i * kThreads;
-        if (kBlockKv * kChunks % kThreads != 0 && idx >= kBlockKv * kChunks) break;
+        if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
         const int r = idx / kChunks, c = idx % kChunks;
         const bool valid = kv0 + r < kv_end;
         const int64_t off = valid ? cache_offset(kv0 + r) + c * 8 : 0;
-        cp_async_16(ks + r * kStride + c * 8, p.k_cache + off, valid);
-        cp_async_16(vs + r * kStride + c * 8, p.v_cache + off, valid);
+        if constexpr (kFp8) {
+          stash(i, off, valid);
+        } else {
+          cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
+                      valid);
+          cp_async_16(vs + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.v_cache) + off,
+                      valid);
+        }
       }
+    }
+  };
+  // e4m3: the chunks load_kv loaded, as bf16 into a stage.
+  auto store_kv = [&](int stage) {
+    __nv_bfloat16* ks = stage_k(stage);
+    __nv_bfloat16* vs = ks + kBlockKv * kStride;
+#pragma unroll
+    for (int i = 0; i < kChunkPasses; ++i) {
+      const int idx = tid + i * kThreads;
+      if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
+      const int dst = idx / kChunks * kStride + idx % kChunks * 8;
+      *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8(k_stash[i]);
+      *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8(v_stash[i]);
     }
   };
   // A unit's Q rows with its first tile, then its next STAGES - 2 tiles: STAGES - 1 groups (one
@@ -322,7 +391,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     load_q(u);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < u.num_tiles) load_kv(u, s, (stage0 + s) % STAGES);
+      if (s < u.num_tiles) {
+        load_kv(u, s, (stage0 + s) % STAGES);
+        if constexpr (kFp8) store_kv((stage0 + s) % STAGES);
+      }
       cp_async_commit();
     }
   };
@@ -391,6 +463,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         // the previous one, and nothing overlaps the copy but the other resident blocks.
         if (it > 0) __syncthreads();
         load_kv(u, it, 0);
+        if constexpr (kFp8) store_kv(0);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -409,6 +482,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
               *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
         }
       }
+      // The tile STAGES - 1 ahead, into the stage the barrier above freed. e4m3: its loads are
+      // in flight during this tile's math and it is stored after, before the next barrier.
       if constexpr (STAGES > 1) {
         if (it + STAGES - 1 < n) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
         cp_async_commit();
@@ -520,6 +595,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
         }
       }
+      if constexpr (kFp8 && STAGES > 1) {
+        if (it + STAGES - 1 < n) store_kv((base + it + STAGES - 1) % STAGES);
+      }
     }
     // The next unit's Q and first tiles load while this one's result is written: into q_s
     // once every warp has its Q fragments (and this unit's own Q copy has landed when it had
@@ -539,6 +617,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     auto store = [&](int r, int col, float v0, float v1, float lse) {
       const int gr = u.row0 + r;
       if (gr >= u.n_rows) return;
+      if constexpr (kFp8) {  // linear, so the split results may carry it into the merge
+        v0 *= p.v_scale;
+        v1 *= p.v_scale;
+      }
       const size_t row =
           static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
       if (!split_out) {
@@ -641,18 +723,19 @@ constexpr int kMinBlocksPerSm = D == 256
 //   first, the longest sequences start first and the short ones fill the tail of the last wave.
 // shared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
 //   grid need not cover the largest possible number of items.
-template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, bool kWindow, bool kSoftcap>
+template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, bool kWindow, bool kSoftcap,
+          typename KvT>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
     paged_attention_kernel(AttnParams p) {
   constexpr int kRows = 16 * WM;
   if constexpr (kPass == Pass::kShared) {
-    attend_units<D, WM, WN, STAGES, BKV, true, true, kWindow, kSoftcap>(
+    attend_units<D, WM, WN, STAGES, BKV, true, true, kWindow, kSoftcap, KvT>(
         p, blockIdx.x, gridDim.x, *p.num_items * p.num_splits, [&](int u, Unit& unit) {
           return make_unit<kRows, BKV, true, kWindow>(p, u / p.num_splits, u % p.num_splits, 0,
                                                       blockIdx.y, unit);
         });
   } else {
-    attend_units<D, WM, WN, STAGES, BKV, false, false, kWindow, kSoftcap>(
+    attend_units<D, WM, WN, STAGES, BKV, false, false, kWindow, kSoftcap, KvT>(
         p, 0, 1, 1, [&](int, Unit& unit) {
           const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
           return make_unit<kRows, BKV, false, kWindow>(
@@ -709,30 +792,39 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One compiled configuration of the kernel: its pass and layout, its dynamic shared memory and
-// its four variants, indexed [window * 2 + softcap].
+// its eight variants, indexed [e4m3 cache * 4 + window * 2 + softcap].
 struct AttnKernel {
   Pass pass;
   int rows;  // query rows per block: 64 (prefill, shared pass) or 16 (decode)
   int stages, block_kv;
   size_t smem;
-  const void* variants[4];
+  const void* variants[8];
 };
+
+template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, typename KvT, bool kWindow,
+          bool kSoftcap>
+const void* attn_variant() {
+  return reinterpret_cast<const void*>(
+      &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, kWindow, kSoftcap, KvT>);
+}
 
 template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass>
 AttnKernel attn_kernel() {
+  using bf16 = __nv_bfloat16;
+  using e4m3 = __nv_fp8_e4m3;
   return {kPass,
           16 * WM,
           STAGES,
           BKV,
           attn_smem_bytes<D, WM, WN, STAGES, BKV>(),
-          {reinterpret_cast<const void*>(
-               &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, false, false>),
-           reinterpret_cast<const void*>(
-               &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, false, true>),
-           reinterpret_cast<const void*>(
-               &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, true, false>),
-           reinterpret_cast<const void*>(
-               &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, true, true>)}};
+          {attn_variant<D, WM, WN, STAGES, BKV, kPass, bf16, false, false>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, bf16, false, true>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, bf16, true, false>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, bf16, true, true>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, false, false>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, false, true>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, true, false>(),
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, true, true>()}};
 }
 
 // A head size's configurations, each pass's in order of preference (the first whose shared

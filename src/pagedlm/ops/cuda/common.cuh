@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -28,6 +29,14 @@ __host__ __device__ inline uint64_t splitmix64(uint64_t x) {
 }
 
 __device__ __forceinline__ float bf16_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// OCP e4m3 of v / scale. The division (not a multiply by the reciprocal) keeps the quotient
+// correctly rounded, which a host reference reproduces exactly; the conversion rounds to nearest
+// even and saturates at +-448 (__NV_SATFINITE), as torch's float8_e4m3fn cast does after its
+// clamp. In hardware from sm_89 on, in software (cuda_fp8.h) before.
+__device__ __forceinline__ __nv_fp8_storage_t to_e4m3(float v, float scale) {
+  return __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

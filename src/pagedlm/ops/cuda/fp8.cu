@@ -16,17 +16,13 @@ namespace {
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
 
+using detail::to_e4m3;
+
 constexpr float kE4m3Max = 448.f;
 constexpr int kQuantizeThreads = 256;
 
-__device__ __forceinline__ __nv_fp8_storage_t to_e4m3(float v, float scale) {
-  return __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
-}
-
-// One block per row, 8 values (16 bytes in, 8 out) per load where cols % 8 == 0. The division
-// (not a multiply by the reciprocal) keeps each value the correctly rounded quotient, which a
-// host reference reproduces exactly; the conversion rounds to nearest even and saturates at
-// +-448 (__NV_SATFINITE), as torch's float8_e4m3fn cast does after its clamp.
+// One block per row, 8 values (16 bytes in, 8 out) per load where cols % 8 == 0, each the e4m3
+// of its quotient by the row's scale (detail::to_e4m3).
 template <bool kVec8>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const bf16* x, __nv_fp8_storage_t* q, float* scales, int cols,

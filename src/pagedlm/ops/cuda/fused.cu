@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -182,14 +183,18 @@ struct alignas(2 * kVec) BfPack {
 // threads walk the (head, pair) grid of q then k, kVec adjacent pairs (bf16x2 accesses when 2),
 // then copy v (16 bytes at a time when v_vec).
 // q: [num_tokens, Hq, d] strided, k/v: [num_tokens, Hk, d] strided,
-// k_cache/v_cache: [num_slots, Hk, d]; dynamic shared memory: d floats.
-template <int kVec>
+// k_cache/v_cache: [num_slots, Hk, d] of CacheT: bf16, or e4m3 (__nv_fp8_storage_t) quantized
+// with k_scale / v_scale; dynamic shared memory: d floats.
+template <int kVec, typename CacheT>
 __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_out,
                                      int64_t q_out_stride, bf16* k, int64_t k_stride, const bf16* v,
                                      int64_t v_stride, const int32_t* positions,
                                      const float* inv_freq, const int32_t* slot_mapping,
-                                     bf16* k_cache, bf16* v_cache, int num_q_heads,
-                                     int num_kv_heads, int head_dim, bool v_vec) {
+                                     CacheT* k_cache, CacheT* v_cache, int num_q_heads,
+                                     int num_kv_heads, int head_dim, bool v_vec, float k_scale,
+                                     float v_scale) {
+  constexpr bool kE4m3 = std::is_same_v<CacheT, __nv_fp8_storage_t>;
+  static_assert(kE4m3 || std::is_same_v<CacheT, bf16>, "bf16 or e4m3 caches");
   extern __shared__ float rope_cs[];  // [half] cos, then [half] sin
   const int t = blockIdx.x;
   const int half = head_dim / 2;
@@ -210,7 +215,7 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
     const bool is_q = head < num_q_heads;
     const bf16* x = is_q ? qt + head * head_dim : kt + (head - num_q_heads) * head_dim;
     bf16* y = is_q ? qt_out + head * head_dim : kt + (head - num_q_heads) * head_dim;
-    bf16* dst =
+    CacheT* dst =
         !is_q && slot >= 0
             ? k_cache + (static_cast<size_t>(slot) * num_kv_heads + head - num_q_heads) * head_dim
             : nullptr;
@@ -229,14 +234,38 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
     *reinterpret_cast<Pack*>(y + i) = lo;
     *reinterpret_cast<Pack*>(y + i + half) = hi;
     if (dst != nullptr) {
-      *reinterpret_cast<Pack*>(dst + i) = lo;
-      *reinterpret_cast<Pack*>(dst + i + half) = hi;
+      if constexpr (kE4m3) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          dst[i + j] = detail::to_e4m3(__bfloat162float(lo.v[j]), k_scale);
+          dst[i + j + half] = detail::to_e4m3(__bfloat162float(hi.v[j]), k_scale);
+        }
+      } else {
+        *reinterpret_cast<Pack*>(dst + i) = lo;
+        *reinterpret_cast<Pack*>(dst + i + half) = hi;
+      }
     }
   }
   if (slot < 0) return;
   const int row = num_kv_heads * head_dim;
-  bf16* v_dst = v_cache + static_cast<size_t>(slot) * row;
-  if (v_vec) {
+  CacheT* v_dst = v_cache + static_cast<size_t>(slot) * row;
+  if constexpr (kE4m3) {
+    if (v_vec) {  // 16 bytes in, 8 out
+      for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+        const uint4 in = reinterpret_cast<const uint4*>(vt)[i];
+        const auto* x = reinterpret_cast<const bf16*>(&in);
+        uint2 out;
+        auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = detail::to_e4m3(__bfloat162float(x[j]), v_scale);
+        reinterpret_cast<uint2*>(v_dst)[i] = out;
+      }
+    } else {
+      for (int i = threadIdx.x; i < row; i += blockDim.x) {
+        v_dst[i] = detail::to_e4m3(__bfloat162float(vt[i]), v_scale);
+      }
+    }
+  } else if (v_vec) {
     for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
       reinterpret_cast<uint4*>(v_dst)[i] = reinterpret_cast<const uint4*>(vt)[i];
     }
@@ -389,7 +418,7 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
                                  const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
                                  void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
-                                 int head_dim, cudaStream_t stream) {
+                                 int head_dim, cudaStream_t stream, const KvCacheFormat& kv) {
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
   auto aligned = [](const void* p, int64_t stride, int64_t elems) {
@@ -406,16 +435,29 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
   auto* q_o = static_cast<bf16*>(q_out);
   auto* k_io = static_cast<bf16*>(k);
   auto* v_in = static_cast<const bf16*>(v);
-  auto* kc = static_cast<bf16*>(k_cache);
-  auto* vc = static_cast<bf16*>(v_cache);
-  if (pairs) {
-    rope_kv_write_kernel<2><<<num_tokens, 256, smem, stream>>>(
+  auto launch = [&](auto kernel, auto* kc, auto* vc) {
+    kernel<<<num_tokens, 256, smem, stream>>>(
         q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
-        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec);
+        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec,
+        kv.k_scale, kv.v_scale);
+  };
+  if (kv.e4m3) {
+    if (!(kv.k_scale > 0.f && kv.v_scale > 0.f)) return cudaErrorInvalidValue;
+    auto* kc = static_cast<__nv_fp8_storage_t*>(k_cache);
+    auto* vc = static_cast<__nv_fp8_storage_t*>(v_cache);
+    if (pairs) {
+      launch(rope_kv_write_kernel<2, __nv_fp8_storage_t>, kc, vc);
+    } else {
+      launch(rope_kv_write_kernel<1, __nv_fp8_storage_t>, kc, vc);
+    }
   } else {
-    rope_kv_write_kernel<1><<<num_tokens, 256, smem, stream>>>(
-        q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
-        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec);
+    auto* kc = static_cast<bf16*>(k_cache);
+    auto* vc = static_cast<bf16*>(v_cache);
+    if (pairs) {
+      launch(rope_kv_write_kernel<2, bf16>, kc, vc);
+    } else {
+      launch(rope_kv_write_kernel<1, bf16>, kc, vc);
+    }
   }
   return cudaGetLastError();
 }

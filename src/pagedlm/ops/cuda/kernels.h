@@ -46,7 +46,7 @@ const char* smem_cap_error();
 // Paged attention over the packed token stream (FlashInfer CSR page table, see StepPlan).
 //
 // q:          [num_tokens, num_q_heads, head_dim] bf16
-// k/v_cache:  [num_pages, page_size, num_kv_heads, head_dim] bf16
+// k/v_cache:  [num_pages, page_size, num_kv_heads, head_dim] bf16, or e4m3 (KvCacheFormat)
 // q_indptr:   [num_seqs + 1]  rows of sequence b are q_indptr[b] .. q_indptr[b+1]
 // kv_indptr:  [num_seqs + 1]  pages of b are kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]]
 // kv_last_page_len: [num_seqs]
@@ -65,6 +65,16 @@ const char* smem_cap_error();
 // block (A100) 132 KB and 140 KB, one with 99 KB (consumer GPUs) 82 KB and 74 KB.
 // ---------------------------------------------------------------------------------------------
 
+// The element type of a paged KV cache: bf16, or OCP e4m3 with one scale per tensor (a key is
+// its stored e4m3 value times k_scale, a value times v_scale). Writes divide by the scale and
+// saturate to +-448; reads convert exactly to bf16 and apply the scales in f32. Every GPU the
+// kernels run on (sm_80 on) takes e4m3: cuda_fp8.h converts in software below sm_89.
+struct KvCacheFormat {
+  bool e4m3 = false;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+};
+
 // Prefill / mixed batches: tiles of 64 (token, q head) rows per (sequence, kv head).
 // max_q_len bounds q_indptr[b+1] - q_indptr[b] over b (the grid is sized from it).
 cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, const void* v_cache,
@@ -73,7 +83,8 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                                            const int32_t* kv_last_page_len, void* out, int num_seqs,
                                            int num_tokens, int max_q_len, int num_q_heads,
                                            int num_kv_heads, int head_dim, int page_size,
-                                           const AttentionVariant& variant, cudaStream_t stream);
+                                           const AttentionVariant& variant, cudaStream_t stream,
+                                           const KvCacheFormat& kv = {});
 
 // Cascade attention for sequences whose page tables begin with the same pages (a prefix held
 // once in the cache and shared): their shared keys are read once per group of members, not once
@@ -117,7 +128,7 @@ cudaError_t launch_paged_attention_decode(
     void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
     int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
     size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
-    cudaStream_t stream);
+    cudaStream_t stream, const KvCacheFormat& kv = {});
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
@@ -175,13 +186,15 @@ cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weig
 // likewise with q_out_token_stride
 // k, v: [num_tokens, num_kv_heads, head_dim] with k_token_stride / v_token_stride
 // positions, slot_mapping: [num_tokens]; inv_freq: [head_dim / 2] f32
-// k_cache, v_cache: [num_slots, num_kv_heads, head_dim] bf16 (num_slots = num_pages*page_size)
+// k_cache, v_cache: [num_slots, num_kv_heads, head_dim] bf16 (num_slots = num_pages*page_size),
+// or e4m3 (kv.e4m3): the e4m3 of each bf16 value (k: rotated, as written back to k) divided by
+// its tensor's scale (detail::to_e4m3: correctly rounded quotient, nearest even, saturated).
 cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
                                  int64_t q_out_token_stride, void* k, int64_t k_token_stride,
                                  const void* v, int64_t v_token_stride, const int32_t* positions,
                                  const float* inv_freq, const int32_t* slot_mapping, void* k_cache,
                                  void* v_cache, int num_tokens, int num_q_heads, int num_kv_heads,
-                                 int head_dim, cudaStream_t stream);
+                                 int head_dim, cudaStream_t stream, const KvCacheFormat& kv = {});
 
 // Gated MLP activations, one kernel for both (templated on the activation), in f32:
 // gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] bf16 = act(gate) * up.

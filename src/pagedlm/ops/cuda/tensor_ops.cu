@@ -33,6 +33,15 @@ void require_bf16(DType dtype, const char* op) {
                 dtype_name(dtype));
 }
 
+// The kernels' view of a cache of `cache_dtype` (bf16 or e4m3, ops::check_kv_cache_dtype).
+raw::KvCacheFormat kv_cache_format(DType cache_dtype, const KvCacheScales& scales, const char* op) {
+  if (cache_dtype != DType::kF8E4M3) {
+    require_bf16(cache_dtype, op);
+    return {};
+  }
+  return {true, scales.k, scales.v};
+}
+
 // cuBLASLt workspace: 32 MiB is what cuBLAS itself reserves per handle on Hopper.
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
@@ -220,8 +229,10 @@ void sampled_logprobs(const float* logits, int64_t rows, int64_t vocab, const Lo
 // rows for q's own buffer, which attention reads.
 void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPlan& plan,
                    void* k_cache, void* v_cache, int64_t n_tokens, int64_t n_q_heads,
-                   int64_t n_kv_heads, int64_t head_dim, DType dtype, void* stream) {
+                   int64_t n_kv_heads, int64_t head_dim, DType dtype, DType cache_dtype,
+                   const KvCacheScales& scales, void* stream) {
   require_bf16(dtype, "rope_write_kv");
+  const raw::KvCacheFormat kv = kv_cache_format(cache_dtype, scales, "rope_write_kv");
   const int64_t q_width = n_q_heads * head_dim, kv_width = n_kv_heads * head_dim;
   const int64_t width = q_width + 2 * kv_width;
   auto* fused = static_cast<__nv_bfloat16*>(qkv);
@@ -229,7 +240,7 @@ void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPla
                  fused, width, q, q_width, fused + q_width, width, fused + q_width + kv_width,
                  width, plan.positions.data<int32_t>(), inv_freq, plan.slot_mapping.data<int32_t>(),
                  k_cache, v_cache, static_cast<int>(n_tokens), static_cast<int>(n_q_heads),
-                 static_cast<int>(n_kv_heads), static_cast<int>(head_dim), as_stream(stream)),
+                 static_cast<int>(n_kv_heads), static_cast<int>(head_dim), as_stream(stream), kv),
              "rope + KV cache write");
 }
 
@@ -240,8 +251,10 @@ void rope_write_kv(void* qkv, void* q, const float* inv_freq, const AttentionPla
 // prompts alone, docs/PERF.md).
 void paged_attention(const void* q, const void* k_cache, const void* v_cache,
                      const AttentionPlan& plan, const AttentionVariant& variant, void* out,
-                     const PagedAttentionDims& dims, DType dtype, void* stream) {
+                     const PagedAttentionDims& dims, DType dtype, DType cache_dtype,
+                     const KvCacheScales& scales, void* stream) {
   require_bf16(dtype, "paged_attention");
+  const raw::KvCacheFormat kv = kv_cache_format(cache_dtype, scales, "paged_attention");
   const int num_seqs = static_cast<int>(dims.num_seqs), n_tokens = static_cast<int>(dims.n_tokens);
   const int hq = static_cast<int>(dims.n_q_heads), hk = static_cast<int>(dims.n_kv_heads);
   const int d = static_cast<int>(dims.head_dim), page_size = static_cast<int>(dims.page_size);
@@ -263,12 +276,12 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
       shared.max_items = plan.shared_max_items;
       shared.num_splits = plan.shared_splits;
     }
-    raw::check(
-        raw::launch_paged_attention_decode(
-            q, k_cache, v_cache, q_indptr, kv_indptr, pages, last_len, out, num_seqs, n_tokens,
-            plan.max_q_len, hq, hk, d, page_size, variant, plan.num_splits, plan.workspace,
-            plan.workspace_bytes, plan.seq_order.data<int32_t>(), cascade ? &shared : nullptr, s),
-        "paged attention (decode)");
+    raw::check(raw::launch_paged_attention_decode(
+                   q, k_cache, v_cache, q_indptr, kv_indptr, pages, last_len, out, num_seqs,
+                   n_tokens, plan.max_q_len, hq, hk, d, page_size, variant, plan.num_splits,
+                   plan.workspace, plan.workspace_bytes, plan.seq_order.data<int32_t>(),
+                   cascade ? &shared : nullptr, s, kv),
+               "paged attention (decode)");
     return;
   }
   // The index arrays hold absolute rows and page offsets, so the prefill kernel's part of the
@@ -281,13 +294,13 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
     raw::check(raw::launch_paged_attention_decode(q, k_cache, v_cache, q_indptr, kv_indptr, pages,
                                                   last_len, out, n, n_tokens, 1, hq, hk, d,
                                                   page_size, variant, /*num_splits=*/1, nullptr, 0,
-                                                  nullptr, nullptr, s),
+                                                  nullptr, nullptr, s, kv),
                "paged attention (a prefill step's decodes)");
   }
   if (n < num_seqs) {
     raw::check(raw::launch_paged_attention_prefill(
                    q, k_cache, v_cache, q_indptr + n, kv_indptr + n, pages, last_len + n, out,
-                   num_seqs - n, n_tokens, plan.max_q_len, hq, hk, d, page_size, variant, s),
+                   num_seqs - n, n_tokens, plan.max_q_len, hq, hk, d, page_size, variant, s, kv),
                "paged attention (prefill)");
   }
 }
