@@ -3,7 +3,7 @@
 // (1 row: counter `bytes`, the blocks streamed a second) and a prefill step (512 rows: counter
 // `flops`, 2 x rows x weights a second). `type` is the QuantType: 0 Q4_1, 1 Q8_0, 2 Q4_1 repacked
 // with f32 scales as the CPU backend loads it (24 bytes a block where Q4_1 has 20, so its `bytes`
-// counter runs 1.2x ahead of the weights it covers).
+// counter runs 1.2x ahead of the weights it covers), 3 Q4_0 (BM_DecodeStepQ8 only).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
