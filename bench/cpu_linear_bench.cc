@@ -3,7 +3,7 @@
 // (1 row: counter `bytes`, the blocks streamed a second) and a prefill step (512 rows: counter
 // `flops`, 2 x rows x weights a second). `type` is the QuantType: 0 Q4_1, 1 Q8_0, 2 Q4_1 repacked
 // with f32 scales as the CPU backend loads it (24 bytes a block where Q4_1 has 20, so its `bytes`
-// counter runs 1.2x ahead of the weights it covers).
+// counter runs 1.2x ahead of the weights it covers), 3 Q4_0 (BM_DecodeStepQ8 only).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -62,6 +62,41 @@ void BM_Linear(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One decode step's projections with 8-bit activations (--cpu-q8-activations), 1 row:
+// SmolLM2-135M's 30 layers (q, k, v, o, gate, up, down) and its output head, every matrix of format
+// `type`, each packed as pagedlm::ops::pack_for_q8 packs it. Its 143 MB (Q8_0) stream from memory
+// as a decode step's do, where one matrix alone would sit in the caches. Counter `bytes`: packed
+// bytes a second.
+void BM_DecodeStepQ8(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const auto type = static_cast<QuantType>(state.range(1));
+  set_num_threads(threads);
+  constexpr int64_t kLayers = 30, kHidden = 576, kKv = 192, kFfn = 1536, kVocab = 49152;
+  const int64_t shapes[][2] = {{kHidden, kHidden}, {kKv, kHidden},  {kKv, kHidden},
+                               {kHidden, kHidden}, {kFfn, kHidden}, {kFfn, kHidden},
+                               {kHidden, kFfn}};
+  std::vector<ops::Q8PackedMatrix> step;
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (const auto& shape : shapes) {
+      step.push_back(ops::pack_for_q8(random_matrix(type, shape[0], shape[1])));
+    }
+  }
+  step.push_back(ops::pack_for_q8(random_matrix(type, kVocab, kHidden)));
+  for (const auto& m : step) bytes += static_cast<int64_t>(m.data.size());
+  std::vector<float> x(kFfn), out(kVocab);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (float& v : x) v = uniform(rng);
+  const ops::cpu::Q8Kernel kernel = ops::cpu::q8_kernels().front();
+  for (auto _ : state) {
+    for (const auto& m : step) ops::cpu::linear_q8(x.data(), m, nullptr, out.data(), 1, kernel);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 constexpr int64_t kQ4 = static_cast<int64_t>(QuantType::kQ4_1);
 constexpr int64_t kQ8 = static_cast<int64_t>(QuantType::kQ8_0);
 constexpr int64_t kQ4F32 = static_cast<int64_t>(QuantType::kQ4_1F32);
@@ -78,6 +113,14 @@ BENCHMARK(BM_Linear)
     ->Args({2, 1, 49152, 576, kQ8})
     ->Args({1, 512, 1536, 576, kQ4})
     ->Args({2, 512, 1536, 576, kQ4})
+    ->UseRealTime();
+
+constexpr int64_t kQ4_0 = static_cast<int64_t>(QuantType::kQ4_0);
+BENCHMARK(BM_DecodeStepQ8)
+    ->ArgNames({"threads", "type"})
+    ->Args({1, kQ4})
+    ->Args({1, kQ8})
+    ->Args({1, kQ4_0})
     ->UseRealTime();
 
 }  // namespace

@@ -230,10 +230,10 @@ struct SuperCase {
   int64_t x_block;
   float max_min;  // the largest integer min of the format (Q5_1: its f16 m, taken as 1 x m)
 };
-constexpr SuperCase kSuperCases[] = {{QuantType::kQ5_0, 32, 0.f},   {QuantType::kQ5_1, 32, 1.f},
-                                     {QuantType::kQ2_K, 256, 15.f}, {QuantType::kQ3_K, 256, 0.f},
-                                     {QuantType::kQ4_K, 256, 63.f}, {QuantType::kQ5_K, 256, 63.f},
-                                     {QuantType::kQ6_K, 256, 0.f}};
+constexpr SuperCase kSuperCases[] = {{QuantType::kQ4_0, 32, 0.f},   {QuantType::kQ5_0, 32, 0.f},
+                                     {QuantType::kQ5_1, 32, 1.f},   {QuantType::kQ2_K, 256, 15.f},
+                                     {QuantType::kQ3_K, 256, 0.f},  {QuantType::kQ4_K, 256, 63.f},
+                                     {QuantType::kQ5_K, 256, 63.f}, {QuantType::kQ6_K, 256, 0.f}};
 
 void set_f16(uint8_t* p, float v) {
   const uint16_t h = f32_to_f16(v);
@@ -379,9 +379,8 @@ TEST(Q8Linear, SuperBlocksMatchReferenceAndKernelsAgree) {
 }
 
 // A packed row read back (a tied embedding's lookup) is the reference dequantization of the
-// blocks it was packed from, for every format and for rows in every lane of a group: bit for bit
-// but for the sign of a zero (Q4_0 packed as Q4_1 gives q * d + m = +0 where ggml's (q - 8) * d
-// is -0 for a negative d; the two are equal and every sum they enter gives the same).
+// blocks it was packed from, for every format and for rows in every lane of a group: bit for bit,
+// the sign of a zero included.
 TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
   std::mt19937 rng(27);
   for (QuantType type :
@@ -396,9 +395,7 @@ TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
       ops::dequantize_row(packed, r, got.data());
       for (int64_t k = 0; k < cols; ++k) {
         ASSERT_EQ(got[k], want[k]) << quant_format(type).name << " row " << r << " column " << k;
-        if (type != QuantType::kQ4_0) {
-          ASSERT_EQ(std::signbit(got[k]), std::signbit(want[k])) << quant_format(type).name;
-        }
+        ASSERT_EQ(std::signbit(got[k]), std::signbit(want[k])) << quant_format(type).name;
       }
     }
     expect_error([&] { ops::dequantize_row(packed, rows, got.data()); }, {"row 37 of 37"});
@@ -410,8 +407,8 @@ TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
 TEST(Q8Linear, RowsAreBatchInvariant) {
   std::mt19937 rng(9);
   for (QuantType type :
-       {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ2_K,
-        QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+       {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1,
+        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
     const int64_t out_features = 150, in_features = 512, rows = 21;
     const ops::Q8PackedMatrix w =
         ops::pack_for_q8(random_blocks(type, out_features, in_features, rng));

@@ -19,17 +19,16 @@
 // then adds the bias. The integer part is exact, so the portable, AVX2 and VNNI kernels give
 // the same bits, and a row's outputs never depend on the rows tiled with it (batch invariant).
 //
-// Q4_0 is packed as the Q4_1 blocks holding the same weights (pack_for_q8).
-//
-// Q5_0, Q5_1 and the K-quants keep their bits per weight in a super-block layout (SuperLayout
+// Q4_0, Q5_0, Q5_1 and the K-quants keep their bits per weight in a super-block layout (SuperLayout
 // below): a weight is w = d * sc * (u - offset) - dmin * mn with u its unsigned quant, sc and mn
 // the integer scale and min of its 16 or 32 weights, d and dmin its super-block's floats. x is
 // quantized per super-block (256 weights: ggml's q8_K; 32 for Q5_1), so that a super-block's
 // dot product is one integer, sum sc * (dot(u, q) - offset * sum q) over its sub-blocks, and its
 // mins another, sum mn * sum q: per lane and super-block every kernel does
 //   acc = fma(float(isum), d_w * d_x, acc); with mins acc = fma(-float(msum), dmin_w * d_x, acc).
-// Q5_0 and Q5_1 are the case of one 32-weight sub-block with sc = 1 and f16 d as ggml's (Q5_0:
-// offset 16; Q5_1: mn = 1 and dmin = -m); Q5_0 so takes 5.5 bits a weight, not Q8_0's 8.5.
+// Q4_0, Q5_0 and Q5_1 are the case of one 32-weight sub-block with sc = 1 and f16 d as ggml's
+// (Q4_0: offset 8; Q5_0: offset 16; Q5_1: mn = 1 and dmin = -m): Q4_0 so takes its 4.5 bits a
+// weight (not the 5 of Q4_1's blocks, which held it before), Q5_0 5.5 (not Q8_0's 8.5).
 //
 // Dispatch is at compile time: the build uses -march=native (as linear_cpu.cc does), so the
 // binary runs where it was built and every instruction set the compiler enables is present.
@@ -81,6 +80,7 @@ struct SuperLayout {
 
 constexpr bool is_super(QuantType t) {
   switch (t) {
+    case QuantType::kQ4_0:
     case QuantType::kQ5_0:
     case QuantType::kQ5_1:
     case QuantType::kQ2_K:
@@ -96,6 +96,8 @@ constexpr bool is_super(QuantType t) {
 
 constexpr SuperLayout super_layout(QuantType t) {
   switch (t) {
+    case QuantType::kQ4_0:
+      return {32, 4, 0, 0, 0, 8, 2};
     case QuantType::kQ5_0:
       return {32, 4, 1, 0, 0, 16, 2};
     case QuantType::kQ5_1:
@@ -150,9 +152,9 @@ float f32_at(const uint8_t* p) {
   return f;
 }
 
-// From ggml's Q5_1 block, or from the CPU's repacking of a K-quant's (core/quantized.h: its
-// scales unpacked, its high bits transposed), whose fields are read here as that header lays
-// them out.
+// From ggml's Q4_0, Q5_0 or Q5_1 block, or from the CPU's repacking of a K-quant's
+// (core/quantized.h: its scales unpacked, its high bits transposed), whose fields are read here as
+// that header lays them out.
 SuperBlock decompose(QuantType t, const uint8_t* b) {
   SuperBlock s;
   auto nibble = [](const uint8_t* q, int64_t k) {  // k of 256 in Q4_K's nibble order
@@ -177,6 +179,13 @@ SuperBlock decompose(QuantType t, const uint8_t* b) {
         const int low = (b[8 + k % 16] >> (4 * (k / 16))) & 0x0F;
         s.u[k] = static_cast<uint8_t>(low | (high_bit(b + 4, k) << 4));
       }
+      break;
+    }
+    case QuantType::kQ4_0: {  // f16 d, 16 bytes of nibbles; u - 8
+      uint16_t d;
+      std::memcpy(&d, b, 2);
+      s.d = f16_to_f32(d);
+      for (int64_t k = 0; k < 32; ++k) s.u[k] = (b[2 + k % 16] >> (4 * (k / 16))) & 0x0F;
       break;
     }
     case QuantType::kQ5_0: {  // f16 d, u32 qh, 16 bytes of nibbles; u - 16
@@ -334,33 +343,10 @@ Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
   return p;
 }
 
-// Q4_0 blocks as the Q4_1 blocks holding the same weights: Q4_0's (q - 8) * d is Q4_1's
-// q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused).
-QuantType q8_layout_of(QuantType t) {
-  return t == QuantType::kQ4_1 || t == QuantType::kQ4_0 ? QuantType::kQ4_1 : QuantType::kQ8_0;
-}
-
-const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
-  if (t == QuantType::kQ4_0) {
-    uint16_t d;
-    std::memcpy(&d, src, 2);
-    const float m = -8.f * f16_to_f32(d);
-    const uint16_t m_bits = f32_to_f16(m);
-    PAGEDLM_CHECK(f16_to_f32(m_bits) == m, "pack_for_q8: a Q4_0 scale of ", f16_to_f32(d),
-                  " is too large for 8-bit activations");
-    std::memcpy(tmp, src, 2);
-    std::memcpy(tmp + 2, &m_bits, 2);
-    std::memcpy(tmp + 4, src + 2, kQuantBlock / 2);
-    return tmp;
-  }
-  return src;
-}
-
 }  // namespace
 
 bool q8_packs(QuantType type) {
-  return type == QuantType::kQ4_1 || type == QuantType::kQ8_0 || type == QuantType::kQ4_0 ||
-         is_super(type);
+  return type == QuantType::kQ4_1 || type == QuantType::kQ8_0 || is_super(type);
 }
 
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
@@ -374,7 +360,7 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
       quant_format(weight.type).name);
   if (is_super(weight.type)) return pack_super(weight);
   Q8PackedMatrix p;
-  p.type = q8_layout_of(weight.type);
+  p.type = weight.type;
   p.rows = weight.rows;
   p.cols = weight.cols;
   const int64_t nb = weight.cols / kQuantBlock;
@@ -396,9 +382,7 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
           }
           continue;
         }
-        uint8_t converted[quant_block_bytes(QuantType::kQ8_0)];
-        const uint8_t* src = as_q8_layout(
-            weight.type, weight.blocks.data() + n * weight.row_bytes() + b * src_bytes, converted);
+        const uint8_t* src = weight.blocks.data() + n * weight.row_bytes() + b * src_bytes;
         std::memcpy(dst + 2 * c, src, 2);  // d
         if (q4) {
           std::memcpy(dst + 2 * kGroup + 2 * c, src + 2, 2);  // m
@@ -434,7 +418,7 @@ void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out) {
       const uint8_t* blk = group + b * group_block_bytes(m.type);
       const float d = half(blk + 2 * c);
       float* o = out + b * kQuantBlock;
-      if (q4) {  // ggml's q * d + m (Q4_0's (q - 8) * d with m = -8 d: both exact)
+      if (q4) {  // ggml's q * d + m
         const float mw = half(blk + 2 * kGroup + 2 * c);
         for (int64_t k = 0; k < kQuantBlock; ++k) {
           const uint8_t byte = blk[4 * kGroup + k % 16 / 4 * kChunk + 4 * c + k % 4];
@@ -927,7 +911,14 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
             dot[r] = _mm512_dpbusd_epi32(dot[r], w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
           }
         }
-        if constexpr (kL.scales == 1 && kL.offset == 0) {
+        if constexpr (kL.scales == 0) {
+          // sc = 1 (Q4_0, Q5_0, Q5_1): the sub-block's dot product less offset x its sum of q.
+          __m512i dot32 = _mm512_add_epi32(dot[0], dot[1]);
+          if (kL.offset != 0) {
+            dot32 = _mm512_sub_epi32(dot32, _mm512_set1_epi32(kL.offset * (xs[0] + xs[1])));
+          }
+          isum[i] = _mm512_add_epi32(isum[i], dot32);
+        } else if constexpr (kL.scales == 1 && kL.offset == 0) {
           // One scale per 32: the halves' sum times it.
           isum[i] = _mm512_add_epi32(isum[i],
                                      _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc[0]));
@@ -969,9 +960,9 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
 #endif
 
 // The packed layouts, in KernelTable's order.
-constexpr QuantType kLayouts[] = {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0,
-                                  QuantType::kQ5_1, QuantType::kQ2_K, QuantType::kQ3_K,
-                                  QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
+constexpr QuantType kLayouts[] = {
+    QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0, QuantType::kQ5_1,
+    QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
 constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
 
 int layout_index(QuantType t) {
@@ -998,9 +989,10 @@ constexpr KernelTable make_table(int max_rows, std::integer_sequence<int, Rs...>
                       {K<kLayouts[5], Rs + 1>::fn...},
                       {K<kLayouts[6], Rs + 1>::fn...},
                       {K<kLayouts[7], Rs + 1>::fn...},
-                      {K<kLayouts[8], Rs + 1>::fn...}}};
+                      {K<kLayouts[8], Rs + 1>::fn...},
+                      {K<kLayouts[9], Rs + 1>::fn...}}};
 }
-static_assert(kNumLayouts == 9, "make_table lists every layout");
+static_assert(kNumLayouts == 10, "make_table lists every layout");
 
 template <QuantType T, int R>
 constexpr TileFn portable_fn() {
