@@ -15,6 +15,7 @@ struct EngineFlags {
   bool no_cuda_graphs = false;
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
+  bool gguf_bf16 = false;  // EngineOptions::gguf_blocks_on_gpu off
   std::string device = "auto";
   std::string quantization = "auto";  // auto, fp8 or none: EngineOptions::fp8_weights
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
