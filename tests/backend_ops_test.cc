@@ -651,13 +651,15 @@ TEST(BackendOpsCpu, LinearQuantizedBlocks) {
 // the double reference over the format's reference dequantization (the CPU's, core/quantized.h)
 // ------------------------------------------------------------------------------------------
 
-// The GPU's block formats, and two that it expands to bf16 instead.
-constexpr QuantType kGpuBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1};
+// The GPU's block formats (three that it expands to bf16 instead are below).
+constexpr QuantType kGpuBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
+                                        QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_K,
+                                        QuantType::kQ6_K};
 
 TEST(BackendOpsCpu, GpuBlocksErrors) {
   std::mt19937 rng(31);
   for (QuantType type : kGpuBlockTypes) EXPECT_TRUE(ops::gpu_computes_blocks(type));
-  for (QuantType type : {QuantType::kQ4_K, QuantType::kQ6_K}) {
+  for (QuantType type : {QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K}) {
     EXPECT_FALSE(ops::gpu_computes_blocks(type));
     expect_error([&] { ops::upload_blocks(random_blocks(type, 2, 256, rng)); },
                  {cat("no kernel for ", quant_format(type).name)});
@@ -686,15 +688,18 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 
 // Decode steps (M <= 8: the matrix-vector kernel, weights expanded in f32) and prefill steps
 // (M > 8: the whole matrix expanded to bf16, then the bf16 GEMM), with a bf16 output and a bias
-// or an f32 output (the logits' form). K: 1, 3 and 18 blocks; N not a multiple of the kernel's 4
-// outputs per thread block. The matrix-vector kernel rounds only x (to bf16, as the reference
-// sees it) and the output; the GEMM path also rounds each weight to bf16 (kSums' bound).
+// or an f32 output (the logits' form). K: 18, 1 and 3 blocks (4608, 256 and 768 weights for the
+// K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
+// rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
+// weight to bf16 (kSums' bound).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
   std::mt19937 rng(32);
   for (QuantType type : kGpuBlockTypes) {
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{70, 576}, {256, 32}, {130, 96}}) {
+    const int64_t block = quant_block_elems(type);
+    for (auto [n, k] :
+         {std::pair<int64_t, int64_t>{70, 18 * block}, {256, block}, {130, 3 * block}}) {
       const QuantizedMatrix q = random_blocks(type, n, k, rng);
       const std::vector<float> w = dequantized(q);
       const ops::DeviceBlocks dw = ops::upload_blocks(q);
@@ -731,25 +736,29 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   }
 }
 
-// Every weight expanded to bf16 is the reference dequantization rounded to bf16 (within one
-// rounding: the device may fuse Q4_1's q * d + m, which moves the f32 value by an ulp).
+// Every weight expanded to bf16 is the reference dequantization rounded to bf16: within half a
+// bf16 step of it, plus a few f32 ulps of the matrix's largest weight (the device may fuse
+// q * d + m or d * q - m, which moves a weight that nearly cancels by an ulp of its terms).
 TEST(BackendOpsCuda, DequantizeBlocksRoundsReferenceWeights) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
   std::mt19937 rng(33);
   for (QuantType type : kGpuBlockTypes) {
-    const QuantizedMatrix q = random_blocks(type, 37, 160, rng);
+    const int64_t k = 2 * quant_block_elems(type);
+    const QuantizedMatrix q = random_blocks(type, 37, k, rng);
     const std::vector<float> w = dequantized(q);
     // Rows 5 .. 41 of a larger matrix: row0 places them.
-    Tensor dense = b.poisoned({45, 160});
+    Tensor dense = b.poisoned({45, k});
     ops::dequantize_blocks(ops::upload_blocks(q), dense, 5);
     const std::vector<float> got = host_f32(dense);
+    float largest = 0.f;
+    for (const float v : w) largest = std::max(largest, std::abs(v));
     for (int64_t i = 0; i < q.rows * q.cols; ++i) {
       const float want = w[i];
-      ASSERT_LE(std::abs(got[5 * 160 + i] - want), std::abs(want) * 0x1p-8f)
+      ASSERT_LE(std::abs(got[5 * k + i] - want), std::abs(want) * 0x1p-8f + largest * 0x1p-20f)
           << quant_format(type).name << " weight " << i;
     }
-    EXPECT_TRUE(std::isnan(got[5 * 160 - 1]) && std::isnan(got[42 * 160]))
+    EXPECT_TRUE(std::isnan(got[5 * k - 1]) && std::isnan(got[42 * k]))
         << "rows outside [5, 42) written";
   }
 }

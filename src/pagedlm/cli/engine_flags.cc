@@ -123,8 +123,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_flag("--no-cascade-attention", flags.no_cascade_attention,
                "CUDA: every sequence reads its shared prefix pages itself (A/B runs)");
   app.add_flag("--gguf-bf16", flags.gguf_bf16,
-               "CUDA: expand a GGUF's Q8_0 / Q4_0 / Q4_1 weights to bf16 at load instead of "
-               "computing from their blocks (A/B runs)");
+               "CUDA: expand a GGUF's block weights to bf16 at load instead of computing from "
+               "their blocks (A/B runs)");
   app.add_flag("--no-gemm-tuning", flags.no_gemm_tuning,
                "CUDA: take cuBLASLt's first algorithm for each GEMM shape untimed (A/B runs)");
 }

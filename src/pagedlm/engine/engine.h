@@ -66,7 +66,7 @@ struct EngineOptions {
   bool cpu_q8_activations = false;
   // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
-  // GPU: a GGUF's Q8_0 / Q4_0 / Q4_1 projections computed from their blocks (ModelOptions).
+  // GPU: a GGUF's projections computed from their blocks (ModelOptions; --gguf-bf16 off).
   bool gguf_blocks_on_gpu = true;
   ModelOptions model_options() const {
     return {cpu_q8_activations, fp8_weights, gguf_blocks_on_gpu};

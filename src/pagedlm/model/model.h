@@ -121,8 +121,9 @@ struct ModelOptions {
   // in integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
   bool cpu_q8_activations = false;
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
-  // GPU: a GGUF's projections in Q8_0, Q4_0 or Q4_1 stay in their blocks (ops/linear_blocks.h);
-  // off, they are expanded to bf16 at load (the other formats always are).
+  // GPU: a GGUF's projections in the formats ops::gpu_computes_blocks names stay in their
+  // blocks (ops/linear_blocks.h); off, they are expanded to bf16 at load (the other formats, the
+  // embedding and MoE experts always are).
   bool gguf_blocks_on_gpu = true;
 };
 

@@ -30,7 +30,18 @@ void expect_blocks(const DeviceBlocks& w, std::string_view op) {
 }  // namespace
 
 bool gpu_computes_blocks(QuantType type) {
-  return type == QuantType::kQ8_0 || type == QuantType::kQ4_0 || type == QuantType::kQ4_1;
+  switch (type) {
+    case QuantType::kQ8_0:
+    case QuantType::kQ4_0:
+    case QuantType::kQ4_1:
+    case QuantType::kQ5_0:
+    case QuantType::kQ5_1:
+    case QuantType::kQ4_K:
+    case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;  // Q5_K, Q3_K, Q2_K, and the CPU's repackings
+  }
 }
 
 DeviceBlocks upload_blocks(const QuantizedMatrix& weight) {

@@ -29,7 +29,8 @@ struct DeviceBlocks {
   int64_t bytes() const { return static_cast<int64_t>(blocks.nbytes()); }
 };
 
-// Whether the GPU computes from blocks of this (ggml) format: Q8_0, Q4_0 and Q4_1.
+// Whether the GPU computes from blocks of this (ggml) format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q4_K and Q6_K (not yet Q5_K, Q3_K and Q2_K).
 bool gpu_computes_blocks(QuantType type);
 
 // The matrix's blocks copied to the GPU as they are. Throws unless gpu_computes_blocks(type).
