@@ -558,7 +558,7 @@ TEST_P(BackendOps, LinearDense) {
       b.round(bias);
       Tensor out = b.poisoned({rows, n});
       ops::linear(b.tensor(x, {rows, k}), b.tensor(w, {n, k}),
-                  with_bias ? b.tensor(bias, {n}) : Tensor(), out);
+                  with_bias ? b.tensor(bias, {n}) : Tensor(), out, nullptr, b.state());
       expect_nmse(host_f32(out), linear_ref(x, w, with_bias ? &bias : nullptr, rows, k, n),
                   b.tol(kSums), cat("linear rows ", rows, " k ", k, " n ", n, " bias ", with_bias));
     }
@@ -576,7 +576,7 @@ TEST_P(BackendOps, LinearF32Output) {
     b.round(x);
     b.round(w);
     Tensor out = b.poisoned({rows, n}, DType::kF32);
-    ops::linear(b.tensor(x, {rows, k}), b.tensor(w, {n, k}), Tensor(), out);
+    ops::linear(b.tensor(x, {rows, k}), b.tensor(w, {n, k}), Tensor(), out, nullptr, b.state());
     expect_nmse(host_f32(out), linear_ref(x, w, nullptr, rows, k, n), 1e-10,
                 cat("linear f32 out rows ", rows, " k ", k, " n ", n));
   }
@@ -2532,7 +2532,7 @@ TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
       {1, 14336, 4096, true, false, false, 0.f},
   };
   for (const bool epilogue : {false, true}) {
-    ops::cuda::set_fp8_epilogue_scaling(epilogue);
+    b.state()->set_fp8_epilogue_scaling(epilogue);
     for (const Case& c : cases) {
       const int64_t rows = c.rows + (epilogue ? 1 : 0);  // a shape of its own: a new plan
       std::vector<float> x = uniform(rows * c.k, rng, -2.f, 2.f),
@@ -2574,7 +2574,7 @@ TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
                               Tensor::empty(DType::kF32, {rows + 3}, Device::kCuda)};
       Tensor out = b.poisoned({rows, c.n});
       ops::linear_fp8(b.tensor(x, {rows, c.k}), fw, c.bias ? b.tensor(bias, {c.n}) : Tensor(), out,
-                      scratch);
+                      scratch, nullptr, b.state());
       const std::string what =
           cat("linear_fp8 rows ", rows, " k ", c.k, " n ", c.n,
               c.per_channel ? " per-channel" : " per-tensor",
@@ -2582,13 +2582,12 @@ TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
               " scaled in ", epilogue ? "the epilogue kernel" : "cuBLASLt");
       expect_nmse(host_f32(out), want, kFp8GemmNmse, what);
       // The scaling each plan took: the one forced, or cuBLASLt's own where it has a kernel.
-      const bool in_epilogue = ops::cuda::fp8_scales_in_epilogue(rows, c.n, c.k, c.bias);
+      const bool in_epilogue = b.state()->fp8_scales_in_epilogue(rows, c.n, c.k, c.bias);
       if (epilogue) EXPECT_TRUE(in_epilogue) << what;
       std::printf("%s: scales applied by %s\n", what.c_str(),
                   in_epilogue ? "the epilogue kernel" : "cuBLASLt");
     }
   }
-  ops::cuda::set_fp8_epilogue_scaling(false);
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/engine.h"
+#include "pagedlm/ops/device_state.h"
 
 namespace pagedlm::testing {
 
@@ -29,7 +31,11 @@ struct Nmse {
 
 class Backend {
  public:
-  explicit Backend(Device device) : device_(device) {}
+  explicit Backend(Device device) : device_(device) {
+#ifdef PAGEDLM_HAS_CUDA
+    if (device == Device::kCuda) state_ = std::make_shared<ops::DeviceState>();
+#endif
+  }
 
   Device device() const { return device_; }
   bool cpu() const { return device_ == Device::kCpu; }
@@ -38,6 +44,9 @@ class Backend {
   // The dtype activations and weights are computed in: f32 on the CPU, bf16 on the GPU.
   DType compute() const { return cpu() ? DType::kF32 : DType::kBF16; }
   double tol(const Nmse& t) const { return cpu() ? t.cpu : t.cuda; }
+  // The GPU state the GEMMs run with, the Backend's own as an engine has its own (null on the
+  // CPU).
+  ops::DeviceState* state() const { return state_.get(); }
 
   // Rounds host values in place to what the compute dtype holds, so that the reference takes the
   // same inputs as the op and measures the kernel, not the rounding of its inputs.
@@ -85,6 +94,7 @@ class Backend {
   }
 
   Device device_;
+  std::shared_ptr<ops::DeviceState> state_;
 };
 
 // The parameterized fixture of every op case: the CUDA instance skips without a GPU.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -175,6 +176,22 @@ TEST_P(CudaModel, WholePromptHitsCopyTheirLastPageAndMatchTheReference) {
   expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_, kMarginThreshold,
                           GetParam());
   EXPECT_GT(engine.stats().prefix_partial_hits, partial_before);
+}
+
+// Two engines on one GPU in one process, each with its own device state (its cuBLASLt handle,
+// workspace and GEMM plans: ops/device_state.h): stepped in turns on one thread, and at the
+// same time from two threads, each gives exactly its greedy tokens alone. Their token budgets
+// differ (the default, and 16: chunked prefill beside decodes), so their GEMM shapes and plans
+// differ as well.
+TEST_P(CudaModel, TwoEnginesOnOneGpuGiveTheirTokensAlone) {
+  constexpr int32_t kBudgets[2] = {0, 16};
+  expect_two_engines_give_their_tokens_alone(
+      [&](int i) {
+        EngineOptions o = cuda_options();
+        o.max_num_batched_tokens = kBudgets[i];
+        return std::make_unique<Engine>(checkpoint_, o);
+      },
+      expected_);
 }
 
 // Decode steps are padded to the same buckets with or without graphs, so a replayed graph must

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
@@ -100,6 +104,69 @@ inline void expect_reference_greedy(const std::vector<RequestOutput>& outputs, c
     for (int t = 0; t < kGreedyTokens; ++t) {
       if (e.margins[i][t] <= margin) break;
       ASSERT_EQ(outputs[i].tokens[t], e.greedy[i][t]) << label << " case " << i << " step " << t;
+    }
+  }
+}
+
+// Two engines in one process, each engine i (0 and 1) built by make(i) and given
+// greedy_requests(e): stepped in turns on this thread, then at the same time on a thread each,
+// they must each give exactly the tokens the same engine gives alone (nothing of one engine's
+// state, on the host or the device, may leak into the other's). check(i) runs on the thread
+// that has just stepped engine i (after use_on_this_thread and after each of its steps in
+// turns, after its last step at once), for checks of that thread's state.
+inline void expect_two_engines_give_their_tokens_alone(
+    const std::function<std::unique_ptr<Engine>(int)>& make, const Expected& e,
+    const std::function<void(int)>& check = [](int) {}) {
+  auto tokens_of = [](const std::vector<RequestOutput>& outputs) {
+    std::vector<std::vector<int32_t>> tokens;
+    for (const RequestOutput& o : outputs) tokens.push_back(o.tokens);
+    return tokens;
+  };
+  std::vector<std::vector<int32_t>> alone[2];
+  for (int i = 0; i < 2; ++i) alone[i] = tokens_of(make(i)->generate(greedy_requests(e)));
+
+  {  // In turns on this thread.
+    std::unique_ptr<Engine> engines[2] = {make(0), make(1)};
+    std::vector<int64_t> ids[2];
+    for (int i = 0; i < 2; ++i) {
+      for (Request& r : greedy_requests(e)) ids[i].push_back(engines[i]->add_request(std::move(r)));
+    }
+    while (engines[0]->has_unfinished() || engines[1]->has_unfinished()) {
+      for (int i = 0; i < 2; ++i) {
+        if (!engines[i]->has_unfinished()) continue;
+        engines[i]->use_on_this_thread();
+        engines[i]->step();
+        check(i);
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (size_t c = 0; c < ids[i].size(); ++c) {
+        EXPECT_EQ(engines[i]->take_output(ids[i][c]).tokens, alone[i][c])
+            << "in turns: engine " << i << " case " << c;
+      }
+    }
+  }
+
+  {  // At the same time, a thread each.
+    std::unique_ptr<Engine> engines[2] = {make(0), make(1)};
+    std::vector<std::vector<int32_t>> got[2];
+    std::exception_ptr failed[2];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          engines[i]->use_on_this_thread();
+          got[i] = tokens_of(engines[i]->generate(greedy_requests(e)));
+          check(i);
+        } catch (...) {
+          failed[i] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < 2; ++i) {
+      if (failed[i]) std::rethrow_exception(failed[i]);
+      EXPECT_EQ(got[i], alone[i]) << "at the same time: engine " << i;
     }
   }
 }

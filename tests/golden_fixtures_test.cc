@@ -3,11 +3,14 @@
 // engine meets, whatever the batching, chunking and page size.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "golden_fixture_util.h"
+#include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/model/checkpoint.h"
@@ -133,6 +136,28 @@ TEST_P(GoldenFixture, NoPrefixCacheSharesNothing) {
   }
   while (engine.has_unfinished()) engine.step();
   EXPECT_EQ(engine.stats().prefix_hit_tokens, 0);
+}
+
+// Two CPU engines with different `threads` in one process: each thread that steps one runs with
+// that engine's OpenMP count (3 and 1: neither is the default count of a 2-core machine), and
+// each engine gives its tokens alone, in turns on one thread and at the same time on two.
+TEST_P(GoldenFixture, TwoEnginesWithTheirOwnThreadCountsGiveTheirTokensAlone) {
+  constexpr int32_t kThreads[2] = {3, 1};
+  std::atomic<int> checks{0};
+  expect_two_engines_give_their_tokens_alone(
+      [&](int i) {
+        EngineOptions opts;
+        opts.num_pages = 256;
+        opts.threads = kThreads[i];
+        return std::make_unique<Engine>(checkpoint_, opts);
+      },
+      expected_,
+      [&](int i) {
+        EXPECT_EQ(num_threads(), kThreads[i]) << "engine " << i;
+        ++checks;
+      });
+  // Every step in turns (each engine's 12 tokens take at least 12 steps) and both threads.
+  EXPECT_GE(checks.load(), 2 * kGreedyTokens + 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenFixture, ::testing::ValuesIn(kFixtures),

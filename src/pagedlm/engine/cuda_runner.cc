@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/device_state.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/paged_attention.h"
 #include "pagedlm/ops/sampling.h"
@@ -110,6 +112,9 @@ struct CudaStepRunner::Impl {
   // device is per thread.
   int device = 0;
   cudaStream_t stream = nullptr;
+  // This runner's own GEMM state (cuBLASLt handle, workspace, plans): another engine in the
+  // process, on this GPU or another, has its own.
+  std::unique_ptr<ops::DeviceState> device_state;
 
   int32_t max_tokens = 0;  // T
   int32_t max_bucket = 0;  // largest decode bucket (B = max_bucket)
@@ -204,6 +209,7 @@ struct CudaStepRunner::Impl {
     members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     ops::cuda::require_supported_device(device);
+    device_state = std::make_unique<ops::DeviceState>();
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreate(&step_begin), "cudaEventCreate");
     cuda::check(cudaEventCreate(&step_end), "cudaEventCreate");
@@ -377,6 +383,7 @@ struct CudaStepRunner::Impl {
     in.logits_rows =
         Tensor::wrap(d<int32_t>(off_logits_rows), DType::kI32, {logit_rows}, Device::kCuda, {});
     in.stream = stream;
+    in.device_state = device_state.get();
     const Tensor step_logits = logits.rows(0, logit_rows);
     // No ForwardStop: a GPU step takes milliseconds and always runs to the end.
     static_cast<void>(model.forward(in, *kv_cache, step_logits));
@@ -757,11 +764,12 @@ struct CudaStepRunner::Impl {
   void warm_up() {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     struct Tuning {  // on for the warm-up's new GEMM shapes only, even if a step throws
-      explicit Tuning(bool on) { ops::cuda::set_linear_tuning(on); }
-      ~Tuning() { ops::cuda::set_linear_tuning(false); }
+      Tuning(ops::DeviceState& state, bool on) : state(state) { state.set_linear_tuning(on); }
+      ~Tuning() { state.set_linear_tuning(false); }
       Tuning(const Tuning&) = delete;
       Tuning& operator=(const Tuning&) = delete;
-    } tuning(tune_gemms);
+      ops::DeviceState& state;
+    } tuning(*device_state, tune_gemms);
     StepPlan empty;
     empty.q_indptr = empty.kv_indptr = empty.logits_indptr = {0};
     stage(empty, {}, max_tokens, 1, 1, /*decode=*/false, {});

@@ -207,6 +207,7 @@ const ModelConfig& Engine::config() const { return model_->config(); }
 
 void Engine::use_on_this_thread() const {
   if (cuda_) cuda_->make_current();
+  set_num_threads(options_.threads);
 }
 
 int64_t Engine::add_request(Request request) {

@@ -148,7 +148,10 @@ class Engine {
 
   const ModelConfig& config() const;
   // Call first on a thread other than the one that built the engine, before it steps the
-  // engine there: makes the engine's GPU current on it (a tensor-parallel rank 0 may be on any).
+  // engine there, and again when a thread that steps several engines turns to this one: makes
+  // the engine's GPU current on it (a tensor-parallel rank 0 may be on any) and sets the
+  // thread's OpenMP count to the engine's `threads` (OpenMP's count belongs to the thread that
+  // sets it, so two engines stepped on two threads each keep their own).
   void use_on_this_thread() const;
   const EngineOptions& options() const { return options_; }
 

@@ -78,17 +78,17 @@ struct Projection {
   std::vector<ops::DeviceBlocks> gpu_parts;
 
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-             const ProjectionScratch& scratch) const {
+             ops::DeviceState* state, const ProjectionScratch& scratch) const {
     if (format == WeightFormat::kDense) {
-      ops::linear(x, dense, bias, out, stream);
+      ops::linear(x, dense, bias, out, stream, state);
       return;
     }
     if (format == WeightFormat::kFp8) {
-      ops::linear_fp8(x, fp8, bias, out, scratch.fp8, stream);
+      ops::linear_fp8(x, fp8, bias, out, scratch.fp8, stream, state);
       return;
     }
     if (format == WeightFormat::kGpuBlocks) {
-      apply_gpu_blocks(x, bias, out, stream, scratch);
+      apply_gpu_blocks(x, bias, out, stream, state, scratch);
       return;
     }
     int64_t col0 = 0;
@@ -109,7 +109,7 @@ struct Projection {
   // the GEMM reads them back per weight, on top of the blocks: a cost per prefill call, not per
   // token).
   void apply_gpu_blocks(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-                        const ProjectionScratch& scratch) const {
+                        ops::DeviceState* state, const ProjectionScratch& scratch) const {
     if (x.dim(0) <= ops::kBlockMatvecMaxRows) {
       int64_t col0 = 0;
       for (const ops::DeviceBlocks& part : gpu_parts) {
@@ -130,7 +130,7 @@ struct Projection {
       ops::dequantize_blocks(part, dense, row0, stream);
       row0 += part.rows;
     }
-    ops::linear(x, dense, bias, out, stream);
+    ops::linear(x, dense, bias, out, stream, state);
   }
 
   // The output features of a GPU block projection.
@@ -773,6 +773,7 @@ class DecoderModel final : public CausalLM {
     const int64_t d = c.head_dim, Hq = dims_.q_heads, Hk = dims_.kv_heads;
     const float eps = c.rms_norm_eps;
     void* const stream = in.stream;
+    ops::DeviceState* const state = in.device_state;
     reserve(L);
     // Views of the preallocated activations: nothing is allocated per step, which keeps the
     // step capturable as a CUDA graph.
@@ -811,7 +812,7 @@ class DecoderModel final : public CausalLM {
       } else {
         ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset);
       }
-      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, scratch);
+      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, scratch);
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
@@ -819,7 +820,7 @@ class DecoderModel final : public CausalLM {
       if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       if (leave_at(2 * i)) return false;
-      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, scratch);
+      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, scratch);
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
@@ -832,7 +833,7 @@ class DecoderModel final : public CausalLM {
         const Tensor router_logits = buffers_.router_logits.rows(0, L);
         const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
         const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
-        w.router.apply(hidden, Tensor(), router_logits, stream, scratch);
+        w.router.apply(hidden, Tensor(), router_logits, stream, state, scratch);
         ops::moe_route(router_logits, c.moe.normalize_top_k, expert_ids, expert_weights, stream);
         ops::MoeWorkspace ws = buffers_.moe;
         ws.activated =
@@ -840,10 +841,10 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
-        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, scratch);
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch);
         ops::gated_mul(gated_activation(c), gate_up, act, stream);
         if (leave_at(2 * i + 1)) return false;
-        w.down_proj.apply(act, Tensor(), proj_out, stream, scratch);
+        w.down_proj.apply(act, Tensor(), proj_out, stream, state, scratch);
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
@@ -859,11 +860,11 @@ class DecoderModel final : public CausalLM {
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
     if (comm_ == nullptr) {
-      lm_head_.apply(last, Tensor(), logits, stream, scratch);
+      lm_head_.apply(last, Tensor(), logits, stream, state, scratch);
     } else {
       // Each rank scores its share of the vocabulary; the gather lays them side by side.
       const Tensor local = buffers_.local_logits.rows(0, S);
-      lm_head_.apply(last, Tensor(), local, stream, scratch);
+      lm_head_.apply(last, Tensor(), local, stream, state, scratch);
       comm_->all_gather_cols(local, logits, stream);
     }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);

@@ -59,10 +59,16 @@ class ForwardStop {
   std::atomic<int64_t> leave_from_{kNever};  // the `joined` from which every point leaves
 };
 
+namespace ops {
+class DeviceState;
+}
+
 struct ForwardInputs {
   Tensor token_ids;        // [L] i32
   Tensor logits_rows;      // [S] i32: rows of the stream whose logits are wanted
   void* stream = nullptr;  // CUDA: the cudaStream_t every op of the step is issued on
+  // CUDA: the caller's GPU state (ops/device_state.h), which the GEMMs run with.
+  ops::DeviceState* device_state = nullptr;
   // Where the pass may be left midway; null: it runs to the end (the GPU's steps, which are short
   // and may be captured as graphs, never pass one).
   ForwardStop* stop = nullptr;

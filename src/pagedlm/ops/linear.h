@@ -7,6 +7,7 @@
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/ops/device_state.h"
 
 namespace pagedlm::ops {
 
@@ -17,8 +18,9 @@ inline constexpr int64_t kLinearRowTile = 16;
 // undefined Tensor, out: [n_tokens, out_features]. All in the compute dtype, except that out may
 // be f32 (then without a bias): the logits, which need no rounding to the compute dtype.
 // Batch invariant: each output row is bitwise the same whatever other rows share the call.
+// On the GPU, `state` is the caller's (its cuBLASLt handle and plans) and must be given.
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-            void* stream = nullptr);
+            void* stream = nullptr, DeviceState* state = nullptr);
 
 // The same with the weight in ggml blocks (CPU, f32 x / bias / out). With AVX-512, one
 // register-blocked micro-kernel (4 rows x 4 weight rows) computes every step: a step of up to 4
@@ -101,11 +103,8 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 namespace cuda {
 // Same contract as cpu::linear; x, weight and bias hold `dtype` elements, out `out_dtype` ones.
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
-            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream);
-// While on, every prefill-sized GEMM shape the process meets for the first time is timed with
-// cuBLASLt's first few candidate algorithms and keeps the fastest (start-up only: see
-// gemm_set_tuning).
-void set_linear_tuning(bool on);
+            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream,
+            DeviceState& state);
 }  // namespace cuda
 #endif
 

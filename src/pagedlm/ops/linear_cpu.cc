@@ -906,7 +906,7 @@ QuantizedMatrix repack_for_cpu(QuantizedMatrix weight) {
 }
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
-            void* stream) {
+            void* stream, DeviceState* state) {
   using detail::kAnyDim;
   constexpr const char* kOp = "linear";
   const DType dt = detail::compute_dtype(x, kOp, "x");
@@ -932,9 +932,12 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
+  PAGEDLM_CHECK(state != nullptr, kOp, ": a GPU linear needs its caller's DeviceState");
   cuda::linear(x.raw(), weight.raw(), has_bias ? bias.raw() : nullptr, out.raw(), rows,
-               out_features, in_features, dt, out_dt, stream);
+               out_features, in_features, dt, out_dt, stream, *state);
 #else
+  (void)stream;
+  (void)state;
   detail::fail_no_cuda(kOp);
 #endif
 }

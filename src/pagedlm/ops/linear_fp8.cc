@@ -75,7 +75,7 @@ void quantize_fp8_rows(const Tensor& x, const Fp8InputScaling& how, const Tensor
 }
 
 void linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& bias, const Tensor& out,
-                const Fp8Scratch& scratch, void* stream) {
+                const Fp8Scratch& scratch, void* stream, DeviceState* state) {
   constexpr const char* kOp = "linear (FP8 weight)";
   PAGEDLM_CHECK(w.defined(), kOp, ": the weight is not defined");
   const int64_t out_features = w.rows(), in_features = w.cols();
@@ -102,12 +102,13 @@ void linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& bias, const T
     expect_gpu(*t, kOp, name);
   }
   if (bias.defined()) expect_gpu(bias, kOp, "bias");
+  PAGEDLM_CHECK(state != nullptr, kOp, ": a GPU linear needs its caller's DeviceState");
 #ifdef PAGEDLM_HAS_CUDA
   cuda::quantize_fp8_rows(x.raw(), scratch.values.raw(), scratch.scales.data<float>(), rows,
                           in_features, w.inputs, stream);
   cuda::linear_fp8(scratch.values.raw(), scratch.scales.data<float>(), w.weight.raw(),
                    w.scale.data<float>(), bias.defined() ? bias.raw() : nullptr, out.raw(), rows,
-                   out_features, in_features, stream);
+                   out_features, in_features, stream, *state);
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/ops/device_state.h"
 
 namespace pagedlm::ops {
 
@@ -55,8 +56,9 @@ void quantize_fp8_rows(const Tensor& x, const Fp8InputScaling& how, const Tensor
 // out [rows, out_features] bf16 = x [rows, in_features] bf16 through the FP8 weight, + bias
 // [out_features] bf16 (or an undefined Tensor). in_features and out_features must be multiples
 // of 16 (cuBLASLt's FP8 layouts).
+// `state`: the caller's GPU state (its cuBLASLt handle and plans), which must be given.
 void linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& bias, const Tensor& out,
-                const Fp8Scratch& scratch, void* stream = nullptr);
+                const Fp8Scratch& scratch, void* stream = nullptr, DeviceState* state = nullptr);
 
 // A bf16 weight [out_features, in_features] on the GPU quantized per output feature (each row's
 // scale max |w| / 448), dynamic per-token inputs: --quantization fp8 on a bf16 checkpoint.
@@ -77,13 +79,9 @@ void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int6
                        const Fp8InputScaling& how, void* stream);
 void linear_fp8(const void* xq, const float* x_scales, const void* wq, const float* w_scales,
                 const void* bias, void* out, int64_t rows, int64_t out_features,
-                int64_t in_features, void* stream);
+                int64_t in_features, void* stream, DeviceState& state);
 // The current device's name and compute capability.
 void device_capability(int* major, int* minor, const char** name);
-// Tests: FP8 shapes met from now on scale in the epilogue kernel instead of in cuBLASLt (both
-// must give the same outputs but for one bf16 rounding); and whether a shape's plan does.
-void set_fp8_epilogue_scaling(bool on);
-bool fp8_scales_in_epilogue(int64_t rows, int64_t out_features, int64_t in_features, bool has_bias);
 }  // namespace cuda
 #endif
 

@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <exception>
 
-#include "pagedlm/core/parallel.h"
-
 namespace pagedlm::serving {
 
 void OutputChannel::push(TokenEvent event) {
@@ -214,12 +212,11 @@ void EngineLoop::serve_cache_request() {
 }
 
 void EngineLoop::run() {
+  // The engine's GPU and OpenMP thread count: those set by its constructor on the thread that
+  // built it would not reach this one, whose steps would then use every hardware thread
+  // whatever `threads` says; two engines in one process, each on its loop's thread, keep their
+  // own counts.
   engine_.use_on_this_thread();
-  // OpenMP's thread count belongs to the thread that sets it: the engine's own (set by its
-  // constructor on the thread that built it) would not reach this one, whose steps would then
-  // use every hardware thread whatever `threads` says; and two engines in one process, each on
-  // its loop's thread, keep their own counts.
-  set_num_threads(engine_.options().threads);
   // A short request never waits out a long prompt's prefill (Engine::set_prefill_always_bounded).
   engine_.set_prefill_always_bounded(true);
   while (true) {

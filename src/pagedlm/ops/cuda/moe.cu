@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <vector>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/ops/cuda/check.h"
@@ -401,12 +403,20 @@ __global__ void __launch_bounds__(gemm_threads<BM>()) grouped_gemm_kernel(const 
 template <int BM, int ACT>
 void launch_grouped_gemm(const GemmArgs& args, int rows, int E, cudaStream_t stream) {
   constexpr int kSmem = gemm_smem_bytes<BM>();
-  static bool configured = false;  // once per instantiation, before any capture
-  if (!configured) {
-    check(cudaFuncSetAttribute(grouped_gemm_kernel<BM, ACT>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-          "moe_experts: shared memory");
-    configured = true;
+  {
+    // The limit is the device's: once per device and instantiation (before any capture, in
+    // the warm-up), whichever engine's thread gets there first.
+    static std::mutex mu;
+    static std::vector<int> configured;
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    std::lock_guard<std::mutex> lock(mu);
+    if (std::find(configured.begin(), configured.end(), device) == configured.end()) {
+      check(cudaFuncSetAttribute(grouped_gemm_kernel<BM, ACT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+            "moe_experts: shared memory");
+      configured.push_back(device);
+    }
   }
   const dim3 grid(ceil_div(rows, BM) + E, ceil_div(args.n, kBN));
   grouped_gemm_kernel<BM, ACT><<<grid, gemm_threads<BM>(), kSmem, stream>>>(args);

@@ -7,8 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include <memory>
-
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -38,24 +36,38 @@ void require_bf16(DType dtype, const char* op) {
 // cuBLASLt workspace: 32 MiB is what cuBLAS itself reserves per handle on Hopper.
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
-struct GemmHandleDeleter {
-  void operator()(raw::GemmHandle* h) const { raw::gemm_destroy(h); }
-};
+}  // namespace
 
-// One handle for the process: GPU steps run from one thread at a time, not always the same one
-// (the server builds its engine, and with it the start-up plans, on the main thread and steps it
-// on the engine thread). Its per-shape plans are built on first use of a shape, so a warm-up
-// run before graph capture leaves nothing to set up while capturing.
-raw::GemmHandle* gemm_handle() {
-  static std::unique_ptr<raw::GemmHandle, GemmHandleDeleter> handle = [] {
-    raw::GemmHandle* h = nullptr;
-    raw::check(raw::gemm_create(&h, kGemmWorkspaceBytes), "cuBLASLt handle");
-    return std::unique_ptr<raw::GemmHandle, GemmHandleDeleter>(h);
-  }();
-  return handle.get();
+}  // namespace pagedlm::ops::cuda
+
+namespace pagedlm::ops {
+
+// The GEMM plans are built on first use of a shape, so a warm-up run before graph capture
+// leaves nothing to set up while capturing.
+DeviceState::DeviceState() {
+  ::pagedlm::cuda::check(cudaGetDevice(&device_), "cudaGetDevice");
+  ::pagedlm::cuda::check(::pagedlm::cuda::gemm_create(&gemm_, cuda::kGemmWorkspaceBytes),
+                         "cuBLASLt handle");
 }
 
-}  // namespace
+DeviceState::~DeviceState() { ::pagedlm::cuda::gemm_destroy(gemm_); }
+
+void DeviceState::set_linear_tuning(bool on) { ::pagedlm::cuda::gemm_set_tuning(gemm_, on); }
+
+void DeviceState::set_fp8_epilogue_scaling(bool on) {
+  ::pagedlm::cuda::gemm_fp8_set_epilogue_scaling(gemm_, on);
+}
+
+bool DeviceState::fp8_scales_in_epilogue(int64_t rows, int64_t out_features, int64_t in_features,
+                                         bool has_bias) const {
+  return ::pagedlm::cuda::gemm_fp8_scales_in_epilogue(gemm_, static_cast<int>(rows),
+                                                      static_cast<int>(out_features),
+                                                      static_cast<int>(in_features), has_bias);
+}
+
+}  // namespace pagedlm::ops
+
+namespace pagedlm::ops::cuda {
 
 void embedding(const void* table, const int32_t* ids, float* out, int64_t n_tokens, int64_t vocab,
                int64_t dim, float scale, DType dtype, void* stream, int64_t vocab_begin) {
@@ -75,10 +87,11 @@ void gather_rows(const void* x, const int32_t* rows, void* out, int64_t n_rows, 
 }
 
 void linear(const void* x, const void* weight, const void* bias, void* out, int64_t rows,
-            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream) {
+            int64_t out_features, int64_t in_features, DType dtype, DType out_dtype, void* stream,
+            DeviceState& state) {
   require_bf16(dtype, "linear");
   if (out_dtype != DType::kF32) require_bf16(out_dtype, "linear out");
-  raw::GemmHandle* h = gemm_handle();
+  raw::GemmHandle* h = state.gemm();
   const cudaError_t err = raw::launch_gemm_bf16(
       h, x, weight, bias, out, out_dtype == DType::kF32, static_cast<int>(rows),
       static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
@@ -86,8 +99,6 @@ void linear(const void* x, const void* weight, const void* bias, void* out, int6
                 ", ", in_features, "]^T: ", cudaGetErrorString(err), " (cuBLAS status ",
                 raw::gemm_last_status(h), ")");
 }
-
-void set_linear_tuning(bool on) { raw::gemm_set_tuning(gemm_handle(), on); }
 
 void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int64_t cols,
                        const Fp8InputScaling& how, void* stream) {
@@ -99,8 +110,8 @@ void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int6
 
 void linear_fp8(const void* xq, const float* x_scales, const void* wq, const float* w_scales,
                 const void* bias, void* out, int64_t rows, int64_t out_features,
-                int64_t in_features, void* stream) {
-  raw::GemmHandle* h = gemm_handle();
+                int64_t in_features, void* stream, DeviceState& state) {
+  raw::GemmHandle* h = state.gemm();
   const cudaError_t err = raw::launch_gemm_fp8(
       h, xq, x_scales, wq, w_scales, bias, out, static_cast<int>(rows),
       static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
@@ -115,15 +126,6 @@ void device_capability(int* major, int* minor, const char** name) {
   *major = limits->cc_major;
   *minor = limits->cc_minor;
   *name = limits->name;
-}
-
-void set_fp8_epilogue_scaling(bool on) { raw::gemm_fp8_set_epilogue_scaling(gemm_handle(), on); }
-
-bool fp8_scales_in_epilogue(int64_t rows, int64_t out_features, int64_t in_features,
-                            bool has_bias) {
-  return raw::gemm_fp8_scales_in_epilogue(gemm_handle(), static_cast<int>(rows),
-                                          static_cast<int>(out_features),
-                                          static_cast<int>(in_features), has_bias);
 }
 
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
