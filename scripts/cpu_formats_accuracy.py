@@ -20,9 +20,15 @@ For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S Q2_K-pur
      equal means pagedlm's own greedy decode is the same sequence, since its decode and
      prefill steps give the same bits).
 
+  4. With --llama, llama.cpp's own logits on the same file and sequence (llama_cpp_peer.py's
+     Peer: one decode of the whole sequence, every position's logits) held to the same
+     references, for the error of its own quantized activations (q8_0 / q8_K blocks) beside
+     pagedlm's.
+
   pip install --require-hashes --no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt
   pip install safetensors        # make_smollm2_reference.py's, which reads pagedlm's output too
   scripts/cpu_formats_accuracy.py [--pagedlm build/pagedlm] [--types Q4_0 Q6_K] [--tokens 32]
+                                  [--q8] [--llama]
 Exits 1 if any format's exact-mode logits are further than --tol from the float32 reference
 or any argmax differs.
 """
@@ -94,6 +100,17 @@ def pagedlm_logits(binary, model, ids, extra):
         return next(iter(tensors.values())).reshape(len(ids), -1)
 
 
+def llama_cpp_logits(model, ids):
+    from llama_cpp_peer import Peer
+
+    peer = Peer(model, threads=1, n_ctx=len(ids))
+    try:
+        got = peer.decode([(t, p, 0, True) for p, t in enumerate(ids)])
+        return np.stack([got[i] for i in range(len(ids))])
+    finally:
+        peer.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pagedlm", default=os.path.join(HERE, "..", "build", "pagedlm"))
@@ -105,6 +122,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--q8", action="store_true", help="also report --cpu-q8-activations")
+    ap.add_argument("--llama", action="store_true",
+                    help="also report llama.cpp's logits on the same file (1 thread)")
     args = ap.parse_args()
     out_dir = os.path.join(cache_dir(), "requantized")
     os.makedirs(out_dir, exist_ok=True)
@@ -121,13 +140,18 @@ def main():
         want64 = ref.forward(cfg, t64, ids)[gen]
         del t32, t64
         print(f"{type_name}: {os.path.getsize(path) / 1e6:.1f} MB, tensors {tensor_types(path)}")
-        for label, extra in [("exact", [])] + ([("q8", ["--cpu-q8-activations"])] if args.q8
-                                                else []):
-            got = pagedlm_logits(args.pagedlm, path, ids, extra)[gen].astype(np.float64)
+        runs = [("exact", [])] + ([("q8", ["--cpu-q8-activations"])] if args.q8 else [])
+        if args.llama:
+            runs.append(("llama.cpp", None))
+        for label, extra in runs:
+            if extra is None:
+                got = llama_cpp_logits(path, ids)[gen].astype(np.float64)
+            else:
+                got = pagedlm_logits(args.pagedlm, path, ids, extra)[gen].astype(np.float64)
             err32 = np.abs(got - want32).max()
             err64 = np.abs(got - want64).max()
             same = int((got.argmax(-1) == np.array(ids[len(PROMPT):])).sum())
-            print(f"  {label:5s} max|logit - f32 ref| {err32:.2e}  max|logit - f64 ref| "
+            print(f"  {label:9s} max|logit - f32 ref| {err32:.2e}  max|logit - f64 ref| "
                   f"{err64:.2e}  (f32 ref vs f64 ref {np.abs(want32 - want64).max():.2e})  "
                   f"greedy tokens equal {same}/{args.tokens}")
             if label == "exact" and (err32 > args.tol or same != args.tokens):

@@ -339,7 +339,9 @@ TEST(ThreadCommunicator, MismatchedSizesAbortInsteadOfReadingPastABuffer) {
 TEST(TensorParallel, AFailingRankEndsTheStepOnEveryRank) {
   const Checkpoint ckpt = load_checkpoint(fixture_dir("llama-gqa"));
   CpuRanks ranks(ckpt, ops::make_thread_communicators(4, milliseconds(600000)));
-  ranks.create_ranks(ckpt, 16, 16);
+  EngineOptions options;
+  options.page_size = 16;
+  ranks.create_ranks(ckpt, options, /*num_pages=*/16);
   StepPlan plan;
   plan.page_size = 16;
   plan.token_ids = {1, 2, 3};

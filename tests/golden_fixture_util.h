@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "io_test_util.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/safetensors.h"
@@ -27,10 +28,6 @@ inline const char* const kFixtures[] = {
     "llama-gqa",  "llama3-rope", "qwen2-bias", "qwen3-qknorm", "mistral", "gemma2",
     "gemma3",     "phi3",        "qwen3-yarn", "qwen3-moe",    "mixtral", "phi3-d96",
     "gemma2-d80", "fp8-tensor",  "fp8-block",  "ct-mixed",     "fbgemm"};
-
-inline std::string fixture_dir(const std::string& name) {
-  return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;
-}
 
 struct Expected {
   std::vector<std::vector<int32_t>> prompts, greedy;

@@ -12,6 +12,11 @@
 
 namespace pagedlm::testing {
 
+// A golden fixture's folder under testdata/fixtures (config, weights, float64 logits).
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(PAGEDLM_TESTDATA) + "/fixtures/" + name;
+}
+
 // For EXPECT_CONTAINS(text, part): passes when `part` occurs in `text`.
 inline ::testing::AssertionResult contains_format(const char* text_expr, const char* part_expr,
                                                   const std::string& text,

@@ -21,14 +21,12 @@ using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
 
-std::string fixture(const std::string& name) { return PAGEDLM_TESTDATA "/fixtures/" + name; }
-
 json fixture_config(const std::string& name) {
-  return json::parse(read_bytes(fixture(name) + "/config.json"));
+  return json::parse(read_bytes(testing::fixture_dir(name) + "/config.json"));
 }
 
 void copy_fixture(const std::string& name, const TempDir& dir) {
-  for (const auto& entry : fs::directory_iterator(fixture(name))) {
+  for (const auto& entry : fs::directory_iterator(testing::fixture_dir(name))) {
     fs::copy_file(entry.path(), dir.path() / entry.path().filename());
   }
 }
@@ -89,8 +87,9 @@ class FixtureLoads : public ::testing::TestWithParam<FixtureCase> {};
 TEST_P(FixtureLoads, ConfigAndEveryTensor) {
   const FixtureCase& want = GetParam();
   std::vector<std::pair<size_t, size_t>> progress;
-  const Checkpoint ckpt = load_checkpoint(
-      fixture(want.name), [&](size_t done, size_t total) { progress.emplace_back(done, total); });
+  const Checkpoint ckpt =
+      load_checkpoint(testing::fixture_dir(want.name),
+                      [&](size_t done, size_t total) { progress.emplace_back(done, total); });
   const ModelConfig& c = ckpt.config;
   // Shared by every fixture (see testdata/fixtures/README.md and each config.json).
   EXPECT_EQ(c.vocab_size, 512);
@@ -124,7 +123,8 @@ TEST_P(FixtureLoads, ConfigAndEveryTensor) {
 
   ASSERT_EQ(progress.size(), 1u);
   EXPECT_EQ(progress.back().first, progress.back().second);
-  EXPECT_EQ(progress.back().second, fs::file_size(fixture(want.name) + "/model.safetensors"));
+  EXPECT_EQ(progress.back().second,
+            fs::file_size(testing::fixture_dir(want.name) + "/model.safetensors"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
@@ -161,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLoads,
                          });
 
 TEST(Checkpoint, Llama3RopeParameters) {
-  const ModelConfig c = load_hf_checkpoint(fixture("llama3-rope")).config;
+  const ModelConfig c = load_hf_checkpoint(testing::fixture_dir("llama3-rope")).config;
   EXPECT_EQ(c.rope.type, RopeType::kLlama3);
   EXPECT_EQ(c.rope.factor, 8.f);
   EXPECT_EQ(c.rope.low_freq_factor, 1.f);
@@ -171,19 +171,19 @@ TEST(Checkpoint, Llama3RopeParameters) {
 }
 
 TEST(Checkpoint, Qwen3ShapesUseExplicitHeadDim) {
-  const Checkpoint ckpt = load_hf_checkpoint(fixture("qwen3-qknorm"));
+  const Checkpoint ckpt = load_hf_checkpoint(testing::fixture_dir("qwen3-qknorm"));
   EXPECT_EQ(ckpt.get("model.layers.1.self_attn.q_proj.weight", {512, 256}).dim(0), 512);
   EXPECT_EQ(ckpt.get("model.layers.1.self_attn.o_proj.weight", {256, 512}).dim(1), 512);
   EXPECT_EQ(ckpt.get("model.layers.0.self_attn.k_norm.weight", {128}).numel(), 128);
-  const Checkpoint qwen2 = load_hf_checkpoint(fixture("qwen2-bias"));
+  const Checkpoint qwen2 = load_hf_checkpoint(testing::fixture_dir("qwen2-bias"));
   EXPECT_EQ(qwen2.get("model.layers.0.self_attn.k_proj.bias", {128}).dtype(), DType::kBF16);
 }
 
 // The tensor's bytes are the file's bytes, and BF16 widens by a 16-bit shift.
 TEST(Checkpoint, Bf16ValuesMatchTheFileBytes) {
-  const std::string path = fixture("llama3-rope") + "/model.safetensors";
+  const std::string path = testing::fixture_dir("llama3-rope") + "/model.safetensors";
   const std::string name = "model.layers.1.post_attention_layernorm.weight";
-  const Checkpoint ckpt = load_hf_checkpoint(fixture("llama3-rope"));
+  const Checkpoint ckpt = load_hf_checkpoint(testing::fixture_dir("llama3-rope"));
   const Tensor& t = ckpt.get(name, {256});
   ASSERT_EQ(t.dtype(), DType::kBF16);
 
@@ -271,9 +271,9 @@ TEST(Checkpoint, GenerationConfigAddsStopTokens) {
 }
 
 TEST(Checkpoint, ShardedLoadsIdenticalTensors) {
-  const Checkpoint whole = load_hf_checkpoint(fixture("llama3-rope"));
+  const Checkpoint whole = load_hf_checkpoint(testing::fixture_dir("llama3-rope"));
   TempDir dir;
-  fs::copy_file(fixture("llama3-rope") + "/config.json", dir.path() / "config.json");
+  fs::copy_file(testing::fixture_dir("llama3-rope") + "/config.json", dir.path() / "config.json");
   std::map<std::string, Tensor> shards[2];
   json weight_map = json::object();
   int i = 0;
@@ -541,7 +541,7 @@ class BrokenCheckpoint : public ::testing::Test {
   template <typename Fn>
   void rewrite_weights(Fn&& edit) {
     std::map<std::string, Tensor> tensors =
-        SafetensorsFile::open(fixture("llama3-rope") + "/model.safetensors").tensors();
+        SafetensorsFile::open(testing::fixture_dir("llama3-rope") + "/model.safetensors").tensors();
     edit(tensors);
     write_safetensors(dir_.file("model.safetensors"), tensors);
   }

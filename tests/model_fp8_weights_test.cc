@@ -25,8 +25,6 @@ using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
 
-std::string fixture(const std::string& name) { return PAGEDLM_TESTDATA "/fixtures/" + name; }
-
 // Values from the OCP 8-bit floating point specification (E4M3: bias 7, no infinities).
 TEST(Fp8, E4m3DecodesPerTheSpecification) {
   EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
@@ -54,7 +52,7 @@ class Fp8Fixture : public ::testing::TestWithParam<Fp8FixtureCase> {};
 
 TEST_P(Fp8Fixture, WeightsStayE4m3WithTheirScales) {
   const Fp8FixtureCase& want = GetParam();
-  const Checkpoint ckpt = load_checkpoint(fixture(want.name));
+  const Checkpoint ckpt = load_checkpoint(testing::fixture_dir(want.name));
   EXPECT_TRUE(ckpt.quantization.quantized());
   EXPECT_EQ(ckpt.fp8.size(), want.fp8_matrices);
   EXPECT_EQ(ckpt.kv_scales.size(), want.kv_scales);
@@ -69,7 +67,8 @@ TEST_P(Fp8Fixture, WeightsStayE4m3WithTheirScales) {
   }
   // get() dequantizes: element (0, 0) is the file's e4m3 byte times the file's first scale
   // (each layout's first scale covers it).
-  const SafetensorsFile file = SafetensorsFile::open(fixture(want.name) + "/model.safetensors");
+  const SafetensorsFile file =
+      SafetensorsFile::open(testing::fixture_dir(want.name) + "/model.safetensors");
   const Tensor& raw = file.tensors().at("model.layers.1.mlp.down_proj.weight");
   const Tensor got = ckpt.get("model.layers.1.mlp.down_proj.weight", {128, 256});
   EXPECT_EQ(got.dtype(), DType::kF32);
@@ -96,16 +95,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // fbgemm_fp8's clamp of per-token input scales travels with each weight to its GEMM.
 TEST(Fp8, FbgemmWeightsCarryTheActivationScaleBound) {
-  const Checkpoint ckpt = load_checkpoint(fixture("fbgemm"));
+  const Checkpoint ckpt = load_checkpoint(testing::fixture_dir("fbgemm"));
   EXPECT_EQ(ckpt.fp8.at("model.layers.0.self_attn.qkv_proj.weight").activation_scale_ub, 1200.0);
-  const Checkpoint tensor = load_checkpoint(fixture("fp8-tensor"));
+  const Checkpoint tensor = load_checkpoint(testing::fixture_dir("fp8-tensor"));
   EXPECT_EQ(tensor.fp8.at("model.layers.0.self_attn.q_proj.weight").activation_scale_ub, 0.0);
 }
 
 // W8A8 GEMMs are a GPU path: asking for them on the CPU is refused by name; the CPU computes an
 // FP8 checkpoint from its dequantized float32 weights.
 TEST(Fp8, QuantizationFp8OnTheCpuIsRefused) {
-  const Checkpoint ckpt = load_checkpoint(fixture("fp8-tensor"));
+  const Checkpoint ckpt = load_checkpoint(testing::fixture_dir("fp8-tensor"));
   ModelOptions options;
   options.fp8_weights = Fp8Weights::kAll;
   try {
@@ -120,7 +119,7 @@ TEST(Fp8, QuantizationFp8OnTheCpuIsRefused) {
 }
 
 TEST(Fp8, CompressedTensorsKvScalesAreKept) {
-  const Checkpoint ckpt = load_checkpoint(fixture("ct-mixed"));
+  const Checkpoint ckpt = load_checkpoint(testing::fixture_dir("ct-mixed"));
   EXPECT_TRUE(ckpt.quantization.kv_cache_scales);
   // The generator stores 0.02 and 0.01 in bf16.
   EXPECT_NEAR(ckpt.kv_scales.at("model.layers.0.self_attn.k_scale").to_f32().data<float>()[0], 0.02,
@@ -134,18 +133,18 @@ class BrokenFp8 : public ::testing::Test {
  protected:
   void use(const std::string& name) {
     name_ = name;
-    for (const auto& entry : fs::directory_iterator(fixture(name))) {
+    for (const auto& entry : fs::directory_iterator(testing::fixture_dir(name))) {
       fs::copy_file(entry.path(), dir_.path() / entry.path().filename());
     }
   }
   void edit_config(const std::function<void(json&)>& edit) {
-    json config = json::parse(read_bytes(fixture(name_) + "/config.json"));
+    json config = json::parse(read_bytes(testing::fixture_dir(name_) + "/config.json"));
     edit(config);
     write_bytes(dir_.path() / "config.json", config.dump(2));
   }
   void edit_tensors(const std::function<void(std::map<std::string, Tensor>&)>& edit) {
     std::map<std::string, Tensor> tensors =
-        SafetensorsFile::open(fixture(name_) + "/model.safetensors").tensors();
+        SafetensorsFile::open(testing::fixture_dir(name_) + "/model.safetensors").tensors();
     edit(tensors);
     write_safetensors(dir_.file("model.safetensors"), tensors);
   }

@@ -107,6 +107,13 @@ struct AttentionStep {
   }
 };
 
+// The GPU's refusal of other head sizes names these, spelled out here by hand.
+TEST(PagedAttention, CudaHeadSizesReadInMessages) {
+  EXPECT_EQ(ops::cuda_attention_head_dims_text(), "64, 80, 96, 128 and 256");
+  EXPECT_TRUE(ops::cuda_attention_runs_head_dim(80));
+  EXPECT_FALSE(ops::cuda_attention_runs_head_dim(32));
+}
+
 // Paged attention's blocks depend on the thread count (a decode row's q heads share a block
 // where there are blocks enough for the threads, else are split over several); each row's bits
 // must not. Steps: a prefill chunk after a cached prefix, a short chunk and decode rows at long

@@ -48,19 +48,20 @@ WeightBlock weight_block(const QuantizedMatrix& w, int64_t n, int64_t b) {
   return out;
 }
 
-// ggml's quantization of one block of x, rounding to nearest with ties to even.
+// ggml's quantization of one block of x (32 values, or q8_K's 256), rounding to nearest with
+// ties to even.
 struct XBlock {
-  int32_t q[32];
+  int32_t q[256];
   float d;
   int32_t sum;
 };
-XBlock quantize_block(const float* x) {
+XBlock quantize_block(const float* x, int64_t block = 32) {
   XBlock out{};
   float amax = 0.f;
-  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+  for (int64_t k = 0; k < block; ++k) amax = std::max(amax, std::fabs(x[k]));
   out.d = amax / 127.f;
   const float id = out.d != 0.f ? 1.f / out.d : 0.f;
-  for (int k = 0; k < 32; ++k) {
+  for (int64_t k = 0; k < block; ++k) {
     out.q[k] = static_cast<int32_t>(std::nearbyint(x[k] * id));
     out.sum += out.q[k];
   }
@@ -82,29 +83,39 @@ void run(Q8Kernel kernel, const Tensor& x, const ops::Q8PackedMatrix& w, const T
 
 TEST(Q8Activations, QuantizeMatchesGgmlDefinition) {
   std::mt19937 rng(3);
-  const int64_t rows = 23, cols = 320;
-  const Tensor x = random_x(rows, cols, rng);
-  ops::cpu::Q8Activations q;
-  ops::cpu::quantize_q8(x.data<float>(), rows, cols, q);
-  ASSERT_EQ(q.rows, rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < cols / 32; ++b) {
-      const float* xb = x.data<float>() + r * cols + b * 32;
-      const XBlock want = quantize_block(xb);
-      const int64_t at = r * (cols / 32) + b;
-      ASSERT_EQ(q.scale[at], want.d) << r << " " << b;
-      ASSERT_EQ(q.sum[at], want.sum) << r << " " << b;
-      ASSERT_EQ(q.scaled_sum[at], want.d * static_cast<float>(want.sum));
-      int32_t qmax = 0;
-      for (int k = 0; k < 32; ++k) {
-        ASSERT_EQ(q.qs[r * cols + b * 32 + k], want.q[k]) << r << " " << b << " " << k;
-        qmax = std::max(qmax, std::abs(want.q[k]));
-        // Within half a step of x (and a rounding of x / d).
-        EXPECT_LE(std::fabs(xb[k] - static_cast<float>(want.q[k]) * want.d), 0.5001f * want.d);
+  for (int64_t block : {32, 256}) {  // ggml's q8_0 / q8_1 and q8_K
+    const int64_t rows = 23, cols = 512;
+    const Tensor x = random_x(rows, cols, rng);
+    ops::cpu::Q8Activations q;
+    ops::cpu::quantize_q8(x.data<float>(), rows, cols, q, block);
+    ASSERT_EQ(q.rows, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < cols / block; ++b) {
+        const float* xb = x.data<float>() + r * cols + b * block;
+        const XBlock want = quantize_block(xb, block);
+        const int64_t at = r * (cols / block) + b;
+        ASSERT_EQ(q.scale[at], want.d) << r << " " << b;
+        ASSERT_EQ(q.sum[at], want.sum) << r << " " << b;
+        ASSERT_EQ(q.scaled_sum[at], want.d * static_cast<float>(want.sum));
+        int32_t qmax = 0;
+        for (int64_t k = 0; k < block; ++k) {
+          ASSERT_EQ(q.qs[r * cols + b * block + k], want.q[k]) << r << " " << b << " " << k;
+          qmax = std::max(qmax, std::abs(want.q[k]));
+          // Within half a step of x (and a rounding of x / d).
+          EXPECT_LE(std::fabs(xb[k] - static_cast<float>(want.q[k]) * want.d), 0.5001f * want.d);
+        }
+        for (int64_t h = 0; h < block / 16; ++h) {
+          int32_t s16 = 0;
+          for (int64_t k = 16 * h; k < 16 * h + 16; ++k) s16 += want.q[k];
+          ASSERT_EQ(q.sum16[(r * cols + b * block) / 16 + h], s16) << r << " " << b << " " << h;
+        }
+        EXPECT_EQ(qmax, want.d != 0.f ? 127 : 0);
       }
-      EXPECT_EQ(qmax, want.d != 0.f ? 127 : 0);
     }
   }
+  ops::cpu::Q8Activations q;
+  expect_error([&] { ops::cpu::quantize_q8(nullptr, 1, 288, q, 256); },
+               {"288 columns are not whole blocks of 256"});
 }
 
 // Scales that are powers of two make every product and partial sum exact in float, so each
@@ -213,12 +224,195 @@ TEST(Q8Linear, MatchesReferenceAndKernelsAgree) {
   }
 }
 
+// The formats packed in super-blocks, and the block of x each is computed with.
+struct SuperCase {
+  QuantType type;
+  int64_t x_block;
+  float max_min;  // the largest integer min of the format (Q5_1: its f16 m, taken as 1 x m)
+};
+constexpr SuperCase kSuperCases[] = {{QuantType::kQ5_0, 32, 0.f},   {QuantType::kQ5_1, 32, 1.f},
+                                     {QuantType::kQ2_K, 256, 15.f}, {QuantType::kQ3_K, 256, 0.f},
+                                     {QuantType::kQ4_K, 256, 63.f}, {QuantType::kQ5_K, 256, 63.f},
+                                     {QuantType::kQ6_K, 256, 0.f}};
+
+void set_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  ASSERT_EQ(f16_to_f32(h), v);
+  p[0] = static_cast<uint8_t>(h & 0xff);
+  p[1] = static_cast<uint8_t>(h >> 8);
+}
+
+// x as its quantization gives it back, q * d per block of x_block.
+std::vector<double> quantized_x(const Tensor& x, int64_t x_block) {
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  std::vector<double> out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / x_block; ++b) {
+      const XBlock xb = quantize_block(x.data<float>() + r * cols + b * x_block, x_block);
+      for (int64_t k = 0; k < x_block; ++k) {
+        out[r * cols + b * x_block + k] = static_cast<double>(xb.q[k]) * xb.d;
+      }
+    }
+  }
+  return out;
+}
+
+// Q5_0, Q5_1 and the K-quants, with every scale a power of two and every x a small integer times
+// one (its block's largest +-127): each output is then a sum of exact products below 2^24 units,
+// and every kernel must give exactly sum_k w_k q_k d_x, w_k from the format's reference
+// dequantization (held to gguf-py's bit for bit by ops_quant_formats_test). Checks every bit
+// plane, scale, min and offset of the super-block layouts, and each feature's and row's place.
+TEST(Q8Linear, SuperBlocksExactWhenEveryProductIsExact) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> small(-3, 3), sign(0, 1), exp_w(2, 6), exp_x(0, 4),
+      m4(-15, 15);
+  for (const SuperCase& sc : kSuperCases) {
+    const int64_t rows = 9, out_features = 37, in_features = 512;
+    QuantizedMatrix w = random_blocks(sc.type, out_features, in_features, rng);
+    const int64_t block_bytes = quant_block_bytes(sc.type);
+    std::vector<int> ew(out_features);  // one scale exponent per feature
+    for (int& e : ew) e = exp_w(rng);
+    for (size_t at = 0; at < w.blocks.size(); at += block_bytes) {
+      const float d = std::ldexp(1.f, -ew[static_cast<int64_t>(at) / w.row_bytes()]);
+      const std::vector<int> offsets = testing::f16_scale_offsets(sc.type);
+      set_f16(w.blocks.data() + at + offsets[0], sign(rng) ? d : -d);
+      if (offsets.size() > 1) {  // Q5_1's m, a K-quant's dmin
+        set_f16(w.blocks.data() + at + offsets[1],
+                sc.type == QuantType::kQ5_1 ? d * static_cast<float>(m4(rng)) : d);
+      }
+    }
+    Tensor x = Tensor::empty(DType::kF32, {rows, in_features});
+    std::vector<int> ex(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int e = ex[r] = exp_x(rng);
+      for (int64_t k = 0; k < in_features; ++k) {
+        const int v = k % 32 == 5 ? (sign(rng) ? -127 : 127) : small(rng);
+        x.data<float>()[r * in_features + k] = std::ldexp(static_cast<float>(v), -e);
+      }
+    }
+    const std::vector<float> wf = testing::dequantized(w);
+    const std::vector<double> xq = quantized_x(x, sc.x_block);
+    const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+    EXPECT_EQ(packed.type, sc.type);
+    for (Q8Kernel kernel : ops::cpu::q8_kernels()) {
+      Tensor out = poisoned_f32({rows, out_features});
+      run(kernel, x, packed, Tensor(), out);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t n = 0; n < out_features; ++n) {
+          // Every product and partial sum is a multiple of the feature's smallest d times the
+          // row's d_x; exact while the sum of their magnitudes, integer scales times u - offset
+          // (|w_k| + |dmin| max_min) and mins (|dmin| max_min), stays below 2^24 such units.
+          double want = 0, magnitude = 0, unit = 1;
+          for (int64_t k = 0; k < in_features; ++k) {
+            const uint8_t* blk =
+                w.blocks.data() + n * w.row_bytes() + k / quant_block_elems(sc.type) * block_bytes;
+            const std::vector<int> offsets = testing::f16_scale_offsets(sc.type);
+            const double d = std::fabs(half_at(blk + offsets[0]));
+            const double dmin =
+                offsets.size() > 1 ? std::fabs(half_at(blk + offsets[1])) * sc.max_min : 0.0;
+            unit = std::min(unit, d);
+            const double xk = xq[r * in_features + k];
+            want += static_cast<double>(wf[n * in_features + k]) * xk;
+            magnitude += (std::fabs(wf[n * in_features + k]) + 2 * dmin) * std::fabs(xk);
+          }
+          ASSERT_LT(magnitude / std::ldexp(unit, -ex[r]), std::ldexp(1.0, 24));
+          ASSERT_EQ(out.data<float>()[r * out_features + n], static_cast<float>(want))
+              << quant_format(sc.type).name << " " << ops::cpu::q8_kernel_name(kernel) << " row "
+              << r << " feature " << n;
+        }
+      }
+    }
+  }
+}
+
+// Random blocks and x: every kernel bit for bit equal to the portable one, and the portable one
+// within float rounding of sum_k w_k q_k d_x (w_k by the reference dequantization, x as its
+// quantization gives it back, float64). The rounding: the integer dot product of a super-block
+// (exact) converted to float and scaled (3 roundings), its min term likewise, and the float32
+// recursive sum of 2 nsb such terms, each at most (|w_k| + 2 |dmin| max_min) |x_k| summed over
+// the super-block (w = d sc (u - offset) - dmin mn), plus w_k's own rounding in the reference.
+TEST(Q8Linear, SuperBlocksMatchReferenceAndKernelsAgree) {
+  std::mt19937 rng(23);
+  for (const SuperCase& sc : kSuperCases) {
+    for (auto [rows, out_features, in_features] :
+         {std::tuple{1, 1, 256}, std::tuple{5, 17, 512}, std::tuple{10, 40, 1536}}) {
+      const QuantizedMatrix w = random_blocks(sc.type, out_features, in_features, rng);
+      const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+      const Tensor x = random_x(rows, in_features, rng);
+      const Tensor bias = random_f32({out_features}, rng);
+      const std::vector<float> wf = testing::dequantized(w);
+      const std::vector<double> xq = quantized_x(x, sc.x_block);
+      Tensor portable = poisoned_f32({rows, out_features});
+      run(Q8Kernel::kPortable, x, packed, bias, portable);
+      const std::vector<int> offsets = testing::f16_scale_offsets(sc.type);
+      const int64_t block_elems = quant_block_elems(sc.type),
+                    block_bytes = quant_block_bytes(sc.type);
+      const int64_t nsb = in_features / sc.x_block;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t n = 0; n < out_features; ++n) {
+          double ref = bias.data<float>()[n], magnitude = std::fabs(ref);
+          for (int64_t k = 0; k < in_features; ++k) {
+            const uint8_t* blk =
+                w.blocks.data() + n * w.row_bytes() + k / block_elems * block_bytes;
+            const double dmin =
+                offsets.size() > 1 ? std::fabs(half_at(blk + offsets[1])) * sc.max_min : 0.0;
+            const double xk = xq[r * in_features + k];
+            ref += static_cast<double>(wf[n * in_features + k]) * xk;
+            magnitude += (std::fabs(wf[n * in_features + k]) + 2 * dmin) * std::fabs(xk);
+          }
+          const double bound = (2.0 * nsb + 6) * std::ldexp(1.0, -24) * magnitude;
+          const double got = portable.data<float>()[r * out_features + n];
+          ASSERT_LE(std::fabs(got - ref), bound)
+              << quant_format(sc.type).name << " row " << r << " feature " << n << " of " << rows
+              << "x" << out_features << "x" << in_features;
+        }
+      }
+      for (Q8Kernel kernel : ops::cpu::q8_kernels()) {
+        Tensor out = poisoned_f32({rows, out_features});
+        run(kernel, x, packed, bias, out);
+        EXPECT_EQ(std::memcmp(out.data<float>(), portable.data<float>(), out.nbytes()), 0)
+            << quant_format(sc.type).name << " " << ops::cpu::q8_kernel_name(kernel) << " " << rows
+            << "x" << out_features << "x" << in_features;
+      }
+    }
+  }
+}
+
+// A packed row read back (a tied embedding's lookup) is the reference dequantization of the
+// blocks it was packed from, for every format and for rows in every lane of a group: bit for bit
+// but for the sign of a zero (Q4_0 packed as Q4_1 gives q * d + m = +0 where ggml's (q - 8) * d
+// is -0 for a negative d; the two are equal and every sum they enter gives the same).
+TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
+  std::mt19937 rng(27);
+  for (QuantType type :
+       {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1,
+        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+    const int64_t rows = 37, cols = 512;
+    const QuantizedMatrix w = random_blocks(type, rows, cols, rng);
+    const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+    std::vector<float> want(cols), got(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(w, r, want.data());
+      ops::dequantize_row(packed, r, got.data());
+      for (int64_t k = 0; k < cols; ++k) {
+        ASSERT_EQ(got[k], want[k]) << quant_format(type).name << " row " << r << " column " << k;
+        if (type != QuantType::kQ4_0) {
+          ASSERT_EQ(std::signbit(got[k]), std::signbit(want[k])) << quant_format(type).name;
+        }
+      }
+    }
+    expect_error([&] { ops::dequantize_row(packed, rows, got.data()); }, {"row 37 of 37"});
+  }
+}
+
 // Every row again inside calls of 1, 3 and 10 rows, at every offset, gives the same bits as in
 // the whole batch (row tiles of 4 and 8 meet every tail).
 TEST(Q8Linear, RowsAreBatchInvariant) {
   std::mt19937 rng(9);
-  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
-    const int64_t out_features = 150, in_features = 192, rows = 21;
+  for (QuantType type :
+       {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ2_K,
+        QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+    const int64_t out_features = 150, in_features = 512, rows = 21;
     const ops::Q8PackedMatrix w =
         ops::pack_for_q8(random_blocks(type, out_features, in_features, rng));
     const Tensor x = random_x(rows, in_features, rng);

@@ -172,8 +172,9 @@ TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
   }
 }
 
-// 8-bit activations for the formats that have the packing (ops::q8_packs): within the error of
-// quantizing x (half a step of max|x_block| / 127 per element, times |w|) of the exact product.
+// 8-bit activations for every format (ops::q8_packs): within the error of quantizing x (half a
+// step of max|x_block| / 127 per element, times |w|; blocks of 256 for the K-quants, as ggml's
+// q8_K, of 32 for the others) of the exact product with gguf-py's weights.
 TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
   std::mt19937 rng(9);
   const int64_t out_features = 37, rows = 5;
@@ -188,13 +189,14 @@ TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t n = 0; n < out_features; ++n) {
         double err = 0;
-        for (int64_t b = 0; b < in_features / 32; ++b) {
+        const int64_t xb = quant_block_elems(c.type);
+        for (int64_t b = 0; b < in_features / xb; ++b) {
           double amax = 0;
-          for (int k = 0; k < 32; ++k) {
-            amax = std::max(amax, std::abs(double{x.data<float>()[r * in_features + b * 32 + k]}));
+          for (int64_t k = 0; k < xb; ++k) {
+            amax = std::max(amax, std::abs(double{x.data<float>()[r * in_features + b * xb + k]}));
           }
-          for (int k = 0; k < 32; ++k) {
-            err += 0.5001 * amax / 127 * std::abs(w.floats[n * in_features + b * 32 + k]);
+          for (int64_t k = 0; k < xb; ++k) {
+            err += 0.5001 * amax / 127 * std::abs(w.floats[n * in_features + b * xb + k]);
           }
         }
         want.bound[r * out_features + n] += err;
@@ -209,7 +211,7 @@ TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
           std::string(quant_format(c.type).name) + " " + ops::cpu::q8_kernel_name(kernel));
     }
   }
-  EXPECT_EQ(packed, 4);  // Q4_0, Q4_1, Q5_0, Q8_0
+  EXPECT_EQ(packed, static_cast<int>(std::size(kCases)));
 }
 
 // A projection stacked from matrices in different formats (a Q4_K_M file's q, k and v): each

@@ -60,10 +60,16 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
 inline std::vector<int> f16_scale_offsets(QuantType type) {
   switch (type) {
     case QuantType::kQ4_1:
+    case QuantType::kQ5_1:
     case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
       return {0, 2};
     case QuantType::kQ6_K:
       return {208};
+    case QuantType::kQ3_K:
+      return {108};
+    case QuantType::kQ2_K:
+      return {80, 82};
     default:
       return {0};
   }

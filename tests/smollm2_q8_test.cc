@@ -144,7 +144,7 @@ TEST(SmolLM2Q8, ClearErrorsWithoutBlocksOrOnTheGpu) {
   // A float32 safetensors model has no blocks of a format with an 8-bit-activation packing.
   Checkpoint dense = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa");
   testing::expect_error([&] { Engine engine(dense, q8_options()); },
-                        {"--cpu-q8-activations", "Q5_0 or Q8_0", "this model has none"});
+                        {"--cpu-q8-activations", "in ggml's blocks", "this model has none"});
   EngineOptions gpu = q8_options();
   gpu.device = Device::kCuda;
   testing::expect_error([&] { Engine engine(dense, gpu); }, {"--cpu-q8-activations", "CPU option"});

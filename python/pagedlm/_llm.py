@@ -81,9 +81,14 @@ class _Request:
 
     def poll(self, timeout: float) -> bool:
         got = self.stream.poll(timeout)
-        if got and self.metrics.first_token_time is None:
-            self.metrics.first_token_time = time.time()
+        if got:
+            self.got_output()
         return got
+
+    def got_output(self) -> None:
+        """A poll took in output: the first one times the first token."""
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = time.time()
 
     def done(self) -> bool:
         return self.stream.done()
@@ -296,6 +301,8 @@ class LLM:
         """Submits every request (each a call that submits one), waits for all of them and
         returns their outputs; on any error, those already submitted are cancelled."""
         requests: List[_Request] = []
+        # The engine admits the whole batch at one step boundary, as if handed over at once.
+        self._model.hold_admissions()
         try:
             for submit in submits:
                 requests.append(submit())
@@ -303,6 +310,8 @@ class LLM:
             for r in requests:
                 r.stream.cancel()
             raise
+        finally:
+            self._model.release_admissions()
         self._wait(requests)
         return [r.final(p.logprobs is not None) for r, p in zip(requests, params)]
 
@@ -313,10 +322,11 @@ class LLM:
         try:
             pending = list(requests)
             while pending:
-                pending[0].poll(_POLL_SECONDS)
-                for r in pending[1:]:
-                    r.poll(0)
-                pending = [r for r in pending if not r.done()]
+                states = _pagedlm.Stream.poll_all([r.stream for r in pending], _POLL_SECONDS)
+                for r, state in zip(pending, states):
+                    if state & 1:
+                        r.got_output()
+                pending = [r for r, state in zip(pending, states) if not state & 2]
         except BaseException:
             for r in requests:
                 r.stream.cancel()

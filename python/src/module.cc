@@ -123,6 +123,36 @@ class Stream {
     return stream_.poll(std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
   }
 
+  // Polls every stream in one call, the GIL released once (an offline batch of hundreds of
+  // requests would otherwise cross into Python and back once per stream after every step):
+  // first without waiting; when none had output, waits up to `timeout` seconds on the first
+  // unfinished one, then looks at the others again. Per stream: bit 0 output arrived, bit 1
+  // done (every choice finished, as of this poll).
+  static std::vector<int32_t> poll_all(const std::vector<Stream*>& streams, double timeout) {
+    nb::gil_scoped_release release;
+    std::vector<int32_t> state(streams.size(), 0);
+    const auto look = [&] {
+      bool any = false;
+      for (size_t i = 0; i < streams.size(); ++i) {
+        if (streams[i]->stream_.poll(std::chrono::milliseconds(0))) state[i] |= 1;
+        any = any || (state[i] & 1) != 0;
+      }
+      return any;
+    };
+    if (!look()) {
+      for (Stream* s : streams) {
+        if (s->stream_.done()) continue;
+        s->stream_.poll(std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+        look();
+        break;
+      }
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (streams[i]->stream_.done()) state[i] |= 2;
+    }
+    return state;
+  }
+
   // Choice i's output since the last take: (text, reasoning, token ids, logprobs, finish_reason),
   // logprobs as (token, logprob, [(token, logprob)...]) per token.
   nb::tuple take(size_t i) {
@@ -490,6 +520,11 @@ class Model {
     return state_->engine->options().device == Device::kCuda ? "cuda" : "cpu";
   }
 
+  // EngineLoop::hold_admissions / release_admissions: a batch submitted one call at a time is
+  // admitted at one step boundary.
+  void hold_admissions() { state_->loop->hold_admissions(); }
+  void release_admissions() { state_->loop->release_admissions(); }
+
   // Stops the engine thread; later calls fail.
   void close() {
     nb::gil_scoped_release release;
@@ -532,6 +567,9 @@ NB_MODULE(_pagedlm, m) {
   nb::class_<Stream>(m, "Stream", "One submitted generation's output, polled.")
       .def("poll", &Stream::poll, "timeout"_a,
            "Waits up to timeout seconds for output; True if any arrived.")
+      .def_static("poll_all", &Stream::poll_all, "streams"_a, "timeout"_a,
+                  "Polls every stream in one call (waiting up to timeout seconds when none had "
+                  "output): per stream, bit 0 output arrived, bit 1 done.")
       .def(
           "done", [](const Stream& s) { return s.stream_done(); },
           "Whether every choice finished (as of the last poll).")
@@ -583,6 +621,8 @@ NB_MODULE(_pagedlm, m) {
       .def_prop_ro("num_pages", &Model::num_pages)
       .def_prop_ro("page_size", &Model::page_size)
       .def_prop_ro("device", &Model::device)
+      .def("hold_admissions", &Model::hold_admissions)
+      .def("release_admissions", &Model::release_admissions)
       .def("close", &Model::close);
 
   // `pagedlm bench`'s workload (engine/benchmark.h) as (prompt ids, max_tokens) pairs, so that a

@@ -45,10 +45,15 @@ def workload(llm, spec, variant):
     return pagedlm._pagedlm.benchmark_workload(vocab=vocab, token_variant=variant, **spec)
 
 
-def python_batch(llm, spec, repeat):
+def warm_up(llm, spec):
+    """The bench's untimed warm-up requests, as it runs them before its timed ones."""
     warm, _ = workload(llm, spec, 0)
     llm.generate([p for p, _ in warm],
                  [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warm])
+
+
+def python_batch(llm, spec, repeat):
+    warm_up(llm, spec)
     runs = []
     for variant in range(repeat):
         _, timed = workload(llm, spec, variant)
@@ -63,9 +68,7 @@ def python_batch(llm, spec, repeat):
 
 
 def python_single(llm, spec, repeat):
-    warm, _ = workload(llm, spec, 0)
-    llm.generate([p for p, _ in warm],
-                 [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warm])
+    warm_up(llm, spec)
     runs = []
     for variant in range(repeat):
         _, timed = workload(llm, spec, variant)

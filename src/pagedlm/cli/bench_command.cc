@@ -172,6 +172,7 @@ void register_bench(CLI::App& app) {
                : TensorParallel{};
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
                                           : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
+    if (ran_as_worker_rank(ckpt, options)) return;
     Engine engine(ckpt, options);
     ckpt.release_weights();
     engine.set_abandon_check([] { return stop_signal() != 0; });

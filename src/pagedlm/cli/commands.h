@@ -22,6 +22,11 @@ struct EngineFlags {
   EngineOptions resolve() const;
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
+// A command that runs the engine runs unchanged on every rank of a group of GPU processes; on a
+// rank other than 0 (--tensor-parallel-rank) it calls this in place of building an engine: the
+// rank runs rank 0's steps (run_worker_rank) and this returns true once rank 0 is done, when
+// the command ends. False on rank 0.
+bool ran_as_worker_rank(const Checkpoint& checkpoint, const EngineOptions& options);
 
 void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);

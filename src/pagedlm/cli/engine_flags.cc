@@ -11,6 +11,7 @@
 
 #include "pagedlm/cli/commands.h"
 #include "pagedlm/core/error.h"
+#include "pagedlm/engine/executor.h"
 #include "pagedlm/engine/rendezvous.h"
 
 namespace pagedlm::cli {
@@ -72,6 +73,18 @@ std::string launch_local_ranks(int32_t size) {
 
 }  // namespace
 #endif
+
+namespace {
+
+// A rank of this process's group of GPU processes is gone: a collective waiting for it never
+// returns, so this process ends, saying why.
+[[noreturn]] void end_process(const std::string& why) {
+  std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   EngineOptions& o = flags.options;
@@ -136,6 +149,7 @@ EngineOptions EngineFlags::resolve() const {
   o.use_cascade_attention = !no_cascade_attention;
   o.tune_gemms = !no_gemm_tuning;
   o.gguf_blocks_on_gpu = !gguf_bf16;
+  o.on_lost_rank = end_process;
   o.fp8_weights = quantization == "fp8"    ? Fp8Weights::kAll
                   : quantization == "none" ? Fp8Weights::kNone
                                            : Fp8Weights::kCheckpoint;
@@ -164,6 +178,12 @@ EngineOptions EngineFlags::resolve() const {
   if (device == "cuda") fail("--device cuda: this build of pagedlm has no CUDA support");
 #endif
   return o;
+}
+
+bool ran_as_worker_rank(const Checkpoint& checkpoint, const EngineOptions& options) {
+  if (options.tensor_parallel_rank == 0) return false;
+  run_worker_rank(checkpoint, options);
+  return true;
 }
 
 }  // namespace pagedlm::cli

@@ -193,6 +193,7 @@ void run_generate(const Args& args) {
       fail(args.json_schema.empty() ? "--grammar: " : "--json-schema: ", e.what());
     }
   }
+  if (ran_as_worker_rank(model.checkpoint, options)) return;
   Engine engine(model.checkpoint, options);
   model.checkpoint.release_weights();
   engine.set_abandon_check([] { return stop_signal() != 0; });

@@ -49,6 +49,7 @@ void register_logits(CLI::App& app) {
     const auto prompts = read_prompts(args->input);
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     Checkpoint ckpt = load_with_progress(resolve_model_path(args->model));
+    if (ran_as_worker_rank(ckpt, options)) return;
     Engine engine(ckpt, options);
     ckpt.release_weights();
     std::vector<Request> requests;

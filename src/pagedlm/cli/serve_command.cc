@@ -138,6 +138,7 @@ void register_serve(CLI::App& app) {
                     " tokens, more than the model's vocabulary of ",
                     model.checkpoint.config.vocab_size);
     }
+    if (ran_as_worker_rank(model.checkpoint, options)) return;
     Engine engine(model.checkpoint, options);
     model.checkpoint.release_weights();
     server::HttpServer http(model, engine, args->server);

@@ -6,7 +6,8 @@
 #include <thread>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/engine/paged_kv_cache.h"
+#include "pagedlm/engine/engine.h"
+#include "pagedlm/engine/worker.h"
 
 namespace pagedlm {
 
@@ -19,18 +20,14 @@ CpuRanks::CpuRanks(const Checkpoint& checkpoint,
 
 CpuRanks::~CpuRanks() = default;
 
-void CpuRanks::create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size,
-                            const ModelOptions& model_options) {
-  const ModelConfig& c = checkpoint.config;
+void CpuRanks::create_ranks(const Checkpoint& checkpoint, const EngineOptions& options,
+                            int32_t num_pages) {
+  PAGEDLM_CHECK(options.device == Device::kCpu, "the ranks of a thread group run on the CPU");
   for (int32_t r = 1; r < size(); ++r) {
-    Rank rank;
-    rank.model =
-        create_model(checkpoint, Device::kCpu, {r, size()}, comms_[r].get(), model_options);
-    const RankDims dims = rank_dims(c, {r, size()});
-    rank.kv_cache =
-        std::make_unique<PagedKvCache>(c.num_layers, num_pages, page_size, dims.kv_heads,
-                                       c.head_dim, Device::kCpu, rank.model->compute_dtype());
-    ranks_.push_back(std::move(rank));
+    ranks_.push_back(
+        std::make_unique<CpuWorker>(build_rank(checkpoint, options, {r, size()}, comms_[r].get(),
+                                               [num_pages](int32_t) { return num_pages; }),
+                                    options));
   }
 }
 
@@ -54,15 +51,14 @@ void CpuRanks::forward(const StepPlan& plan, const ForwardInputs& inputs,
   std::vector<std::thread> threads;
   threads.reserve(ranks_.size());
   for (size_t i = 0; i < ranks_.size(); ++i) {
-    Rank& rank = ranks_[i];
-    rank.kv_cache->bind(plan);
+    CpuWorker& rank = *ranks_[i];
     threads.emplace_back([&, i] {
       run(static_cast<int32_t>(i + 1), [&] {
         // Every rank receives the whole logits; only rank 0's are sampled.
-        const Tensor logits = Tensor::empty(DType::kF32, {rows, rank.model->config().vocab_size});
+        const Tensor logits = Tensor::empty(DType::kF32, {rows, rank.model().config().vocab_size});
         // A pass left midway (inputs.stop) is left by every rank at the same point: rank 0's
         // result says so for all.
-        static_cast<void>(rank.model->forward(inputs, *rank.kv_cache, logits));
+        static_cast<void>(rank.forward(plan, inputs, logits));
       });
     });
   }

@@ -1,7 +1,8 @@
 // Tensor parallelism on the CPU: the ranks of one group as threads of this process, joined by the
-// shared-memory communicator (ops/communicator.h). The engine's own model and KV cache are rank
-// 0; this holds ranks 1..N-1, each its own share of the weights and its own KV cache (its share
-// of the kv heads, with the same pages), and runs them on the step's plan beside rank 0.
+// shared-memory communicator (ops/communicator.h). Rank 0's worker (CpuWorker with these as its
+// peers) runs on the engine's thread; this holds ranks 1..N-1, each a CpuWorker with its own
+// share of the weights and its own KV cache (its share of the kv heads, with the same pages),
+// and runs their forward passes on the step's plan beside rank 0's.
 #pragma once
 
 #include <functional>
@@ -16,21 +17,21 @@
 
 namespace pagedlm {
 
-class PagedKvCache;
+class CpuWorker;
+struct EngineOptions;
 
 class CpuRanks {
  public:
-  // comms: the whole group's communicators, rank r at [r]; rank 0's is used by the engine's
-  // model and stays owned here too.
+  // comms: the whole group's communicators, rank r at [r]; rank 0's is used by rank 0's model
+  // and stays owned here too.
   CpuRanks(const Checkpoint& checkpoint, std::vector<std::unique_ptr<ops::Communicator>> comms);
   ~CpuRanks();
 
   ops::Communicator* communicator(int32_t rank) const { return comms_.at(rank).get(); }
   int32_t size() const { return static_cast<int32_t>(comms_.size()); }
 
-  // Builds ranks 1..N-1's models and KV caches (the engine builds rank 0's).
-  void create_ranks(const Checkpoint& checkpoint, int32_t num_pages, int32_t page_size,
-                    const ModelOptions& model_options = {});
+  // Builds ranks 1..N-1 (build_rank) with rank 0's KV cache pages (the executor builds rank 0).
+  void create_ranks(const Checkpoint& checkpoint, const EngineOptions& options, int32_t num_pages);
 
   // Runs one step on every rank: `rank0` (rank 0's forward) on this thread, the others' forward
   // with the same inputs and plan on their own threads. A rank that throws aborts the group, so
@@ -40,12 +41,8 @@ class CpuRanks {
                const std::function<void()>& rank0);
 
  private:
-  struct Rank {
-    std::unique_ptr<CausalLM> model;
-    std::unique_ptr<PagedKvCache> kv_cache;
-  };
   std::vector<std::unique_ptr<ops::Communicator>> comms_;
-  std::vector<Rank> ranks_;  // ranks 1..N-1 at [r - 1]
+  std::vector<std::unique_ptr<CpuWorker>> ranks_;  // ranks 1..N-1 at [r - 1]
 };
 
 }  // namespace pagedlm

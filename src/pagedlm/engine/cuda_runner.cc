@@ -203,8 +203,8 @@ struct CudaStepRunner::Impl {
     num_kv_heads = static_cast<int32_t>(dims.kv_heads);
     head_dim = static_cast<int32_t>(c.head_dim);
     PAGEDLM_CHECK(ops::cuda_attention_runs_head_dim(c.head_dim), "head_dim ", c.head_dim,
-                  " is not supported on the GPU: its attention runs head sizes 64, 80, 96, 128 ",
-                  "and 256 (the CPU runs any even head size)");
+                  " is not supported on the GPU: its attention runs head sizes ",
+                  ops::cuda_attention_head_dims_text(), " (the CPU runs any even head size)");
     vocab = c.vocab_size;
     members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");

@@ -23,8 +23,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/sched/request.h"
-#include "pagedlm/sched/sampling_params.h"
+#include "pagedlm/engine/worker.h"
 #include "pagedlm/sched/step_plan.h"
 
 namespace pagedlm {
@@ -32,33 +31,6 @@ namespace pagedlm {
 class CausalLM;
 class PagedKvCache;
 struct EngineOptions;
-
-// What the sampler needs of one sequence of the step.
-struct SeqSampling {
-  const SamplingParams* params = nullptr;  // the request's, alive for the step
-  uint64_t seed = 0;
-  int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
-  // Structured output: the row of mask_rows() holding the token bitmask the sequence is sampled
-  // under, or -1 (unmasked).
-  int32_t mask_row = -1;
-  // The request and its tokens (alive for the step): penalties keep a device table of the
-  // tokens of each request that uses them, filled from these when the request takes a slot.
-  int64_t request_id = -1;
-  const RequestTokens* tokens = nullptr;
-  int32_t logprobs_top_k = -1;  // -1: no logprobs; else at most ops::kMaxTopLogprobs
-};
-
-// Returned logprobs of a sampled token, computed on the device from its raw logits row: its
-// log-probability and the max(top_k, 1) most probable tokens (descending, ties toward the lower
-// index), as ops::log_softmax_topk gives them.
-struct SampledLogprobs {
-  float logprob = 0.f;
-  std::vector<std::pair<int32_t, float>> top;
-};
-
-// Completes every masked sequence's row of mask_rows(); run() calls it once the forward pass is
-// enqueued, so that the host's work on the masks overlaps the device's.
-using MaskFill = std::function<void()>;
 
 class CudaStepRunner {
  public:

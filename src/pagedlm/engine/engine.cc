@@ -4,18 +4,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <utility>
 
 #include "pagedlm/core/parallel.h"
-#include "pagedlm/engine/cpu_ranks.h"
 #include "pagedlm/engine/cuda_runner.h"
+#include "pagedlm/engine/executor.h"
 #include "pagedlm/engine/mask_prefetch.h"
-#include "pagedlm/engine/paged_kv_cache.h"
-#include "pagedlm/engine/process_group.h"
 #include "pagedlm/grammar/grammar.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
@@ -43,14 +40,8 @@ void validate_sampling(const SamplingParams& p) {
   }
 }
 
-// Whether a request's logits are changed before sampling.
-bool adjusts_logits(const SamplingParams& p) {
-  return p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.repetition_penalty != 1.f ||
-         !p.logit_bias.empty();
-}
-
 // The sampled token's log-probability and the top_k best alternatives of one logits row (the
-// CPU's; the GPU computes the same on the device, CudaStepRunner::last_logprobs).
+// CPU's; the GPU computes the same on the device, StepResult::logprobs).
 RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_k) {
   RequestEvent e;
   const auto best = ops::log_softmax_topk(row, vocab, std::max(top_k, 1));
@@ -84,92 +75,46 @@ StepShape shape_of(const StepPlan& plan) {
 
 }  // namespace
 
-int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
-                       DType dtype) {
-  if (options.num_pages > 0) return options.num_pages;
-  const int64_t page_bytes = PagedKvCache::bytes_per_page(
-      config.num_layers, options.page_size, rank_dims(config, tp).kv_heads, config.head_dim, dtype);
-  const int64_t kv_bytes =
-      options.device == Device::kCuda
-          ? static_cast<int64_t>(static_cast<double>(CudaStepRunner::free_memory_bytes()) *
-                                 options.gpu_memory_fraction)
-          : options.kv_cache_bytes / tp.size;  // the CPU's ranks share the host's memory
-  // With a window the scheduler reserves the cache's last page as the null page (never handed
-  // out, zeroed on the GPU), so the count covers it and one page to use.
-  const bool window = options.free_pages_outside_window && config.window_of_all_layers() > 0;
-  const int64_t min_pages = window ? 2 : 1;
-  return static_cast<int32_t>(
-      std::clamp<int64_t>(kv_bytes / page_bytes, min_pages, int64_t{1} << 30));
-}
-
 int cuda_device_count() { return CudaStepRunner::device_count(); }
 bool cuda_device_available() { return cuda_device_count() > 0; }
 void require_supported_cuda_devices() { CudaStepRunner::require_supported_devices(); }
 
-Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
-    : options_(std::move(options)), seed_counter_(std::random_device{}()) {
-  set_num_threads(options_.threads);
-  PAGEDLM_CHECK(options_.page_size >= 1 && (options_.page_size & (options_.page_size - 1)) == 0,
-                "page size must be a power of two, got ", options_.page_size);
-  const bool on_gpu = options_.device == Device::kCuda;
-  if (options_.max_num_batched_tokens == 0) options_.max_num_batched_tokens = on_gpu ? 16384 : 2048;
-  PAGEDLM_CHECK(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
-  PAGEDLM_CHECK(std::isfinite(options_.target_itl_ms) &&
-                    (options_.target_itl_ms >= 0 || options_.target_itl_ms == -1),
+EngineOptions resolve_options(EngineOptions options) {
+  PAGEDLM_CHECK(options.page_size >= 1 && (options.page_size & (options.page_size - 1)) == 0,
+                "page size must be a power of two, got ", options.page_size);
+  const bool on_gpu = options.device == Device::kCuda;
+  if (options.max_num_batched_tokens == 0) options.max_num_batched_tokens = on_gpu ? 16384 : 2048;
+  PAGEDLM_CHECK(options.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1");
+  PAGEDLM_CHECK(std::isfinite(options.target_itl_ms) &&
+                    (options.target_itl_ms >= 0 || options.target_itl_ms == -1),
                 "target_itl_ms must be >= 0 (0: off) or -1 (the device's default), got ",
-                options_.target_itl_ms);
-  if (options_.target_itl_ms == -1) options_.target_itl_ms = on_gpu ? 0 : 200;
-  PAGEDLM_CHECK(options_.max_num_seqs >= 1, "max_num_seqs must be >= 1");
-  PAGEDLM_CHECK(!options_.cpu_q8_activations || !on_gpu,
+                options.target_itl_ms);
+  if (options.target_itl_ms == -1) options.target_itl_ms = on_gpu ? 0 : 200;
+  PAGEDLM_CHECK(options.max_num_seqs >= 1, "max_num_seqs must be >= 1");
+  PAGEDLM_CHECK(!options.cpu_q8_activations || !on_gpu,
                 "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
+  if (options.prefetch_masks < 0) options.prefetch_masks = on_gpu ? 1 : 0;
   if (on_gpu) {
     PAGEDLM_CHECK(cuda_device_available(), "the CUDA device was asked for but ",
                   "this build has no CUDA support or the machine has no GPU");
-    PAGEDLM_CHECK(options_.gpu_memory_fraction > 0.f && options_.gpu_memory_fraction <= 1.f,
-                  "gpu_memory_fraction must be in (0, 1], got ", options_.gpu_memory_fraction);
+    PAGEDLM_CHECK(options.gpu_memory_fraction > 0.f && options.gpu_memory_fraction <= 1.f,
+                  "gpu_memory_fraction must be in (0, 1], got ", options.gpu_memory_fraction);
   }
-  const int32_t tp = options_.tensor_parallel_size;
-  check_tensor_parallel(checkpoint.config, tp);
-  PAGEDLM_CHECK(options_.tensor_parallel_rank == 0 || on_gpu,
+  PAGEDLM_CHECK(options.tensor_parallel_rank == 0 || on_gpu,
                 "a tensor-parallel rank other than 0 runs on a GPU (on the CPU the ranks are ",
                 "threads of one process)");
-  ops::Communicator* comm = nullptr;
-  if (tp > 1 && on_gpu) {
-    // A rank other than 0 serves rank 0's steps, then its process ends: it has no requests of
-    // its own (a command that builds an engine runs unchanged on every rank).
-    if (options_.tensor_parallel_rank > 0) {
-      run_tensor_parallel_rank(checkpoint, options_);
-      std::exit(0);
-    }
-    group_ = std::make_unique<ProcessGroup>(options_, checkpoint.config);
-    comm = group_->communicator();
-  } else if (tp > 1) {
-    cpu_ranks_ = std::make_unique<CpuRanks>(
-        checkpoint, ops::make_thread_communicators(
-                        tp, std::chrono::milliseconds(options_.collective_timeout_ms)));
-    comm = cpu_ranks_->communicator(0);
-  }
-  model_ = create_model(checkpoint, options_.device, {0, tp}, comm, options_.model_options());
-  const ModelConfig& c = model_->config();
-  // Each rank's cache holds its share of the kv heads in the same pages.
-  const int64_t kv_heads = rank_dims(c, {0, tp}).kv_heads;
-  // Weights, activations and step buffers first, so the KV cache takes what is left.
-  if (on_gpu)
-    cuda_ = std::make_unique<CudaStepRunner>(*model_, options_, c.max_position_embeddings);
+  return options;
+}
+
+Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
+    : seed_counter_(std::random_device{}()) {
+  set_num_threads(options.threads);
+  options_ = resolve_options(std::move(options));
+  executor_ = std::make_unique<Executor>(checkpoint, options_);
+  Worker& worker = executor_->worker();
+  options_.num_pages = worker.num_pages();
+  const ModelConfig& c = worker.model().config();
   const int32_t window = options_.free_pages_outside_window ? c.window_of_all_layers() : 0;
-  options_.num_pages = kv_cache_pages(options_, c, {0, tp}, model_->compute_dtype());
-  // Every rank's cache has the same pages: the count that fits the fullest GPU.
-  if (group_) options_.num_pages = group_->agree_num_pages(options_.num_pages);
-  kv_cache_ =
-      std::make_unique<PagedKvCache>(c.num_layers, options_.num_pages, options_.page_size, kv_heads,
-                                     c.head_dim, options_.device, model_->compute_dtype());
-  if (cpu_ranks_)
-    cpu_ranks_->create_ranks(checkpoint, options_.num_pages, options_.page_size,
-                             options_.model_options());
-  if (cuda_) {
-    cuda_->set_kv_cache(kv_cache_.get());
-    cuda_->warm_up();
-  }
   SchedulerConfig sc;
   sc.page_size = options_.page_size;
   sc.num_pages = options_.num_pages;
@@ -181,17 +126,8 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   sc.eos_token_ids = c.eos_token_ids;
   scheduler_ = std::make_unique<Scheduler>(sc);
   mask_words_ = grammar::bitmask_words(c.vocab_size);
-  const int32_t mask_rows = 2 * options_.max_num_seqs;
-  if (cuda_) {
-    PAGEDLM_CHECK(cuda_->mask_words() == mask_words_ && cuda_->num_mask_rows() == mask_rows,
-                  "the GPU runner's token mask rows do not match the engine's");
-    mask_rows_ = cuda_->mask_rows();
-  } else {
-    // Not zeroed: pages are touched only once masks are written.
-    host_mask_rows_.reset(new int32_t[static_cast<size_t>(mask_rows) * mask_words_]);
-    mask_rows_ = host_mask_rows_.get();
-  }
-  if (options_.prefetch_masks > 0 || (options_.prefetch_masks < 0 && cuda_)) {
+  mask_rows_ = worker.mask_rows();
+  if (options_.prefetch_masks > 0) {
     // Half the engine's threads: the other half stay free for the engine thread, which goes on
     // with its step meanwhile, and the server's threads. On the H200's 16-thread host a
     // 256-sequence SmolLM2 step's masks (xgrammar 0.2.9) take ~0.35 ms on 8 threads, as on 15,
@@ -203,15 +139,15 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
 
 Engine::~Engine() = default;
 
-const ModelConfig& Engine::config() const { return model_->config(); }
+const ModelConfig& Engine::config() const { return executor_->worker().model().config(); }
 
 void Engine::use_on_this_thread() const {
-  if (cuda_) cuda_->make_current();
+  executor_->worker().make_current();
   set_num_threads(options_.threads);
 }
 
 int64_t Engine::add_request(Request request) {
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = config().vocab_size;
   PAGEDLM_CHECK(!request.prompt.empty(), "the prompt is empty");
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t t = request.prompt[i];
@@ -277,20 +213,15 @@ std::vector<RequestEvent> Engine::step() {
       want_logits |= plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0);
     }
   }
-  Tensor logits;
-  std::optional<std::vector<int32_t>> forward_result =
-      forward_and_sample(plan, live, want_logits, &logits);
-  if (!forward_result) return abandon_step(plan);
-  std::vector<int32_t>& sampled = *forward_result;
-  // On the CPU the forward ran inline: no wait, everything before the bookkeeping is "prepare".
-  Clock::time_point wait_begin = Clock::now(), wait_end = wait_begin;
-  if (cuda_) {
-    last_step_.gpu_ms = cuda_->last_step_gpu_ms();
-    last_step_.masked_forward_gpu_ms = cuda_->last_masked_forward_gpu_ms();
-    last_step_.masked_sampler_gpu_ms = cuda_->last_masked_sampler_gpu_ms();
-    wait_begin = cuda_->last_wait_begin();
-    wait_end = cuda_->last_wait_end();
-  }
+  StepResult result = forward_and_sample(plan, live, want_logits);
+  if (!result.completed) return abandon_step(plan);
+  std::vector<int32_t>& sampled = result.sampled;
+  const Tensor& logits = result.logits;
+  last_step_.gpu_ms = result.timings.gpu_ms;
+  last_step_.masked_forward_gpu_ms = result.timings.masked_forward_gpu_ms;
+  last_step_.masked_sampler_gpu_ms = result.timings.masked_sampler_gpu_ms;
+  const Clock::time_point wait_begin = result.timings.wait_begin;
+  const Clock::time_point wait_end = result.timings.wait_end;
 
   // The masks prefetched for this step are done (forward_and_sample waited for those it used);
   // until the next start() the matchers are the engine thread's.
@@ -307,7 +238,7 @@ std::vector<RequestEvent> Engine::step() {
   // without a mask) are accepted here, several sequences at once. A refusal is a defect: the
   // output ends there (EOS) rather than leaving the grammar; one the worker met ends the
   // output a token later.
-  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
+  const std::vector<int32_t>& eos = config().eos_token_ids;
   std::vector<int32_t> advancing, deferred;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     if (!live[b]->matcher || sampled[b] < 0 || live[b]->grammar_terminated) continue;
@@ -342,18 +273,18 @@ std::vector<RequestEvent> Engine::step() {
     sampled[b] = eos.at(0);
   }
 
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = config().vocab_size;
   std::map<int64_t, RequestEvent> logprob_events;
   for (int32_t b = 0; b < plan.num_seqs(); ++b) {
     const int64_t id = plan.request_ids[b];
     RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
-    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && cuda_) {
+    if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && !result.logprobs.empty()) {
       // The device's numbers are those of the token it drew (the engine replaces it only when a
       // grammar refuses it, which ends the output).
       RequestEvent& e = logprob_events[id];
-      e.logprob = cuda_->last_logprobs()[b].logprob;
-      e.top_logprobs = cuda_->last_logprobs()[b].top;
+      e.logprob = result.logprobs[b].logprob;
+      e.top_logprobs = result.logprobs[b].top;
     } else if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
       const int32_t last = plan.logits_indptr[b + 1];
       logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
@@ -431,8 +362,8 @@ std::vector<RequestEvent> Engine::abandon_step(const StepPlan& plan) {
   return events;
 }
 
-std::optional<std::vector<int32_t>> Engine::forward_and_sample(
-    const StepPlan& plan, const std::vector<LiveRequest*>& live, bool want_logits, Tensor* logits) {
+StepResult Engine::forward_and_sample(const StepPlan& plan, const std::vector<LiveRequest*>& live,
+                                      bool want_logits) {
   const int32_t B = plan.num_seqs();
   // The rows of the sequences this step samples under a grammar: the prefetched mask's where
   // there is one, else one of the rows filled in this step.
@@ -468,84 +399,28 @@ std::optional<std::vector<int32_t>> Engine::forward_and_sample(
       if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
     });
   };
-  if (cuda_) {
-    std::vector<SeqSampling> sampling(B);
-    for (int32_t b = 0; b < B; ++b) {
-      sampling[b] = {
-          &live[b]->sampling,     live[b]->seed,       int64_t{live[b]->tokens->num_outputs()},
-          mask_row_[b],           plan.request_ids[b], live[b]->tokens.get(),
-          live[b]->logprobs_top_k};
-    }
-    if (group_) group_->send_step(plan, want_logits);
-    // The runner calls finish_masks while the device runs the forward pass, then uploads the
-    // rows before its sampler, which applies bias and penalties too.
-    std::vector<int32_t> sampled =
-        cuda_->run(plan, sampling, want_logits ? logits : nullptr, finish_masks);
-    last_mask_ms_ = cuda_->last_mask_ms();
-    return sampled;
+  StepInputs inputs;
+  inputs.sampling.resize(B);
+  for (int32_t b = 0; b < B; ++b) {
+    inputs.sampling[b] = {
+        &live[b]->sampling,     live[b]->seed,       int64_t{live[b]->tokens->num_outputs()},
+        mask_row_[b],           plan.request_ids[b], live[b]->tokens.get(),
+        live[b]->logprobs_top_k};
   }
-  const int64_t vocab = model_->config().vocab_size;
-  const auto num_rows = static_cast<int64_t>(plan.logits_rows.size());
-  ForwardInputs inputs{Tensor::from_i32(plan.token_ids, {plan.num_tokens()}),
-                       Tensor::from_i32(plan.logits_rows, {num_rows})};
+  inputs.want_logits = want_logits;
+  // The worker calls finish_masks while the device runs the forward pass (the CPU: after it),
+  // then samples under the rows.
+  inputs.finish_masks = finish_masks;
   std::optional<ForwardStop> stop;
   if (abandon_) inputs.stop = &stop.emplace(abandon_);
-  *logits = Tensor::empty(DType::kF32, {num_rows, vocab});
-  kv_cache_->bind(plan);
-  bool finished = false;
-  if (cpu_ranks_) {
-    cpu_ranks_->forward(plan, inputs,
-                        [&] { finished = model_->forward(inputs, *kv_cache_, *logits); });
-  } else {
-    finished = model_->forward(inputs, *kv_cache_, *logits);
-  }
-  if (!finished) return std::nullopt;
-  if (num_prefetched > 0 || !to_fill.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    finish_masks();
-    last_mask_ms_ =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::vector<int32_t> sampled(B, -1);
-  for (int32_t b = 0; b < B; ++b) {
-    if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
-      sampled[b] = sample_row(plan, b, *live[b], *logits, mask_of(b));
-    }
-  }
-  return sampled;
+  StepResult result = executor_->collect(executor_->launch(plan, std::move(inputs)));
+  last_mask_ms_ = result.timings.mask_ms;
+  last_mask_hidden_ = result.timings.mask_hidden;
+  return result;
 }
 
 const int32_t* Engine::mask_of(int32_t b) const {
   return mask_row_[b] >= 0 ? mask_rows_ + int64_t{mask_row_[b]} * mask_words_ : nullptr;
-}
-
-int32_t Engine::sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
-                           const Tensor& logits, const int32_t* mask) {
-  const int64_t vocab = model_->config().vocab_size;
-  const SamplingParams& params = request.sampling;
-  const std::span<const int32_t> generated = request.tokens->outputs();
-  const float* row = logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
-  if (!adjusts_logits(params)) {
-    return ops::sample_token(row, vocab, params, request.seed, generated.size(), mask);
-  }
-  // vLLM's order (ops::adjust_logits, the same operations as the GPU sampler's): the bias, then
-  // the repetition penalty (prompt and output), then presence and frequency (output only).
-  std::vector<float> penalized(row, row + vocab);
-  std::vector<int32_t> bias_tokens, counts(vocab, 0), prompt_seen((vocab + 31) / 32, 0);
-  std::vector<float> bias_values;
-  for (const auto& [token, bias] : params.logit_bias) {
-    bias_tokens.push_back(token);
-    bias_values.push_back(bias);
-  }
-  for (const int32_t t : request.tokens->prompt()) {
-    prompt_seen[t >> 5] |= static_cast<int32_t>(1u << (static_cast<uint32_t>(t) & 31));
-  }
-  for (const int32_t t : generated) ++counts[t];
-  ops::adjust_logits(penalized.data(), vocab, bias_tokens.data(), bias_values.data(),
-                     static_cast<int64_t>(bias_tokens.size()), params.repetition_penalty,
-                     params.presence_penalty, params.frequency_penalty, counts.data(),
-                     prompt_seen.data());
-  return ops::sample_token(penalized.data(), vocab, params, request.seed, generated.size(), mask);
 }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
@@ -574,11 +449,9 @@ RequestOutput Engine::take_output(int64_t request_id) {
 
 SchedulerStats Engine::stats() const { return scheduler_->stats(); }
 
-bool Engine::last_mask_hidden() const { return cuda_ && cuda_->last_mask_hidden(); }
+int64_t Engine::cascade_steps() const { return executor_->worker().cascade_steps(); }
 
-int64_t Engine::cascade_steps() const { return cuda_ ? cuda_->cascade_steps() : 0; }
-
-int64_t Engine::logits_downloads() const { return cuda_ ? cuda_->logits_downloads() : 0; }
+int64_t Engine::logits_downloads() const { return executor_->worker().logits_downloads(); }
 
 std::vector<SequenceView> Engine::sequence_map() const { return scheduler_->sequence_map(); }
 
@@ -587,15 +460,16 @@ std::vector<CachedPageView> Engine::cached_pages(int32_t max_pages) const {
 }
 
 int64_t Engine::expert_bytes_read() const {
-  return model_->expert_bytes_read() * options_.tensor_parallel_size;
+  return executor_->worker().model().expert_bytes_read() * options_.tensor_parallel_size;
 }
 
 int64_t Engine::step_weight_bytes() const {
-  return model_->step_weight_bytes() * options_.tensor_parallel_size;
+  return executor_->worker().model().step_weight_bytes() * options_.tensor_parallel_size;
 }
 
 std::map<std::string, int64_t> Engine::step_weight_bytes_by_format() const {
-  std::map<std::string, int64_t> by_format = model_->step_weight_bytes_by_format();
+  std::map<std::string, int64_t> by_format =
+      executor_->worker().model().step_weight_bytes_by_format();
   for (auto& [format, bytes] : by_format) bytes *= options_.tensor_parallel_size;
   return by_format;
 }
@@ -604,8 +478,8 @@ void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
-  PAGEDLM_CHECK(!cuda_ || top_k <= ops::kMaxTopLogprobs, "top logprobs must be at most ",
-                ops::kMaxTopLogprobs, " on the GPU, got ", top_k);
+  const int32_t most = executor_->worker().max_top_logprobs();
+  PAGEDLM_CHECK(top_k <= most, "top logprobs must be at most ", most, " on the GPU, got ", top_k);
   it->second.logprobs_top_k = top_k;
 }
 
@@ -619,9 +493,8 @@ void Engine::set_grammar(int64_t request_id,
   // After the grammar's stop token the output would run on unconstrained.
   PAGEDLM_CHECK(!it->second.sampling.ignore_eos, "a grammar cannot be combined with ignore_eos");
   auto matcher = std::make_shared<grammar::Matcher>(std::move(compiled));
-  PAGEDLM_CHECK(matcher->vocab_size() == model_->config().vocab_size,
-                "the grammar was compiled for ", matcher->vocab_size(), " tokens, the model has ",
-                model_->config().vocab_size);
+  PAGEDLM_CHECK(matcher->vocab_size() == config().vocab_size, "the grammar was compiled for ",
+                matcher->vocab_size(), " tokens, the model has ", config().vocab_size);
   it->second.matcher = std::move(matcher);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/engine/worker.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/model/tensor_parallel.h"
@@ -21,12 +22,8 @@
 
 namespace pagedlm {
 
-class CausalLM;
-class CpuRanks;
-class ProcessGroup;
-class CudaStepRunner;
+class Executor;
 class MaskPrefetch;
-class PagedKvCache;
 namespace grammar {
 class CompiledGrammar;
 class Matcher;
@@ -87,6 +84,11 @@ struct EngineOptions {
   int32_t tensor_parallel_device = -1;  // this rank's GPU; -1: its rank modulo the GPUs seen
   // How long a rank waits in a collective for the others before the whole group fails.
   int32_t collective_timeout_ms = 300000;
+  // GPU ranks in processes: what to do when another rank's process is gone (`why` names it; on
+  // a watcher thread). A collective waiting for a dead peer never returns, so it should end the
+  // process, as the command line's does; the engine never ends it itself. Such a group is
+  // refused without one.
+  std::function<void(const std::string& why)> on_lost_rank;
 };
 
 // What one step produced for one request.
@@ -128,11 +130,10 @@ struct StepShape {
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
 };
 
-// The KV cache pages a rank takes: options.num_pages when set, else what fits the share of free
-// GPU memory (options.gpu_memory_fraction; the runner and weights already allocated) or, on the
-// CPU, the rank's share of options.kv_cache_bytes.
-int32_t kv_cache_pages(const EngineOptions& options, const ModelConfig& config, TensorParallel tp,
-                       DType dtype);
+// The options with every default that depends on the device filled in (the token budget, the
+// step-time target, the mask prefetch), checked; the one place such defaults are decided. Every
+// rank of a group resolves its options with it.
+EngineOptions resolve_options(EngineOptions options);
 
 // The GPUs this process sees: 0 when this build has no CUDA support or the machine no GPU.
 int cuda_device_count();
@@ -222,7 +223,7 @@ class Engine {
   // Host time the last step spent computing token masks; on the GPU, whether the forward pass was
   // still running when they were done (the mask time was hidden behind it).
   double last_mask_ms() const { return last_mask_ms_; }
-  bool last_mask_hidden() const;
+  bool last_mask_hidden() const { return last_mask_hidden_; }
   // Host time the worker spent filling the masks started after the step before this one (0:
   // none started); they were ready for this step's masked sequences.
   double last_mask_prefetch_ms() const { return last_mask_prefetch_ms_; }
@@ -247,28 +248,18 @@ class Engine {
     bool grammar_refused = false;
   };
 
-  // Runs the step's forward and sampling; returns the sampled token per sequence (-1: none),
-  // or nothing when the forward pass was left midway (set_abandon_check).
-  // live[b] is the plan's sequence b. *logits receives the step's logits [S, vocab] f32 on the
-  // host when want_logits.
-  std::optional<std::vector<int32_t>> forward_and_sample(const StepPlan& plan,
-                                                         const std::vector<LiveRequest*>& live,
-                                                         bool want_logits, Tensor* logits);
+  // Runs the step's forward and sampling on the executor's ranks: the sampled token per sequence
+  // (-1: none), the logits [S, vocab] f32 on the host when want_logits, or completed false when
+  // the forward pass was left midway (set_abandon_check). live[b] is the plan's sequence b.
+  StepResult forward_and_sample(const StepPlan& plan, const std::vector<LiveRequest*>& live,
+                                bool want_logits);
   // Ends the step of a forward pass left midway: its requests as cancelled, its pages forgotten.
   std::vector<RequestEvent> abandon_step(const StepPlan& plan);
-  // Samples sequence b's token from its last logits row (host), penalties applied.
-  // mask: the request's token bitmask for this step, or null.
-  int32_t sample_row(const StepPlan& plan, int32_t b, const LiveRequest& request,
-                     const Tensor& logits, const int32_t* mask);
   // Sequence b's token bitmask this step, or null.
   const int32_t* mask_of(int32_t b) const;
 
   EngineOptions options_;
-  std::unique_ptr<ProcessGroup> group_;   // tensor parallelism on GPUs: rank 0's link
-  std::unique_ptr<CpuRanks> cpu_ranks_;   // tensor parallelism on the CPU: the group
-  std::unique_ptr<CausalLM> model_;       // rank 0's
-  std::unique_ptr<CudaStepRunner> cuda_;  // set when the engine runs on the GPU
-  std::unique_ptr<PagedKvCache> kv_cache_;
+  std::unique_ptr<Executor> executor_;  // the ranks that run the steps
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<int64_t, LiveRequest> requests_;
   int64_t next_request_id_ = 1;
@@ -281,13 +272,13 @@ class Engine {
   bool prefill_always_bounded_ = false;
   uint64_t seed_counter_;
   // Token bitmasks, rows of mask_words_ words: rows [0, max_num_seqs) are the prefetch's (its
-  // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step. On the GPU
-  // the runner's pinned rows, which it uploads from; on the CPU host_mask_rows_.
+  // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step; rank 0's
+  // worker's (Worker::mask_rows: on the GPU pinned rows it uploads from).
   int32_t* mask_rows_ = nullptr;
-  std::unique_ptr<int32_t[]> host_mask_rows_;
   std::vector<int32_t> mask_row_;  // per sequence of the step: its row of mask_rows_, -1 none
   int32_t mask_words_ = 0;
   double last_mask_ms_ = 0;
+  bool last_mask_hidden_ = false;
   double last_mask_prefetch_ms_ = 0;
   int32_t last_prefetched_masks_ = 0;
   // Last, so that its worker stops before anything it could read goes.

@@ -2,18 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "pagedlm/core/error.h"
-#include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/engine.h"
-#include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/engine/rendezvous.h"
-#include "pagedlm/model/model.h"
 
 #ifdef PAGEDLM_HAS_CUDA
 #include <cuda_runtime.h>
@@ -42,14 +37,6 @@ int32_t pages_of(const std::string& m, char kind, const std::string& whose) {
   return n;
 }
 
-#ifdef PAGEDLM_HAS_CUDA
-[[noreturn]] void end_process(const std::string& why) {
-  std::fprintf(stderr, "pagedlm: %s; ending this rank\n", why.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-#endif
-
 }  // namespace
 
 ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& config)
@@ -59,6 +46,9 @@ ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& conf
                 size, ")");
   PAGEDLM_CHECK(!options.tensor_parallel_endpoint.empty(),
                 "a tensor-parallel group of processes needs rank 0's HOST:PORT");
+  PAGEDLM_CHECK(options.on_lost_rank != nullptr,
+                "a tensor-parallel group of processes needs EngineOptions::on_lost_rank (a rank ",
+                "whose peer is gone would wait in a collective forever)");
 #ifdef PAGEDLM_HAS_CUDA
   int devices = 0;
   PAGEDLM_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "tensor-parallel rank ",
@@ -84,8 +74,8 @@ ProcessGroup::ProcessGroup(const EngineOptions& options, const ModelConfig& conf
   }
   comm_ = ops::make_nccl_communicator(id, rank_, size);
   // From here a dead rank would leave the others inside a collective forever.
-  if (server_) server_->watch(end_process);
-  if (client_) client_->watch(end_process);
+  if (server_) server_->watch(options.on_lost_rank);
+  if (client_) client_->watch(options.on_lost_rank);
 #else
   (void)config;
   fail("tensor parallelism over processes needs the CUDA build (NCCL)");
@@ -131,34 +121,6 @@ std::optional<WireStep> ProcessGroup::receive_step() {
     return std::nullopt;
   }
   return decode_step(m.substr(1));
-}
-
-void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions& options) {
-  PAGEDLM_CHECK(options.device == Device::kCuda,
-                "a tensor-parallel rank in its own process runs on a GPU");
-  ProcessGroup group(options, checkpoint.config);
-  const int32_t tp = options.tensor_parallel_size;
-  std::unique_ptr<CausalLM> model = create_model(checkpoint, Device::kCuda, {group.rank(), tp},
-                                                 group.communicator(), options.model_options());
-  const ModelConfig& c = model->config();
-  // The same order as rank 0's engine: runner, cache, warm-up (whose steps hold collectives).
-  CudaStepRunner runner(*model, options, c.max_position_embeddings);
-  const int32_t num_pages =
-      group.agree_num_pages(kv_cache_pages(options, c, {group.rank(), tp}, model->compute_dtype()));
-  PagedKvCache kv_cache(c.num_layers, num_pages, options.page_size,
-                        rank_dims(c, {group.rank(), tp}).kv_heads, c.head_dim, Device::kCuda,
-                        model->compute_dtype());
-  runner.set_kv_cache(&kv_cache);
-  runner.warm_up();
-  // This rank's sampled tokens are thrown away: rank 0 samples. Greedy rows keep the sampler
-  // cheap.
-  SamplingParams greedy;
-  greedy.temperature = 0.f;
-  while (std::optional<WireStep> step = group.receive_step()) {
-    std::vector<SeqSampling> sampling(step->plan.num_seqs(), SeqSampling{&greedy, 0, 0});
-    Tensor logits;
-    runner.run(step->plan, sampling, step->want_logits ? &logits : nullptr);
-  }
 }
 
 }  // namespace pagedlm

@@ -1,10 +1,11 @@
 // Tensor parallelism over GPUs: one process per rank, each on its own GPU. Rank 0 runs the
-// engine (scheduler, sampling, the API); every step it sends the StepPlan to the other ranks,
-// which run their share of the model on it, the NCCL collectives joining them on each rank's
-// stream. They meet through engine/rendezvous.h (rank 0 listens at the endpoint and hands out
-// the NCCL id), so the ranks may span machines. A rank whose process is gone ends every other
-// rank's process with a message naming it: a collective waiting for a dead peer never returns,
-// so exiting is the only way not to hang.
+// engine (scheduler, sampling, the API); every step its executor sends the StepPlan to the other
+// ranks, whose worker loops (run_worker_rank, engine/executor.h) run their share of the model on
+// it, the NCCL collectives joining them on each rank's stream. They meet through
+// engine/rendezvous.h (rank 0 listens at the endpoint and hands out the NCCL id), so the ranks may
+// span machines. A rank whose process is gone is reported to every other rank's
+// EngineOptions::on_lost_rank, naming it, which the command line answers by ending the process: a
+// collective waiting for a dead peer never returns, so exiting is the only way not to hang.
 #pragma once
 
 #include <memory>
@@ -46,9 +47,5 @@ class ProcessGroup {
   std::unique_ptr<RendezvousClient> client_;  // the others
   std::unique_ptr<ops::Communicator> comm_;
 };
-
-// A rank > 0 of a group of processes: builds its share of the model, its KV cache and its step
-// runner as rank 0's engine does, then runs rank 0's steps until rank 0 is done.
-void run_tensor_parallel_rank(const Checkpoint& checkpoint, const EngineOptions& options);
 
 }  // namespace pagedlm

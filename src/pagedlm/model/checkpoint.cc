@@ -164,6 +164,11 @@ void add_experts(Checkpoint& ckpt, const GgufTensorInfo& t, const std::string& n
   }
 }
 
+// Rope rotates pairs of a head's features: both config readers refuse an odd head size.
+void require_even_head_dim(int64_t head_dim) {
+  PAGEDLM_CHECK(head_dim % 2 == 0, "head_dim must be even for rope, got ", head_dim);
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& config) {
@@ -203,7 +208,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config) {
                   ") and the config gives no head_dim");
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  PAGEDLM_CHECK(c.head_dim % 2 == 0, "head_dim must be even for rope, got ", c.head_dim);
+  require_even_head_dim(c.head_dim);
   c.max_position_embeddings = keys.get_positive_int("max_position_embeddings");
   c.rms_norm_eps = static_cast<float>(keys.get_float("rms_norm_eps", 1e-6));
   PAGEDLM_CHECK(c.rms_norm_eps > 0, "config key \"rms_norm_eps\" must be positive");
@@ -310,7 +315,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   } else {
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  PAGEDLM_CHECK(c.head_dim % 2 == 0, "head_dim must be even for rope, got ", c.head_dim);
+  require_even_head_dim(c.head_dim);
   c.max_position_embeddings = get_positive(f, p + "context_length");
   c.rope.theta = static_cast<float>(opt_float(p + "rope.freq_base", 10000.0));
   c.rms_norm_eps = static_cast<float>(opt_float(p + "attention.layer_norm_rms_epsilon", 1e-5));

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -597,13 +598,13 @@ class DecoderModel final : public CausalLM {
     }
     // On the CPU a GGUF's embedding stays in its blocks (rows dequantized as they are looked
     // up): SmolLM2's as float32 would be 113 MB, its Q8_0 blocks are 30 MB, and those of a tied
-    // lm_head computing from them in exact mode are the same blocks, kept once.
-    embed_in_lm_head_ =
-        c.tie_word_embeddings && lm_head_.parts.size() == 1 && lm_head_.parts.front().q8.empty();
+    // lm_head are the same blocks, kept once (packed for 8-bit activations, their rows are
+    // read from the packing, the same floats).
+    embed_in_lm_head_ = c.tie_word_embeddings && lm_head_.parts.size() == 1;
     if (device == Device::kCpu && !embed_in_lm_head_) {
       embed_blocks_ = ops::repack_for_cpu(one_format(stacked_blocks(ckpt, c, tp, {embed_part})));
     }
-    if (embed_table() == nullptr) embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
+    if (!has_embed_blocks()) embed_ = upload(shard_of(ckpt, c, tp, {embed_part}), device);
     if (c.tie_word_embeddings && lm_head_.parts.empty()) lm_head_.dense = embed_;
     final_norm_ = upload(ckpt.get("model.norm.weight", {D}), device);
     const Family& family = family_of(c);
@@ -671,8 +672,8 @@ class DecoderModel final : public CausalLM {
     // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
     PAGEDLM_CHECK(
         !options.cpu_q8_activations || num_q8 > 0,
-        "8-bit activations (--cpu-q8-activations) need a GGUF with Q4_0, Q4_1, Q5_0 or Q8_0 "
-        "projection weights; this model has none");
+        "8-bit activations (--cpu-q8-activations) need a GGUF with projection weights in ggml's "
+        "blocks; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
@@ -785,13 +786,10 @@ class DecoderModel final : public CausalLM {
 
     const float offset = c.norm_weight_offset;
     if (comm_ == nullptr) {
-      if (const QuantizedMatrix* table = embed_table()) {
-        ops::embedding(*table, in.token_ids, residual, c.embedding_scale);
-      } else {
+      if (!embed_in_blocks(in.token_ids, residual, std::nullopt)) {
         ops::embedding(embed_, in.token_ids, residual, stream, c.embedding_scale);
       }
-    } else if (const QuantizedMatrix* table = embed_table()) {
-      ops::embedding(*table, in.token_ids, residual, c.embedding_scale, dims_.vocab_begin);
+    } else if (embed_in_blocks(in.token_ids, residual, dims_.vocab_begin)) {
       comm_->all_reduce_sum(residual, stream);
     } else {
       // Each rank embeds the tokens of its share of the vocabulary (zeros elsewhere): the sum
@@ -898,10 +896,25 @@ class DecoderModel final : public CausalLM {
   TensorParallel tp_;
   RankDims dims_;            // this rank's share (the whole model without tensor parallelism)
   ops::Communicator* comm_;  // null without tensor parallelism
-  // The CPU's embedding in its GGUF blocks, instead of embed_: the tied lm_head's, or its own.
-  const QuantizedMatrix* embed_table() const {
-    if (embed_in_lm_head_) return &lm_head_.parts.front().blocks;
-    return embed_blocks_.empty() ? nullptr : &embed_blocks_;
+  // The CPU's embedding in its GGUF blocks, instead of embed_: the tied lm_head's (in either of
+  // its forms), or its own.
+  bool has_embed_blocks() const { return embed_in_lm_head_ || !embed_blocks_.empty(); }
+  // Looks the ids up in those blocks; false where the embedding is embed_.
+  bool embed_in_blocks(const Tensor& ids, const Tensor& out,
+                       std::optional<int64_t> vocab_begin) const {
+    const float scale = config_.embedding_scale;
+    if (embed_in_lm_head_) {
+      const BlockPart& part = lm_head_.parts.front();
+      if (part.q8.empty()) {
+        ops::embedding(part.blocks, ids, out, scale, vocab_begin);
+      } else {
+        ops::embedding(part.q8, ids, out, scale, vocab_begin);
+      }
+      return true;
+    }
+    if (embed_blocks_.empty()) return false;
+    ops::embedding(embed_blocks_, ids, out, scale, vocab_begin);
+    return true;
   }
 
   Tensor embed_, final_norm_;

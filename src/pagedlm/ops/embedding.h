@@ -7,6 +7,7 @@
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/ops/linear.h"
 
 namespace pagedlm::ops {
 
@@ -26,6 +27,10 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
 // keeping [vocab, dim] floats.
 void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& out,
                float scale = 1.f, std::optional<int64_t> vocab_begin = std::nullopt);
+// The same from a table packed for 8-bit activations (a tied lm_head's, ops/linear.h): the rows
+// are the same floats as those of the blocks it was packed from.
+void embedding(const Q8PackedMatrix& table, const Tensor& ids, const Tensor& out, float scale = 1.f,
+               std::optional<int64_t> vocab_begin = std::nullopt);
 
 namespace cpu {
 // table: [vocab, dim] f32, ids: [n_tokens], out: [n_tokens, dim] f32.

@@ -70,13 +70,18 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out, void* 
 #endif
 }
 
-void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& out, float scale,
-               std::optional<int64_t> vocab_begin) {
-  constexpr const char* kOp = "embedding (table in blocks)";
-  detail::expect(ids, kOp, "ids", DType::kI32, {detail::kAnyDim});
-  const int64_t vocab = table.rows, dim = table.cols, n_tokens = ids.dim(0);
-  detail::expect(out, kOp, "out", DType::kF32, {n_tokens, dim});
-  PAGEDLM_CHECK(ids.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
+namespace {
+
+// out[t] = row ids[t] of a [vocab, dim] table kept in blocks, as `dequantize(row, dst)` gives it,
+// times scale.
+template <typename Dequantize>
+void embed_block_rows(const char* op, int64_t vocab, int64_t dim, const Tensor& ids,
+                      const Tensor& out, float scale, std::optional<int64_t> vocab_begin,
+                      Dequantize dequantize) {
+  detail::expect(ids, op, "ids", DType::kI32, {detail::kAnyDim});
+  const int64_t n_tokens = ids.dim(0);
+  detail::expect(out, op, "out", DType::kF32, {n_tokens, dim});
+  PAGEDLM_CHECK(ids.device() == Device::kCpu && out.device() == Device::kCpu, op,
                 ": a table in blocks is a CPU path");
   PAGEDLM_CHECK(!vocab_begin || *vocab_begin >= 0, "embedding: vocab_begin must be >= 0, got ",
                 vocab_begin.value_or(0));
@@ -97,11 +102,26 @@ void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& ou
       for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
       continue;
     }
-    dequantize_row(table, row, o);
+    dequantize(row, o);
     if (scale != 1.f) {
       for (int64_t i = 0; i < dim; ++i) o[i] *= scale;
     }
   }
+}
+
+}  // namespace
+
+void embedding(const QuantizedMatrix& table, const Tensor& ids, const Tensor& out, float scale,
+               std::optional<int64_t> vocab_begin) {
+  embed_block_rows("embedding (table in blocks)", table.rows, table.cols, ids, out, scale,
+                   vocab_begin, [&](int64_t row, float* o) { dequantize_row(table, row, o); });
+}
+
+void embedding(const Q8PackedMatrix& table, const Tensor& ids, const Tensor& out, float scale,
+               std::optional<int64_t> vocab_begin) {
+  embed_block_rows("embedding (table packed for 8-bit activations)", table.rows, table.cols, ids,
+                   out, scale, vocab_begin,
+                   [&](int64_t row, float* o) { dequantize_row(table, row, o); });
 }
 
 }  // namespace pagedlm::ops

@@ -44,7 +44,8 @@ void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, 
 QuantizedMatrix repack_for_cpu(QuantizedMatrix weight);
 
 // 8-bit activations (an option, not the default): each row of x is quantized to int8 per block
-// of 32 and the block dot products are computed in integers, as llama.cpp does. Faster, but
+// of 32 (of 256 for the K-quants) and the block dot products are computed in integers, as
+// llama.cpp does. Faster, but
 // no longer exact (see linear_q8_cpu.cc). The weight's blocks regrouped for it: 16 output
 // features side by side, so one int32 / f32 lane of a 512-bit register is one output feature.
 struct Q8PackedMatrix {
@@ -54,10 +55,16 @@ struct Q8PackedMatrix {
 
   bool empty() const { return rows == 0; }
 };
-// Takes ggml's Q4_1, Q8_0, Q4_0 (packed as Q4_1 with m = -8 d) and Q5_0 (as Q8_0 with q - 16):
-// q8_packs says which; the other formats stay on the exact kernels under --cpu-q8-activations.
+// Takes every ggml format the CPU keeps (q8_packs): Q4_1 and Q8_0 regrouped as they are, Q4_0
+// (packed as Q4_1 with m = -8 d); Q5_0, Q5_1 and the K-quants in a super-block layout
+// (linear_q8_cpu.cc) that keeps their bits per weight, computed as llama.cpp does with its q8_K
+// activations: x quantized per 256 (32 for Q5_0 and Q5_1), the sub-block scales and mins applied
+// in integers, one float step per super-block.
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
 bool q8_packs(QuantType type);
+// Row r's weights as floats (cols of them), bit for bit those of the format's reference
+// dequantization of the blocks it was packed from (a tied embedding reads its rows here).
+void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out);
 
 // y = x W^T + b with x quantized to 8 bits (CPU, f32 x / bias / out). Batch invariant: each
 // output is one lane's own sequence of operations over the blocks in order, whatever the rows
@@ -78,17 +85,20 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
 void linear_portable(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                      int64_t rows);
 
-// x quantized row by row, 32 values a block, as ggml's Q8_1 (which also keeps the block sum for
-// Q4_1's min term) but with f32 scales: d = max |x| / 127, q = x * (1 / d) rounded to nearest,
-// ties to even (as ggml's AVX2 quantizer rounds), the block's sum of q and d * sum.
+// x quantized row by row, `block` values a block (32, or 256 for the K-quants as ggml's q8_K),
+// as ggml's Q8_1 (which also keeps the block sum for Q4_1's min term) but with f32 scales:
+// d = max |x| / 127, q = x * (1 / d) rounded to nearest, ties to even (as ggml's AVX2 quantizer
+// rounds), the block's sum of q and d * sum, and the sum of q per 16 (the K-quants' mins).
 struct Q8Activations {
-  int64_t rows = 0, cols = 0;
+  int64_t rows = 0, cols = 0, block = 32;
   std::vector<int8_t> qs;         // [rows, cols]
-  std::vector<float> scale;       // [rows, cols / 32]: d
-  std::vector<int32_t> sum;       // [rows, cols / 32]: sum of the block's q
-  std::vector<float> scaled_sum;  // [rows, cols / 32]: d * sum
+  std::vector<float> scale;       // [rows, cols / block]: d
+  std::vector<int32_t> sum;       // [rows, cols / block]: sum of the block's q
+  std::vector<float> scaled_sum;  // [rows, cols / block]: d * sum
+  std::vector<int32_t> sum16;     // [rows, cols / 16]: sum of q per 16
 };
-void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out);
+void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
+                 int64_t block = 32);
 
 // The integer dot-product kernels this build has (all give the same bits): portable C++;
 // AVX2 (maddubs / madd); 256-bit VNNI (AVX-VNNI or AVX-512 VL); 512-bit AVX-512 VNNI.

@@ -1,7 +1,7 @@
 // The CPU projections with 8-bit activations (--cpu-q8-activations): x is quantized per block of
-// 32 to int8 (ops/linear.h, Q8Activations) and each block's dot product with a Q4_1 or Q8_0
-// weight block is an exact integer sum; only the scales are floating point. Not exact (x loses
-// its low bits), which is why it is an option.
+// 32 (256 for the K-quants) to int8 (ops/linear.h, Q8Activations) and each block's dot product
+// with a weight block is an exact integer sum; only the scales are floating point. Not exact (x
+// loses its low bits), which is why it is an option.
 //
 // Layout: the weight's rows (output features) are regrouped 16 at a time, block by block, so
 // that a 64-byte chunk holds 4 consecutive elements of each of the 16 features. One VNNI
@@ -19,7 +19,17 @@
 // then adds the bias. The integer part is exact, so the portable, AVX2 and VNNI kernels give
 // the same bits, and a row's outputs never depend on the rows tiled with it (batch invariant).
 //
-// Q4_0 and Q5_0 are packed as the Q4_1 and Q8_0 blocks holding the same weights (pack_for_q8).
+// Q4_0 is packed as the Q4_1 blocks holding the same weights (pack_for_q8).
+//
+// Q5_0, Q5_1 and the K-quants keep their bits per weight in a super-block layout (SuperLayout
+// below): a weight is w = d * sc * (u - offset) - dmin * mn with u its unsigned quant, sc and mn
+// the integer scale and min of its 16 or 32 weights, d and dmin its super-block's floats. x is
+// quantized per super-block (256 weights: ggml's q8_K; 32 for Q5_1), so that a super-block's
+// dot product is one integer, sum sc * (dot(u, q) - offset * sum q) over its sub-blocks, and its
+// mins another, sum mn * sum q: per lane and super-block every kernel does
+//   acc = fma(float(isum), d_w * d_x, acc); with mins acc = fma(-float(msum), dmin_w * d_x, acc).
+// Q5_0 and Q5_1 are the case of one 32-weight sub-block with sc = 1 and f16 d as ggml's (Q5_0:
+// offset 16; Q5_1: mn = 1 and dmin = -m); Q5_0 so takes 5.5 bits a weight, not Q8_0's 8.5.
 //
 // Dispatch is at compile time: the build uses -march=native (as linear_cpu.cc does), so the
 // binary runs where it was built and every instruction set the compiler enables is present.
@@ -50,9 +60,282 @@ constexpr int64_t group_block_bytes(QuantType t) {
   return t == QuantType::kQ4_1 ? 2 * 2 * kGroup + 4 * kChunk : 2 * kGroup + 8 * kChunk;
 }
 
-// Q4_0 and Q5_0 blocks as the Q4_1 and Q8_0 blocks holding the same weights: Q4_0's
-// (q - 8) * d is Q4_1's q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused);
-// Q5_0's (q - 16) * d is Q8_0's with q - 16, which fits an int8.
+// A super-block format's layout. A group's super-block: d[16], dmin[16] (with mins; f16 or f32),
+// then per 32-weight sub-block: `scales` rows of 16 int8 scales (one per 32 weights, or one per
+// 16: the first half's row, then the second's), `mins` rows of 16 uint8 mins likewise, the low
+// bits of u and its high bit planes:
+//   low_bits 4: 4 chunks as Q4_1's (chunk k, lane c, byte e: element 4k + e in the low nibble,
+//               16 + 4k + e in the high one);
+//   low_bits 2: 2 chunks, chunk v's byte e holding element 4 (4v + t) + e at bits 2t;
+//   plane p:    one chunk, byte e's bit j the bit low_bits + p of element 4j + e.
+// Expanded, element 4j + e of every lane lands in byte e of chunk j, as a Q8_0 group's.
+struct SuperLayout {
+  int64_t sb;       // weights per super-block, and per block of quantized x
+  int low_bits;     // 4 or 2
+  int high_bits;    // bit planes above them
+  int scales;       // int8 scale rows per sub-block: 0 (sc = 1), 1 (per 32) or 2 (per 16)
+  int mins;         // uint8 min rows per sub-block: 0, 1 or 2; -1: mn = 1 (Q5_1)
+  int offset;       // subtracted from u
+  int scale_bytes;  // d and dmin as f16 (2: the 32-weight formats, as ggml has them) or f32 (4)
+};
+
+constexpr bool is_super(QuantType t) {
+  switch (t) {
+    case QuantType::kQ5_0:
+    case QuantType::kQ5_1:
+    case QuantType::kQ2_K:
+    case QuantType::kQ3_K:
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
+    case QuantType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr SuperLayout super_layout(QuantType t) {
+  switch (t) {
+    case QuantType::kQ5_0:
+      return {32, 4, 1, 0, 0, 16, 2};
+    case QuantType::kQ5_1:
+      return {32, 4, 1, 0, -1, 0, 2};
+    case QuantType::kQ2_K:
+      return {256, 2, 0, 2, 2, 0, 4};
+    case QuantType::kQ3_K:
+      return {256, 2, 1, 2, 0, 4, 4};
+    case QuantType::kQ4_K:
+      return {256, 4, 0, 1, 1, 0, 4};
+    case QuantType::kQ5_K:
+      return {256, 4, 1, 1, 1, 0, 4};
+    default:  // kQ6_K
+      return {256, 4, 2, 2, 0, 32, 4};
+  }
+}
+
+constexpr bool has_min(const SuperLayout& l) { return l.mins != 0; }
+constexpr int64_t sub_header_bytes(const SuperLayout& l) {
+  return kGroup * (l.scales + std::max(l.mins, 0));
+}
+constexpr int64_t sub_bytes(const SuperLayout& l) {
+  return sub_header_bytes(l) + kChunk * (l.low_bits + l.high_bits);
+}
+constexpr int64_t super_header_bytes(const SuperLayout& l) {
+  return l.scale_bytes * kGroup * (has_min(l) ? 2 : 1);
+}
+constexpr int64_t super_group_bytes(const SuperLayout& l) {
+  return super_header_bytes(l) + l.sb / kQuantBlock * sub_bytes(l);
+}
+
+// Bytes of one group of 16 features over `cols` inputs.
+int64_t packed_group_bytes(QuantType t, int64_t cols) {
+  if (is_super(t)) return cols / super_layout(t).sb * super_group_bytes(super_layout(t));
+  return cols / kQuantBlock * group_block_bytes(t);
+}
+
+// The weights per quantized block of x a layout wants.
+int64_t activation_block(QuantType t) { return is_super(t) ? super_layout(t).sb : kQuantBlock; }
+
+// One super-block of one feature, decomposed: w_k = d * sc_k * (u_k - offset) - dmin * mn_k.
+struct SuperBlock {
+  float d = 0.f, dmin = 0.f;
+  uint8_t u[kMaxQuantBlockElems] = {};
+  int8_t sc[kMaxQuantBlockElems / 16] = {};  // per 16 weights
+  uint8_t mn[kMaxQuantBlockElems / 16] = {};
+};
+
+float f32_at(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// From ggml's Q5_1 block, or from the CPU's repacking of a K-quant's (core/quantized.h: its
+// scales unpacked, its high bits transposed), whose fields are read here as that header lays
+// them out.
+SuperBlock decompose(QuantType t, const uint8_t* b) {
+  SuperBlock s;
+  auto nibble = [](const uint8_t* q, int64_t k) {  // k of 256 in Q4_K's nibble order
+    return (q[32 * (k / 64) + k % 32] >> (4 * (k / 32 % 2))) & 0x0F;
+  };
+  auto crumb = [](const uint8_t* q, int64_t k) {  // k of 256 in Q3_K's / Q2_K's 2-bit order
+    return (q[32 * (k / 128) + k % 32] >> (2 * (k / 32 % 4))) & 3;
+  };
+  auto high_bit = [](const uint8_t* words, int64_t k) {  // one u32 per sub-block of 32
+    uint32_t w;
+    std::memcpy(&w, words + 4 * (k / 32), 4);
+    return static_cast<int>((w >> (k % 32)) & 1);
+  };
+  switch (t) {
+    case QuantType::kQ5_1: {  // f16 d, f16 m, u32 qh, 16 bytes of nibbles
+      uint16_t d, m;
+      std::memcpy(&d, b, 2);
+      std::memcpy(&m, b + 2, 2);
+      s.d = f16_to_f32(d);
+      s.dmin = -f16_to_f32(m);
+      for (int64_t k = 0; k < 32; ++k) {
+        const int low = (b[8 + k % 16] >> (4 * (k / 16))) & 0x0F;
+        s.u[k] = static_cast<uint8_t>(low | (high_bit(b + 4, k) << 4));
+      }
+      break;
+    }
+    case QuantType::kQ5_0: {  // f16 d, u32 qh, 16 bytes of nibbles; u - 16
+      uint16_t d;
+      std::memcpy(&d, b, 2);
+      s.d = f16_to_f32(d);
+      for (int64_t k = 0; k < 32; ++k) {
+        const int low = (b[6 + k % 16] >> (4 * (k / 16))) & 0x0F;
+        s.u[k] = static_cast<uint8_t>(low | (high_bit(b + 2, k) << 4));
+      }
+      break;
+    }
+    case QuantType::kQ4_KF32:  // f32 d, f32 dmin, u8 sc[8], u8 m[8], nibbles
+    case QuantType::kQ5_KF32:  // the same, u32 fifth[8] before the nibbles
+    {
+      const bool five = t == QuantType::kQ5_KF32;
+      s.d = f32_at(b);
+      s.dmin = f32_at(b + 4);
+      for (int64_t i = 0; i < 16; ++i) {
+        s.sc[i] = static_cast<int8_t>(b[8 + i / 2]);
+        s.mn[i] = b[16 + i / 2];
+      }
+      for (int64_t k = 0; k < 256; ++k) {
+        s.u[k] = static_cast<uint8_t>(five ? nibble(b + 56, k) | (high_bit(b + 24, k) << 4)
+                                           : nibble(b + 24, k));
+      }
+      break;
+    }
+    case QuantType::kQ6_KF32: {  // f32 d, int8 sc[16], ql[128], qh[64]
+      s.d = f32_at(b);
+      std::memcpy(s.sc, b + 4, 16);
+      const uint8_t *ql = b + 20, *qh = b + 148;
+      for (int64_t k = 0; k < 256; ++k) {
+        const int64_t half = k / 128, quarter = k % 128 / 32, l = k % 32;
+        const int low = (ql[64 * half + 32 * (quarter % 2) + l] >> (4 * (quarter / 2))) & 0x0F;
+        const int high = (qh[32 * half + l] >> (2 * quarter)) & 3;
+        s.u[k] = static_cast<uint8_t>(low | (high << 4));
+      }
+      break;
+    }
+    case QuantType::kQ3_KF32: {  // f32 d, int8 sc[16] (less 32), u32 hmask[8], qs[64]
+      s.d = f32_at(b);
+      std::memcpy(s.sc, b + 4, 16);
+      for (int64_t k = 0; k < 256; ++k) {
+        s.u[k] = static_cast<uint8_t>(crumb(b + 52, k) | (high_bit(b + 20, k) << 2));
+      }
+      break;
+    }
+    case QuantType::kQ2_KF32: {  // f32 d, f32 dmin, scales (low nibble) and mins, qs[64]
+      s.d = f32_at(b);
+      s.dmin = f32_at(b + 4);
+      for (int64_t i = 0; i < 16; ++i) {
+        s.sc[i] = static_cast<int8_t>(b[8 + i] & 0x0F);
+        s.mn[i] = b[8 + i] >> 4;
+      }
+      for (int64_t k = 0; k < 256; ++k) s.u[k] = static_cast<uint8_t>(crumb(b + 24, k));
+      break;
+    }
+    default:
+      fail("pack_for_q8: no super-block decomposition of ", quant_format(t).name);
+  }
+  return s;
+}
+
+// Lane c of a group's super-block at dst from one feature's decomposition.
+void put_super_lane(const SuperLayout& l, const SuperBlock& s, int64_t c, uint8_t* dst) {
+  auto put_scale = [&](float v, uint8_t* at) {
+    if (l.scale_bytes == 2) {
+      const uint16_t h = f32_to_f16(v);  // exact: d and m came from f16
+      std::memcpy(at + 2 * c, &h, 2);
+    } else {
+      std::memcpy(at + 4 * c, &v, 4);
+    }
+  };
+  put_scale(s.d, dst);
+  if (has_min(l)) put_scale(s.dmin, dst + l.scale_bytes * kGroup);
+  for (int64_t sub = 0; sub < l.sb / kQuantBlock; ++sub) {
+    uint8_t* p = dst + super_header_bytes(l) + sub * sub_bytes(l);
+    const uint8_t* u = s.u + sub * kQuantBlock;
+    for (int r = 0; r < l.scales; ++r) {
+      p[r * kGroup + c] = static_cast<uint8_t>(s.sc[2 * sub + r]);
+    }
+    for (int r = 0; r < l.mins; ++r) p[(l.scales + r) * kGroup + c] = s.mn[2 * sub + r];
+    uint8_t* q = p + sub_header_bytes(l);
+    for (int e = 0; e < 4; ++e) {
+      if (l.low_bits == 4) {
+        for (int k = 0; k < 4; ++k) {
+          q[k * kChunk + 4 * c + e] =
+              static_cast<uint8_t>((u[4 * k + e] & 0x0F) | ((u[16 + 4 * k + e] & 0x0F) << 4));
+        }
+      } else {
+        for (int v = 0; v < 2; ++v) {
+          int byte = 0;
+          for (int t = 0; t < 4; ++t) byte |= (u[4 * (4 * v + t) + e] & 3) << (2 * t);
+          q[v * kChunk + 4 * c + e] = static_cast<uint8_t>(byte);
+        }
+      }
+      for (int plane = 0; plane < l.high_bits; ++plane) {
+        int byte = 0;
+        for (int j = 0; j < 8; ++j) byte |= ((u[4 * j + e] >> (l.low_bits + plane)) & 1) << j;
+        q[(l.low_bits + plane) * kChunk + 4 * c + e] = static_cast<uint8_t>(byte);
+      }
+    }
+  }
+}
+
+// Lane c's d (or dmin) of a group's super-block header at p.
+float header_scale(const SuperLayout& l, const uint8_t* p, int64_t c) {
+  if (l.scale_bytes == 4) return f32_at(p + 4 * c);
+  uint16_t h;
+  std::memcpy(&h, p + 2 * c, 2);
+  return f16_to_f32(h);
+}
+
+// Element k (0..31) of lane c's unsigned quants in a super-block layout's sub-block q.
+int super_quant(const SuperLayout& l, const uint8_t* q, int64_t c, int64_t k) {
+  const int64_t j = k / 4, e = k % 4;
+  int u;
+  if (l.low_bits == 4) {
+    u = (q[j % 4 * kChunk + 4 * c + e] >> (4 * (j / 4))) & 0x0F;
+  } else {
+    u = (q[j / 4 * kChunk + 4 * c + e] >> (2 * (j % 4))) & 3;
+  }
+  for (int plane = 0; plane < l.high_bits; ++plane) {
+    u |= ((q[(l.low_bits + plane) * kChunk + 4 * c + e] >> j) & 1) << (l.low_bits + plane);
+  }
+  return u;
+}
+
+Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
+  const SuperLayout l = super_layout(weight.type);
+  // The K-quants are read from their repacking at load, whose fields are unpacked.
+  const QuantizedMatrix repacked = l.sb == kQuantBlock ? weight : repack_for_cpu(weight);
+  Q8PackedMatrix p;
+  p.type = weight.type;
+  p.rows = weight.rows;
+  p.cols = weight.cols;
+  const int64_t nsb = weight.cols / l.sb;
+  const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;
+  const int64_t src_bytes = quant_block_bytes(repacked.type);
+  // Padding features (past rows) are zero: d = 0.
+  p.data.assign(num_groups * nsb * super_group_bytes(l), 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < num_groups; ++g) {
+    for (int64_t b = 0; b < nsb; ++b) {
+      uint8_t* dst = p.data.data() + (g * nsb + b) * super_group_bytes(l);
+      for (int64_t c = 0; c < kGroup && g * kGroup + c < weight.rows; ++c) {
+        const int64_t n = g * kGroup + c;
+        const SuperBlock s = decompose(
+            repacked.type, repacked.blocks.data() + n * repacked.row_bytes() + b * src_bytes);
+        put_super_lane(l, s, c, dst);
+      }
+    }
+  }
+  return p;
+}
+
+// Q4_0 blocks as the Q4_1 blocks holding the same weights: Q4_0's (q - 8) * d is Q4_1's
+// q * d + m with m = -8 d (exact in f16 but for |d| >= 8192, refused).
 QuantType q8_layout_of(QuantType t) {
   return t == QuantType::kQ4_1 || t == QuantType::kQ4_0 ? QuantType::kQ4_1 : QuantType::kQ8_0;
 }
@@ -70,18 +353,6 @@ const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
     std::memcpy(tmp + 4, src + 2, kQuantBlock / 2);
     return tmp;
   }
-  if (t == QuantType::kQ5_0) {
-    std::memcpy(tmp, src, 2);
-    uint32_t qh;
-    std::memcpy(&qh, src + 2, 4);
-    for (int j = 0; j < kQuantBlock / 2; ++j) {
-      const int lo = (src[6 + j] & 0x0F) | (((qh >> j) & 1) << 4);
-      const int hi = (src[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      tmp[2 + j] = static_cast<uint8_t>(lo - 16);
-      tmp[2 + j + kQuantBlock / 2] = static_cast<uint8_t>(hi - 16);
-    }
-    return tmp;
-  }
   return src;
 }
 
@@ -89,7 +360,7 @@ const uint8_t* as_q8_layout(QuantType t, const uint8_t* src, uint8_t* tmp) {
 
 bool q8_packs(QuantType type) {
   return type == QuantType::kQ4_1 || type == QuantType::kQ8_0 || type == QuantType::kQ4_0 ||
-         type == QuantType::kQ5_0;
+         is_super(type);
 }
 
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
@@ -97,9 +368,11 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
                     static_cast<int64_t>(weight.blocks.size()) == weight.rows * weight.row_bytes(),
                 "pack_for_q8: the weight's blocks do not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  PAGEDLM_CHECK(q8_packs(weight.type),
-                "pack_for_q8: takes ggml's Q4_0, Q4_1, Q5_0 or Q8_0 blocks, not ",
-                quant_format(weight.type).name);
+  PAGEDLM_CHECK(
+      q8_packs(weight.type),
+      "pack_for_q8: takes ggml's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K), not ",
+      quant_format(weight.type).name);
+  if (is_super(weight.type)) return pack_super(weight);
   Q8PackedMatrix p;
   p.type = q8_layout_of(weight.type);
   p.rows = weight.rows;
@@ -146,30 +419,95 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
   return p;
 }
 
+void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out) {
+  PAGEDLM_CHECK(r >= 0 && r < m.rows, "dequantize_row: row ", r, " of ", m.rows);
+  const int64_t c = r % kGroup;
+  const uint8_t* group = m.data.data() + r / kGroup * packed_group_bytes(m.type, m.cols);
+  auto half = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+  };
+  if (!is_super(m.type)) {
+    const bool q4 = m.type == QuantType::kQ4_1;
+    for (int64_t b = 0; b < m.cols / kQuantBlock; ++b) {
+      const uint8_t* blk = group + b * group_block_bytes(m.type);
+      const float d = half(blk + 2 * c);
+      float* o = out + b * kQuantBlock;
+      if (q4) {  // ggml's q * d + m (Q4_0's (q - 8) * d with m = -8 d: both exact)
+        const float mw = half(blk + 2 * kGroup + 2 * c);
+        for (int64_t k = 0; k < kQuantBlock; ++k) {
+          const uint8_t byte = blk[4 * kGroup + k % 16 / 4 * kChunk + 4 * c + k % 4];
+          o[k] = static_cast<float>(k < 16 ? byte & 0x0F : byte >> 4) * d + mw;
+        }
+      } else {  // q stored as q + 128
+        for (int64_t k = 0; k < kQuantBlock; ++k) {
+          const auto q =
+              static_cast<int8_t>(blk[2 * kGroup + k / 4 * kChunk + 4 * c + k % 4] ^ 0x80);
+          o[k] = static_cast<float>(q) * d;
+        }
+      }
+    }
+    return;
+  }
+  // ggml's (d * sc) * (u - offset) - dmin * mn, in that order (its dequantize_row_q*_K).
+  const SuperLayout l = super_layout(m.type);
+  for (int64_t b = 0; b < m.cols / l.sb; ++b) {
+    const uint8_t* blk = group + b * super_group_bytes(l);
+    const float d = header_scale(l, blk, c);
+    const float dmin = has_min(l) ? header_scale(l, blk + l.scale_bytes * kGroup, c) : 0.f;
+    for (int64_t sub = 0; sub < l.sb / kQuantBlock; ++sub) {
+      const uint8_t* p = blk + super_header_bytes(l) + sub * sub_bytes(l);
+      float* o = out + b * l.sb + sub * kQuantBlock;
+      for (int64_t k = 0; k < kQuantBlock; ++k) {
+        const int h = static_cast<int>(k / 16);
+        const int sc =
+            l.scales == 0 ? 1 : static_cast<int8_t>(p[(l.scales == 2 ? h : 0) * kGroup + c]);
+        const int mn = l.mins < 0    ? 1
+                       : l.mins == 0 ? 0
+                                     : p[(l.scales + (l.mins == 2 ? h : 0)) * kGroup + c];
+        const float value =
+            static_cast<float>(super_quant(l, p + sub_header_bytes(l), c, k) - l.offset);
+        o[k] = has_min(l) ? d * static_cast<float>(sc) * value - dmin * static_cast<float>(mn)
+                          : d * static_cast<float>(sc) * value;
+      }
+    }
+  }
+}
+
 namespace cpu {
 
-void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out) {
-  const int64_t nb = cols / kQuantBlock;
+void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out, int64_t block) {
+  PAGEDLM_CHECK(block % 16 == 0 && block > 0 && cols % block == 0, "quantize_q8: ", cols,
+                " columns are not whole blocks of ", block);
+  const int64_t nb = cols / block;
   out.rows = rows;
   out.cols = cols;
+  out.block = block;
   out.qs.resize(rows * cols);
   out.scale.resize(rows * nb);
   out.sum.resize(rows * nb);
   out.scaled_sum.resize(rows * nb);
+  out.sum16.resize(rows * cols / 16);
 #pragma omp parallel for schedule(static) if (rows >= 16)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + r * cols + b * kQuantBlock;
+      const float* xb = x + r * cols + b * block;
       float amax = 0.f;
-      for (int64_t j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::abs(xb[j]));
+      for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::abs(xb[j]));
       const float d = amax / 127.f;
       const float id = d != 0.f ? 1.f / d : 0.f;
-      int8_t* q = out.qs.data() + r * cols + b * kQuantBlock;
+      int8_t* q = out.qs.data() + r * cols + b * block;
       int32_t sum = 0;
-      for (int64_t j = 0; j < kQuantBlock; ++j) {
+      for (int64_t j = 0; j < block; ++j) {
         // |x * id| <= 127 up to rounding, so the value fits an int8.
         q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
         sum += q[j];
+      }
+      for (int64_t h = 0; h < block / 16; ++h) {
+        int32_t s16 = 0;
+        for (int64_t j = 0; j < 16; ++j) s16 += q[16 * h + j];
+        out.sum16[(r * cols + b * block) / 16 + h] = s16;
       }
       out.scale[r * nb + b] = d;
       out.sum[r * nb + b] = sum;
@@ -217,6 +555,50 @@ void tile_portable(const Q8Activations& x, int64_t r0, const uint8_t* group, flo
         if (!kQ4) isum -= 128 * x.sum[xb];
         acc[i][c] = std::fma(static_cast<float>(isum), dw * x.scale[xb], acc[i][c]);
         if (kQ4) acc[i][c] = std::fma(mw, x.scaled_sum[xb], acc[i][c]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) std::memcpy(tile + i * kGroup, acc[i], sizeof(acc[i]));
+}
+
+template <QuantType T, int R>
+void tile_super_portable(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
+  constexpr SuperLayout kL = super_layout(T);
+  const int64_t nsb = x.cols / kL.sb;
+  float acc[R][kGroup] = {};
+  for (int64_t b = 0; b < nsb; ++b) {
+    const uint8_t* blk = group + b * super_group_bytes(kL);
+    for (int64_t c = 0; c < kGroup; ++c) {
+      const float dw = header_scale(kL, blk, c);
+      const float dmin = has_min(kL) ? header_scale(kL, blk + kL.scale_bytes * kGroup, c) : 0.f;
+      for (int i = 0; i < R; ++i) {
+        const int64_t xb = (r0 + i) * nsb + b;
+        const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb;
+        const int32_t* xs16 = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16;
+        int32_t isum = 0, msum = 0;
+        for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
+          const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
+          for (int h = 0; h < 2; ++h) {
+            int32_t dot = 0;
+            for (int64_t k = 16 * h; k < 16 * h + 16; ++k) {
+              dot += super_quant(kL, p + sub_header_bytes(kL), c, k) * xq[sub * kQuantBlock + k];
+            }
+            const int32_t xsum = xs16[2 * sub + h];
+            dot -= kL.offset * xsum;
+            const int32_t sc =
+                kL.scales == 0 ? 1 : static_cast<int8_t>(p[(kL.scales == 2 ? h : 0) * kGroup + c]);
+            isum += sc * dot;
+            if (kL.mins != 0) {
+              const int32_t mn =
+                  kL.mins < 0 ? 1 : p[(kL.scales + (kL.mins == 2 ? h : 0)) * kGroup + c];
+              msum += mn * xsum;
+            }
+          }
+        }
+        acc[i][c] = std::fma(static_cast<float>(isum), dw * x.scale[xb], acc[i][c]);
+        if (has_min(kL)) {
+          acc[i][c] = std::fma(-static_cast<float>(msum), dmin * x.scale[xb], acc[i][c]);
+        }
       }
     }
   }
@@ -314,6 +696,133 @@ void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* 
   }
 }
 
+// A super-block layout's sub-block quants q expanded to the 8 chunks of a Q8_0 group (unsigned
+// u), lanes [8h, 8h + 8) (256-bit) or all 16 (512-bit): V is the register type. Shifts are per
+// 16 bits; every bit kept by the masks comes from the byte it lands in.
+template <typename V, typename Ops>
+inline void expand_super(const SuperLayout& l, const uint8_t* q, V* w) {
+  if (l.low_bits == 4) {
+    for (int k = 0; k < 4; ++k) {
+      const V v = Ops::load(q + k * kChunk);
+      w[k] = Ops::and_(v, Ops::bytes(0x0F));
+      w[k + 4] = Ops::and_(Ops::srli16(v, 4), Ops::bytes(0x0F));
+    }
+  } else {
+    for (int c = 0; c < 2; ++c) {
+      const V v = Ops::load(q + c * kChunk);
+      for (int t = 0; t < 4; ++t) w[4 * c + t] = Ops::and_(Ops::srli16(v, 2 * t), Ops::bytes(3));
+    }
+  }
+  for (int plane = 0; plane < l.high_bits; ++plane) {
+    const int bit = l.low_bits + plane;
+    const V h = Ops::load(q + bit * kChunk);
+    const V mask = Ops::bytes(1 << bit);
+    for (int j = 0; j < 8; ++j) {
+      const V moved = j < bit ? Ops::slli16(h, bit - j) : Ops::srli16(h, j - bit);
+      w[j] = Ops::or_(w[j], Ops::and_(moved, mask));
+    }
+  }
+}
+
+struct Ops256 {
+  static __m256i load(const uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+  static __m256i and_(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+  static __m256i or_(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+  static __m256i srli16(__m256i a, int n) { return _mm256_srli_epi16(a, n); }
+  static __m256i slli16(__m256i a, int n) { return _mm256_slli_epi16(a, n); }
+};
+
+// 8 lanes of one row: sum over chunks [j0, j0 + 4) of u * q (u <= 63, so maddubs' int16 pair
+// sums of at most 2 * 63 * 127 cannot saturate).
+template <bool kVnni>
+inline __m256i half_dot_256(const __m256i* w, const int8_t* xq, int j0) {
+  __m256i s = _mm256_setzero_si256();
+  for (int j = j0; j < j0 + 4; ++j) {
+    const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
+    if constexpr (kVnni) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+      s = _mm256_dpbusd_epi32(s, w[j], xv);
+#elif defined(__AVXVNNI__)
+      s = _mm256_dpbusd_avx_epi32(s, w[j], xv);
+#endif
+    } else {
+      s = _mm256_add_epi32(s,
+                           _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], xv), _mm256_set1_epi16(1)));
+    }
+  }
+  return s;
+}
+
+// Lanes [8h, 8h + 8) of a super-block header's d (or dmin) at p.
+inline __m256 header_scales_256(const SuperLayout& l, const uint8_t* p, int h) {
+  if (l.scale_bytes == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+}
+
+// Scales or mins, one byte per lane at p (lanes [8h, 8h + 8)), as int32.
+inline __m256i lane_bytes_256(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+template <bool kVnni, QuantType T, int R>
+void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
+  constexpr SuperLayout kL = super_layout(T);
+  const int64_t nsb = x.cols / kL.sb;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; ++b) {
+      const uint8_t* blk = group + b * super_group_bytes(kL);
+      __m256i isum[R], msum[R];
+      for (int i = 0; i < R; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
+      for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
+        const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
+        __m256i w[8];
+        expand_super<__m256i, Ops256>(kL, p + sub_header_bytes(kL) + 32 * h, w);
+        __m256i sc[2], mn[2];
+        for (int r = 0; r < 2; ++r) {
+          if (kL.scales > 0)
+            sc[r] = lane_bytes_256(p + (kL.scales == 2 ? r : 0) * kGroup + 8 * h, true);
+          if (kL.mins > 0) {
+            mn[r] =
+                lane_bytes_256(p + (kL.scales + (kL.mins == 2 ? r : 0)) * kGroup + 8 * h, false);
+          }
+        }
+        for (int i = 0; i < R; ++i) {
+          const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
+          const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+          __m256i dot[2] = {half_dot_256<kVnni>(w, xq, 0), half_dot_256<kVnni>(w, xq, 4)};
+          for (int r = 0; r < 2; ++r) {
+            if (kL.offset != 0)
+              dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(kL.offset * xs[r]));
+            if (kL.scales > 0) dot[r] = _mm256_mullo_epi32(dot[r], sc[r]);
+            isum[i] = _mm256_add_epi32(isum[i], dot[r]);
+            if (kL.mins < 0) msum[i] = _mm256_add_epi32(msum[i], _mm256_set1_epi32(xs[r]));
+            if (kL.mins > 0) {
+              msum[i] =
+                  _mm256_add_epi32(msum[i], _mm256_mullo_epi32(mn[r], _mm256_set1_epi32(xs[r])));
+            }
+          }
+        }
+      }
+      const __m256 dw = header_scales_256(kL, blk, h);
+      for (int i = 0; i < R; ++i) {
+        const __m256 dx = _mm256_set1_ps(x.scale[(r0 + i) * nsb + b]);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dw, dx), acc[i]);
+        if constexpr (has_min(kL)) {
+          const __m256 dmin = header_scales_256(kL, blk + kL.scale_bytes * kGroup, h);
+          acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[i]), _mm256_mul_ps(dmin, dx), acc[i]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i) _mm256_storeu_ps(tile + i * kGroup + 8 * h, acc[i]);
+  }
+}
+
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define PAGEDLM_Q8_AVX_VNNI 1
 #endif
@@ -366,47 +875,183 @@ void tile_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group, float
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(tile + i * kGroup, acc[i]);
 }
+
+struct Ops512 {
+  static __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static __m512i bytes(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  static __m512i and_(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+  static __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+  static __m512i srli16(__m512i a, int n) { return _mm512_srli_epi16(a, n); }
+  static __m512i slli16(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
+};
+
+inline __m512 header_scales_512(const SuperLayout& l, const uint8_t* p) {
+  if (l.scale_bytes == 4) return _mm512_loadu_ps(p);
+  return _mm512_maskz_cvtph_ps(kAllLanes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m512i lane_bytes_512(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm512_maskz_cvtepi8_epi32(kAllLanes, v)
+                   : _mm512_maskz_cvtepu8_epi32(kAllLanes, v);
+}
+
+template <QuantType T, int R>
+void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
+  constexpr SuperLayout kL = super_layout(T);
+  const int64_t nsb = x.cols / kL.sb;
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nsb; ++b) {
+    const uint8_t* blk = group + b * super_group_bytes(kL);
+    __m512i isum[R], msum[R];
+    for (int i = 0; i < R; ++i) isum[i] = msum[i] = _mm512_setzero_si512();
+    for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
+      const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
+      __m512i w[8];
+      expand_super<__m512i, Ops512>(kL, p + sub_header_bytes(kL), w);
+      __m512i sc[2], mn[2];
+      for (int r = 0; r < 2; ++r) {
+        if (kL.scales > 0) sc[r] = lane_bytes_512(p + (kL.scales == 2 ? r : 0) * kGroup, true);
+        if (kL.mins > 0) {
+          mn[r] = lane_bytes_512(p + (kL.scales + (kL.mins == 2 ? r : 0)) * kGroup, false);
+        }
+      }
+      for (int i = 0; i < R; ++i) {
+        const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
+        const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+        __m512i dot[2];
+        for (int r = 0; r < 2; ++r) {
+          dot[r] = _mm512_setzero_si512();
+          for (int j = 4 * r; j < 4 * r + 4; ++j) {
+            dot[r] = _mm512_dpbusd_epi32(dot[r], w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+          }
+        }
+        if constexpr (kL.scales == 1 && kL.offset == 0) {
+          // One scale per 32: the halves' sum times it.
+          isum[i] = _mm512_add_epi32(isum[i],
+                                     _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc[0]));
+        } else {
+          for (int r = 0; r < 2; ++r) {
+            if (kL.offset != 0)
+              dot[r] = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(kL.offset * xs[r]));
+            if (kL.scales > 0) dot[r] = _mm512_mullo_epi32(dot[r], sc[r]);
+            isum[i] = _mm512_add_epi32(isum[i], dot[r]);
+          }
+        }
+        if constexpr (kL.mins < 0) {
+          msum[i] = _mm512_add_epi32(msum[i], _mm512_set1_epi32(xs[0] + xs[1]));
+        } else if constexpr (kL.mins == 1) {
+          msum[i] = _mm512_add_epi32(msum[i],
+                                     _mm512_mullo_epi32(mn[0], _mm512_set1_epi32(xs[0] + xs[1])));
+        } else if constexpr (kL.mins == 2) {
+          for (int r = 0; r < 2; ++r) {
+            msum[i] =
+                _mm512_add_epi32(msum[i], _mm512_mullo_epi32(mn[r], _mm512_set1_epi32(xs[r])));
+          }
+        }
+      }
+    }
+    const __m512 dw = header_scales_512(kL, blk);
+    for (int i = 0; i < R; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.scale[(r0 + i) * nsb + b]);
+      acc[i] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAllLanes, isum[i]), _mm512_mul_ps(dw, dx),
+                               acc[i]);
+      if constexpr (has_min(kL)) {
+        const __m512 dmin = header_scales_512(kL, blk + kL.scale_bytes * kGroup);
+        acc[i] = _mm512_fnmadd_ps(_mm512_maskz_cvtepi32_ps(kAllLanes, msum[i]),
+                                  _mm512_mul_ps(dmin, dx), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(tile + i * kGroup, acc[i]);
+}
 #endif
 
-// A kernel's tile functions for 1..kMaxTileRows rows, per weight type.
+// The packed layouts, in KernelTable's order.
+constexpr QuantType kLayouts[] = {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0,
+                                  QuantType::kQ5_1, QuantType::kQ2_K, QuantType::kQ3_K,
+                                  QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
+constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
+
+int layout_index(QuantType t) {
+  for (int i = 0; i < kNumLayouts; ++i) {
+    if (kLayouts[i] == t) return i;
+  }
+  fail("linear_q8: no 8-bit activation layout for ", quant_format(t).name);
+}
+
+// A kernel's tile functions for 1..kMaxTileRows rows, per layout.
 struct KernelTable {
   int max_rows;
-  TileFn q4_1[kMaxTileRows];
-  TileFn q8_0[kMaxTileRows];
+  TileFn fns[kNumLayouts][kMaxTileRows];
 };
 
 template <template <QuantType, int> class K, int... Rs>
 constexpr KernelTable make_table(int max_rows, std::integer_sequence<int, Rs...> /*rows*/) {
-  return KernelTable{
-      max_rows, {K<QuantType::kQ4_1, Rs + 1>::fn...}, {K<QuantType::kQ8_0, Rs + 1>::fn...}};
+  return KernelTable{max_rows,
+                     {{K<kLayouts[0], Rs + 1>::fn...},
+                      {K<kLayouts[1], Rs + 1>::fn...},
+                      {K<kLayouts[2], Rs + 1>::fn...},
+                      {K<kLayouts[3], Rs + 1>::fn...},
+                      {K<kLayouts[4], Rs + 1>::fn...},
+                      {K<kLayouts[5], Rs + 1>::fn...},
+                      {K<kLayouts[6], Rs + 1>::fn...},
+                      {K<kLayouts[7], Rs + 1>::fn...},
+                      {K<kLayouts[8], Rs + 1>::fn...}}};
 }
+static_assert(kNumLayouts == 9, "make_table lists every layout");
 
 template <QuantType T, int R>
+constexpr TileFn portable_fn() {
+  if constexpr (is_super(T)) {
+    return tile_super_portable<T, R>;
+  } else {
+    return tile_portable<T, R>;
+  }
+}
+template <QuantType T, int R>
 struct Portable {
-  static constexpr TileFn fn = tile_portable<T, R>;
+  static constexpr TileFn fn = portable_fn<T, R>();
 };
 constexpr KernelTable kPortableTable =
     make_table<Portable>(kMaxTileRows, std::make_integer_sequence<int, kMaxTileRows>{});
 
 #ifdef PAGEDLM_Q8_AVX2
+template <bool kVnni, QuantType T, int R>
+constexpr TileFn avx2_fn() {
+  if constexpr (is_super(T)) {
+    return tile_super_avx2<kVnni, T, R>;
+  } else {
+    return tile_avx2<kVnni, T, R>;
+  }
+}
 // Four rows at most: two halves of 8 features, each its 8 weight registers and R accumulators.
 template <QuantType T, int R>
 struct Avx2 {
-  static constexpr TileFn fn = tile_avx2<false, T, R>;
+  static constexpr TileFn fn = avx2_fn<false, T, R>();
 };
 constexpr KernelTable kAvx2Table = make_table<Avx2>(4, std::make_integer_sequence<int, 4>{});
 #ifdef PAGEDLM_Q8_AVX_VNNI
 template <QuantType T, int R>
 struct AvxVnni {
-  static constexpr TileFn fn = tile_avx2<true, T, R>;
+  static constexpr TileFn fn = avx2_fn<true, T, R>();
 };
 constexpr KernelTable kAvxVnniTable = make_table<AvxVnni>(4, std::make_integer_sequence<int, 4>{});
 #endif
 #endif
 #ifdef PAGEDLM_Q8_AVX512
 template <QuantType T, int R>
+constexpr TileFn avx512_fn() {
+  if constexpr (is_super(T)) {
+    return tile_super_avx512<T, R>;
+  } else {
+    return tile_avx512<T, R>;
+  }
+}
+template <QuantType T, int R>
 struct Avx512 {
-  static constexpr TileFn fn = tile_avx512<T, R>;
+  static constexpr TileFn fn = avx512_fn<T, R>();
 };
 constexpr KernelTable kAvx512Table =
     make_table<Avx512>(kMaxTileRows, std::make_integer_sequence<int, kMaxTileRows>{});
@@ -478,13 +1123,12 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
   // (The threads below read it through this reference: by name they would see their own.)
   thread_local Q8Activations scratch;
   const Q8Activations& xq = scratch;
-  quantize_q8(x, rows, weight.cols, scratch);
-  const int64_t nb = weight.cols / kQuantBlock;
-  const int64_t group_bytes = nb * group_block_bytes(weight.type);
+  quantize_q8(x, rows, weight.cols, scratch, activation_block(weight.type));
+  const int64_t group_bytes = packed_group_bytes(weight.type, weight.cols);
   const int64_t num_groups = (out_features + kGroup - 1) / kGroup;
   const int64_t unit_groups = std::max<int64_t>(1, kUnitWeightBytes / group_bytes);
   const int64_t num_units = (num_groups + unit_groups - 1) / unit_groups;
-  const TileFn* fns = weight.type == QuantType::kQ4_1 ? table.q4_1 : table.q8_0;
+  const TileFn* fns = table.fns[layout_index(weight.type)];
   // Units of whole groups across threads (a feature's arithmetic never depends on the split);
   // within a unit, row tiles outer so each group's weights are read from memory once.
 #pragma omp parallel for schedule(static)
@@ -522,9 +1166,9 @@ void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias
   PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
                 ": 8-bit activations are a CPU path");
   const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;
-  PAGEDLM_CHECK(weight.cols % kQuantBlock == 0 &&
+  PAGEDLM_CHECK(weight.cols % activation_block(weight.type) == 0 &&
                     static_cast<int64_t>(weight.data.size()) ==
-                        num_groups * (weight.cols / kQuantBlock) * group_block_bytes(weight.type),
+                        num_groups * packed_group_bytes(weight.type, weight.cols),
                 kOp, ": the packed weight does not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
   if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {out.dim(1)});

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string>
 
 #include "pagedlm/core/attention_variant.h"
 #include "pagedlm/core/dtype.h"
@@ -95,6 +97,16 @@ inline bool cuda_attention_runs_head_dim(int64_t head_dim) {
     if (d == head_dim) return true;
   }
   return false;
+}
+// The list for messages: "64, 80, 96, 128 and 256".
+inline std::string cuda_attention_head_dims_text() {
+  std::string text;
+  const size_t n = std::size(kCudaAttentionHeadDims);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) text += i + 1 == n ? " and " : ", ";
+    text += std::to_string(kCudaAttentionHeadDims[i]);
+  }
+  return text;
 }
 
 namespace cpu {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <exception>
 
+#include "pagedlm/core/error.h"
+
 namespace pagedlm::serving {
 
 void OutputChannel::push(TokenEvent event) {
@@ -153,6 +155,20 @@ void EngineLoop::drain() {
   draining_ = true;
 }
 
+void EngineLoop::hold_admissions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++admission_holds_;
+}
+
+void EngineLoop::release_admissions() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PAGEDLM_CHECK(admission_holds_ > 0, "release_admissions without a hold");
+    --admission_holds_;
+  }
+  cv_.notify_all();
+}
+
 void EngineLoop::wake() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -224,14 +240,15 @@ void EngineLoop::run() {
     bool draining = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      const auto admitting = [&] { return !inbox_.empty() && admission_holds_ == 0; };
       cv_.wait(lock, [&] {
-        return stop_ || woken_ || !inbox_.empty() || !active_.empty() ||
+        return stop_ || woken_ || admitting() || !active_.empty() ||
                cache_requests_ != cache_served_;
       });
       if (stop_) break;
       woken_ = false;
       draining = draining_;
-      incoming.swap(inbox_);
+      if (admitting()) incoming.swap(inbox_);
     }
     engine_.set_draining(draining);
     admit(std::move(incoming));

@@ -103,6 +103,13 @@ class EngineLoop {
   // Queues every job of one request (all or none); their events go to `channel`.
   // False when the waiting queue is full.
   bool submit(std::vector<GenerationJob> jobs, const std::shared_ptr<OutputChannel>& channel);
+  // Holds admissions while a caller submits a batch of requests one call at a time (the Python
+  // package's LLM.generate): the engine thread leaves submitted requests queued, stepping those
+  // it runs, until every hold is released, and then admits them all at one step boundary, as
+  // an offline batch handed over at once would be (its first prefill steps full, as
+  // `pagedlm bench`'s). Nestable; release_admissions() once per hold.
+  void hold_admissions();
+  void release_admissions();
   // Makes the engine thread look for cancelled channels now rather than after its next step.
   void wake();
   // The server is stopping: from now on every step's prefill is held to the engine's
@@ -167,7 +174,8 @@ class EngineLoop {
   bool exited_ = false;  // the engine thread has ended every request and returns
   bool woken_ = false;
   bool draining_ = false;
-  int64_t admitted_ = 0;  // tokens from admit() still held
+  int32_t admission_holds_ = 0;  // hold_admissions() not yet released
+  int64_t admitted_ = 0;         // tokens from admit() still held
   // When the last requests got their first token, oldest first (kStartWindow at most): the
   // rate the queue drains at, measured, so that a refusal's Retry-After is an estimate.
   static constexpr size_t kStartWindow = 64;
