@@ -8,8 +8,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <set>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
