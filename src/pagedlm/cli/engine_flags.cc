@@ -109,8 +109,15 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "GPU: fp8 quantizes every projection's weight to FP8 (e4m3, one scale per output "
                  "feature) at load and runs W8A8 GEMMs (GPUs with FP8 tensor cores); auto keeps an "
                  "FP8 checkpoint's weights in FP8 where the GPU can, dequantizing them to bf16 "
-                 "elsewhere; none dequantizes every FP8 weight to bf16")
-      ->check(CLI::IsMember({"auto", "fp8", "none"}))
+                 "elsewhere; none dequantizes every FP8 weight to bf16. With --dummy: a GGUF block "
+                 "format (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k) makes the "
+                 "projections random blocks of it")
+      ->check([](const std::string& value) -> std::string {
+        if (value == "auto" || value == "fp8" || value == "none" || ggml_quant_type_named(value)) {
+          return "";
+        }
+        return "--quantization " + value + ": not auto, fp8, none or a GGUF block format";
+      })
       ->capture_default_str();
   app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
                  "ranks that split the model (a divisor of its attention heads)")
@@ -142,7 +149,13 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                "CUDA: take cuBLASLt's first algorithm for each GEMM shape untimed (A/B runs)");
 }
 
+std::optional<QuantType> EngineFlags::dummy_blocks() const {
+  return ggml_quant_type_named(quantization);
+}
+
 EngineOptions EngineFlags::resolve() const {
+  PAGEDLM_CHECK(!dummy_blocks() || dummy_weights, "--quantization ", quantization,
+                ": block formats make --dummy weights; a GGUF file keeps the blocks it holds");
   EngineOptions o = options;
   o.enable_prefix_cache = !no_prefix_cache;
   o.use_cuda_graphs = !no_cuda_graphs;
