@@ -1,5 +1,6 @@
 // EngineLoop's admission hold: requests submitted one call at a time while a hold stands are
-// admitted together at one step boundary, as a batch handed over at once.
+// admitted together at one step boundary, as a batch handed over at once. Its OutputWaker: one
+// wake per step for all the channels that share it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -53,6 +54,18 @@ TokenEvent wait_finished(OutputChannel& channel) {
   return {};
 }
 
+// The waker's count once it reached `count` (a step's wake follows its last push, so a reader
+// can see the events first), or after a minute.
+uint64_t wakes_reaching(const OutputWaker& waker, uint64_t count) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  uint64_t seen = waker.wakes();
+  while (seen < count && std::chrono::steady_clock::now() < deadline) {
+    waker.wait_past(seen, 100ms);
+    seen = waker.wakes();
+  }
+  return seen;
+}
+
 TEST(EngineLoop, HeldSubmissionsAreAdmittedTogetherAtOneStep) {
   const Checkpoint checkpoint = tiny_checkpoint();
   Engine engine(checkpoint, one_thread_options());
@@ -78,6 +91,38 @@ TEST(EngineLoop, HeldSubmissionsAreAdmittedTogetherAtOneStep) {
   }
   // One step prefilled all three prompts and sampled each one's only token.
   EXPECT_EQ(engine.num_steps(), 1);
+  loop.stop();
+}
+
+TEST(EngineLoop, SharedWakerWakesOncePerStepNotPerEvent) {
+  const Checkpoint checkpoint = tiny_checkpoint();
+  Engine engine(checkpoint, one_thread_options());
+  EngineLoop loop(engine, /*max_waiting=*/64);
+  auto waker = std::make_shared<OutputWaker>();
+  EXPECT_FALSE(waker->wait_past(0, 0ms));
+
+  loop.hold_admissions();
+  std::vector<std::shared_ptr<OutputChannel>> channels;
+  for (int32_t i = 0; i < 3; ++i) {
+    channels.push_back(std::make_shared<OutputChannel>(waker));
+    GenerationJob job = one_token_job(20 + 10 * i);
+    job.request.sampling.max_tokens = 3;
+    ASSERT_TRUE(loop.submit({std::move(job)}, channels.back()));
+  }
+  loop.release_admissions();
+  EXPECT_TRUE(waker->wait_past(0, 60s)) << "no wake after the first step";
+  for (auto& c : channels) EXPECT_EQ(wait_finished(*c).reason, FinishReason::kLength);
+  // Three steps (the prefill's token, then two decodes), each with an event for every channel:
+  // nine events, three wakes.
+  EXPECT_EQ(engine.num_steps(), 3);
+  EXPECT_EQ(wakes_reaching(*waker, 3), 3u);
+
+  // An event pushed outside a step (a refused request) wakes it at once.
+  GenerationJob refused = one_token_job(20);
+  refused.request.prompt.clear();
+  ASSERT_TRUE(loop.submit({std::move(refused)}, channels[0]));
+  EXPECT_TRUE(waker->wait_past(3, 60s));
+  EXPECT_FALSE(wait_finished(*channels[0]).error.empty());
   loop.stop();
 }
 

@@ -65,6 +65,16 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
+def _token_ids(tokens: Sequence[int]) -> List[int]:
+    """A list of its own of the ids as Python ints (numpy's integers too, as their values)."""
+    ids = list(tokens)
+    # Type by type in C rather than int() per token in Python: a batch's prompts are submitted
+    # while the engine waits for them (256 prompts of 100-1024 tokens: ~1 ms rather than ~8).
+    if not set(map(type, ids)) <= {int}:
+        ids = [int(t) for t in ids]
+    return ids
+
+
 class _Request:
     """One prompt in flight: its native stream and what the caller gets back."""
 
@@ -103,16 +113,16 @@ class _Request:
             out.append(d)
         return out
 
-    def _completion(self, i: int, text: str, reasoning: str, ids, entries, finish,
-                    wants_logprobs: bool) -> CompletionOutput:
+    def _completion(self, i: int, text: str, reasoning: str, ids: List[int], entries, finish,
+                    wants_logprobs: bool, result: Optional[Dict[str, Any]]) -> CompletionOutput:
+        """result: the choice's stream.result(i) once it finished (None before)."""
         calls: List[ToolCall] = []
-        if finish is not None:
-            result = self.stream.result(i)
+        if result is not None:
             calls = [ToolCall(name, args) for name, args in result["tool_calls"]]
         return CompletionOutput(
             index=i,
             text=text,
-            token_ids=list(ids),
+            token_ids=ids,
             finish_reason=finish,
             logprobs=self._logprobs(entries) if wants_logprobs else None,
             reasoning_content=reasoning or None,
@@ -124,9 +134,10 @@ class _Request:
         outputs = []
         for i in range(self.stream.num_choices()):
             text, reasoning, ids, entries, finish = self.stream.take(i)
+            result = self.stream.result(i) if finish is not None else None
             outputs.append(self._completion(i, text, reasoning, ids, entries, finish,
-                                            wants_logprobs))
-        return self._output(outputs)
+                                            wants_logprobs, result))
+        return self._output(outputs, list(self.prompt_ids))
 
     def next_delta(self, got: bool, wants_logprobs: bool) -> Optional[RequestOutput]:
         """After a poll that took in output (got) or not: the delta to hand out, None when
@@ -137,32 +148,35 @@ class _Request:
         return self.delta(wants_logprobs) if got or done else None
 
     def final(self, wants_logprobs: bool) -> RequestOutput:
-        """The whole output, once done."""
+        """The whole output, once done (the request's last use: its prompt ids go with it)."""
         self.stream.raise_error()
         outputs = []
-        for i in range(self.stream.num_choices()):
-            _, _, _, entries, finish = self.stream.take(i)  # all logprobs: never taken before
-            result = self.stream.result(i)
+        results = [self.stream.result(i) for i in range(self.stream.num_choices())]
+        for i, result in enumerate(results):
+            # All logprobs: never taken before.
+            entries = self.stream.take(i)[3] if wants_logprobs else []
             text = result["content"] if self.parse_calls else result["text"]
             out = self._completion(i, text, result["reasoning"], result["token_ids"], entries,
-                                   finish, wants_logprobs)
+                                   result["finish_reason"], wants_logprobs, result)
             if out.logprobs is not None:
                 out.cumulative_logprob = sum(
                     d[t].logprob for d, t in zip(out.logprobs, out.token_ids))
             outputs.append(out)
-        return self._output(outputs)
+        return self._output(outputs, self.prompt_ids, results)
 
-    def _output(self, outputs: List[CompletionOutput]) -> RequestOutput:
+    def _output(self, outputs: List[CompletionOutput], prompt_ids: List[int],
+                results: Optional[List[Dict[str, Any]]] = None) -> RequestOutput:
+        """results: every choice's stream.result(i), when the caller has them."""
         finished = self.stream.done()
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
         cached = 0
         if finished:
-            cached = max(self.stream.result(i)["num_cached_tokens"]
-                         for i in range(self.stream.num_choices()))
-            self.metrics.num_generation_tokens = sum(
-                len(self.stream.result(i)["token_ids"]) for i in range(self.stream.num_choices()))
-        return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outputs,
+            if results is None:
+                results = [self.stream.result(i) for i in range(self.stream.num_choices())]
+            cached = max(r["num_cached_tokens"] for r in results)
+            self.metrics.num_generation_tokens = sum(len(r["token_ids"]) for r in results)
+        return RequestOutput(self.request_id, self.prompt, prompt_ids, outputs,
                              finished, cached, self.metrics)
 
 
@@ -252,11 +266,11 @@ class LLM:
         """(text or None, token ids)."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return None, [int(t) for t in prompt["prompt_token_ids"]]
+                return None, _token_ids(prompt["prompt_token_ids"])
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
-        return None, [int(t) for t in prompt]
+        return None, _token_ids(prompt)
 
     def _grammar(self, params: SamplingParams):
         spec = params.structured()
@@ -321,12 +335,17 @@ class LLM:
         in progress) and raises KeyboardInterrupt, the engine ready for the next call."""
         try:
             pending = list(requests)
+            streams = [r.stream for r in pending]
+            # Once per engine step (poll_all wakes at a step's end): this loop is the Python
+            # work of a step.
             while pending:
-                states = _pagedlm.Stream.poll_all([r.stream for r in pending], _POLL_SECONDS)
+                states = _pagedlm.Stream.poll_all(streams, _POLL_SECONDS)
                 for r, state in zip(pending, states):
-                    if state & 1:
+                    if state & 1 and r.metrics.first_token_time is None:
                         r.got_output()
-                pending = [r for r, state in zip(pending, states) if not state & 2]
+                if any(state & 2 for state in states):
+                    pending = [r for r, state in zip(pending, states) if not state & 2]
+                    streams = [r.stream for r in pending]
         except BaseException:
             for r in requests:
                 r.stream.cancel()
@@ -354,28 +373,22 @@ class LLM:
         return self._run_all([functools.partial(submit, prompt, p)
                               for prompt, p in zip(prompts, params)], params)
 
-    def _forced_tool_call(self, tools, tool_choice, chat_template):
-        """(grammar, call form) of the one call tool_choice forces, or None ("auto", "none")."""
+    def _forced_tool_call(self, tools, tool_choice, template_format: str):
+        """(grammar, call form) of the one call tool_choice forces, or None ("auto", "none");
+        template_format: the chat template's call form (Model.tool_call_format)."""
         if isinstance(tool_choice, str) and tool_choice in ("auto", "none"):
             return None
-        source = chat_template or self.tokenizer.chat_template or ""
         return self._model.compile_tool_choice(json.dumps(tools), json.dumps(tool_choice),
-                                               self._model.tool_call_format(source))
+                                               template_format)
 
     def _chat_prompt(self, messages, tools, chat_template, add_generation_prompt, kwargs):
+        """(text, token ids, reasoning opened) of one conversation."""
         tokenizer = self.tokenizer
         text = tokenizer.apply_chat_template(messages, tools=tools,
                                              add_generation_prompt=add_generation_prompt,
                                              chat_template=chat_template, **(kwargs or {}))
-        source = chat_template or tokenizer.chat_template or ""
-        tool_calls = "none"
-        if tools:
-            if "tools" not in source:
-                raise ValueError("this chat template does not render 'tools'; the model would "
-                                 "not see them")
-            tool_calls = self._model.tool_call_format(source)
         opened = _pagedlm.prompt_opens_reasoning(text) if self._reasoning else None
-        return text, tokenizer.encode(text, add_special_tokens=False), tool_calls, opened
+        return text, tokenizer.encode(text, add_special_tokens=False), opened
 
     def chat(
         self,
@@ -399,17 +412,26 @@ class LLM:
         del use_tqdm
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_list(sampling_params, len(conversations))
-        forced = self._forced_tool_call(tools, tool_choice, chat_template)
+        # The template's call form, read from its source once for the whole call.
+        source = chat_template or self.tokenizer.chat_template or ""
+        template_format = self._model.tool_call_format(source)
+        forced = self._forced_tool_call(tools, tool_choice, template_format)
         if forced is not None and any(p.structured() is not None for p in params):
             raise ValueError("tool_choice and a structured-output constraint in sampling_params "
                              "cannot be combined: one constraint per request")
+        tool_calls = "none"
+        if tools:
+            if "tools" not in source:
+                raise ValueError("this chat template does not render 'tools'; the model would "
+                                 "not see them")
+            tool_calls = template_format
 
         def submit(conversation, p: SamplingParams) -> _Request:
-            text, ids, tool_calls, opened = self._chat_prompt(
+            text, ids, opened = self._chat_prompt(
                 conversation, tools, chat_template, add_generation_prompt, chat_template_kwargs)
             if forced is not None:
-                grammar, tool_calls = forced
-                return self._submit(text, ids, p, tool_calls, opened, grammar=grammar)
+                grammar, forced_format = forced
+                return self._submit(text, ids, p, forced_format, opened, grammar=grammar)
             return self._submit(text, ids, p, tool_calls, opened)
 
         return self._run_all([functools.partial(submit, c, p)
@@ -443,7 +465,7 @@ class LLM:
         single = bool(token_ids) and isinstance(token_ids[0], int)
         prompts = [token_ids] if single else list(token_ids)
         params = SamplingParams(max_tokens=0, temperature=0.0)
-        requests = [self._submit(None, [int(t) for t in p], params, prompt_logits=True)
+        requests = [self._submit(None, _token_ids(p), params, prompt_logits=True)
                     for p in prompts]
         self._wait(requests)
         out = []

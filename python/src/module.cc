@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -82,12 +83,21 @@ struct Grammar {
   grammar::CompiledGrammarPtr compiled;
 };
 
+// Woken once per engine step in which any stream of any model got output: what Stream.poll_all
+// waits on. One for the process (poll_all takes streams of any models); a wake that brought a
+// caller nothing costs it one more look at its streams.
+const std::shared_ptr<serving::OutputWaker>& output_waker() {
+  static const auto waker = std::make_shared<serving::OutputWaker>();
+  return waker;
+}
+
 // One submitted generation: a serving::GenerationStream that Python polls.
 class Stream {
  public:
   Stream(serving::GenerationSpec spec, const Tokenizer* tokenizer, serving::EngineLoop& loop,
          std::shared_ptr<void> keep_alive)
-      : keep_alive_(std::move(keep_alive)), stream_(std::move(spec), tokenizer, loop) {}
+      : keep_alive_(std::move(keep_alive)),
+        stream_(std::move(spec), tokenizer, loop, output_waker()) {}
   ~Stream() {
     stream_.set_listener(nullptr);
     // Nobody reads the rest: the engine stops generating it at its next step.
@@ -125,9 +135,10 @@ class Stream {
 
   // Polls every stream in one call, the GIL released once (an offline batch of hundreds of
   // requests would otherwise cross into Python and back once per stream after every step):
-  // first without waiting; when none had output, waits up to `timeout` seconds on the first
-  // unfinished one, then looks at the others again. Per stream: bit 0 output arrived, bit 1
-  // done (every choice finished, as of this poll).
+  // first without waiting; when none had output and one is unfinished, waits up to `timeout`
+  // seconds for the end of an engine step that brought any stream output (output_waker), then
+  // looks at them all again. Per stream: bit 0 output arrived, bit 1 done (every choice
+  // finished, as of this poll).
   static std::vector<int32_t> poll_all(const std::vector<Stream*>& streams, double timeout) {
     nb::gil_scoped_release release;
     std::vector<int32_t> state(streams.size(), 0);
@@ -139,13 +150,14 @@ class Stream {
       }
       return any;
     };
-    if (!look()) {
-      for (Stream* s : streams) {
-        if (s->stream_.done()) continue;
-        s->stream_.poll(std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
-        look();
-        break;
-      }
+    // Read before looking: output pushed after the look wakes the wait below.
+    const uint64_t seen = output_waker()->wakes();
+    const bool unfinished =
+        std::any_of(streams.begin(), streams.end(), [](Stream* s) { return !s->stream_.done(); });
+    if (!look() && unfinished) {
+      output_waker()->wait_past(seen,
+                                std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+      look();
     }
     for (size_t i = 0; i < streams.size(); ++i) {
       if (streams[i]->stream_.done()) state[i] |= 2;
@@ -568,8 +580,9 @@ NB_MODULE(_pagedlm, m) {
       .def("poll", &Stream::poll, "timeout"_a,
            "Waits up to timeout seconds for output; True if any arrived.")
       .def_static("poll_all", &Stream::poll_all, "streams"_a, "timeout"_a,
-                  "Polls every stream in one call (waiting up to timeout seconds when none had "
-                  "output): per stream, bit 0 output arrived, bit 1 done.")
+                  "Polls every stream in one call (when none had output, waiting up to timeout "
+                  "seconds for an engine step that gave any of them output): per stream, bit 0 "
+                  "output arrived, bit 1 done.")
       .def(
           "done", [](const Stream& s) { return s.stream_done(); },
           "Whether every choice finished (as of the last poll).")

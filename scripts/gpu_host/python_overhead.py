@@ -5,7 +5,10 @@ Batch: `pagedlm bench --dummy CONFIG --repeat R` (the random workload: 256 reque
 100-1024 tokens, 256 new tokens each, after 8 warm-up requests) against the very same requests
 (pagedlm._pagedlm.benchmark_workload, the bench's own generator) through one
 `LLM(CONFIG, load_format="dummy").generate(...)` call per repeat; output tok/s = generated tokens /
-wall time from the first submission to the last output, as the bench counts it.
+wall time from the first submission to the last output, as the bench counts it. Both sample at
+--temperature (default 0, greedy, the bench's default; SamplingParams' default is vLLM's 1.0):
+sampling at 1.0 costs a step more than an argmax does (on a CPU most of a step of a small
+model), a cost that is no part of the binding's overhead, so the two sides must agree.
 Single stream: `pagedlm bench --num-requests 1` (a 512-token prompt, 256 new tokens) against
 `LLM.stream()` of the same request: decode tok/s from the second token to the last (the bench:
 its decode steps over their time; stream(): tokens after the first delta over the time from the
@@ -28,12 +31,21 @@ RANDOM = dict(kind="random", num_requests=256, seed=0, prompt_min=100, prompt_ma
 SINGLE = dict(RANDOM, num_requests=1, prompt_min=512, prompt_max=512, warmup=2)
 
 
+TEMPERATURE = [0.0]  # --temperature, for both sides
+
+
+def bench_params(max_tokens):
+    """A request's sampling as `pagedlm bench` has it: max_tokens exactly, at --temperature."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=TEMPERATURE[0])
+
+
 def bench_cli(args, spec, repeat):
     cmd = [args.pagedlm, "bench", "--dummy", args.config, "--device", args.device, "--json",
            "--num-requests", str(spec["num_requests"]), "--seed", str(spec["seed"]),
            "--prompt-min", str(spec["prompt_min"]), "--prompt-max", str(spec["prompt_max"]),
            "--output-min", str(spec["output_min"]), "--output-max", str(spec["output_max"]),
-           "--warmup", str(spec["warmup"]), "--repeat", str(repeat)]
+           "--warmup", str(spec["warmup"]), "--repeat", str(repeat),
+           "--temperature", str(TEMPERATURE[0])]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"pagedlm bench failed: {p.stderr[-2000:]}")
@@ -49,7 +61,7 @@ def warm_up(llm, spec):
     """The bench's untimed warm-up requests, as it runs them before its timed ones."""
     warm, _ = workload(llm, spec, 0)
     llm.generate([p for p, _ in warm],
-                 [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in warm])
+                 [bench_params(n) for _, n in warm])
 
 
 def python_batch(llm, spec, repeat):
@@ -57,7 +69,7 @@ def python_batch(llm, spec, repeat):
     runs = []
     for variant in range(repeat):
         _, timed = workload(llm, spec, variant)
-        params = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in timed]
+        params = [bench_params(n) for _, n in timed]
         start = time.perf_counter()
         outs = llm.generate([p for p, _ in timed], params)
         wall = time.perf_counter() - start
@@ -75,7 +87,7 @@ def python_single(llm, spec, repeat):
         (prompt, n), = timed
         first = last = None
         tokens = 0
-        for delta in llm.stream(prompt, SamplingParams(max_tokens=n, ignore_eos=True)):
+        for delta in llm.stream(prompt, bench_params(n)):
             got = len(delta.outputs[0].token_ids)
             now = time.perf_counter()
             if first is None:
@@ -96,10 +108,12 @@ def main():
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     ap.add_argument("--num-requests", type=int, default=256, help="of the batch workload")
+    ap.add_argument("--temperature", type=float, default=0.0, help="both sides' sampling")
     args = ap.parse_args()
     RANDOM["num_requests"] = args.num_requests
+    TEMPERATURE[0] = args.temperature
 
-    result = {"config": args.config}
+    result = {"config": args.config, "temperature": args.temperature}
     # The CLI first, in processes of its own, then one LLM for both Python measurements.
     cli = bench_cli(args, RANDOM, args.repeat)
     result["cli_batch_tok_s"] = cli.get("repeat_output_tok_s", [cli["output_tok_s"]])

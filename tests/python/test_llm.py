@@ -231,6 +231,26 @@ def test_dummy_weights_run_the_benchmarks_workload(binary):
         pagedlm.LLM(load_format="dummy")
 
 
+def test_poll_all_wakes_for_any_streams_output():
+    # One sequence at a time: the first stream given waits for the second one's 1,000 tokens
+    # (tens of seconds on a CPU) before its own first; poll_all must return with the second
+    # one's first output rather than wait for the first stream.
+    engine = pagedlm.LLM(device="cpu", threads=THREADS, kv_cache_bytes=64 << 20, max_num_seqs=1)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+        running = engine._submit(None, engine.tokenizer.encode("Once upon a time"), params)
+        waiting = engine._submit(None, engine.tokenizer.encode("The capital of France is"),
+                                 params)
+        start = time.monotonic()
+        states = pagedlm._pagedlm.Stream.poll_all([waiting.stream, running.stream], 60.0)
+        # Bit 0: output arrived; bit 1: done. Only the running stream has output, unfinished.
+        assert list(states) == [0, 1], (list(states), time.monotonic() - start)
+        running.stream.cancel()
+        waiting.stream.cancel()
+    finally:
+        engine.close()
+
+
 def test_tokenizer_and_chat_template(llm):
     tok = llm.tokenizer
     text = "Hello, world! Ünïcödé"

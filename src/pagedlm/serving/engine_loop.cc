@@ -9,7 +9,31 @@
 
 namespace pagedlm::serving {
 
+void OutputWaker::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++wakes_;
+  }
+  cv_.notify_all();
+}
+
+uint64_t OutputWaker::wakes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wakes_;
+}
+
+bool OutputWaker::wait_past(uint64_t seen, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return wakes_ != seen; });
+}
+
+OutputChannel::OutputChannel(std::shared_ptr<OutputWaker> waker) : waker_(std::move(waker)) {}
+
 void OutputChannel::push(TokenEvent event) {
+  if (const std::shared_ptr<OutputWaker>& waker = push_in_step(std::move(event))) waker->wake();
+}
+
+const std::shared_ptr<OutputWaker>& OutputChannel::push_in_step(TokenEvent event) {
   std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -18,6 +42,7 @@ void OutputChannel::push(TokenEvent event) {
   }
   cv_.notify_one();
   if (listener) listener();
+  return waker_;
 }
 
 void OutputChannel::set_listener(std::function<void()> listener) {
@@ -27,7 +52,12 @@ void OutputChannel::set_listener(std::function<void()> listener) {
 
 bool OutputChannel::wait_pop(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  // A look without waiting makes no system call (a wait for no time would: a client polling
+  // hundreds of channels after each step paid one per channel that had nothing new).
+  if (events_.empty() &&
+      (timeout.count() <= 0 || !cv_.wait_for(lock, timeout, [&] { return !events_.empty(); }))) {
+    return false;
+  }
   for (TokenEvent& e : events_) out->push_back(std::move(e));
   events_.clear();
   return true;
@@ -36,14 +66,17 @@ bool OutputChannel::wait_pop(std::vector<TokenEvent>* out, std::chrono::millisec
 void OutputChannel::cancel(int32_t choice) {
   std::lock_guard<std::mutex> lock(mu_);
   cancelled_.insert(choice);
+  any_cancelled_ = true;
 }
 
 void OutputChannel::cancel_all() {
   std::lock_guard<std::mutex> lock(mu_);
   all_cancelled_ = true;
+  any_cancelled_ = true;
 }
 
 bool OutputChannel::is_cancelled(int32_t choice) const {
+  if (!any_cancelled_.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   return all_cancelled_ || cancelled_.count(choice) != 0;
 }
@@ -137,6 +170,7 @@ int32_t EngineLoop::retry_after_seconds() const {
 bool EngineLoop::submit(std::vector<GenerationJob> jobs,
                         const std::shared_ptr<OutputChannel>& channel) {
   const Clock::time_point now = Clock::now();
+  bool held = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t waiting = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
@@ -145,8 +179,12 @@ bool EngineLoop::submit(std::vector<GenerationJob> jobs,
       return false;
     }
     for (GenerationJob& job : jobs) inbox_.push_back({std::move(job), channel, now});
+    held = admission_holds_ > 0;
   }
-  cv_.notify_all();
+  // Held, the engine thread could not admit the jobs: release_admissions() wakes it (a batch
+  // submitted under a hold would otherwise wake an idle engine thread once per request, for
+  // nothing, while the engine waits for the batch).
+  if (!held) cv_.notify_all();
   return true;
 }
 
@@ -353,6 +391,8 @@ void EngineLoop::drop_cancelled() {
 void EngineLoop::process(const std::vector<RequestEvent>& events) {
   const Clock::time_point now = Clock::now();
   int64_t generated = 0, finished = 0, cancelled = 0, started = 0;
+  // Woken once each, after the step's last push (held: a channel may go with its request).
+  std::vector<std::shared_ptr<OutputWaker>> wakers;
   for (const RequestEvent& e : events) {
     auto it = active_.find(e.request_id);
     if (it == active_.end()) continue;
@@ -380,9 +420,13 @@ void EngineLoop::process(const std::vector<RequestEvent>& events) {
       // Ended as cancelled: a step left midway (every client had gone, or the loop stops).
       ++(e.reason == FinishReason::kCancelled ? cancelled : finished);
     }
-    a.channel->push(std::move(out));
+    const std::shared_ptr<OutputWaker>& waker = a.channel->push_in_step(std::move(out));
+    if (waker && std::find(wakers.begin(), wakers.end(), waker) == wakers.end()) {
+      wakers.push_back(waker);
+    }
     if (e.finished) active_.erase(it);
   }
+  for (const std::shared_ptr<OutputWaker>& waker : wakers) waker->wake();
   std::lock_guard<std::mutex> lock(mu_);
   counters_.generation_tokens += generated;
   counters_.requests_finished += finished;

@@ -41,10 +41,33 @@ struct TokenEvent {
   int error_status = 0;           // 400: the engine refused it; 500 / 503: the server failed
 };
 
+// Wakes a client that waits on many channels at once (the Python package's LLM.generate polls
+// hundreds): the engine thread wakes it once per step, after pushing all of the step's events,
+// rather than once per event, so that the client drains the channels while the next step runs
+// instead of contending with the engine thread as it pushes. Shared by any number of channels.
+class OutputWaker {
+ public:
+  void wake();
+  // The wakes so far: read it before looking at the channels, then wait_past() it.
+  uint64_t wakes() const;
+  // Waits up to `timeout` for a wake after the first `seen`; false if none came.
+  bool wait_past(uint64_t seen, std::chrono::milliseconds timeout) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint64_t wakes_ = 0;
+};
+
 // The events of all choices of one request, engine thread -> client.
 class OutputChannel {
  public:
+  // `waker`, if any, is woken after each push (after each step, for the pushes of a step).
+  explicit OutputChannel(std::shared_ptr<OutputWaker> waker = nullptr);
   void push(TokenEvent event);
+  // A step's push (EngineLoop::process): as push(), but the waker is left to the caller, which
+  // wakes each waker once after the step's last push. Returns the waker (null: none).
+  const std::shared_ptr<OutputWaker>& push_in_step(TokenEvent event);
   // Called (on the pushing thread, outside the lock) after each push: how an event-driven
   // reader learns that events wait, without a thread blocked in wait_pop.
   void set_listener(std::function<void()> listener);
@@ -63,6 +86,10 @@ class OutputChannel {
   std::function<void()> listener_;
   std::set<int32_t> cancelled_;
   bool all_cancelled_ = false;
+  // Set once anything was cancelled: the engine thread asks is_cancelled() of every running
+  // choice before each step, and most channels never cancel, so it takes no lock for them.
+  std::atomic<bool> any_cancelled_{false};
+  const std::shared_ptr<OutputWaker> waker_;
 };
 
 // The KV cache as the engine thread saw it between two steps (GET /v1/cache).

@@ -91,8 +91,10 @@ void ChoiceOutput::end_reply(const char* reason) {
 }
 
 GenerationStream::GenerationStream(GenerationSpec spec, const Tokenizer* tokenizer,
-                                   EngineLoop& loop)
-    : spec_(std::move(spec)), loop_(loop), channel_(std::make_shared<OutputChannel>()) {
+                                   EngineLoop& loop, std::shared_ptr<OutputWaker> waker)
+    : spec_(std::move(spec)),
+      loop_(loop),
+      channel_(std::make_shared<OutputChannel>(std::move(waker))) {
   const size_t num_choices = spec_.prompts.size() * static_cast<size_t>(spec_.n);
   choices_.reserve(num_choices);
   for (size_t i = 0; i < num_choices; ++i) choices_.emplace_back(tokenizer, spec_);

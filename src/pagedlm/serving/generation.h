@@ -96,8 +96,11 @@ struct ChoiceOutput {
 
 class GenerationStream {
  public:
-  // `tokenizer` may be null (a model without one: no text, stop strings or logprobs).
-  GenerationStream(GenerationSpec spec, const Tokenizer* tokenizer, EngineLoop& loop);
+  // `tokenizer` may be null (a model without one: no text, stop strings or logprobs). `waker`,
+  // if any, is woken when output arrives, once per engine step (a client polling many streams
+  // waits on it).
+  GenerationStream(GenerationSpec spec, const Tokenizer* tokenizer, EngineLoop& loop,
+                   std::shared_ptr<OutputWaker> waker = nullptr);
 
   // Queues every choice; false when the loop refuses them (its waiting queue is full, or it
   // stops).
