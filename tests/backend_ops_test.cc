@@ -720,7 +720,7 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
           if (matvec) {
             ops::linear_blocks(xt, dw, bias_t, out);
           } else {
-            ops::linear(xt, dense, bias_t, out);
+            ops::linear(xt, dense, bias_t, out, nullptr, b.state());
           }
         };
         Tensor out = b.poisoned({rows, n});

@@ -684,6 +684,7 @@ TEST(CudaSmolLM2, GgufBlocksOnGpuMatchCpuLogits) {
     EngineOptions o;
     o.device = device;
     o.num_pages = 64;
+    o.gguf_blocks_on_gpu = true;
     Engine engine(checkpoint, o);
     if (device == Device::kCuda) {
       const std::map<std::string, int64_t> bytes = engine.step_weight_bytes_by_format();
@@ -698,7 +699,7 @@ TEST(CudaSmolLM2, GgufBlocksOnGpuMatchCpuLogits) {
       EXPECT_LE(errors[t], kLogitsTolerance) << prompt.size() << "-token prompt, position " << t;
     }
   }
-  // Expanded to bf16 instead (--gguf-bf16), the same projections are reported as bf16.
+  // Expanded to bf16 instead (the default), the same projections are reported as bf16.
   EngineOptions o;
   o.device = Device::kCuda;
   o.num_pages = 64;

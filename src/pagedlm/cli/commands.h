@@ -17,7 +17,7 @@ struct EngineFlags {
   bool no_cuda_graphs = false;
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
-  bool gguf_bf16 = false;  // EngineOptions::gguf_blocks_on_gpu off
+  bool gguf_blocks = false;  // EngineOptions::gguf_blocks_on_gpu
   std::string device = "auto";
   // auto, fp8 or none: EngineOptions::fp8_weights; or a GGUF block format for --dummy weights
   std::string quantization = "auto";

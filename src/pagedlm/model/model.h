@@ -130,7 +130,7 @@ struct ModelOptions {
   // GPU: a GGUF's projections in the formats ops::gpu_computes_blocks names stay in their
   // blocks (ops/linear_blocks.h); off, they are expanded to bf16 at load (the other formats, the
   // embedding and MoE experts always are).
-  bool gguf_blocks_on_gpu = true;
+  bool gguf_blocks_on_gpu = false;
 };
 
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
