@@ -47,6 +47,7 @@
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/gelu_tanh_mul.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_blocks.h"
 #include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/paged_attention.h"
@@ -644,6 +645,145 @@ TEST(BackendOpsCpu, LinearQuantizedBlocks) {
   EXPECT_THROW(ops::linear(random_f32({2, 32}, rng), w, Tensor(), out), Error);
   w.blocks.pop_back();
   EXPECT_THROW(ops::linear(random_f32({2, 64}, rng), w, Tensor(), out), Error);
+}
+
+// ------------------------------------------------------------------------------------------
+// linear_blocks, dequantize_blocks: a GGUF's blocks on the GPU (ops/linear_blocks.h), against
+// the double reference over the format's reference dequantization (the CPU's, core/quantized.h)
+// ------------------------------------------------------------------------------------------
+
+// The GPU's block formats (three that it expands to bf16 instead are below).
+constexpr QuantType kGpuBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
+                                        QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_K,
+                                        QuantType::kQ6_K};
+
+TEST(BackendOpsCpu, GpuBlocksErrors) {
+  std::mt19937 rng(31);
+  for (QuantType type : kGpuBlockTypes) EXPECT_TRUE(ops::gpu_computes_blocks(type));
+  for (QuantType type : {QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K}) {
+    EXPECT_FALSE(ops::gpu_computes_blocks(type));
+    expect_error([&] { ops::upload_blocks(random_blocks(type, 2, 256, rng)); },
+                 {cat("no kernel for ", quant_format(type).name)});
+  }
+  // Blocks left on the CPU (as upload_blocks would not leave them), and a short buffer.
+  const QuantizedMatrix q = random_blocks(QuantType::kQ8_0, 4, 64, rng);
+  ops::DeviceBlocks w{q.type, q.rows, q.cols,
+                      Tensor::empty(DType::kU8, {static_cast<int64_t>(q.blocks.size())})};
+  Tensor x = Tensor::empty(DType::kBF16, {1, 64}), out = Tensor::empty(DType::kBF16, {1, 4});
+  expect_error([&] { ops::linear_blocks(x, w, Tensor(), out); }, {"must be on the GPU"});
+  expect_error(
+      [&] {
+        ops::dequantize_blocks(w, Tensor::empty(DType::kBF16, {4, 64}));
+      },
+      {"must be on the GPU"});
+  w.blocks = Tensor::empty(DType::kU8, {static_cast<int64_t>(q.blocks.size()) - 1});
+  expect_error([&] { ops::linear_blocks(x, w, Tensor(), out); }, {"weight blocks: expected u8"});
+}
+
+#ifdef PAGEDLM_HAS_CUDA
+#define PAGEDLM_REQUIRE_GPU() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+#else
+#define PAGEDLM_REQUIRE_GPU() GTEST_SKIP() << "this build of pagedlm has no CUDA support"
+#endif
+
+// Decode steps (M <= 8: the matrix-vector kernel, weights expanded in f32) and prefill steps
+// (M > 8: the whole matrix expanded to bf16, then the bf16 GEMM), with a bf16 output and a bias
+// or an f32 output (the logits' form). K: 18, 1 and 3 blocks (4608, 256 and 768 weights for the
+// K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
+// rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
+// weight to bf16 (kSums' bound).
+TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(32);
+  for (QuantType type : kGpuBlockTypes) {
+    const int64_t block = quant_block_elems(type);
+    for (auto [n, k] :
+         {std::pair<int64_t, int64_t>{70, 18 * block}, {256, block}, {130, 3 * block}}) {
+      const QuantizedMatrix q = random_blocks(type, n, k, rng);
+      const std::vector<float> w = dequantized(q);
+      const ops::DeviceBlocks dw = ops::upload_blocks(q);
+      ASSERT_EQ(dw.bytes(), static_cast<int64_t>(q.blocks.size()));
+      for (const int64_t rows : {1, 3, 8, 64, 300}) {
+        std::vector<float> x = uniform(rows * k, rng), bias = uniform(n, rng);
+        b.round(x);
+        b.round(bias);
+        const Tensor xt = b.tensor(x, {rows, k});
+        const std::string what = cat(quant_format(type).name, " rows ", rows, " n ", n, " k ", k);
+        const bool matvec = rows <= ops::kBlockMatvecMaxRows;
+        Tensor dense;
+        if (!matvec) {
+          dense = Tensor::empty(DType::kBF16, {n, k}, Device::kCuda);
+          ops::dequantize_blocks(dw, dense);
+        }
+        auto run = [&](const Tensor& bias_t, const Tensor& out) {
+          if (matvec) {
+            ops::linear_blocks(xt, dw, bias_t, out);
+          } else {
+            ops::linear(xt, dense, bias_t, out, nullptr, b.state());
+          }
+        };
+        Tensor out = b.poisoned({rows, n});
+        run(b.tensor(bias, {n}), out);
+        expect_nmse(host_f32(out), linear_ref(x, w, &bias, rows, k, n),
+                    matvec ? 1e-5 : b.tol(kSums), what + " bf16 out");
+        Tensor logits = b.poisoned({rows, n}, DType::kF32);
+        run(Tensor(), logits);
+        expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, rows, k, n),
+                    matvec ? 1e-10 : b.tol(kSums), what + " f32 out");
+      }
+    }
+  }
+}
+
+// Every weight expanded to bf16 is the reference dequantization rounded to bf16: within half a
+// bf16 step of it, plus a few f32 ulps of the matrix's largest weight (the device may fuse
+// q * d + m or d * q - m, which moves a weight that nearly cancels by an ulp of its terms).
+TEST(BackendOpsCuda, DequantizeBlocksRoundsReferenceWeights) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(33);
+  for (QuantType type : kGpuBlockTypes) {
+    const int64_t k = 2 * quant_block_elems(type);
+    const QuantizedMatrix q = random_blocks(type, 37, k, rng);
+    const std::vector<float> w = dequantized(q);
+    // Rows 5 .. 41 of a larger matrix: row0 places them.
+    Tensor dense = b.poisoned({45, k});
+    ops::dequantize_blocks(ops::upload_blocks(q), dense, 5);
+    const std::vector<float> got = host_f32(dense);
+    float largest = 0.f;
+    for (const float v : w) largest = std::max(largest, std::abs(v));
+    for (int64_t i = 0; i < q.rows * q.cols; ++i) {
+      const float want = w[i];
+      ASSERT_LE(std::abs(got[5 * k + i] - want), std::abs(want) * 0x1p-8f + largest * 0x1p-20f)
+          << quant_format(type).name << " weight " << i;
+    }
+    EXPECT_TRUE(std::isnan(got[5 * k - 1]) && std::isnan(got[42 * k]))
+        << "rows outside [5, 42) written";
+  }
+}
+
+// Two parts of one projection in different formats, each into its columns of one output (a
+// Q4_K_M file's q, k and v projections differ so), with the bias over all of them.
+TEST(BackendOpsCuda, LinearBlocksPartsFillTheirColumns) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(34);
+  const int64_t k = 128, n0 = 48, n1 = 20, rows = 5;
+  const QuantizedMatrix q0 = random_blocks(QuantType::kQ8_0, n0, k, rng);
+  const QuantizedMatrix q1 = random_blocks(QuantType::kQ4_1, n1, k, rng);
+  std::vector<float> w = dequantized(q0);
+  const std::vector<float> w1 = dequantized(q1);
+  w.insert(w.end(), w1.begin(), w1.end());
+  std::vector<float> x = uniform(rows * k, rng), bias = uniform(n0 + n1, rng);
+  b.round(x);
+  b.round(bias);
+  Tensor out = b.poisoned({rows, n0 + n1});
+  const Tensor xt = b.tensor(x, {rows, k}), bt = b.tensor(bias, {n0 + n1});
+  ops::linear_blocks(xt, ops::upload_blocks(q0), bt, out, 0);
+  ops::linear_blocks(xt, ops::upload_blocks(q1), bt, out, n0);
+  expect_nmse(host_f32(out), linear_ref(x, w, &bias, rows, k, n0 + n1), 1e-5, "two parts");
 }
 
 // ------------------------------------------------------------------------------------------

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/engine/benchmark.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/dummy_checkpoint.h"
@@ -234,6 +236,82 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   EXPECT_NE(status, 0);
   EXPECT_NE(err.find("MiB of host memory"), std::string::npos) << err;
   std::filesystem::remove(huge_path);
+}
+
+// Random blocks for --dummy --quantization: every ggml format by its quantizer's name, each
+// block's largest weight (by the format's reference dequantization) at the asked amplitude, and
+// a bench run of them whose step reads those bytes.
+TEST(Benchmark, DummyBlocks) {
+  EXPECT_EQ(ggml_quant_type_named("Q4_K"), QuantType::kQ4_K);
+  EXPECT_EQ(ggml_quant_type_named("q8_0"), QuantType::kQ8_0);
+  EXPECT_FALSE(ggml_quant_type_named("q4_k_m").has_value());
+  EXPECT_FALSE(ggml_quant_type_named("Q4_1 (f32 scales)").has_value());
+  EXPECT_FALSE(ggml_quant_type_named("fp8").has_value());
+  const float amplitude = 0.05f;
+  for (const char* name :
+       {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}) {
+    const QuantType type = ggml_quant_type_named(name).value();
+    const QuantizedMatrix m = random_quantized_matrix(type, 3, 512, amplitude, 7);
+    const int64_t block = quant_format(type).block_elems;
+    std::vector<float> row(512);
+    int nonzero_blocks = 0;
+    for (int64_t r = 0; r < 3; ++r) {
+      dequantize_row(m, r, row.data());
+      for (int64_t b = 0; b < 512 / block; ++b) {
+        float largest = 0;
+        for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+          ASSERT_TRUE(std::isfinite(row[i])) << name;
+          largest = std::max(largest, std::fabs(row[i]));
+        }
+        if (largest == 0) continue;  // a block whose random scales are all 0
+        ++nonzero_blocks;
+        // The f16 scale rounds amplitude / largest to 11 bits, or to 2^-24 where it is subnormal
+        // (Q6_K's: largest is up to 127 x 32 at scale 1, as in llama.cpp's own files).
+        EXPECT_NEAR(largest, amplitude, amplitude / 200) << name << " row " << r << " block " << b;
+      }
+    }
+    EXPECT_GT(nonzero_blocks, 0) << name;
+  }
+  EXPECT_THROW(random_quantized_matrix(QuantType::kQ4_K, 1, 96, amplitude, 1), Error);
+
+  const Checkpoint dummy =
+      make_dummy_checkpoint(kFixture + "/config.json", 1, {}, QuantType::kQ4_K);
+  EXPECT_EQ(dummy.quantized.at("model.layers.0.self_attn.q_proj.weight").type, QuantType::kQ4_K);
+  EXPECT_EQ(dummy.quantized.at("model.layers.1.mlp.down_proj.weight").cols, 512);
+  EXPECT_EQ(dummy.tensors.count("model.embed_tokens.weight"), 1u);  // looked up, not multiplied
+  EXPECT_THROW(make_dummy_checkpoint(kFixture + "/config.json", 1, {0, 2}, QuantType::kQ4_K),
+               Error);
+
+  auto run = [](const std::string& c, int* status) {
+    std::string out;
+    FILE* pipe = popen(c.c_str(), "r");
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+    *status = pclose(pipe);
+    return out;
+  };
+  int status = 0;
+  const auto j =
+      nlohmann::json::parse(run(std::string(PAGEDLM_BINARY) + " bench --dummy " + kFixture +
+                                    "/config.json --device cpu --quantization q4_k "
+                                    "--num-requests 2 --prompt-min 4 --prompt-max 8 "
+                                    "--output-min 2 --output-max 2 --json",
+                                &status));
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(j["generated_tokens"], 4);
+  // 2 layers x (q, k, v, o, gate, up, down) of Q4_K blocks, in the CPU's repacking of them.
+  const int64_t q4k_blocks = 2 * (256 * 256 + 2 * 128 * 256 + 256 * 256 + 3 * 512 * 256) / 256;
+  const QuantFormat& cpu_form = quant_format(quant_format(QuantType::kQ4_K).cpu_form);
+  ASSERT_TRUE(j["step_weight_bytes_by_format"].contains(cpu_form.name))
+      << j["step_weight_bytes_by_format"].dump();
+  EXPECT_EQ(j["step_weight_bytes_by_format"][cpu_form.name].get<int64_t>(),
+            q4k_blocks * cpu_form.block_bytes);
+  const std::string err =
+      run(std::string(PAGEDLM_BINARY) + " generate --model " + kFixture +
+              " --quantization q4_k --device cpu --prompt hi --max-tokens 1 2>&1",
+          &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("block formats make --dummy weights"), std::string::npos) << err;
 }
 
 }  // namespace

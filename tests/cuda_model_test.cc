@@ -840,5 +840,45 @@ TEST(CudaSmolLM2, GreedyTokensMatchCpu) {
   }
 }
 
+// The default model's Q4_1 projections stay in their blocks on the GPU (the tied lm_head is the
+// bf16 embedding): a 6-token prompt runs every projection through the matrix-vector kernel, a
+// 40-token one through the bf16 expansion and the GEMM. Each position's logits are within the
+// bf16 bound of the CPU's exact f32 kernels on the same blocks.
+TEST(CudaSmolLM2, GgufBlocksOnGpuMatchCpuLogits) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  REQUIRE_DEFAULT_MODEL();
+  const Checkpoint checkpoint = load_checkpoint(default_model_path());
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt.push_back(1 + (i * 7919) % 49000);
+  const std::vector<int32_t> short_prompt = {1, 9690, 198, 2683, 359, 253};
+  auto logits = [&](Device device, const std::vector<int32_t>& prompt) {
+    EngineOptions o;
+    o.device = device;
+    o.num_pages = 64;
+    o.gguf_blocks_on_gpu = true;
+    Engine engine(checkpoint, o);
+    if (device == Device::kCuda) {
+      const std::map<std::string, int64_t> bytes = engine.step_weight_bytes_by_format();
+      EXPECT_GT(bytes.count("Q4_1") ? bytes.at("Q4_1") : 0, 0) << "no projection kept Q4_1";
+    }
+    return engine.generate({logits_request(prompt)})[0].prompt_logits;
+  };
+  for (const auto& prompt : {short_prompt, long_prompt}) {
+    const Tensor cpu = logits(Device::kCpu, prompt), gpu = logits(Device::kCuda, prompt);
+    const std::vector<double> errors = position_errors(gpu, cpu);
+    for (size_t t = 0; t < errors.size(); ++t) {
+      EXPECT_LE(errors[t], kLogitsTolerance) << prompt.size() << "-token prompt, position " << t;
+    }
+  }
+  // Expanded to bf16 instead (the default), the same projections are reported as bf16.
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.num_pages = 64;
+  o.gguf_blocks_on_gpu = false;
+  const std::map<std::string, int64_t> bytes = Engine(checkpoint, o).step_weight_bytes_by_format();
+  EXPECT_EQ(bytes.count("Q4_1"), 0u);
+  EXPECT_GT(bytes.count("bf16") ? bytes.at("bf16") : 0, 0);
+}
+
 }  // namespace
 }  // namespace pagedlm

@@ -171,6 +171,7 @@ void register_bench(CLI::App& app) {
     // warm-up on it stops the run within a step, between two layers of a long CPU step.
     catch_stop_signals();
     std::optional<StopSignalsEndAtOnce> starting(std::in_place);
+    args->flags.dummy_weights = !args->dummy.empty();
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
     // On GPUs each tensor-parallel rank is a process drawing its share of the random weights
     // only (model/dummy_checkpoint.h); the CPU's ranks are threads sharing one checkpoint.
@@ -179,7 +180,8 @@ void register_bench(CLI::App& app) {
         on_gpu ? TensorParallel{options.tensor_parallel_rank, options.tensor_parallel_size}
                : TensorParallel{};
     Checkpoint ckpt = args->dummy.empty() ? load_with_progress(resolve_model_path(args->model))
-                                          : make_dummy_checkpoint(args->dummy, args->spec.seed, tp);
+                                          : make_dummy_checkpoint(args->dummy, args->spec.seed, tp,
+                                                                  args->flags.dummy_blocks());
     if (ran_as_worker_rank(ckpt, options)) return;
     Engine engine(ckpt, options);
     ckpt.release_weights();

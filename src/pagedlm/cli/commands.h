@@ -2,8 +2,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/engine/engine.h"
 
 namespace pagedlm::cli {
@@ -16,11 +18,17 @@ struct EngineFlags {
   bool no_async_scheduling = false, async_scheduling = false;
   bool no_cascade_attention = false;
   bool no_gemm_tuning = false;
+  bool gguf_blocks = false;  // EngineOptions::gguf_blocks_on_gpu
   std::string device = "auto";
   std::string quantization = "auto";    // auto, fp8 or none: EngineOptions::fp8_weights
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
+  // auto, fp8 or none: EngineOptions::fp8_weights; or a GGUF block format for --dummy weights
+  std::string quantization = "auto";
+  bool dummy_weights = false;  // the command loads --dummy weights (block formats apply)
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;
+  // The block format --quantization names for --dummy weights (q4_k, q8_0, ...), else nullopt.
+  std::optional<QuantType> dummy_blocks() const;
 };
 void add_engine_flags(CLI::App& app, EngineFlags& flags);
 // A command that runs the engine runs unchanged on every rank of a group of GPU processes; on a

@@ -126,9 +126,12 @@ void register_serve(CLI::App& app) {
     if (args->server.served_model_name.empty()) {
       args->server.served_model_name = model_name_from_path(path);
     }
+    args->flags.dummy_weights = dummy;
     const EngineOptions options = args->flags.resolve();  // a bad --device fails before the load
-    TextModel model = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
-                            : load_text_model(path, progress_bar());
+    TextModel model =
+        dummy ? TextModel{make_dummy_checkpoint(path, 0, {}, args->flags.dummy_blocks()), nullptr,
+                          std::nullopt}
+              : load_text_model(path, progress_bar());
     if (!args->chat_template.empty()) replace_chat_template(model, args->chat_template);
     if (!args->tokenizer.empty()) {
       model.tokenizer =

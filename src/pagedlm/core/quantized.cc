@@ -5,6 +5,9 @@
 // the same float and the kernels can reproduce it bit for bit.
 #include "pagedlm/core/quantized.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstring>
 
 #include "pagedlm/core/dtype.h"
@@ -298,30 +301,31 @@ using Dequantize = void (*)(const uint8_t*, float*);
 using Repack = void (*)(const uint8_t*, uint8_t*);
 
 constexpr QuantFormat format(const char* name, QuantType type, Dequantize dequantize,
-                             QuantType ggml_type, QuantType cpu_form, Repack repack) {
-  return {name,  quant_block_elems(type), quant_block_bytes(type), dequantize, ggml_type, cpu_form,
-          repack};
+                             QuantType ggml_type, QuantType cpu_form, Repack repack,
+                             int16_t scale0 = -1, int16_t scale1 = -1) {
+  return {name,   quant_block_elems(type), quant_block_bytes(type), dequantize, ggml_type, cpu_form,
+          repack, {scale0, scale1}};
 }
 
 // In QuantType's order.
 using enum QuantType;
 const QuantFormat kFormats[] = {
-    format("Q4_1", kQ4_1, dequant_q4_1, kQ4_1, kQ4_1F32, repack_q4_1),
-    format("Q8_0", kQ8_0, dequant_q8_0, kQ8_0, kQ8_0, nullptr),
+    format("Q4_1", kQ4_1, dequant_q4_1, kQ4_1, kQ4_1F32, repack_q4_1, 0, 2),
+    format("Q8_0", kQ8_0, dequant_q8_0, kQ8_0, kQ8_0, nullptr, 0),
     format("Q4_1 (f32 scales)", kQ4_1F32, dequant_q4_1f32, kQ4_1, kQ4_1F32, nullptr),
-    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0, nullptr),
-    format("Q5_0", kQ5_0, dequant_q5_0, kQ5_0, kQ5_0F32, repack_q5_0),
-    format("Q4_K", kQ4_K, dequant_q4_k, kQ4_K, kQ4_KF32, repack_q4_k),
-    format("Q6_K", kQ6_K, dequant_q6_k, kQ6_K, kQ6_KF32, repack_q6_k),
+    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0, nullptr, 0),
+    format("Q5_0", kQ5_0, dequant_q5_0, kQ5_0, kQ5_0F32, repack_q5_0, 0),
+    format("Q4_K", kQ4_K, dequant_q4_k, kQ4_K, kQ4_KF32, repack_q4_k, 0, 2),
+    format("Q6_K", kQ6_K, dequant_q6_k, kQ6_K, kQ6_KF32, repack_q6_k, 208),
     format("Q5_0 (f32 scale)", kQ5_0F32, dequant_q5_0f32, kQ5_0, kQ5_0F32, nullptr),
     format("Q4_K (f32 scales)", kQ4_KF32, dequant_q4_kf32, kQ4_K, kQ4_KF32, nullptr),
     format("Q6_K (f32 scale)", kQ6_KF32, dequant_q6_kf32, kQ6_K, kQ6_KF32, nullptr),
-    format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr),
-    format("Q5_K", kQ5_K, dequant_q5_k, kQ5_K, kQ5_KF32, repack_q5_k),
+    format("Q5_1", kQ5_1, dequant_q5_1, kQ5_1, kQ5_1, nullptr, 0, 2),
+    format("Q5_K", kQ5_K, dequant_q5_k, kQ5_K, kQ5_KF32, repack_q5_k, 0, 2),
     format("Q5_K (f32 scales)", kQ5_KF32, dequant_q5_kf32, kQ5_K, kQ5_KF32, nullptr),
-    format("Q3_K", kQ3_K, dequant_q3_k, kQ3_K, kQ3_KF32, repack_q3_k),
+    format("Q3_K", kQ3_K, dequant_q3_k, kQ3_K, kQ3_KF32, repack_q3_k, 108),
     format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
-    format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k),
+    format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k, 80, 82),
     format("Q2_K (f32 scales)", kQ2_KF32, dequant_q2_kf32, kQ2_K, kQ2_KF32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
@@ -333,6 +337,63 @@ const QuantFormat& quant_format(QuantType type) {
   const auto i = static_cast<size_t>(type);
   PAGEDLM_CHECK(i < sizeof(kFormats) / sizeof(kFormats[0]), "unknown block format ", i);
   return kFormats[i];
+}
+
+std::optional<QuantType> ggml_quant_type_named(std::string_view name) {
+  for (size_t i = 0; i < sizeof(kFormats) / sizeof(kFormats[0]); ++i) {
+    const QuantFormat& f = kFormats[i];
+    const std::string_view candidate = f.name;
+    if (f.ggml_type != static_cast<QuantType>(i) || candidate.size() != name.size()) continue;
+    bool same = true;
+    for (size_t c = 0; c < name.size() && same; ++c) {
+      same = std::tolower(static_cast<unsigned char>(name[c])) ==
+             std::tolower(static_cast<unsigned char>(candidate[c]));
+    }
+    if (same) return f.ggml_type;
+  }
+  return std::nullopt;
+}
+
+QuantizedMatrix random_quantized_matrix(QuantType type, int64_t rows, int64_t cols, float amplitude,
+                                        uint64_t seed) {
+  const QuantFormat& f = quant_format(type);
+  PAGEDLM_CHECK(f.ggml_type == type && f.f16_scales[0] >= 0, "random blocks of ", f.name,
+                ": not a ggml format");
+  PAGEDLM_CHECK(cols % f.block_elems == 0, "random ", f.name, " blocks: ", cols,
+                " columns are not a multiple of its ", f.block_elems, "-weight block");
+  QuantizedMatrix m;
+  m.type = type;
+  m.rows = rows;
+  m.cols = cols;
+  const int64_t blocks = rows * (cols / f.block_elems);
+  m.blocks.resize(static_cast<size_t>(blocks * f.block_bytes));
+  constexpr uint16_t kOne = 0x3C00;  // 1.0 in f16
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = m.blocks.data() + b * f.block_bytes;
+    // splitmix64 of (seed, byte offset): any block drawn on its own.
+    for (int64_t i = 0; i < f.block_bytes; i += 8) {
+      uint64_t z = seed + static_cast<uint64_t>(b * f.block_bytes + i + 1) * 0x9e3779b97f4a7c15ULL;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      z ^= z >> 31;
+      std::memcpy(block + i, &z, static_cast<size_t>(std::min<int64_t>(8, f.block_bytes - i)));
+    }
+    // With the scales at 1 the weights are sums of products of the block's integers: scaling
+    // every scale by one factor scales every weight by it.
+    for (const int16_t at : f.f16_scales) {
+      if (at >= 0) std::memcpy(block + at, &kOne, 2);
+    }
+    float w[kMaxQuantBlockElems];
+    f.dequantize_block(block, w);
+    float largest = 0;
+    for (int64_t i = 0; i < f.block_elems; ++i) largest = std::max(largest, std::fabs(w[i]));
+    const uint16_t scale = f32_to_f16(largest > 0 ? amplitude / largest : 0.f);
+    for (const int16_t at : f.f16_scales) {
+      if (at >= 0) std::memcpy(block + at, &scale, 2);
+    }
+  }
+  return m;
 }
 
 void dequantize_row(const QuantizedMatrix& m, int64_t r, float* out) {

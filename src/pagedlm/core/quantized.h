@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 namespace pagedlm {
@@ -83,6 +85,9 @@ struct QuantFormat {
   // repack_block writes one block of it from one of this format (null where cpu_form is itself).
   QuantType cpu_form;
   void (*repack_block)(const uint8_t* block, uint8_t* out);
+  // Byte offsets of a block's f16 scales (d, then m or dmin; -1: none): where synthetic blocks
+  // (random_quantized_matrix) set their magnitude. Given for ggml's formats only.
+  int16_t f16_scales[2];
 };
 
 const QuantFormat& quant_format(QuantType type);
@@ -157,5 +162,17 @@ struct QuantizedMatrix {
 
 // Row r's weights as floats (cols of them), by the format's reference dequantization.
 void dequantize_row(const QuantizedMatrix& m, int64_t r, float* out);
+
+// The ggml format named `name` as llama.cpp's quantizer names its types ("q4_k", "Q8_0"; any
+// case), or nullopt.
+std::optional<QuantType> ggml_quant_type_named(std::string_view name);
+
+// A [rows, cols] matrix of random blocks of ggml format `type` (random quants and scales, each
+// block's f16 scales set so that its largest |weight| is `amplitude`, to the f16 scale's
+// precision): weights of a quantized
+// model's shape for benchmarks, where only the bytes matter. Element-wise the same for a seed
+// whatever the thread count.
+QuantizedMatrix random_quantized_matrix(QuantType type, int64_t rows, int64_t cols, float amplitude,
+                                        uint64_t seed);
 
 }  // namespace pagedlm

@@ -70,7 +70,13 @@ struct EngineOptions {
   bool cpu_q8_activations = false;
   // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
-  ModelOptions model_options() const { return {cpu_q8_activations, fp8_weights}; }
+  // GPU: a GGUF's projections computed from their blocks (ModelOptions; --gguf-blocks). Off by
+  // default: on the H200 (2026-12-03) the block kernels beat bf16 on single-stream decode for
+  // Q8_0 / Q4_1 but not for Q4_K, and steps of more than 8 rows expand the blocks every step.
+  bool gguf_blocks_on_gpu = false;
+  ModelOptions model_options() const {
+    return {cpu_q8_activations, fp8_weights, gguf_blocks_on_gpu};
+  }
   // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
   // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host
   // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward

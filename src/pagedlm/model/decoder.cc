@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "pagedlm/ops/embedding.h"
 #include "pagedlm/ops/gather_rows.h"
 #include "pagedlm/ops/linear.h"
+#include "pagedlm/ops/linear_blocks.h"
 #include "pagedlm/ops/linear_fp8.h"
 #include "pagedlm/ops/moe.h"
 #include "pagedlm/ops/rms_norm.h"
@@ -52,27 +54,42 @@ enum class WeightFormat : uint8_t {
   kDense,   // the compute dtype: f32 on the CPU, bf16 on the GPU
   kBlocks,  // CPU, a GGUF's block formats: its parts' blocks
   kFp8,     // GPU with FP8 tensor cores: e4m3 with per-feature scales, W8A8 GEMMs
+  // GPU, a GGUF's block formats the GPU has kernels for (ops/linear_blocks.h): its parts' blocks
+  // as the file holds them
+  kGpuBlocks,
+};
+
+// What apply() may overwrite besides its output: an FP8 projection's quantized input; the bf16
+// expansion of a block projection's weight for a step too large for the matrix-vector kernel
+// ([>= rows * cols] of the largest such projection).
+struct ProjectionScratch {
+  ops::Fp8Scratch fp8;
+  Tensor dequantized;
 };
 
 // A projection's weight as the backend computes with it: dense in the compute dtype; on the CPU
 // for a GGUF's block formats, its parts' blocks in order of their output features (one part
 // unless the stacked matrices differ in format, as a Q4_K_M file's q, k and v projections do);
-// or in FP8 on the GPU.
+// or in FP8 on the GPU, or on the GPU in blocks (gpu_parts, in order of output features as parts).
 struct Projection {
   WeightFormat format = WeightFormat::kDense;
   Tensor dense;
   std::vector<BlockPart> parts;
   ops::Fp8Weight fp8;
+  std::vector<ops::DeviceBlocks> gpu_parts;
 
-  // fp8_scratch: where an FP8 projection quantizes x (unused by the others).
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-             ops::DeviceState* state, const ops::Fp8Scratch& fp8_scratch) const {
+             ops::DeviceState* state, const ProjectionScratch& scratch) const {
     if (format == WeightFormat::kDense) {
       ops::linear(x, dense, bias, out, stream, state);
       return;
     }
     if (format == WeightFormat::kFp8) {
-      ops::linear_fp8(x, fp8, bias, out, fp8_scratch, stream, state);
+      ops::linear_fp8(x, fp8, bias, out, scratch.fp8, stream, state);
+      return;
+    }
+    if (format == WeightFormat::kGpuBlocks) {
+      apply_gpu_blocks(x, bias, out, stream, state, scratch);
       return;
     }
     int64_t col0 = 0;
@@ -88,12 +105,51 @@ struct Projection {
                   out.dim(1));
   }
 
+  // Decode: each part's blocks through the matrix-vector kernel into its columns of out. Larger
+  // steps: all parts expanded to bf16 into the scratch, one GEMM (the expansion writes 2 bytes and
+  // the GEMM reads them back per weight, on top of the blocks: a cost per prefill call, not per
+  // token).
+  void apply_gpu_blocks(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
+                        ops::DeviceState* state, const ProjectionScratch& scratch) const {
+    if (x.dim(0) <= ops::kBlockMatvecMaxRows) {
+      int64_t col0 = 0;
+      for (const ops::DeviceBlocks& part : gpu_parts) {
+        ops::linear_blocks(x, part, bias, out, col0, stream);
+        col0 += part.rows;
+      }
+      PAGEDLM_CHECK(col0 == out.dim(1), "a projection's parts have ", col0, " outputs, out has ",
+                    out.dim(1));
+      return;
+    }
+    const int64_t rows = gpu_rows(), cols = gpu_parts.front().cols;
+    PAGEDLM_CHECK(scratch.dequantized.defined() && scratch.dequantized.numel() >= rows * cols,
+                  "a GPU block projection [", rows, ", ", cols,
+                  "] needs a bf16 scratch of that size for steps of ", x.dim(0), " rows");
+    const Tensor dense = scratch.dequantized.rows(0, rows * cols).reshape({rows, cols});
+    int64_t row0 = 0;
+    for (const ops::DeviceBlocks& part : gpu_parts) {
+      ops::dequantize_blocks(part, dense, row0, stream);
+      row0 += part.rows;
+    }
+    ops::linear(x, dense, bias, out, stream, state);
+  }
+
+  // The output features of a GPU block projection.
+  int64_t gpu_rows() const {
+    int64_t rows = 0;
+    for (const ops::DeviceBlocks& part : gpu_parts) rows += part.rows;
+    return rows;
+  }
+
   // The bytes apply() reads by format, added to `by_format`.
   void add_bytes(std::map<std::string, int64_t>& by_format) const {
     if (format == WeightFormat::kDense && dense.defined())
       by_format[std::string(dtype_name(dense.dtype()))] += bytes();
     if (format == WeightFormat::kFp8) by_format["f8_e4m3 (W8A8)"] += bytes();
     for (const BlockPart& part : parts) by_format[part.format()] += part.bytes();
+    for (const ops::DeviceBlocks& part : gpu_parts) {
+      by_format[quant_format(part.type).name] += part.bytes();
+    }
   }
 
   // The bytes apply() reads: whichever form it computes with.
@@ -104,6 +160,7 @@ struct Projection {
     if (format == WeightFormat::kFp8) return fp8.bytes();
     int64_t total = 0;
     for (const BlockPart& part : parts) total += part.bytes();
+    for (const ops::DeviceBlocks& part : gpu_parts) total += part.bytes();
     return total;  // none: no router
   }
 };
@@ -472,12 +529,43 @@ class DecoderModel final : public CausalLM {
       }
       return proj;
     };
+    // The GPU's blocks uploaded as they are, where it has kernels for all of a projection's
+    // formats; else (or with gguf_blocks_on_gpu off) the projection is expanded to bf16, as
+    // stderr says once per format.
+    std::set<std::string> expanded_formats;
+    auto gpu_form = [&](const std::vector<QuantizedMatrix>& stacked) {
+      Projection proj;
+      if (stacked.empty()) return proj;
+      for (const QuantizedMatrix& blocks : stacked) {
+        const char* format = quant_format(blocks.type).name;
+        if (ops::gpu_computes_blocks(blocks.type)) continue;
+        if (expanded_formats.insert(format).second) {
+          std::fprintf(stderr,
+                       "note: the GPU has no kernel for %s blocks: the projections that hold "
+                       "them are expanded to bf16 at load\n",
+                       format);
+        }
+        return proj;
+      }
+      proj.format = WeightFormat::kGpuBlocks;
+      for (const QuantizedMatrix& blocks : stacked) {
+        proj.gpu_parts.push_back(ops::upload_blocks(blocks));
+      }
+      widest_gpu_blocks_ =
+          std::max(widest_gpu_blocks_, proj.gpu_rows() * proj.gpu_parts.front().cols);
+      return proj;
+    };
     const bool fp8 = runs_fp8(ckpt, device, options.fp8_weights);
     // may_fp8: false for the projections that stay bf16 whatever the mode (the lm_head, a
     // router: both write f32).
     auto projection = [&](const std::vector<WeightPart>& parts, bool may_fp8 = true) {
       Projection proj;
       if (device == Device::kCpu) proj = cpu_form(stacked_blocks(ckpt, c, tp, parts));
+      // FP8 (--quantization fp8) takes a GGUF's weights through bf16 as before.
+      if (device != Device::kCpu && options.gguf_blocks_on_gpu && !(fp8 && may_fp8)) {
+        proj = gpu_form(stacked_blocks(ckpt, c, tp, parts));
+        if (proj.format == WeightFormat::kGpuBlocks) return proj;
+      }
       if (fp8 && may_fp8) {
         proj.fp8 = checkpoint_fp8(ckpt, c, tp, parts);
         // A checkpoint's own FP8 weights (per-block ones) are not quantized a second time.
@@ -664,8 +752,11 @@ class DecoderModel final : public CausalLM {
     if (has_fp8_) {
       // The widest input of an FP8 projection: o's (Hq d), down's (F) or the hidden size.
       const int64_t widest = std::max({D, Hq * d, F});
-      b.fp8.values = Tensor::empty(DType::kF8E4M3, {rows * widest}, device_);
-      b.fp8.scales = make_f32({rows});
+      b.projection.fp8.values = Tensor::empty(DType::kF8E4M3, {rows * widest}, device_);
+      b.projection.fp8.scales = make_f32({rows});
+    }
+    if (widest_gpu_blocks_ > 0 && rows > ops::kBlockMatvecMaxRows) {
+      b.projection.dequantized = make({widest_gpu_blocks_});
     }
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
@@ -691,7 +782,7 @@ class DecoderModel final : public CausalLM {
     Tensor qkv = buffers_.qkv.rows(0, L), q = buffers_.q.rows(0, L);
     Tensor attn_out = buffers_.attn_out.rows(0, L), proj_out = buffers_.proj_out.rows(0, L);
     Tensor gate_up = buffers_.gate_up.rows(0, L), act = buffers_.act.rows(0, L);
-    const ops::Fp8Scratch& fp8 = buffers_.fp8;
+    const ProjectionScratch& scratch = buffers_.projection;
 
     const float offset = c.norm_weight_offset;
     if (comm_ == nullptr) {
@@ -719,7 +810,7 @@ class DecoderModel final : public CausalLM {
       } else {
         ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset);
       }
-      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, fp8);
+      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, scratch);
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
@@ -727,7 +818,7 @@ class DecoderModel final : public CausalLM {
       if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       if (leave_at(2 * i)) return false;
-      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, fp8);
+      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, scratch);
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
@@ -740,7 +831,7 @@ class DecoderModel final : public CausalLM {
         const Tensor router_logits = buffers_.router_logits.rows(0, L);
         const Tensor expert_ids = buffers_.expert_ids.rows(0, L);
         const Tensor expert_weights = buffers_.expert_weights.rows(0, L);
-        w.router.apply(hidden, Tensor(), router_logits, stream, state, fp8);
+        w.router.apply(hidden, Tensor(), router_logits, stream, state, scratch);
         ops::moe_route(router_logits, c.moe.normalize_top_k, expert_ids, expert_weights, stream);
         ops::MoeWorkspace ws = buffers_.moe;
         ws.activated =
@@ -748,10 +839,10 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
-        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, fp8);
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch);
         ops::gated_mul(gated_activation(c), gate_up, act, stream);
         if (leave_at(2 * i + 1)) return false;
-        w.down_proj.apply(act, Tensor(), proj_out, stream, state, fp8);
+        w.down_proj.apply(act, Tensor(), proj_out, stream, state, scratch);
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
@@ -767,11 +858,11 @@ class DecoderModel final : public CausalLM {
     ops::add_rms_norm(last_residual, last_update, final_norm_, eps, last, stream, offset);
     // The lm_head writes f32 directly on every device: no rounding of the logits.
     if (comm_ == nullptr) {
-      lm_head_.apply(last, Tensor(), logits, stream, state, fp8);
+      lm_head_.apply(last, Tensor(), logits, stream, state, scratch);
     } else {
       // Each rank scores its share of the vocabulary; the gather lays them side by side.
       const Tensor local = buffers_.local_logits.rows(0, S);
-      lm_head_.apply(last, Tensor(), local, stream, state, fp8);
+      lm_head_.apply(last, Tensor(), local, stream, state, scratch);
       comm_->all_gather_cols(local, logits, stream);
     }
     if (c.final_logit_softcap > 0.f) ops::softcap(logits, c.final_logit_softcap, stream);
@@ -788,7 +879,10 @@ class DecoderModel final : public CausalLM {
     // [rows, k], and the experts' scratch for rows * k (token, slot) pairs.
     Tensor router_logits, expert_ids, expert_weights;
     ops::MoeWorkspace moe;
-    ops::Fp8Scratch fp8;  // FP8 projections' quantized inputs: [rows * widest input], [rows]
+    // FP8 projections' quantized inputs ([rows * widest input], [rows]); GPU block
+    // projections' bf16 weights ([widest_gpu_blocks_], for steps of more rows than
+    // ops::kBlockMatvecMaxRows).
+    ProjectionScratch projection;
   };
 
   static ops::GatedActivation gated_activation(const ModelConfig& c) {
@@ -828,7 +922,8 @@ class DecoderModel final : public CausalLM {
   bool embed_in_lm_head_ = false;
   Projection lm_head_;
   std::vector<LayerWeights> layers_;
-  bool has_fp8_ = false;  // some projection is FP8 (reserve() then sizes the scratch)
+  bool has_fp8_ = false;           // some projection is FP8 (reserve() then sizes the scratch)
+  int64_t widest_gpu_blocks_ = 0;  // the weights of the largest GPU block projection
   Activations buffers_;
   Tensor experts_activated_;  // [layers] i32: experts that received tokens, summed over calls
 };

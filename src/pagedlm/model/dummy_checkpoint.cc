@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 namespace pagedlm {
 
@@ -33,28 +34,53 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
+// The weights a GGUF quantizer turns into blocks: the projections' matrices (not the embeddings,
+// norms, router or the experts' stacks).
+bool quantizable_projection(const std::string& name, const Shape& shape) {
+  const auto ends_with = [&](std::string_view tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return shape.size() == 2 && name.find("experts") == std::string::npos &&
+         (ends_with("_proj.weight") || name == "lm_head.weight");
+}
+
 }  // namespace
 
-Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, TensorParallel tp) {
+Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, TensorParallel tp,
+                                 std::optional<QuantType> blocks) {
   check_tensor_parallel(config, tp.size);
+  PAGEDLM_CHECK(!blocks || tp.size == 1, "random ", blocks ? quant_format(*blocks).name : "",
+                " blocks: one rank only (a tensor-parallel share of a block format is not cut)");
   // The weights are drawn as bf16 on the host first (the GPU's compute dtype, so they upload
   // without conversion; a Mixtral-8x7B config would not fit a host in f32): refuse a config
   // that cannot fit rather than be killed by the kernel half-way (an 8B config needs 16 GB).
   // A tensor-parallel rank writes about its share.
   double bytes = 0;  // double: an absurd config must not overflow the estimate
   for (const auto& [name, shape] : expected_tensor_shapes(config)) {
-    double n = sizeof(uint16_t);
+    double n = blocks && quantizable_projection(name, shape)
+                   ? static_cast<double>(quant_format(*blocks).block_bytes) /
+                         static_cast<double>(quant_format(*blocks).block_elems)
+                   : sizeof(uint16_t);
     for (const int64_t dim : shape) n *= static_cast<double>(dim);
     bytes += n / (shard_of_tensor(config, name) == Shard::kReplicated ? 1 : tp.size);
   }
   const int64_t available = available_memory_bytes();
   PAGEDLM_CHECK(available < 0 || bytes <= static_cast<double>(available),
                 "random weights of this config take ", static_cast<int64_t>(bytes / (1 << 20)),
-                " MiB of host memory (bf16) and only ", available >> 20, " MiB are available");
+                " MiB of host memory and only ", available >> 20, " MiB are available");
   Checkpoint ckpt;
   ckpt.config = config;
   uint64_t tensor_seed = seed;
   for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    if (blocks && quantizable_projection(name, shape)) {
+      // The bf16 draw's range, 1/sqrt(fan_in), as each block's largest weight.
+      ckpt.quantized.emplace(name,
+                             random_quantized_matrix(*blocks, shape[0], shape[1],
+                                                     1.f / std::sqrt(static_cast<float>(shape[1])),
+                                                     ++tensor_seed * 0x2545f4914f6cdd1dULL));
+      continue;
+    }
     Tensor t = Tensor::empty(DType::kBF16, shape);
     const bool is_norm = name.find("norm") != std::string::npos;
     // Projections scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
@@ -91,8 +117,8 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed, Tenso
 }
 
 Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed,
-                                 TensorParallel tp) {
-  return make_dummy_checkpoint(parse_hf_config(read_json_file(config_json_path)), seed, tp);
+                                 TensorParallel tp, std::optional<QuantType> blocks) {
+  return make_dummy_checkpoint(parse_hf_config(read_json_file(config_json_path)), seed, tp, blocks);
 }
 
 }  // namespace pagedlm

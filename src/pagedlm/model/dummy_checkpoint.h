@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/tensor_parallel.h"
 
@@ -15,10 +17,16 @@ namespace pagedlm {
 // are written (the rest of each tensor is allocated, never touched, so the OS never backs it):
 // a 70B config at 2 ranks fits a host that could not hold it twice, and every rank's share
 // holds the values a single rank would.
+// With `blocks`, the projections' weights (attention, dense MLP, an untied lm_head) are random
+// blocks of that ggml format instead (core/quantized.h: random_quantized_matrix), as a GGUF
+// quantized by llama.cpp would hold them: a quantized model's step, measured without its file.
+// One rank only.
 Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed = 0,
-                                 TensorParallel tp = {});
+                                 TensorParallel tp = {},
+                                 std::optional<QuantType> blocks = std::nullopt);
 // Reads an HF config.json file and makes its dummy checkpoint.
 Checkpoint make_dummy_checkpoint(const std::string& config_json_path, uint64_t seed = 0,
-                                 TensorParallel tp = {});
+                                 TensorParallel tp = {},
+                                 std::optional<QuantType> blocks = std::nullopt);
 
 }  // namespace pagedlm

@@ -127,6 +127,10 @@ struct ModelOptions {
   // in integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
   bool cpu_q8_activations = false;
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
+  // GPU: a GGUF's projections in the formats ops::gpu_computes_blocks names stay in their
+  // blocks (ops/linear_blocks.h); off, they are expanded to bf16 at load (the other formats, the
+  // embedding and MoE experts always are).
+  bool gguf_blocks_on_gpu = false;
 };
 
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to

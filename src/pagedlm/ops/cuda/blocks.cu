@@ -1,0 +1,272 @@
+// The GPU's kernels for GGUF block weights (ops/linear_blocks.h): a matrix-vector product that
+// expands blocks in registers (decode), and the expansion of a whole matrix to bf16 (prefill,
+// before a GEMM). Both read the blocks as the file lays them out.
+//
+// Work unit: 8 consecutive weights of a block (a quarter of a 32-weight block, a 32nd of a
+// K-quant's 256), which every format here yields from one or two 8-byte loads (Q8_0: 8 int8;
+// the others: the low or high nibbles of 8 bytes, and Q5's fifth bits or Q6_K's high two from a
+// few more) and which meet 8 bf16 activations in one 16-byte load. The lanes of a warp take
+// consecutive units, so a warp reads 256 consecutive weights' bytes of a row per iteration.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "pagedlm/ops/cuda/check.h"
+#include "pagedlm/ops/cuda/common.cuh"
+#include "pagedlm/ops/linear_blocks.h"
+
+namespace pagedlm::ops::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using ::pagedlm::cuda::detail::ceil_div;
+using ::pagedlm::cuda::detail::warp_sum;
+
+constexpr int kWarpsPerBlock = 4;  // output features per thread block of the matrix-vector kernel
+
+__device__ __forceinline__ float load_f16(const uint8_t* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// 8 bytes from a 2-byte aligned address (a block's fields are no more aligned than that: Q8_0's
+// blocks are 34 bytes, Q4_0's 18).
+__device__ __forceinline__ uint2 load8(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
+                    h[2] | (static_cast<uint32_t>(h[3]) << 16));
+}
+
+__device__ __forceinline__ int byte_of(uint2 v, int j) {
+  return static_cast<int>(((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xffu);
+}
+
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+// Weights 8 * unit .. 8 * unit + 7 of a block, as ggml dequantizes them (ggml-quants.c; the
+// layouts are core/quantized.h's).
+template <QuantType kType>
+__device__ __forceinline__ void dequantize_unit(const uint8_t* block, int unit, float* w) {
+  if constexpr (kType == QuantType::kQ8_0) {
+    const float d = load_f16(block);
+    const uint2 q = load8(block + 2 + 8 * unit);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = static_cast<float>(static_cast<int8_t>(byte_of(q, j))) * d;
+  } else if constexpr (kType == QuantType::kQ4_0 || kType == QuantType::kQ4_1 ||
+                       kType == QuantType::kQ5_0 || kType == QuantType::kQ5_1) {
+    // Weight j (< 16): the low nibble of byte j; weight j + 16: its high nibble; Q5's fifth bit
+    // of weight j is bit j of qh.
+    constexpr bool kMin = kType == QuantType::kQ4_1 || kType == QuantType::kQ5_1;
+    constexpr bool kFifth = kType == QuantType::kQ5_0 || kType == QuantType::kQ5_1;
+    constexpr int kQh = kMin ? 4 : 2;
+    constexpr int kQs = (kMin ? 4 : 2) + (kFifth ? 4 : 0);
+    const uint2 q = load8(block + kQs + 8 * (unit & 1));
+    const int shift = unit < 2 ? 0 : 4;
+    const uint32_t fifth = kFifth ? (load_u32(block + kQh) >> (8 * unit)) & 0xffu : 0u;
+    const float d = load_f16(block);
+    const float m = kMin ? load_f16(block + 2) : 0.f;
+    constexpr int kOffset = kMin ? 0 : (kFifth ? 16 : 8);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int v = ((byte_of(q, j) >> shift) & 0xf) | static_cast<int>(((fifth >> j) & 1u) << 4);
+      if constexpr (kMin) {
+        w[j] = static_cast<float>(v) * d + m;
+      } else {
+        w[j] = static_cast<float>(v - kOffset) * d;
+      }
+    }
+  } else if constexpr (kType == QuantType::kQ4_K) {
+    // Sub-block sb = unit / 4 (32 weights): the low (even sb) or high (odd) nibbles of bytes
+    // 32 (sb / 2) .. of the 128, scaled by d * sc[sb] less dmin * m[sb] (6-bit, packed in 12
+    // bytes as ggml's get_scale_min_k4 reads them).
+    const int sb = unit >> 2;
+    const uint8_t* s = block + 4;
+    int sc, mn;
+    if (sb < 4) {
+      sc = s[sb] & 63;
+      mn = s[sb + 4] & 63;
+    } else {
+      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
+      mn = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+    }
+    const float d1 = load_f16(block) * static_cast<float>(sc);
+    const float m1 = load_f16(block + 2) * static_cast<float>(mn);
+    const uint2 q = load8(block + 16 + 32 * (sb >> 1) + 8 * (unit & 3));
+    const int shift = (sb & 1) * 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      w[j] = d1 * static_cast<float>((byte_of(q, j) >> shift) & 0xf) - m1;
+    }
+  } else if constexpr (kType == QuantType::kQ6_K) {
+    // Half h of 128 weights, group g of 32 in it, l0 the unit's first of those 32: the low
+    // (g < 2) or high nibbles of ql[64 h + 32 (g & 1) + l], bits 2g of qh[32 h + l], scale
+    // sc[8 h + l / 16 + 2 g].
+    const int h = unit >> 4, g = (unit >> 2) & 3, l0 = (unit & 3) * 8;
+    const uint2 ql = load8(block + 64 * h + 32 * (g & 1) + l0);
+    const uint2 qh = load8(block + 128 + 32 * h + l0);
+    const auto sc = static_cast<float>(static_cast<int8_t>(block[192 + 8 * h + l0 / 16 + 2 * g]));
+    const float d = load_f16(block + 208);
+    const int shift = (g >> 1) * 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = (((byte_of(ql, j) >> shift) & 0xf) | (((byte_of(qh, j) >> (2 * g)) & 3) << 4));
+      w[j] = d * sc * static_cast<float>(q - 32);
+    }
+  }
+}
+
+// One warp per output feature n, all kRows rows of x at once (each weight read once): lane l takes
+// units l, l + 32, ... of row n's blocks and accumulates w * x in f32 per row, then the warp
+// sums its lanes. The order of every output's additions depends on in_features only, not on
+// kRows or on the other rows.
+template <QuantType kType, int kRows>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    block_matvec_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
+                        bool out_f32, int out_features, int in_features, int64_t out_stride) {
+  const int n = blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+  if (n >= out_features) return;  // a whole warp: no block-wide synchronization follows
+  constexpr int kBytes = static_cast<int>(quant_block_bytes(kType));
+  constexpr int kElems = static_cast<int>(quant_block_elems(kType));
+  constexpr int kUnits = kElems / 8;
+  const int units = in_features / 8;
+  const uint8_t* row = blocks + static_cast<int64_t>(n) * (in_features / kElems) * kBytes;
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int i = static_cast<int>(threadIdx.x); i < units; i += 32) {
+    float w[8];
+    dequantize_unit<kType>(row + (i / kUnits) * kBytes, i % kUnits, w);
+    const int k0 = i * 8;  // unit i is weights 8i .. 8i + 7 of the row
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint4 packed =
+          *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * in_features + k0);
+      const auto* xv = reinterpret_cast<const bf16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r] = fmaf(w[j], __bfloat162float(xv[j]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (threadIdx.x != 0) return;
+  const float b = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t at = r * out_stride + n;
+    if (out_f32) {
+      static_cast<float*>(out)[at] = acc[r];
+    } else {
+      static_cast<bf16*>(out)[at] = __float2bfloat16(acc[r] + b);
+    }
+  }
+}
+
+// One thread per unit of 8 weights, one 16-byte store.
+template <QuantType kType>
+__global__ void dequantize_blocks_kernel(const uint8_t* blocks, bf16* dense, int64_t units) {
+  constexpr int kBytes = static_cast<int>(quant_block_bytes(kType));
+  constexpr int kUnits = static_cast<int>(quant_block_elems(kType)) / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < units;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float w[8];
+    dequantize_unit<kType>(blocks + (i / kUnits) * kBytes, static_cast<int>(i % kUnits), w);
+    uint4 packed;
+    auto* o = reinterpret_cast<bf16*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16(w[j]);
+    reinterpret_cast<uint4*>(dense)[i] = packed;  // unit i is weights 8i .. 8i + 7 of dense
+  }
+}
+
+template <QuantType kType, int kRows>
+cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bias, void* out,
+                               bool out_f32, int rows, int out_features, int in_features,
+                               int64_t out_stride, cudaStream_t stream) {
+  if constexpr (kRows > 1) {
+    if (rows < kRows) {
+      return launch_matvec_rows<kType, kRows - 1>(x, blocks, bias, out, out_f32, rows, out_features,
+                                                  in_features, out_stride, stream);
+    }
+  }
+  const dim3 threads(32, kWarpsPerBlock);
+  block_matvec_kernel<kType, kRows><<<ceil_div(out_features, kWarpsPerBlock), threads, 0, stream>>>(
+      static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+      static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride);
+  return cudaGetLastError();
+}
+
+template <QuantType kType>
+cudaError_t launch_matvec(const void* x, const void* blocks, const void* bias, void* out,
+                          bool out_f32, int rows, int out_features, int in_features,
+                          int64_t out_stride, cudaStream_t stream) {
+  static_assert(kBlockMatvecMaxRows == 8, "launch_matvec_rows starts at kBlockMatvecMaxRows");
+  return launch_matvec_rows<kType, 8>(x, blocks, bias, out, out_f32, rows, out_features,
+                                      in_features, out_stride, stream);
+}
+
+template <QuantType kType>
+cudaError_t launch_dequantize(const void* blocks, void* dense, int64_t units, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const unsigned grid = std::min<unsigned>(ceil_div(units, kThreads), 65535u * 16);
+  dequantize_blocks_kernel<kType><<<grid, kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(blocks), static_cast<bf16*>(dense), units);
+  return cudaGetLastError();
+}
+
+// Calls f(std::integral_constant<QuantType, type>{}) for the formats the GPU computes from;
+// cudaErrorInvalidValue for the others.
+template <typename F>
+cudaError_t dispatch(QuantType type, F&& f) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return f(std::integral_constant<QuantType, QuantType::kQ8_0>{});
+    case QuantType::kQ4_0:
+      return f(std::integral_constant<QuantType, QuantType::kQ4_0>{});
+    case QuantType::kQ4_1:
+      return f(std::integral_constant<QuantType, QuantType::kQ4_1>{});
+    case QuantType::kQ5_0:
+      return f(std::integral_constant<QuantType, QuantType::kQ5_0>{});
+    case QuantType::kQ5_1:
+      return f(std::integral_constant<QuantType, QuantType::kQ5_1>{});
+    case QuantType::kQ4_K:
+      return f(std::integral_constant<QuantType, QuantType::kQ4_K>{});
+    case QuantType::kQ6_K:
+      return f(std::integral_constant<QuantType, QuantType::kQ6_K>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
+                   bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
+                   int64_t out_stride, void* stream) {
+  if (rows == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
+             k = static_cast<int>(in_features);
+  const cudaError_t err = dispatch(type, [&](auto t) {
+    return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride, s);
+  });
+  ::pagedlm::cuda::check(err, "linear (GGUF blocks)");
+}
+
+void dequantize_blocks(const void* blocks, QuantType type, void* dense, int64_t out_features,
+                       int64_t in_features, void* stream) {
+  const int64_t units = out_features * in_features / 8;
+  if (units == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t err = dispatch(
+      type, [&](auto t) { return launch_dequantize<decltype(t)::value>(blocks, dense, units, s); });
+  ::pagedlm::cuda::check(err, "dequantize_blocks");
+}
+
+}  // namespace pagedlm::ops::cuda

@@ -1,0 +1,61 @@
+// Projections whose weight stays in a GGUF's block format on the GPU: the blocks are uploaded
+// byte for byte as the file holds them (no repacking: every format here keeps its fields 2-byte
+// aligned, which is all the kernels' loads need). A step of few rows (decode) multiplies them with
+// a matrix-vector kernel that expands each block in registers and accumulates in f32, reading
+// every weight byte once per step; a larger step (prefill) expands the whole matrix to bf16 into a
+// workspace and runs the bf16 GEMM of ops::linear on it.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedlm/core/quantized.h"
+#include "pagedlm/core/tensor.h"
+
+namespace pagedlm::ops {
+
+// The steps of up to this many rows run linear_blocks' matrix-vector kernel; larger ones
+// dequantize_blocks and a GEMM.
+inline constexpr int64_t kBlockMatvecMaxRows = 8;
+
+// A [rows, cols] matrix of blocks on the GPU: each row its blocks, rows back to back, as
+// QuantizedMatrix (core/quantized.h) holds them.
+struct DeviceBlocks {
+  QuantType type = QuantType::kQ8_0;
+  int64_t rows = 0, cols = 0;
+  Tensor blocks;  // [rows * row_bytes] U8, on the GPU
+
+  bool defined() const { return rows > 0 && blocks.defined(); }
+  int64_t row_bytes() const { return cols / quant_block_elems(type) * quant_block_bytes(type); }
+  int64_t bytes() const { return static_cast<int64_t>(blocks.nbytes()); }
+};
+
+// Whether the GPU computes from blocks of this (ggml) format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q4_K and Q6_K (not yet Q5_K, Q3_K and Q2_K).
+bool gpu_computes_blocks(QuantType type);
+
+// The matrix's blocks copied to the GPU as they are. Throws unless gpu_computes_blocks(type).
+DeviceBlocks upload_blocks(const QuantizedMatrix& weight);
+
+// out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
+// x [rows <= kBlockMatvecMaxRows, w.cols] bf16; out [rows, >= out_col0 + w.rows], bf16, or f32
+// without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
+// ggml's dequantization) times x in f32, summed in f32.
+void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
+                   int64_t out_col0 = 0, void* stream = nullptr);
+
+// The weights as bf16 into rows [row0, row0 + w.rows) of dense [>= row0 + w.rows, w.cols] (GPU):
+// each one ggml's f32 dequantization rounded to nearest even.
+void dequantize_blocks(const DeviceBlocks& w, const Tensor& dense, int64_t row0 = 0,
+                       void* stream = nullptr);
+
+#ifdef PAGEDLM_HAS_CUDA
+namespace cuda {
+void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
+                   bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
+                   int64_t out_stride, void* stream);
+void dequantize_blocks(const void* blocks, QuantType type, void* dense, int64_t out_features,
+                       int64_t in_features, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace pagedlm::ops
