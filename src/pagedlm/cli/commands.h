@@ -20,11 +20,10 @@ struct EngineFlags {
   bool no_gemm_tuning = false;
   bool gguf_blocks = false;  // EngineOptions::gguf_blocks_on_gpu
   std::string device = "auto";
-  std::string quantization = "auto";    // auto, fp8 or none: EngineOptions::fp8_weights
-  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
   // auto, fp8 or none: EngineOptions::fp8_weights; or a GGUF block format for --dummy weights
   std::string quantization = "auto";
-  bool dummy_weights = false;  // the command loads --dummy weights (block formats apply)
+  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
+  bool dummy_weights = false;           // the command loads --dummy weights (block formats apply)
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;
   // The block format --quantization names for --dummy weights (q4_k, q8_0, ...), else nullopt.
