@@ -20,7 +20,6 @@ struct EngineFlags {
   bool no_gemm_tuning = false;
   bool gguf_blocks = false;  // EngineOptions::gguf_blocks_on_gpu
   std::string device = "auto";
-  std::string quantization = "auto";    // auto, fp8 or none: EngineOptions::fp8_weights
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
   // auto, fp8 or none: EngineOptions::fp8_weights; or a GGUF block format for --dummy weights
   std::string quantization = "auto";
