@@ -189,7 +189,24 @@ class LLM:
     the CPU, gpu_memory_fraction on the GPU), max_num_batched_tokens (0: the device's default),
     max_num_seqs, target_itl_ms (-1: the device's default), enable_prefix_cache, threads (CPU
     threads, 0: all; each LLM's engine thread keeps its own count), cpu_q8_activations,
-    gpu_memory_fraction, use_cuda_graphs. seed: requests without a seed of their own get
+    gpu_memory_fraction, use_cuda_graphs, and:
+
+    - kv_cache_dtype: the KV cache's elements, "auto" (the compute dtype: f32 on the CPU, bf16
+      on the GPU), "bf16" (GPU) or "fp8" (GPU: e4m3 with the checkpoint's per-layer
+      k_scale / v_scale, else 1.0; twice the pages of bf16). --kv-cache-dtype.
+    - quantization: "auto" keeps an FP8 checkpoint's weights in FP8 where the GPU can, "fp8"
+      quantizes every projection to FP8 at load (GPUs with FP8 tensor cores), "none" runs every
+      weight in bf16; with load_format="dummy", a GGUF block format ("q8_0", "q4_k", ...) makes
+      the random projections blocks of it. --quantization.
+    - async_scheduling: plan step N + 1 while the device runs step N; None: the device's default
+      (on on the GPU, off on the CPU). Greedy and seeded outputs are the same either way.
+      --async-scheduling / --no-async-scheduling.
+    - gguf_blocks: GPU, a GGUF model: keep the projections in their blocks instead of expanding
+      them to bf16 at load (a third to a quarter of the memory). --gguf-blocks.
+    - use_cascade_attention, tune_gemms: GPU; False for A/B runs (--no-cascade-attention,
+      --no-gemm-tuning).
+
+    seed: requests without a seed of their own get
     seed, seed + 1, ... in the order they are made (None: random). chat_template: a Jinja file
     replacing the model's template. reasoning_parser: any value splits chat replies' <think> block
     into reasoning_content. max_waiting: requests queued at most (beyond: RuntimeError).
@@ -197,7 +214,8 @@ class LLM:
     model (a config.json, or a folder holding one) gives, and no tokenizer (prompts as token ids),
     for benchmarks (`pagedlm bench --dummy`).
 
-    A missing model raises FileNotFoundError; a bad option ValueError.
+    A missing model raises FileNotFoundError; a bad option ValueError, with the command line's
+    message (an option value it does not know, or one this device cannot run).
     """
 
     def __init__(
@@ -221,13 +239,29 @@ class LLM:
         reasoning_parser: Optional[str] = None,
         max_waiting: int = 1 << 20,
         load_format: str = "auto",
+        kv_cache_dtype: str = "auto",
+        quantization: str = "auto",
+        async_scheduling: Optional[bool] = None,
+        gguf_blocks: bool = False,
+        use_cascade_attention: bool = True,
+        tune_gemms: bool = True,
     ):
+        if async_scheduling is not None and not isinstance(async_scheduling, bool):
+            raise ValueError("async_scheduling must be True, False or None (the device's "
+                             f"default), got {async_scheduling!r}")
         self._model = _pagedlm.Model(
-            os.fspath(model) if model is not None else "", device, page_size, num_pages,
-            kv_cache_bytes, max_num_batched_tokens, max_num_seqs, float(target_itl_ms),
-            enable_prefix_cache, threads, cpu_q8_activations, gpu_memory_fraction,
-            use_cuda_graphs, max_waiting, os.fspath(chat_template) if chat_template else "",
-            load_format)
+            model=os.fspath(model) if model is not None else "", device=device,
+            page_size=page_size, num_pages=num_pages, kv_cache_bytes=kv_cache_bytes,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            target_itl_ms=float(target_itl_ms), enable_prefix_cache=enable_prefix_cache,
+            threads=threads, cpu_q8_activations=cpu_q8_activations,
+            gpu_memory_fraction=gpu_memory_fraction, use_cuda_graphs=use_cuda_graphs,
+            max_waiting=max_waiting,
+            chat_template=os.fspath(chat_template) if chat_template else "",
+            load_format=load_format, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+            async_scheduling=-1 if async_scheduling is None else int(async_scheduling),
+            gguf_blocks=gguf_blocks, use_cascade_attention=use_cascade_attention,
+            tune_gemms=tune_gemms)
         self._tokenizer = Tokenizer(self._model) if self._model.has_tokenizer() else None
         self._seed = seed
         self._reasoning = reasoning_parser is not None

@@ -264,12 +264,30 @@ class Model {
         int64_t kv_cache_bytes, int32_t max_num_batched_tokens, int32_t max_num_seqs,
         double target_itl_ms, bool enable_prefix_cache, int32_t threads, bool cpu_q8_activations,
         float gpu_memory_fraction, bool use_cuda_graphs, int32_t max_waiting,
-        const std::string& chat_template, const std::string& load_format) {
+        const std::string& chat_template, const std::string& load_format,
+        const std::string& kv_cache_dtype, const std::string& quantization,
+        int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms) {
     if (load_format != "auto" && load_format != "dummy") {
       throw BadInput("load_format must be 'auto' or 'dummy', got '" + load_format + "'");
     }
     const bool dummy = load_format == "dummy";
+    if (async_scheduling < -1 || async_scheduling > 1) {
+      throw BadInput("async_scheduling must be -1 (the device's default), 0 (off) or 1 (on), got " +
+                     std::to_string(async_scheduling));
+    }
     EngineOptions o;
+    Quantization quant;
+    try {
+      o.kv_cache_dtype = kv_cache_dtype_named(kv_cache_dtype);
+      quant = quantization_named(quantization, dummy);
+    } catch (const Error& e) {
+      throw BadInput(e.what());
+    }
+    o.fp8_weights = quant.fp8_weights;
+    o.async_scheduling = async_scheduling;
+    o.gguf_blocks_on_gpu = gguf_blocks;
+    o.use_cascade_attention = use_cascade_attention;
+    o.tune_gemms = tune_gemms;
     o.page_size = page_size;
     o.num_pages = num_pages;
     o.kv_cache_bytes = kv_cache_bytes;
@@ -306,7 +324,8 @@ class Model {
     auto state = std::make_shared<State>();
     {
       nb::gil_scoped_release release;
-      state->text = dummy ? TextModel{make_dummy_checkpoint(path), nullptr, std::nullopt}
+      state->text = dummy ? TextModel{make_dummy_checkpoint(path, 0, {}, quant.dummy_blocks),
+                                      nullptr, std::nullopt}
                           : load_text_model(path);
       if (!chat_template.empty()) replace_chat_template(state->text, chat_template);
       try {
@@ -604,11 +623,14 @@ NB_MODULE(_pagedlm, m) {
   nb::class_<Model>(m, "Model", "A model loaded with its engine thread.")
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
                     int32_t, double, bool, int32_t, bool, float, bool, int32_t, const std::string&,
-                    const std::string&>(),
+                    const std::string&, const std::string&, const std::string&, int32_t, bool, bool,
+                    bool>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
            "threads"_a, "cpu_q8_activations"_a, "gpu_memory_fraction"_a, "use_cuda_graphs"_a,
-           "max_waiting"_a, "chat_template"_a, "load_format"_a)
+           "max_waiting"_a, "chat_template"_a, "load_format"_a, "kv_cache_dtype"_a,
+           "quantization"_a, "async_scheduling"_a, "gguf_blocks"_a, "use_cascade_attention"_a,
+           "tune_gemms"_a)
       .def("has_tokenizer", &Model::has_tokenizer)
       .def("encode", &Model::encode, "text"_a, "add_special_tokens"_a)
       .def("decode", &Model::decode, "ids"_a, "skip_special_tokens"_a)

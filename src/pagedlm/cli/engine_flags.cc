@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -84,6 +85,17 @@ namespace {
   std::_Exit(1);
 }
 
+// For a CLI11 check: what `parse` (one of engine.h's option parsers) refuses the value with, or
+// "" when it takes it.
+std::string refusal(const std::function<void()>& parse) {
+  try {
+    parse();
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
 }  // namespace
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
@@ -94,7 +106,8 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache elements: auto (the compute dtype), bf16, or fp8 (GPU: e4m3 with the "
                  "checkpoint's per-layer k_scale / v_scale, else 1.0; twice the pages of bf16)")
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+      ->check(
+          [](const std::string& value) { return refusal([&] { kv_cache_dtype_named(value); }); })
       ->capture_default_str();
   app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
                  "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
@@ -117,11 +130,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "elsewhere; none dequantizes every FP8 weight to bf16. With --dummy: a GGUF block "
                  "format (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k) makes the "
                  "projections random blocks of it")
-      ->check([](const std::string& value) -> std::string {
-        if (value == "auto" || value == "fp8" || value == "none" || ggml_quant_type_named(value)) {
-          return "";
-        }
-        return "--quantization " + value + ": not auto, fp8, none or a GGUF block format";
+      // The name alone here; resolve() checks a block format against the weights.
+      ->check([](const std::string& value) {
+        return refusal([&] { quantization_named(value, /*dummy_weights=*/true); });
       })
       ->capture_default_str();
   app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
@@ -168,8 +179,6 @@ std::optional<QuantType> EngineFlags::dummy_blocks() const {
 }
 
 EngineOptions EngineFlags::resolve() const {
-  PAGEDLM_CHECK(!dummy_blocks() || dummy_weights, "--quantization ", quantization,
-                ": block formats make --dummy weights; a GGUF file keeps the blocks it holds");
   EngineOptions o = options;
   o.enable_prefix_cache = !no_prefix_cache;
   o.use_cuda_graphs = !no_cuda_graphs;
@@ -178,12 +187,8 @@ EngineOptions EngineFlags::resolve() const {
   o.async_scheduling = no_async_scheduling ? 0 : async_scheduling ? 1 : -1;
   o.gguf_blocks_on_gpu = gguf_blocks;
   o.on_lost_rank = end_process;
-  o.fp8_weights = quantization == "fp8"    ? Fp8Weights::kAll
-                  : quantization == "none" ? Fp8Weights::kNone
-                                           : Fp8Weights::kCheckpoint;
-  o.kv_cache_dtype = kv_cache_dtype == "fp8"    ? KvCacheDtype::kFp8
-                     : kv_cache_dtype == "bf16" ? KvCacheDtype::kBf16
-                                                : KvCacheDtype::kAuto;
+  o.fp8_weights = quantization_named(quantization, dummy_weights).fp8_weights;
+  o.kv_cache_dtype = kv_cache_dtype_named(kv_cache_dtype);
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -80,6 +81,25 @@ StepShape shape_of(const StepPlan& plan) {
 int cuda_device_count() { return CudaStepRunner::device_count(); }
 bool cuda_device_available() { return cuda_device_count() > 0; }
 void require_supported_cuda_devices() { CudaStepRunner::require_supported_devices(); }
+
+KvCacheDtype kv_cache_dtype_named(std::string_view name) {
+  if (name == "auto") return KvCacheDtype::kAuto;
+  if (name == "bf16") return KvCacheDtype::kBf16;
+  if (name == "fp8") return KvCacheDtype::kFp8;
+  fail("--kv-cache-dtype ", name, ": not auto, bf16 or fp8");
+}
+
+Quantization quantization_named(std::string_view name, bool dummy_weights) {
+  if (name == "auto") return {Fp8Weights::kCheckpoint, std::nullopt};
+  if (name == "fp8") return {Fp8Weights::kAll, std::nullopt};
+  if (name == "none") return {Fp8Weights::kNone, std::nullopt};
+  const std::optional<QuantType> blocks = ggml_quant_type_named(name);
+  PAGEDLM_CHECK(blocks, "--quantization ", name, ": not auto, fp8, none or a GGUF block format");
+  PAGEDLM_CHECK(dummy_weights, "--quantization ", name,
+                ": block formats make --dummy weights (Python: load_format='dummy'); a GGUF "
+                "file keeps the blocks it holds");
+  return {Fp8Weights::kCheckpoint, blocks};
+}
 
 EngineOptions resolve_options(EngineOptions options) {
   PAGEDLM_CHECK(options.page_size >= 1 && (options.page_size & (options.page_size - 1)) == 0,

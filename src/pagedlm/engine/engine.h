@@ -8,10 +8,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/worker.h"
 #include "pagedlm/model/checkpoint.h"
@@ -106,6 +108,20 @@ struct EngineOptions {
   // refused without one.
   std::function<void(const std::string& why)> on_lost_rank;
 };
+
+// The option values the command line (--kv-cache-dtype, --quantization) and the Python package
+// (kv_cache_dtype=, quantization=) take by name, parsed in one place so that both accept the
+// same names and refuse others with the same message (a pagedlm::Error listing the choices).
+KvCacheDtype kv_cache_dtype_named(std::string_view name);  // auto, bf16 or fp8
+// --quantization: auto, fp8 or none (EngineOptions::fp8_weights), or a GGUF block format
+// (q8_0, q4_k, ...) in which dummy weights make their projections.
+struct Quantization {
+  Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
+  std::optional<QuantType> dummy_blocks;
+};
+// dummy_weights: the model's weights are random (--dummy, load_format="dummy"), the only ones a
+// block format applies to.
+Quantization quantization_named(std::string_view name, bool dummy_weights);
 
 // What one step produced for one request.
 struct RequestEvent {
