@@ -229,10 +229,19 @@ TEST_P(CudaModel, GraphsGiveTheSameTokensAsEagerSteps) {
 TEST_P(CudaModel, AsynchronousSchedulingGivesTheSameTokens) {
   std::vector<RequestOutput> runs[2];
   int64_t preemptions[2] = {0, 0};
+  // Pages of 4 tokens: half of what all requests hold at their end, at least the longest one
+  // and two more (each fixture's prompts have their own lengths).
+  int64_t all_pages = 0, longest_pages = 0;
+  for (int i = 0; i < 2 * kNumCases; ++i) {
+    const int64_t tokens =
+        static_cast<int64_t>(expected_.prompts[i % kNumCases].size()) + 12 + 3 * i;
+    all_pages += (tokens + 3) / 4;
+    longest_pages = std::max(longest_pages, (tokens + 3) / 4);
+  }
   for (const int32_t async : {0, 1}) {
     EngineOptions o = cuda_options();
     o.async_scheduling = async;
-    o.num_pages = 100;  // 400 slots of 4 tokens: the longest request fits, all of them do not
+    o.num_pages = std::max(longest_pages + 2, all_pages / 2);
     o.page_size = 4;
     Engine engine(checkpoint_, o);
     std::vector<Request> requests;
@@ -484,8 +493,11 @@ TEST_P(CudaModel, CascadeDecodeAgreesWithPrefillLogits) {
   const std::vector<RequestOutput> outputs = engine.generate(requests);
   // With a sliding window on every layer (phi3-d96: 48 tokens) the pages behind it are released,
   // and the few shared pages left save too little for cascade to run; the other models take it.
+  // Planned ahead (asynchronous scheduling), the first decode step is planned before the prefill
+  // step's tokens resolve and release those pages, so that one step may still take the shared
+  // pass (H200, 2026-12-03: one step); its tokens are checked below like every other.
   if (checkpoint_.config.window_of_all_layers() > 0) {
-    EXPECT_EQ(engine.cascade_steps(), 0);
+    EXPECT_LE(engine.cascade_steps(), 1);
   } else {
     EXPECT_GT(engine.cascade_steps(), 0);
   }
@@ -616,7 +628,9 @@ TEST_P(CudaModel, E4m3KvCacheLogitsAndGreedy) {
                          (expected_.prompts[i].size() - 1 + t) * static_cast<size_t>(vocab);
       std::vector<float> sorted(row, row + vocab);
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] <= kE4m3KvSelfMargin) break;
+      // Each position's prefix is the greedy run's own tokens, so a near tie at one position
+      // says nothing about the next: skip it, check the rest.
+      if (sorted[0] - sorted[1] <= kE4m3KvSelfMargin) continue;
       EXPECT_EQ(greedy[i].tokens[t], std::max_element(row, row + vocab) - row)
           << GetParam() << " case " << i << " step " << t;
       ++checked;
