@@ -20,6 +20,16 @@ namespace {
 
 const std::string kFixture = std::string(PAGEDLM_TESTDATA) + "/fixtures/llama-gqa";
 
+// Runs a shell command; its stdout, and its wait status in *status.
+std::string run(const std::string& command, int* status) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  *status = pclose(pipe);
+  return out;
+}
+
 TEST(Benchmark, RandomWorkloadCountsAddUp) {
   Engine engine(load_checkpoint(kFixture), EngineOptions{});
   WorkloadSpec spec;
@@ -194,14 +204,6 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   const std::string cmd = std::string(PAGEDLM_BINARY) + " bench --dummy " + kFixture +
                           "/config.json --num-requests 4 --prompt-min 4 --prompt-max 8 " +
                           "--output-min 2 --output-max 2 --json";
-  auto run = [](const std::string& c, int* status) {
-    std::string out;
-    FILE* pipe = popen(c.c_str(), "r");
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-    *status = pclose(pipe);
-    return out;
-  };
   int status = 0;
   const auto j = nlohmann::json::parse(run(cmd, &status));
   EXPECT_EQ(status, 0);
@@ -282,14 +284,6 @@ TEST(Benchmark, DummyBlocks) {
   EXPECT_THROW(make_dummy_checkpoint(kFixture + "/config.json", 1, {0, 2}, QuantType::kQ4_K),
                Error);
 
-  auto run = [](const std::string& c, int* status) {
-    std::string out;
-    FILE* pipe = popen(c.c_str(), "r");
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-    *status = pclose(pipe);
-    return out;
-  };
   int status = 0;
   const auto j =
       nlohmann::json::parse(run(std::string(PAGEDLM_BINARY) + " bench --dummy " + kFixture +
