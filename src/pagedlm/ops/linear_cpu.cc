@@ -257,6 +257,24 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const __m512i bytes = load_bytes_u32(block + 2);
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
+    // d * level for the 16 levels (IQ4_XS: sub-block `sub`'s d * sc, 16 bytes of nibbles each),
+    // picked by nibble as Q4_0's.
+    float d;
+    const uint8_t* qs;
+    if constexpr (kType == QuantType::kIQ4_NL) {
+      d = half_to_float(block);
+      qs = block + 2;
+    } else {
+      d = load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
+      qs = block + 12 + 16 * sub;
+    }
+    const __m512 levels = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
+    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(d));
+    const __m512i bytes = load_bytes_u32(qs);
+    lo = _mm512_permutexvar_ps(bytes, weights);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
     // (q - 16) * d for q = 0..31 in two registers.
     const __m512 d = _mm512_set1_ps(load_float(block));
@@ -444,6 +462,12 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ2_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
+      return true;
+    case QuantType::kIQ4_NL:
+      fn(std::integral_constant<QuantType, QuantType::kIQ4_NL>{});
+      return true;
+    case QuantType::kIQ4_XSF32:
+      fn(std::integral_constant<QuantType, QuantType::kIQ4_XSF32>{});
       return true;
     default:
       return false;
@@ -774,14 +798,17 @@ inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15. Q4_1 and Q8_0 are
-// expanded in registers; the other formats by their reference dequantization, a block at a time.
+// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15. Q4_1, Q8_0 and IQ4
+// are expanded in registers; the other formats by their reference dequantization, a block at a
+// time.
 template <int R>
 void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
                     float* out) {
   const QuantFormat& format = quant_format(type);
+  const bool iq4 = type == QuantType::kIQ4_NL || type == QuantType::kIQ4_XSF32;
   const bool in_registers =
-      type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32 || type == QuantType::kQ8_0;
+      type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32 || type == QuantType::kQ8_0 || iq4;
+  const __m128i iq4_levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
   const int64_t block_bytes = format.block_bytes;
   alignas(32) float dequantized[kMaxQuantBlockElems];
   __m256 acc[R][2];
@@ -814,6 +841,30 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
       for (int k = 0; k < 4; ++k) {
         const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
         w[k] = _mm256_fmadd_ps(q, d, m);
+      }
+    } else if (iq4) {
+      // Each nibble's level as an int8 (pshufb), then level * d: d an f16 (IQ4_XS: sub-block
+      // sub's d * sc), every product exact as the reference's.
+      float d_f;
+      const uint8_t* qs;
+      if (type == QuantType::kIQ4_NL) {
+        d_f = half_to_float(block);
+        qs = block + 2;
+      } else {
+        const int64_t sub = k % format.block_elems / kQuantBlock;
+        float d_xs;
+        std::memcpy(&d_xs, block, sizeof(d_xs));
+        d_f = d_xs * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
+        qs = block + 12 + 16 * sub;
+      }
+      const __m256 d = _mm256_set1_ps(d_f);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+      const __m128i lo = _mm_shuffle_epi8(iq4_levels, _mm_and_si128(q, low_nibbles));
+      const __m128i hi =
+          _mm_shuffle_epi8(iq4_levels, _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles));
+      const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      for (int j = 0; j < 4; ++j) {
+        w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d);
       }
     } else {
       const __m256 d = _mm256_set1_ps(half_to_float(block));
