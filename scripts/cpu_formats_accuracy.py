@@ -12,8 +12,9 @@ IQ4_XS):
      (1536-wide) keeps Q4_K / Q6_K. A type named TYPE-pure is llama.cpp's `pure` quantization:
      every tensor that it can put in TYPE in TYPE (its Q2_K file keeps ffn_down in Q3_K, and its
      Q2_K_S wants an importance matrix, so Q2_K-pure is the one file with Q2_K tensors).
-     IQ4_NL and IQ4_XS need no importance matrix; IQ4_XS's 256-weight blocks fall back to
-     IQ4_NL where a row is not a multiple of 256, as the K-quants' to Q5_0.
+     IQ4_NL and IQ4_XS need no importance matrix. Both files keep token_embd in Q8_0 and the
+     first 3 ffn_down in Q5_K; IQ4_XS's other 27 ffn_down are IQ4_XS and its 576-wide tensors
+     fall back to IQ4_NL (its 256-weight blocks do not fit their rows).
   2. The reference: scripts/make_smollm2_reference.py's numpy forward, every tensor
      dequantized by gguf-py (gguf.quants.dequantize), in float32 and float64, decoding the
      prompt greedily for --tokens tokens (the float32 forward's argmax).

@@ -972,8 +972,8 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
       __m512i w[8];
       expand_super<__m512i, Ops512>(kL, p + sub_header_bytes(kL), w);
       if constexpr (kL.levels) {
-        const __m512i levels = _mm512_broadcast_i32x4(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedLevels.v)));
+        const __m512i levels = _mm512_maskz_broadcast_i32x4(
+            kAllLanes, _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedLevels.v)));
         for (int j = 0; j < 8; ++j) w[j] = _mm512_shuffle_epi8(levels, w[j]);
       }
       __m512i sc[2], mn[2];
