@@ -137,15 +137,10 @@ constexpr QuantDotFn kPortableDot[kQuantRowTile] = {
     quant_dot_rows_portable<4>, quant_dot_rows_portable<5>, quant_dot_rows_portable<6>,
     quant_dot_rows_portable<7>, quant_dot_rows_portable<8>};
 
-// A kernel of one row against `wide_cols` weight rows (row_bytes apart): out[c] for each.
-using QuantDotWideFn = void (*)(const float*, int64_t, const uint8_t*, int64_t, QuantType, float*);
-
 // The column-chunk / row-tile driver over one of the row kernels: the decode path (few rows,
-// bound by streaming the blocks) and the portable one. A tile of one row takes `wide` (where
-// given) for each wide_cols weight rows, the same arithmetic per column.
+// bound by streaming the blocks) and the portable one.
 void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& weight,
-                 const float* bias, float* out, int64_t rows, int64_t out_stride,
-                 QuantDotWideFn wide = nullptr, int wide_cols = 1) {
+                 const float* bias, float* out, int64_t rows, int64_t out_stride) {
   const int64_t out_features = weight.rows, in_features = weight.cols;
   const int64_t row_bytes = weight.row_bytes();
   const int64_t num_chunks = (out_features + kQuantColChunk - 1) / kQuantColChunk;
@@ -159,16 +154,6 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
     for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowTile) {
       const int64_t tile_rows = std::min(kQuantRowTile, rows - r0);
       for (int64_t n = col0; n < col1; ++n) {
-        if (tile_rows == 1 && wide != nullptr && n + wide_cols <= col1) {
-          float wide_out[kQuantRowTile];
-          wide(x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes, row_bytes,
-               weight.type, wide_out);
-          for (int c = 0; c < wide_cols; ++c) {
-            out[r0 * out_stride + n + c] = wide_out[c] + (bias != nullptr ? bias[n + c] : 0.f);
-          }
-          n += wide_cols - 1;
-          continue;
-        }
         dot[tile_rows - 1](x + r0 * in_features, in_features, weight.blocks.data() + n * row_bytes,
                            weight.type, tile_out);
         for (int64_t i = 0; i < tile_rows; ++i) {
@@ -813,25 +798,34 @@ inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15. Q4_1, Q8_0 and IQ4
-// are expanded in registers; the other formats by their reference dequantization, a block at a
-// time (into `dequantized`, which holds the weight row's current block).
-inline void expand_avx2(const QuantFormat& format, QuantType type, const uint8_t* weight_row,
-                        int64_t k, float* dequantized, __m256* w) {
-  const bool iq4 = type == QuantType::kIQ4_NL || type == QuantType::kIQ4_XSF32;
-  const bool in_registers =
-      type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32 || type == QuantType::kQ8_0 || iq4;
+// The formats the AVX2 kernels expand in registers; the others by their reference
+// dequantization, a block at a time.
+constexpr bool expands_in_registers(QuantType t) {
+  return t == QuantType::kQ4_1 || t == QuantType::kQ4_1F32 || t == QuantType::kQ8_0 ||
+         t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XSF32;
+}
+
+// Weights k..k + 31 of a weight row as four registers (elements 0-7, 8-15, 16-23, 24-31): the same
+// lanes as the AVX-512 kernel, in two registers each. kType: a format expands_in_registers, or
+// kQ4_0 standing for every other, expanded by format's reference dequantization into
+// `dequantized` (the weight row's current block).
+template <QuantType kType>
+inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, int64_t k,
+                        float* dequantized, __m256* w) {
+  constexpr bool kInRegisters = expands_in_registers(kType);
+  // Blocks are 32 or 256 weights.
+  const int64_t block_elems = kInRegisters ? quant_block_elems(kType) : format.block_elems;
+  const int64_t block_bytes = kInRegisters ? quant_block_bytes(kType) : format.block_bytes;
+  const uint8_t* block = weight_row + (k >> (block_elems == 256 ? 8 : 5)) * block_bytes;
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-  const __m128i iq4_levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
-  const uint8_t* block = weight_row + k / format.block_elems * format.block_bytes;
-  if (!in_registers) {
-    const int64_t sub = k % format.block_elems;
+  if constexpr (!kInRegisters) {
+    const int64_t sub = k & (block_elems - 1);
     if (sub == 0) format.dequantize_block(block, dequantized);
     for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + sub + 8 * j);
-  } else if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
-    const bool f32 = type == QuantType::kQ4_1F32;
+  } else if constexpr (kType == QuantType::kQ4_1 || kType == QuantType::kQ4_1F32) {
+    constexpr bool kF32 = kType == QuantType::kQ4_1F32;
     float d_f, m_f;
-    if (f32) {
+    if constexpr (kF32) {
       std::memcpy(&d_f, block, sizeof(d_f));
       std::memcpy(&m_f, block + sizeof(d_f), sizeof(m_f));
     } else {
@@ -841,7 +835,7 @@ inline void expand_avx2(const QuantFormat& format, QuantType type, const uint8_t
     const __m256 d = _mm256_set1_ps(d_f);
     const __m256 m = _mm256_set1_ps(m_f);
     const __m128i qs =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (f32 ? 2 * sizeof(float) : 4)));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (kF32 ? 2 * sizeof(float) : 4)));
     const __m128i lo = _mm_and_si128(qs, low_nibbles);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
@@ -849,31 +843,32 @@ inline void expand_avx2(const QuantFormat& format, QuantType type, const uint8_t
       const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
       w[j] = _mm256_fmadd_ps(q, d, m);
     }
-  } else if (iq4) {
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
     // Each nibble's level as an int8 (pshufb), then level * d: d an f16 (IQ4_XS: sub-block
     // sub's d * sc), every product exact as the reference's.
     float d_f;
     const uint8_t* qs;
-    if (type == QuantType::kIQ4_NL) {
+    if constexpr (kType == QuantType::kIQ4_NL) {
       d_f = half_to_float(block);
       qs = block + 2;
     } else {
-      const int64_t sub = k % format.block_elems / kQuantBlock;
+      const int64_t sub = (k & 255) / kQuantBlock;
       float d_xs;
       std::memcpy(&d_xs, block, sizeof(d_xs));
       d_f = d_xs * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
       qs = block + 12 + 16 * sub;
     }
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
     const __m256 d = _mm256_set1_ps(d_f);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i lo = _mm_shuffle_epi8(iq4_levels, _mm_and_si128(q, low_nibbles));
-    const __m128i hi =
-        _mm_shuffle_epi8(iq4_levels, _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles));
+    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(q, low_nibbles));
+    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles));
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int j = 0; j < 4; ++j) {
       w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d);
     }
   } else {
+    static_assert(kType == QuantType::kQ8_0);
     const __m256 d = _mm256_set1_ps(half_to_float(block));
     for (int j = 0; j < 4; ++j) {
       const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * j));
@@ -882,62 +877,58 @@ inline void expand_avx2(const QuantFormat& format, QuantType type, const uint8_t
   }
 }
 
-// out[i * C + c] = dot(x row i, weight row c) for the R rows of a tile and C weight rows
-// (row_bytes apart). One column's two accumulators each take two dependent FMAs a block, so a
-// single column waits on the FMA latency; C columns are C independent chains.
-template <int R, int C>
-void quant_dot_tile(const float* x, int64_t in_features, const uint8_t* weight_rows,
-                    int64_t row_bytes, QuantType type, float* out) {
-  const QuantFormat& format = quant_format(type);
-  alignas(32) float dequantized[C][kMaxQuantBlockElems];
-  __m256 acc[R][C][2];
-  for (int i = 0; i < R; ++i) {
-    for (int c = 0; c < C; ++c) acc[i][c][0] = acc[i][c][1] = _mm256_setzero_ps();
-  }
+// out[i] = dot(x row i, weight row) for the R rows of a tile, the weight's format fixed at
+// compile time (no branch per block on it).
+template <int R, QuantType kType>
+void quant_dot_rows_of(const float* x, int64_t in_features, const uint8_t* weight_row,
+                       const QuantFormat& format, float* out) {
+  alignas(32) float dequantized[kMaxQuantBlockElems];
+  __m256 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t k = 0; k < in_features; k += kQuantBlock) {
-    for (int c = 0; c < C; ++c) {
-      __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
-      expand_avx2(format, type, weight_rows + c * row_bytes, k, dequantized[c], w);
-      for (int i = 0; i < R; ++i) {
-        const float* xb = x + i * in_features + k;
-        acc[i][c][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[i][c][0]);
-        acc[i][c][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[i][c][1]);
-        acc[i][c][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[i][c][0]);
-        acc[i][c][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[i][c][1]);
-      }
+    __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
+    expand_avx2<kType>(format, weight_row, k, dequantized, w);
+    for (int i = 0; i < R; ++i) {
+      const float* xb = x + i * in_features + k;
+      acc[i][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[i][1]);
+      acc[i][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[i][1]);
     }
   }
   for (int i = 0; i < R; ++i) {
-    for (int c = 0; c < C; ++c) {
-      alignas(32) float lanes[kLanes];
-      _mm256_store_ps(lanes, acc[i][c][0]);
-      _mm256_store_ps(lanes + 8, acc[i][c][1]);
-      out[i * C + c] = reduce_lanes(lanes);
-    }
+    alignas(32) float lanes[kLanes];
+    _mm256_store_ps(lanes, acc[i][0]);
+    _mm256_store_ps(lanes + 8, acc[i][1]);
+    out[i] = reduce_lanes(lanes);
   }
 }
 
 template <int R>
 void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
                     float* out) {
-  quant_dot_tile<R, 1>(x, in_features, weight_row, 0, type, out);
+  const QuantFormat& format = quant_format(type);
+  switch (type) {
+    case QuantType::kQ4_1:
+      return quant_dot_rows_of<R, QuantType::kQ4_1>(x, in_features, weight_row, format, out);
+    case QuantType::kQ4_1F32:
+      return quant_dot_rows_of<R, QuantType::kQ4_1F32>(x, in_features, weight_row, format, out);
+    case QuantType::kQ8_0:
+      return quant_dot_rows_of<R, QuantType::kQ8_0>(x, in_features, weight_row, format, out);
+    case QuantType::kIQ4_NL:
+      return quant_dot_rows_of<R, QuantType::kIQ4_NL>(x, in_features, weight_row, format, out);
+    case QuantType::kIQ4_XSF32:
+      return quant_dot_rows_of<R, QuantType::kIQ4_XSF32>(x, in_features, weight_row, format, out);
+    default:  // by the reference dequantization
+      return quant_dot_rows_of<R, QuantType::kQ4_0>(x, in_features, weight_row, format, out);
+  }
 }
 
 constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
     quant_dot_rows<1>, quant_dot_rows<2>, quant_dot_rows<3>, quant_dot_rows<4>,
     quant_dot_rows<5>, quant_dot_rows<6>, quant_dot_rows<7>, quant_dot_rows<8>};
-// One row (a single stream's decode step) against kWideCols weight rows at a time: 8 accumulators,
-// with the weights and x, within the 16 registers. SmolLM2 IQ4_NL's single-stream decode on one
-// thread of a 2-core AMD EPYC (AVX2): see the commit that added it.
-constexpr int kWideCols = 4;
-void quant_dot_row_wide(const float* x, int64_t in_features, const uint8_t* weight_rows,
-                        int64_t row_bytes, QuantType type, float* out) {
-  quant_dot_tile<1, kWideCols>(x, in_features, weight_rows, row_bytes, type, out);
-}
 #else
 constexpr const QuantDotFn* kQuantDot = kPortableDot;
-constexpr int kWideCols = 1;
-constexpr QuantDotWideFn quant_dot_row_wide = nullptr;
 #endif
 
 }  // namespace
@@ -950,7 +941,7 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
   if (linear_avx512(x, weight, bias, out, rows, out_stride)) return;
   linear_rows(kPortableDot, x, weight, bias, out, rows, out_stride);
 #else
-  linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride, quant_dot_row_wide, kWideCols);
+  linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
 #endif
 }
 
