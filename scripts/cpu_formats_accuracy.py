@@ -2,7 +2,8 @@
 """The default SmolLM2 GGUF requantized to each ggml format by llama.cpp's quantizer, and
 pagedlm's exact CPU logits on it held to a forward whose weights gguf-py dequantizes.
 
-For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S Q2_K-pure):
+For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S Q2_K-pure IQ4_NL
+IQ4_XS):
   1. llama.cpp's llama_model_quantize (llama-cpp-python, scripts/requirements-cpu-peer.txt)
      requantizes the default Q4_1 file (allow_requantize: llama.cpp dequantizes each tensor to
      float32 and quantizes it again) into ~/.cache/pagedlm/requantized/. llama.cpp picks the
@@ -11,6 +12,9 @@ For each format (default: Q4_0 Q5_0 Q5_1 Q8_0 Q6_K Q4_K_M Q5_K_M Q3_K_S Q2_K-pur
      (1536-wide) keeps Q4_K / Q6_K. A type named TYPE-pure is llama.cpp's `pure` quantization:
      every tensor that it can put in TYPE in TYPE (its Q2_K file keeps ffn_down in Q3_K, and its
      Q2_K_S wants an importance matrix, so Q2_K-pure is the one file with Q2_K tensors).
+     IQ4_NL and IQ4_XS need no importance matrix. Both files keep token_embd in Q8_0 and the
+     first 3 ffn_down in Q5_K; IQ4_XS's other 27 ffn_down are IQ4_XS and its 576-wide tensors
+     fall back to IQ4_NL (its 256-weight blocks do not fit their rows).
   2. The reference: scripts/make_smollm2_reference.py's numpy forward, every tensor
      dequantized by gguf-py (gguf.quants.dequantize), in float32 and float64, decoding the
      prompt greedily for --tokens tokens (the float32 forward's argmax).
@@ -118,7 +122,7 @@ def main():
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--types", nargs="+",
                     default=["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q4_K_M", "Q5_K_M", "Q3_K_S",
-                             "Q2_K-pure"])
+                             "Q2_K-pure", "IQ4_NL", "IQ4_XS"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--q8", action="store_true", help="also report --cpu-q8-activations")

@@ -12,6 +12,8 @@ Contents:
       BF16 (and F32);
     - random Q4_K, Q6_K, Q5_K, Q3_K and Q2_K blocks (gguf-py cannot quantize these, so the bytes are random
       with finite fp16 scales; dequantization does not care how the bytes were produced);
+    - random IQ4_NL and IQ4_XS blocks likewise (written after everything else, so that the
+      entries before them keep their offsets in reference.bin);
     - rows of real SmolLM2 tensors: token_embd (Q8_0), blk.0.attn_v (Q4_1), blk.0.attn_norm (F32).
   * "unpermuted": rows of blk.0.attn_q / attn_k of the SmolLM2 file, dequantized by gguf-py and
     un-permuted with numpy, i.e. the inverse of convert_hf_to_gguf.py's
@@ -131,6 +133,17 @@ def main():
                                "floats": w.add(np.ascontiguousarray(hf_rows).tobytes())})
     else:
         print(f"warning: {model_path} not found; writing only the random cases", file=sys.stderr)
+
+    # Random blocks with finite fp16 scales, as the K-quants' above (block bytes, scale offset):
+    # 512 weights a row, 16 IQ4_NL blocks or 2 IQ4_XS ones.
+    for qtype, nbytes, block_elems, scale_at in ((T.IQ4_NL, 18, 32, 0), (T.IQ4_XS, 136, 256, 0)):
+        per_row = 512 // block_elems
+        raw = rng.integers(0, 256, (3, nbytes * per_row), dtype=np.uint8)
+        for row in raw:
+            for b in range(per_row):
+                half = np.array([rng.uniform(-0.05, 0.05)], np.float16).view(np.uint8)
+                row[b * nbytes + scale_at:b * nbytes + scale_at + 2] = half
+        add_case(f"random_{qtype.name}", qtype, raw, 512)
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "reference.bin").write_bytes(bytes(w.buf))

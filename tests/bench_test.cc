@@ -250,8 +250,8 @@ TEST(Benchmark, DummyBlocks) {
   EXPECT_FALSE(ggml_quant_type_named("Q4_1 (f32 scales)").has_value());
   EXPECT_FALSE(ggml_quant_type_named("fp8").has_value());
   const float amplitude = 0.05f;
-  for (const char* name :
-       {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}) {
+  for (const char* name : {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                           "q6_k", "iq4_nl", "iq4_xs"}) {
     const QuantType type = ggml_quant_type_named(name).value();
     const QuantizedMatrix m = random_quantized_matrix(type, 3, 512, amplitude, 7);
     const int64_t block = quant_format(type).block_elems;

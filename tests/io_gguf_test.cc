@@ -489,8 +489,9 @@ TEST(GgufDequant, MatchesGgufPythonPackage) {
     expect_close(out.data(), ref.floats(c.at("floats")), rows * cols, c.at("name"));
     types.insert(ggml_type_name(type));
   }
-  EXPECT_EQ(types, (std::set<std::string>{"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                          "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}));
+  EXPECT_EQ(types,
+            (std::set<std::string>{"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}));
 }
 
 // ---- Config mapping and checkpoint loading on synthetic files ----

@@ -233,7 +233,8 @@ struct SuperCase {
 constexpr SuperCase kSuperCases[] = {{QuantType::kQ4_0, 32, 0.f},   {QuantType::kQ5_0, 32, 0.f},
                                      {QuantType::kQ5_1, 32, 1.f},   {QuantType::kQ2_K, 256, 15.f},
                                      {QuantType::kQ3_K, 256, 0.f},  {QuantType::kQ4_K, 256, 63.f},
-                                     {QuantType::kQ5_K, 256, 63.f}, {QuantType::kQ6_K, 256, 0.f}};
+                                     {QuantType::kQ5_K, 256, 63.f}, {QuantType::kQ6_K, 256, 0.f},
+                                     {QuantType::kIQ4_NL, 32, 0.f}, {QuantType::kIQ4_XS, 256, 0.f}};
 
 void set_f16(uint8_t* p, float v) {
   const uint16_t h = f32_to_f16(v);
@@ -257,9 +258,9 @@ std::vector<double> quantized_x(const Tensor& x, int64_t x_block) {
   return out;
 }
 
-// Q5_0, Q5_1 and the K-quants, with every scale a power of two and every x a small integer times
-// one (its block's largest +-127): each output is then a sum of exact products below 2^24 units,
-// and every kernel must give exactly sum_k w_k q_k d_x, w_k from the format's reference
+// Q5_0, Q5_1, the K-quants and IQ4, with every scale a power of two and every x a small integer
+// times one (its block's largest +-127): each output is then a sum of exact products below 2^24
+// units, and every kernel must give exactly sum_k w_k q_k d_x, w_k from the format's reference
 // dequantization (held to gguf-py's bit for bit by ops_quant_formats_test). Checks every bit
 // plane, scale, min and offset of the super-block layouts, and each feature's and row's place.
 TEST(Q8Linear, SuperBlocksExactWhenEveryProductIsExact) {
@@ -385,7 +386,8 @@ TEST(Q8Linear, PackedRowsDequantizeAsTheirBlocks) {
   std::mt19937 rng(27);
   for (QuantType type :
        {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1,
-        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K,
+        QuantType::kIQ4_NL, QuantType::kIQ4_XS}) {
     const int64_t rows = 37, cols = 512;
     const QuantizedMatrix w = random_blocks(type, rows, cols, rng);
     const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
@@ -408,7 +410,8 @@ TEST(Q8Linear, RowsAreBatchInvariant) {
   std::mt19937 rng(9);
   for (QuantType type :
        {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ5_0, QuantType::kQ5_1,
-        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+        QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K,
+        QuantType::kIQ4_NL, QuantType::kIQ4_XS}) {
     const int64_t out_features = 150, in_features = 512, rows = 21;
     const ops::Q8PackedMatrix w =
         ops::pack_for_q8(random_blocks(type, out_features, in_features, rng));

@@ -31,11 +31,12 @@ struct Case {
 
 // Every ggml format the CPU keeps in blocks (io/gguf.h: cpu_block_format).
 const Case kCases[] = {
-    {QuantType::kQ4_0, "random_Q4_0"}, {QuantType::kQ4_1, "random_Q4_1"},
-    {QuantType::kQ5_0, "random_Q5_0"}, {QuantType::kQ5_1, "random_Q5_1"},
-    {QuantType::kQ8_0, "random_Q8_0"}, {QuantType::kQ4_K, "random_Q4_K"},
-    {QuantType::kQ6_K, "random_Q6_K"}, {QuantType::kQ5_K, "random_Q5_K"},
-    {QuantType::kQ3_K, "random_Q3_K"}, {QuantType::kQ2_K, "random_Q2_K"},
+    {QuantType::kQ4_0, "random_Q4_0"},     {QuantType::kQ4_1, "random_Q4_1"},
+    {QuantType::kQ5_0, "random_Q5_0"},     {QuantType::kQ5_1, "random_Q5_1"},
+    {QuantType::kQ8_0, "random_Q8_0"},     {QuantType::kQ4_K, "random_Q4_K"},
+    {QuantType::kQ6_K, "random_Q6_K"},     {QuantType::kQ5_K, "random_Q5_K"},
+    {QuantType::kQ3_K, "random_Q3_K"},     {QuantType::kQ2_K, "random_Q2_K"},
+    {QuantType::kIQ4_NL, "random_IQ4_NL"}, {QuantType::kIQ4_XS, "random_IQ4_XS"},
 };
 
 // The reference's rows, repeated to `rows` rows (so that the kernels' column tiles and groups
@@ -173,8 +174,8 @@ TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
 }
 
 // 8-bit activations for every format (ops::q8_packs): within the error of quantizing x (half a
-// step of max|x_block| / 127 per element, times |w|; blocks of 256 for the K-quants, as ggml's
-// q8_K, of 32 for the others) of the exact product with gguf-py's weights.
+// step of max|x_block| / 127 per element, times |w|; blocks of 256 for the K-quants and IQ4_XS,
+// as ggml's q8_K, of 32 for the others) of the exact product with gguf-py's weights.
 TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
   std::mt19937 rng(9);
   const int64_t out_features = 37, rows = 5;

@@ -186,6 +186,42 @@ void q6_k(float d, const int8_t* sc, const uint8_t* ql, const uint8_t* qh, float
   }
 }
 
+// IQ4_NL's weights d * level(q) for one sub-block of 32 from its 16 bytes of nibbles (laid out as
+// Q4_0's). The product of an f16 (11 significant bits), an int8 level (7) and, for IQ4_XS, a
+// 6-bit scale (5 in magnitude) is exact in f32, so its order does not matter.
+void iq4_nl(float d, const uint8_t* qs, float* y) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = d * static_cast<float>(kIq4NlValues[qs[j] & 0x0F]);
+    y[j + kQK / 2] = d * static_cast<float>(kIq4NlValues[qs[j] >> 4]);
+  }
+}
+
+// IQ4_XS's 8 scales, less 32 (ggml's dequantize_row_iq4_xs): sub-block j's low 4 bits in byte
+// j / 2 of scales_l (low nibble for even j), its high 2 at bits 2j of the u16 scales_h.
+void unpack_scales_iq4_xs(const uint8_t* b, int8_t* sc) {
+  const int scales_h = b[2] | (b[3] << 8);
+  for (int j = 0; j < 8; ++j) {
+    const int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+    const int high = (scales_h >> (2 * j)) & 3;
+    sc[j] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+// IQ4_XS's weights from d, its 8 scales (ls - 32) and its 128 bytes of nibbles.
+void iq4_xs(float d, const int8_t* sc, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 8; ++j) iq4_nl(d * static_cast<float>(sc[j]), qs + 16 * j, y + kQK * j);
+}
+
+void dequant_iq4_nl(const uint8_t* b, float* y) { iq4_nl(load_half(b), b + 2, y); }
+void dequant_iq4_xs(const uint8_t* b, float* y) {
+  int8_t sc[8];
+  unpack_scales_iq4_xs(b, sc);
+  iq4_xs(load_half(b), sc, b + 8, y);
+}
+void dequant_iq4_xsf32(const uint8_t* b, float* y) {
+  iq4_xs(load_float(b), reinterpret_cast<const int8_t*>(b + 4), b + 12, y);
+}
+
 void dequant_q4_0(const uint8_t* b, float* y) { q4_0(load_half(b), b + 2, y); }
 void dequant_q4_1(const uint8_t* b, float* y) { q4_1(load_half(b), load_half(b + 2), b + 4, y); }
 void dequant_q5_0(const uint8_t* b, float* y) { q5_0(load_half(b), b + 2, b + 6, y); }
@@ -246,8 +282,8 @@ void dequant_q3_kf32(const uint8_t* b, float* y) {
   q3_k(load_float(b), reinterpret_cast<const int8_t*>(b + 4), high, b + 52, y);
 }
 
-// The repackings (core/quantized.h): f16 scales widened to f32, the K-quants' 6-bit scales
-// unpacked, Q5_K's fifth and Q3_K's third bits transposed.
+// The repackings (core/quantized.h): f16 scales widened to f32, the K-quants' and IQ4_XS's 6-bit
+// scales unpacked, Q5_K's fifth and Q3_K's third bits transposed.
 void store_float(float f, uint8_t* p) { std::memcpy(p, &f, 4); }
 
 void repack_q4_1(const uint8_t* b, uint8_t* out) {
@@ -297,6 +333,12 @@ void repack_q5_k(const uint8_t* b, uint8_t* out) {
   std::memcpy(out + 56, b + 48, kQKK / 2);
 }
 
+void repack_iq4_xs(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  unpack_scales_iq4_xs(b, reinterpret_cast<int8_t*>(out + 4));
+  std::memcpy(out + 12, b + 8, kQKK / 2);
+}
+
 using Dequantize = void (*)(const uint8_t*, float*);
 using Repack = void (*)(const uint8_t*, uint8_t*);
 
@@ -327,9 +369,12 @@ const QuantFormat kFormats[] = {
     format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
     format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k, 80, 82),
     format("Q2_K (f32 scales)", kQ2_KF32, dequant_q2_kf32, kQ2_K, kQ2_KF32, nullptr),
+    format("IQ4_NL", kIQ4_NL, dequant_iq4_nl, kIQ4_NL, kIQ4_NL, nullptr, 0),
+    format("IQ4_XS", kIQ4_XS, dequant_iq4_xs, kIQ4_XS, kIQ4_XSF32, repack_iq4_xs, 0),
+    format("IQ4_XS (f32 scale)", kIQ4_XSF32, dequant_iq4_xsf32, kIQ4_XS, kIQ4_XSF32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kQ2_KF32) + 1);
+              static_cast<size_t>(QuantType::kIQ4_XSF32) + 1);
 
 }  // namespace
 

@@ -47,7 +47,13 @@ namespace pagedlm {
 //            its weight l: Q5_0's form), Q5_K's 128 bytes of nibbles;
 //   Q3_KF32: f32 d, int8 sc[16] (sc - 32), u32 hmask[8] (sub-block j's third bits, as Q5_KF32's
 //            fifth), Q3_K's 64 bytes of 2-bit quants;
-//   Q2_KF32: f32 d, f32 dmin, then Q2_K's 16 bytes of scales and mins and 64 of quants.
+//   Q2_KF32: f32 d, f32 dmin, then Q2_K's 16 bytes of scales and mins and 64 of quants;
+//   IQ4_NL: f16 d, 16 bytes of nibbles as Q4_0's, w = d * kIq4NlValues[q] (a non-linear grid of
+//           16 int8 values; computed from as it is, as Q4_0 is);
+//   IQ4_XS: 256 weights, f16 d, u16 of the scales' high 2 bits (bits 2j: sub-block j's), 4 bytes
+//           of their low 4 bits (byte j / 2, low nibble for even j), 128 bytes of nibbles (16 per
+//           sub-block of 32, as IQ4_NL's), w = d * (ls_j - 32) * kIq4NlValues[q] for sub-block j;
+//   IQ4_XSF32: f32 d, int8 sc[8] (ls - 32), IQ4_XS's 128 bytes of nibbles.
 enum class QuantType : uint8_t {
   kQ4_1,
   kQ8_0,
@@ -66,7 +72,14 @@ enum class QuantType : uint8_t {
   kQ3_KF32,
   kQ2_K,
   kQ2_KF32,
+  kIQ4_NL,
+  kIQ4_XS,
+  kIQ4_XSF32,
 };
+
+// IQ4_NL's and IQ4_XS's 16 weight levels (ggml's kvalues_iq4nl), times the block's scale.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 // The unit the CPU kernels step through a row in: every format's blocks are made of whole
 // 32-weight sub-blocks (a K-quant's 256-weight block holds 8).
@@ -75,7 +88,7 @@ constexpr int64_t kMaxQuantBlockElems = 256;
 
 struct QuantFormat {
   const char* name;
-  int64_t block_elems;  // weights per block: 32, or 256 for the K-quants
+  int64_t block_elems;  // weights per block: 32, or 256 for the K-quants and IQ4_XS
   int64_t block_bytes;
   // The block's weights as floats, with ggml's arithmetic (ggml-quants.c): the reference every
   // kernel of the format reproduces.
@@ -128,6 +141,12 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 84;
     case QuantType::kQ2_KF32:
       return 88;
+    case QuantType::kIQ4_NL:
+      return 18;
+    case QuantType::kIQ4_XS:
+      return 136;
+    case QuantType::kIQ4_XSF32:
+      return 140;
   }
   return 0;
 }
@@ -144,6 +163,8 @@ constexpr int64_t quant_block_elems(QuantType t) {
     case QuantType::kQ3_KF32:
     case QuantType::kQ2_K:
     case QuantType::kQ2_KF32:
+    case QuantType::kIQ4_XS:
+    case QuantType::kIQ4_XSF32:
       return 256;
     default:
       return 32;

@@ -228,6 +228,8 @@ bool known_ggml_type(uint32_t t) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
       return true;
   }
   return false;

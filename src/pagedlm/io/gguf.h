@@ -29,6 +29,8 @@ enum class GgmlType : uint32_t {
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
@@ -105,7 +107,8 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 // h*d + 2j + s = HF row h*d + s*d/2 + j). Throws unless the rows split into such heads.
 Tensor gguf_tensor_f32(const GgufTensorInfo& t, int64_t n_heads, const std::string& path);
 // The CPU's block format holding a ggml type's blocks as the GGUF stores them (Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K); nothing for the types the CPU dequantizes to f32.
+// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); nothing for the types the CPU
+// dequantizes to f32.
 std::optional<QuantType> cpu_block_format(GgmlType type);
 // A 2-D (or 3-D: the outer dims' rows stacked, as experts are) tensor's blocks in a
 // cpu_block_format, rows reordered as gguf_tensor_f32 reorders them; nothing for other types.

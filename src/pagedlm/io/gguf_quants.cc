@@ -69,6 +69,10 @@ TypeTraits traits(GgmlType type) {
       return ggml_format(QuantType::kQ5_K);
     case GgmlType::kQ6_K:
       return ggml_format(QuantType::kQ6_K);
+    case GgmlType::kIQ4_NL:
+      return ggml_format(QuantType::kIQ4_NL);
+    case GgmlType::kIQ4_XS:
+      return ggml_format(QuantType::kIQ4_XS);
   }
   fail("unsupported ggml type ", static_cast<uint32_t>(type));
 }

@@ -85,6 +85,10 @@ std::optional<QuantType> cpu_block_format(GgmlType type) {
       return QuantType::kQ5_K;
     case GgmlType::kQ6_K:
       return QuantType::kQ6_K;
+    case GgmlType::kIQ4_NL:
+      return QuantType::kIQ4_NL;
+    case GgmlType::kIQ4_XS:
+      return QuantType::kIQ4_XS;
     default:
       return std::nullopt;
   }

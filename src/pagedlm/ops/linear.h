@@ -56,10 +56,10 @@ struct Q8PackedMatrix {
   bool empty() const { return rows == 0; }
 };
 // Takes every ggml format the CPU keeps (q8_packs): Q4_1 and Q8_0 regrouped as they are; Q4_0,
-// Q5_0, Q5_1 and the K-quants in a super-block layout (linear_q8_cpu.cc) that keeps their bits
-// per weight, computed as llama.cpp does with its q8_K activations: x quantized per 256 (32 for
-// Q4_0, Q5_0 and Q5_1), the sub-block scales and mins applied in integers, one float step per
-// super-block.
+// Q5_0, Q5_1, the K-quants, IQ4_NL and IQ4_XS in a super-block layout (linear_q8_cpu.cc) that
+// keeps their bits per weight, computed as llama.cpp does with its q8_K activations: x quantized
+// per 256 (32 for Q4_0, Q5_0, Q5_1 and IQ4_NL), the sub-block scales and mins applied in
+// integers, one float step per super-block.
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
 bool q8_packs(QuantType type);
 // Row r's weights as floats (cols of them), bit for bit those of the format's reference

@@ -40,7 +40,7 @@ bool gpu_computes_blocks(QuantType type) {
     case QuantType::kQ6_K:
       return true;
     default:
-      return false;  // Q5_K, Q3_K, Q2_K, and the CPU's repackings
+      return false;  // Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, and the CPU's repackings
   }
 }
 

@@ -257,6 +257,24 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const __m512i bytes = load_bytes_u32(block + 2);
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
+    // d * level for the 16 levels (IQ4_XS: sub-block `sub`'s d * sc, 16 bytes of nibbles each),
+    // picked by nibble as Q4_0's.
+    float d;
+    const uint8_t* qs;
+    if constexpr (kType == QuantType::kIQ4_NL) {
+      d = half_to_float(block);
+      qs = block + 2;
+    } else {
+      d = load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
+      qs = block + 12 + 16 * sub;
+    }
+    const __m512 levels = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
+    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(d));
+    const __m512i bytes = load_bytes_u32(qs);
+    lo = _mm512_permutexvar_ps(bytes, weights);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
     // (q - 16) * d for q = 0..31 in two registers.
     const __m512 d = _mm512_set1_ps(load_float(block));
@@ -444,6 +462,12 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kQ2_KF32:
       fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
+      return true;
+    case QuantType::kIQ4_NL:
+      fn(std::integral_constant<QuantType, QuantType::kIQ4_NL>{});
+      return true;
+    case QuantType::kIQ4_XSF32:
+      fn(std::integral_constant<QuantType, QuantType::kIQ4_XSF32>{});
       return true;
     default:
       return false;
@@ -774,54 +798,96 @@ inline float half_to_float(const uint8_t* p) {
   return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// The same lanes as the AVX-512 kernel in two registers: lanes 0-7 and 8-15. Q4_1 and Q8_0 are
-// expanded in registers; the other formats by their reference dequantization, a block at a time.
-template <int R>
-void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
-                    float* out) {
-  const QuantFormat& format = quant_format(type);
-  const bool in_registers =
-      type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32 || type == QuantType::kQ8_0;
-  const int64_t block_bytes = format.block_bytes;
+// The formats the AVX2 kernels expand in registers; the others by their reference
+// dequantization, a block at a time.
+constexpr bool expands_in_registers(QuantType t) {
+  return t == QuantType::kQ4_1 || t == QuantType::kQ4_1F32 || t == QuantType::kQ8_0 ||
+         t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XSF32;
+}
+
+// Weights k..k + 31 of a weight row as four registers (elements 0-7, 8-15, 16-23, 24-31): the same
+// lanes as the AVX-512 kernel, in two registers each. kType: a format expands_in_registers, or
+// kQ4_0 standing for every other, expanded by format's reference dequantization into
+// `dequantized` (the weight row's current block).
+template <QuantType kType>
+inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, int64_t k,
+                        float* dequantized, __m256* w) {
+  constexpr bool kInRegisters = expands_in_registers(kType);
+  // Blocks are 32 or 256 weights.
+  const int64_t block_elems = kInRegisters ? quant_block_elems(kType) : format.block_elems;
+  const int64_t block_bytes = kInRegisters ? quant_block_bytes(kType) : format.block_bytes;
+  const uint8_t* block = weight_row + (k >> (block_elems == 256 ? 8 : 5)) * block_bytes;
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  if constexpr (!kInRegisters) {
+    const int64_t sub = k & (block_elems - 1);
+    if (sub == 0) format.dequantize_block(block, dequantized);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + sub + 8 * j);
+  } else if constexpr (kType == QuantType::kQ4_1 || kType == QuantType::kQ4_1F32) {
+    constexpr bool kF32 = kType == QuantType::kQ4_1F32;
+    float d_f, m_f;
+    if constexpr (kF32) {
+      std::memcpy(&d_f, block, sizeof(d_f));
+      std::memcpy(&m_f, block + sizeof(d_f), sizeof(m_f));
+    } else {
+      d_f = half_to_float(block);
+      m_f = half_to_float(block + 2);
+    }
+    const __m256 d = _mm256_set1_ps(d_f);
+    const __m256 m = _mm256_set1_ps(m_f);
+    const __m128i qs =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (kF32 ? 2 * sizeof(float) : 4)));
+    const __m128i lo = _mm_and_si128(qs, low_nibbles);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int j = 0; j < 4; ++j) {
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+      w[j] = _mm256_fmadd_ps(q, d, m);
+    }
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
+    // Each nibble's level as an int8 (pshufb), then level * d: d an f16 (IQ4_XS: sub-block
+    // sub's d * sc), every product exact as the reference's.
+    float d_f;
+    const uint8_t* qs;
+    if constexpr (kType == QuantType::kIQ4_NL) {
+      d_f = half_to_float(block);
+      qs = block + 2;
+    } else {
+      const int64_t sub = (k & 255) / kQuantBlock;
+      float d_xs;
+      std::memcpy(&d_xs, block, sizeof(d_xs));
+      d_f = d_xs * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
+      qs = block + 12 + 16 * sub;
+    }
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
+    const __m256 d = _mm256_set1_ps(d_f);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(q, low_nibbles));
+    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles));
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int j = 0; j < 4; ++j) {
+      w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d);
+    }
+  } else {
+    static_assert(kType == QuantType::kQ8_0);
+    const __m256 d = _mm256_set1_ps(half_to_float(block));
+    for (int j = 0; j < 4; ++j) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * j));
+      w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
+    }
+  }
+}
+
+// out[i] = dot(x row i, weight row) for the R rows of a tile, the weight's format fixed at
+// compile time (no branch per block on it).
+template <int R, QuantType kType>
+void quant_dot_rows_of(const float* x, int64_t in_features, const uint8_t* weight_row,
+                       const QuantFormat& format, float* out) {
   alignas(32) float dequantized[kMaxQuantBlockElems];
   __m256 acc[R][2];
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
   for (int64_t k = 0; k < in_features; k += kQuantBlock) {
-    const uint8_t* block = weight_row + k / format.block_elems * block_bytes;
     __m256 w[4];  // elements 0-7, 8-15, 16-23, 24-31
-    if (!in_registers) {
-      const int64_t sub = k % format.block_elems;
-      if (sub == 0) format.dequantize_block(block, dequantized);
-      for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + sub + 8 * j);
-    } else if (type == QuantType::kQ4_1 || type == QuantType::kQ4_1F32) {
-      const bool f32 = type == QuantType::kQ4_1F32;
-      float d_f, m_f;
-      if (f32) {
-        std::memcpy(&d_f, block, sizeof(d_f));
-        std::memcpy(&m_f, block + sizeof(d_f), sizeof(m_f));
-      } else {
-        d_f = half_to_float(block);
-        m_f = half_to_float(block + 2);
-      }
-      const __m256 d = _mm256_set1_ps(d_f);
-      const __m256 m = _mm256_set1_ps(m_f);
-      const __m128i qs =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (f32 ? 2 * sizeof(float) : 4)));
-      const __m128i lo = _mm_and_si128(qs, low_nibbles);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
-      const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-      for (int k = 0; k < 4; ++k) {
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
-        w[k] = _mm256_fmadd_ps(q, d, m);
-      }
-    } else {
-      const __m256 d = _mm256_set1_ps(half_to_float(block));
-      for (int k = 0; k < 4; ++k) {
-        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * k));
-        w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
-      }
-    }
+    expand_avx2<kType>(format, weight_row, k, dequantized, w);
     for (int i = 0; i < R; ++i) {
       const float* xb = x + i * in_features + k;
       acc[i][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[i][0]);
@@ -835,6 +901,26 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
     _mm256_store_ps(lanes, acc[i][0]);
     _mm256_store_ps(lanes + 8, acc[i][1]);
     out[i] = reduce_lanes(lanes);
+  }
+}
+
+template <int R>
+void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
+                    float* out) {
+  const QuantFormat& format = quant_format(type);
+  switch (type) {
+    case QuantType::kQ4_1:
+      return quant_dot_rows_of<R, QuantType::kQ4_1>(x, in_features, weight_row, format, out);
+    case QuantType::kQ4_1F32:
+      return quant_dot_rows_of<R, QuantType::kQ4_1F32>(x, in_features, weight_row, format, out);
+    case QuantType::kQ8_0:
+      return quant_dot_rows_of<R, QuantType::kQ8_0>(x, in_features, weight_row, format, out);
+    case QuantType::kIQ4_NL:
+      return quant_dot_rows_of<R, QuantType::kIQ4_NL>(x, in_features, weight_row, format, out);
+    case QuantType::kIQ4_XSF32:
+      return quant_dot_rows_of<R, QuantType::kIQ4_XSF32>(x, in_features, weight_row, format, out);
+    default:  // by the reference dequantization
+      return quant_dot_rows_of<R, QuantType::kQ4_0>(x, in_features, weight_row, format, out);
   }
 }
 

@@ -29,6 +29,13 @@
 // Q4_0, Q5_0 and Q5_1 are the case of one 32-weight sub-block with sc = 1 and f16 d as ggml's
 // (Q4_0: offset 8; Q5_0: offset 16; Q5_1: mn = 1 and dmin = -m): Q4_0 so takes its 4.5 bits a
 // weight (not the 5 of Q4_1's blocks, which held it before), Q5_0 5.5 (not Q8_0's 8.5).
+// IQ4_NL and IQ4_XS are the same with u - offset replaced by a level of ggml's non-linear grid
+// (kIq4NlValues[u]): IQ4_NL the case of one 32-weight sub-block with sc = 1 and f16 d (4.5 bits
+// a weight, as its file's), IQ4_XS a 256-weight super-block with an int8 scale (ls - 32) per 32
+// and f16 d (4.31 bits; the file's 4.25 packs the scales in 6 bits). Their nibbles expanded to
+// bytes are mapped through a 16-byte table (pshufb) to the levels + 128 for dpbusd, which takes
+// 128 * sum q back off, or to the signed levels for maddubs, which takes |level| and q with the
+// level's sign (the levels + 128 times q could saturate its int16 pair sums).
 //
 // Dispatch is at compile time: the build uses -march=native (as linear_cpu.cc does), so the
 // binary runs where it was built and every instruction set the compiler enables is present.
@@ -75,7 +82,12 @@ struct SuperLayout {
   int scales;       // int8 scale rows per sub-block: 0 (sc = 1), 1 (per 32) or 2 (per 16)
   int mins;         // uint8 min rows per sub-block: 0, 1 or 2; -1: mn = 1 (Q5_1)
   int offset;       // subtracted from u
-  int scale_bytes;  // d and dmin as f16 (2: the 32-weight formats, as ggml has them) or f32 (4)
+  int scale_bytes;  // d and dmin as f16 (2: as ggml has them) or f32 (4)
+  // IQ4: u indexes kIq4NlValues, whose level takes the place of u - offset (offset 0). The
+  // kernels map the expanded bytes through a 16-byte table (pshufb): to the signed levels for
+  // maddubs, or to the levels + 128 for dpbusd (unsigned, as it wants; 128 * sum q taken back
+  // off, as Q8_0's).
+  bool levels = false;
 };
 
 constexpr bool is_super(QuantType t) {
@@ -88,6 +100,8 @@ constexpr bool is_super(QuantType t) {
     case QuantType::kQ4_K:
     case QuantType::kQ5_K:
     case QuantType::kQ6_K:
+    case QuantType::kIQ4_NL:
+    case QuantType::kIQ4_XS:
       return true;
     default:
       return false;
@@ -110,6 +124,10 @@ constexpr SuperLayout super_layout(QuantType t) {
       return {256, 4, 0, 1, 1, 0, 4};
     case QuantType::kQ5_K:
       return {256, 4, 1, 1, 1, 0, 4};
+    case QuantType::kIQ4_NL:
+      return {32, 4, 0, 0, 0, 0, 2, true};
+    case QuantType::kIQ4_XS:
+      return {256, 4, 0, 1, 0, 0, 2, true};
     default:  // kQ6_K
       return {256, 4, 2, 2, 0, 32, 4};
   }
@@ -181,7 +199,8 @@ SuperBlock decompose(QuantType t, const uint8_t* b) {
       }
       break;
     }
-    case QuantType::kQ4_0: {  // f16 d, 16 bytes of nibbles; u - 8
+    case QuantType::kQ4_0:      // f16 d, 16 bytes of nibbles; u - 8
+    case QuantType::kIQ4_NL: {  // the same bytes; u a level's index
       uint16_t d;
       std::memcpy(&d, b, 2);
       s.d = f16_to_f32(d);
@@ -231,6 +250,14 @@ SuperBlock decompose(QuantType t, const uint8_t* b) {
       std::memcpy(s.sc, b + 4, 16);
       for (int64_t k = 0; k < 256; ++k) {
         s.u[k] = static_cast<uint8_t>(crumb(b + 52, k) | (high_bit(b + 20, k) << 2));
+      }
+      break;
+    }
+    case QuantType::kIQ4_XSF32: {  // f32 d, int8 sc[8] (less 32), 16 bytes of nibbles per 32
+      s.d = f32_at(b);
+      for (int64_t i = 0; i < 16; ++i) s.sc[i] = static_cast<int8_t>(b[4 + i / 2]);
+      for (int64_t k = 0; k < 256; ++k) {
+        s.u[k] = (b[12 + 16 * (k / 32) + k % 16] >> (4 * (k % 32 / 16))) & 0x0F;
       }
       break;
     }
@@ -315,9 +342,14 @@ int super_quant(const SuperLayout& l, const uint8_t* q, int64_t c, int64_t k) {
   return u;
 }
 
+// The integer a weight's unsigned quant u stands for: u - offset, or IQ4's level u.
+constexpr int quant_value(const SuperLayout& l, int u) {
+  return l.levels ? kIq4NlValues[u] : u - l.offset;
+}
+
 Q8PackedMatrix pack_super(const QuantizedMatrix& weight) {
   const SuperLayout l = super_layout(weight.type);
-  // The K-quants are read from their repacking at load, whose fields are unpacked.
+  // The K-quants and IQ4_XS are read from their repacking at load, whose fields are unpacked.
   const QuantizedMatrix repacked = l.sb == kQuantBlock ? weight : repack_for_cpu(weight);
   Q8PackedMatrix p;
   p.type = weight.type;
@@ -356,7 +388,8 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
                 weight.cols, "]");
   PAGEDLM_CHECK(
       q8_packs(weight.type),
-      "pack_for_q8: takes ggml's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K), not ",
+      "pack_for_q8: takes ggml's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, "
+      "IQ4_XS), not ",
       quant_format(weight.type).name);
   if (is_super(weight.type)) return pack_super(weight);
   Q8PackedMatrix p;
@@ -451,7 +484,7 @@ void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out) {
                        : l.mins == 0 ? 0
                                      : p[(l.scales + (l.mins == 2 ? h : 0)) * kGroup + c];
         const float value =
-            static_cast<float>(super_quant(l, p + sub_header_bytes(l), c, k) - l.offset);
+            static_cast<float>(quant_value(l, super_quant(l, p + sub_header_bytes(l), c, k)));
         o[k] = has_min(l) ? d * static_cast<float>(sc) * value - dmin * static_cast<float>(mn)
                           : d * static_cast<float>(sc) * value;
       }
@@ -565,10 +598,10 @@ void tile_super_portable(const Q8Activations& x, int64_t r0, const uint8_t* grou
           for (int h = 0; h < 2; ++h) {
             int32_t dot = 0;
             for (int64_t k = 16 * h; k < 16 * h + 16; ++k) {
-              dot += super_quant(kL, p + sub_header_bytes(kL), c, k) * xq[sub * kQuantBlock + k];
+              dot += quant_value(kL, super_quant(kL, p + sub_header_bytes(kL), c, k)) *
+                     xq[sub * kQuantBlock + k];
             }
             const int32_t xsum = xs16[2 * sub + h];
-            dot -= kL.offset * xsum;
             const int32_t sc =
                 kL.scales == 0 ? 1 : static_cast<int8_t>(p[(kL.scales == 2 ? h : 0) * kGroup + c]);
             isum += sc * dot;
@@ -591,6 +624,23 @@ void tile_super_portable(const Q8Activations& x, int64_t r0, const uint8_t* grou
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define PAGEDLM_Q8_AVX2 1
+
+// IQ4's levels as the bytes a pshufb maps each index to: signed, or + 128 (unsigned).
+struct LevelBytes {
+  uint8_t v[16];
+};
+constexpr LevelBytes level_bytes(int add) {
+  LevelBytes b{};
+  for (int i = 0; i < 16; ++i) b.v[i] = static_cast<uint8_t>(kIq4NlValues[i] + add);
+  return b;
+}
+alignas(16) constexpr LevelBytes kSignedLevels = level_bytes(0);
+alignas(16) constexpr LevelBytes kUnsignedLevels = level_bytes(128);
+// The offset a kernel takes off each quant's dot product: the layout's, or for IQ4 128 where its
+// bytes are the levels + 128 (dpbusd), 0 where they are the signed levels (maddubs).
+constexpr int kernel_offset(const SuperLayout& l, bool unsigned_levels) {
+  return l.levels ? (unsigned_levels ? 128 : 0) : l.offset;
+}
 
 template <int R>
 inline void finish_rows_256(const Q8Activations& x, int64_t r0, int64_t b, const __m256i* isum,
@@ -740,6 +790,19 @@ inline __m256i half_dot_256(const __m256i* w, const int8_t* xq, int j0) {
   return s;
 }
 
+// The same for signed bytes w (IQ4's levels, |w| <= 127) without VNNI: maddubs takes |w| and q
+// with w's sign, so an int16 pair sum is at most 2 * 127 * 127.
+inline __m256i half_dot_signed_256(const __m256i* w, const __m256i* w_abs, const int8_t* xq,
+                                   int j0) {
+  __m256i s = _mm256_setzero_si256();
+  for (int j = j0; j < j0 + 4; ++j) {
+    const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq + 4 * j)), w[j]);
+    s = _mm256_add_epi32(
+        s, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[j], xv), _mm256_set1_epi16(1)));
+  }
+  return s;
+}
+
 // Lanes [8h, 8h + 8) of a super-block header's d (or dmin) at p.
 inline __m256 header_scales_256(const SuperLayout& l, const uint8_t* p, int h) {
   if (l.scale_bytes == 4) return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
@@ -755,6 +818,8 @@ inline __m256i lane_bytes_256(const uint8_t* p, bool is_signed) {
 template <bool kVnni, QuantType T, int R>
 void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
+  constexpr int kOffset = kernel_offset(kL, kVnni);
+  constexpr bool kSignedDot = kL.levels && !kVnni;
   const int64_t nsb = x.cols / kL.sb;
   for (int h = 0; h < 2; ++h) {
     __m256 acc[R];
@@ -765,8 +830,16 @@ void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, f
       for (int i = 0; i < R; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
       for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
         const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
-        __m256i w[8];
+        __m256i w[8], w_abs[8];
         expand_super<__m256i, Ops256>(kL, p + sub_header_bytes(kL) + 32 * h, w);
+        if constexpr (kL.levels) {
+          const __m256i levels = _mm256_broadcastsi128_si256(_mm_load_si128(
+              reinterpret_cast<const __m128i*>(kVnni ? kUnsignedLevels.v : kSignedLevels.v)));
+          for (int j = 0; j < 8; ++j) {
+            w[j] = _mm256_shuffle_epi8(levels, w[j]);
+            if constexpr (kSignedDot) w_abs[j] = _mm256_abs_epi8(w[j]);
+          }
+        }
         __m256i sc[2], mn[2];
         for (int r = 0; r < 2; ++r) {
           if (kL.scales > 0)
@@ -779,10 +852,13 @@ void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, f
         for (int i = 0; i < R; ++i) {
           const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
           const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
-          __m256i dot[2] = {half_dot_256<kVnni>(w, xq, 0), half_dot_256<kVnni>(w, xq, 4)};
+          __m256i dot[2];
           for (int r = 0; r < 2; ++r) {
-            if (kL.offset != 0)
-              dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(kL.offset * xs[r]));
+            dot[r] = kSignedDot ? half_dot_signed_256(w, w_abs, xq, 4 * r)
+                                : half_dot_256<kVnni>(w, xq, 4 * r);
+          }
+          for (int r = 0; r < 2; ++r) {
+            if (kOffset != 0) dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(kOffset * xs[r]));
             if (kL.scales > 0) dot[r] = _mm256_mullo_epi32(dot[r], sc[r]);
             isum[i] = _mm256_add_epi32(isum[i], dot[r]);
             if (kL.mins < 0) msum[i] = _mm256_add_epi32(msum[i], _mm256_set1_epi32(xs[r]));
@@ -883,6 +959,7 @@ inline __m512i lane_bytes_512(const uint8_t* p, bool is_signed) {
 template <QuantType T, int R>
 void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
+  constexpr int kOffset = kernel_offset(kL, true);
   const int64_t nsb = x.cols / kL.sb;
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
@@ -894,6 +971,11 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
       const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
       __m512i w[8];
       expand_super<__m512i, Ops512>(kL, p + sub_header_bytes(kL), w);
+      if constexpr (kL.levels) {
+        const __m512i levels = _mm512_maskz_broadcast_i32x4(
+            kAllLanes, _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedLevels.v)));
+        for (int j = 0; j < 8; ++j) w[j] = _mm512_shuffle_epi8(levels, w[j]);
+      }
       __m512i sc[2], mn[2];
       for (int r = 0; r < 2; ++r) {
         if (kL.scales > 0) sc[r] = lane_bytes_512(p + (kL.scales == 2 ? r : 0) * kGroup, true);
@@ -912,20 +994,20 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
           }
         }
         if constexpr (kL.scales == 0) {
-          // sc = 1 (Q4_0, Q5_0, Q5_1): the sub-block's dot product less offset x its sum of q.
+          // sc = 1 (Q4_0, Q5_0, Q5_1, IQ4_NL): the sub-block's dot product less offset x its sum
+          // of q.
           __m512i dot32 = _mm512_add_epi32(dot[0], dot[1]);
-          if (kL.offset != 0) {
-            dot32 = _mm512_sub_epi32(dot32, _mm512_set1_epi32(kL.offset * (xs[0] + xs[1])));
+          if (kOffset != 0) {
+            dot32 = _mm512_sub_epi32(dot32, _mm512_set1_epi32(kOffset * (xs[0] + xs[1])));
           }
           isum[i] = _mm512_add_epi32(isum[i], dot32);
-        } else if constexpr (kL.scales == 1 && kL.offset == 0) {
+        } else if constexpr (kL.scales == 1 && kOffset == 0) {
           // One scale per 32: the halves' sum times it.
           isum[i] = _mm512_add_epi32(isum[i],
                                      _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc[0]));
         } else {
           for (int r = 0; r < 2; ++r) {
-            if (kL.offset != 0)
-              dot[r] = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(kL.offset * xs[r]));
+            if (kOffset != 0) dot[r] = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(kOffset * xs[r]));
             if (kL.scales > 0) dot[r] = _mm512_mullo_epi32(dot[r], sc[r]);
             isum[i] = _mm512_add_epi32(isum[i], dot[r]);
           }
@@ -960,9 +1042,10 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
 #endif
 
 // The packed layouts, in KernelTable's order.
-constexpr QuantType kLayouts[] = {
-    QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ5_0, QuantType::kQ5_1,
-    QuantType::kQ2_K, QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
+constexpr QuantType kLayouts[] = {QuantType::kQ4_1, QuantType::kQ8_0,   QuantType::kQ4_0,
+                                  QuantType::kQ5_0, QuantType::kQ5_1,   QuantType::kQ2_K,
+                                  QuantType::kQ3_K, QuantType::kQ4_K,   QuantType::kQ5_K,
+                                  QuantType::kQ6_K, QuantType::kIQ4_NL, QuantType::kIQ4_XS};
 constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
 
 int layout_index(QuantType t) {
@@ -990,9 +1073,11 @@ constexpr KernelTable make_table(int max_rows, std::integer_sequence<int, Rs...>
                       {K<kLayouts[6], Rs + 1>::fn...},
                       {K<kLayouts[7], Rs + 1>::fn...},
                       {K<kLayouts[8], Rs + 1>::fn...},
-                      {K<kLayouts[9], Rs + 1>::fn...}}};
+                      {K<kLayouts[9], Rs + 1>::fn...},
+                      {K<kLayouts[10], Rs + 1>::fn...},
+                      {K<kLayouts[11], Rs + 1>::fn...}}};
 }
-static_assert(kNumLayouts == 10, "make_table lists every layout");
+static_assert(kNumLayouts == 12, "make_table lists every layout");
 
 template <QuantType T, int R>
 constexpr TileFn portable_fn() {
