@@ -205,6 +205,10 @@ class LLM:
       them to bf16 at load (a third to a quarter of the memory). --gguf-blocks.
     - use_cascade_attention, tune_gemms: GPU; False for A/B runs (--no-cascade-attention,
       --no-gemm-tuning).
+    - tensor_parallel_size: CPU ranks (threads of this process, each running `threads` OpenMP
+      threads) that split the model; a divisor of its attention heads.
+      --tensor-parallel-size. GPU ranks are processes, which `pagedlm serve` starts: on the
+      GPU, a size above 1 raises ValueError.
 
     seed: requests without a seed of their own get
     seed, seed + 1, ... in the order they are made (None: random). chat_template: a Jinja file
@@ -245,6 +249,7 @@ class LLM:
         gguf_blocks: bool = False,
         use_cascade_attention: bool = True,
         tune_gemms: bool = True,
+        tensor_parallel_size: int = 1,
     ):
         if async_scheduling is not None and not isinstance(async_scheduling, bool):
             raise ValueError("async_scheduling must be True, False or None (the device's "
@@ -261,7 +266,7 @@ class LLM:
             load_format=load_format, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
             async_scheduling=-1 if async_scheduling is None else int(async_scheduling),
             gguf_blocks=gguf_blocks, use_cascade_attention=use_cascade_attention,
-            tune_gemms=tune_gemms)
+            tune_gemms=tune_gemms, tensor_parallel_size=tensor_parallel_size)
         self._tokenizer = Tokenizer(self._model) if self._model.has_tokenizer() else None
         self._seed = seed
         self._reasoning = reasoning_parser is not None

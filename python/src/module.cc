@@ -266,7 +266,8 @@ class Model {
         float gpu_memory_fraction, bool use_cuda_graphs, int32_t max_waiting,
         const std::string& chat_template, const std::string& load_format,
         const std::string& kv_cache_dtype, const std::string& quantization,
-        int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms) {
+        int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms,
+        int32_t tensor_parallel_size) {
     if (load_format != "auto" && load_format != "dummy") {
       throw BadInput("load_format must be 'auto' or 'dummy', got '" + load_format + "'");
     }
@@ -288,6 +289,11 @@ class Model {
     o.gguf_blocks_on_gpu = gguf_blocks;
     o.use_cascade_attention = use_cascade_attention;
     o.tune_gemms = tune_gemms;
+    if (tensor_parallel_size < 1) {
+      throw BadInput("tensor_parallel_size must be at least 1, got " +
+                     std::to_string(tensor_parallel_size));
+    }
+    o.tensor_parallel_size = tensor_parallel_size;
     o.page_size = page_size;
     o.num_pages = num_pages;
     o.kv_cache_bytes = kv_cache_bytes;
@@ -306,6 +312,14 @@ class Model {
                            : "device='cuda': no CUDA device found");
       }
       o.device = Device::kCuda;
+      // The CPU's ranks are threads of this process; a GPU's are processes, one per GPU, which
+      // the command line starts (it runs itself again as each rank).
+      if (tensor_parallel_size > 1) {
+        throw BadInput("tensor_parallel_size " + std::to_string(tensor_parallel_size) +
+                       " on the GPU: its ranks are processes, which `pagedlm serve "
+                       "--tensor-parallel-size N` starts; in Python tensor parallelism runs on "
+                       "the CPU (device='cpu')");
+      }
     } else if (device != "cpu" && device != "auto") {
       throw BadInput("device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
     }
@@ -624,13 +638,13 @@ NB_MODULE(_pagedlm, m) {
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
                     int32_t, double, bool, int32_t, bool, float, bool, int32_t, const std::string&,
                     const std::string&, const std::string&, const std::string&, int32_t, bool, bool,
-                    bool>(),
+                    bool, int32_t>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
            "threads"_a, "cpu_q8_activations"_a, "gpu_memory_fraction"_a, "use_cuda_graphs"_a,
            "max_waiting"_a, "chat_template"_a, "load_format"_a, "kv_cache_dtype"_a,
            "quantization"_a, "async_scheduling"_a, "gguf_blocks"_a, "use_cascade_attention"_a,
-           "tune_gemms"_a)
+           "tune_gemms"_a, "tensor_parallel_size"_a)
       .def("has_tokenizer", &Model::has_tokenizer)
       .def("encode", &Model::encode, "text"_a, "add_special_tokens"_a)
       .def("decode", &Model::decode, "ids"_a, "skip_special_tokens"_a)

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -85,17 +84,6 @@ namespace {
   std::_Exit(1);
 }
 
-// For a CLI11 check: what `parse` (one of engine.h's option parsers) refuses the value with, or
-// "" when it takes it.
-std::string refusal(const std::function<void()>& parse) {
-  try {
-    parse();
-    return "";
-  } catch (const Error& e) {
-    return e.what();
-  }
-}
-
 }  // namespace
 
 void add_engine_flags(CLI::App& app, EngineFlags& flags) {
@@ -106,8 +94,7 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "KV cache elements: auto (the compute dtype), bf16, or fp8 (GPU: e4m3 with the "
                  "checkpoint's per-layer k_scale / v_scale, else 1.0; twice the pages of bf16)")
-      ->check(
-          [](const std::string& value) { return refusal([&] { kv_cache_dtype_named(value); }); })
+      // Its value is parsed by resolve() (before any load), whose message names the flag once.
       ->capture_default_str();
   app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
                  "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
@@ -130,10 +117,7 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "elsewhere; none dequantizes every FP8 weight to bf16. With --dummy: a GGUF block "
                  "format (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k) makes the "
                  "projections random blocks of it")
-      // The name alone here; resolve() checks a block format against the weights.
-      ->check([](const std::string& value) {
-        return refusal([&] { quantization_named(value, /*dummy_weights=*/true); });
-      })
+      // Parsed by resolve() (before any load), which also checks a block format against --dummy.
       ->capture_default_str();
   app.add_option("--tensor-parallel-size", o.tensor_parallel_size,
                  "ranks that split the model (a divisor of its attention heads)")

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "pagedlm/core/error.h"
+#include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/worker.h"
 
@@ -48,11 +49,15 @@ void CpuRanks::forward(const StepPlan& plan, const ForwardInputs& inputs,
       comms_[r]->abort(why);
     }
   };
+  // OpenMP's thread count belongs to the thread that sets it, and a new thread starts from the
+  // process default (all cores): each rank takes the calling thread's count, the engine's.
+  const int omp_threads = num_threads();
   std::vector<std::thread> threads;
   threads.reserve(ranks_.size());
   for (size_t i = 0; i < ranks_.size(); ++i) {
     CpuWorker& rank = *ranks_[i];
     threads.emplace_back([&, i] {
+      set_num_threads(omp_threads);
       run(static_cast<int32_t>(i + 1), [&] {
         // Every rank receives the whole logits; only rank 0's are sampled.
         const Tensor logits = Tensor::empty(DType::kF32, {rows, rank.model().config().vocab_size});

@@ -31,8 +31,6 @@ int64_t CudaWorker::cascade_steps() const { return runner_->cascade_steps(); }
 
 int64_t CudaWorker::logits_downloads() const { return runner_->logits_downloads(); }
 
-int32_t CudaWorker::max_top_logprobs() const { return ops::kMaxTopLogprobs; }
-
 StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
   // The runner enqueues the plan's upload, the pending rows' tokens, the forward pass, the
   // masks' upload and the sampler, and the downloads of the tokens (and logits, logprobs) into

@@ -43,21 +43,6 @@ void validate_sampling(const SamplingParams& p) {
   }
 }
 
-// The sampled token's log-probability and the top_k best alternatives of one logits row (the
-// CPU's; the GPU computes the same on the device, StepResult::logprobs).
-RequestEvent sampled_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_k) {
-  RequestEvent e;
-  const auto best = ops::log_softmax_topk(row, vocab, std::max(top_k, 1));
-  // best[0] is logit - log_z for the top token, which gives log_z for any other token.
-  const float log_z = row[best[0].first] - best[0].second;
-  e.logprob = row[token] - log_z;
-  for (const auto& [id, logprob] : best) {
-    if (id == token) e.logprob = logprob;  // the same number wherever the client reads it
-  }
-  if (top_k > 0) e.top_logprobs = best;
-  return e;
-}
-
 StepShape shape_of(const StepPlan& plan) {
   StepShape shape;
   shape.num_tokens = plan.num_tokens();
@@ -480,15 +465,11 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
     RequestOutput& out = live[b]->output;
     out.num_cached_tokens = scheduler_->num_cached_tokens(id);
     if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0 && !result.logprobs.empty()) {
-      // The device's numbers are those of the token it drew (the engine replaces it only when a
+      // The worker's numbers are those of the token it drew (the engine replaces it only when a
       // grammar refuses it, which ends the output).
       RequestEvent& e = logprob_events[id];
       e.logprob = result.logprobs[b].logprob;
-      e.top_logprobs = result.logprobs[b].top;
-    } else if (live[b]->logprobs_top_k >= 0 && sampled[b] >= 0) {
-      const int32_t last = plan.logits_indptr[b + 1];
-      logprob_events[id] = sampled_logprobs(logits.data<float>() + (last - 1) * vocab, vocab,
-                                            sampled[b], live[b]->logprobs_top_k);
+      if (live[b]->logprobs_top_k > 0) e.top_logprobs = std::move(result.logprobs[b].top);
     }
     if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
     const int64_t prompt_len = out.prompt_logits.dim(0);
@@ -629,8 +610,8 @@ void Engine::enable_logprobs(int64_t request_id, int32_t top_k) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
   PAGEDLM_CHECK(top_k >= 0, "top logprobs must be >= 0, got ", top_k);
-  const int32_t most = executor_->worker().max_top_logprobs();
-  PAGEDLM_CHECK(top_k <= most, "top logprobs must be at most ", most, " on the GPU, got ", top_k);
+  PAGEDLM_CHECK(top_k <= ops::kMaxTopLogprobs, "top logprobs must be at most ",
+                ops::kMaxTopLogprobs, ", got ", top_k);
   it->second.logprobs_top_k = top_k;
 }
 

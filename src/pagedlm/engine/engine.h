@@ -67,7 +67,7 @@ struct EngineOptions {
   // from layer 0), pages wholly behind all later queries' windows go back to the pool (off: a
   // sequence keeps all its pages, as for models with a global layer).
   bool free_pages_outside_window = true;
-  int32_t threads = 0;  // 0: all hardware threads
+  int32_t threads = 0;  // 0: all hardware threads; each CPU tensor-parallel rank runs as many
   // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
   bool cpu_q8_activations = false;
   // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).

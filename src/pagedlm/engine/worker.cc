@@ -229,9 +229,44 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
   for (int32_t b = 0; b < B; ++b) {
     if (result.sampled[b] >= 0) last_row_tokens_[plan.logits_indptr[b + 1] - 1] = result.sampled[b];
   }
+  fill_logprobs(plan, step.sampling, result);
   // The forward ran inline: no wait.
   result.timings.wait_begin = result.timings.wait_end = std::chrono::steady_clock::now();
   return held_.hold(std::move(result));
+}
+
+void CpuWorker::fill_logprobs(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                              StepResult& result) {
+  const int32_t B = plan.num_seqs();
+  // ops::sampled_logprobs over the logits rows, each sequence asking on its last row (the GPU
+  // runs the same on the device); top_k -1 skips a row.
+  const int64_t num_rows = result.logits.dim(0);
+  std::vector<int32_t> tokens(num_rows, 0), top_k(num_rows, -1);
+  bool any = false;
+  for (int32_t b = 0; b < B && !sampling.empty(); ++b) {
+    if (sampling[b].logprobs_top_k < 0 || result.sampled[b] < 0) continue;
+    const int32_t row = plan.logits_indptr[b + 1] - 1;
+    tokens[row] = result.sampled[b];
+    top_k[row] = sampling[b].logprobs_top_k;
+    any = true;
+  }
+  if (!any) return;
+  std::vector<int32_t> top_ids(num_rows * ops::kMaxTopLogprobs);
+  std::vector<float> logprob(num_rows), top_logprobs(num_rows * ops::kMaxTopLogprobs);
+  ops::sampled_logprobs(result.logits, {tokens.data(), top_k.data(), logprob.data(), top_ids.data(),
+                                        top_logprobs.data()});
+  result.logprobs.assign(B, {});
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t row = plan.logits_indptr[b + 1] - 1;
+    if (row < 0 || top_k[row] < 0) continue;
+    SampledLogprobs& out = result.logprobs[b];
+    out.logprob = logprob[row];
+    const int64_t shown = std::min<int64_t>(std::max(top_k[row], 1), result.logits.dim(1));
+    for (int64_t j = 0; j < shown; ++j) {
+      out.top.emplace_back(top_ids[row * ops::kMaxTopLogprobs + j],
+                           top_logprobs[row * ops::kMaxTopLogprobs + j]);
+    }
+  }
 }
 
 StepResult CpuWorker::collect(StepHandle handle) { return held_.take(handle); }

@@ -50,7 +50,7 @@ struct SeqSampling {
   // from these when the request takes a slot. Tokens may be null when no penalty is set.
   int64_t request_id = -1;
   const RequestTokens* tokens = nullptr;
-  int32_t logprobs_top_k = -1;  // -1: no logprobs; else at most max_top_logprobs()
+  int32_t logprobs_top_k = -1;  // -1: no logprobs; else at most ops::kMaxTopLogprobs
 };
 
 // Returned logprobs of a sampled token, computed on the device from its raw logits row: its
@@ -114,8 +114,8 @@ struct StepResult {
   bool completed = true;
   std::vector<int32_t> sampled;  // per sequence of the plan: its token, -1 where not sampled
   Tensor logits;                 // [S, vocab] f32 on the host when want_logits (CPU: always)
-  // GPU: per sequence, the logprobs of its sampled token where its SeqSampling asked for them,
-  // computed on the device. Empty on the CPU, where the engine computes them from the logits.
+  // Per sequence, the logprobs of its sampled token where its SeqSampling asked for them
+  // (ops::sampled_logprobs, on the logits' device); empty when no sequence asked.
   std::vector<SampledLogprobs> logprobs;
   StepTimings timings;
 };
@@ -149,8 +149,6 @@ class Worker {
   virtual int64_t cascade_steps() const { return 0; }
   // Steps that downloaded logits from the device (only for prompt logits asked for).
   virtual int64_t logits_downloads() const { return 0; }
-  // The most alternatives SeqSampling::logprobs_top_k may ask for.
-  virtual int32_t max_top_logprobs() const { return std::numeric_limits<int32_t>::max(); }
 };
 
 // Launched steps' results, held until they are collected, for workers whose launch ends with the
@@ -230,6 +228,10 @@ class CpuWorker final : public Worker {
   bool forward(const StepPlan& plan, const ForwardInputs& inputs, const Tensor& logits);
 
  private:
+  // result.logprobs of the sequences whose SeqSampling asks for them, from result.logits.
+  void fill_logprobs(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
+                     StepResult& result);
+
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
@@ -259,7 +261,6 @@ class CudaWorker final : public Worker {
   void make_current() const override;
   int64_t cascade_steps() const override;
   int64_t logits_downloads() const override;
-  int32_t max_top_logprobs() const override;
 
  private:
   std::unique_ptr<CausalLM> model_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pagedlm/grammar/grammar.h"
+#include "pagedlm/ops/sampling.h"
 #include "pagedlm/sched/sampling_params.h"
 #include "pagedlm/serving/generation.h"
 #include "pagedlm/serving/tool_calls.h"
@@ -55,7 +56,9 @@ struct ModelInfo {
 
 // The most choices one HTTP request may ask for (prompts x n), which bounds its memory.
 inline constexpr int32_t kMaxChoices = 128;
-inline constexpr int32_t kMaxTopLogprobs = 20;
+// OpenAI's bound on top logprobs, which is also the most the engine's samplers return.
+inline constexpr int32_t kMaxTopLogprobs = ops::kMaxTopLogprobs;
+static_assert(kMaxTopLogprobs == 20, "OpenAI's API allows 0-20 top logprobs");
 // OpenAI's own bound on a request's tools.
 inline constexpr size_t kMaxTools = 128;
 
