@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ops_test_util.h"
@@ -42,6 +43,43 @@ TEST(ExpVectorizable, MatchesDoubleExpAndItsLimits) {
   EXPECT_EQ(ops::cpu::exp_vectorizable(100.f), std::numeric_limits<float>::infinity());
   const float tiny = -87.3f;  // exp: 1.2e-38, just above FLT_MIN
   EXPECT_NEAR(ops::cpu::exp_vectorizable(tiny) / std::exp(static_cast<double>(tiny)), 1.0, 1e-6);
+}
+
+// The AVX2 exp (the attention's softmax on AVX2 machines) against libm's double exp, over the
+// same range and limits as exp_vectorizable, 8 inputs at a time.
+TEST(ExpAvx2, MatchesDoubleExpAndItsLimits) {
+#if defined(__AVX2__) && defined(__FMA__)
+  auto exp8 = [](float x0, float step) {
+    alignas(32) float in[8], out[8];
+    for (int l = 0; l < 8; ++l) in[l] = x0 + static_cast<float>(l) * step;
+    _mm256_store_ps(out, ops::cpu::exp_avx2(_mm256_load_ps(in)));
+    return std::pair{std::vector<float>(in, in + 8), std::vector<float>(out, out + 8)};
+  };
+  double worst = 0;
+  for (float x = -87.f; x <= 88.f; x += 8.0e-3f) {
+    const auto [in, out] = exp8(x, 1.0e-3f);
+    for (int l = 0; l < 8; ++l) {
+      const double want = std::exp(static_cast<double>(in[l]));
+      worst = std::max(worst, std::abs(out[l] - want) / want);
+    }
+  }
+  EXPECT_LT(worst, 1e-7);
+  const float inf = std::numeric_limits<float>::infinity();
+  alignas(32) const float limits[8] = {-inf, -100.f, 100.f, inf, -87.3f, 0.f, 1.f, -1.f};
+  alignas(32) float got[8];
+  _mm256_store_ps(got, ops::cpu::exp_avx2(_mm256_load_ps(limits)));
+  EXPECT_EQ(got[0], 0.f);
+  EXPECT_EQ(got[1], 0.f);
+  EXPECT_EQ(got[2], inf);
+  EXPECT_EQ(got[3], inf);
+  // exp(-87.3): 1.2e-38, just above FLT_MIN
+  EXPECT_NEAR(got[4] / std::exp(static_cast<double>(limits[4])), 1.0, 1e-6);
+  EXPECT_EQ(got[5], 1.f);
+  EXPECT_NEAR(got[6] / std::exp(1.0), 1.0, 1e-7);
+  EXPECT_NEAR(got[7] / std::exp(-1.0), 1.0, 1e-7);
+#else
+  GTEST_SKIP() << "built without AVX2 and FMA (the build's -march=native)";
+#endif
 }
 
 // Fixed column chunks make the bits independent of the thread count.

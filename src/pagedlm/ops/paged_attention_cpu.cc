@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -106,6 +106,12 @@ struct RowScratch {
 constexpr int64_t kWidth = 16;
 using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
 
+// AVX2 with FMA but without AVX-512 (16 registers of 8 floats) has kernels of its own, chosen
+// at compile time like the AVX-512 ones; they add the same lanes in the same order.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define PAGEDLM_ATTENTION_AVX2 1
+#endif
+
 // Rows that score a transposed key tile together (each key vector loaded once for all of them)
 // and rows that add a full tile's values together (each value vector loaded once for all of
 // them): as many as leave the accumulators in registers (32 AVX-512 registers hold one Vec
@@ -113,6 +119,12 @@ using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
 #if defined(__AVX512F__)
 constexpr int64_t kScoreRows = 6;  // 4 accumulators a row (2 lane sums, 2 scores)
 constexpr int64_t kValueRows = 4;  // 4 rows x kValueVecs accumulators
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+// tile_scores scores 8 keys at a time: 2 registers a row (a lane sum and the scores), one for
+// the key vector and one for the broadcast query element. A row's kValueVecs accumulators take
+// 8 registers, so values go a row at a time.
+constexpr int64_t kScoreRows = 6;
+constexpr int64_t kValueRows = 1;
 #else
 constexpr int64_t kScoreRows = 1;
 constexpr int64_t kValueRows = 1;
@@ -146,6 +158,30 @@ void transpose16(__m512* m) {
   transpose_level<4>(m);
   transpose_level<2>(m);
   transpose_level<1>(m);
+}
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+// Floats in one AVX2 register; a Vec is two of them (lanes 0-7 and 8-15).
+constexpr int64_t kHalf = 8;
+
+// m[r][c] = m[c][r] for an 8 x 8 block: pairs of rows interleave (2 x 2 blocks), pairs of
+// those swap 2 x 2 blocks (4 x 4), then the 128-bit halves of rows r and r + 4 swap.
+[[gnu::always_inline]] inline void transpose8(__m256* m) {
+  __m256 t[kHalf];
+  for (int r = 0; r < kHalf; r += 2) {
+    t[r] = _mm256_unpacklo_ps(m[r], m[r + 1]);
+    t[r + 1] = _mm256_unpackhi_ps(m[r], m[r + 1]);
+  }
+  __m256 u[kHalf];
+  for (int r = 0; r < kHalf; r += 4) {
+    u[r] = _mm256_shuffle_ps(t[r], t[r + 2], 0x44);
+    u[r + 1] = _mm256_shuffle_ps(t[r], t[r + 2], 0xEE);
+    u[r + 2] = _mm256_shuffle_ps(t[r + 1], t[r + 3], 0x44);
+    u[r + 3] = _mm256_shuffle_ps(t[r + 1], t[r + 3], 0xEE);
+  }
+  for (int r = 0; r < 4; ++r) {
+    m[r] = _mm256_permute2f128_ps(u[r], u[r + 4], 0x20);
+    m[r + 4] = _mm256_permute2f128_ps(u[r], u[r + 4], 0x31);
+  }
 }
 #endif
 
@@ -194,6 +230,26 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
     for (int64_t l = 0; l < kWidth; ++l) dots = _mm512_add_ps(dots, parts[l]);
     _mm512_storeu_ps(scores + j0, _mm512_mul_ps(dots, _mm512_set1_ps(scale)));
   }
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+  for (; j0 + kHalf <= count; j0 += kHalf) {
+    // 8 keys side by side, as above, a half of the lanes at a time (8 keys' lanes of both
+    // halves would take all 16 registers): each key's lanes 0-7, transposed and added in order,
+    // then its lanes 8-15 onto those sums.
+    __m256 dots = _mm256_setzero_ps();
+    for (int64_t half = 0; half < kWidth; half += kHalf) {
+      __m256 sums[kHalf];
+      for (auto& sum : sums) sum = _mm256_setzero_ps();
+      for (int64_t i0 = half; i0 < head_dim; i0 += kWidth) {
+        const __m256 qv = _mm256_loadu_ps(q + i0);
+        for (int64_t j = 0; j < kHalf; ++j) {
+          sums[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[j0 + j] + i0), sums[j]);
+        }
+      }
+      transpose8(sums);  // sums[l] = lane half + l of the 8 keys
+      for (const __m256 lane : sums) dots = _mm256_add_ps(dots, lane);
+    }
+    _mm256_storeu_ps(scores + j0, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+  }
 #endif
   for (int64_t j = j0; j < count; ++j) {
     Vec part;
@@ -223,6 +279,22 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
     }
     return;
   }
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+  if (head_dim % kHalf == 0) {
+    static_assert(kKvTile % kHalf == 0, "a tile is whole 8 x 8 blocks");
+    for (int64_t jb = 0; jb < kKvTile; jb += kHalf) {
+      for (int64_t ib = 0; ib < head_dim; ib += kHalf) {
+        __m256 m[kHalf];
+        for (int64_t j = 0; j < kHalf; ++j) {
+          m[j] = jb + j < count ? _mm256_loadu_ps(keys[jb + j] + ib) : _mm256_setzero_ps();
+        }
+        transpose8(m);
+        for (int64_t i = 0; i < kHalf; ++i)
+          _mm256_storeu_ps(keys_t + (ib + i) * kKvTile + jb, m[i]);
+      }
+    }
+    return;
+  }
 #endif
   for (int64_t i = 0; i < head_dim; ++i) {
     for (int64_t j = 0; j < kKvTile; ++j) keys_t[i * kKvTile + j] = j < count ? keys[j][i] : 0.f;
@@ -236,6 +308,33 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
 template <int64_t R>
 void tile_scores(const float* const* q, const float* keys_t, int64_t head_dim, float scale,
                  float* const* scores) {
+#if defined(PAGEDLM_ATTENTION_AVX2)
+  // 8 keys at a time, the tile's 4 groups one after another: each key's lanes take the same
+  // additions in the same order as below, with 2 registers a row instead of 8.
+  for (int64_t jb = 0; jb < kKvTile; jb += kHalf) {
+    __m256 sum[R];
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < kWidth; ++l) {
+      __m256 part[R];
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) part[r] = _mm256_setzero_ps();
+      for (int64_t i = l; i < head_dim; i += kWidth) {
+        const __m256 k = _mm256_loadu_ps(keys_t + i * kKvTile + jb);
+#pragma GCC unroll 16
+        for (int64_t r = 0; r < R; ++r) {
+          part[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[r][i]), k, part[r]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) sum[r] = _mm256_add_ps(sum[r], part[r]);
+    }
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) {
+      _mm256_storeu_ps(scores[r] + jb, _mm256_mul_ps(sum[r], _mm256_set1_ps(scale)));
+    }
+  }
+#else
   static_assert(kKvTile == 2 * kWidth, "a tile's scores are two vectors");
   Vec lo[R] = {}, hi[R] = {};
   for (int64_t l = 0; l < kWidth; ++l) {
@@ -263,6 +362,7 @@ void tile_scores(const float* const* q, const float* keys_t, int64_t head_dim, f
     std::memcpy(scores[r], &lo[r], sizeof(lo[r]));
     std::memcpy(scores[r] + kWidth, &hi[r], sizeof(hi[r]));
   }
+#endif
 }
 
 // The largest of running and a whole tile's scores, as the single-row path's in-order std::max
@@ -286,6 +386,16 @@ float whole_tile_max(float running, const float* scores) {
   m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_permute_ps(kAll, m, 0x4E));
   m = _mm512_maskz_max_ps(kAll, m, _mm512_maskz_permute_ps(kAll, m, 0xB1));
   return _mm512_cvtss_f32(m);
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+  static_assert(kKvTile == 4 * kHalf, "a tile's scores are four vectors");
+  __m256 m = _mm256_set1_ps(running);
+  // A NaN in the first operand gives the second.
+  for (int64_t j = 0; j < kKvTile; j += kHalf) m = _mm256_max_ps(_mm256_loadu_ps(scores + j), m);
+  // Halves, pairs, then neighbours.
+  m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 0x01));
+  m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+  m = _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
+  return _mm256_cvtss_f32(m);
 #else
   for (int64_t j = 0; j < kKvTile; ++j) running = std::max(running, scores[j]);
   return running;
@@ -303,11 +413,44 @@ float whole_tile_max(float running, const float* scores) {
   for (int64_t i = 0; i < head_dim; ++i) acc[i] *= correction;
 }
 
+#if defined(PAGEDLM_ATTENTION_AVX2)
+// acc[i] += p_j * v_j[i0 + i] for i < 8 C, over `count` keys in order, in C registers.
+template <int64_t C>
+[[gnu::always_inline]] inline void accumulate_values_avx2(float* acc, const float* p,
+                                                          const float* const* values,
+                                                          int64_t count, int64_t i0) {
+  __m256 a[C];
+#pragma GCC unroll 16
+  for (int64_t c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + c * kHalf);
+  for (int64_t j = 0; j < count; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < C; ++c) {
+      a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + i0 + c * kHalf), a[c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(acc + c * kHalf, a[c]);
+}
+#endif
+
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
 // time in one register across the keys: the same additions in the same order as the plain loop,
 // without a store and reload of acc per key, which bound the loop before.
 void accumulate_values(float* acc, const float* p, const float* const* values, int64_t count,
                        int64_t head_dim) {
+#if defined(PAGEDLM_ATTENTION_AVX2)
+  // GCC spills a Vec's two halves to memory between the keys: registers of 8 dims instead, 8 of
+  // them at a time (kValueVecs Vecs), then one at a time.
+  if (head_dim % kWidth == 0) {
+    int64_t i0 = 0;
+    for (; i0 + 2 * kValueVecs * kHalf <= head_dim; i0 += 2 * kValueVecs * kHalf) {
+      accumulate_values_avx2<2 * kValueVecs>(acc + i0, p, values, count, i0);
+    }
+    for (; i0 < head_dim; i0 += kHalf) accumulate_values_avx2<1>(acc + i0, p, values, count, i0);
+    return;
+  }
+#endif
   if (head_dim % kWidth != 0) {
     for (int64_t j = 0; j < count; ++j) {
 #pragma omp simd
@@ -346,6 +489,10 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
 template <int64_t R, int64_t V>
 void accumulate_values_rows(float* const* acc, const float* const* p, const float* const* values,
                             int64_t i0) {
+#if defined(PAGEDLM_ATTENTION_AVX2)
+  static_assert(R == 1, "AVX2 holds one row's accumulators");
+  accumulate_values_avx2<2 * V>(acc[0] + i0, p[0], values, kKvTile, i0);
+#else
   Vec a[R][V];
 #pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r) {
@@ -367,6 +514,7 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 #pragma GCC unroll 16
     for (int64_t c = 0; c < V; ++c) std::memcpy(acc[r] + i0 + c * kWidth, &a[r][c], sizeof(Vec));
   }
+#endif
 }
 
 // GCC vectorizes the softmax's loops (exp above all) 8 lanes wide by default even with AVX-512;
@@ -376,6 +524,41 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 #else
 #define PAGEDLM_WIDE_VECTORS
 #endif
+
+// The softmax's exponentials. With AVX2 every one of them (the corrections too) goes through
+// exp_avx2, whose bits may differ from exp_vectorizable's (GCC leaves that one scalar there, see
+// exp_cpu.h), so that a score's exponential does not depend on which loop takes it.
+[[gnu::always_inline]] inline float softmax_exp(float x) {
+#if defined(PAGEDLM_ATTENTION_AVX2)
+  return _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(x)));
+#else
+  return exp_vectorizable(x);
+#endif
+}
+
+// scores[j] = exp(scores[j] - max) for j in [j0, j1), j1 <= kKvTile.
+[[gnu::always_inline]] inline void softmax_exps(float* scores, int64_t j0, int64_t j1, float max) {
+#if defined(PAGEDLM_ATTENTION_AVX2)
+  // Whole vectors of the row's kKvTile scores, storing only the lanes in [j0, j1) (the others,
+  // left from earlier tiles, are read and dropped).
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 m = _mm256_set1_ps(max);
+  for (int64_t jb = j0 / kHalf * kHalf; jb < j1; jb += kHalf) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + jb), m));
+    if (jb >= j0 && jb + kHalf <= j1) {
+      _mm256_storeu_ps(scores + jb, e);
+      continue;
+    }
+    const __m256i at = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(jb)));
+    const __m256i keep =
+        _mm256_and_si256(_mm256_cmpgt_epi32(at, _mm256_set1_epi32(static_cast<int32_t>(j0 - 1))),
+                         _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(j1)), at));
+    _mm256_maskstore_ps(scores + jb, keep, e);
+  }
+#else
+  for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - max);
+#endif
+}
 
 // Every row r of the block: out_r = softmax(scores_r) V over kv positions
 // [first_key_r, end_key_r), scores_r = softcap(scale * q_r K^T), in one pass with a running max
@@ -471,16 +654,13 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
           tile_max[i] = whole_tile_max(s.running_max[r + i], s.score_rows[r + i]);
         }
         for (int64_t i = 0; i < kValueRows; ++i) {  // the rows' corrections in one vector
-          correction[i] = exp_vectorizable(s.running_max[r + i] - tile_max[i]);
+          correction[i] = softmax_exp(s.running_max[r + i] - tile_max[i]);
         }
         for (int64_t i = 0; i < kValueRows; ++i) {
           rescale_row(correction[i], &s.running_sum[r + i], s.acc_rows[r + i], head_dim);
           sum[i] = s.running_sum[r + i];
           s.running_max[r + i] = tile_max[i];
-          float* scores = s.score_rows[r + i];
-          for (int64_t j = 0; j < kKvTile; ++j) {
-            scores[j] = exp_vectorizable(scores[j] - tile_max[i]);
-          }
+          softmax_exps(s.score_rows[r + i], 0, kKvTile, tile_max[i]);
         }
         // Each row's sum in order, the rows' chains side by side.
         for (int64_t j = 0; j < kKvTile; ++j) {
@@ -501,11 +681,11 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
         float tile_max = s.running_max[r];
         for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
         // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
-        const float correction = exp_vectorizable(s.running_max[r] - tile_max);
+        const float correction = softmax_exp(s.running_max[r] - tile_max);
         rescale_row(correction, &s.running_sum[r], acc, head_dim);
         s.running_max[r] = tile_max;
         // The exponentials in a vector loop, then their sum in order.
-        for (int64_t j = j0; j < j1; ++j) scores[j] = exp_vectorizable(scores[j] - tile_max);
+        softmax_exps(scores, j0, j1, tile_max);
         float sum = s.running_sum[r];
         for (int64_t j = j0; j < j1; ++j) sum += scores[j];
         s.running_sum[r] = sum;
