@@ -417,8 +417,8 @@ float whole_tile_max(float running, const float* scores) {
 // acc[i] += p_j * v_j[i0 + i] for i < 8 C, over `count` keys in order, in C registers.
 template <int64_t C>
 [[gnu::always_inline]] inline void accumulate_values_avx2(float* acc, const float* p,
-                                                          const float* const* values,
-                                                          int64_t count, int64_t i0) {
+                                                          const float* const* values, int64_t count,
+                                                          int64_t i0) {
   __m256 a[C];
 #pragma GCC unroll 16
   for (int64_t c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + c * kHalf);
