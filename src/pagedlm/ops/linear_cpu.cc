@@ -164,6 +164,37 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
   }
 }
 
+#if (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))) && defined(__F16C__)
+// ---- What the AVX-512 and AVX2 block kernels share ----
+inline float half_to_float(const uint8_t* p) {
+  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+}
+
+inline float load_float(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+// An IQ4 sub-block of 32 weights, d * level(q): its scale (IQ4_NL: the block's f16 d; IQ4_XS's
+// CPU form: sub-block `sub`'s f32 d * sc) and its 16 bytes of nibbles (laid out as Q4_0's).
+struct Iq4SubBlock {
+  float d;
+  const uint8_t* qs;
+};
+
+template <QuantType kType>
+inline Iq4SubBlock iq4_sub_block(const uint8_t* block, int sub) {
+  if constexpr (kType == QuantType::kIQ4_NL) {
+    return {half_to_float(block), block + 2};
+  } else {
+    static_assert(kType == QuantType::kIQ4_XSF32);
+    return {load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub])),
+            block + 12 + 16 * sub};
+  }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__F16C__)
 // GCC 12's AVX-512 headers start conversions from _mm512_undefined_*() and then warn about it.
 #if !defined(__clang__)
@@ -171,10 +202,6 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-inline float half_to_float(const uint8_t* p) {
-  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-}
-
 // A block as two registers: weights 0-15 and 16-31, each as expand_block above computes it. A
 // Q4_1 block has 16 possible weights, fma(k, d, m) for k = 0..15: one register of them, from
 // which a permute picks each weight by its nibble (vpermps reads an index's low 4 bits only, so
@@ -188,12 +215,6 @@ inline void expand_q4_1(__m512 d, __m512 m, const uint8_t* qs, __m512& lo, __m51
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   lo = _mm512_permutexvar_ps(bytes, weights);
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
-}
-
-inline float load_float(const uint8_t* p) {
-  float f;
-  std::memcpy(&f, p, sizeof(f));
-  return f;
 }
 
 inline __m512i load_bytes_u32(const uint8_t* p) {
@@ -258,21 +279,12 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
-    // d * level for the 16 levels (IQ4_XS: sub-block `sub`'s d * sc, 16 bytes of nibbles each),
-    // picked by nibble as Q4_0's.
-    float d;
-    const uint8_t* qs;
-    if constexpr (kType == QuantType::kIQ4_NL) {
-      d = half_to_float(block);
-      qs = block + 2;
-    } else {
-      d = load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
-      qs = block + 12 + 16 * sub;
-    }
+    // d * level for the 16 levels, picked by nibble as Q4_0's.
+    const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
     const __m512 levels = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
-    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(d));
-    const __m512i bytes = load_bytes_u32(qs);
+    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(iq4.d));
+    const __m512i bytes = load_bytes_u32(iq4.qs);
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
@@ -794,16 +806,6 @@ bool linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
 #pragma GCC diagnostic pop
 #endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-inline float half_to_float(const uint8_t* p) {
-  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-}
-
-inline float load_float(const uint8_t* p) {
-  float f;
-  std::memcpy(&f, p, sizeof(f));
-  return f;
-}
-
 // The formats the AVX2 kernels expand in registers; the others (ggml's layouts of the formats
 // the CPU repacks) by their reference dequantization, a block at a time.
 constexpr bool expands_in_registers(QuantType t) {
@@ -979,20 +981,12 @@ inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, in
     const QuantBytes q = low | QuantBytes{_mm_slli_epi16(high.lo, 4), _mm_slli_epi16(high.hi, 4)};
     mul_signed(minus(q, 32), d * static_cast<float>(sc[0]), d * static_cast<float>(sc[1]), w);
   } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
-    // Each nibble's level as an int8 (pshufb), then level * d: d an f16 (IQ4_XS: sub-block
-    // sub's d * sc), every product exact as the reference's.
-    float d;
-    const uint8_t* qs;
-    if constexpr (kType == QuantType::kIQ4_NL) {
-      d = half_to_float(block);
-      qs = block + 2;
-    } else {
-      d = load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
-      qs = block + 12 + 16 * sub;
-    }
+    // Each nibble's level as an int8 (pshufb), then level * d, every product exact as the
+    // reference's.
+    const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
     const __m128i levels = load_16_bytes(reinterpret_cast<const uint8_t*>(kIq4NlValues));
-    const QuantBytes q = nibbles_as_bytes(qs);
-    mul_signed({_mm_shuffle_epi8(levels, q.lo), _mm_shuffle_epi8(levels, q.hi)}, d, d, w);
+    const QuantBytes q = nibbles_as_bytes(iq4.qs);
+    mul_signed({_mm_shuffle_epi8(levels, q.lo), _mm_shuffle_epi8(levels, q.hi)}, iq4.d, iq4.d, w);
   } else {
     static_assert(kType == QuantType::kQ8_0);
     const __m256 d = _mm256_set1_ps(half_to_float(block));
@@ -1039,12 +1033,13 @@ void with_avx2_format(QuantType type, Fn&& fn) {
   }
 }
 
-// The 16 lanes of an output's two accumulators (lanes 0-7, 8-15) summed as reduce_lanes does.
+// The 16 lanes of an output's two accumulators (lanes 0-7, 8-15) summed in reduce_lanes' order,
+// in registers (through memory, with 112 kernels to inline it into, GCC called reduce_lanes).
 inline float reduce_lanes_avx2(__m256 lo, __m256 hi) {
-  alignas(32) float lanes[kLanes];
-  _mm256_store_ps(lanes, lo);
-  _mm256_store_ps(lanes + 8, hi);
-  return reduce_lanes(lanes);
+  const __m256 u = _mm256_add_ps(lo, hi);                                               // l + 8
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));  // l + 4
+  const __m128 w = _mm_add_ps(v, _mm_movehl_ps(v, v));                                  // l + 2
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));                              // l + 1
 }
 
 // out[i] = dot(x row i, weight row) for the R rows of a tile, the weight's format fixed at
