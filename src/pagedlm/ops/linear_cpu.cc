@@ -164,6 +164,37 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
   }
 }
 
+#if (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))) && defined(__F16C__)
+// ---- What the AVX-512 and AVX2 block kernels share ----
+inline float half_to_float(const uint8_t* p) {
+  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+}
+
+inline float load_float(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+// An IQ4 sub-block of 32 weights, d * level(q): its scale (IQ4_NL: the block's f16 d; IQ4_XS's
+// CPU form: sub-block `sub`'s f32 d * sc) and its 16 bytes of nibbles (laid out as Q4_0's).
+struct Iq4SubBlock {
+  float d;
+  const uint8_t* qs;
+};
+
+template <QuantType kType>
+inline Iq4SubBlock iq4_sub_block(const uint8_t* block, int sub) {
+  if constexpr (kType == QuantType::kIQ4_NL) {
+    return {half_to_float(block), block + 2};
+  } else {
+    static_assert(kType == QuantType::kIQ4_XSF32);
+    return {load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub])),
+            block + 12 + 16 * sub};
+  }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__F16C__)
 // GCC 12's AVX-512 headers start conversions from _mm512_undefined_*() and then warn about it.
 #if !defined(__clang__)
@@ -171,10 +202,6 @@ void linear_rows(const QuantDotFn* dot, const float* x, const QuantizedMatrix& w
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-inline float half_to_float(const uint8_t* p) {
-  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-}
-
 // A block as two registers: weights 0-15 and 16-31, each as expand_block above computes it. A
 // Q4_1 block has 16 possible weights, fma(k, d, m) for k = 0..15: one register of them, from
 // which a permute picks each weight by its nibble (vpermps reads an index's low 4 bits only, so
@@ -188,12 +215,6 @@ inline void expand_q4_1(__m512 d, __m512 m, const uint8_t* qs, __m512& lo, __m51
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   lo = _mm512_permutexvar_ps(bytes, weights);
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
-}
-
-inline float load_float(const uint8_t* p) {
-  float f;
-  std::memcpy(&f, p, sizeof(f));
-  return f;
 }
 
 inline __m512i load_bytes_u32(const uint8_t* p) {
@@ -258,21 +279,12 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
-    // d * level for the 16 levels (IQ4_XS: sub-block `sub`'s d * sc, 16 bytes of nibbles each),
-    // picked by nibble as Q4_0's.
-    float d;
-    const uint8_t* qs;
-    if constexpr (kType == QuantType::kIQ4_NL) {
-      d = half_to_float(block);
-      qs = block + 2;
-    } else {
-      d = load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
-      qs = block + 12 + 16 * sub;
-    }
+    // d * level for the 16 levels, picked by nibble as Q4_0's.
+    const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
     const __m512 levels = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
-    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(d));
-    const __m512i bytes = load_bytes_u32(qs);
+    const __m512 weights = _mm512_mul_ps(levels, _mm512_set1_ps(iq4.d));
+    const __m512i bytes = load_bytes_u32(iq4.qs);
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
   } else if constexpr (kType == QuantType::kQ5_0F32) {
@@ -794,21 +806,114 @@ bool linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
 #pragma GCC diagnostic pop
 #endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-inline float half_to_float(const uint8_t* p) {
-  return _cvtsh_ss(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+// The formats the AVX2 kernels expand in registers; the others (ggml's layouts of the formats
+// the CPU repacks) by their reference dequantization, a block at a time.
+constexpr bool expands_in_registers(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_1:
+    case QuantType::kQ4_1F32:
+    case QuantType::kQ8_0:
+    case QuantType::kQ4_0:
+    case QuantType::kQ5_0F32:
+    case QuantType::kQ5_1:
+    case QuantType::kQ4_KF32:
+    case QuantType::kQ5_KF32:
+    case QuantType::kQ6_KF32:
+    case QuantType::kQ3_KF32:
+    case QuantType::kQ2_KF32:
+    case QuantType::kIQ4_NL:
+    case QuantType::kIQ4_XSF32:
+      return true;
+    default:
+      return false;
+  }
 }
 
-// The formats the AVX2 kernels expand in registers; the others by their reference
-// dequantization, a block at a time.
-constexpr bool expands_in_registers(QuantType t) {
-  return t == QuantType::kQ4_1 || t == QuantType::kQ4_1F32 || t == QuantType::kQ8_0 ||
-         t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XSF32;
+// A 32-weight sub-block's quants as bytes: weights 0-15 in lo, 16-31 in hi (each half its own
+// 128 bits, so that widening them to four registers of eight takes no lane crossing).
+struct QuantBytes {
+  __m128i lo, hi;
+};
+
+inline __m128i load_16_bytes(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+inline QuantBytes operator|(QuantBytes a, QuantBytes b) {
+  return {_mm_or_si128(a.lo, b.lo), _mm_or_si128(a.hi, b.hi)};
+}
+
+// Less `value` in every byte (unsigned quants made the signed ones they stand for).
+inline QuantBytes minus(QuantBytes q, char value) {
+  const __m128i v = _mm_set1_epi8(value);
+  return {_mm_sub_epi8(q.lo, v), _mm_sub_epi8(q.hi, v)};
+}
+
+// 16 bytes of nibbles as 32 4-bit quants: their low nibbles (weights 0-15), then their high ones.
+inline QuantBytes nibbles_as_bytes(const uint8_t* qs) {
+  const __m128i q = load_16_bytes(qs);
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  return {_mm_and_si128(q, low_nibbles), _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles)};
+}
+
+// The bits at `shift` (mask `mask`) of 32 bytes, byte l weight l's: a K-quant's quants packed
+// 4 (Q4_K's nibbles) or 2 (Q2_K's, Q3_K's and Q6_K's 2-bit fields) to the byte.
+inline QuantBytes bits_of_bytes(const uint8_t* p, int shift, char mask) {
+  const __m128i count = _mm_cvtsi32_si128(shift);
+  const __m128i m = _mm_set1_epi8(mask);
+  return {_mm_and_si128(_mm_srl_epi16(load_16_bytes(p), count), m),
+          _mm_and_si128(_mm_srl_epi16(load_16_bytes(p + 16), count), m)};
+}
+
+// The u32 at p as 32 bytes: byte l is `value` where bit l is set, else 0 (a fifth or third bit).
+inline QuantBytes bits_as_bytes(const uint8_t* p, char value) {
+  uint32_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  const __m128i all = _mm_set1_epi32(static_cast<int>(bits));
+  const __m128i bit = _mm_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m128i v = _mm_set1_epi8(value);
+  // Byte l takes the u32's byte l / 8 (a shuffle), then tests its bit l % 8.
+  const auto spread = [&](__m128i byte_of) {
+    const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(all, byte_of), bit), bit);
+    return _mm_and_si128(set, v);
+  };
+  return {spread(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
+          spread(_mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3))};
+}
+
+// Eight quants (bytes 0-7 of q) as floats.
+template <bool kSigned>
+inline __m256 bytes_as_floats(__m128i q) {
+  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q));
+}
+
+// w = q * scale + add for unsigned quants, scale and add one per 16 weights (lo: weights 0-15).
+// The formats that take this path have an exact q * scale, so the fused multiply-add rounds
+// once, where the reference's multiply and add (or subtract) round the sum once too.
+inline void fma_unsigned(QuantBytes q, float scale_lo, float scale_hi, float add_lo, float add_hi,
+                         __m256* w) {
+  const __m128i parts[4] = {q.lo, _mm_srli_si128(q.lo, 8), q.hi, _mm_srli_si128(q.hi, 8)};
+  for (int j = 0; j < 4; ++j) {
+    w[j] = _mm256_fmadd_ps(bytes_as_floats<false>(parts[j]),
+                           _mm256_set1_ps(j < 2 ? scale_lo : scale_hi),
+                           _mm256_set1_ps(j < 2 ? add_lo : add_hi));
+  }
+}
+
+// w = q * scale for signed quants, a scale per 16 weights: one rounding, as the reference's.
+inline void mul_signed(QuantBytes q, float scale_lo, float scale_hi, __m256* w) {
+  const __m128i parts[4] = {q.lo, _mm_srli_si128(q.lo, 8), q.hi, _mm_srli_si128(q.hi, 8)};
+  for (int j = 0; j < 4; ++j) {
+    w[j] =
+        _mm256_mul_ps(bytes_as_floats<true>(parts[j]), _mm256_set1_ps(j < 2 ? scale_lo : scale_hi));
+  }
 }
 
 // Weights k..k + 31 of a weight row as four registers (elements 0-7, 8-15, 16-23, 24-31): the same
-// lanes as the AVX-512 kernel, in two registers each. kType: a format expands_in_registers, or
-// kQ4_0 standing for every other, expanded by format's reference dequantization into
-// `dequantized` (the weight row's current block).
+// lanes as the AVX-512 kernel, in two registers each, each weight its format's reference
+// dequantization bit for bit. kType: a format expands_in_registers, or kQ5_0 standing for every
+// other, expanded by format's reference dequantization into `dequantized` (the weight row's
+// current block; k must then go through a row's blocks in order).
 template <QuantType kType>
 inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, int64_t k,
                         float* dequantized, __m256* w) {
@@ -817,56 +922,71 @@ inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, in
   const int64_t block_elems = kInRegisters ? quant_block_elems(kType) : format.block_elems;
   const int64_t block_bytes = kInRegisters ? quant_block_bytes(kType) : format.block_bytes;
   const uint8_t* block = weight_row + (k >> (block_elems == 256 ? 8 : 5)) * block_bytes;
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  // The 32-weight sub-block of a 256-weight block: sub-block `sub` of half h (128 weights), its
+  // part c.
+  const int sub = static_cast<int>((k & (block_elems - 1)) / kQuantBlock);
+  const int h = sub / 4, c = sub % 4;
   if constexpr (!kInRegisters) {
-    const int64_t sub = k & (block_elems - 1);
-    if (sub == 0) format.dequantize_block(block, dequantized);
-    for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + sub + 8 * j);
+    const int64_t offset = k & (block_elems - 1);
+    if (offset == 0) format.dequantize_block(block, dequantized);
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(dequantized + offset + 8 * j);
   } else if constexpr (kType == QuantType::kQ4_1 || kType == QuantType::kQ4_1F32) {
     constexpr bool kF32 = kType == QuantType::kQ4_1F32;
-    float d_f, m_f;
-    if constexpr (kF32) {
-      std::memcpy(&d_f, block, sizeof(d_f));
-      std::memcpy(&m_f, block + sizeof(d_f), sizeof(m_f));
-    } else {
-      d_f = half_to_float(block);
-      m_f = half_to_float(block + 2);
-    }
-    const __m256 d = _mm256_set1_ps(d_f);
-    const __m256 m = _mm256_set1_ps(m_f);
-    const __m128i qs =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (kF32 ? 2 * sizeof(float) : 4)));
-    const __m128i lo = _mm_and_si128(qs, low_nibbles);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles);
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int j = 0; j < 4; ++j) {
-      const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
-      w[j] = _mm256_fmadd_ps(q, d, m);
-    }
+    const float d = kF32 ? load_float(block) : half_to_float(block);
+    const float m = kF32 ? load_float(block + 4) : half_to_float(block + 2);
+    fma_unsigned(nibbles_as_bytes(block + (kF32 ? 8 : 4)), d, d, m, m, w);
+  } else if constexpr (kType == QuantType::kQ5_1) {
+    // Q4_1's q * d + m, each nibble's fifth bit from the block's u32.
+    const float d = half_to_float(block), m = half_to_float(block + 2);
+    fma_unsigned(nibbles_as_bytes(block + 8) | bits_as_bytes(block + 4, 0x10), d, d, m, m, w);
+  } else if constexpr (kType == QuantType::kQ4_0) {
+    const float d = half_to_float(block);
+    mul_signed(minus(nibbles_as_bytes(block + 2), 8), d, d, w);
+  } else if constexpr (kType == QuantType::kQ5_0F32) {
+    const float d = load_float(block);
+    mul_signed(minus(nibbles_as_bytes(block + 8) | bits_as_bytes(block + 4, 0x10), 16), d, d, w);
+  } else if constexpr (kType == QuantType::kQ4_KF32 || kType == QuantType::kQ5_KF32) {
+    // d * sc * q - dmin * m, the nibbles the low (even sub) or high (odd) ones of 32-byte chunk
+    // sub / 2 (Q5_K: each with its fifth bit from the sub-block's u32). d * sc has at most 17
+    // significant bits and q 5, so the product is exact.
+    const float scale = load_float(block) * static_cast<float>(block[8 + sub]);
+    const float min = load_float(block + 4) * static_cast<float>(block[16 + sub]);
+    constexpr int kQs = kType == QuantType::kQ4_KF32 ? 24 : 56;
+    QuantBytes q = bits_of_bytes(block + kQs + 32 * (sub / 2), 4 * (sub % 2), 0x0F);
+    if constexpr (kType == QuantType::kQ5_KF32) q = q | bits_as_bytes(block + 24 + 4 * sub, 0x10);
+    fma_unsigned(q, scale, scale, -min, -min, w);
+  } else if constexpr (kType == QuantType::kQ3_KF32) {
+    // d * sc * (q - 4), a scale per 16; q's 2 low bits at 2c of h's 32 bytes, its third bit (the
+    // sub-block's u32) adding the 4 back.
+    const float d = load_float(block);
+    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 2 * sub;
+    const QuantBytes q =
+        bits_of_bytes(block + 52 + 32 * h, 2 * c, 3) | bits_as_bytes(block + 20 + 4 * sub, 4);
+    mul_signed(minus(q, 4), d * static_cast<float>(sc[0]), d * static_cast<float>(sc[1]), w);
+  } else if constexpr (kType == QuantType::kQ2_KF32) {
+    // d * sc * q - dmin * m per 16 (sc and m a byte's nibbles), q at bits 2c of h's 32 bytes. The
+    // products are exact (d * sc: 15 significant bits; q: 2).
+    const uint8_t sc_lo = block[8 + 2 * sub], sc_hi = block[9 + 2 * sub];
+    const float d = load_float(block), dmin = load_float(block + 4);
+    fma_unsigned(bits_of_bytes(block + 24 + 32 * h, 2 * c, 3), d * static_cast<float>(sc_lo & 0x0F),
+                 d * static_cast<float>(sc_hi & 0x0F), -(dmin * static_cast<float>(sc_lo >> 4)),
+                 -(dmin * static_cast<float>(sc_hi >> 4)), w);
+  } else if constexpr (kType == QuantType::kQ6_KF32) {
+    // d * sc * (q - 32), a scale per 16: q's low nibble from 32 bytes of ql (h's first or second
+    // 32, c odd; their low or high nibbles, c >= 2), its 2 high bits at 2c of h's 32 bytes of qh.
+    const float d = load_float(block);
+    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 8 * h + 2 * c;
+    const QuantBytes low = bits_of_bytes(block + 20 + 64 * h + 32 * (c % 2), 4 * (c / 2), 0x0F);
+    const QuantBytes high = bits_of_bytes(block + 148 + 32 * h, 2 * c, 3);
+    const QuantBytes q = low | QuantBytes{_mm_slli_epi16(high.lo, 4), _mm_slli_epi16(high.hi, 4)};
+    mul_signed(minus(q, 32), d * static_cast<float>(sc[0]), d * static_cast<float>(sc[1]), w);
   } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
-    // Each nibble's level as an int8 (pshufb), then level * d: d an f16 (IQ4_XS: sub-block
-    // sub's d * sc), every product exact as the reference's.
-    float d_f;
-    const uint8_t* qs;
-    if constexpr (kType == QuantType::kIQ4_NL) {
-      d_f = half_to_float(block);
-      qs = block + 2;
-    } else {
-      const int64_t sub = (k & 255) / kQuantBlock;
-      float d_xs;
-      std::memcpy(&d_xs, block, sizeof(d_xs));
-      d_f = d_xs * static_cast<float>(static_cast<int8_t>(block[4 + sub]));
-      qs = block + 12 + 16 * sub;
-    }
-    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
-    const __m256 d = _mm256_set1_ps(d_f);
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(q, low_nibbles));
-    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(q, 4), low_nibbles));
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int j = 0; j < 4; ++j) {
-      w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d);
-    }
+    // Each nibble's level as an int8 (pshufb), then level * d, every product exact as the
+    // reference's.
+    const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
+    const __m128i levels = load_16_bytes(reinterpret_cast<const uint8_t*>(kIq4NlValues));
+    const QuantBytes q = nibbles_as_bytes(iq4.qs);
+    mul_signed({_mm_shuffle_epi8(levels, q.lo), _mm_shuffle_epi8(levels, q.hi)}, iq4.d, iq4.d, w);
   } else {
     static_assert(kType == QuantType::kQ8_0);
     const __m256 d = _mm256_set1_ps(half_to_float(block));
@@ -875,6 +995,51 @@ inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, in
       w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
     }
   }
+}
+
+// Calls fn(std::integral_constant<QuantType, T>) for the format T the AVX2 kernels compute from:
+// one that expands_in_registers, or kQ5_0 standing for every other.
+template <typename Fn>
+void with_avx2_format(QuantType type, Fn&& fn) {
+  switch (type) {
+    case QuantType::kQ4_1:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_1>{});
+    case QuantType::kQ4_1F32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_1F32>{});
+    case QuantType::kQ8_0:
+      return fn(std::integral_constant<QuantType, QuantType::kQ8_0>{});
+    case QuantType::kQ4_0:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_0>{});
+    case QuantType::kQ5_0F32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ5_0F32>{});
+    case QuantType::kQ5_1:
+      return fn(std::integral_constant<QuantType, QuantType::kQ5_1>{});
+    case QuantType::kQ4_KF32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_KF32>{});
+    case QuantType::kQ5_KF32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ5_KF32>{});
+    case QuantType::kQ6_KF32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ6_KF32>{});
+    case QuantType::kQ3_KF32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ3_KF32>{});
+    case QuantType::kQ2_KF32:
+      return fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
+    case QuantType::kIQ4_NL:
+      return fn(std::integral_constant<QuantType, QuantType::kIQ4_NL>{});
+    case QuantType::kIQ4_XSF32:
+      return fn(std::integral_constant<QuantType, QuantType::kIQ4_XSF32>{});
+    default:  // by the reference dequantization
+      return fn(std::integral_constant<QuantType, QuantType::kQ5_0>{});
+  }
+}
+
+// The 16 lanes of an output's two accumulators (lanes 0-7, 8-15) summed in reduce_lanes' order,
+// in registers (through memory, with 112 kernels to inline it into, GCC called reduce_lanes).
+inline float reduce_lanes_avx2(__m256 lo, __m256 hi) {
+  const __m256 u = _mm256_add_ps(lo, hi);                                               // l + 8
+  const __m128 v = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));  // l + 4
+  const __m128 w = _mm_add_ps(v, _mm_movehl_ps(v, v));                                  // l + 2
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));                              // l + 1
 }
 
 // out[i] = dot(x row i, weight row) for the R rows of a tile, the weight's format fixed at
@@ -896,32 +1061,16 @@ void quant_dot_rows_of(const float* x, int64_t in_features, const uint8_t* weigh
       acc[i][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[i][1]);
     }
   }
-  for (int i = 0; i < R; ++i) {
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, acc[i][0]);
-    _mm256_store_ps(lanes + 8, acc[i][1]);
-    out[i] = reduce_lanes(lanes);
-  }
+  for (int i = 0; i < R; ++i) out[i] = reduce_lanes_avx2(acc[i][0], acc[i][1]);
 }
 
 template <int R>
 void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_row, QuantType type,
                     float* out) {
   const QuantFormat& format = quant_format(type);
-  switch (type) {
-    case QuantType::kQ4_1:
-      return quant_dot_rows_of<R, QuantType::kQ4_1>(x, in_features, weight_row, format, out);
-    case QuantType::kQ4_1F32:
-      return quant_dot_rows_of<R, QuantType::kQ4_1F32>(x, in_features, weight_row, format, out);
-    case QuantType::kQ8_0:
-      return quant_dot_rows_of<R, QuantType::kQ8_0>(x, in_features, weight_row, format, out);
-    case QuantType::kIQ4_NL:
-      return quant_dot_rows_of<R, QuantType::kIQ4_NL>(x, in_features, weight_row, format, out);
-    case QuantType::kIQ4_XSF32:
-      return quant_dot_rows_of<R, QuantType::kIQ4_XSF32>(x, in_features, weight_row, format, out);
-    default:  // by the reference dequantization
-      return quant_dot_rows_of<R, QuantType::kQ4_0>(x, in_features, weight_row, format, out);
-  }
+  with_avx2_format(type, [&](auto f) {
+    quant_dot_rows_of<R, f.value>(x, in_features, weight_row, format, out);
+  });
 }
 
 constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
