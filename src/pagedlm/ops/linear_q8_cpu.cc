@@ -1235,11 +1235,7 @@ void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias
                int64_t out_col0) {
   constexpr const char* kOp = "linear (8-bit activations)";
   detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
-  PAGEDLM_CHECK(out.dtype() == DType::kF32 && out.shape().size() == 2 && out.dim(0) == x.dim(0) &&
-                    out_col0 >= 0 && out_col0 + weight.rows <= out.dim(1),
-                kOp, ": out must be f32 [", x.dim(0), ", >= ", out_col0 + weight.rows,
-                "] (columns ", out_col0, " on for this weight's ", weight.rows, " rows), got ",
-                dtype_name(out.dtype()), " ", shape_str(out.shape()));
+  detail::expect_output_columns(x, out, out_col0, weight.rows, kOp);
   PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
                 ": 8-bit activations are a CPU path");
   const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;

@@ -57,6 +57,18 @@ inline DType compute_dtype(const Tensor& t, std::string_view op, std::string_vie
   return dt;
 }
 
+// A projection whose `num_cols` outputs go into columns [col0, col0 + num_cols) of a wider f32
+// `out`, beside other weights' (one output for the fused projections): out must have x's rows
+// and room for those columns.
+inline void expect_output_columns(const Tensor& x, const Tensor& out, int64_t col0,
+                                  int64_t num_cols, std::string_view op) {
+  PAGEDLM_CHECK(out.dtype() == DType::kF32 && out.ndim() == 2 && out.dim(0) == x.dim(0) &&
+                    col0 >= 0 && col0 + num_cols <= out.dim(1),
+                op, ": out must be f32 [", x.dim(0), ", >= ", col0 + num_cols, "] (columns ", col0,
+                " on for this weight's ", num_cols, " rows), got ", dtype_name(out.dtype()), " ",
+                shape_str(out.shape()));
+}
+
 [[noreturn]] inline void fail_no_cuda(std::string_view op) {
   fail(op, ": tensor is on the GPU but this build of pagedlm has no CUDA support");
 }
