@@ -25,7 +25,7 @@ fi
 if [[ "${1:-}" == "--tests" ]]; then
   python_deps="${PAGEDLM_CACHE:-$HOME/.cache/pagedlm}/python-deps"
   if ! PYTHONPATH="$python_deps" python3 -c \
-      "import nanobind, scikit_build_core, numpy, pytest, jsonschema" 2>/dev/null; then
+      "import nanobind, scikit_build_core, numpy, pytest, jsonschema, tqdm" 2>/dev/null; then
     echo "installing: scripts/requirements-python.txt into $python_deps" >&2
     python3 -m pip install --quiet --require-hashes --target "$python_deps" \
       -r "$(dirname "$0")/requirements-python.txt"

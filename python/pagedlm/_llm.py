@@ -350,9 +350,11 @@ class LLM:
             raise ValueError(f"{len(params)} sampling params for {count} prompts")
         return params
 
-    def _run_all(self, submits, params: List[SamplingParams]) -> List[RequestOutput]:
-        """Submits every request (each a call that submits one), waits for all of them and
-        returns their outputs; on any error, those already submitted are cancelled."""
+    def _run_all(self, submits, params: List[SamplingParams],
+                 use_tqdm: bool) -> List[RequestOutput]:
+        """Submits every request (each a call that submits one), waits for all of them (a
+        progress bar of the finished ones on stderr with use_tqdm) and returns their outputs; on
+        any error, those already submitted are cancelled."""
         requests: List[_Request] = []
         # The engine admits the whole batch at one step boundary, as if handed over at once.
         self._model.hold_admissions()
@@ -365,13 +367,19 @@ class LLM:
             raise
         finally:
             self._model.release_admissions()
-        self._wait(requests)
+        self._wait(requests, "Processed prompts" if use_tqdm else None)
         return [r.final(p.logprobs is not None) for r, p in zip(requests, params)]
 
     @staticmethod
-    def _wait(requests: List[_Request]) -> None:
-        """Waits until every request is done; Ctrl-C cancels them all (the engine leaves the step
+    def _wait(requests: List[_Request], progress: Optional[str] = None) -> None:
+        """Waits until every request is done, counting the finished ones in a progress bar
+        named `progress` where one is given; Ctrl-C cancels them all (the engine leaves the step
         in progress) and raises KeyboardInterrupt, the engine ready for the next call."""
+        bar = None
+        if progress is not None:
+            from tqdm.auto import tqdm  # imported on first use: it is not cheap to import
+
+            bar = tqdm(total=len(requests), desc=progress, unit="req", dynamic_ncols=True)
         try:
             pending = list(requests)
             streams = [r.stream for r in pending]
@@ -383,22 +391,28 @@ class LLM:
                     if state & 1 and r.metrics.first_token_time is None:
                         r.got_output()
                 if any(state & 2 for state in states):
+                    before = len(pending)
                     pending = [r for r, state in zip(pending, states) if not state & 2]
                     streams = [r.stream for r in pending]
+                    if bar is not None:
+                        bar.update(before - len(pending))
         except BaseException:
             for r in requests:
                 r.stream.cancel()
             raise
+        finally:
+            if bar is not None:
+                bar.close()
 
     def generate(
         self,
         prompts: Union[Prompt, Sequence[Prompt]],
         sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> List[RequestOutput]:
         """Generates for each prompt (text, token ids, or a list of either); one RequestOutput per
-        prompt, in order. sampling_params: one for all, or one per prompt."""
-        del use_tqdm  # no progress bar
+        prompt, in order. sampling_params: one for all, or one per prompt. use_tqdm: a progress
+        bar of the finished prompts on stderr (vLLM's default; False for none)."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -410,7 +424,7 @@ class LLM:
             return self._submit(text, ids, p)
 
         return self._run_all([functools.partial(submit, prompt, p)
-                              for prompt, p in zip(prompts, params)], params)
+                              for prompt, p in zip(prompts, params)], params, use_tqdm)
 
     def _forced_tool_call(self, tools, tool_choice, template_format: str):
         """(grammar, call form) of the one call tool_choice forces, or None ("auto", "none");
@@ -437,7 +451,7 @@ class LLM:
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
         tool_choice: Union[str, Dict[str, Any]] = "auto",
     ) -> List[RequestOutput]:
         """Answers a conversation (a list of {"role", "content"} messages) or a list of them,
@@ -447,8 +461,8 @@ class LLM:
         decides), "none", "required" (the reply is one call to one of the tools) or
         {"type": "function", "function": {"name": ...}} (one call to that tool); a forced call's
         arguments are held to the tool's parameter schema, so no sampling_params may carry
-        another grammar."""
-        del use_tqdm
+        another grammar. use_tqdm: a progress bar of the finished conversations on stderr, as
+        generate's."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_list(sampling_params, len(conversations))
         # The template's call form, read from its source once for the whole call.
@@ -474,7 +488,7 @@ class LLM:
             return self._submit(text, ids, p, tool_calls, opened)
 
         return self._run_all([functools.partial(submit, c, p)
-                              for c, p in zip(conversations, params)], params)
+                              for c, p in zip(conversations, params)], params, use_tqdm)
 
     def stream(self, prompt: Prompt,
                sampling_params: Optional[SamplingParams] = None) -> Iterator[RequestOutput]:

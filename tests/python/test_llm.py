@@ -103,6 +103,16 @@ def test_stop_string_cuts_the_text(llm):
     assert out.outputs[0].finish_reason == "stop"
 
 
+def test_generate_shows_a_progress_bar_unless_told_not_to(llm, capsys):
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    llm.generate(PROMPTS[:2], params)  # on by default, as vLLM's
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and "2/2" in err, err
+    llm.chat([[{"role": "user", "content": "Hi"}]], params, use_tqdm=False)
+    llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_logprobs(llm):
     out = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))[0]
     c = out.outputs[0]
