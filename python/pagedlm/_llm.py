@@ -21,6 +21,25 @@ Prompt = Union[str, Sequence[int], Dict[str, Any]]
 _POLL_SECONDS = 0.05
 
 
+class _LoadBar:
+    """A progress bar of the weights loading (LLM(use_tqdm_on_load=True)), drawn on stderr
+    from the loader's first report (tensors of a GGUF file, bytes of safetensors shards)."""
+
+    def __init__(self):
+        self._bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from tqdm.auto import tqdm  # imported on first use: it is not cheap to import
+
+            self._bar = tqdm(total=total, desc="Loading weights", dynamic_ncols=True)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 class Tokenizer:
     """The model's tokenizer and chat template (llm.tokenizer / llm.get_tokenizer())."""
 
@@ -218,6 +237,9 @@ class LLM:
     model (a config.json, or a folder holding one) gives, and no tokenizer (prompts as token ids),
     for benchmarks (`pagedlm bench --dummy`).
 
+    use_tqdm_on_load: a progress bar of the weights loading on stderr (vLLM's option; on by
+    default, False for none).
+
     A missing model raises FileNotFoundError; a bad option ValueError, with the command line's
     message (an option value it does not know, or one this device cannot run).
     """
@@ -250,23 +272,30 @@ class LLM:
         use_cascade_attention: bool = True,
         tune_gemms: bool = True,
         tensor_parallel_size: int = 1,
+        use_tqdm_on_load: bool = True,
     ):
         if async_scheduling is not None and not isinstance(async_scheduling, bool):
             raise ValueError("async_scheduling must be True, False or None (the device's "
                              f"default), got {async_scheduling!r}")
-        self._model = _pagedlm.Model(
-            model=os.fspath(model) if model is not None else "", device=device,
-            page_size=page_size, num_pages=num_pages, kv_cache_bytes=kv_cache_bytes,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            target_itl_ms=float(target_itl_ms), enable_prefix_cache=enable_prefix_cache,
-            threads=threads, cpu_q8_activations=cpu_q8_activations,
-            gpu_memory_fraction=gpu_memory_fraction, use_cuda_graphs=use_cuda_graphs,
-            max_waiting=max_waiting,
-            chat_template=os.fspath(chat_template) if chat_template else "",
-            load_format=load_format, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
-            async_scheduling=-1 if async_scheduling is None else int(async_scheduling),
-            gguf_blocks=gguf_blocks, use_cascade_attention=use_cascade_attention,
-            tune_gemms=tune_gemms, tensor_parallel_size=tensor_parallel_size)
+        load_bar = _LoadBar() if use_tqdm_on_load and load_format != "dummy" else None
+        try:
+            self._model = _pagedlm.Model(
+                model=os.fspath(model) if model is not None else "", device=device,
+                page_size=page_size, num_pages=num_pages, kv_cache_bytes=kv_cache_bytes,
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                target_itl_ms=float(target_itl_ms), enable_prefix_cache=enable_prefix_cache,
+                threads=threads, cpu_q8_activations=cpu_q8_activations,
+                gpu_memory_fraction=gpu_memory_fraction, use_cuda_graphs=use_cuda_graphs,
+                max_waiting=max_waiting,
+                chat_template=os.fspath(chat_template) if chat_template else "",
+                load_format=load_format, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+                async_scheduling=-1 if async_scheduling is None else int(async_scheduling),
+                gguf_blocks=gguf_blocks, use_cascade_attention=use_cascade_attention,
+                tune_gemms=tune_gemms, tensor_parallel_size=tensor_parallel_size,
+                load_progress=load_bar.update if load_bar is not None else None)
+        finally:
+            if load_bar is not None:
+                load_bar.close()
         self._tokenizer = Tokenizer(self._model) if self._model.has_tokenizer() else None
         self._seed = seed
         self._reasoning = reasoning_parser is not None

@@ -267,7 +267,7 @@ class Model {
         const std::string& chat_template, const std::string& load_format,
         const std::string& kv_cache_dtype, const std::string& quantization,
         int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms,
-        int32_t tensor_parallel_size) {
+        int32_t tensor_parallel_size, nb::handle load_progress) {
     if (load_format != "auto" && load_format != "dummy") {
       throw BadInput("load_format must be 'auto' or 'dummy', got '" + load_format + "'");
     }
@@ -335,12 +335,22 @@ class Model {
                                   "model, or pass model="
                                 : " does not exist"));
     }
+    // load_progress(done, total) as the weights load (tensors of a GGUF, bytes of safetensors
+    // shards), called with the GIL taken back; the caller keeps it alive for the call, so a
+    // handle (no reference counting while the GIL is released) is enough.
+    LoadProgress progress;
+    if (!load_progress.is_none()) {
+      progress = [load_progress](size_t done, size_t total) {
+        nb::gil_scoped_acquire gil;
+        load_progress(done, total);
+      };
+    }
     auto state = std::make_shared<State>();
     {
       nb::gil_scoped_release release;
       state->text = dummy ? TextModel{make_dummy_checkpoint(path, 0, {}, quant.dummy_blocks),
                                       nullptr, std::nullopt}
-                          : load_text_model(path);
+                          : load_text_model(path, progress);
       if (!chat_template.empty()) replace_chat_template(state->text, chat_template);
       try {
         state->engine = std::make_unique<Engine>(state->text.checkpoint, o);
@@ -638,13 +648,13 @@ NB_MODULE(_pagedlm, m) {
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
                     int32_t, double, bool, int32_t, bool, float, bool, int32_t, const std::string&,
                     const std::string&, const std::string&, const std::string&, int32_t, bool, bool,
-                    bool, int32_t>(),
+                    bool, int32_t, nb::handle>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
            "threads"_a, "cpu_q8_activations"_a, "gpu_memory_fraction"_a, "use_cuda_graphs"_a,
            "max_waiting"_a, "chat_template"_a, "load_format"_a, "kv_cache_dtype"_a,
            "quantization"_a, "async_scheduling"_a, "gguf_blocks"_a, "use_cascade_attention"_a,
-           "tune_gemms"_a, "tensor_parallel_size"_a)
+           "tune_gemms"_a, "tensor_parallel_size"_a, "load_progress"_a = nb::none())
       .def("has_tokenizer", &Model::has_tokenizer)
       .def("encode", &Model::encode, "text"_a, "add_special_tokens"_a)
       .def("decode", &Model::decode, "ids"_a, "skip_special_tokens"_a)

@@ -113,6 +113,15 @@ def test_generate_shows_a_progress_bar_unless_told_not_to(llm, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_loading_shows_a_progress_bar_unless_told_not_to(capsys):
+    # The default GGUF holds 272 tensors (llama.cpp's loader counts as many).
+    pagedlm.LLM(device="cpu", threads=1, kv_cache_bytes=16 << 20).close()
+    err = capsys.readouterr().err
+    assert "Loading weights" in err and "272/272" in err, err
+    pagedlm.LLM(device="cpu", threads=1, kv_cache_bytes=16 << 20, use_tqdm_on_load=False).close()
+    assert "Loading weights" not in capsys.readouterr().err
+
+
 def test_logprobs(llm):
     out = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))[0]
     c = out.outputs[0]
