@@ -646,6 +646,23 @@ constexpr int kernel_offset(const SuperLayout& l, bool unsigned_levels) {
   return l.levels ? (unsigned_levels ? 128 : 0) : l.offset;
 }
 
+// How far ahead of the weights it multiplies a one-row pass asks for the next. Decode reads
+// each weight once, and without the hint its loads wait on memory (a 1B-shaped Q4_0 decode on a
+// 2-core AMD EPYC: 4 KiB ahead took a step from about 55 to 47 ms; 2 to 8 KiB measured alike
+// within the noise). More rows read a unit's weights again from cache, where the hint only
+// costs instructions (SmolLM2 Q4_1 prefill measured 0.99-1.17x the time with it).
+constexpr int64_t kPrefetchAhead = 4096;
+
+// Asks for the cache lines of [begin, end) kPrefetchAhead bytes on (an address, not a pointer
+// into the weights: past their end the hint is simply dropped). Consecutive calls cover
+// consecutive ranges, so a line a range only starts is asked for by the next.
+inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
+  const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
+  for (int64_t at = 0; at < end - begin; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + at), _MM_HINT_T0);
+  }
+}
+
 template <int R>
 inline void finish_rows_256(const Q8Activations& x, int64_t r0, int64_t b, const __m256i* isum,
                             __m256 dw, __m256 mw, bool q4, __m256* acc) {
@@ -668,69 +685,80 @@ void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* 
   const int64_t nb = x.cols / kQuantBlock;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones16 = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  // One row takes both halves in one pass, as tile_super_avx2 does.
+  constexpr int kHalves = R == 1 ? 2 : 1;
+  for (int h0 = 0; h0 < 2; h0 += kHalves) {
+    __m256 acc[kHalves][R];
+    for (int hh = 0; hh < kHalves; ++hh) {
+      for (int i = 0; i < R; ++i) acc[hh][i] = _mm256_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = group + b * group_block_bytes(T);
-      const __m256 dw =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
-      __m256 mw = _mm256_setzero_ps();
-      __m256i w[8], w_abs[8];
-      if constexpr (kQ4) {
-        mw = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * kGroup + 16 * h)));
-        for (int k = 0; k < 4; ++k) {
-          const __m256i v = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(blk + 4 * kGroup + k * kChunk + 32 * h));
-          w[k] = _mm256_and_si256(v, low);
-          w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-      } else {
-        for (int j = 0; j < 8; ++j) {
-          w[j] = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(blk + 2 * kGroup + j * kChunk + 32 * h));
-          // maddubs: back to signed q (dpbusd takes the unsigned q + 128 as stored).
-          if (!kVnni) {
-            w[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8(static_cast<char>(0x80)));
-            w_abs[j] = _mm256_abs_epi8(w[j]);
+      if (R == 1) prefetch_ahead(blk, blk + group_block_bytes(T));
+      for (int hh = 0; hh < kHalves; ++hh) {
+        const int h = h0 + hh;
+        const __m256 dw =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+        __m256 mw = _mm256_setzero_ps();
+        __m256i w[8], w_abs[8];
+        if constexpr (kQ4) {
+          mw = _mm256_cvtph_ps(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * kGroup + 16 * h)));
+          for (int k = 0; k < 4; ++k) {
+            const __m256i v = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(blk + 4 * kGroup + k * kChunk + 32 * h));
+            w[k] = _mm256_and_si256(v, low);
+            w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
           }
-        }
-      }
-      __m256i isum[R];
-      for (int i = 0; i < R; ++i) {
-        const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kQuantBlock;
-        if constexpr (kVnni) {
-          __m256i s = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j) {
-            const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-            s = _mm256_dpbusd_epi32(s, w[j], xv);
-#else
-            s = _mm256_dpbusd_avx_epi32(s, w[j], xv);
-#endif
-          }
-          if (!kQ4) s = _mm256_sub_epi32(s, _mm256_set1_epi32(128 * x.sum[(r0 + i) * nb + b]));
-          isum[i] = s;
-        } else if constexpr (kQ4) {
-          __m256i s16 = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j) {
-            const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[j], xv));
-          }
-          isum[i] = _mm256_madd_epi16(s16, ones16);
         } else {
-          __m256i s = _mm256_setzero_si256();
           for (int j = 0; j < 8; ++j) {
-            const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq + 4 * j)), w[j]);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[j], xv), ones16));
+            w[j] = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(blk + 2 * kGroup + j * kChunk + 32 * h));
+            // maddubs: back to signed q (dpbusd takes the unsigned q + 128 as stored).
+            if (!kVnni) {
+              w[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8(static_cast<char>(0x80)));
+              w_abs[j] = _mm256_abs_epi8(w[j]);
+            }
           }
-          isum[i] = s;
         }
+        __m256i isum[R];
+        for (int i = 0; i < R; ++i) {
+          const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kQuantBlock;
+          if constexpr (kVnni) {
+            __m256i s = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+              const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+              s = _mm256_dpbusd_epi32(s, w[j], xv);
+#else
+              s = _mm256_dpbusd_avx_epi32(s, w[j], xv);
+#endif
+            }
+            if (!kQ4) s = _mm256_sub_epi32(s, _mm256_set1_epi32(128 * x.sum[(r0 + i) * nb + b]));
+            isum[i] = s;
+          } else if constexpr (kQ4) {
+            __m256i s16 = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+              const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
+              s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[j], xv));
+            }
+            isum[i] = _mm256_madd_epi16(s16, ones16);
+          } else {
+            __m256i s = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+              const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq + 4 * j)), w[j]);
+              s = _mm256_add_epi32(s,
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[j], xv), ones16));
+            }
+            isum[i] = s;
+          }
+        }
+        finish_rows_256<R>(x, r0, b, isum, dw, mw, kQ4, acc[hh]);
       }
-      finish_rows_256<R>(x, r0, b, isum, dw, mw, kQ4, acc);
     }
-    for (int i = 0; i < R; ++i) _mm256_storeu_ps(tile + i * kGroup + 8 * h, acc[i]);
+    for (int hh = 0; hh < kHalves; ++hh) {
+      for (int i = 0; i < R; ++i) _mm256_storeu_ps(tile + i * kGroup + 8 * (h0 + hh), acc[hh][i]);
+    }
   }
 }
 
@@ -945,22 +973,6 @@ inline void sub_block_vnni_256(const Q8Activations& x, int64_t r0, int64_t b, in
 
 #endif
 
-// How far ahead of the weights it multiplies a kernel's first pass asks for the next: decode
-// reads each weight once, and without the hint its loads wait on memory (a 1B-shaped Q4_0
-// decode on a 2-core AMD EPYC: 4 KiB ahead took a step from about 55 to 47 ms; 2 to 8 KiB
-// measured alike within the noise).
-constexpr int64_t kPrefetchAhead = 4096;
-
-// Asks for the cache lines of [begin, end) kPrefetchAhead bytes on (an address, not a pointer
-// into the weights: past their end the hint is simply dropped). Consecutive calls cover
-// consecutive ranges, so a line a range only starts is asked for by the next.
-inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
-  const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
-  for (int64_t at = 0; at < end - begin; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + at), _MM_HINT_T0);
-  }
-}
-
 template <bool kVnni, QuantType T, int R>
 void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
@@ -981,7 +993,7 @@ void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, f
       }
       for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
         const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
-        if (h0 == 0) prefetch_ahead(sub == 0 ? blk : p, p + sub_bytes(kL));
+        if (R == 1) prefetch_ahead(sub == 0 ? blk : p, p + sub_bytes(kL));
         for (int hh = 0; hh < kHalves; ++hh) {
           if constexpr (kVnni) {
 #ifdef PAGEDLM_Q8_AVX_VNNI
