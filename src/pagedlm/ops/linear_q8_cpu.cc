@@ -639,7 +639,9 @@ constexpr LevelBytes level_bytes(int add) {
   return b;
 }
 alignas(16) constexpr LevelBytes kSignedLevels = level_bytes(0);
+#ifdef PAGEDLM_Q8_AVX_VNNI  // dpbusd's unsigned bytes: the VNNI kernels' alone
 alignas(16) constexpr LevelBytes kUnsignedLevels = level_bytes(128);
+#endif
 // The offset a kernel takes off each quant's dot product: the layout's, or for IQ4 128 where its
 // bytes are the levels + 128 (dpbusd), 0 where they are the signed levels (maddubs).
 constexpr int kernel_offset(const SuperLayout& l, bool unsigned_levels) {
@@ -659,7 +661,8 @@ constexpr int64_t kPrefetchAhead = 4096;
 inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
   const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
   for (int64_t at = 0; at < end - begin; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + at), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + at),  // NOLINT(performance-no-int-to-ptr)
+                 _MM_HINT_T0);
   }
 }
 
@@ -826,12 +829,6 @@ inline __m256 header_scales_256(const SuperLayout& l, const uint8_t* p, int h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
 }
 
-// Scales or mins, one byte per lane at p (lanes [8h, 8h + 8)), as int32.
-inline __m256i lane_bytes_256(const uint8_t* p, bool is_signed) {
-  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
-}
-
 // Two rows of lane bytes at a and b (lanes [8h, 8h + 8)) as int16 pairs: int32 lane c holds
 // (a[c], b[c]), the multiplier madd wants.
 inline __m256i lane_pairs_256(const uint8_t* a, const uint8_t* b, bool is_signed) {
@@ -920,6 +917,13 @@ inline void sub_block_maddubs_256(const Q8Activations& x, int64_t r0, int64_t b,
 }
 
 #ifdef PAGEDLM_Q8_AVX_VNNI
+// Scales or mins, one byte per lane at p (lanes [8h, 8h + 8)), as int32 (the VNNI kernel
+// multiplies its int32 sums by them).
+inline __m256i lane_bytes_256(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
 // 8 lanes of one row: sum over chunks [j0, j0 + 4) of u * q.
 inline __m256i half_dot_vnni_256(const __m256i* w, const int8_t* xq, int j0) {
   __m256i s = _mm256_setzero_si256();
