@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,7 @@ class CpuWorkerTest : public ::testing::Test {
     EngineOptions o;
     o.num_pages = 32;
     options_ = resolve_options(o);
-    worker_ = make_worker(build_rank(checkpoint_, options_, {}, nullptr), options_);
+    worker_ = make_worker(build_rank(checkpoint_, options_, {}, nullptr));
     greedy_.temperature = 0.f;
   }
 
@@ -145,7 +146,7 @@ TEST_F(CpuWorkerTest, AStepLeftMidwayIsCollectedAsNotCompleted) {
   StepInputs inputs = greedy_inputs(true);
   inputs.stop = &stop;
   bool masks_filled = false;
-  inputs.finish_masks = [&] { masks_filled = true; };
+  inputs.masks = {std::make_shared<MaskRows>(1, 1), [&] { masks_filled = true; }};
   const StepResult result = worker_->collect(worker_->launch(plan, std::move(inputs)));
   EXPECT_FALSE(result.completed);
   EXPECT_TRUE(result.sampled.empty());
@@ -161,13 +162,14 @@ TEST_F(CpuWorkerTest, AMaskedRowIsFilledThenSampledUnderItsMask) {
   const StepResult unmasked = worker_->collect(worker_->launch(plan, greedy_inputs(false)));
   ASSERT_NE(unmasked.sampled[0], allowed);
   StepInputs inputs = greedy_inputs(false);
-  const int32_t row = options_.max_num_seqs;  // a row of those filled during a step
+  const int32_t row = 2;  // any row of the batch's
   inputs.sampling[0].mask_row = row;
-  int32_t* mask = worker_->mask_rows() + int64_t{row} * words;
-  inputs.finish_masks = [&] {
-    std::fill(mask, mask + words, 0);
-    mask[allowed / 32] = static_cast<int32_t>(1u << (allowed % 32));
-  };
+  auto rows = std::make_shared<MaskRows>(3, words);
+  int32_t* mask = rows->row(row);
+  inputs.masks = {rows, [&] {
+                    std::fill(mask, mask + words, 0);
+                    mask[allowed / 32] = static_cast<int32_t>(1u << (allowed % 32));
+                  }};
   const StepResult masked = worker_->collect(worker_->launch(plan, std::move(inputs)));
   EXPECT_EQ(masked.sampled[0], allowed);
 }

@@ -144,7 +144,14 @@ def run(server, n, max_tokens, constrained, lengths=None):
         if status != 200:
             raise RuntimeError(f"status {status}: {data[:300]!r}")
         reply = json.loads(data)
-        return reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]
+        choice = reply["choices"][0]
+        return reply["usage"]["completion_tokens"], choice["finish_reason"], choice["text"]
+
+    def parses(text):
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
 
     before = server.metrics()
     start = time.time()
@@ -153,14 +160,17 @@ def run(server, n, max_tokens, constrained, lengths=None):
     wall = time.time() - start
     after = server.metrics()
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    tokens = sum(t for t, _ in results)
+    tokens = sum(t for t, _, _ in results)
     steps = delta.get("pagedlm_grammar_masked_steps_total", 0)
     engine_steps = delta.get("pagedlm_engine_steps_total", 0)
     return {
         "constrained": constrained, "length_matched": lengths is not None,
-        "lengths": [t for t, _ in results], "requests": n, "wall_s": round(wall, 3),
+        "lengths": [t for t, _, _ in results], "requests": n, "wall_s": round(wall, 3),
         "output_tokens": tokens, "output_tok_s": round(tokens / wall, 1),
-        "finish_stop": sum(1 for _, f in results if f == "stop"),
+        "finish_stop": sum(1 for _, f, _ in results if f == "stop"),
+        # Constrained outputs that ended on a stop token must be whole JSON objects.
+        "stop_not_json": sum(1 for _, f, t in results if f == "stop" and not parses(t))
+        if constrained else 0,
         "masked_steps": int(steps),
         "mask_ms_per_masked_step": round(1000 * delta.get(
             "pagedlm_grammar_mask_seconds_total", 0) / steps, 3) if steps else 0,

@@ -47,6 +47,9 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
             {"prepare_s", r.decode_prepare_s},
             {"wait_s", r.decode_wait_s},
             {"finish_s", r.decode_finish_s}}},
+          {"prefill_steps", r.prefill_steps},
+          {"prefill_host", {{"launch_s", r.prefill_launch_s}, {"wait_s", r.prefill_wait_s}}},
+          {"prefill_gpu_s", r.prefill_gpu_s},
           {"decode_bytes_per_s", r.decode_bytes_per_s},
           {"step_weight_bytes_by_format", r.step_weight_bytes_by_format},
           {"gpu_s", r.gpu_s},
@@ -86,6 +89,12 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
                 "decode host ms/step", r.decode_schedule_s * per_step,
                 r.decode_prepare_s * per_step, r.decode_wait_s * per_step,
                 r.decode_finish_s * per_step);
+  }
+  if (r.prefill_steps > 0) {
+    const double per_step = 1e3 / static_cast<double>(r.prefill_steps);
+    std::printf("%-22s launch %.3f, wait %.3f, device %.3f (%lld steps)\n", "prefill host ms/step",
+                r.prefill_launch_s * per_step, r.prefill_wait_s * per_step,
+                r.prefill_gpu_s * per_step, static_cast<long long>(r.prefill_steps));
   }
   if (r.decode_gaps > 0) {
     std::printf("%-22s %.3f s over %lld gaps (%.1f%% of the decode steps' device time)\n",

@@ -228,7 +228,10 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     const StepShape& shape = engine.last_step();
     double step_bytes =
         costs.weight_bytes + costs.kv_bytes_per_token * static_cast<double>(shape.kv_tokens);
-    if (moe) {  // the step has finished on the device: reading its counters waits for nothing
+    // The counters are cumulative, so the bytes add up over the run; with a step in flight
+    // (asynchronous scheduling) a read may hold some of its experts, which the next step's
+    // then lacks.
+    if (moe) {
       const int64_t read = engine.expert_bytes_read();
       step_bytes += static_cast<double>(read - expert_bytes);
       expert_bytes = read;
@@ -250,6 +253,11 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       result.decode_prepare_s += shape.prepare_ms / 1e3;
       result.decode_wait_s += shape.wait_ms / 1e3;
       result.decode_finish_s += shape.finish_ms / 1e3;
+    } else {
+      ++result.prefill_steps;
+      result.prefill_launch_s += shape.launch_ms / 1e3;
+      result.prefill_wait_s += shape.wait_ms / 1e3;
+      result.prefill_gpu_s += shape.gpu_ms / 1e3;
     }
     result.gpu_s += shape.gpu_ms / 1e3;
     step_start = now;

@@ -69,6 +69,10 @@ struct BenchmarkResult {
   // Host clock of those steps (StepShape): scheduling, preparing, waiting for the device, the
   // bookkeeping after it; decode_s less all four is the benchmark loop's own share.
   double decode_schedule_s = 0, decode_prepare_s = 0, decode_wait_s = 0, decode_finish_s = 0;
+  // The other steps (prefill and mixed): how many, the host time their launches took and the
+  // host's wait for them (StepShape::launch_ms, wait_ms), and their device time.
+  int64_t prefill_steps = 0;
+  double prefill_launch_s = 0, prefill_wait_s = 0, prefill_gpu_s = 0;
   double decode_bytes = 0;
   double decode_bytes_per_s = 0;
   // The weights a step reads, by the format they are kept in (Engine::step_weight_bytes_by_format).

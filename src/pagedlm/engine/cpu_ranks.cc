@@ -27,8 +27,7 @@ void CpuRanks::create_ranks(const Checkpoint& checkpoint, const EngineOptions& o
   for (int32_t r = 1; r < size(); ++r) {
     ranks_.push_back(
         std::make_unique<CpuWorker>(build_rank(checkpoint, options, {r, size()}, comms_[r].get(),
-                                               [num_pages](int32_t) { return num_pages; }),
-                                    options));
+                                               [num_pages](int32_t) { return num_pages; })));
   }
 }
 

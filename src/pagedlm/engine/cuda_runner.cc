@@ -157,12 +157,14 @@ struct CudaStepRunner::Impl {
   Tensor logits;                  // [T, vocab] f32
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Token bitmasks (structured output): rows written on the host (the engine's mask_rows()),
-  // the step's used rows uploaded to the same rows of one fixed device buffer that the sampler
+  // Token bitmasks (structured output): rows written on the host (a step's MaskBatch), the
+  // step's used rows uploaded to the same rows of one fixed device buffer that the sampler
   // reads through each logits row's slot (off_mask_slot, -1: unmasked). Two rows per sequence:
-  // the engine keeps masks filled ahead of a step apart from those filled in it.
+  // the structured-output manager keeps masks filled ahead of a step apart from those filled in
+  // it. The host block is the manager's, pinned here in place (cudaHostRegister) while the
+  // runner holds it.
   int32_t mask_words = 0, max_masks = 0;
-  int32_t* host_masks = nullptr;  // [max_masks, mask_words], pinned
+  std::shared_ptr<MaskRows> host_masks;  // [<= max_masks, mask_words], pinned
   int32_t* dev_masks = nullptr;
   // The upload runs on its own stream from the moment the masks are done, beside the forward
   // pass; the sampler waits for it (masks_uploaded).
@@ -241,7 +243,6 @@ struct CudaStepRunner::Impl {
     mask_words = static_cast<int32_t>((vocab + 31) / 32);
     max_masks = 2 * o.max_num_seqs;
     const size_t mask_bytes = sizeof(int32_t) * mask_words * max_masks;
-    cuda::check(cudaMallocHost(&host_masks, mask_bytes), "cudaMallocHost (token masks)");
     cuda::check(cudaMalloc(&dev_masks, mask_bytes), "cudaMalloc (token masks)");
     token_state.vocab = vocab;
     token_state.num_slots = o.max_num_seqs;
@@ -301,8 +302,8 @@ struct CudaStepRunner::Impl {
     }
     if (uploads_done) cudaEventDestroy(uploads_done);
     if (masks_uploaded) cudaEventDestroy(masks_uploaded);
+    unpin_masks();
     if (upload_stream) cudaStreamDestroy(upload_stream);
-    if (host_masks) cudaFreeHost(host_masks);
     if (dev_masks) cudaFree(dev_masks);
     if (token_state.counts) cudaFree(token_state.counts);
     if (token_state.prompt_seen) cudaFree(token_state.prompt_seen);
@@ -824,6 +825,27 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaStreamSynchronize(stream), "warm-up");
   }
 
+  // Pins a step's mask block in place, unless it is the one pinned already (a manager keeps one
+  // block for its life): its uploads are then DMAs from the block itself.
+  void pin_masks(const std::shared_ptr<MaskRows>& rows) {
+    if (rows == host_masks) return;
+    PAGEDLM_CHECK(rows->words() == mask_words && rows->num_rows() <= max_masks,
+                  "token mask rows of ", rows->num_rows(), " x ", rows->words(),
+                  " words do not fit the GPU's ", max_masks, " x ", mask_words);
+    unpin_masks();
+    cuda::check(cudaHostRegister(rows->data(), rows->bytes(), cudaHostRegisterDefault),
+                "cudaHostRegister (token masks)");
+    host_masks = rows;
+  }
+
+  void unpin_masks() {
+    if (!host_masks) return;
+    // An upload from the block may still be running.
+    if (upload_stream) cudaStreamSynchronize(upload_stream);
+    cudaHostUnregister(host_masks->data());
+    host_masks.reset();
+  }
+
   // Copies the given rows of host_masks to the same rows of dev_masks on upload_stream, one copy
   // per run of consecutive rows, and records masks_uploaded.
   void upload_mask_rows(std::vector<int32_t> used) {
@@ -834,7 +856,7 @@ struct CudaStepRunner::Impl {
       size_t j = i + 1;
       while (j < used.size() && used[j] == used[j - 1] + 1) ++j;
       const size_t first = used[i];
-      cuda::check(cudaMemcpyAsync(dev_masks + first * mask_words, host_masks + first * mask_words,
+      cuda::check(cudaMemcpyAsync(dev_masks + first * mask_words, host_masks->row(used[i]),
                                   (j - i) * row_bytes, cudaMemcpyHostToDevice, upload_stream),
                   "token masks upload");
       i = j;
@@ -865,7 +887,7 @@ struct CudaStepRunner::Impl {
   }
 
   void launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling, bool want_logits,
-              const MaskFill& finish_masks, const std::vector<PendingRow>& pending_rows) {
+              const MaskBatch& masks, const std::vector<PendingRow>& pending_rows) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     PAGEDLM_CHECK(launched - collected < 2, "two steps are in flight: collect one first");
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
@@ -916,7 +938,8 @@ struct CudaStepRunner::Impl {
       if (sampling[b].mask_row >= 0) mask_rows.push_back(sampling[b].mask_row);
     }
     const bool masked = !mask_rows.empty();
-    PAGEDLM_CHECK(!masked || finish_masks, "masked sequences need their masks");
+    PAGEDLM_CHECK(!masked || (masks.rows && masks.finish), "masked sequences need their masks");
+    if (masked) pin_masks(masks.rows);
     // Bias, penalties and logprobs sample eagerly after the forward pass (a graph's when the
     // step is one): the graphs hold the plain sampler only.
     const bool extras = step_biased || step_penalized || step_logprobs;
@@ -933,7 +956,7 @@ struct CudaStepRunner::Impl {
     if (masked) {
       cuda::check(cudaEventRecord(slot.forward_done, stream), "cudaEventRecord");
       const auto t0 = std::chrono::steady_clock::now();
-      finish_masks();
+      masks.finish();
       slot.mask_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       slot.mask_hidden = cudaEventQuery(slot.forward_done) == cudaErrorNotReady;
@@ -1080,18 +1103,12 @@ void CudaStepRunner::set_kv_cache(PagedKvCache* kv_cache) { impl_->kv_cache = kv
 void CudaStepRunner::warm_up() { impl_->warm_up(); }
 
 void CudaStepRunner::launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling,
-                            bool want_logits, const MaskFill& finish_masks,
+                            bool want_logits, const MaskBatch& masks,
                             const std::vector<PendingRow>& pending_rows) {
-  impl_->launch(plan, sampling, want_logits, finish_masks, pending_rows);
+  impl_->launch(plan, sampling, want_logits, masks, pending_rows);
 }
 
 StepResult CudaStepRunner::collect() { return impl_->collect(); }
-
-int32_t* CudaStepRunner::mask_rows() { return impl_->host_masks; }
-
-int32_t CudaStepRunner::num_mask_rows() const { return impl_->max_masks; }
-
-int32_t CudaStepRunner::mask_words() const { return impl_->mask_words; }
 
 void CudaStepRunner::make_current() const {
   cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
@@ -1125,18 +1142,12 @@ void CudaStepRunner::make_current() const {}
 
 void CudaStepRunner::warm_up() {}
 
-void CudaStepRunner::launch(const StepPlan&, const std::vector<SeqSampling>&, bool, const MaskFill&,
-                            const std::vector<PendingRow>&) {
+void CudaStepRunner::launch(const StepPlan&, const std::vector<SeqSampling>&, bool,
+                            const MaskBatch&, const std::vector<PendingRow>&) {
   fail("this build of pagedlm has no CUDA support");
 }
 
 StepResult CudaStepRunner::collect() { fail("this build of pagedlm has no CUDA support"); }
-
-int32_t* CudaStepRunner::mask_rows() { return nullptr; }
-
-int32_t CudaStepRunner::num_mask_rows() const { return 0; }
-
-int32_t CudaStepRunner::mask_words() const { return 0; }
 
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
 

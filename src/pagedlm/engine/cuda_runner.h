@@ -61,22 +61,17 @@ class CudaStepRunner {
   // rows' tokens (copied on the device from the sampled ids of the step launched before), the
   // forward pass, the sampler, and the downloads of the sampled ids (and the logits [S, vocab]
   // f32 when want_logits, and logprobs where asked) into the step's own pinned buffers, then
-  // the step's event. With masked sequences, finish_masks runs on the host while the device
-  // runs the forward pass; then the rows they use are uploaded (on a stream of their own) into
-  // a fixed device buffer that the sampler reads. At most two steps are in flight (step N + 1
-  // is staged while N runs: the pinned buffers are kept per step in flight).
+  // the step's event. With masked sequences, masks.finish runs on the host while the device
+  // runs the forward pass; then the rows they use are uploaded (on a stream of their own) from
+  // masks.rows, pinned in place the first time the runner sees that block, into a fixed device
+  // buffer that the sampler reads. At most two steps are in flight (step N + 1 is staged while N
+  // runs: the pinned buffers are kept per step in flight).
   void launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling, bool want_logits,
-              const MaskFill& finish_masks, const std::vector<PendingRow>& pending_rows);
+              const MaskBatch& masks, const std::vector<PendingRow>& pending_rows);
   // Waits for the oldest step in flight and returns its result: per sequence of its plan the
   // token sampled from its last logits row (-1 where the plan does not sample it), its logits
   // and logprobs where asked, its device time and the host's wait.
   StepResult collect();
-  // Token bitmasks (structured output): num_mask_rows() rows of mask_words() int32 words in
-  // pinned host memory, written by the engine (and its prefetch worker) between steps and by
-  // finish_masks; a masked sequence names its row in SeqSampling::mask_row.
-  int32_t* mask_rows();
-  int32_t num_mask_rows() const;
-  int32_t mask_words() const;
   // Runs that downloaded logits (only those whose caller asked for them: prompt logits).
   int64_t logits_downloads() const;
   // Penalty slots filled from a request's tokens (first use, or again after eviction).

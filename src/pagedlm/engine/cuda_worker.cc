@@ -5,25 +5,19 @@
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/engine/worker.h"
-#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
 
-CudaWorker::CudaWorker(RankParts parts, const EngineOptions& options)
+CudaWorker::CudaWorker(RankParts parts)
     : model_(std::move(parts.model)),
       runner_(std::move(parts.runner)),
       kv_cache_(std::move(parts.kv_cache)),
-      num_pages_(parts.num_pages),
-      mask_words_(grammar::bitmask_words(model_->config().vocab_size)) {
-  PAGEDLM_CHECK(runner_ && runner_->mask_words() == mask_words_ &&
-                    runner_->num_mask_rows() == 2 * options.max_num_seqs,
-                "the GPU runner's token mask rows do not match the engine's");
+      num_pages_(parts.num_pages) {
+  PAGEDLM_CHECK(runner_ != nullptr, "a GPU worker needs its step runner");
 }
 
 CudaWorker::~CudaWorker() = default;
-
-int32_t* CudaWorker::mask_rows() { return runner_->mask_rows(); }
 
 void CudaWorker::make_current() const { runner_->make_current(); }
 
@@ -35,8 +29,7 @@ StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
   // The runner enqueues the plan's upload, the pending rows' tokens, the forward pass, the
   // masks' upload and the sampler, and the downloads of the tokens (and logits, logprobs) into
   // the step's own pinned buffers, then returns; collect waits for the step's event.
-  runner_->launch(plan, inputs.sampling, inputs.want_logits, inputs.finish_masks,
-                  inputs.pending_rows);
+  runner_->launch(plan, inputs.sampling, inputs.want_logits, inputs.masks, inputs.pending_rows);
   return {++launched_};
 }
 

@@ -15,8 +15,7 @@
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/executor.h"
-#include "pagedlm/engine/mask_prefetch.h"
-#include "pagedlm/grammar/grammar.h"
+#include "pagedlm/engine/structured_output.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/ops/sampling.h"
 
@@ -120,6 +119,8 @@ struct Engine::Launched {
   StepShape shape;
   bool want_logits = false;
   std::unique_ptr<ForwardStop> stop;
+  std::vector<int32_t> mask_rows;  // per sequence: its row of the step's MaskBatch, -1 none
+  double launch_ms = 0;            // host time of the executor's launch
   // Host clock: step() began, the plan was made.
   std::chrono::steady_clock::time_point begin, planned;
 };
@@ -143,16 +144,14 @@ Engine::Engine(const Checkpoint& checkpoint, EngineOptions options)
   sc.enable_prefix_cache = options_.enable_prefix_cache;
   sc.eos_token_ids = c.eos_token_ids;
   scheduler_ = std::make_unique<Scheduler>(sc);
-  mask_words_ = grammar::bitmask_words(c.vocab_size);
-  mask_rows_ = worker.mask_rows();
-  if (options_.prefetch_masks > 0) {
-    // Half the engine's threads: the other half stay free for the engine thread, which goes on
-    // with its step meanwhile, and the server's threads. On the H200's 16-thread host a
-    // 256-sequence SmolLM2 step's masks (xgrammar 0.2.9) take ~0.35 ms on 8 threads, as on 15,
-    // and constrained decoding ran 2.7% faster than with 15 (three runs each, docs/PERF.md).
-    mask_prefetch_ = std::make_unique<MaskPrefetch>(mask_rows_, options_.max_num_seqs, mask_words_,
-                                                    std::max(1, num_threads() / 2));
-  }
+  // The prefetch takes half the engine's threads: the other half stay free for the engine
+  // thread, which goes on with its step meanwhile, and the server's threads. On the H200's
+  // 16-thread host a 256-sequence SmolLM2 step's masks (xgrammar 0.2.9) take ~0.35 ms on 8
+  // threads, as on 15, and constrained decoding ran 2.7% faster than with 15 (three runs each,
+  // docs/PERF.md).
+  structured_ = std::make_unique<StructuredOutput>(
+      c.vocab_size, options_.max_num_seqs, c.eos_token_ids,
+      options_.prefetch_masks > 0 ? std::max(1, num_threads() / 2) : 0);
 }
 
 Engine::~Engine() {
@@ -279,7 +278,7 @@ bool Engine::can_run_ahead(const Launched& step) const {
   // (A request whose output was taken since it finished is gone.)
   for (const int64_t id : step.plan.request_ids) {
     const auto it = requests_.find(id);
-    if (it != requests_.end() && (it->second.matcher || it->second.logprobs_top_k >= 0)) {
+    if (it != requests_.end() && (structured_->has(id) || it->second.logprobs_top_k >= 0)) {
       return false;
     }
   }
@@ -289,7 +288,7 @@ bool Engine::can_run_ahead(const Launched& step) const {
 bool Engine::can_launch_ahead(const StepPlan& plan) const {
   // Its grammar masks are filled once the step in flight is collected (the prefetch it starts).
   for (const int64_t id : plan.request_ids) {
-    if (requests_.at(id).matcher) return false;
+    if (structured_->has(id)) return false;
   }
   return true;
 }
@@ -313,52 +312,19 @@ std::unique_ptr<Engine::Launched> Engine::launch_step(StepPlan plan, const StepP
       step->want_logits |= p.positions[p.logits_rows[j]] < out.prompt_logits.dim(0);
     }
   }
-  // The rows of the sequences this step samples under a grammar: the prefetched mask's where
-  // there is one, else one of the rows filled in this step.
-  mask_row_.assign(B, -1);
-  std::vector<int32_t> to_fill;
-  int32_t num_prefetched = 0;
-  for (int32_t b = 0; b < B; ++b) {
-    if (!live[b]->matcher || live[b]->grammar_terminated || !p.samples[b] ||
-        p.logits_indptr[b + 1] == p.logits_indptr[b]) {
-      continue;
-    }
-    const int32_t row =
-        mask_prefetch_
-            ? mask_prefetch_->row_of(p.request_ids[b], int64_t{live[b]->tokens->num_outputs()})
-            : -1;
-    if (row >= 0) {
-      mask_row_[b] = row;
-      ++num_prefetched;
-    } else {
-      mask_row_[b] = options_.max_num_seqs + static_cast<int32_t>(to_fill.size());
-      to_fill.push_back(b);
-    }
-  }
-  last_mask_ms_ = 0;
-  last_prefetched_masks_ = num_prefetched;
-  // Waits for the prefetched masks (and for the worker to be done with every matcher) and fills
-  // the others, all ones where the grammar allows every token; several sequences at once: each
-  // matcher is its own, the compiled grammar read-only. The worker calls it within launch.
-  const auto finish_masks = [&] {
-    if (mask_prefetch_) mask_prefetch_->wait();
-    parallel_for_each(to_fill, [&](int32_t b) {
-      int32_t* words = mask_rows_ + int64_t{mask_row_[b]} * mask_words_;
-      if (!live[b]->matcher->fill_mask(words)) std::fill(words, words + mask_words_, -1);
-    });
-  };
   StepInputs inputs;
   inputs.sampling.resize(B);
   for (int32_t b = 0; b < B; ++b) {
     inputs.sampling[b] = {
         &live[b]->sampling,     live[b]->seed,    int64_t{live[b]->tokens->num_outputs()},
-        mask_row_[b],           p.request_ids[b], live[b]->tokens.get(),
+        /*mask_row=*/-1,        p.request_ids[b], live[b]->tokens.get(),
         live[b]->logprobs_top_k};
   }
   inputs.want_logits = step->want_logits;
-  // The worker calls finish_masks while the device runs the forward pass (the CPU: after it),
-  // then samples under the rows.
-  inputs.finish_masks = finish_masks;
+  // The rows of the sequences this step samples under a grammar; the worker calls the batch's
+  // finish while the device runs the forward pass (the CPU: after it), then samples under them.
+  last_mask_ms_ = 0;
+  inputs.masks = structured_->launch(p, inputs.sampling, step->mask_rows);
   if (abandon_) inputs.stop = (step->stop = std::make_unique<ForwardStop>(abandon_)).get();
   // Pending rows (decodes planned ahead) take the previous step's sampled ids: each sequence's
   // last logits row there.
@@ -379,7 +345,11 @@ std::unique_ptr<Engine::Launched> Engine::launch_step(StepPlan plan, const StepP
       }
     }
   }
+  const auto launch_begin = std::chrono::steady_clock::now();
   step->handle = executor_->launch(p, std::move(inputs));
+  step->launch_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - launch_begin)
+          .count();
   return step;
 }
 
@@ -405,57 +375,8 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
     if (auto it = requests_.find(plan.request_ids[b]); it != requests_.end()) live[b] = &it->second;
   }
 
-  // The masks prefetched for this step are done (forward_and_sample waited for those it used);
-  // until the next start() the matchers are the engine thread's.
-  if (mask_prefetch_) {
-    mask_prefetch_->wait();
-    last_mask_prefetch_ms_ = mask_prefetch_->last_job_ms();
-    for (const int64_t id : mask_prefetch_->refused_requests()) {
-      if (auto it = requests_.find(id); it != requests_.end()) it->second.grammar_refused = true;
-    }
-  }
-  // Sampled tokens advance their grammars. A token its mask allowed is one the grammar accepts,
-  // so where masks are prefetched the accept goes to the worker, just before the next mask
-  // (`deferred`), and the device does not wait for it; the others (stop tokens, rows sampled
-  // without a mask) are accepted here, several sequences at once. A refusal is a defect: the
-  // output ends there (EOS) rather than leaving the grammar; one the worker met ends the
-  // output a token later.
-  const std::vector<int32_t>& eos = config().eos_token_ids;
-  std::vector<int32_t> advancing, deferred;
-  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    if (!live[b] || !live[b]->matcher || sampled[b] < 0 || live[b]->grammar_terminated) {
-      continue;
-    }
-    if (live[b]->grammar_refused) {
-      std::fprintf(stderr,
-                   "pagedlm: request %lld: its grammar refused token %d, which its mask allowed; "
-                   "ending it\n",
-                   static_cast<long long>(plan.request_ids[b]), live[b]->tokens->all.back());
-      sampled[b] = eos.at(0);
-      continue;
-    }
-    const int32_t* mask = mask_of(b);
-    const int32_t t = sampled[b];
-    const bool allowed = mask != nullptr && grammar::bitmask_allows(mask, t);
-    if (mask_prefetch_ && allowed && std::find(eos.begin(), eos.end(), t) == eos.end()) {
-      deferred.push_back(b);  // not a stop token: the grammar does not terminate
-    } else {
-      advancing.push_back(b);
-    }
-  }
-  std::vector<uint8_t> refused;
-  if (!advancing.empty()) {
-    refused.assign(plan.num_seqs(), 0);
-    parallel_for_each(
-        advancing, [&](int32_t b) { refused[b] = live[b]->matcher->accept(sampled[b]) ? 0 : 1; });
-  }
-  for (const int32_t b : advancing) {
-    live[b]->grammar_terminated = live[b]->matcher->terminated();
-    if (refused[b] == 0) continue;
-    std::fprintf(stderr, "pagedlm: request %lld: token %d is outside its grammar; ending it\n",
-                 static_cast<long long>(plan.request_ids[b]), sampled[b]);
-    sampled[b] = eos.at(0);
-  }
+  // Sampled tokens advance their grammars; a token a grammar refuses becomes EOS.
+  structured_->collect(plan, step.mask_rows, sampled);
 
   const int64_t vocab = config().vocab_size;
   std::map<int64_t, RequestEvent> logprob_events;
@@ -501,20 +422,11 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
     event.reason = u.reason;
     events.push_back(std::move(event));
   }
-  if (mask_prefetch_) {
-    // The next masks of the sequences that go on under a grammar, while this step ends, the
-    // caller takes its events and the next step is planned and launched.
-    std::vector<MaskPrefetch::Item> next;
-    const auto add = [&](int32_t b, int32_t token_to_accept) {
-      const LiveRequest& r = *live[b];  // a grammar's sequence never runs behind a finish
-      if (r.output.reason == FinishReason::kNone && !r.grammar_terminated) {
-        next.push_back({plan.request_ids[b], r.tokens->num_outputs(), r.matcher, token_to_accept});
-      }
-    };
-    for (const int32_t b : advancing) add(b, -1);
-    for (const int32_t b : deferred) add(b, sampled[b]);
-    mask_prefetch_->start(std::move(next));
+  std::vector<uint8_t> going_on(plan.num_seqs(), 0);
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    going_on[b] = live[b] != nullptr && live[b]->output.reason == FinishReason::kNone ? 1 : 0;
   }
+  structured_->prefetch(plan, sampled, going_on);
   const auto ms = [](Clock::duration d) {
     return std::chrono::duration<double, std::milli>(d).count();
   };
@@ -523,6 +435,7 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
   last_step_.wait_ms = ms(wait_end - wait_begin);
   const Clock::time_point end = Clock::now();
   last_step_.finish_ms = ms(end - wait_end);
+  last_step_.launch_ms = step.launch_ms;
   // Steps that prefill teach the cost model, where a limit will use it (not on the GPU by
   // default); decode steps alone cannot tell the per-token cost from the fixed one (StepCostFit).
   // A step that ran ahead overlapped the next one's planning and launch: its wall time is not
@@ -535,8 +448,8 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
 }
 
 std::vector<RequestEvent> Engine::abandon_step(const StepPlan& plan) {
-  // The prefetch worker may still be filling masks with these requests' matchers.
-  if (mask_prefetch_) mask_prefetch_->wait();
+  // The prefetch may still be filling masks with these requests' matchers.
+  structured_->wait();
   for (const int64_t id : plan.request_ids) {
     requests_.at(id).output.num_cached_tokens = scheduler_->num_cached_tokens(id);
   }
@@ -551,9 +464,9 @@ std::vector<RequestEvent> Engine::abandon_step(const StepPlan& plan) {
   return events;
 }
 
-const int32_t* Engine::mask_of(int32_t b) const {
-  return mask_row_[b] >= 0 ? mask_rows_ + int64_t{mask_row_[b]} * mask_words_ : nullptr;
-}
+double Engine::last_mask_prefetch_ms() const { return structured_->last_prefetch_ms(); }
+
+int32_t Engine::last_prefetched_masks() const { return structured_->last_prefetched_masks(); }
 
 std::vector<RequestOutput> Engine::generate(std::vector<Request> requests) {
   std::vector<int64_t> ids;
@@ -576,6 +489,7 @@ RequestOutput Engine::take_output(int64_t request_id) {
   out.prompt.assign(tokens.prompt().begin(), tokens.prompt().end());
   out.tokens.assign(tokens.outputs().begin(), tokens.outputs().end());
   requests_.erase(it);
+  structured_->remove(request_id);
   return out;
 }
 
@@ -619,15 +533,11 @@ void Engine::set_grammar(int64_t request_id,
                          std::shared_ptr<const grammar::CompiledGrammar> compiled) {
   auto it = requests_.find(request_id);
   PAGEDLM_CHECK(it != requests_.end(), "unknown request id ", request_id);
-  PAGEDLM_CHECK(compiled, "set_grammar: no grammar");
   PAGEDLM_CHECK(it->second.tokens->num_outputs() == 0, "request ", request_id,
                 " has already generated tokens; a grammar must be set before its first step");
   // After the grammar's stop token the output would run on unconstrained.
   PAGEDLM_CHECK(!it->second.sampling.ignore_eos, "a grammar cannot be combined with ignore_eos");
-  auto matcher = std::make_shared<grammar::Matcher>(std::move(compiled));
-  PAGEDLM_CHECK(matcher->vocab_size() == config().vocab_size, "the grammar was compiled for ",
-                matcher->vocab_size(), " tokens, the model has ", config().vocab_size);
-  it->second.matcher = std::move(matcher);
+  structured_->add(request_id, std::move(compiled), it->second.tokens);
 }
 
 }  // namespace pagedlm

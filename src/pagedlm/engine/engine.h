@@ -25,10 +25,9 @@
 namespace pagedlm {
 
 class Executor;
-class MaskPrefetch;
+class StructuredOutput;
 namespace grammar {
 class CompiledGrammar;
-class Matcher;
 }  // namespace grammar
 
 // The KV cache's element type (--kv-cache-dtype). kAuto: the compute dtype (f32 on the CPU,
@@ -160,6 +159,9 @@ struct StepShape {
   // was planned and launched in the step() before, so the rest until its wait also holds that
   // step()'s end and this one's planning of the next step.
   double schedule_ms = 0, prepare_ms = 0, wait_ms = 0, finish_ms = 0;
+  // Host time the executor's launch of this step took (GPU: staging and enqueuing; the CPU:
+  // the whole forward pass and sampling).
+  double launch_ms = 0;
   // CUDA, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
@@ -241,7 +243,7 @@ class Engine {
   // GPU steps that downloaded logits (only for prompt logits asked for; 0 on the CPU).
   int64_t logits_downloads() const;
   // Mixture-of-experts models: the bytes of expert weights the steps so far activated, all ranks
-  // together (see CausalLM::expert_bytes_read; waits for the device).
+  // together (see CausalLM::expert_bytes_read).
   int64_t expert_bytes_read() const;
   // The bytes of the weights every step reads whole, all ranks together (see
   // CausalLM::step_weight_bytes; the ranks' shares are alike in size).
@@ -263,9 +265,9 @@ class Engine {
   bool last_mask_hidden() const { return last_mask_hidden_; }
   // Host time the worker spent filling the masks started after the step before this one (0:
   // none started); they were ready for this step's masked sequences.
-  double last_mask_prefetch_ms() const { return last_mask_prefetch_ms_; }
+  double last_mask_prefetch_ms() const;
   // How many of the last step's masks came from that prefetch (the others were filled in it).
-  int32_t last_prefetched_masks() const { return last_prefetched_masks_; }
+  int32_t last_prefetched_masks() const;
 
  private:
   // What the engine keeps of a request until take_output().
@@ -276,13 +278,7 @@ class Engine {
     RequestOutput output;  // the rest of the output, filled as the request runs
     SamplingParams sampling;
     uint64_t seed = 0;
-    int32_t logprobs_top_k = -1;                // -1: no logprobs
-    std::shared_ptr<grammar::Matcher> matcher;  // structured output
-    // matcher->terminated() as of the last accept, read here while a prefetch may use matcher.
-    bool grammar_terminated = false;
-    // The prefetch's accept of a token refused it (MaskPrefetch::refused_requests): the output
-    // ends at the next token.
-    bool grammar_refused = false;
+    int32_t logprobs_top_k = -1;  // -1: no logprobs
   };
 
   // A launched step, until it is collected.
@@ -296,13 +292,11 @@ class Engine {
   // Whether a plan made ahead may be launched before the step in flight is collected.
   bool can_launch_ahead(const StepPlan& plan) const;
   // Applies a collected step's tokens: grammars, logprobs, prompt logits, the scheduler's update
-  // (resolve when the step ran ahead), the events, the next masks' prefetch.
+  // (resolve when the step ran ahead), the events, the next masks' prefetch (StructuredOutput).
   std::vector<RequestEvent> finish_step(Launched& step, StepResult& result, bool ran_ahead);
   StepTimeLimit step_limit() const;
   // Ends the step of a forward pass left midway: its requests as cancelled, its pages forgotten.
   std::vector<RequestEvent> abandon_step(const StepPlan& plan);
-  // Sequence b's token bitmask this step, or null.
-  const int32_t* mask_of(int32_t b) const;
 
   EngineOptions options_;
   std::unique_ptr<Executor> executor_;  // the ranks that run the steps
@@ -317,21 +311,14 @@ class Engine {
   std::function<bool()> abandon_;
   bool prefill_always_bounded_ = false;
   uint64_t seed_counter_;
-  // Token bitmasks, rows of mask_words_ words: rows [0, max_num_seqs) are the prefetch's (its
-  // item i in row i), rows [max_num_seqs, 2 max_num_seqs) those filled during a step; rank 0's
-  // worker's (Worker::mask_rows: on the GPU pinned rows it uploads from).
-  int32_t* mask_rows_ = nullptr;
-  std::vector<int32_t> mask_row_;  // per sequence of the step: its row of mask_rows_, -1 none
-  int32_t mask_words_ = 0;
   double last_mask_ms_ = 0;
   bool last_mask_hidden_ = false;
-  double last_mask_prefetch_ms_ = 0;
-  int32_t last_prefetched_masks_ = 0;
   // The step launched and not yet collected (asynchronous scheduling keeps it between step()
   // calls).
   std::unique_ptr<Launched> in_flight_;
-  // Last, so that its worker stops before anything it could read goes.
-  std::unique_ptr<MaskPrefetch> mask_prefetch_;
+  // Grammars, token masks and their prefetch. Last, so that its prefetch thread stops before
+  // anything it could read goes.
+  std::unique_ptr<StructuredOutput> structured_;
 };
 
 }  // namespace pagedlm

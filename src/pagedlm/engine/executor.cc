@@ -33,7 +33,7 @@ Executor::Executor(const Checkpoint& checkpoint, const EngineOptions& options) {
   }
   RankParts rank0 = build_rank(checkpoint, options, {0, tp}, comm, agree_num_pages);
   if (cpu_ranks_) cpu_ranks_->create_ranks(checkpoint, options, rank0.num_pages);
-  worker_ = make_worker(std::move(rank0), options, cpu_ranks_.get());
+  worker_ = make_worker(std::move(rank0), cpu_ranks_.get());
 }
 
 Executor::~Executor() = default;
@@ -52,8 +52,7 @@ void run_worker_rank(const Checkpoint& checkpoint, const EngineOptions& unresolv
   ProcessGroup group(options, checkpoint.config);
   std::unique_ptr<Worker> worker = make_worker(
       build_rank(checkpoint, options, {group.rank(), options.tensor_parallel_size},
-                 group.communicator(), [&](int32_t fits) { return group.agree_num_pages(fits); }),
-      options);
+                 group.communicator(), [&](int32_t fits) { return group.agree_num_pages(fits); }));
   // This rank's sampled tokens are thrown away: rank 0 samples. Greedy rows keep the sampler
   // cheap.
   SamplingParams greedy;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <utility>
 
@@ -10,7 +11,6 @@
 #include "pagedlm/engine/cuda_runner.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/paged_kv_cache.h"
-#include "pagedlm/grammar/grammar.h"
 #include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
@@ -22,7 +22,25 @@ bool adjusts_logits(const SamplingParams& p) {
          !p.logit_bias.empty();
 }
 
+// The block of a MaskRows is whole pages, so that pinning it (cudaHostRegister) pins nothing else.
+constexpr size_t kMaskPageBytes = 4096;
+
 }  // namespace
+
+MaskRows::MaskRows(int32_t num_rows, int32_t words) : num_rows_(num_rows), words_(words) {
+  PAGEDLM_CHECK(num_rows >= 1 && words >= 1, "a mask block needs rows and words, got ", num_rows,
+                " x ", words);
+  // Not zeroed: pages are touched only once masks are written.
+  data_.reset(static_cast<int32_t*>(std::aligned_alloc(kMaskPageBytes, bytes())));
+  PAGEDLM_CHECK(data_ != nullptr, "out of memory for ", bytes(), " bytes of token masks");
+}
+
+size_t MaskRows::bytes() const {
+  const size_t used = sizeof(int32_t) * static_cast<size_t>(num_rows_) * words_;
+  return (used + kMaskPageBytes - 1) / kMaskPageBytes * kMaskPageBytes;
+}
+
+void MaskRows::Free::operator()(int32_t* p) const { std::free(p); }
 
 DType kv_cache_dtype(const EngineOptions& options, DType compute) {
   switch (options.kv_cache_dtype) {
@@ -108,13 +126,12 @@ RankParts build_rank(const Checkpoint& checkpoint, const EngineOptions& options,
   return rank;
 }
 
-std::unique_ptr<Worker> make_worker(RankParts parts, const EngineOptions& options,
-                                    CpuRanks* peers) {
+std::unique_ptr<Worker> make_worker(RankParts parts, CpuRanks* peers) {
   if (parts.runner) {
     PAGEDLM_CHECK(peers == nullptr, "a GPU rank's peers are processes, not threads");
-    return std::make_unique<CudaWorker>(std::move(parts), options);
+    return std::make_unique<CudaWorker>(std::move(parts));
   }
-  return std::make_unique<CpuWorker>(std::move(parts), options, peers);
+  return std::make_unique<CpuWorker>(std::move(parts), peers);
 }
 
 int32_t sample_on_host(const float* row, int64_t vocab, const SeqSampling& seq,
@@ -145,15 +162,11 @@ int32_t sample_on_host(const float* row, int64_t vocab, const SeqSampling& seq,
   return ops::sample_token(penalized.data(), vocab, params, seq.seed, seq.step, mask);
 }
 
-CpuWorker::CpuWorker(RankParts parts, const EngineOptions& options, CpuRanks* peers)
+CpuWorker::CpuWorker(RankParts parts, CpuRanks* peers)
     : model_(std::move(parts.model)),
       kv_cache_(std::move(parts.kv_cache)),
       num_pages_(parts.num_pages),
-      peers_(peers),
-      mask_words_(grammar::bitmask_words(model_->config().vocab_size)) {
-  // Not zeroed: pages are touched only once masks are written.
-  mask_rows_.reset(new int32_t[static_cast<size_t>(2 * options.max_num_seqs) * mask_words_]);
-}
+      peers_(peers) {}
 
 CpuWorker::~CpuWorker() = default;
 
@@ -210,8 +223,9 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
   const bool masked = std::any_of(step.sampling.begin(), step.sampling.end(),
                                   [](const SeqSampling& s) { return s.mask_row >= 0; });
   if (masked) {
+    PAGEDLM_CHECK(step.masks.rows && step.masks.finish, "masked sequences need their masks");
     const auto t0 = std::chrono::steady_clock::now();
-    step.finish_masks();
+    step.masks.finish();
     result.timings.mask_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -220,8 +234,7 @@ StepHandle CpuWorker::launch(const StepPlan& plan, StepInputs step) {
     if (plan.samples[b] && plan.logits_indptr[b + 1] > plan.logits_indptr[b]) {
       const SeqSampling& seq = step.sampling[b];
       const float* row = result.logits.data<float>() + (plan.logits_indptr[b + 1] - 1) * vocab;
-      const int32_t* mask =
-          seq.mask_row >= 0 ? mask_rows_.get() + int64_t{seq.mask_row} * mask_words_ : nullptr;
+      const int32_t* mask = seq.mask_row >= 0 ? step.masks.rows->row(seq.mask_row) : nullptr;
       result.sampled[b] = sample_on_host(row, vocab, seq, mask);
     }
   }

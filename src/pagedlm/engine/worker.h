@@ -42,8 +42,8 @@ struct SeqSampling {
   const SamplingParams* params = nullptr;  // the request's, alive for the step
   uint64_t seed = 0;
   int64_t step = 0;  // tokens generated so far: the counter of the request's random stream
-  // Structured output: the row of the worker's mask_rows() holding the token bitmask the
-  // sequence is sampled under, or -1 (unmasked).
+  // Structured output: the row of the step's MaskBatch holding the token bitmask the sequence
+  // is sampled under, or -1 (unmasked).
   int32_t mask_row = -1;
   // The request and its tokens (alive for the step), which the penalties read: on the host
   // directly; the GPU keeps a device table of the tokens of each request that uses them, filled
@@ -61,9 +61,40 @@ struct SampledLogprobs {
   std::vector<std::pair<int32_t, float>> top;
 };
 
-// Completes every masked sequence's row of mask_rows(); the worker calls it once the forward
-// pass is enqueued (GPU: the host's work on the masks overlaps the device's) or done (CPU).
-using MaskFill = std::function<void()>;
+// Token bitmask rows (structured output): num_rows() rows of words() int32 words in host memory
+// that the structured-output manager (engine/structured_output.h) owns and writes. A step lends
+// them to the worker (MaskBatch), which reads them (CPU) or uploads the rows it uses (GPU). The
+// block is page-aligned and never moves, so a GPU worker pins it in place the first time it
+// sees it and its upload is a DMA from these very rows: nothing is copied on the host, and no
+// worker hands the engine memory of its own.
+class MaskRows {
+ public:
+  MaskRows(int32_t num_rows, int32_t words);
+  MaskRows(const MaskRows&) = delete;
+  MaskRows& operator=(const MaskRows&) = delete;
+
+  int32_t* row(int32_t r) { return data_.get() + int64_t{r} * words_; }
+  const int32_t* row(int32_t r) const { return data_.get() + int64_t{r} * words_; }
+  int32_t num_rows() const { return num_rows_; }
+  int32_t words() const { return words_; }
+  void* data() { return data_.get(); }
+  size_t bytes() const;  // the whole block, a multiple of the page size
+
+ private:
+  struct Free {
+    void operator()(int32_t* p) const;
+  };
+  int32_t num_rows_, words_;
+  std::unique_ptr<int32_t[], Free> data_;
+};
+
+// A step's token masks. The worker calls finish once the forward pass is enqueued (GPU: the
+// host's work on the masks overlaps the device's) or done (CPU); it completes every row a
+// sequence of the step names (SeqSampling::mask_row), which the worker reads only after it.
+struct MaskBatch {
+  std::shared_ptr<MaskRows> rows;  // null when no sequence of the step is masked
+  std::function<void()> finish;
+};
 
 // A row of a plan whose token id is kPendingToken (Scheduler::run_ahead): its token is the one
 // the step launched before this one sampled from its logits row source_row. The worker takes it
@@ -81,7 +112,7 @@ struct StepInputs {
   std::vector<SeqSampling> sampling;
   // The step's logits [S, vocab] f32 come back to the host (StepResult::logits).
   bool want_logits = false;
-  MaskFill finish_masks;  // called when a sequence has a mask row
+  MaskBatch masks;  // used when a sequence has a mask row
   // Where the CPU's forward pass may be left midway (every rank of a group asks the same
   // object); null: it runs to the end. GPU steps are never left midway.
   ForwardStop* stop = nullptr;
@@ -103,7 +134,8 @@ struct StepTimings {
   // GPU, steps with token masks: the device time of the forward pass and of what followed the
   // masks (CudaStepRunner::last_masked_forward_gpu_ms and last_masked_sampler_gpu_ms).
   double masked_forward_gpu_ms = 0, masked_sampler_gpu_ms = 0;
-  // Host time finish_masks took; GPU: whether the forward pass was still running when it ended.
+  // Host time MaskBatch::finish took; GPU: whether the forward pass was still running when it
+  // ended.
   double mask_ms = 0;
   bool mask_hidden = false;
 };
@@ -138,10 +170,6 @@ class Worker {
   virtual const CausalLM& model() const = 0;
   // The KV cache pages this rank holds (every rank of a group the same).
   virtual int32_t num_pages() const = 0;
-  // Token bitmasks (structured output): 2 max_num_seqs rows of grammar::bitmask_words(vocab)
-  // int32 words, written by the engine between steps and by finish_masks (GPU: pinned memory
-  // the worker uploads from). SeqSampling::mask_row names a row.
-  virtual int32_t* mask_rows() = 0;
   // Makes the worker's device current on the calling thread.
   virtual void make_current() const {}
   // Decode steps that read the pages several sequences share once for all of them (the GPU's
@@ -201,8 +229,7 @@ RankParts build_rank(const Checkpoint& checkpoint, const EngineOptions& options,
 
 // The worker of a rank: a CudaWorker when it has a runner, else a CpuWorker (peers: the other
 // ranks of its thread group, or null).
-std::unique_ptr<Worker> make_worker(RankParts parts, const EngineOptions& options,
-                                    CpuRanks* peers = nullptr);
+std::unique_ptr<Worker> make_worker(RankParts parts, CpuRanks* peers = nullptr);
 
 // Samples a sequence's token on the host from its logits row [vocab], its bias and penalties
 // applied; mask: its token bitmask or null.
@@ -214,14 +241,13 @@ int32_t sample_on_host(const float* row, int64_t vocab, const SeqSampling& seq,
 // midway (StepInputs::stop), then fills the masks and samples every row on the host.
 class CpuWorker final : public Worker {
  public:
-  CpuWorker(RankParts parts, const EngineOptions& options, CpuRanks* peers = nullptr);
+  explicit CpuWorker(RankParts parts, CpuRanks* peers = nullptr);
   ~CpuWorker() override;
 
   StepHandle launch(const StepPlan& plan, StepInputs inputs) override;
   StepResult collect(StepHandle handle) override;
   const CausalLM& model() const override { return *model_; }
   int32_t num_pages() const override { return num_pages_; }
-  int32_t* mask_rows() override { return mask_rows_.get(); }
 
   // This rank's forward pass alone (no peers, no sampling): the step's pages bound, then
   // CausalLM::forward; false when it was left midway. The thread group runs its ranks' with it.
@@ -236,8 +262,6 @@ class CpuWorker final : public Worker {
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
   CpuRanks* peers_ = nullptr;
-  std::unique_ptr<int32_t[]> mask_rows_;
-  int32_t mask_words_ = 0;
   HeldStep held_;
   // The last launched step's sampled ids by logits row (-1: not sampled), which the next
   // step's pending rows take.
@@ -250,14 +274,13 @@ class CpuWorker final : public Worker {
 // (collect).
 class CudaWorker final : public Worker {
  public:
-  CudaWorker(RankParts parts, const EngineOptions& options);
+  explicit CudaWorker(RankParts parts);
   ~CudaWorker() override;
 
   StepHandle launch(const StepPlan& plan, StepInputs inputs) override;
   StepResult collect(StepHandle handle) override;
   const CausalLM& model() const override { return *model_; }
   int32_t num_pages() const override { return num_pages_; }
-  int32_t* mask_rows() override;
   void make_current() const override;
   int64_t cascade_steps() const override;
   int64_t logits_downloads() const override;
@@ -267,7 +290,6 @@ class CudaWorker final : public Worker {
   std::unique_ptr<CudaStepRunner> runner_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   int32_t num_pages_ = 0;
-  int32_t mask_words_ = 0;
   int64_t launched_ = 0, collected_ = 0;
 };
 

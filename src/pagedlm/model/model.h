@@ -92,8 +92,9 @@ class CausalLM {
   [[nodiscard]] virtual bool forward(const ForwardInputs& inputs, Attention& attention,
                                      const Tensor& logits) = 0;
   // Mixture-of-experts models: the bytes of expert weights the forward calls so far had to read
-  // (in each sparse layer of each call, every expert that received a token, read once). Waits
-  // for the device. 0 for dense models.
+  // (in each sparse layer of each call, every expert that received a token, read once), as the
+  // device's counters hold them now: a step still running may be partly counted. 0 for dense
+  // models.
   virtual int64_t expert_bytes_read() const { return 0; }
   // The bytes of the weights every step reads whole, as this rank stores them: every layer's
   // projections but the experts', and the lm_head (a GGUF's quantized matrices on the CPU are
