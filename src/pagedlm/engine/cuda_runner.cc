@@ -9,7 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <numeric>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -18,6 +18,7 @@
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/engine/paged_kv_cache.h"
 #include "pagedlm/model/model.h"
+#include "pagedlm/ops/attention_planner.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/device_state.h"
 #include "pagedlm/ops/linear.h"
@@ -84,10 +85,6 @@ bool uses_penalties(const SamplingParams& p) {
   return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
 }
 
-// A decode step takes the cascade's shared-prefix pass when it saves reading at least this many
-// keys (per layer and kv head): below that its extra launches and merge cost more than they save.
-constexpr int64_t kCascadeMinSavedKeys = 4096;
-
 }  // namespace
 
 // Staging layout: every array at a fixed offset of one pinned host block mirrored by one device
@@ -103,7 +100,6 @@ struct CudaStepRunner::Impl {
   int32_t num_q_heads, num_kv_heads, head_dim;
   int64_t vocab;
   int64_t max_model_len;
-  int32_t members_per_item = 1;  // cascade: members of one shared-prefix item
   int64_t cascade_steps = 0;
   // What each step in flight keeps apart from the others, in a ring of kSlots (at most two
   // steps are in flight; the third slot keeps the last collected step's end event for the gap
@@ -155,8 +151,10 @@ struct CudaStepRunner::Impl {
   char* dev = nullptr;
   int32_t* dev_tokens = nullptr;  // [T]: the last step's sampled ids, which pending rows read
   Tensor logits;                  // [T, vocab] f32
+  // The attention's launch shapes and a step's attention arrays (split counts, the cascade's
+  // items, the decode order); the split-KV workspace it sizes is allocated here.
+  std::optional<ops::AttentionPlanner> attention;
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;
   // Token bitmasks (structured output): rows written on the host (a step's MaskBatch), the
   // step's used rows uploaded to the same rows of one fixed device buffer that the sampler
   // reads through each logits row's slot (off_mask_slot, -1: unmasked). Two rows per sequence:
@@ -223,7 +221,6 @@ struct CudaStepRunner::Impl {
                   " is not supported on the GPU: its attention runs head sizes ",
                   ops::cuda_attention_head_dims_text(), " (the CPU runs any even head size)");
     vocab = c.vocab_size;
-    members_per_item = ops::cuda::shared_prefix_members_per_item(num_q_heads, num_kv_heads);
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     ops::cuda::require_supported_device(device);
     device_state = std::make_unique<ops::DeviceState>();
@@ -271,15 +268,16 @@ struct CudaStepRunner::Impl {
                   "cudaMallocHost");
     }
     m.reserve(max_tokens);
-    // The split-KV workspace for the worst decode batch: splits shrink as the batch grows,
-    // so scan every batch size at the longest context, plus the cascade's shared splits.
-    for (int32_t b = 1; b <= max_bucket; ++b) {
-      const int splits = ops::cuda::paged_attention_decode_num_splits(
-                             b, num_kv_heads, head_dim, static_cast<int>(max_model_len), device) +
-                         (use_cascade ? shared_splits(b) : 0);
-      workspace_bytes = std::max(workspace_bytes, ops::cuda::paged_attention_workspace_bytes(
-                                                      b, num_q_heads, head_dim, splits));
-    }
+    ops::AttentionShape shape;
+    shape.num_q_heads = num_q_heads;
+    shape.num_kv_heads = num_kv_heads;
+    shape.head_dim = head_dim;
+    shape.max_model_len = max_model_len;
+    shape.max_bucket = max_bucket;
+    shape.page_size = page_size;
+    shape.cascade = use_cascade;
+    attention.emplace(shape, ops::cuda::attention_launch_rules(device));
+    const size_t workspace_bytes = attention->workspace_bytes();
     if (workspace_bytes > 0) cuda::check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
   }
 
@@ -376,26 +374,6 @@ struct CudaStepRunner::Impl {
   template <typename T>
   T* d(size_t off) {
     return reinterpret_cast<T*>(dev + off);
-  }
-
-  // Shared-pass splits of a decode bucket: enough blocks when one group holds the whole batch.
-  int32_t shared_splits(int32_t num_seqs) const {
-    const int items = (num_seqs + members_per_item - 1) / members_per_item;
-    return ops::cuda::shared_prefix_num_splits(items, num_kv_heads, device);
-  }
-
-  // The split count of a decode bucket, for the longest context the model allows (the kernel
-  // caps each sequence's splits by its own length), shrunk if the workspace cannot hold it.
-  // A function of the bucket alone, so one graph per bucket serves every step.
-  int32_t decode_splits(int32_t num_seqs) const {
-    int splits = ops::cuda::paged_attention_decode_num_splits(
-        num_seqs, num_kv_heads, head_dim, static_cast<int>(max_model_len), device);
-    const int extra = use_cascade ? shared_splits(num_seqs) : 0;
-    while (splits > 1 && ops::cuda::paged_attention_workspace_bytes(
-                             num_seqs, num_q_heads, head_dim, splits + extra) > workspace_bytes) {
-      --splits;
-    }
-    return splits;
   }
 
   // The model and the sampler for a staged step of `rows` stream rows and `logit_rows` logits.
@@ -593,11 +571,11 @@ struct CudaStepRunner::Impl {
   // and `logit_rows` logits rows: padding rows have slot -1, padding sequences no tokens or
   // pages, padding logits rows point at row 0 and are sampled greedily and ignored. Then one
   // asynchronous upload on the step's stream. `shared` lists the cascade's groups (may be
-  // empty): they become items of at most members_per_item members. Decode steps also get the
-  // order in which attention starts the sequences.
+  // empty): the planner makes them items of at most members_per_item() members. Decode steps
+  // also get the order in which attention starts the sequences.
   void stage(const StepPlan& plan, const std::vector<SeqSampling>& sampling, int32_t rows,
              int32_t num_seqs, int32_t logit_rows, bool decode,
-             const std::vector<SharedPrefixGroup>& shared, cudaEvent_t begin) {
+             std::span<const ops::SharedPrefixRun> shared, cudaEvent_t begin) {
     const int32_t B = plan.num_seqs(), L = plan.num_tokens();
     const int64_t num_pages = static_cast<int64_t>(plan.kv_page_indices.size());
     if (num_pages > max_pages) layout(std::max(num_pages, 2 * max_pages));
@@ -701,33 +679,13 @@ struct CudaStepRunner::Impl {
         bias_values.host()[at++] = value;
       }
     }
-    std::fill(h<int32_t>(off_kv_skip), h<int32_t>(off_kv_skip) + num_seqs, 0);
-    int32_t num_items = 0, num_members = 0;
-    for (const SharedPrefixGroup& g : shared) {
-      const int32_t keys = g.num_pages * page_size;
-      for (size_t i = 0; i < g.seqs.size(); i += members_per_item) {
-        const auto n = static_cast<int32_t>(std::min<size_t>(members_per_item, g.seqs.size() - i));
-        int32_t* item = h<int32_t>(off_items) + 4 * num_items++;
-        item[0] = num_members;
-        item[1] = n;
-        item[2] = plan.kv_indptr[g.seqs.front()];
-        item[3] = keys;
-        for (int32_t j = 0; j < n; ++j) {
-          const int32_t b = g.seqs[i + j];
-          h<int32_t>(off_members)[num_members++] = b;
-          h<int32_t>(off_kv_skip)[b] = keys;
-        }
-      }
-    }
-    *h<int32_t>(off_num_items) = num_items;
-    // Decode attention starts the longest sequences' blocks first (padding, with no keys, last).
-    if (decode) {
-      int32_t* order = h<int32_t>(off_seq_order);
-      std::iota(order, order + num_seqs, 0);
-      auto pages = [&](int32_t b) { return b < B ? plan.kv_indptr[b + 1] - plan.kv_indptr[b] : 0; };
-      std::stable_sort(order, order + num_seqs,
-                       [&](int32_t a, int32_t b) { return pages(a) > pages(b); });
-    }
+    ops::AttentionStepArrays arrays;
+    arrays.kv_skip = h<int32_t>(off_kv_skip);
+    arrays.num_items = h<int32_t>(off_num_items);
+    arrays.items = h<int32_t>(off_items);
+    arrays.members = h<int32_t>(off_members);
+    arrays.seq_order = h<int32_t>(off_seq_order);
+    attention->plan_step(plan.kv_indptr, num_seqs, decode, shared, arrays);
     cuda::check(cudaEventRecord(begin, stream), "cudaEventRecord");  // host work done
     cuda::check(cudaMemcpyAsync(dev, host, off_pages + num_pages * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream),
@@ -756,7 +714,6 @@ struct CudaStepRunner::Impl {
     p.max_q_len = max_q_len;
     p.decode = decode;
     p.num_leading_decodes = decode ? 0 : leading_decodes;
-    p.num_splits = decode ? decode_splits(num_seqs) : 1;
     if (decode) p.seq_order = view(off_seq_order, {num_seqs});
     if (decode && cascade) {
       p.kv_skip = view(off_kv_skip, {num_seqs});
@@ -764,10 +721,8 @@ struct CudaStepRunner::Impl {
       p.shared_items = view(off_items, {num_seqs, 4});
       p.shared_members = view(off_members, {num_seqs});
       p.shared_max_items = num_seqs;
-      p.shared_splits = shared_splits(num_seqs);
     }
-    p.workspace = workspace;
-    p.workspace_bytes = workspace_bytes;
+    attention->plan_launch(p, num_seqs, cascade, workspace);
     kv_cache->bind(p, stream, num_copies > 0 ? view(off_copies, {num_copies, 3}) : Tensor());
   }
 
@@ -907,14 +862,12 @@ struct CudaStepRunner::Impl {
     for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
     const int32_t num_seqs = bucketed ? next_pow2(B) : B;
     const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
-    std::vector<SharedPrefixGroup> shared;
+    std::vector<SharedPrefixGroup> groups;
+    std::vector<ops::SharedPrefixRun> shared;  // views of groups' sequences
     if (decode && use_cascade) {
-      shared = find_shared_prefixes(plan, 1);
-      int64_t saved_keys = 0;
-      for (const SharedPrefixGroup& g : shared) {
-        saved_keys += static_cast<int64_t>(g.seqs.size() - 1) * g.num_pages * page_size;
-      }
-      if (saved_keys < kCascadeMinSavedKeys) shared.clear();
+      groups = find_shared_prefixes(plan, 1);
+      for (const SharedPrefixGroup& g : groups) shared.push_back({g.seqs, g.num_pages});
+      if (!attention->takes_cascade(shared)) shared.clear();
       cascade_steps += shared.empty() ? 0 : 1;
     }
     // The step before this one may still be running: its uploads from the staging block and

@@ -151,10 +151,11 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
 // PAGEDLM_CUDA_SMEM_CAP_KB when set.
 void require_supported_device(int device);
 
-// The decode launch shape, chosen by the engine once per batch bucket (ops/cuda/kernels.h says
-// how): key splits that fill `device` (the current one) for sequences up to max_kv_len keys, the
-// workspace bytes that num_splits (plus the shared pass's) need for max_num_tokens rows, and the
-// cascade pass's members per item and splits for num_items items.
+// The decode launch shape, chosen once per batch bucket by ops::AttentionPlanner
+// (ops/attention_planner.h; ops/cuda/kernels.h says how): key splits that fill `device` (the
+// current one) for sequences up to max_kv_len keys, the workspace bytes that num_splits (plus the
+// shared pass's) need for max_num_tokens rows, and the cascade pass's members per item and splits
+// for num_items items.
 int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_dim, int max_kv_len,
                                       int device);
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,
