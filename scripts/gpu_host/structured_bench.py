@@ -171,6 +171,8 @@ def run(server, n, max_tokens, constrained, lengths=None):
         # Constrained outputs that ended on a stop token must be whole JSON objects.
         "stop_not_json": sum(1 for _, f, t in results if f == "stop" and not parses(t))
         if constrained else 0,
+        "stop_not_json_texts": [t for _, f, t in results if f == "stop" and not parses(t)][:3]
+        if constrained else [],
         "masked_steps": int(steps),
         "mask_ms_per_masked_step": round(1000 * delta.get(
             "pagedlm_grammar_mask_seconds_total", 0) / steps, 3) if steps else 0,

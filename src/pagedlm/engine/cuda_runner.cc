@@ -841,6 +841,31 @@ struct CudaStepRunner::Impl {
     }
   }
 
+  // How a step runs: the decode kernel or not, padded to a bucket or not, a graph or eager.
+  struct StepForm {
+    int32_t max_q_len = 0, leading_decodes = 0;
+    bool decode = false, bucketed = false, graph = false;
+  };
+  StepForm form_of(const StepPlan& plan, bool want_logits) const {
+    StepForm f;
+    const int32_t B = plan.num_seqs();
+    const auto S = static_cast<int32_t>(plan.logits_rows.size());
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t q_len = plan.q_indptr[b + 1] - plan.q_indptr[b];
+      if (q_len == 1 && f.leading_decodes == b) ++f.leading_decodes;
+      f.max_q_len = std::max(f.max_q_len, q_len);
+    }
+    f.decode = f.max_q_len == 1 && B <= max_bucket;
+    // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
+    // with or without graphs, so that a replayed graph computes exactly what the eager step does.
+    f.bucketed = f.decode && S == B && !want_logits;
+    for (int32_t j = 0; f.bucketed && j < S; ++j) f.bucketed = plan.logits_rows[j] == j;
+    // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
+    // token was cached can look like a decode) runs eagerly.
+    f.graph = use_graphs && f.bucketed && plan.kv_copies.empty();
+    return f;
+  }
+
   void launch(const StepPlan& plan, const std::vector<SeqSampling>& sampling, bool want_logits,
               const MaskBatch& masks, const std::vector<PendingRow>& pending_rows) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
@@ -849,17 +874,9 @@ struct CudaStepRunner::Impl {
     const int32_t S = static_cast<int32_t>(plan.logits_rows.size());
     PAGEDLM_CHECK(L <= max_tokens && S <= max_tokens && B <= max_tokens, "step of ", L,
                   " tokens exceeds the GPU buffers (", max_tokens, ")");
-    int32_t max_q_len = 0, leading_decodes = 0;
-    for (int32_t b = 0; b < B; ++b) {
-      const int32_t q_len = plan.q_indptr[b + 1] - plan.q_indptr[b];
-      if (q_len == 1 && leading_decodes == b) ++leading_decodes;
-      max_q_len = std::max(max_q_len, q_len);
-    }
-    const bool decode = max_q_len == 1 && B <= max_bucket;
-    // Decode steps whose logits rows are exactly the sequences' tokens run padded to a bucket,
-    // with or without graphs, so that a replayed graph computes exactly what the eager step does.
-    bool bucketed = decode && S == B && !want_logits;
-    for (int32_t j = 0; bucketed && j < S; ++j) bucketed = plan.logits_rows[j] == j;
+    const StepForm form = form_of(plan, want_logits);
+    const int32_t max_q_len = form.max_q_len, leading_decodes = form.leading_decodes;
+    const bool decode = form.decode, bucketed = form.bucketed;
     const int32_t num_seqs = bucketed ? next_pow2(B) : B;
     const int32_t rows = bucketed ? num_seqs : L, logit_rows = bucketed ? num_seqs : S;
     std::vector<SharedPrefixGroup> groups;
@@ -882,8 +899,6 @@ struct CudaStepRunner::Impl {
     cuda::check(cudaEventRecord(uploads_done, stream), "cudaEventRecord");
     copy_pending_rows(pending_rows, L);
     bind(num_seqs, max_q_len, decode, !shared.empty(), leading_decodes, plan.num_kv_copies());
-    // The graphs hold no copies: a step with some (an admission whose whole prompt but the last
-    // token was cached can look like a decode) runs eagerly.
     // Masked sequences: the forward pass is enqueued first, the host finishes the masks while
     // the device runs it, and the sampler follows their upload.
     std::vector<int32_t> mask_rows;
@@ -896,8 +911,7 @@ struct CudaStepRunner::Impl {
     // Bias, penalties and logprobs sample eagerly after the forward pass (a graph's when the
     // step is one): the graphs hold the plain sampler only.
     const bool extras = step_biased || step_penalized || step_logprobs;
-    const bool graph = use_graphs && bucketed && plan.kv_copies.empty();
-    if (graph) {
+    if (form.graph) {
       run_decode_graph(num_seqs, !shared.empty(), masked || extras);
     } else if (!masked && !extras) {
       forward_and_sample(rows, logit_rows);
@@ -1063,6 +1077,10 @@ void CudaStepRunner::launch(const StepPlan& plan, const std::vector<SeqSampling>
 
 StepResult CudaStepRunner::collect() { return impl_->collect(); }
 
+bool CudaStepRunner::replays_graph(const StepPlan& plan, bool want_logits) const {
+  return impl_->form_of(plan, want_logits).graph;
+}
+
 void CudaStepRunner::make_current() const {
   cuda::check(cudaSetDevice(impl_->device), "cudaSetDevice");
 }
@@ -1101,6 +1119,8 @@ void CudaStepRunner::launch(const StepPlan&, const std::vector<SeqSampling>&, bo
 }
 
 StepResult CudaStepRunner::collect() { fail("this build of pagedlm has no CUDA support"); }
+
+bool CudaStepRunner::replays_graph(const StepPlan&, bool) const { return false; }
 
 int64_t CudaStepRunner::cascade_steps() const { return 0; }
 

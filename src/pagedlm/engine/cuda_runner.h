@@ -72,6 +72,9 @@ class CudaStepRunner {
   // token sampled from its last logits row (-1 where the plan does not sample it), its logits
   // and logprobs where asked, its device time and the host's wait.
   StepResult collect();
+  // Whether launch would replay a decode bucket's CUDA graph for this plan (else the forward
+  // pass is enqueued kernel by kernel).
+  bool replays_graph(const StepPlan& plan, bool want_logits) const;
   // Runs that downloaded logits (only those whose caller asked for them: prompt logits).
   int64_t logits_downloads() const;
   // Penalty slots filled from a request's tokens (first use, or again after eviction).

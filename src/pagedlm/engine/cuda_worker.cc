@@ -33,6 +33,10 @@ StepHandle CudaWorker::launch(const StepPlan& plan, StepInputs inputs) {
   return {++launched_};
 }
 
+bool CudaWorker::launch_returns_early(const StepPlan& plan, bool want_logits) const {
+  return runner_->replays_graph(plan, want_logits);
+}
+
 StepResult CudaWorker::collect(StepHandle handle) {
   PAGEDLM_CHECK(handle.id == collected_ + 1 && handle.id <= launched_, "collect: step ", handle.id,
                 " is not the oldest in flight");

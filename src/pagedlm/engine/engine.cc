@@ -210,7 +210,9 @@ bool Engine::cancel(int64_t request_id) {
   return true;
 }
 
-bool Engine::has_unfinished() const { return scheduler_->has_unfinished() || in_flight_; }
+bool Engine::has_unfinished() const {
+  return scheduler_->has_unfinished() || in_flight_ || deferred_;
+}
 
 StepTimeLimit Engine::step_limit() const {
   StepTimeLimit limit;
@@ -231,13 +233,23 @@ StepTimeLimit Engine::step_limit() const {
 // the token N + 1 computes for it is discarded when N + 1 is collected. Where N + 1 cannot be
 // launched ahead, it is launched right after N is collected (the same pending rows). Either
 // way N + 1 stays in flight into the next step(), which plans N + 2 before collecting it.
+// A launch that does not return early (Worker::launch_returns_early: a prefill, a CPU step)
+// would hold N's tokens back until N + 1 is nearly done, so such an N + 1 is deferred: launched
+// first thing in the next step(), once N's events are out (the device idles only while the
+// caller takes them).
 std::vector<RequestEvent> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point begin = Clock::now();
   if (!in_flight_) {
-    StepPlan plan = scheduler_->schedule(step_limit());
-    if (plan.empty()) return {};
-    in_flight_ = launch_step(std::move(plan), nullptr);
+    if (deferred_) {
+      const Deferred deferred = std::move(*deferred_);
+      deferred_.reset();
+      in_flight_ = launch_step(deferred.plan, &deferred.previous);
+    } else {
+      StepPlan plan = scheduler_->schedule(step_limit());
+      if (plan.empty()) return {};
+      in_flight_ = launch_step(std::move(plan), nullptr);
+    }
     in_flight_->begin = begin;
   }
   std::unique_ptr<Launched> current = std::move(in_flight_);
@@ -247,10 +259,14 @@ std::vector<RequestEvent> Engine::step() {
     scheduler_->run_ahead(current->plan);
     const Clock::time_point next_begin = Clock::now();
     StepPlan plan = scheduler_->schedule(step_limit());
-    if (!plan.empty() && can_launch_ahead(plan)) {
+    if (plan.empty()) {
+      // Nothing to run next.
+    } else if (!executor_->worker().launch_returns_early(plan, wants_logits(plan))) {
+      deferred_ = Deferred{std::move(plan), current->plan};
+    } else if (can_launch_ahead(plan)) {
       in_flight_ = launch_step(std::move(plan), &current->plan);
       in_flight_->begin = next_begin;
-    } else if (!plan.empty()) {
+    } else {
       next = std::move(plan);
     }
   }
@@ -285,6 +301,21 @@ bool Engine::can_run_ahead(const Launched& step) const {
   return true;
 }
 
+bool Engine::wants_logits(const StepPlan& plan) const {
+  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
+  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
+  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
+    const auto it = requests_.find(plan.request_ids[b]);
+    if (it == requests_.end()) continue;
+    const RequestOutput& out = it->second.output;
+    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
+    for (int32_t j = plan.logits_indptr[b]; j < plan.logits_indptr[b + 1]; ++j) {
+      if (plan.positions[plan.logits_rows[j]] < out.prompt_logits.dim(0)) return true;
+    }
+  }
+  return false;
+}
+
 bool Engine::can_launch_ahead(const StepPlan& plan) const {
   // Its grammar masks are filled once the step in flight is collected (the prefetch it starts).
   for (const int64_t id : plan.request_ids) {
@@ -301,24 +332,26 @@ std::unique_ptr<Engine::Launched> Engine::launch_step(StepPlan plan, const StepP
   ++num_steps_;
   step->shape = shape_of(p);
   const int32_t B = p.num_seqs();
-  std::vector<LiveRequest*> live(B);
-  for (int32_t b = 0; b < B; ++b) live[b] = &requests_.at(p.request_ids[b]);
-  // Logits leave the GPU only for steps that hold prompt positions someone asked for: bias,
-  // penalties and logprobs are computed on the device (the CPU's logits are the host's anyway).
-  for (int32_t b = 0; b < B && !step->want_logits; ++b) {
-    const RequestOutput& out = live[b]->output;
-    if (!out.prompt_logits.defined() || out.prompt_logits.numel() == 0) continue;
-    for (int32_t j = p.logits_indptr[b]; j < p.logits_indptr[b + 1]; ++j) {
-      step->want_logits |= p.positions[p.logits_rows[j]] < out.prompt_logits.dim(0);
-    }
-  }
+  step->want_logits = wants_logits(p);
+  // A request of a plan made ahead may be gone by its launch (finished by the step before and
+  // its output taken, or cancelled): its row runs greedy and its token is discarded.
+  static const SamplingParams kGone = [] {
+    SamplingParams greedy;
+    greedy.temperature = 0.f;
+    return greedy;
+  }();
   StepInputs inputs;
   inputs.sampling.resize(B);
   for (int32_t b = 0; b < B; ++b) {
-    inputs.sampling[b] = {
-        &live[b]->sampling,     live[b]->seed,    int64_t{live[b]->tokens->num_outputs()},
-        /*mask_row=*/-1,        p.request_ids[b], live[b]->tokens.get(),
-        live[b]->logprobs_top_k};
+    const auto it = requests_.find(p.request_ids[b]);
+    if (it == requests_.end()) {
+      inputs.sampling[b] = {&kGone, 0, 0, /*mask_row=*/-1, p.request_ids[b], nullptr, -1};
+      continue;
+    }
+    const LiveRequest& r = it->second;
+    inputs.sampling[b] = {&r.sampling,     r.seed,           int64_t{r.tokens->num_outputs()},
+                          /*mask_row=*/-1, p.request_ids[b], r.tokens.get(),
+                          r.logprobs_top_k};
   }
   inputs.want_logits = step->want_logits;
   // The rows of the sequences this step samples under a grammar; the worker calls the batch's

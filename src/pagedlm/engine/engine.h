@@ -291,6 +291,8 @@ class Engine {
   bool can_run_ahead(const Launched& step) const;
   // Whether a plan made ahead may be launched before the step in flight is collected.
   bool can_launch_ahead(const StepPlan& plan) const;
+  // Whether the step's logits must come back to the host (prompt logits asked for).
+  bool wants_logits(const StepPlan& plan) const;
   // Applies a collected step's tokens: grammars, logprobs, prompt logits, the scheduler's update
   // (resolve when the step ran ahead), the events, the next masks' prefetch (StructuredOutput).
   std::vector<RequestEvent> finish_step(Launched& step, StepResult& result, bool ran_ahead);
@@ -316,6 +318,12 @@ class Engine {
   // The step launched and not yet collected (asynchronous scheduling keeps it between step()
   // calls).
   std::unique_ptr<Launched> in_flight_;
+  // A plan made ahead whose launch waits for the next step() (see step()), and the plan of the
+  // step before it, whose sampled ids its pending rows take.
+  struct Deferred {
+    StepPlan plan, previous;
+  };
+  std::optional<Deferred> deferred_;
   // Grammars, token masks and their prefetch. Last, so that its prefetch thread stops before
   // anything it could read goes.
   std::unique_ptr<StructuredOutput> structured_;

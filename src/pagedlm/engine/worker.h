@@ -166,6 +166,13 @@ class Worker {
   virtual StepHandle launch(const StepPlan& plan, StepInputs inputs) = 0;
   // Waits for the step and returns its result.
   virtual StepResult collect(StepHandle handle) = 0;
+  // Whether launch returns while the device is still early in the step (the GPU: a decode
+  // bucket's graph replay, one call). Where it does not, launching the step ahead of collecting
+  // the one before delays that one's tokens by about a step: the CPU runs the forward pass inside
+  // launch, and a GPU step enqueued kernel by kernel fills the device's queue of pending work,
+  // so its launch returns only near the step's end (H200, 2026-12-03: a 16k-token prefill of
+  // the Llama-3.1-8B shape spent 340 of its 379 ms in launch).
+  virtual bool launch_returns_early(const StepPlan& plan, bool want_logits) const { return false; }
 
   virtual const CausalLM& model() const = 0;
   // The KV cache pages this rank holds (every rank of a group the same).
@@ -279,6 +286,7 @@ class CudaWorker final : public Worker {
 
   StepHandle launch(const StepPlan& plan, StepInputs inputs) override;
   StepResult collect(StepHandle handle) override;
+  bool launch_returns_early(const StepPlan& plan, bool want_logits) const override;
   const CausalLM& model() const override { return *model_; }
   int32_t num_pages() const override { return num_pages_; }
   void make_current() const override;
