@@ -300,6 +300,36 @@ TEST(Grammar, StringFormatsHoldTheirLengthBounds) {
   }
 }
 
+// A string with only a length bound is any JSON string of that many characters (an escape
+// sequence or a multi-byte code point is one): never a raw control character, which RFC 8259
+// section 7 forbids in a string (xgrammar 0.2.9's own bounded strings let a tab through).
+TEST(Grammar, BoundedPlainStringsAreJsonStrings) {
+  const std::vector<FormatCase> cases = {
+      {R"({"type":"string","maxLength":5})",
+       {"", "abc", "h\xc3\xa9llo", "a\\tb", "\\u00e9", "q\\\"q"},
+       {"a\tb", "a\x01", "tab\n", "abcdef", "\\q", "\\u00g1"}},
+      {R"({"type":"string","minLength":3,"maxLength":4})", {"abc", "abcd"}, {"ab", "abcde"}},
+      {R"({"type":"string","minLength":2})", {"ab", std::string(500, 'x')}, {"a", "a\tb"}},
+  };
+  for (const FormatCase& c : cases) {
+    const CompiledGrammarPtr g = compiler().compile(schema(c.schema));
+    for (const std::string& text : c.valid) {
+      EXPECT_TRUE(takes(g, "\"" + text + "\"")) << c.schema << " refused " << text;
+    }
+    for (const std::string& text : c.refused) {
+      EXPECT_FALSE(takes(g, "\"" + text + "\"")) << c.schema << " took " << text;
+    }
+  }
+  const CompiledGrammarPtr object = compiler().compile(
+      schema(R"({"type":"object","properties":{"name":{"type":"string","maxLength":8}},)"
+             R"("required":["name"],"additionalProperties":false})"));
+  // xgrammar's compact JSON: ": " between a key and its value.
+  EXPECT_TRUE(takes(object, R"({"name": "a b"})"));
+  EXPECT_FALSE(takes(object, "{\"name\": \"a\tb\"}"));
+  expect_refused(schema(R"({"type":"string","minLength":4,"maxLength":3})"),
+                 "minLength 4 is greater than maxLength 3");
+}
+
 // Random walks through a bounded format, in an object and behind a tool call's tags: every
 // finished one is a document whose string has a length within the bound and an "@".
 TEST(Grammar, BoundedFormatWalksStayInTheBound) {

@@ -28,4 +28,10 @@ bool is_built_string_format(const std::string& format);
 std::string string_format_ebnf(const std::string& format, int64_t min_length, int64_t max_length,
                                const std::string& rule, size_t max_rules);
 
+// EBNF rules for the content (without the quotes) of any JSON string of min_length to max_length
+// characters (max_length < 0, or past int32: no upper bound). A character is a code point other
+// than the quote, the backslash and the control characters U+0000-U+001F (RFC 8259 section 7),
+// or one escape sequence. The first rule is named `rule`, the other `rule` + "_char".
+std::string json_string_ebnf(int64_t min_length, int64_t max_length, const std::string& rule);
+
 }  // namespace pagedlm::grammar
