@@ -244,6 +244,19 @@ struct FormatCase {
   std::vector<std::string> refused;  // outside the format or the bound
 };
 
+// Each case's schema takes its valid strings and refuses the others (written in JSON quotes).
+void expect_strings(const std::vector<FormatCase>& cases) {
+  for (const FormatCase& c : cases) {
+    const CompiledGrammarPtr g = compiler().compile(schema(c.schema));
+    for (const std::string& text : c.valid) {
+      EXPECT_TRUE(takes(g, "\"" + text + "\"")) << c.schema << " refused " << text;
+    }
+    for (const std::string& text : c.refused) {
+      EXPECT_FALSE(takes(g, "\"" + text + "\"")) << c.schema << " took " << text;
+    }
+  }
+}
+
 // A format with a length bound (and without one) holds both: the examples are the RFCs' own
 // (RFC 3339 section 5.8, RFC 4122 section 3, RFC 4291 section 2.2, RFC 3986 section 1.1.2) and
 // strings that the RFCs or the bound rule out.
@@ -289,15 +302,7 @@ TEST(Grammar, StringFormatsHoldTheirLengthBounds) {
        {"http://www.ietf.org/rfc/rfc2396.txt", "1http://x", "http://exa mple.com", "no-scheme",
         "http://a/%zz"}},
   };
-  for (const FormatCase& c : cases) {
-    const CompiledGrammarPtr g = compiler().compile(schema(c.schema));
-    for (const std::string& text : c.valid) {
-      EXPECT_TRUE(takes(g, "\"" + text + "\"")) << c.schema << " refused " << text;
-    }
-    for (const std::string& text : c.refused) {
-      EXPECT_FALSE(takes(g, "\"" + text + "\"")) << c.schema << " took " << text;
-    }
-  }
+  expect_strings(cases);
 }
 
 // A string with only a length bound is any JSON string of that many characters (an escape
@@ -311,15 +316,7 @@ TEST(Grammar, BoundedPlainStringsAreJsonStrings) {
       {R"({"type":"string","minLength":3,"maxLength":4})", {"abc", "abcd"}, {"ab", "abcde"}},
       {R"({"type":"string","minLength":2})", {"ab", std::string(500, 'x')}, {"a", "a\tb"}},
   };
-  for (const FormatCase& c : cases) {
-    const CompiledGrammarPtr g = compiler().compile(schema(c.schema));
-    for (const std::string& text : c.valid) {
-      EXPECT_TRUE(takes(g, "\"" + text + "\"")) << c.schema << " refused " << text;
-    }
-    for (const std::string& text : c.refused) {
-      EXPECT_FALSE(takes(g, "\"" + text + "\"")) << c.schema << " took " << text;
-    }
-  }
+  expect_strings(cases);
   const CompiledGrammarPtr object = compiler().compile(
       schema(R"({"type":"object","properties":{"name":{"type":"string","maxLength":8}},)"
              R"("required":["name"],"additionalProperties":false})"));
