@@ -17,7 +17,6 @@ StructuredOutput::StructuredOutput(int64_t vocab, int32_t max_num_seqs,
       max_num_seqs_(max_num_seqs),
       eos_(std::move(eos_token_ids)),
       rows_(std::make_shared<MaskRows>(2 * max_num_seqs, grammar::bitmask_words(vocab))) {
-  PAGEDLM_CHECK(!eos_.empty(), "structured output needs the model's EOS token ids");
   if (prefetch_threads > 0) {
     prefetch_ = std::make_unique<MaskPrefetch>(rows_->row(0), max_num_seqs, rows_->words(),
                                                prefetch_threads);
@@ -30,6 +29,9 @@ void StructuredOutput::add(int64_t request_id,
                            std::shared_ptr<const grammar::CompiledGrammar> compiled,
                            std::shared_ptr<const RequestTokens> tokens) {
   PAGEDLM_CHECK(compiled, "set_grammar: no grammar");
+  // A grammar's output ends at a stop token, and a refused token becomes one.
+  PAGEDLM_CHECK(!eos_.empty(), "structured output needs the model's EOS token ids; this model ",
+                "declares none");
   auto matcher = std::make_shared<grammar::Matcher>(std::move(compiled));
   PAGEDLM_CHECK(matcher->vocab_size() == vocab_, "the grammar was compiled for ",
                 matcher->vocab_size(), " tokens, the model has ", vocab_);
