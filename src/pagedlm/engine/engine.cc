@@ -282,11 +282,11 @@ std::vector<RequestEvent> Engine::step() {
 
 bool Engine::can_run_ahead(const Launched& step) const {
   // Tensor-parallel ranks run every step in lockstep, collected before the next (the GPU ranks'
-  // processes and the CPU's rank threads). A CPU step that may be left midway
-  // (set_abandon_check) must end before the next is planned. Prompt logits leave the device
-  // for the host to copy into the output.
+  // processes and the CPU's rank threads). A step that may be left midway (set_abandon_check,
+  // on a worker that honours it) must end before the next is planned. Prompt logits leave the
+  // device for the host to copy into the output.
   if (options_.async_scheduling <= 0 || options_.tensor_parallel_size > 1 || step.want_logits ||
-      (abandon_ && options_.device == Device::kCpu)) {
+      (abandon_ && executor_->worker().leaves_steps_midway())) {
     return false;
   }
   // A grammar's mask for the next token depends on this one (the step after is planned once

@@ -173,6 +173,9 @@ class Worker {
   // so its launch returns only near the step's end (H200, 2026-12-03: a 16k-token prefill of
   // the Llama-3.1-8B shape spent 340 of its 379 ms in launch).
   virtual bool launch_returns_early(const StepPlan& plan, bool want_logits) const { return false; }
+  // Whether a step's forward pass may be left midway (StepInputs::stop; the CPU's). GPU steps
+  // always run to the end.
+  virtual bool leaves_steps_midway() const { return false; }
 
   virtual const CausalLM& model() const = 0;
   // The KV cache pages this rank holds (every rank of a group the same).
@@ -253,6 +256,7 @@ class CpuWorker final : public Worker {
 
   StepHandle launch(const StepPlan& plan, StepInputs inputs) override;
   StepResult collect(StepHandle handle) override;
+  bool leaves_steps_midway() const override { return true; }
   const CausalLM& model() const override { return *model_; }
   int32_t num_pages() const override { return num_pages_; }
 
