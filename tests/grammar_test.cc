@@ -305,14 +305,15 @@ TEST(Grammar, StringFormatsHoldTheirLengthBounds) {
   expect_strings(cases);
 }
 
-// A string with only a length bound is any JSON string of that many characters (an escape
-// sequence or a multi-byte code point is one): never a raw control character, which RFC 8259
-// section 7 forbids in a string (xgrammar 0.2.9's own bounded strings let a tab through).
+// A string with only a length bound is a JSON string of that many characters (a multi-byte code
+// point is one), never with a raw control character, which RFC 8259 section 7 forbids in a
+// string (xgrammar 0.2.9's own bounded strings let a tab through). Escapes are left out
+// (string_format.h says why).
 TEST(Grammar, BoundedPlainStringsAreJsonStrings) {
   const std::vector<FormatCase> cases = {
       {R"({"type":"string","maxLength":5})",
-       {"", "abc", "h\xc3\xa9llo", "a\\tb", "\\u00e9", "q\\\"q"},
-       {"a\tb", "a\x01", "tab\n", "abcdef", "\\q", "\\u00g1"}},
+       {"", "abc", "h\xc3\xa9llo", "a b!"},
+       {"a\tb", "a\x01", "tab\n", "abcdef", "a\\tb", "q\\\"q"}},
       {R"({"type":"string","minLength":3,"maxLength":4})", {"abc", "abcd"}, {"ab", "abcde"}},
       {R"({"type":"string","minLength":2})", {"ab", std::string(500, 'x')}, {"a", "a\tb"}},
   };

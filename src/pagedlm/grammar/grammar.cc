@@ -63,7 +63,7 @@ constexpr const char* kBuiltFormatNames = "email, date, time, date-time, uuid, i
 // A string of a built format in the schema, replaced there by the pattern "^placeholder$".
 struct BuiltString {
   std::string placeholder;  // also the name of its grammar's first rule
-  std::string format;       // empty: any JSON string (json_string_ebnf)
+  std::string format;       // empty: a plain JSON string (json_string_ebnf)
   int64_t min_length = 0;
   int64_t max_length = -1;  // -1: none
 };
@@ -107,8 +107,8 @@ struct SchemaCheck {
     const auto format = s.find("format");
     // A string with a length bound and nothing else: xgrammar 0.2.9 bounds it with a character
     // class that keeps out only the quote, the backslash, CR and LF, so it writes raw tabs and
-    // other control characters, which JSON forbids in a string, and no escapes. Its rules are built
-    // here.
+    // other control characters, which JSON forbids in a string. Its rules are built here
+    // (json_string_ebnf).
     if (format == s.end() && has_length && !s.contains("pattern") && s.contains("type") &&
         s["type"] == "string") {
       add_built(s, {"", "", length(s, "minLength", where).value_or(0),

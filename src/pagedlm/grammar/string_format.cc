@@ -433,8 +433,9 @@ std::string json_string_ebnf(int64_t min_length, int64_t max_length, const std::
                        std::to_string(max_length));
   }
   const std::string upper = max_length < 0 ? "" : std::to_string(max_length);
-  return rule + " ::= " + rule + "_char{" + std::to_string(min_length) + "," + upper + "}\n" +
-         rule + R"(_char ::= [^"\\\u0000-\u001f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))" + "\n";
+  return rule + " ::= " + rule + "_characters\n" + rule +
+         R"(_characters ::= [^"\\\u0000-\u001f]{)" + std::to_string(min_length) + "," + upper +
+         "}\n";
 }
 
 std::string string_format_ebnf(const std::string& format, int64_t min_length, int64_t max_length,
