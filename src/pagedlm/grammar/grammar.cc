@@ -63,7 +63,7 @@ constexpr const char* kBuiltFormatNames = "email, date, time, date-time, uuid, i
 // A string of a built format in the schema, replaced there by the pattern "^placeholder$".
 struct BuiltString {
   std::string placeholder;  // also the name of its grammar's first rule
-  std::string format;       // empty: a plain JSON string (json_string_ebnf)
+  std::string format;
   int64_t min_length = 0;
   int64_t max_length = -1;  // -1: none
 };
@@ -105,16 +105,6 @@ struct SchemaCheck {
   void check_string(json& s, const std::string& where) {
     const bool has_length = s.contains("minLength") || s.contains("maxLength");
     const auto format = s.find("format");
-    // A string with a length bound and nothing else: xgrammar 0.2.9 bounds it with a character
-    // class that keeps out only the quote, the backslash, CR and LF, so it writes raw tabs and
-    // other control characters, which JSON forbids in a string. Its rules are built here
-    // (json_string_ebnf).
-    if (format == s.end() && has_length && !s.contains("pattern") && s.contains("type") &&
-        s["type"] == "string") {
-      add_built(s, {"", "", length(s, "minLength", where).value_or(0),
-                    length(s, "maxLength", where).value_or(-1)});
-      return;
-    }
     if (format == s.end() || !may_be_string(s, where)) {
       if (s.contains("pattern") && has_length) {
         fail(where, "'pattern' together with 'minLength' or 'maxLength' is not supported");
@@ -139,13 +129,8 @@ struct SchemaCheck {
       }
       return;
     }
-    add_built(s, {"", name, length(s, "minLength", where).value_or(0),
-                  length(s, "maxLength", where).value_or(-1)});
-  }
-
-  // Makes the string schema `s` a placeholder pattern for `string`'s rules (one placeholder per
-  // distinct format and bound).
-  void add_built(json& s, BuiltString string) {
+    BuiltString string{"", name, length(s, "minLength", where).value_or(0),
+                       length(s, "maxLength", where).value_or(-1)};
     const auto same = std::find_if(built.begin(), built.end(), [&](const BuiltString& b) {
       return b.format == string.format && b.min_length == string.min_length &&
              b.max_length == string.max_length;
@@ -360,11 +345,8 @@ struct GrammarCompiler::Impl {
       }
       // A string under an unreferenced definition has no place in the grammar.
       if (!used) continue;
-      const std::string built =
-          string.format.empty()
-              ? json_string_ebnf(string.min_length, string.max_length, string.placeholder)
-              : string_format_ebnf(string.format, string.min_length, string.max_length,
-                                   string.placeholder, rules_left);
+      const std::string built = string_format_ebnf(
+          string.format, string.min_length, string.max_length, string.placeholder, rules_left);
       rules_left -= static_cast<size_t>(std::count(built.begin(), built.end(), '\n'));
       rules += built;
     }

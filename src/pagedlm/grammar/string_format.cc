@@ -426,18 +426,6 @@ int64_t longest(const Dfa& dfa) {
 
 bool is_built_string_format(const std::string& format) { return formats().count(format) != 0; }
 
-std::string json_string_ebnf(int64_t min_length, int64_t max_length, const std::string& rule) {
-  if (max_length > std::numeric_limits<int32_t>::max()) max_length = -1;
-  if (max_length >= 0 && min_length > max_length) {
-    throw GrammarError("minLength " + std::to_string(min_length) + " is greater than maxLength " +
-                       std::to_string(max_length));
-  }
-  const std::string upper = max_length < 0 ? "" : std::to_string(max_length);
-  return rule + " ::= " + rule + "_characters\n" + rule +
-         R"(_characters ::= [^"\\\u0000-\u001f]{)" + std::to_string(min_length) + "," + upper +
-         "}\n";
-}
-
 std::string string_format_ebnf(const std::string& format, int64_t min_length, int64_t max_length,
                                const std::string& rule, size_t max_rules) {
   if (!is_built_string_format(format)) {

@@ -28,13 +28,4 @@ bool is_built_string_format(const std::string& format);
 std::string string_format_ebnf(const std::string& format, int64_t min_length, int64_t max_length,
                                const std::string& rule, size_t max_rules);
 
-// EBNF rules for the content (without the quotes) of a JSON string of min_length to max_length
-// characters (max_length < 0, or past int32: no upper bound): code points other than the quote,
-// the backslash and the control characters U+0000-U+001F, which RFC 8259 section 7 forbids
-// unescaped. Escape sequences are left out, as xgrammar 0.2.9 leaves them out of its own bounded
-// strings: a repeated choice of a character or an escape made each token mask take 75 ms
-// against 0.1 ms for the repeated character class (SmolLM2's 49k vocabulary, 2-core AMD EPYC).
-// The first rule is named `rule`, the other `rule` + "_characters".
-std::string json_string_ebnf(int64_t min_length, int64_t max_length, const std::string& rule);
-
 }  // namespace pagedlm::grammar
