@@ -91,7 +91,7 @@ TEST_F(StructuredOutputTest, MasksAreFilledInTheStepThenPrefetched) {
     structured.collect(plan, rows, sampled);
     EXPECT_EQ(sampled[0], t);
     tokens->all.push_back(t);  // the scheduler's part
-    structured.prefetch(plan, sampled, {1});
+    structured.prefetch(plan, sampled, [](int32_t) { return true; });
     sampling.assign(1, SeqSampling{});
     batch = structured.launch(plan, sampling, rows);
     ASSERT_NE(batch.rows, nullptr);

@@ -259,15 +259,15 @@ std::vector<RequestEvent> Engine::step() {
     scheduler_->run_ahead(current->plan);
     const Clock::time_point next_begin = Clock::now();
     StepPlan plan = scheduler_->schedule(step_limit());
-    if (plan.empty()) {
-      // Nothing to run next.
-    } else if (!executor_->worker().launch_returns_early(plan, wants_logits(plan))) {
-      deferred_ = Deferred{std::move(plan), current->plan};
-    } else if (can_launch_ahead(plan)) {
-      in_flight_ = launch_step(std::move(plan), &current->plan);
-      in_flight_->begin = next_begin;
-    } else {
-      next = std::move(plan);
+    if (!plan.empty()) {
+      if (!executor_->worker().launch_returns_early(plan, wants_logits(plan))) {
+        deferred_ = Deferred{std::move(plan), current->plan};
+      } else if (can_launch_ahead(plan)) {
+        in_flight_ = launch_step(std::move(plan), &current->plan);
+        in_flight_->begin = next_begin;
+      } else {
+        next = std::move(plan);
+      }
     }
   }
   StepResult result = executor_->collect(current->handle);
@@ -455,11 +455,9 @@ std::vector<RequestEvent> Engine::finish_step(Launched& step, StepResult& result
     event.reason = u.reason;
     events.push_back(std::move(event));
   }
-  std::vector<uint8_t> going_on(plan.num_seqs(), 0);
-  for (int32_t b = 0; b < plan.num_seqs(); ++b) {
-    going_on[b] = live[b] != nullptr && live[b]->output.reason == FinishReason::kNone ? 1 : 0;
-  }
-  structured_->prefetch(plan, sampled, going_on);
+  structured_->prefetch(plan, sampled, [&](int32_t b) {
+    return live[b] != nullptr && live[b]->output.reason == FinishReason::kNone;
+  });
   const auto ms = [](Clock::duration d) {
     return std::chrono::duration<double, std::milli>(d).count();
   };

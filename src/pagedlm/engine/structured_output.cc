@@ -140,14 +140,14 @@ void StructuredOutput::collect(const StepPlan& plan, const std::vector<int32_t>&
 }
 
 void StructuredOutput::prefetch(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                                const std::vector<uint8_t>& going_on) {
+                                const std::function<bool(int32_t)>& goes_on) {
   if (!prefetch_) return;
   // The next masks of the sequences that go on under a grammar, while the step ends, the
   // caller takes its events and the next step is planned and launched.
   std::vector<MaskPrefetch::Item> next;
   const auto add = [&](int32_t b, int32_t token_to_accept) {
     const auto it = requests_.find(plan.request_ids[b]);
-    if (it == requests_.end() || going_on[b] == 0 || it->second.terminated) return;
+    if (it == requests_.end() || it->second.terminated || !goes_on(b)) return;
     next.push_back({plan.request_ids[b], it->second.tokens->num_outputs(), it->second.matcher,
                     token_to_accept});
   };

@@ -1,7 +1,7 @@
 // Structured output's manager: every request's grammar matcher, the token masks of each step
 // and their prefetch. The engine asks it for a step's MaskBatch when it launches the step and
-// hands it the step's sampled tokens when it collects it; the worker only reads the rows it is
-// lent. Who owns what:
+// hands it the step's sampled tokens when it collects it; the worker only reads the rows the
+// step's batch names. Who owns what:
 // - a matcher is the manager's, touched by its prefetch thread between start and wait
 //   (MaskPrefetch) and by the engine thread otherwise;
 // - the mask rows are the manager's one block (MaskRows), rows [0, max_num_seqs) the prefetch's
@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -64,11 +65,11 @@ class StructuredOutput {
   // the scheduler takes the tokens.
   void collect(const StepPlan& plan, const std::vector<int32_t>& mask_rows,
                std::vector<int32_t>& sampled);
-  // Starts filling the next masks of the collected step's sequences that go on (going_on[b]:
-  // it neither finished nor was taken away), from their output lengths after the scheduler
-  // took the step's tokens. No-op without a prefetch.
+  // Starts filling the next masks of the collected step's sequences that go on (goes_on(b): the
+  // plan's sequence b neither finished nor was taken away), from their output lengths after the
+  // scheduler took the step's tokens. No-op without a prefetch.
   void prefetch(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                const std::vector<uint8_t>& going_on);
+                const std::function<bool(int32_t)>& goes_on);
   // Waits for a prefetch in progress (a step left midway: its requests' matchers are about to
   // go).
   void wait();
