@@ -208,22 +208,30 @@ def openai_seeds():
         write("fuzz_openai_request", name, json.dumps(body))
 
 
-# ---- fuzz_json_shapes: field byte, container byte (1: object), repeat count / 32, unit ----
+# ---- fuzz_json_shapes: field byte, container | endpoint << 1, repeat count / 32, unit ----
 def json_shape_seeds():
     fields = ["x", "logit_bias", "chat_template_kwargs", "messages", "tools", "stop", "prompt",
-              "response_format"]
+              "response_format", "tokens"]
+    completions, chat, tokenize, detokenize = 0, 1, 2, 3
+    # name: (field, container (1: object), endpoint, unit)
     shapes = {
-        "empty_objects": (0, 0, b"{}"), "empty_arrays": (0, 0, b"[]"),
-        "values_objects": (0, 1, b"{}"), "values_numbers": (0, 1, b"1"),
-        "logit_bias": (1, 1, b"5"), "kwargs": (2, 1, b'{"a":[]}'),
-        "messages": (3, 0, b'{"role":"user","content":"hi"}'),
-        "tools": (4, 0, b'{"type":"function","function":{"name":"f"}}'),
-        "stop": (5, 0, b'"x"'), "prompt_ids": (6, 0, b"7"), "format": (7, 1, b'"json_object"'),
+        "empty_objects": (0, 0, completions, b"{}"), "empty_arrays": (0, 0, chat, b"[]"),
+        "values_objects": (0, 1, tokenize, b"{}"), "values_numbers": (0, 1, detokenize, b"1"),
+        "logit_bias": (1, 1, completions, b"5"), "kwargs": (2, 1, chat, b'{"a":[]}'),
+        "messages": (3, 0, chat, b'{"role":"user","content":"hi"}'),
+        "messages_tokenize": (3, 0, tokenize, b'{"role":"user","content":"hi"}'),
+        "tools": (4, 0, chat, b'{"type":"function","function":{"name":"f"}}'),
+        "stop": (5, 0, completions, b'"x"'), "prompt_ids": (6, 0, completions, b"7"),
+        "detokenize_ids": (8, 0, detokenize, b"7"), "format": (7, 1, chat, b'"json_object"'),
     }
-    for name, (field, container, unit) in shapes.items():
+    for name, (field, container, endpoint, unit) in shapes.items():
         assert fields[field]
         # 2047 x 32 repeats: as many as fit in the target's 2 MB.
-        write("fuzz_json_shapes", name, bytes([field, container, 0x07, 0xff]) + unit)
+        write("fuzz_json_shapes", name, bytes([field, container | endpoint << 1, 0x07, 0xff]) + unit)
+    # 11 x 32 + 1 messages of 5.7 KB each, as many as the target's model takes (384 tokens of
+    # context): a 2 MB chat that is rendered and tokenized in full.
+    long_message = b'{"role":"user","content":"' + b"lorem ipsum " * 475 + b'"}'
+    write("fuzz_json_shapes", "long_messages", bytes([3, chat << 1, 0x00, 0x0b]) + long_message)
 
 
 # ---- model replies: first byte = tool-call form | 4 if the prompt opened <think> ----

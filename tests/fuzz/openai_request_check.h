@@ -3,13 +3,14 @@
 // /tokenize and /detokenize schemas against a small model with a tokenizer and the Qwen3 chat
 // template (tools, reasoning). Malformed JSON may throw what parse_json documents (a 400 in
 // the server); the parsers may only throw ApiError (a 4xx naming the field) or pagedlm::Error
-// (a 400). Shared by fuzz_openai_request (any body) and fuzz_json_shapes (bodies shaped to be
-// slow to parse).
+// (a 400). Shared by fuzz_openai_request (any body, every endpoint) and fuzz_json_shapes
+// (bodies shaped to be slow to parse, one endpoint each).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,30 +70,56 @@ void refused_cleanly(F&& parse) {
   }
 }
 
-// Parses `text` as the server parses a request body and checks what each parser makes of it.
-inline void check_request_body(std::string_view text) {
-  const pagedlm::server::ModelInfo& info = model();
-  request_json body;
+// The server's endpoints; a request goes to exactly one of them.
+enum class Endpoint { kCompletions, kChatCompletions, kTokenize, kDetokenize };
+
+// Parses `text` as the server parses a request body, or returns nullopt where the server
+// refuses the JSON itself.
+inline std::optional<request_json> parsed_body(std::string_view text) {
   try {
-    body = pagedlm::parse_json<request_json>(text);
+    return pagedlm::parse_json<request_json>(text);
   } catch (const pagedlm::Error&) {
-    return;  // nested too deep
+    return std::nullopt;  // nested too deep
   } catch (const request_json::exception&) {
-    return;  // not JSON: parse_error, or out_of_range for a number like 1e999
+    return std::nullopt;  // not JSON: parse_error, or out_of_range for a number like 1e999
   }
-  for (bool chat : {false, true}) {
-    refused_cleanly([&] { check_completion(parse_completion_request(body, chat, info)); });
+}
+
+// Runs `endpoint`'s parser on `body` and checks what it makes of it.
+inline void check_endpoint(const request_json& body, Endpoint endpoint) {
+  const pagedlm::server::ModelInfo& info = model();
+  switch (endpoint) {
+    case Endpoint::kCompletions:
+    case Endpoint::kChatCompletions: {
+      const bool chat = endpoint == Endpoint::kChatCompletions;
+      refused_cleanly([&] { check_completion(parse_completion_request(body, chat, info)); });
+      return;
+    }
+    case Endpoint::kTokenize:
+      refused_cleanly([&] {
+        for (int32_t id : parse_tokenize_request(body, info)) {
+          PAGEDLM_FUZZ_EXPECT(id >= 0 && id < info.vocab_size);
+        }
+      });
+      return;
+    case Endpoint::kDetokenize:
+      refused_cleanly([&] {
+        for (int32_t id : parse_detokenize_request(body, info)) {
+          PAGEDLM_FUZZ_EXPECT(id >= 0 && id < info.vocab_size);
+        }
+      });
+      return;
   }
-  refused_cleanly([&] {
-    for (int32_t id : parse_tokenize_request(body, info)) {
-      PAGEDLM_FUZZ_EXPECT(id >= 0 && id < info.vocab_size);
-    }
-  });
-  refused_cleanly([&] {
-    for (int32_t id : parse_detokenize_request(body, info)) {
-      PAGEDLM_FUZZ_EXPECT(id >= 0 && id < info.vocab_size);
-    }
-  });
+}
+
+// Every endpoint's parser on one body.
+inline void check_request_body(std::string_view text) {
+  const std::optional<request_json> body = parsed_body(text);
+  if (!body) return;
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions,
+                            Endpoint::kTokenize, Endpoint::kDetokenize}) {
+    check_endpoint(*body, endpoint);
+  }
 }
 
 }  // namespace pagedlm::fuzz

@@ -1,5 +1,6 @@
 #include "pagedlm/server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <string>
@@ -122,6 +123,15 @@ std::string render_chat(const json& body, const ModelInfo& model) {
   if (messages == nullptr) bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) {
     bad("messages", "'messages' must be a non-empty list");
+  }
+  // Templates render every message with its role's markers, at least one token each, so a list
+  // longer than the context cannot fit. Refused before rendering: a 2 MB body of 65k tiny
+  // messages would otherwise cost a render and a tokenization of all of them.
+  const int64_t context = std::min(model.max_model_len, model.max_prompt_tokens);
+  if (static_cast<int64_t>(messages->size()) > context) {
+    bad("messages", cat("This model's maximum context length is ", context,
+                        " tokens. However, 'messages' lists ", messages->size(),
+                        " messages, more than that many tokens can hold."));
   }
   for (const json& m : *messages) {
     if (!m.is_object()) bad("messages", "each message must be an object");
