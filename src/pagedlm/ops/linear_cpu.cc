@@ -193,6 +193,94 @@ inline Iq4SubBlock iq4_sub_block(const uint8_t* block, int sub) {
             block + 12 + 16 * sub};
   }
 }
+
+// ---- Prefill-sized steps: packed panels ----
+// x is packed once per step into tiles of kRows rows, block-interleaved (tile t, block b: row
+// 0's 32 floats, row 1's, ...; rows past the end are zero), and each panel of kPanelCols weight
+// rows is expanded once per block of rows into the same layout, so the kernels read two
+// sequential streams from two pointers. A kernel takes a tile's rows times kCols of the panel's
+// columns, each output its own 16-lane accumulator fed as quant_dot_rows' are.
+constexpr int64_t kPanelCols = 8;  // weight rows expanded together (32 KiB at 1024 inputs)
+
+// out rows [rows of the tile][n_cols] (row stride out_stride) = the packed tile times the packed
+// panel's columns [c, c + kCols), plus bias (kCols values).
+using PanelKernelFn = void (*)(const float* x_tile, const float* panel, int64_t num_blocks,
+                               const float* bias, float* out, int64_t out_stride, int64_t n_cols);
+
+template <typename T>
+inline T* align64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  const auto misalign = reinterpret_cast<uintptr_t>(v.data()) % 64;
+  return v.data() + (misalign == 0 ? 0 : (64 - misalign) / sizeof(T));
+}
+
+// Packs rows [r0, r0 + tile_rows) of x (rows past `rows` zero) into one tile.
+inline void pack_tile(const float* x, int64_t rows, int64_t in_features, int64_t r0,
+                      int64_t tile_rows, float* tile) {
+  const int64_t num_blocks = in_features / kQuantBlock;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t i = 0; i < tile_rows; ++i) {
+      float* dst = tile + (b * tile_rows + i) * kQuantBlock;
+      if (r0 + i < rows) {
+        std::memcpy(dst, x + (r0 + i) * in_features + b * kQuantBlock, kQuantBlock * sizeof(float));
+      } else {
+        std::memset(dst, 0, kQuantBlock * sizeof(float));
+      }
+    }
+  }
+}
+
+// A prefill-sized step: panels of weights expanded once per block of rows. expand_panel(col0,
+// n_cols, panel) expands weight rows [col0, col0 + n_cols) into a panel (columns past n_cols
+// zero); kernels[r - 1] takes a tile of r rows.
+template <int kRows, int64_t kCols, typename ExpandPanel>
+void panel_linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                  int64_t rows, int64_t out_stride, const ExpandPanel& expand_panel,
+                  const PanelKernelFn* kernels) {
+  static_assert(kPanelCols % kCols == 0);
+  const int64_t out_features = weight.rows, in_features = weight.cols;
+  const int64_t num_blocks = in_features / kQuantBlock;
+  const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
+  const int64_t num_tiles = (rows + kRows - 1) / kRows;
+  const int64_t tile_floats = kRows * in_features;
+  // Tiles sharing one expansion of a panel: about 512 KiB of packed x, which stays in L2 while
+  // the thread's panels pass by, so a panel is expanded once per that many rows.
+  const int64_t block_tiles = std::max<int64_t>(1, (int64_t{1} << 19) / (tile_floats * 4));
+  thread_local std::vector<float>
+      packed_storage;  // the calling thread's; grows to its largest step
+  float* packed = align64(packed_storage, num_tiles * tile_floats);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < num_tiles; ++t) {
+      pack_tile(x, rows, in_features, t * kRows, kRows, packed + t * tile_floats);
+    }
+    // Panels split into one contiguous range per thread (a column's arithmetic never depends
+    // on the split).
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t p0 = num_panels * t / threads, p1 = num_panels * (t + 1) / threads;
+    thread_local std::vector<float> panel_storage;
+    float* panel = align64(panel_storage, kPanelCols * in_features);
+    for (int64_t t0 = 0; t0 < num_tiles; t0 += block_tiles) {
+      const int64_t t1 = std::min(num_tiles, t0 + block_tiles);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col0 = p * kPanelCols;
+        const int64_t n_cols = std::min(kPanelCols, out_features - col0);
+        expand_panel(col0, n_cols, panel);
+        alignas(16) float bias_panel[kPanelCols] = {};
+        if (bias != nullptr) std::copy(bias + col0, bias + col0 + n_cols, bias_panel);
+        for (int64_t tile = t0; tile < t1; ++tile) {
+          const int64_t r = tile * kRows;
+          for (int64_t c = 0; c < n_cols; c += kCols) {
+            kernels[std::min<int64_t>(kRows, rows - r) - 1](
+                packed + tile * tile_floats, panel + c * kQuantBlock, num_blocks, bias_panel + c,
+                out + r * out_stride + col0 + c, out_stride, std::min<int64_t>(kCols, n_cols - c));
+          }
+        }
+      }
+    }
+  }
+}
 #endif
 
 #if defined(__AVX512F__) && defined(__F16C__)
@@ -492,7 +580,6 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
 // one). Larger steps: panel_kernel (below), which expands each weight once per step into packed
 // float32 panels shared by all the step's rows.
 constexpr int kMicroRows = 4, kMicroCols = 4;
-constexpr int64_t kPanelCols = 8;     // weight rows expanded together (32 KiB at 1024 inputs)
 constexpr int64_t kPanelMinRows = 5;  // fewer rows: straight from the blocks (measured)
 // Columns a thread takes at a time in a decode step: 32 splits SmolLM2's 192-wide k and v
 // projections evenly over 2 threads (64 left one thread 2 chunks of 3).
@@ -624,21 +711,10 @@ void micro_tiles(const float* x, int64_t in_features, int64_t r0, int64_t r1, co
   }
 }
 
-// ---- Prefill-sized steps: packed panels ----
-// x is packed once per step into tiles of kTileRows rows, block-interleaved (tile t, block b:
-// row 0's 32 floats, row 1's, ...; rows past the end are zero), and each panel of kPanelCols
-// weight rows is expanded once per block of rows into the same layout, so the kernel reads two
-// sequential streams from two pointers. Its tile is kTileRows x kMicroCols outputs (24
-// accumulators), fed half a block at a time: each lane's first FMA of a block, then its second,
-// exactly as in micro_kernel.
+// ---- Prefill-sized steps (panel_linear): the AVX-512 kernel ----
+// Its tile is kTileRows x kMicroCols outputs (24 accumulators), fed half a block at a time:
+// each lane's first FMA of a block, then its second, exactly as in micro_kernel.
 constexpr int kTileRows = 6;
-
-template <typename T>
-inline T* align64(std::vector<T>& v, size_t n) {
-  v.resize(n + 64 / sizeof(T));
-  const auto misalign = reinterpret_cast<uintptr_t>(v.data()) % 64;
-  return v.data() + (misalign == 0 ? 0 : (64 - misalign) / sizeof(T));
-}
 
 // out rows [n_rows][n_cols] (row stride out_stride) = the packed tile times the packed panel's
 // columns [c, c + kMicroCols), plus bias4.
@@ -679,26 +755,9 @@ void panel_kernel(const float* x_tile, const float* panel, int64_t num_blocks, c
   }
 }
 
-using PanelKernelFn = void (*)(const float*, const float*, int64_t, const float*, float*, int64_t,
-                               int64_t);
 constexpr PanelKernelFn kPanelKernel[kTileRows] = {panel_kernel<1>, panel_kernel<2>,
                                                    panel_kernel<3>, panel_kernel<4>,
                                                    panel_kernel<5>, panel_kernel<6>};
-
-// Packs rows [r0, r0 + kTileRows) of x (rows past `rows` zero) into one tile.
-void pack_tile(const float* x, int64_t rows, int64_t in_features, int64_t r0, float* tile) {
-  const int64_t num_blocks = in_features / kQuantBlock;
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t i = 0; i < kTileRows; ++i) {
-      float* dst = tile + (b * kTileRows + i) * kQuantBlock;
-      if (r0 + i < rows) {
-        std::memcpy(dst, x + (r0 + i) * in_features + b * kQuantBlock, kQuantBlock * sizeof(float));
-      } else {
-        std::memset(dst, 0, kQuantBlock * sizeof(float));
-      }
-    }
-  }
-}
 
 // Expands weight rows [col0, col0 + n_cols) into a packed panel; columns past n_cols are zero
 // (their outputs are computed and dropped).
@@ -742,55 +801,6 @@ void decode_linear(const float* x, const QuantizedMatrix& weight, const float* b
   }
 }
 
-// A prefill-sized step: panels of weights expanded once per block of rows.
-template <QuantType kType>
-void panel_linear(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-                  int64_t rows, int64_t out_stride) {
-  const int64_t out_features = weight.rows, in_features = weight.cols;
-  const int64_t num_blocks = in_features / kQuantBlock;
-  const int64_t num_panels = (out_features + kPanelCols - 1) / kPanelCols;
-  const int64_t num_tiles = (rows + kTileRows - 1) / kTileRows;
-  const int64_t tile_floats = kTileRows * in_features;
-  // Tiles sharing one expansion of a panel: about 512 KiB of packed x, which stays in L2 while
-  // the thread's panels pass by, so a panel is expanded once per that many rows.
-  const int64_t block_tiles = std::max<int64_t>(1, (int64_t{1} << 19) / (tile_floats * 4));
-  thread_local std::vector<float>
-      packed_storage;  // the calling thread's; grows to its largest step
-  float* packed = align64(packed_storage, num_tiles * tile_floats);
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < num_tiles; ++t) {
-      pack_tile(x, rows, in_features, t * kTileRows, packed + t * tile_floats);
-    }
-    // Panels split into one contiguous range per thread (a column's arithmetic never depends
-    // on the split).
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t p0 = num_panels * t / threads, p1 = num_panels * (t + 1) / threads;
-    thread_local std::vector<float> panel_storage;
-    float* panel = align64(panel_storage, kPanelCols * in_features);
-    for (int64_t t0 = 0; t0 < num_tiles; t0 += block_tiles) {
-      const int64_t t1 = std::min(num_tiles, t0 + block_tiles);
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t col0 = p * kPanelCols;
-        const int64_t n_cols = std::min(kPanelCols, out_features - col0);
-        expand_panel<kType>(weight, col0, n_cols, panel);
-        alignas(16) float bias_panel[kPanelCols] = {};
-        if (bias != nullptr) std::copy(bias + col0, bias + col0 + n_cols, bias_panel);
-        for (int64_t tile = t0; tile < t1; ++tile) {
-          const int64_t r = tile * kTileRows;
-          for (int64_t c = 0; c < n_cols; c += kMicroCols) {
-            kPanelKernel[std::min<int64_t>(kTileRows, rows - r) - 1](
-                packed + tile * tile_floats, panel + c * kQuantBlock, num_blocks, bias_panel + c,
-                out + r * out_stride + col0 + c, out_stride,
-                std::min<int64_t>(kMicroCols, n_cols - c));
-          }
-        }
-      }
-    }
-  }
-}
-
 // False for a format the AVX-512 kernels do not read.
 bool linear_avx512(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
                    int64_t rows, int64_t out_stride) {
@@ -798,7 +808,12 @@ bool linear_avx512(const float* x, const QuantizedMatrix& weight, const float* b
     if (rows < kPanelMinRows) {
       decode_linear<format.value>(x, weight, bias, out, rows, out_stride);
     } else {
-      panel_linear<format.value>(x, weight, bias, out, rows, out_stride);
+      panel_linear<kTileRows, kMicroCols>(
+          x, weight, bias, out, rows, out_stride,
+          [&](int64_t col0, int64_t n_cols, float* panel) {
+            expand_panel<format.value>(weight, col0, n_cols, panel);
+          },
+          kPanelKernel);
     }
   });
 }
@@ -1076,6 +1091,81 @@ void quant_dot_rows(const float* x, int64_t in_features, const uint8_t* weight_r
 constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
     quant_dot_rows<1>, quant_dot_rows<2>, quant_dot_rows<3>, quant_dot_rows<4>,
     quant_dot_rows<5>, quant_dot_rows<6>, quant_dot_rows<7>, quant_dot_rows<8>};
+
+// ---- Prefill-sized steps (panel_linear): the AVX2 kernel ----
+// A tile of kAvx2TileRows x kAvx2TileCols outputs, each its 16 lanes in two registers (12 of the
+// 16), fed a quarter block at a time as quant_dot_rows_of feeds its own: per block, two weight
+// loads and three of x for six FMAs a quarter, where quant_dot_rows_of expands every weight
+// again for each tile of 8 rows and loads x four times per four FMAs.
+constexpr int kAvx2TileRows = 3;
+constexpr int64_t kAvx2TileCols = 2;
+constexpr int64_t kAvx2PanelMinRows = 5;  // fewer rows: quant_dot_rows straight from the blocks
+
+template <int MR>
+void panel_kernel_avx2(const float* x_tile, const float* panel, int64_t num_blocks,
+                       const float* bias, float* out, int64_t out_stride, int64_t n_cols) {
+  __m256 acc[MR][kAvx2TileCols][2];
+  for (auto& row : acc) {
+    for (auto& a : row) a[0] = a[1] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const float* xb = x_tile + b * kAvx2TileRows * kQuantBlock;
+    const float* wb = panel + b * kPanelCols * kQuantBlock;
+    for (int q = 0; q < 4; ++q) {  // elements 8q .. 8q + 7, lanes 8 (q % 2) ..
+      __m256 w[kAvx2TileCols];
+      for (int64_t j = 0; j < kAvx2TileCols; ++j) w[j] = _mm256_load_ps(wb + j * kQuantBlock + 8 * q);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_load_ps(xb + i * kQuantBlock + 8 * q);
+        for (int64_t j = 0; j < kAvx2TileCols; ++j) {
+          acc[i][j][q % 2] = _mm256_fmadd_ps(w[j], xv, acc[i][j][q % 2]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int64_t j = 0; j < n_cols; ++j) {
+      out[i * out_stride + j] = reduce_lanes_avx2(acc[i][j][0], acc[i][j][1]) + bias[j];
+    }
+  }
+}
+
+constexpr PanelKernelFn kPanelKernelAvx2[kAvx2TileRows] = {
+    panel_kernel_avx2<1>, panel_kernel_avx2<2>, panel_kernel_avx2<3>};
+
+// Expands weight rows [col0, col0 + n_cols) into a packed panel, each row's blocks in order (as
+// expand_avx2 needs for the formats it expands through `dequantized`); columns past n_cols are
+// zero (their outputs are computed and dropped).
+template <QuantType kType>
+void expand_panel_avx2(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
+  const QuantFormat& format = quant_format(weight.type);
+  const int64_t num_blocks = weight.cols / kQuantBlock;
+  const int64_t row_bytes = weight.row_bytes();
+  alignas(32) float dequantized[kMaxQuantBlockElems];
+  for (int64_t c = 0; c < kPanelCols; ++c) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
+      __m256 w[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+      if (c < n_cols) {
+        expand_avx2<kType>(format, weight.blocks.data() + (col0 + c) * row_bytes,
+                           b * kQuantBlock, dequantized, w);
+      }
+      for (int j = 0; j < 4; ++j) _mm256_store_ps(dst + 8 * j, w[j]);
+    }
+  }
+}
+
+void panel_linear_avx2(const float* x, const QuantizedMatrix& weight, const float* bias,
+                       float* out, int64_t rows, int64_t out_stride) {
+  with_avx2_format(weight.type, [&](auto format) {
+    panel_linear<kAvx2TileRows, kAvx2TileCols>(
+        x, weight, bias, out, rows, out_stride,
+        [&](int64_t col0, int64_t n_cols, float* panel) {
+          expand_panel_avx2<format.value>(weight, col0, n_cols, panel);
+        },
+        kPanelKernelAvx2);
+  });
+}
 #else
 constexpr const QuantDotFn* kQuantDot = kPortableDot;
 #endif
@@ -1089,6 +1179,12 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
 #if defined(__AVX512F__) && defined(__F16C__)
   if (linear_avx512(x, weight, bias, out, rows, out_stride)) return;
   linear_rows(kPortableDot, x, weight, bias, out, rows, out_stride);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (rows >= kAvx2PanelMinRows) {
+    panel_linear_avx2(x, weight, bias, out, rows, out_stride);
+    return;
+  }
+  linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
 #else
   linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
 #endif
