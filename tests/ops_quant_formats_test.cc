@@ -132,8 +132,10 @@ void expect_within(const Tensor& out, const Product& want, const std::string& wh
   EXPECT_EQ(bad, 0) << what;
 }
 
-// Decode-sized steps (1-4 rows: the micro-kernel), prefill-sized ones (the panels, with a short
-// last tile) and the portable loops, on the format as loaded and as repacked.
+// Decode-sized steps (AVX-512: 1-4 rows through the micro-kernel; AVX2: up to 8 through the row
+// kernels), prefill-sized ones (the panels, with short last tiles of every size: 11 and 13 rows
+// are 6 + 5 and 6 + 6 + 1 on AVX-512, 3 + 3 + 3 + 2 and 4 x 3 + 1 on AVX2) and the portable
+// loops, on the format as loaded and as repacked.
 TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
   std::mt19937 rng(7);
   const int64_t out_features = 37;  // a partial 32-column chunk and 4-column tile
@@ -142,7 +144,7 @@ TEST(QuantFormats, ExactLinearMatchesGgufPyWeights) {
     const int64_t in_features = w.blocks.cols;
     const QuantizedMatrix repacked = ops::repack_for_cpu(w.blocks);
     const Tensor bias = random_f32({out_features}, rng);
-    for (int64_t rows : {1, 2, 3, 4, 5, 7, 13}) {
+    for (int64_t rows : {1, 2, 3, 4, 5, 7, 11, 13}) {
       const std::string what =
           std::string(quant_format(c.type).name) + " rows " + std::to_string(rows);
       const Tensor x = random_f32({rows, in_features}, rng);
