@@ -1100,7 +1100,8 @@ constexpr QuantDotFn kQuantDot[kQuantRowTile] = {
 constexpr int kAvx2TileRows = 3;
 constexpr int64_t kAvx2TileCols = 2;
 // Fewer rows: quant_dot_rows straight from the blocks, one expansion per tile of up to 8 rows
-// (8 parallel decodes measured 0.95x of that through the panels, 32 of them 1.19x).
+// (through the panels, 8 parallel decodes measured 0.98x the tok/s of that, 32 of them 1.23x;
+// medians of 4 runs each, 2-core AMD EPYC).
 constexpr int64_t kAvx2PanelMinRows = kQuantRowTile + 1;
 
 template <int MR>
