@@ -27,7 +27,8 @@ std::string read_text(const std::string& path) {
 class OpenAiApiTest : public ::testing::Test {
  protected:
   OpenAiApiTest()
-      : tokenizer_(Tokenizer::from_tokenizer_json(PAGEDLM_TESTDATA "/tokenizer/tiny/tokenizer.json")),
+      : tokenizer_(
+            Tokenizer::from_tokenizer_json(PAGEDLM_TESTDATA "/tokenizer/tiny/tokenizer.json")),
         template_(read_text(PAGEDLM_TESTDATA "/chat_templates/qwen3.jinja"), "", "<|im_end|>") {
     info_.name = "test-model";
     info_.tokenizer = &tokenizer_;

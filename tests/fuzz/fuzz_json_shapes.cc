@@ -27,7 +27,7 @@ constexpr size_t kMaxBodyBytes = size_t{2} << 20;
 std::string shaped_body(const uint8_t* data, size_t size) {
   static constexpr std::string_view kFields[] = {
       "x",    "logit_bias", "chat_template_kwargs", "messages", "tools",
-      "stop", "prompt",     "response_format", "tokens"};
+      "stop", "prompt",     "response_format",      "tokens"};
   const std::string_view field = kFields[data[0] % std::size(kFields)];
   const bool object = (data[1] & 1) != 0;
   const size_t repeats = (size_t{data[2]} << 8 | data[3]) * 32 + 1;

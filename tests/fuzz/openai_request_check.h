@@ -116,8 +116,8 @@ inline void check_endpoint(const request_json& body, Endpoint endpoint) {
 inline void check_request_body(std::string_view text) {
   const std::optional<request_json> body = parsed_body(text);
   if (!body) return;
-  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions,
-                            Endpoint::kTokenize, Endpoint::kDetokenize}) {
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions, Endpoint::kTokenize,
+                            Endpoint::kDetokenize}) {
     check_endpoint(*body, endpoint);
   }
 }

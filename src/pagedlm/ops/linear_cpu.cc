@@ -1116,7 +1116,8 @@ void panel_kernel_avx2(const float* x_tile, const float* panel, int64_t num_bloc
     const float* wb = panel + b * kPanelCols * kQuantBlock;
     for (int q = 0; q < 4; ++q) {  // elements 8q .. 8q + 7, lanes 8 (q % 2) ..
       __m256 w[kAvx2TileCols];
-      for (int64_t j = 0; j < kAvx2TileCols; ++j) w[j] = _mm256_load_ps(wb + j * kQuantBlock + 8 * q);
+      for (int64_t j = 0; j < kAvx2TileCols; ++j)
+        w[j] = _mm256_load_ps(wb + j * kQuantBlock + 8 * q);
       for (int i = 0; i < MR; ++i) {
         const __m256 xv = _mm256_load_ps(xb + i * kQuantBlock + 8 * q);
         for (int64_t j = 0; j < kAvx2TileCols; ++j) {
@@ -1150,16 +1151,16 @@ void expand_panel_avx2(const QuantizedMatrix& weight, int64_t col0, int64_t n_co
       __m256 w[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
       if (c < n_cols) {
-        expand_avx2<kType>(format, weight.blocks.data() + (col0 + c) * row_bytes,
-                           b * kQuantBlock, dequantized, w);
+        expand_avx2<kType>(format, weight.blocks.data() + (col0 + c) * row_bytes, b * kQuantBlock,
+                           dequantized, w);
       }
       for (int j = 0; j < 4; ++j) _mm256_store_ps(dst + 8 * j, w[j]);
     }
   }
 }
 
-void panel_linear_avx2(const float* x, const QuantizedMatrix& weight, const float* bias,
-                       float* out, int64_t rows, int64_t out_stride) {
+void panel_linear_avx2(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                       int64_t rows, int64_t out_stride) {
   with_avx2_format(weight.type, [&](auto format) {
     panel_linear<kAvx2TileRows, kAvx2TileCols>(
         x, weight, bias, out, rows, out_stride,
