@@ -122,6 +122,26 @@ __device__ __forceinline__ void dequantize_unit(const uint8_t* block, int unit, 
   }
 }
 
+// The warp sums its lanes' partial sums of output n for each of the kRows rows; lane 0 writes
+// them (bf16 with the bias, or f32 without).
+template <int kRows>
+__device__ __forceinline__ void store_outputs(float (&acc)[kRows], const bf16* bias, void* out,
+                                              bool out_f32, int n, int64_t out_stride) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (threadIdx.x != 0) return;
+  const float b = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t at = r * out_stride + n;
+    if (out_f32) {
+      static_cast<float*>(out)[at] = acc[r];
+    } else {
+      static_cast<bf16*>(out)[at] = __float2bfloat16(acc[r] + b);
+    }
+  }
+}
+
 // One warp per output feature n, all kRows rows of x at once (each weight read once): lane l takes
 // units l, l + 32, ... of row n's blocks and accumulates w * x in f32 per row, then the warp
 // sums its lanes. The order of every output's additions depends on in_features only, not on
@@ -153,19 +173,105 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       for (int j = 0; j < 8; ++j) acc[r] = fmaf(w[j], __bfloat162float(xv[j]), acc[r]);
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-  if (threadIdx.x != 0) return;
-  const float b = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+  store_outputs<kRows>(acc, bias, out, out_f32, n, out_stride);
+}
+
+// Q4_K's own matrix-vector kernel. Its 144-byte blocks are 16-byte aligned whenever the matrix
+// is (144 = 9 x 16), so a lane reads its share in two 16-byte loads: the block's head (d, dmin
+// and the 12 bytes of packed scales and mins) and 16 bytes of quants. Those 16 bytes hold 32
+// weights, the low nibbles in one 32-weight sub-block and the high nibbles in the next, so no
+// byte is read twice (the generic kernel's 8-weight units read each byte once per nibble, in
+// four 2-byte loads). Eight lanes take a block, a warp four blocks an iteration, two iterations'
+// loads in flight before either is used. A sub-block's share is d * sc * sum(q x) - dmin * m *
+// sum(x): the same weights as ggml's d * sc * q - dmin * m, summed in another order.
+struct Q4kLane {
+  uint4 head;    // bytes 0-15 of the block: d, dmin (f16), scales and mins (12 bytes)
+  uint4 quants;  // 16 bytes of qs: weights 64c + 16h + j (low nibbles), 64c + 32 + 16h + j (high)
+};
+
+__device__ __forceinline__ int head_byte(const uint4& head, int i) {
+  const uint32_t word = i < 4 ? head.x : i < 8 ? head.y : i < 12 ? head.z : head.w;
+  return static_cast<int>((word >> (8 * (i & 3))) & 0xffu);
+}
+
+// ggml's get_scale_min_k4 for sub-block sb, from the head's bytes 4-15.
+__device__ __forceinline__ void q4k_scale_min(const uint4& head, int sb, float* sc, float* mn) {
+  auto s = [&](int i) { return head_byte(head, 4 + i); };
+  int scale, min;
+  if (sb < 4) {
+    scale = s(sb) & 63;
+    min = s(sb + 4) & 63;
+  } else {
+    scale = (s(sb + 4) & 0x0f) | ((s(sb - 4) >> 6) << 4);
+    min = (s(sb + 4) >> 4) | ((s(sb) >> 6) << 4);
+  }
+  *sc = static_cast<float>(scale);
+  *mn = static_cast<float>(min);
+}
+
+template <int kRows>
+__device__ __forceinline__ void q4k_lane_dot(const Q4kLane& lane, int part, const bf16* x,
+                                             int in_features, int64_t k_block, float (&acc)[kRows]) {
+  const int c = part >> 1, h = part & 1;  // 32-byte chunk of qs, half of it
+  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(lane.head.x & 0xffffu)));
+  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(lane.head.x >> 16)));
+  float sc_lo, mn_lo, sc_hi, mn_hi;
+  q4k_scale_min(lane.head, 2 * c, &sc_lo, &mn_lo);
+  q4k_scale_min(lane.head, 2 * c + 1, &sc_hi, &mn_hi);
+  const uint32_t q[4] = {lane.quants.x, lane.quants.y, lane.quants.z, lane.quants.w};
+  const int64_t lo0 = k_block + 64 * c + 16 * h, hi0 = lo0 + 32;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int64_t at = r * out_stride + n;
-    if (out_f32) {
-      static_cast<float*>(out)[at] = acc[r];
-    } else {
-      static_cast<bf16*>(out)[at] = __float2bfloat16(acc[r] + b);
+    const bf16* xr = x + static_cast<int64_t>(r) * in_features;
+    uint4 xv[4];
+    xv[0] = *reinterpret_cast<const uint4*>(xr + lo0);
+    xv[1] = *reinterpret_cast<const uint4*>(xr + lo0 + 8);
+    xv[2] = *reinterpret_cast<const uint4*>(xr + hi0);
+    xv[3] = *reinterpret_cast<const uint4*>(xr + hi0 + 8);
+    const auto* xlo = reinterpret_cast<const bf16*>(&xv[0]);
+    const auto* xhi = reinterpret_cast<const bf16*>(&xv[2]);
+    float qx_lo = 0.f, x_lo = 0.f, qx_hi = 0.f, x_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t byte = (q[j >> 2] >> (8 * (j & 3))) & 0xffu;
+      const float a = __bfloat162float(xlo[j]), b = __bfloat162float(xhi[j]);
+      qx_lo = fmaf(static_cast<float>(byte & 0xfu), a, qx_lo);
+      x_lo += a;
+      qx_hi = fmaf(static_cast<float>(byte >> 4), b, qx_hi);
+      x_hi += b;
     }
+    acc[r] += d * sc_lo * qx_lo - dmin * mn_lo * x_lo;
+    acc[r] += d * sc_hi * qx_hi - dmin * mn_hi * x_hi;
   }
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    q4k_matvec_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
+                      bool out_f32, int out_features, int in_features, int64_t out_stride) {
+  constexpr int kBytes = static_cast<int>(quant_block_bytes(QuantType::kQ4_K));
+  const int n = blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+  if (n >= out_features) return;  // a whole warp: no block-wide synchronization follows
+  const int num_blocks = in_features / 256;
+  const uint8_t* row = blocks + static_cast<int64_t>(n) * num_blocks * kBytes;
+  const int part = static_cast<int>(threadIdx.x) & 7;  // the lane's 16 bytes of its block's qs
+  const int quants_at = 16 + 16 * part;
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  auto load = [&](int b) {
+    const uint8_t* block = row + static_cast<int64_t>(b) * kBytes;
+    return Q4kLane{*reinterpret_cast<const uint4*>(block),
+                   *reinterpret_cast<const uint4*>(block + quants_at)};
+  };
+  int b = static_cast<int>(threadIdx.x) >> 3;
+  for (; b + 4 < num_blocks; b += 8) {
+    const Q4kLane first = load(b), second = load(b + 4);
+    q4k_lane_dot<kRows>(first, part, x, in_features, int64_t{256} * b, acc);
+    q4k_lane_dot<kRows>(second, part, x, in_features, int64_t{256} * (b + 4), acc);
+  }
+  if (b < num_blocks) q4k_lane_dot<kRows>(load(b), part, x, in_features, int64_t{256} * b, acc);
+  store_outputs<kRows>(acc, bias, out, out_f32, n, out_stride);
 }
 
 // One thread per unit of 8 weights, one 16-byte store.
@@ -196,7 +302,16 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
     }
   }
   const dim3 threads(32, kWarpsPerBlock);
-  block_matvec_kernel<kType, kRows><<<ceil_div(out_features, kWarpsPerBlock), threads, 0, stream>>>(
+  const unsigned grid = ceil_div(out_features, kWarpsPerBlock);
+  if constexpr (kType == QuantType::kQ4_K) {
+    if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
+      q4k_matvec_kernel<kRows><<<grid, threads, 0, stream>>>(
+          static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+          static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride);
+      return cudaGetLastError();
+    }
+  }
+  block_matvec_kernel<kType, kRows><<<grid, threads, 0, stream>>>(
       static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
       static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride);
   return cudaGetLastError();
