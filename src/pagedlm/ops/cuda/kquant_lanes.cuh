@@ -10,25 +10,82 @@
 #include <vector_types.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace pagedlm::ops::cuda {
 
 using bf16 = __nv_bfloat16;
 
 __host__ __device__ __forceinline__ float load_f16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
   return __half2float(*reinterpret_cast<const __half*>(p));
+#else
+  __half h;
+  std::memcpy(&h, p, sizeof(h));
+  return __half2float(h);
+#endif
 }
 
 // 8 bytes from a 2-byte aligned address (a block's fields are no more aligned than that: Q8_0's
 // blocks are 34 bytes, Q4_0's 18).
 __host__ __device__ __forceinline__ uint2 load8(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
   const auto* h = reinterpret_cast<const uint16_t*>(p);
   return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
                     h[2] | (static_cast<uint32_t>(h[3]) << 16));
+#else
+  uint2 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+#endif
 }
 
 __host__ __device__ __forceinline__ int byte_of(uint2 v, int j) {
   return static_cast<int>(((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xffu);
+}
+
+// Bit casts and 16-byte loads that are well defined in host code too (the host compiler may
+// assume that a bf16 array is never read through a uint4).
+__host__ __device__ __forceinline__ float float_from_bits(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ uint4 load16(const void* p) {
+#ifdef __CUDA_ARCH__
+  return *static_cast<const uint4*>(p);
+#else
+  uint4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+#endif
+}
+
+// The two bf16 of a 32-bit word as floats: exact, one instruction each.
+__host__ __device__ __forceinline__ float bf16_low(uint32_t pair) {
+  return float_from_bits(pair << 16);
+}
+__host__ __device__ __forceinline__ float bf16_high(uint32_t pair) {
+  return float_from_bits(pair & 0xffff0000u);
+}
+
+__host__ __device__ __forceinline__ uint32_t word_of(uint4 v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// A small unsigned integer q as the float 1 + q / 2^bits, by placing it at the top of the
+// mantissa of 1.0: two integer instructions, where a conversion (I2F) runs at a quarter of the
+// FMA rate or less. The lanes sum (1 + q / 2^bits) x and x, and recover sum(q x) as
+// 2^bits (sum((1 + q / 2^bits) x) - sum(x)): the difference loses a bit or two of the f32 sums,
+// well below the error of bf16 activations.
+template <int kBits>
+__host__ __device__ __forceinline__ float one_plus_fraction(uint32_t q) {
+  return float_from_bits(0x3f800000u | (q << (23 - kBits)));
 }
 
 // Eight lanes take a 256-weight block, 32 weights each, chosen so that every byte of the block's
@@ -50,8 +107,7 @@ struct Q4kLane {
   static constexpr bool kNeeds16ByteAlignment = true;
 
   __host__ __device__ static Q4kLane load(const uint8_t* block, int part) {
-    return {*reinterpret_cast<const uint4*>(block),
-            *reinterpret_cast<const uint4*>(block + 16 + 16 * part)};
+    return {load16(block), load16(block + 16 + 16 * part)};
   }
 
   __host__ __device__ int head_byte(int i) const {
@@ -83,30 +139,36 @@ struct Q4kLane {
     float sc_lo, mn_lo, sc_hi, mn_hi;
     scale_min(2 * c, &sc_lo, &mn_lo);
     scale_min(2 * c + 1, &sc_hi, &mn_hi);
-    const uint32_t q[4] = {quants.x, quants.y, quants.z, quants.w};
+    // The lane's 32 quants as magic floats, once for all rows.
+    float q_lo[16], q_hi[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t byte = (word_of(quants, j >> 2) >> (8 * (j & 3))) & 0xffu;
+      q_lo[j] = one_plus_fraction<4>(byte & 0xfu);
+      q_hi[j] = one_plus_fraction<4>(byte >> 4);
+    }
+    const float w_lo = 16.f * d * sc_lo, w_hi = 16.f * d * sc_hi;
+    const float m_lo = dmin * mn_lo, m_hi = dmin * mn_hi;
     const int64_t lo0 = k_block + 64 * c + 16 * h, hi0 = lo0 + 32;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const bf16* xr = x + static_cast<int64_t>(r) * in_features;
-      uint4 xv[4];
-      xv[0] = *reinterpret_cast<const uint4*>(xr + lo0);
-      xv[1] = *reinterpret_cast<const uint4*>(xr + lo0 + 8);
-      xv[2] = *reinterpret_cast<const uint4*>(xr + hi0);
-      xv[3] = *reinterpret_cast<const uint4*>(xr + hi0 + 8);
-      const auto* xlo = reinterpret_cast<const bf16*>(&xv[0]);
-      const auto* xhi = reinterpret_cast<const bf16*>(&xv[2]);
+      const uint4 xv[4] = {load16(xr + lo0), load16(xr + lo0 + 8), load16(xr + hi0),
+                           load16(xr + hi0 + 8)};
       float qx_lo = 0.f, x_lo = 0.f, qx_hi = 0.f, x_hi = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t byte = (q[j >> 2] >> (8 * (j & 3))) & 0xffu;
-        const float a = __bfloat162float(xlo[j]), b = __bfloat162float(xhi[j]);
-        qx_lo = fmaf(static_cast<float>(byte & 0xfu), a, qx_lo);
-        x_lo += a;
-        qx_hi = fmaf(static_cast<float>(byte >> 4), b, qx_hi);
-        x_hi += b;
+      for (int j = 0; j < 16; j += 2) {
+        const uint32_t lo_pair = word_of(xv[j >> 3], (j & 7) >> 1);
+        const uint32_t hi_pair = word_of(xv[2 + (j >> 3)], (j & 7) >> 1);
+        const float a0 = bf16_low(lo_pair), a1 = bf16_high(lo_pair);
+        const float b0 = bf16_low(hi_pair), b1 = bf16_high(hi_pair);
+        qx_lo = fmaf(q_lo[j + 1], a1, fmaf(q_lo[j], a0, qx_lo));
+        x_lo += a0 + a1;
+        qx_hi = fmaf(q_hi[j + 1], b1, fmaf(q_hi[j], b0, qx_hi));
+        x_hi += b0 + b1;
       }
-      acc[r] += d * sc_lo * qx_lo - dmin * mn_lo * x_lo;
-      acc[r] += d * sc_hi * qx_hi - dmin * mn_hi * x_hi;
+      acc[r] += w_lo * (qx_lo - x_lo) - m_lo * x_lo;
+      acc[r] += w_hi * (qx_hi - x_hi) - m_hi * x_hi;
     }
   }
 };
@@ -141,25 +203,37 @@ struct Q6kLane {
     for (int g = 0; g < 4; ++g) {
       scale[g] = d * static_cast<float>(static_cast<int8_t>((scales >> (8 * g)) & 0xffu));
     }
+    // The lane's 32 six-bit quants as magic floats 1 + q / 64, once for all rows: weight j of
+    // group g is (q - 32) * scale[g], so a group's sum is scale[g] (64 (sum qx) - 96 (sum x)).
+    float q[4][8];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const uint2& ql = (g & 1) ? ql_second : ql_first;
+      const int shift = (g >> 1) * 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t v = ((static_cast<uint32_t>(byte_of(ql, j)) >> shift) & 0xfu) |
+                           (((static_cast<uint32_t>(byte_of(qh, j)) >> (2 * g)) & 3u) << 4);
+        q[g][j] = one_plus_fraction<6>(v);
+      }
+    }
     const int64_t k0 = k_block + 128 * h + l0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const bf16* xr = x + static_cast<int64_t>(r) * in_features + k0;
-      float qx[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
-        const uint4 packed = *reinterpret_cast<const uint4*>(xr + 32 * g);
-        const auto* xv = reinterpret_cast<const bf16*>(&packed);
-        const uint2& ql = (g & 1) ? ql_second : ql_first;
-        const int shift = (g >> 1) * 4;
+        const uint4 packed = load16(xr + 32 * g);
+        float qx = 0.f, sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int q =
-              ((byte_of(ql, j) >> shift) & 0xf) | (((byte_of(qh, j) >> (2 * g)) & 3) << 4);
-          qx[g] = fmaf(static_cast<float>(q - 32), __bfloat162float(xv[j]), qx[g]);
+        for (int j = 0; j < 8; j += 2) {
+          const uint32_t pair = word_of(packed, j >> 1);
+          const float a0 = bf16_low(pair), a1 = bf16_high(pair);
+          qx = fmaf(q[g][j + 1], a1, fmaf(q[g][j], a0, qx));
+          sum += a0 + a1;
         }
+        acc[r] += scale[g] * (64.f * qx - 96.f * sum);
       }
-      acc[r] += scale[0] * qx[0] + scale[1] * qx[1] + scale[2] * qx[2] + scale[3] * qx[3];
     }
   }
 };
