@@ -1159,8 +1159,13 @@ void expand_panel_avx2(const QuantizedMatrix& weight, int64_t col0, int64_t n_co
   }
 }
 
-void panel_linear_avx2(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
-                       int64_t rows, int64_t out_stride) {
+// Prefill-sized steps through the panels, smaller ones straight from the blocks.
+void linear_avx2(const float* x, const QuantizedMatrix& weight, const float* bias, float* out,
+                 int64_t rows, int64_t out_stride) {
+  if (rows < kAvx2PanelMinRows) {
+    linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
+    return;
+  }
   with_avx2_format(weight.type, [&](auto format) {
     panel_linear<kAvx2TileRows, kAvx2TileCols>(
         x, weight, bias, out, rows, out_stride,
@@ -1184,11 +1189,7 @@ void linear(const float* x, const QuantizedMatrix& weight, const float* bias, fl
   if (linear_avx512(x, weight, bias, out, rows, out_stride)) return;
   linear_rows(kPortableDot, x, weight, bias, out, rows, out_stride);
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (rows >= kAvx2PanelMinRows) {
-    panel_linear_avx2(x, weight, bias, out, rows, out_stride);
-    return;
-  }
-  linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
+  linear_avx2(x, weight, bias, out, rows, out_stride);
 #else
   linear_rows(kQuantDot, x, weight, bias, out, rows, out_stride);
 #endif

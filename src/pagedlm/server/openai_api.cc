@@ -127,7 +127,7 @@ std::string render_chat(const json& body, const ModelInfo& model) {
   // Templates render every message with its role's markers, at least one token each, so a list
   // longer than the context cannot fit. Refused before rendering: a 2 MB body of 65k tiny
   // messages would otherwise cost a render and a tokenization of all of them.
-  const int64_t context = std::min(model.max_model_len, model.max_prompt_tokens);
+  const int64_t context = model.context_tokens();
   if (static_cast<int64_t>(messages->size()) > context) {
     bad("messages", cat("This model's maximum context length is ", context,
                         " tokens. However, 'messages' lists ", messages->size(),
@@ -380,7 +380,7 @@ CompletionRequest parse_completion_request(const json& body, bool chat, const Mo
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) {
     bad("n", cat("prompts x n must be at most ", kMaxChoices));
   }
-  const int64_t limit = std::min(model.max_model_len, model.max_prompt_tokens);
+  const int64_t limit = model.context_tokens();
   for (const std::vector<int32_t>& prompt : r.prompts) {
     const int64_t len = static_cast<int64_t>(prompt.size());
     if (len == 0) bad(chat ? "messages" : "prompt", "the prompt is empty");

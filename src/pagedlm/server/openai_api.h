@@ -3,6 +3,7 @@
 // HTTP-independent so it can be tested without a socket.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -52,6 +53,10 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   int64_t max_prompt_tokens = 0;                // what the KV page pool holds for one sequence
   grammar::GrammarCompiler* grammar = nullptr;  // null: structured output is refused
+
+  // The most tokens one sequence can hold: the model's context, or less where the pool is
+  // smaller.
+  int64_t context_tokens() const { return std::min(max_model_len, max_prompt_tokens); }
 };
 
 // The most choices one HTTP request may ask for (prompts x n), which bounds its memory.
