@@ -54,6 +54,7 @@
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/op_check.h"
+#include "pagedlm/ops/prefetch_cpu.h"
 
 namespace pagedlm::ops {
 
@@ -648,24 +649,6 @@ constexpr int kernel_offset(const SuperLayout& l, bool unsigned_levels) {
   return l.levels ? (unsigned_levels ? 128 : 0) : l.offset;
 }
 
-// How far ahead of the weights it multiplies a one-row pass asks for the next. Decode reads
-// each weight once, and without the hint its loads wait on memory (a 1B-shaped Q4_0 decode on a
-// 2-core AMD EPYC: 4 KiB ahead took a step from about 55 to 47 ms; 2 to 8 KiB measured alike
-// within the noise). More rows read a unit's weights again from cache, where the hint only
-// costs instructions (SmolLM2 Q4_1 prefill measured 0.99-1.17x the time with it).
-constexpr int64_t kPrefetchAhead = 4096;
-
-// Asks for the cache lines of [begin, end) kPrefetchAhead bytes on (an address, not a pointer
-// into the weights: past their end the hint is simply dropped). Consecutive calls cover
-// consecutive ranges, so a line a range only starts is asked for by the next.
-inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
-  const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
-  for (int64_t at = 0; at < end - begin; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + at),  // NOLINT(performance-no-int-to-ptr)
-                 _MM_HINT_T0);
-  }
-}
-
 template <int R>
 inline void finish_rows_256(const Q8Activations& x, int64_t r0, int64_t b, const __m256i* isum,
                             __m256 dw, __m256 mw, bool q4, __m256* acc) {
@@ -697,6 +680,8 @@ void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* 
     }
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = group + b * group_block_bytes(T);
+      // One row reads each weight once; more rows read a unit's weights again from cache, where
+      // the hint only costs instructions (SmolLM2 Q4_1 prefill measured 0.99-1.17x the time).
       if (R == 1) prefetch_ahead(blk, blk + group_block_bytes(T));
       for (int hh = 0; hh < kHalves; ++hh) {
         const int h = h0 + hh;

@@ -1,0 +1,25 @@
+// Software prefetch for the CPU kernels that stream a weight matrix once per step (one-row
+// decode passes), where the hardware prefetcher alone leaves their loads waiting on memory.
+#pragma once
+
+#include <cstdint>
+
+namespace pagedlm::ops::cpu {
+
+// How far ahead of the weights a pass multiplies it asks for the next. A 1B-shaped Q4_0 decode
+// under 8-bit activations on a 2-core AMD EPYC: 4 KiB ahead took a step from about 55 to 47 ms
+// (2 to 8 KiB measured alike within the noise).
+inline constexpr int64_t kPrefetchAhead = 4096;
+
+// Asks for the cache lines of [begin, end) kPrefetchAhead bytes on (an address, not a pointer
+// into the weights: past their end the hint is simply dropped). Consecutive calls cover
+// consecutive ranges, so a line a range only starts is asked for by the next.
+inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
+  const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
+  for (int64_t at = 0; at < end - begin; at += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + at),  // NOLINT(performance-no-int-to-ptr)
+                       0, 3);
+  }
+}
+
+}  // namespace pagedlm::ops::cpu
