@@ -17,8 +17,9 @@ inline constexpr int64_t kPrefetchAhead = 4096;
 inline void prefetch_ahead(const uint8_t* begin, const uint8_t* end) {
   const auto ahead = reinterpret_cast<uintptr_t>(begin) + kPrefetchAhead;
   for (int64_t at = 0; at < end - begin; at += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(ahead + at),  // NOLINT(performance-no-int-to-ptr)
-                       0, 3);
+    __builtin_prefetch(
+        reinterpret_cast<const void*>(ahead + at),  // NOLINT(performance-no-int-to-ptr)
+        0, 3);
   }
 }
 
