@@ -2182,8 +2182,10 @@ TEST_P(BackendOps, PagedAttentionE4m3Cache) {
   expect_attention(b, with_e4m3(decode_shape(lengths, 9, 3, 64, 16, 0)), 5);
 }
 
-// The variants over e4m3 caches: windows (the keys before every window are NaN codes, which a
-// kernel that loaded them would turn into NaN outputs) and soft-caps, through prefill and decode.
+// The variants over e4m3 caches: windows (the keys before every window are NaN codes, which the
+// kernels' conversion reads as +-480, e4m3.cuh: a kernel that let one into a score or an output
+// would be far off; the bf16 cases' NaN pages catch a loader that merely reads them) and
+// soft-caps, through prefill and decode.
 TEST_P(BackendOps, PagedAttentionE4m3CacheWindowSoftcap) {
   const Backend b = backend();
   for (int d : {64, 128, 256}) {

@@ -22,10 +22,14 @@
 // 16-column pairs).
 //
 // The cache's element type KvT is the third policy: bf16, or e4m3 (__nv_fp8_e4m3) with one scale
-// per tensor. An e4m3 tile is read into registers before the previous tile's math, converted to
-// bf16 (exact: e4m3's 3 mantissa bits and exponent range fit bf16's) and stored to the same
-// shared-memory layout after it, so the mma loop is the bf16 one. The scales never touch the
-// values: k_scale is folded into the score's scale on the host, v_scale multiplies the output.
+// per tensor. A configuration of two stages or more lays an e4m3 cache's pipeline into the same
+// shared memory as one bf16 stage, which the math reads, and 2 (STAGES - 1) stages of raw e4m3
+// bytes (half a bf16 stage each) that cp.async fills: each tile is converted from its raw stage
+// into the bf16 stage between two barriers (exactly, e4m3.cuh), so the mma loop is the bf16 one
+// and as many bytes are in flight as with bf16 pages, twice the keys. One-stage configurations
+// (head_dim 256 where shared memory is small) read a tile into registers before the previous
+// tile's math and store it converted after. The scales never touch the values: k_scale is folded
+// into the score's scale on the host, v_scale multiplies the output.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,6 +40,7 @@
 #include <type_traits>
 
 #include "pagedlm/ops/cuda/common.cuh"
+#include "pagedlm/ops/cuda/e4m3.cuh"
 #include "pagedlm/ops/cuda/mma.cuh"
 
 namespace pagedlm::cuda::attn {
@@ -44,6 +49,8 @@ using detail::ceil_div;
 using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
+using detail::e4m3x8_to_bf16x8;
+using detail::e4m3x8_to_bf16x8_by_cvt;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
@@ -96,22 +103,6 @@ struct AttnParams {
   // softcap_pre).
   float v_scale;
 };
-
-// Eight e4m3 values (8 bytes, the first in the lowest byte) as eight bf16 (16 bytes, the same
-// order). cuda_fp8.h converts in hardware from sm_89 on and in software before.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 v) {
-  uint4 out;
-  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-  const uint32_t words[2] = {v.x, v.y};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(words[j / 2] >> (16 * (j % 2)));
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    o[j] = *reinterpret_cast<const uint32_t*>(&b);
-  }
-  return out;
-}
 
 // The hardware tanh (max relative error 2^-11, as FlashAttention's and FlashInfer's soft-caps
 // use): tanhf would cost far more instructions than the score's mma.
@@ -295,6 +286,26 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
     }
   };
+  // e4m3 caches in two stages or more (kRaw): the stages' memory holds one bf16 stage (stage 0,
+  // which the math reads) and kRawStages stages of the tiles' raw codes after it. With one stage,
+  // and for decode at head_dim 64 (kStash), a tile waits in registers instead: there the raw
+  // stages measured slower (H200, 256 sequences of 768 keys, 3 kv heads: 31.5-32.4% of copy
+  // bandwidth against 33.5-34.0% in registers).
+  constexpr bool kRaw = kFp8 && STAGES >= 2 && !(D == 64 && WN > 1);
+  constexpr bool kStash = kFp8 && !kRaw;
+  constexpr int kRawStages = kRaw ? 2 * (STAGES - 1) : 0;
+  constexpr int kRawStageBytes = 2 * kBlockKv * D;  // K's codes, then V's, rows unpadded
+  static_assert((kRaw ? kStageRows * kStride * sizeof(__nv_bfloat16) + kRawStages * kRawStageBytes
+                      : 0) <= STAGES * kStageRows * kStride * sizeof(__nv_bfloat16),
+                "raw stages fit beside one bf16 stage");
+  // Tiles in flight ahead of the one the math reads, and the stages (bf16 or raw) they rotate
+  // through.
+  constexpr int kAhead = kRaw ? kRawStages : STAGES - 1;
+  constexpr int kSlots = kRaw ? kRawStages : STAGES;
+  auto raw_stage = [&](int slot) {
+    return reinterpret_cast<uint8_t*>(stage_k(1)) + slot * kRawStageBytes;
+  };
+
   // A tile's rows: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i *
   // kRowsPerPass. When a row's chunks divide a warp (D = 64, 128, 256), a warp's threads touch
   // 16 rows at most; lane l looks up the cache offset of the warp's row l % 16 (one page-table
@@ -302,30 +313,38 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // instructions) and the others take it by shuffle. Otherwise (D = 80, 96: 10 or 12 chunks)
   // each thread looks up the rows of its own chunks. Either way pass i is chunk tid + i * kThreads
   // of the tile, row-major.
-  // bf16 caches: the chunks go to the stage by cp.async (waited for with the commit groups).
-  // e4m3: a chunk is 8 bytes of K and 8 of V, loaded into registers (k_stash, v_stash; the
-  // stage is not touched) and converted to bf16 and stored to a stage by store_kv. Each walk
-  // spells the bf16 copy out itself: passed through a shared lambda, the bf16 prefill and
-  // shared-pass loaders compiled to different SASS (docs/KERNELS.md, "FP8 KV cache").
-  constexpr int kChunks = D / 8;
+  // bf16 caches: the chunks (8 values) go to the stage by cp.async (waited for with the commit
+  // groups); kRaw: the same for 16 codes a chunk, into raw stage `stage`; kStash: a chunk is 8
+  // codes of K and 8 of V, loaded into registers (k_stash, v_stash). store_kv converts either
+  // into a bf16 stage. Each walk spells the bf16 copy out itself: passed through a shared
+  // lambda, the bf16 prefill and shared-pass loaders compiled to different SASS
+  // (docs/KERNELS.md, "FP8 KV cache").
+  constexpr int kChunkElems = kRaw ? 16 : 8;
+  constexpr int kChunks = D / kChunkElems;
   constexpr int kTileChunks = kBlockKv * kChunks;
   constexpr int kChunkPasses = (kTileChunks + kThreads - 1) / kThreads;
-  uint2 k_stash[kFp8 ? kChunkPasses : 1], v_stash[kFp8 ? kChunkPasses : 1];
+  uint2 k_stash[kStash ? kChunkPasses : 1], v_stash[kStash ? kChunkPasses : 1];
   auto load_kv = [&](const Unit& u, int kv_tile, int stage) {
     const int kv0 = u.kv_begin + kv_tile * kBlockKv;
     const int kv_end = u.kv_end;
     __nv_bfloat16* ks = stage_k(stage);
     __nv_bfloat16* vs = ks + kBlockKv * kStride;
+    const auto* k8 = static_cast<const uint8_t*>(p.k_cache);
+    const auto* v8 = static_cast<const uint8_t*>(p.v_cache);
     auto cache_offset = [&](int pos) {
       const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
       return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads +
               u.hk) *
              D;
     };
-    // e4m3: chunk i's bytes of K and V into the registers.
+    // kRaw: chunk (r, c)'s 16 codes of K and V into the raw stage.
+    auto copy_raw = [&](int r, int c, int64_t off, bool valid) {
+      uint8_t* kr = raw_stage(stage);
+      cp_async_16(kr + r * D + c * 16, k8 + off, valid);
+      cp_async_16(kr + kBlockKv * D + r * D + c * 16, v8 + off, valid);
+    };
+    // kStash: chunk i's codes of K and V into the registers.
     auto stash = [&](int i, int64_t off, bool valid) {
-      const auto* k8 = static_cast<const uint8_t*>(p.k_cache);
-      const auto* v8 = static_cast<const uint8_t*>(p.v_cache);
       k_stash[i] = valid ? *reinterpret_cast<const uint2*>(k8 + off) : make_uint2(0, 0);
       v_stash[i] = valid ? *reinterpret_cast<const uint2*>(v8 + off) : make_uint2(0, 0);
     };
@@ -343,8 +362,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         const int r = tid / kChunks + i * kRowsPerPass;
         const int64_t row_off = __shfl_sync(0xffffffffu, my_off, i * kWarpRows + lane / kChunks);
         const bool valid = kv0 + r < kv_end;
-        const int64_t off = valid ? row_off + c * 8 : 0;
-        if constexpr (kFp8) {
+        const int64_t off = valid ? row_off + c * kChunkElems : 0;
+        if constexpr (kRaw) {
+          copy_raw(r, c, off, valid);
+        } else if constexpr (kStash) {
           stash(i, off, valid);
         } else {
           cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
@@ -360,8 +381,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
         const int r = idx / kChunks, c = idx % kChunks;
         const bool valid = kv0 + r < kv_end;
-        const int64_t off = valid ? cache_offset(kv0 + r) + c * 8 : 0;
-        if constexpr (kFp8) {
+        const int64_t off = valid ? cache_offset(kv0 + r) + c * kChunkElems : 0;
+        if constexpr (kRaw) {
+          copy_raw(r, c, off, valid);
+        } else if constexpr (kStash) {
           stash(i, off, valid);
         } else {
           cp_async_16(ks + r * kStride + c * 8, static_cast<const __nv_bfloat16*>(p.k_cache) + off,
@@ -372,28 +395,49 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
     }
   };
-  // e4m3: the chunks load_kv loaded, as bf16 into a stage.
-  auto store_kv = [&](int stage) {
+  // e4m3: a tile's codes, 8 at a time (from the registers, or from raw stage `raw_slot`), as bf16
+  // into stage `stage`: thread tid takes the 8-code units tid + i * kThreads of K and of V,
+  // row-major, each one 8-byte read and one 16-byte store, consecutive threads side by side.
+  // The raw stages' conversion runs alone between two barriers, where instructions count: the
+  // integer route (e4m3.cuh) at 16 instructions for four codes read 2090-2400 GB/s of codes on
+  // the H200's d = 128 decode rows, at 11 2300-2700. In registers at d = 64 the conversion route
+  // measured faster (41.9-49.0% of copy bandwidth against 40.0-45.9%).
+  constexpr int kUnits = kBlockKv * D / 8;
+  auto store_kv = [&](int stage, int raw_slot) {
     __nv_bfloat16* ks = stage_k(stage);
     __nv_bfloat16* vs = ks + kBlockKv * kStride;
+    const uint8_t* kr = kRaw ? raw_stage(raw_slot) : nullptr;
 #pragma unroll
-    for (int i = 0; i < kChunkPasses; ++i) {
+    for (int i = 0; i < (kUnits + kThreads - 1) / kThreads; ++i) {
       const int idx = tid + i * kThreads;
-      if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
-      const int dst = idx / kChunks * kStride + idx % kChunks * 8;
-      *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8(k_stash[i]);
-      *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8(v_stash[i]);
+      if (kUnits % kThreads != 0 && idx >= kUnits) break;
+      const int dst = idx / (D / 8) * kStride + idx % (D / 8) * 8;
+      uint2 k_codes, v_codes;
+      if constexpr (kRaw) {
+        k_codes = *reinterpret_cast<const uint2*>(kr + idx * 8);
+        v_codes = *reinterpret_cast<const uint2*>(kr + kBlockKv * D + idx * 8);
+      } else {
+        k_codes = k_stash[i];
+        v_codes = v_stash[i];
+      }
+      if constexpr (kRaw) {
+        *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8(k_codes);
+        *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8(v_codes);
+      } else {
+        *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8_by_cvt(k_codes);
+        *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8_by_cvt(v_codes);
+      }
     }
   };
-  // A unit's Q rows with its first tile, then its next STAGES - 2 tiles: STAGES - 1 groups (one
+  // A unit's Q rows with its first tile, then its next kAhead - 1 tiles: kAhead groups (one
   // stage: Q alone, uncommitted; the loop's first group takes it with the first tile).
-  auto prologue = [&](const Unit& u, int stage0) {
+  auto prologue = [&](const Unit& u, int slot0) {
     load_q(u);
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < kAhead; ++s) {
       if (s < u.num_tiles) {
-        load_kv(u, s, (stage0 + s) % STAGES);
-        if constexpr (kFp8) store_kv((stage0 + s) % STAGES);
+        load_kv(u, s, (slot0 + s) % kSlots);
+        if constexpr (kStash) store_kv((slot0 + s) % kSlots, 0);
       }
       cp_async_commit();
     }
@@ -404,7 +448,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   if (units[0].id < 0) return;
   prologue(units[0], 0);
   int cur = 0;
-  int base = 0;  // the stage of the current unit's first tile
+  int base = 0;  // the slot (bf16 or raw stage) of the current unit's first tile
   for (;;) {
     const Unit& u = units[cur];
     const Unit& next = units[cur ^ 1];
@@ -463,13 +507,17 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         // the previous one, and nothing overlaps the copy but the other resident blocks.
         if (it > 0) __syncthreads();
         load_kv(u, it, 0);
-        if constexpr (kFp8) store_kv(0);
+        if constexpr (kStash) store_kv(0, 0);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
       } else {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // tile `it` visible to all; the stage before it free for reuse
+        cp_async_wait<kAhead - 1>();
+        __syncthreads();       // tile `it` visible to all; the stage before it free for reuse
+        if constexpr (kRaw) {  // into the bf16 stage, which every warp is done with
+          store_kv(0, (base + it) % kSlots);
+          __syncthreads();  // the bf16 tile visible to all; its raw stage free for reuse
+        }
       }
       if (it == 0) {
         const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
@@ -482,14 +530,15 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
               *reinterpret_cast<const uint32_t*>(qw + (g + 8) * kStride + ks * 16 + 8 + 2 * t);
         }
       }
-      // The tile STAGES - 1 ahead, into the stage the barrier above freed. e4m3: its loads are
-      // in flight during this tile's math and it is stored after, before the next barrier.
+      // The tile kAhead ahead, into the stage (bf16 or raw) the barrier above freed. kStash: its
+      // loads are in flight during this tile's math and it is stored after, before the next
+      // barrier.
       if constexpr (STAGES > 1) {
-        if (it + STAGES - 1 < n) load_kv(u, it + STAGES - 1, (base + it + STAGES - 1) % STAGES);
+        if (it + kAhead < n) load_kv(u, it + kAhead, (base + it + kAhead) % kSlots);
         cp_async_commit();
       }
 
-      const __nv_bfloat16* ks = stage_k((base + it) % STAGES) + (wn * kWarpKv) * kStride;
+      const __nv_bfloat16* ks = stage_k(kRaw ? 0 : (base + it) % STAGES) + (wn * kWarpKv) * kStride;
       const __nv_bfloat16* vs = ks + kBlockKv * kStride;
 
       // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
@@ -595,8 +644,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
         }
       }
-      if constexpr (kFp8 && STAGES > 1) {
-        if (it + STAGES - 1 < n) store_kv((base + it + STAGES - 1) % STAGES);
+      if constexpr (kStash && STAGES > 1) {
+        if (it + kAhead < n) store_kv((base + it + kAhead) % kSlots, 0);
       }
     }
     // The next unit's Q and first tiles load while this one's result is written: into q_s
@@ -605,7 +654,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     if constexpr (kLoop) {
       if (n == 0) cp_async_wait<0>();
       __syncthreads();
-      if (next.id >= 0) prologue(next, (base + n) % STAGES);
+      if (next.id >= 0) prologue(next, (base + n) % kSlots);
     }
 
 #pragma unroll
@@ -653,7 +702,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       // SmolLM2 and Llama).
       const int rows_used = min(u.row0 + 16, u.n_rows) - u.row0;
       __syncthreads();  // every warp is done with the last tile
-      float* o_s = reinterpret_cast<float*>(stage_k((base + n - 1 + STAGES) % STAGES));
+      float* o_s = reinterpret_cast<float*>(stage_k(kRaw ? 0 : (base + n - 1 + STAGES) % STAGES));
       float* m_s = o_s + WN * 16 * D;  // [WN][16]
       float* l_s = m_s + WN * 16;      // [WN][16]
       float* f_s = l_s + WN * 16;      // [WN][16] per-warp factors
@@ -701,7 +750,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
     }
     if constexpr (!kLoop) return;
-    base = (base + n) % STAGES;
+    base = (base + n) % kSlots;
     __syncthreads();  // every thread is done with `u` (refilled next) and the merge's stage
     if (next.id < 0) return;
     cur ^= 1;

@@ -1,0 +1,88 @@
+// The e4m3 -> bf16 conversion of the attention kernels' FP8 KV caches (ops/cuda/e4m3.cuh),
+// every one of the 256 codes against core/dtype.h's decoding (which follows the OCP e4m3
+// definition: bias 7, subnormals below exponent 1, 0x7f / 0xff NaN): on the host, and through a
+// kernel on the GPU, where the bf16x2 multiply runs as the device's instruction (skipped without
+// a GPU).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/ops/cuda/e4m3.cuh"
+
+namespace pagedlm::cuda::e4m3_test {
+
+// The 256 codes, four to a word, in order.
+std::vector<uint32_t> all_codes() {
+  std::vector<uint32_t> words(64);
+  for (uint32_t i = 0; i < 64; ++i) {
+    words[i] = (4 * i) | (4 * i + 1) << 8 | (4 * i + 2) << 16 | (4 * i + 3) << 24;
+  }
+  return words;
+}
+
+float bf16_bits_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// out[2 i], out[2 i + 1]: the conversion of words[i] (four bf16).
+void expect_every_code_exact(const std::vector<uint2>& out) {
+  ASSERT_EQ(out.size(), 64u);
+  for (int code = 0; code < 256; ++code) {
+    const uint2 v = out[code / 4];
+    const uint32_t pair = (code % 4) < 2 ? v.x : v.y;
+    const auto bits = static_cast<uint16_t>(pair >> (16 * (code % 2)));
+    const float got = bf16_bits_to_float(bits);
+    const float want = f8e4m3_to_f32(static_cast<uint8_t>(code));
+    if (std::isnan(want)) {  // never written to a cache: documented as +-480
+      EXPECT_EQ(got, (code & 0x80) != 0 ? -480.f : 480.f) << "code " << code;
+      continue;
+    }
+    EXPECT_EQ(got, want) << "code " << code;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << "code " << code;  // -0 stays -0
+  }
+}
+
+TEST(E4m3ToBf16, EveryCodeExactOnTheHost) {
+  std::vector<uint2> out;
+  for (uint32_t w : all_codes()) out.push_back(detail::e4m3x4_to_bf16x4(w));
+  expect_every_code_exact(out);
+}
+
+__global__ void convert_kernel(const uint32_t* words, uint2* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = detail::e4m3x4_to_bf16x4(words[i]);
+}
+
+TEST(E4m3ToBf16, EveryCodeExactOnTheGpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const std::vector<uint32_t> words = all_codes();
+  uint32_t* d_words = nullptr;
+  uint2* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_words, words.size() * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_out, words.size() * sizeof(uint2)), cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(d_words, words.data(), words.size() * sizeof(uint32_t), cudaMemcpyHostToDevice),
+      cudaSuccess);
+  convert_kernel<<<1, 64>>>(d_words, d_out, static_cast<int>(words.size()));
+  std::vector<uint2> out(words.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * sizeof(uint2), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(d_words);
+  cudaFree(d_out);
+  expect_every_code_exact(out);
+}
+
+}  // namespace pagedlm::cuda::e4m3_test
