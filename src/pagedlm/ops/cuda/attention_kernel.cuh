@@ -27,9 +27,10 @@
 // bytes (half a bf16 stage each) that cp.async fills: each tile is converted from its raw stage
 // into the bf16 stage between two barriers (exactly, e4m3.cuh), so the mma loop is the bf16 one
 // and as many bytes are in flight as with bf16 pages, twice the keys. One-stage configurations
-// (head_dim 256 where shared memory is small) read a tile into registers before the previous
-// tile's math and store it converted after. The scales never touch the values: k_scale is folded
-// into the score's scale on the host, v_scale multiplies the output.
+// (head_dim 256 where shared memory is small) and decode at head_dim 64 read a tile into
+// registers before the previous tile's math and store it converted after. The scales never touch
+// the values: k_scale is folded into the score's scale on the host, v_scale multiplies the
+// output.
 #pragma once
 
 #include <cuda_bf16.h>
