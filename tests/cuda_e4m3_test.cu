@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "pagedlm/core/dtype.h"
@@ -26,13 +25,6 @@ std::vector<uint32_t> all_codes() {
   return words;
 }
 
-float bf16_bits_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 // out[2 i], out[2 i + 1]: the conversion of words[i] (four bf16).
 void expect_every_code_exact(const std::vector<uint2>& out) {
   ASSERT_EQ(out.size(), 64u);
@@ -40,7 +32,7 @@ void expect_every_code_exact(const std::vector<uint2>& out) {
     const uint2 v = out[code / 4];
     const uint32_t pair = (code % 4) < 2 ? v.x : v.y;
     const auto bits = static_cast<uint16_t>(pair >> (16 * (code % 2)));
-    const float got = bf16_bits_to_float(bits);
+    const float got = bf16_to_f32(bits);
     const float want = f8e4m3_to_f32(static_cast<uint8_t>(code));
     if (std::isnan(want)) {  // never written to a cache: documented as +-480
       EXPECT_EQ(got, (code & 0x80) != 0 ? -480.f : 480.f) << "code " << code;

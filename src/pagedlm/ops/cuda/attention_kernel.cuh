@@ -413,20 +413,14 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const int idx = tid + i * kThreads;
       if (kUnits % kThreads != 0 && idx >= kUnits) break;
       const int dst = idx / (D / 8) * kStride + idx % (D / 8) * 8;
-      uint2 k_codes, v_codes;
       if constexpr (kRaw) {
-        k_codes = *reinterpret_cast<const uint2*>(kr + idx * 8);
-        v_codes = *reinterpret_cast<const uint2*>(kr + kBlockKv * D + idx * 8);
-      } else {
-        k_codes = k_stash[i];
-        v_codes = v_stash[i];
-      }
-      if constexpr (kRaw) {
+        const uint2 k_codes = *reinterpret_cast<const uint2*>(kr + idx * 8);
+        const uint2 v_codes = *reinterpret_cast<const uint2*>(kr + kBlockKv * D + idx * 8);
         *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8(k_codes);
         *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8(v_codes);
       } else {
-        *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8_by_cvt(k_codes);
-        *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8_by_cvt(v_codes);
+        *reinterpret_cast<uint4*>(ks + dst) = e4m3x8_to_bf16x8_by_cvt(k_stash[i]);
+        *reinterpret_cast<uint4*>(vs + dst) = e4m3x8_to_bf16x8_by_cvt(v_stash[i]);
       }
     }
   };
