@@ -2,9 +2,9 @@
 # Builds pagedlm on a GPU host that has only the CUDA toolkit and g++ (no CMake packages), from
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
 # build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_e4m3_test, cuda_model_test,
-# engine_grammar_test, cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench, and the
-# Python package (build-gpu/python/pagedlm: PYTHONPATH=build-gpu/python) where .gpu-deps/nanobind
-# is. Then e.g.:
+# engine_grammar_test, cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench,
+# cuda_moe_bench, and the Python package (build-gpu/python/pagedlm: PYTHONPATH=build-gpu/python)
+# where .gpu-deps/nanobind is. Then e.g.:
 # build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
 # Run from anywhere; JOBS sets the parallelism. ARCHS sets the GPUs, in CMake's spelling (N: SASS
 # and PTX, N-real: SASS, N-virtual: PTX only): by default those of the CMake build (SASS for 80,
@@ -80,6 +80,7 @@ extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_
   tests/engine_grammar_test.cc
   tests/cuda_kernels_test.cu tests/cuda_e4m3_test.cu
   bench/cuda_decode_step_bench.cc bench/cuda_attention_bench.cu bench/cuda_gemm_bench.cc
+  bench/cuda_moe_bench.cc
   $deps/gtest/src/gtest-all.cc $deps/gtest/src/gtest_main.cc"
 printf '%s\n' $lib_srcs $cli_srcs $extra | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile {}' |
   grep -v '^$' || true
@@ -99,6 +100,7 @@ g++ -o $out/cuda_e4m3_test "$(objof tests/cuda_e4m3_test.cu)" $lib $gtest $libs
 g++ -o $out/cuda_decode_step_bench "$(objof bench/cuda_decode_step_bench.cc)" $lib $libs
 g++ -o $out/cuda_attention_bench "$(objof bench/cuda_attention_bench.cu)" $lib $libs
 g++ -o $out/cuda_gemm_bench "$(objof bench/cuda_gemm_bench.cc)" $lib $libs
+g++ -o $out/cuda_moe_bench "$(objof bench/cuda_moe_bench.cc)" $lib $libs
 nb=$deps/nanobind
 py_inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
 if [[ -d $nb/src && ! -f $py_inc/Python.h ]]; then
@@ -115,4 +117,4 @@ elif [[ -d $nb/src ]]; then
   g++ -shared -o "$out/python/pagedlm/_pagedlm$ext" $obj/python_module.o $obj/nanobind.o $lib $libs
   echo "built $out/python/pagedlm (PYTHONPATH=$out/python)"
 fi
-echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,engine_grammar_test,cuda_kernels_test,cuda_e4m3_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench}"
+echo "built $out/{pagedlm,backend_ops_test,cuda_model_test,engine_grammar_test,cuda_kernels_test,cuda_e4m3_test,cuda_decode_step_bench,cuda_attention_bench,cuda_gemm_bench,cuda_moe_bench}"
