@@ -2567,10 +2567,10 @@ std::vector<float> run_moe(const MoeCase& c, const MoeData& d, const ops::Expert
 }
 
 // Expert loads from all tokens on one expert to perfectly spread, decode-sized and
-// prefill-sized (the GPU's tiles: 32 rows up to 20 rows per expert on average, 64 up to 127, 128
-// from 128 on; two experts of 45 rows each under 32-row tiles), Mixtral-like (4 / 8 experts,
-// top 2) to Qwen3-30B-A3B-like (128 experts, top 8) counts. The GPU rounds the activation to
-// bf16 between its two GEMMs, as the dense MLP does.
+// prefill-sized (the GPU's tiles: 32 rows up to 32 tokens, 128 from 128 rows per expert on
+// average, 64 otherwise; two experts of exactly 32 rows under the 32-row tile, two of 45 under
+// the 64-row one), Mixtral-like (4 / 8 experts, top 2) to Qwen3-30B-A3B-like (128 experts, top
+// 8) counts. The GPU rounds the activation to bf16 between its two GEMMs, as the dense MLP does.
 TEST_P(BackendOps, MoeExperts) {
   const Backend b = backend();
   std::mt19937 rng(37);
@@ -2578,7 +2578,8 @@ TEST_P(BackendOps, MoeExperts) {
        {MoeCase{1, 8, 2, 256, 128, "random"}, MoeCase{7, 4, 2, 256, 128, "one"},
         MoeCase{40, 8, 2, 256, 128, "spread"}, MoeCase{64, 128, 8, 128, 64, "random"},
         MoeCase{300, 8, 2, 128, 64, "one"}, MoeCase{600, 8, 2, 64, 32, "spread"},
-        MoeCase{33, 16, 4, 96, 40, "random"}, MoeCase{45, 8, 2, 96, 40, "one"}}) {
+        MoeCase{33, 16, 4, 96, 40, "random"}, MoeCase{32, 8, 2, 96, 40, "one"},
+        MoeCase{45, 8, 2, 96, 40, "one"}}) {
     const MoeData d = moe_data(c, b, rng);
     const ops::ExpertWeights w = moe_weights(c, d, b);
     Tensor activated = b.i32({3}, {1});

@@ -258,9 +258,11 @@ __global__ void __launch_bounds__(Tile::kThreads) grouped_gemm_kernel(const Gemm
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
-  // 32 x WN each; unsigned, so that a power-of-two kWarpsN divides by a shift.
-  const int warp_m = static_cast<unsigned>(warp) / Tile::kWarpsN;
-  const int warp_n = static_cast<unsigned>(warp) % Tile::kWarpsN;
+  // Warp (m, n) of the block, each 32 x WN. Two spellings of one division: each tile compiles to
+  // the instructions that were measured (docs/KERNELS.md); one spelling for all moved the 128-row
+  // tile's register allocation and its prefill time by 5% (H200).
+  const int warp_m = Tile::kWarpsN == 2 ? warp >> 1 : static_cast<unsigned>(warp) / Tile::kWarpsN;
+  const int warp_n = Tile::kWarpsN == 2 ? warp & 1 : static_cast<unsigned>(warp) % Tile::kWarpsN;
 
   // Each thread copies fixed 16-byte chunks of every stage: its rows' sources are found once.
   constexpr int kChunksPerRow = kBK / 8;
@@ -426,33 +428,35 @@ void launch_grouped_gemm(const GemmArgs& args, int rows, int E, cudaStream_t str
   grouped_gemm_kernel<Tile, ACT><<<grid, Tile::kThreads, kSmem, stream>>>(args);
 }
 
-// Tile heights by the rows an expert gets on average: 128-row tiles (8 warps) reuse each weight
-// tile most in prefill; 64-row tiles from 21 rows an expert on; below that (decode) 32-row tiles
-// of four 32 x 32 warp tiles side by side, whose smaller shared footprint (69 KB) lets three
-// blocks share an SM where the 64-row tile's 83 KB allow two. With Qwen3-30B-A3B's experts at 16
-// rows each (256 tokens, top 8 of 128) the 32-row tile streamed the weights at 3553 GB/s against
-// 3291 for the 64-row one (H200, 2026-12-04).
+// Tile heights: 128-row tiles (8 warps) reuse each weight tile most in prefill, from 128 rows an
+// expert on average. 32-row tiles (four 32 x 32 warp tiles side by side; 69 KB of shared memory,
+// three blocks an SM on sm_90 where the 64-row tile's 83 KB allow two) only where no expert can
+// get more than 32 rows, at up to 32 tokens (a token takes an expert once): there they never add
+// a tile that reads an expert's weights again. 64-row tiles otherwise. The 32-row tile streamed
+// Qwen3-30B-A3B's experts 8% faster than the 64-row one at 256 tokens routed uniformly (16 rows
+// an expert), but a shared-prefix batch, whose tokens crowd onto a few experts, decoded 7% slower
+// with it: each crowded expert's weights went to twice the blocks (H200, docs/KERNELS.md).
 using PrefillTile = GemmTile<128, 128, 64, 3>;
 using MidTile = GemmTile<64, 128, 64, 3>;
 using DecodeTile = GemmTile<32, 128, 32, 3>;
 
-int tile_rows_for(int rows, int E) {
+int tile_rows_for(int tokens, int rows, int E) {
   if (rows >= 128 * E) return PrefillTile::BM;
-  if (rows > 20 * E) return MidTile::BM;
-  return DecodeTile::BM;
+  if (tokens <= DecodeTile::BM) return DecodeTile::BM;
+  return MidTile::BM;
 }
 
 template <int ACT>
-void grouped_gemm(const GemmArgs& args, int rows, int E, cudaStream_t stream) {
-  switch (tile_rows_for(rows, E)) {
+void grouped_gemm(const GemmArgs& args, int tile_rows, int rows, int E, cudaStream_t stream) {
+  switch (tile_rows) {
     case PrefillTile::BM:
       launch_grouped_gemm<PrefillTile, ACT>(args, rows, E, stream);
       break;
-    case MidTile::BM:
-      launch_grouped_gemm<MidTile, ACT>(args, rows, E, stream);
+    case DecodeTile::BM:
+      launch_grouped_gemm<DecodeTile, ACT>(args, rows, E, stream);
       break;
     default:
-      launch_grouped_gemm<DecodeTile, ACT>(args, rows, E, stream);
+      launch_grouped_gemm<MidTile, ACT>(args, rows, E, stream);
       break;
   }
 }
@@ -521,7 +525,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
   const int rows = T * k;
   cudaStream_t s = as_stream(stream);
   const PlanView plan = plan_view(ws.plan.data<int32_t>(), rows, E);
-  const int tile_rows = tile_rows_for(rows, E);
+  const int tile_rows = tile_rows_for(T, rows, E);
   int32_t* activated =
       ws.activated.defined() && ws.activated.numel() > 0 ? ws.activated.data<int32_t>() : nullptr;
   plan_kernel<<<1, kPlanThreads, 0, s>>>(expert_ids.data<int32_t>(), rows, k, E, tile_rows, plan,
@@ -539,9 +543,9 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
   up.n = 2 * F;
   up.k = D;
   if (act == GatedActivation::kSilu) {
-    grouped_gemm<1>(up, rows, E, s);
+    grouped_gemm<1>(up, tile_rows, rows, E, s);
   } else {
-    grouped_gemm<2>(up, rows, E, s);
+    grouped_gemm<2>(up, tile_rows, rows, E, s);
   }
   check(cudaGetLastError(), "moe_experts: gate/up GEMM");
 
@@ -552,7 +556,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& expert
   down.c = static_cast<bf16*>(ws.expert_out.raw());
   down.n = D;
   down.k = F;
-  grouped_gemm<0>(down, rows, E, s);
+  grouped_gemm<0>(down, tile_rows, rows, E, s);
   check(cudaGetLastError(), "moe_experts: down GEMM");
 
   combine_kernel<<<T, 128, 0, s>>>(static_cast<const bf16*>(ws.expert_out.raw()), plan.grouped_of,
