@@ -138,6 +138,9 @@ TEST(Benchmark, BytesAndFlopsFollowTheSteps) {
     EXPECT_GT(phase, 0);
   }
   EXPECT_EQ(by_bytes.decode_wait_s, 0);
+  // The launch (here the whole forward and sampling) lies inside the prepare span.
+  EXPECT_GT(by_bytes.decode_launch_s, 0);
+  EXPECT_LE(by_bytes.decode_launch_s, by_bytes.decode_prepare_s);
   EXPECT_LE(by_bytes.decode_schedule_s + by_bytes.decode_prepare_s + by_bytes.decode_finish_s,
             by_bytes.decode_s);
 
@@ -212,6 +215,8 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
   for (const char* phase : {"schedule_s", "prepare_s", "wait_s", "finish_s"}) {
     EXPECT_GE(j["decode_host"][phase].get<double>(), 0) << phase;
   }
+  EXPECT_GT(j["decode_launch_s"].get<double>(), 0);
+  EXPECT_LE(j["decode_launch_s"].get<double>(), j["decode_host"]["prepare_s"].get<double>());
   run(cmd + " --min-tok-s 1e12 2>/dev/null", &status);
   EXPECT_NE(status, 0) << "--min-tok-s must fail a run below it";
 

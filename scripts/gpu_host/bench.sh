@@ -43,8 +43,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     if h and r["decode_steps"]:
         per = 1e3 / r["decode_steps"]
         loop = r["decode_s"] - sum(h.values())
-        print(f"{'  decode host ms/step':44} schedule {h['schedule_s'] * per:.3f}, prepare {h['prepare_s'] * per:.3f},"
-              f" wait {h['wait_s'] * per:.3f}, finish {h['finish_s'] * per:.3f}, bench loop {loop * per:.3f}")
+        print(f"{'  decode host ms/step':44} schedule {h['schedule_s'] * per:.3f}, prepare {h['prepare_s'] * per:.3f}"
+              f" (launch {r.get('decode_launch_s', 0) * per:.3f}), wait {h['wait_s'] * per:.3f},"
+              f" finish {h['finish_s'] * per:.3f}, bench loop {loop * per:.3f}")
     if len(r.get("repeat_output_tok_s", [])) > 1:
         print(f"{'  (median of --repeat runs)':44} " + " ".join(f"{v:.0f}" for v in r["repeat_output_tok_s"]))
 PY

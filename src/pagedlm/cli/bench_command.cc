@@ -47,6 +47,7 @@ nlohmann::json to_json(const BenchmarkResult& r, const WorkloadSpec& w) {
             {"prepare_s", r.decode_prepare_s},
             {"wait_s", r.decode_wait_s},
             {"finish_s", r.decode_finish_s}}},
+          {"decode_launch_s", r.decode_launch_s},
           {"prefill_steps", r.prefill_steps},
           {"prefill_host", {{"launch_s", r.prefill_launch_s}, {"wait_s", r.prefill_wait_s}}},
           {"prefill_gpu_s", r.prefill_gpu_s},
@@ -85,10 +86,10 @@ void print_table(const BenchmarkResult& r, const WorkloadSpec& w) {
   std::printf("%-22s %s\n", "weights read a step", formats.c_str());
   if (r.decode_steps > 0) {
     const double per_step = 1e3 / static_cast<double>(r.decode_steps);
-    std::printf("%-22s schedule %.3f, prepare %.3f, wait %.3f, finish %.3f\n",
+    std::printf("%-22s schedule %.3f, prepare %.3f (launch %.3f), wait %.3f, finish %.3f\n",
                 "decode host ms/step", r.decode_schedule_s * per_step,
-                r.decode_prepare_s * per_step, r.decode_wait_s * per_step,
-                r.decode_finish_s * per_step);
+                r.decode_prepare_s * per_step, r.decode_launch_s * per_step,
+                r.decode_wait_s * per_step, r.decode_finish_s * per_step);
   }
   if (r.prefill_steps > 0) {
     const double per_step = 1e3 / static_cast<double>(r.prefill_steps);

@@ -251,6 +251,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
       }
       result.decode_schedule_s += shape.schedule_ms / 1e3;
       result.decode_prepare_s += shape.prepare_ms / 1e3;
+      result.decode_launch_s += shape.launch_ms / 1e3;
       result.decode_wait_s += shape.wait_ms / 1e3;
       result.decode_finish_s += shape.finish_ms / 1e3;
     } else {

@@ -67,8 +67,12 @@ struct BenchmarkResult {
   double decode_gap_gpu_s = 0;
   int64_t decode_gaps = 0;
   // Host clock of those steps (StepShape): scheduling, preparing, waiting for the device, the
-  // bookkeeping after it; decode_s less all four is the benchmark loop's own share.
+  // bookkeeping after it; decode_s less all four is the benchmark loop's own share. With
+  // asynchronous scheduling a step is planned and launched while the one before runs, so its
+  // "prepare" spans that step's wait and bookkeeping too (the four then add up to more than
+  // decode_s); decode_launch_s is the part of it the executor's launch took (StepShape::launch_ms).
   double decode_schedule_s = 0, decode_prepare_s = 0, decode_wait_s = 0, decode_finish_s = 0;
+  double decode_launch_s = 0;
   // The other steps (prefill and mixed): how many, the host time their launches took and the
   // host's wait for them (StepShape::launch_ms, wait_ms), and their device time.
   int64_t prefill_steps = 0;
