@@ -2568,9 +2568,10 @@ std::vector<float> run_moe(const MoeCase& c, const MoeData& d, const ops::Expert
 
 // Expert loads from all tokens on one expert to perfectly spread, decode-sized and
 // prefill-sized (the GPU's tiles: 32 rows up to 32 tokens, 128 from 128 rows per expert on
-// average, 64 otherwise; two experts of exactly 32 rows under the 32-row tile, two of 45 under
-// the 64-row one), Mixtral-like (4 / 8 experts, top 2) to Qwen3-30B-A3B-like (128 experts, top
-// 8) counts. The GPU rounds the activation to bf16 between its two GEMMs, as the dense MLP does.
+// average where a block may have 111 KB of shared memory, 64 otherwise; two experts of exactly 32
+// rows under the 32-row tile, two of 45 under the 64-row one), Mixtral-like (4 / 8 experts, top 2)
+// to Qwen3-30B-A3B-like (128 experts, top 8) counts. The GPU rounds the activation to bf16 between
+// its two GEMMs, as the dense MLP does.
 TEST_P(BackendOps, MoeExperts) {
   const Backend b = backend();
   std::mt19937 rng(37);

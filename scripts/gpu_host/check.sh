@@ -16,11 +16,11 @@ for t in backend_ops_test cuda_kernels_test cuda_model_test; do
   timeout 300 "build-gpu/$t" >"$logs/$t.log" 2>&1 || status=1
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
 done
-# The attention configurations of GPUs with less shared memory per block: 163 KB (A100), 99 KB
-# (RTX 30xx / 40xx / 50xx).
+# The attention configurations and MoE tiles of GPUs with less shared memory per block: 163 KB
+# (A100), 99 KB (RTX 30xx / 40xx / 50xx).
 for cap in 163 99; do
   for t in backend_ops_test cuda_model_test; do
-    filter=$([[ $t == backend_ops_test ]] && echo 'Cuda/*PagedAttention*' || echo '*')
+    filter=$([[ $t == backend_ops_test ]] && echo 'Cuda/*PagedAttention*:Cuda/*MoeExperts*' || echo '*')
     PAGEDLM_CUDA_SMEM_CAP_KB=$cap timeout 300 "build-gpu/$t" --gtest_filter="$filter" \
       >"$logs/$t.cap$cap.log" 2>&1 || status=1
     echo "$t (${cap} KB): $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.cap$cap.log" | tr '\n' ' ')"

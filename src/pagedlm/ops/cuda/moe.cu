@@ -26,6 +26,7 @@
 #include "pagedlm/core/error.h"
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/common.cuh"
+#include "pagedlm/ops/cuda/kernels.h"
 #include "pagedlm/ops/cuda/mma.cuh"
 #include "pagedlm/ops/moe.h"
 
@@ -429,19 +430,25 @@ void launch_grouped_gemm(const GemmArgs& args, int rows, int E, cudaStream_t str
 }
 
 // Tile heights: 128-row tiles (8 warps) reuse each weight tile most in prefill, from 128 rows an
-// expert on average. 32-row tiles (four 32 x 32 warp tiles side by side; 69 KB of shared memory,
-// three blocks an SM on sm_90 where the 64-row tile's 83 KB allow two) only where no expert can
-// get more than 32 rows, at up to 32 tokens (a token takes an expert once): there they never add
-// a tile that reads an expert's weights again. 64-row tiles otherwise. The 32-row tile streamed
-// Qwen3-30B-A3B's experts 8% faster than the 64-row one at 256 tokens routed uniformly (16 rows
-// an expert), but a shared-prefix batch, whose tokens crowd onto a few experts, decoded 7% slower
-// with it: each crowded expert's weights went to twice the blocks (H200, docs/KERNELS.md).
+// expert on average, where the device gives a block their 111 KB of shared memory (GPUs of 99 KB
+// a block, RTX 30xx / 40xx / 50xx, take 64-row tiles there). 32-row tiles (four 32 x 32 warp tiles
+// side by side; 69 KB of shared memory, three blocks an SM on sm_90 where the 64-row tile's 83 KB
+// allow two) only where no expert can get more than 32 rows, at up to 32 tokens (a token takes an
+// expert once): there they never add a tile that reads an expert's weights again. 64-row tiles
+// otherwise. The 32-row tile streamed Qwen3-30B-A3B's experts 8% faster than the 64-row one at 256
+// tokens routed uniformly (16 rows an expert), but a shared-prefix batch, whose tokens crowd onto a
+// few experts, decoded 7% slower with it: each crowded expert's weights went to twice the blocks
+// (H200, docs/KERNELS.md).
 using PrefillTile = GemmTile<128, 128, 64, 3>;
 using MidTile = GemmTile<64, 128, 64, 3>;
 using DecodeTile = GemmTile<32, 128, 32, 3>;
 
 int tile_rows_for(int tokens, int rows, int E) {
-  if (rows >= 128 * E) return PrefillTile::BM;
+  const ::pagedlm::cuda::DeviceLimits* limits = nullptr;
+  check(::pagedlm::cuda::current_device_limits(&limits), "moe_experts: the CUDA device");
+  if (rows >= 128 * E && static_cast<size_t>(PrefillTile::kSmemBytes) <= limits->smem_per_block) {
+    return PrefillTile::BM;
+  }
   if (tokens <= DecodeTile::BM) return DecodeTile::BM;
   return MidTile::BM;
 }
