@@ -138,9 +138,10 @@ TEST(Benchmark, BytesAndFlopsFollowTheSteps) {
     EXPECT_GT(phase, 0);
   }
   EXPECT_EQ(by_bytes.decode_wait_s, 0);
-  // The launch (here the whole forward and sampling) lies inside the prepare span.
+  // The launch (here the whole forward and sampling) lies inside the steps' wall time. (Not
+  // inside "prepare": the CPU worker stamps the end of that span just before its launch returns.)
   EXPECT_GT(by_bytes.decode_launch_s, 0);
-  EXPECT_LE(by_bytes.decode_launch_s, by_bytes.decode_prepare_s);
+  EXPECT_LE(by_bytes.decode_launch_s, by_bytes.decode_s);
   EXPECT_LE(by_bytes.decode_schedule_s + by_bytes.decode_prepare_s + by_bytes.decode_finish_s,
             by_bytes.decode_s);
 
@@ -216,7 +217,7 @@ TEST(Benchmark, DummyWeightsAndCliGuard) {
     EXPECT_GE(j["decode_host"][phase].get<double>(), 0) << phase;
   }
   EXPECT_GT(j["decode_launch_s"].get<double>(), 0);
-  EXPECT_LE(j["decode_launch_s"].get<double>(), j["decode_host"]["prepare_s"].get<double>());
+  EXPECT_LE(j["decode_launch_s"].get<double>(), j["decode_s"].get<double>());
   run(cmd + " --min-tok-s 1e12 2>/dev/null", &status);
   EXPECT_NE(status, 0) << "--min-tok-s must fail a run below it";
 

@@ -70,7 +70,8 @@ struct BenchmarkResult {
   // bookkeeping after it; decode_s less all four is the benchmark loop's own share. With
   // asynchronous scheduling a step is planned and launched while the one before runs, so its
   // "prepare" spans that step's wait and bookkeeping too (the four then add up to more than
-  // decode_s); decode_launch_s is the part of it the executor's launch took (StepShape::launch_ms).
+  // decode_s); decode_launch_s is the executor's launch alone (StepShape::launch_ms; on the CPU
+  // the forward, which "prepare" holds as well).
   double decode_schedule_s = 0, decode_prepare_s = 0, decode_wait_s = 0, decode_finish_s = 0;
   double decode_launch_s = 0;
   // The other steps (prefill and mixed): how many, the host time their launches took and the
