@@ -399,10 +399,10 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // e4m3: a tile's codes, 8 at a time (from the registers, or from raw stage `raw_slot`), as bf16
   // into stage `stage`: thread tid takes the 8-code units tid + i * kThreads of K and of V,
   // row-major, each one 8-byte read and one 16-byte store, consecutive threads side by side.
-  // The raw stages' conversion runs alone between two barriers, where instructions count: the
-  // integer route (e4m3.cuh) at 16 instructions for four codes read 2090-2400 GB/s of codes on
-  // the H200's d = 128 decode rows, at 11 2300-2700. In registers at d = 64 the conversion route
-  // measured faster (41.9-49.0% of copy bandwidth against 40.0-45.9%).
+  // The raw stages' conversion runs alone between two barriers, where instructions count: on the
+  // H200's d = 128 decode rows the integer route (e4m3.cuh) read 2090-2400 GB/s of codes with 16
+  // instructions for four codes and 2300-2700 GB/s with 11. In registers at d = 64 the conversion
+  // route measured faster (41.9-49.0% of copy bandwidth against 40.0-45.9%).
   constexpr int kUnits = kBlockKv * D / 8;
   auto store_kv = [&](int stage, int raw_slot) {
     __nv_bfloat16* ks = stage_k(stage);
