@@ -738,6 +738,29 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   }
 }
 
+// Q4_K at one row runs on tensor cores with a grid of at most four thread blocks an SM, each
+// taking 16-feature tiles in turn: 12807 features (more tiles than any GPU's grid, the last one
+// partial) and 18 blocks a row (the four warps of a thread block take 5, 5, 4 and 4 of them).
+TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(35);
+  const int64_t n = 16 * 4 * 200 + 7, k = 18 * 256;
+  const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
+  const std::vector<float> w = dequantized(q);
+  std::vector<float> x = uniform(k, rng), bias = uniform(n, rng);
+  b.round(x);
+  b.round(bias);
+  const Tensor xt = b.tensor(x, {1, k});
+  const ops::DeviceBlocks dw = ops::upload_blocks(q);
+  Tensor out = b.poisoned({1, n});
+  ops::linear_blocks(xt, dw, b.tensor(bias, {n}), out);
+  expect_nmse(host_f32(out), linear_ref(x, w, &bias, 1, k, n), 1e-5, "Q4_K one row, bf16 out");
+  Tensor logits = b.poisoned({1, n}, DType::kF32);
+  ops::linear_blocks(xt, dw, Tensor(), logits);
+  expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, 1, k, n), 1e-10, "Q4_K one row, f32 out");
+}
+
 // Every weight expanded to bf16 is the reference dequantization rounded to bf16: within half a
 // bf16 step of it, plus a few f32 ulps of the matrix's largest weight (the device may fuse
 // q * d + m or d * q - m, which moves a weight that nearly cancels by an ulp of its terms).

@@ -1,7 +1,7 @@
-// The K-quant lane policies of the GPU's matrix-vector kernel (ops/cuda/kquant_lanes.cuh), run
-// on the host: a block's eight lanes together must give the dot product of the block's weights,
-// as the reference dequantization (core/quantized.h, ggml's arithmetic) gives them, with rows of
-// bf16 activations. Needs no GPU: the index arithmetic is what this checks, on every machine that
+// The K-quant arithmetic of the GPU's matrix-vector kernels (ops/cuda/kquant_lanes.cuh), run on
+// the host: Q6_K's eight lanes, and Q4_K's tensor-core tile on an emulated warp, must give the
+// dot products of the blocks' weights, as the reference dequantization (core/quantized.h,
+// ggml's arithmetic) gives them, with bf16 activations. Needs no GPU: the index arithmetic is what this checks, on every machine that
 // builds the CUDA backend; backend_ops_test runs the kernel itself on a GPU.
 #include <gtest/gtest.h>
 
@@ -16,21 +16,18 @@
 namespace pagedlm::ops::cuda {
 namespace {
 
-template <typename Lane>
-void expect_lanes_match_reference(QuantType type, int num_blocks, std::mt19937& rng) {
+void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
   constexpr int kRows = 3;
+  const QuantType type = QuantType::kQ6_K;
   const int bytes = static_cast<int>(quant_block_bytes(type)), k = 256 * num_blocks;
-  // 16-byte aligned, as the kernel asks of Q4_K's matrices.
-  std::vector<uint4> storage((static_cast<size_t>(bytes) * num_blocks + 15) / 16);
-  auto* blocks = reinterpret_cast<uint8_t*>(storage.data());
+  std::vector<uint8_t> storage(static_cast<size_t>(bytes) * num_blocks);
+  uint8_t* blocks = storage.data();
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   for (int i = 0; i < bytes * num_blocks; ++i) blocks[i] = static_cast<uint8_t>(byte(rng));
-  for (int b = 0; b < num_blocks; ++b) {  // finite f16 scales: d and dmin, or Q6_K's d
-    for (int at : type == QuantType::kQ4_K ? std::vector<int>{0, 2} : std::vector<int>{208}) {
-      const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
-      std::memcpy(blocks + b * bytes + at, &h, sizeof(h));
-    }
+  for (int b = 0; b < num_blocks; ++b) {  // a finite f16 scale d
+    const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
+    std::memcpy(blocks + b * bytes + 208, &h, sizeof(h));
   }
   std::vector<bf16> x(kRows * k);
   for (bf16& v : x) v = __float2bfloat16(uniform(rng));
@@ -41,7 +38,7 @@ void expect_lanes_match_reference(QuantType type, int num_blocks, std::mt19937& 
   float acc[kRows] = {};
   for (int b = 0; b < num_blocks; ++b) {
     for (int part = 0; part < 8; ++part) {
-      Lane::load(blocks + b * bytes, part).template dot<kRows>(part, x.data(), k, 256 * b, acc);
+      Q6kLane::load(blocks + b * bytes, part).dot<kRows>(part, x.data(), k, 256 * b, acc);
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -52,22 +49,114 @@ void expect_lanes_match_reference(QuantType type, int num_blocks, std::mt19937& 
       magnitude += std::abs(term);
     }
     // f32 sums over k terms in another order: a few f32 ulps of the terms' magnitude.
-    EXPECT_LE(std::abs(acc[r] - want), 1e-5 * magnitude)
-        << quant_format(type).name << ", " << num_blocks << " blocks, row " << r;
-  }
-}
-
-TEST(KquantLanes, Q4kMatchesReferenceWeights) {
-  std::mt19937 rng(11);
-  for (int num_blocks : {1, 3, 18}) {
-    expect_lanes_match_reference<Q4kLane>(QuantType::kQ4_K, num_blocks, rng);
+    EXPECT_LE(std::abs(acc[r] - want), 1e-5 * magnitude) << num_blocks << " blocks, row " << r;
   }
 }
 
 TEST(KquantLanes, Q6kMatchesReferenceWeights) {
   std::mt19937 rng(12);
   for (int num_blocks : {1, 3, 18}) {
-    expect_lanes_match_reference<Q6kLane>(QuantType::kQ6_K, num_blocks, rng);
+    expect_q6k_lanes_match_reference(num_blocks, rng);
+  }
+}
+
+// The tensor-core tile (Q4kMmaTile, Q4kMmaActivations) on an emulated warp: every lane's
+// fragments go through mma.sync m16n8k16's documented layout (PTX ISA, "Matrix fragments for
+// mma.m16n8k16": a0..a7 of row groupID (+8 for a2, a3, a6, a7) at column 2 threadID + (i & 1)
+// (+8 for a4..a7); b0..b3 of column groupID at row 2 threadID + (i & 1) (+8 for b2, b3); c0..c3 of
+// row groupID (+8 for c2, c3) at column 2 threadID + (i & 1)), written here from that text, not
+// from the tile's code. 16 rows of 3 and 18 blocks, one row of x, against the reference weights.
+float bf16_bits(uint32_t word, int half) {
+  const uint32_t bits = half == 0 ? word << 16 : word & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  constexpr int kRows = 16, kBytes = 144;
+  for (int num_blocks : {1, 3, 18}) {
+    const int k = 256 * num_blocks;
+    std::vector<uint4> storage((static_cast<size_t>(kBytes) * num_blocks * kRows + 15) / 16);
+    auto* blocks = reinterpret_cast<uint8_t*>(storage.data());
+    for (int i = 0; i < kBytes * num_blocks * kRows; ++i)
+      blocks[i] = static_cast<uint8_t>(byte(rng));
+    for (int b = 0; b < num_blocks * kRows; ++b) {
+      for (int at : {0, 2}) {
+        const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
+        std::memcpy(blocks + b * kBytes + at, &h, sizeof(h));
+      }
+    }
+    std::vector<bf16> x(k);
+    for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+    float acc[32][2] = {};
+    for (int b = 0; b < num_blocks; ++b) {
+      Q4kMmaTile tiles[32];
+      Q4kMmaActivations xs[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const uint8_t* row_g = blocks + (static_cast<size_t>(g) * num_blocks + b) * kBytes;
+        const uint8_t* row_g8 = blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes;
+        tiles[lane] = Q4kMmaTile::load(row_g, row_g8, t);
+        xs[lane] = Q4kMmaActivations::load(x.data() + 256 * b, g, t);
+      }
+      // C and the ones' C as the whole 16 x 8 matrices, over the sixteen mmas.
+      double c[16][8] = {}, sx[16][8] = {};
+      for (int i = 0; i < 16; ++i) {
+        float a[16][16], bm[16][8];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          uint32_t ar[4], br[2];
+          tiles[lane].a_fragment(i, ar);
+          xs[lane].b_fragment(i, g, br);
+          for (int e = 0; e < 8; ++e) {  // a_e: register e / 2, half e % 2
+            const int row = g + ((e / 2) % 2 == 1 ? 8 : 0), col = 2 * t + e % 2 + (e >= 4 ? 8 : 0);
+            a[row][col] = bf16_bits(ar[e / 2], e % 2);
+          }
+          for (int e = 0; e < 4; ++e) {
+            bm[2 * t + e % 2 + (e >= 2 ? 8 : 0)][g] = bf16_bits(br[e / 2], e % 2);
+          }
+        }
+        for (int row = 0; row < 16; ++row) {
+          for (int col = 0; col < 8; ++col) {
+            for (int kk = 0; kk < 16; ++kk) {
+              c[row][col] += double{a[row][kk]} * bm[kk][col];
+              sx[row][col] += bm[kk][col];
+            }
+          }
+        }
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const float cl[4] = {static_cast<float>(c[g][2 * t]), static_cast<float>(c[g][2 * t + 1]),
+                             static_cast<float>(c[g + 8][2 * t]),
+                             static_cast<float>(c[g + 8][2 * t + 1])};
+        const float sl[4] = {static_cast<float>(sx[g][2 * t]), static_cast<float>(sx[g][2 * t + 1]),
+                             static_cast<float>(sx[g + 8][2 * t]),
+                             static_cast<float>(sx[g + 8][2 * t + 1])};
+        tiles[lane].accumulate(t, cl, sl, acc[lane]);
+      }
+    }
+    std::vector<float> w(k);
+    for (int row = 0; row < kRows; ++row) {
+      for (int b = 0; b < num_blocks; ++b) {
+        quant_format(QuantType::kQ4_K)
+            .dequantize_block(blocks + (static_cast<size_t>(row) * num_blocks + b) * kBytes,
+                              w.data() + 256 * b);
+      }
+      double want = 0, magnitude = 0;
+      for (int i = 0; i < k; ++i) {
+        const double term = double{w[i]} * __bfloat162float(x[i]);
+        want += term;
+        magnitude += std::abs(term);
+      }
+      float got = 0.f;  // the four lanes of the row's group
+      for (int t = 0; t < 4; ++t) got += acc[4 * (row % 8) + t][row / 8];
+      EXPECT_LE(std::abs(got - want), 1e-5 * magnitude) << num_blocks << " blocks, row " << row;
+    }
   }
 }
 

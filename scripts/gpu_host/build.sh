@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds pagedlm on a GPU host that has only the CUDA toolkit and g++ (no CMake packages), from
 # the dependencies scripts/gpu_host/pack_deps.sh gathered into .gpu-deps/. Outputs in
-# build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_e4m3_test, cuda_model_test,
-# engine_grammar_test, cuda_decode_step_bench, cuda_gemm_bench, cuda_attention_bench,
-# cuda_moe_bench, and the Python package (build-gpu/python/pagedlm: PYTHONPATH=build-gpu/python)
-# where .gpu-deps/nanobind is. Then e.g.:
+# build-gpu/: pagedlm, backend_ops_test, cuda_kernels_test, cuda_e4m3_test, cuda_kquant_lanes_test,
+# cuda_model_test, engine_grammar_test, cuda_decode_step_bench, cuda_gemm_bench,
+# cuda_attention_bench, cuda_moe_bench, and the Python package (build-gpu/python/pagedlm:
+# PYTHONPATH=build-gpu/python) where .gpu-deps/nanobind is. Then e.g.:
 # build-gpu/backend_ops_test; build-gpu/pagedlm bench --dummy configs/smollm2-135m.json --device cuda.
 # Run from anywhere; JOBS sets the parallelism. ARCHS sets the GPUs, in CMake's spelling (N: SASS
 # and PTX, N-real: SASS, N-virtual: PTX only): by default those of the CMake build (SASS for 80,
@@ -78,7 +78,7 @@ lib_srcs="$lib_srcs $(find "$xg/cpp" -name '*.cc' -not -path '*/tvm_ffi/*' | sor
 cli_srcs=$(ls src/pagedlm/cli/*.cc)
 extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_test.cc
   tests/engine_grammar_test.cc
-  tests/cuda_kernels_test.cu tests/cuda_e4m3_test.cu
+  tests/cuda_kernels_test.cu tests/cuda_e4m3_test.cu tests/cuda_kquant_lanes_test.cu
   bench/cuda_decode_step_bench.cc bench/cuda_attention_bench.cu bench/cuda_gemm_bench.cc
   bench/cuda_moe_bench.cc
   $deps/gtest/src/gtest-all.cc $deps/gtest/src/gtest_main.cc"
@@ -97,6 +97,7 @@ g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $lib
 g++ -o $out/engine_grammar_test "$(objof tests/engine_grammar_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_kernels_test "$(objof tests/cuda_kernels_test.cu)" $lib $gtest $libs
 g++ -o $out/cuda_e4m3_test "$(objof tests/cuda_e4m3_test.cu)" $lib $gtest $libs
+g++ -o $out/cuda_kquant_lanes_test "$(objof tests/cuda_kquant_lanes_test.cu)" $lib $gtest $libs
 g++ -o $out/cuda_decode_step_bench "$(objof bench/cuda_decode_step_bench.cc)" $lib $libs
 g++ -o $out/cuda_attention_bench "$(objof bench/cuda_attention_bench.cu)" $lib $libs
 g++ -o $out/cuda_gemm_bench "$(objof bench/cuda_gemm_bench.cc)" $lib $libs

@@ -12,7 +12,7 @@ mkdir -p "$logs/bench"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
 scripts/gpu_host/build.sh >"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
 status=0
-for t in backend_ops_test cuda_kernels_test cuda_model_test; do
+for t in backend_ops_test cuda_kernels_test cuda_kquant_lanes_test cuda_model_test; do
   timeout 300 "build-gpu/$t" >"$logs/$t.log" 2>&1 || status=1
   echo "$t: $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
 done

@@ -14,11 +14,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kquant_lanes.cuh"
+#include "pagedlm/ops/cuda/mma.cuh"
 #include "pagedlm/ops/linear_blocks.h"
 
 namespace pagedlm::ops::cuda {
@@ -187,6 +189,83 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   store_outputs<kRows>(acc, bias, out, out_f32, n, out_stride);
 }
 
+// Q4_K times one row of x on tensor cores (kquant_lanes.cuh's Q4kMmaTile): a thread block of
+// kWarps warps takes 16 output features, its warps blocks w, w + kWarps, ... of their rows, each
+// warp with the next block's loads in flight while it multiplies one; the warps' sums meet in
+// shared memory. Per 16 x 256 weights a lane runs 16 weight mmas and 16 ones mmas, about 110
+// integer instructions to form the fragments and about 60 for the scales. Measured on the H200
+// (8B shape, one stream) against two other shapes, both slower: two 16-feature tiles a warp
+// (the ones mmas and x shared by both; 199 registers, so a quarter of the warps resident), and
+// persistent thread blocks streaming their items through cp.async stages in shared memory.
+template <int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    q4k_matvec_mma_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
+                          bool out_f32, int out_features, int in_features) {
+  __shared__ float partial[kWarps][16];
+  const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
+  const int g = lane >> 2, t = lane & 3;
+  const int num_blocks = in_features / 256;
+  const int n0 = static_cast<int>(blockIdx.x) * 16;
+  // Rows past the matrix read row 0 (their sums are never stored).
+  const int64_t row_bytes = static_cast<int64_t>(num_blocks) * 144;
+  const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
+  const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
+  struct Item {
+    Q4kMmaTile tile;
+    Q4kMmaActivations x;
+  };
+  auto load = [&](int b, Item& item) {
+    item.tile = Q4kMmaTile::load(row_g + 144 * b, row_g8 + 144 * b, t);
+    item.x = Q4kMmaActivations::load(x + 256 * b, g, t);
+  };
+  const uint32_t ones[4] = {kBf16Ones, kBf16Ones, kBf16Ones, kBf16Ones};
+  float acc[2] = {0.f, 0.f};
+  // Multiplies block b from `item` while block b + kWarps loads into `next`; the loop alternates
+  // the two register sets instead of copying one into the other.
+  auto step = [&](int b, const Item& item, Item& next) {
+    if (b + kWarps < num_blocks) load(b + kWarps, next);
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      uint32_t a[4], bf[2];
+      item.x.b_fragment(i, g, bf);
+      item.tile.a_fragment(i, a);
+      ::pagedlm::cuda::detail::mma_16816(c, a, bf[0], bf[1]);
+      ::pagedlm::cuda::detail::mma_16816(sx, ones, bf[0], bf[1]);
+    }
+    item.tile.accumulate(t, c, sx, acc);
+  };
+  if (warp < num_blocks) {
+    Item items[2];
+    load(warp, items[0]);
+    for (int b = warp;;) {
+      step(b, items[0], items[1]);
+      if ((b += kWarps) >= num_blocks) break;
+      step(b, items[1], items[0]);
+      if ((b += kWarps) >= num_blocks) break;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v = acc[h];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (t == 0) partial[warp][g + 8 * h] = v;
+  }
+  __syncthreads();
+  if (warp != 0 || lane >= 16 || n0 + lane >= out_features) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sum += partial[w][lane];
+  const int n = n0 + lane;
+  if (out_f32) {
+    static_cast<float*>(out)[n] = sum;
+  } else {
+    const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+    static_cast<bf16*>(out)[n] = __float2bfloat16(sum + bias_n);
+  }
+}
+
 // One thread per unit of 8 weights, one 16-byte store.
 template <QuantType kType>
 __global__ void dequantize_blocks_kernel(const uint8_t* blocks, bf16* dense, int64_t units) {
@@ -214,21 +293,29 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
                                                   in_features, out_stride, stream);
     }
   }
-  const dim3 threads(32, kWarpsPerBlock);
-  const unsigned grid = ceil_div(out_features, kWarpsPerBlock);
-  // The lanes for Q6_K at every row count, for Q4_K at one row. On the H200 (8B shape, one to
-  // eight decoding sequences) they beat the generic kernel by 1.5x (Q4_K) and 1.8x (Q6_K) at one
-  // row, and by 1.2x for Q6_K at four and eight; Q4_K at four and eight rows ran 0.90x and
-  // 0.77x through them, so it keeps the generic kernel there.
-  if constexpr (kType == QuantType::kQ6_K || (kType == QuantType::kQ4_K && kRows == 1)) {
-    using Lane = std::conditional_t<kType == QuantType::kQ4_K, Q4kLane, Q6kLane>;
-    if (!Lane::kNeeds16ByteAlignment || reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
-      super_block_matvec_kernel<Lane, kRows><<<grid, threads, 0, stream>>>(
+  // Q4_K at one row: tensor cores (16-byte aligned blocks and x, as cudaMalloc's are). On the
+  // H200 (8B shape, one stream) 1.43x the Q4_K lanes that it replaced, which had been 1.5x the
+  // generic kernel; at more rows Q4_K keeps the generic kernel (those lanes ran 0.90x and 0.77x
+  // of it at four and eight rows).
+  if constexpr (kType == QuantType::kQ4_K && kRows == 1) {
+    if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      constexpr int kWarps = 8;
+      q4k_matvec_mma_kernel<kWarps><<<ceil_div(out_features, 16), dim3(32, kWarps), 0, stream>>>(
           static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
-          static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride,
-          static_cast<int>(quant_block_bytes(kType)));
+          static_cast<const bf16*>(bias), out, out_f32, out_features, in_features);
       return cudaGetLastError();
     }
+  }
+  const dim3 threads(32, kWarpsPerBlock);
+  const unsigned grid = ceil_div(out_features, kWarpsPerBlock);
+  // Q6_K's lanes at every row count: on the H200 (8B shape, one to eight decoding sequences) 1.8x
+  // the generic kernel at one row, 1.2x at four and eight.
+  if constexpr (kType == QuantType::kQ6_K) {
+    super_block_matvec_kernel<Q6kLane, kRows><<<grid, threads, 0, stream>>>(
+        static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+        static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride,
+        static_cast<int>(quant_block_bytes(kType)));
+    return cudaGetLastError();
   }
   block_matvec_kernel<kType, kRows><<<grid, threads, 0, stream>>>(
       static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),

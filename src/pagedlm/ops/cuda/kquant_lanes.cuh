@@ -1,7 +1,9 @@
-// The K-quant blocks' lane policies for the GPU's matrix-vector kernel (blocks.cu): which bytes
-// of a 256-weight block each of its eight lanes reads, and that lane's share of the dot product
-// with rows of bf16 activations. Host-callable as well, so that tests/cuda_kquant_lanes_test.cu
-// checks their arithmetic against the reference dequantization on any machine.
+// The K-quant blocks' arithmetic for the GPU's matrix-vector kernels (blocks.cu): Q6_K's lane
+// policy (which bytes of a 256-weight block each of eight lanes reads, and that lane's share of
+// the dot product with rows of bf16 activations) and Q4_K's tensor-core tile (each lane's mma
+// fragments and its share of the scales). Host-callable as well, so that
+// tests/cuda_kquant_lanes_test.cu checks their arithmetic against the reference dequantization
+// on any machine.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -89,89 +91,11 @@ __host__ __device__ __forceinline__ float one_plus_fraction(uint32_t q) {
 }
 
 // Eight lanes take a 256-weight block, 32 weights each, chosen so that every byte of the block's
-// quants is read once (blocks.cu's generic 8-weight units read a Q4_K byte once per nibble, and
-// Q6_K's low bytes twice and high bytes four times). A lane's share of each 32-weight group is
-// scale * sum(q x) (less min * sum(x) for Q4_K): ggml's weights, summed in another order. A
-// lane policy has:
+// quants is read once (blocks.cu's generic 8-weight units read Q6_K's low bytes twice and high
+// bytes four times). A lane's share of each 32-weight group is scale * sum(q x): ggml's
+// weights, summed in another order. A lane policy has:
 //   load(block, part) -> the lane's bytes, part = lane % 8;
 //   dot<kRows>(bytes, part, x, in_features, k_block, acc).
-
-// Q4_K: 144-byte blocks, 16-byte aligned whenever the matrix is (144 = 9 x 16), so two 16-byte
-// loads: the block's head (d, dmin, 12 bytes of packed scales and mins) and 16 bytes of qs,
-// whose low nibbles are weights 64c + 16h + j of sub-block 2c and high nibbles 64c + 32 + 16h
-// + j of sub-block 2c + 1 (part = 2c + h).
-struct Q4kLane {
-  uint4 head;
-  uint4 quants;
-
-  static constexpr bool kNeeds16ByteAlignment = true;
-
-  __host__ __device__ static Q4kLane load(const uint8_t* block, int part) {
-    return {load16(block), load16(block + 16 + 16 * part)};
-  }
-
-  __host__ __device__ int head_byte(int i) const {
-    const uint32_t word = i < 4 ? head.x : i < 8 ? head.y : i < 12 ? head.z : head.w;
-    return static_cast<int>((word >> (8 * (i & 3))) & 0xffu);
-  }
-
-  // ggml's get_scale_min_k4 for sub-block sb, from the head's bytes 4-15.
-  __host__ __device__ void scale_min(int sb, float* sc, float* mn) const {
-    auto s = [&](int i) { return head_byte(4 + i); };
-    int scale, min;
-    if (sb < 4) {
-      scale = s(sb) & 63;
-      min = s(sb + 4) & 63;
-    } else {
-      scale = (s(sb + 4) & 0x0f) | ((s(sb - 4) >> 6) << 4);
-      min = (s(sb + 4) >> 4) | ((s(sb) >> 6) << 4);
-    }
-    *sc = static_cast<float>(scale);
-    *mn = static_cast<float>(min);
-  }
-
-  template <int kRows>
-  __host__ __device__ void dot(int part, const bf16* x, int in_features, int64_t k_block,
-                               float (&acc)[kRows]) const {
-    const int c = part >> 1, h = part & 1;
-    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x & 0xffffu)));
-    const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
-    float sc_lo, mn_lo, sc_hi, mn_hi;
-    scale_min(2 * c, &sc_lo, &mn_lo);
-    scale_min(2 * c + 1, &sc_hi, &mn_hi);
-    // The lane's 32 quants as magic floats, once for all rows.
-    float q_lo[16], q_hi[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t byte = (word_of(quants, j >> 2) >> (8 * (j & 3))) & 0xffu;
-      q_lo[j] = one_plus_fraction<4>(byte & 0xfu);
-      q_hi[j] = one_plus_fraction<4>(byte >> 4);
-    }
-    const float w_lo = 16.f * d * sc_lo, w_hi = 16.f * d * sc_hi;
-    const float m_lo = dmin * mn_lo, m_hi = dmin * mn_hi;
-    const int64_t lo0 = k_block + 64 * c + 16 * h, hi0 = lo0 + 32;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const bf16* xr = x + static_cast<int64_t>(r) * in_features;
-      const uint4 xv[4] = {load16(xr + lo0), load16(xr + lo0 + 8), load16(xr + hi0),
-                           load16(xr + hi0 + 8)};
-      float qx_lo = 0.f, x_lo = 0.f, qx_hi = 0.f, x_hi = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {
-        const uint32_t lo_pair = word_of(xv[j >> 3], (j & 7) >> 1);
-        const uint32_t hi_pair = word_of(xv[2 + (j >> 3)], (j & 7) >> 1);
-        const float a0 = bf16_low(lo_pair), a1 = bf16_high(lo_pair);
-        const float b0 = bf16_low(hi_pair), b1 = bf16_high(hi_pair);
-        qx_lo = fmaf(q_lo[j + 1], a1, fmaf(q_lo[j], a0, qx_lo));
-        x_lo += a0 + a1;
-        qx_hi = fmaf(q_hi[j + 1], b1, fmaf(q_hi[j], b0, qx_hi));
-        x_hi += b0 + b1;
-      }
-      acc[r] += w_lo * (qx_lo - x_lo) - m_lo * x_lo;
-      acc[r] += w_hi * (qx_hi - x_hi) - m_hi * x_hi;
-    }
-  }
-};
 
 // Q6_K: 210-byte blocks (2-byte aligned only, so load8's 2-byte loads). Half h (128 weights) of
 // a block, l0 = 8 (part % 4): ql[64h + l], ql[64h + 32 + l] and qh[32h + l] for l = l0 .. l0 + 7
@@ -182,8 +106,6 @@ struct Q6kLane {
   uint2 ql_first, ql_second, qh;
   float d;
   uint32_t scales;  // sc[8h + is + 0, 2, 4, 6], is = l0 / 16, one byte each
-
-  static constexpr bool kNeeds16ByteAlignment = false;
 
   __host__ __device__ static Q6kLane load(const uint8_t* block, int part) {
     const int h = part >> 2, l0 = (part & 3) * 8, is = (part & 3) >> 1;
@@ -235,6 +157,118 @@ struct Q6kLane {
         acc[r] += scale[g] * (64.f * qx - 96.f * sum);
       }
     }
+  }
+};
+
+// Q4_K times one row of activations on tensor cores: mma.sync m16n8k16 (bf16 in, f32 sums) over
+// 16 weight rows and one 256-weight block at a time, blocks.cu's q4k_matvec_mma_kernel. The
+// sixteen products of each mma need not be the weights' own order, only the same order on both
+// sides, and its eight columns need not be rows of x: column n holds x only where the k index
+// falls in sub-block n, so that C[row][n] is sub-block n's sum alone, and its scale and min can
+// be applied once per sub-block after sixteen mmas. Lane (g, t) = (lane / 4, lane % 4):
+//   A (weights): bytes 32t .. 32t + 31 of rows g and g + 8's quants, sub-blocks 2t (low
+//     nibbles) and 2t + 1 (high). mma i takes word j = i % 8 of them and half h = i / 8: the
+//     nibbles of bytes 4j, 4j + 2 at k = 2t, 2t + 1 and of bytes 4j + 1, 4j + 3 at 2t + 8, 2t + 9,
+//     each as the bf16 128 + q (one LOP3 each: the nibble in the mantissa of 128).
+//   B (x): column g, k = 2t .. : x at those weights where g = 2t + h (the lane's own sub-block),
+//     else 0, so only lane (g, g / 2) loads x: its sub-block g's 32 values.
+//   C: lane (g, t) holds sub-blocks 2t, 2t + 1 of rows g and g + 8, the sub-blocks whose scales
+//     it decodes from the rows' heads. A second mma with A all ones gives sum(x) per sub-block
+//     in the same places, for the mins and for the 128 in every weight.
+constexpr uint32_t kBf16Ones = 0x3f803f80u;  // two bf16 1.0
+
+// (a & mask) | bits in one LOP3 (the compiler emits two for two immediates).
+__host__ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
+  return d;
+#else
+  return (a & mask) | bits;
+#endif
+}
+
+// The lane's weights of one block for rows g and g + 8.
+struct Q4kMmaTile {
+  uint4 head[2];       // rows g, g + 8: d, dmin, 12 bytes of packed 6-bit scales and mins
+  uint4 quants[2][2];  // rows g, g + 8: quant bytes 32t .. 32t + 15, 32t + 16 .. 32t + 31
+
+  __host__ __device__ static Q4kMmaTile load(const uint8_t* block_g, const uint8_t* block_g8,
+                                             int t) {
+    const uint8_t* q_g = block_g + 16 + 32 * t;
+    const uint8_t* q_g8 = block_g8 + 16 + 32 * t;
+    return {{load16(block_g), load16(block_g8)},
+            {{load16(q_g), load16(q_g + 16)}, {load16(q_g8), load16(q_g8 + 16)}}};
+  }
+
+  // mma i's A fragment: {row g, k 2t..}, {row g + 8, k 2t..}, {row g, k 2t + 8..},
+  // {row g + 8, k 2t + 8..}.
+  __host__ __device__ void a_fragment(int i, uint32_t (&a)[4]) const {
+    const int j = i & 7, shift = 4 * (i >> 3);
+    const uint32_t w_g = word_of(quants[0][j >> 2], j & 3),
+                   w_g8 = word_of(quants[1][j >> 2], j & 3);
+    constexpr uint32_t kNibbles = 0x000f000fu, k128 = 0x43004300u;  // bf16 128 in both halves
+    a[0] = and_or(w_g >> shift, kNibbles, k128);
+    a[1] = and_or(w_g8 >> shift, kNibbles, k128);
+    a[2] = and_or(w_g >> (shift + 8), kNibbles, k128);
+    a[3] = and_or(w_g8 >> (shift + 8), kNibbles, k128);
+  }
+
+  // Adds the lane's two sub-blocks of rows g (acc[0]) and g + 8 (acc[1]) from C (c) and the
+  // ones' C (sums of x, sx): d sc (C - 128 sum(x)) - dmin m sum(x).
+  __host__ __device__ void accumulate(int t, const float (&c)[4], const float (&sx)[4],
+                                      float (&acc)[2]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4& h = head[r];
+      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
+      const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
+      // ggml's get_scale_min_k4 for all eight sub-blocks at once, a byte each: h.y holds bytes
+      // 0-3 of the scales, h.z 4-7, h.w 8-11. Lanes 0, 1 take sub-blocks 0-3, lanes 2, 3 4-7.
+      const uint32_t scales =
+          t < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+      const uint32_t mins =
+          t < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+      const int at = 16 * (t & 1);  // the first of the lane's two sub-blocks, as a bit offset
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const float a = d * static_cast<float>((scales >> (at + 8 * s)) & 0xffu);
+        const float m = dmin * static_cast<float>((mins >> (at + 8 * s)) & 0xffu);
+        acc[r] = fmaf(a, c[2 * r + s], acc[r]);
+        acc[r] = fmaf(-fmaf(128.f, a, m), sx[2 * r + s], acc[r]);
+      }
+    }
+  }
+};
+
+// The B fragments of one block (256 values of x) for lane (g, t): nonzero only on lane
+// (g, g / 2), in the mmas of half g % 2. pairs[j] = {x[4j], x[4j + 2]}, {x[4j + 1], x[4j + 3]}
+// of sub-block g.
+struct Q4kMmaActivations {
+  uint32_t pairs[8][2];
+
+  __host__ __device__ static Q4kMmaActivations load(const bf16* x_block, int g, int t) {
+    Q4kMmaActivations v{};
+    if (t != g >> 1) return v;
+    const bf16* xs = x_block + 32 * g;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 words = load16(xs + 8 * q);
+#pragma unroll
+      for (int w = 0; w < 4; w += 2) {
+        const uint32_t lo = word_of(words, w), hi = word_of(words, w + 1);
+        v.pairs[2 * q + w / 2][0] = (lo & 0xffffu) | (hi << 16);
+        v.pairs[2 * q + w / 2][1] = (lo >> 16) | (hi & 0xffff0000u);
+      }
+    }
+    return v;
+  }
+
+  // mma i's {b0, b1} for lane (g, t).
+  __host__ __device__ void b_fragment(int i, int g, uint32_t (&b)[2]) const {
+    const bool mine = (i >> 3) == (g & 1);
+    b[0] = mine ? pairs[i & 7][0] : 0u;
+    b[1] = mine ? pairs[i & 7][1] : 0u;
   }
 };
 
