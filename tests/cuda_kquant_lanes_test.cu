@@ -1,8 +1,9 @@
 // The K-quant arithmetic of the GPU's matrix-vector kernels (ops/cuda/kquant_lanes.cuh), run on
 // the host: Q6_K's eight lanes, and Q4_K's tensor-core tile on an emulated warp, must give the
 // dot products of the blocks' weights, as the reference dequantization (core/quantized.h,
-// ggml's arithmetic) gives them, with bf16 activations. Needs no GPU: the index arithmetic is what this checks, on every machine that
-// builds the CUDA backend; backend_ops_test runs the kernel itself on a GPU.
+// ggml's arithmetic) gives them, with bf16 activations. Needs no GPU: the index arithmetic is what
+// this checks, on every machine that builds the CUDA backend; backend_ops_test runs the kernel
+// itself on a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
