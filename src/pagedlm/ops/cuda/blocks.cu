@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "pagedlm/ops/cuda/check.h"
@@ -294,7 +293,7 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
     }
   }
   // Q4_K at one row: tensor cores (16-byte aligned blocks and x, as cudaMalloc's are). On the
-  // H200 (8B shape, one stream) 1.43x the Q4_K lanes that it replaced, which had been 1.5x the
+  // H200 (8B shape, one stream) 1.40x the Q4_K lanes that it replaced, which had been 1.5x the
   // generic kernel; at more rows Q4_K keeps the generic kernel (those lanes ran 0.90x and 0.77x
   // of it at four and eight rows).
   if constexpr (kType == QuantType::kQ4_K && kRows == 1) {
