@@ -6,7 +6,9 @@
 // (plan, grouped GEMMs, combine) alone, routed as the random model routes: uniformly. Prints the
 // bandwidth lower bound: weights (the experts a step activates) + KV read once at copy speed. One
 // further step runs between cudaProfilerStart and Stop, for a profiler's kernel-by-kernel view.
-// Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s]
+// Usage: cuda_decode_step_bench config.json [batch] [context] [copy GB/s] [--quantization NAME]
+//        [--kv-cache-dtype NAME]   (the engine step's weights and pages, as the command line's
+//        flags name them; the parts timed alone stay bf16)
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_timing.h"
@@ -30,6 +33,20 @@
 using namespace pagedlm;
 
 int main(int argc, char** argv) {
+  // The named flags first (they take the engine step's formats), then the positional arguments.
+  std::string quantization = "none", kv_dtype = "auto";
+  {
+    int kept = 1;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if ((a == "--quantization" || a == "--kv-cache-dtype") && i + 1 < argc) {
+        (a == "--quantization" ? quantization : kv_dtype) = argv[++i];
+      } else {
+        argv[kept++] = argv[i];
+      }
+    }
+    argc = kept;
+  }
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s config.json [batch] [context] [copy GB/s]\n", argv[0]);
     return 2;
@@ -37,13 +54,17 @@ int main(int argc, char** argv) {
   const int batch = argc > 2 ? std::atoi(argv[2]) : 256;
   const int context = argc > 3 ? std::atoi(argv[3]) : 1024;
   const double copy_gbs = argc > 4 ? std::atof(argv[4]) : 4280;
-  const Checkpoint ckpt = make_dummy_checkpoint(argv[1]);
+  const Quantization quant = quantization_named(quantization, /*dummy_weights=*/true);
+  const Checkpoint ckpt = make_dummy_checkpoint(argv[1], 0, {}, quant.dummy_blocks);
   const ModelConfig& c = ckpt.config;
   const int page_size = 16;
 
   // 1. The engine's decode step: prefill `batch` prompts of `context` tokens, then time steps.
   EngineOptions o;
   o.device = Device::kCuda;
+  o.fp8_weights = quant.fp8_weights;
+  o.kv_cache_dtype = kv_cache_dtype_named(kv_dtype);
+  o.gguf_blocks_on_gpu = quant.dummy_blocks.has_value();
   o.max_num_seqs = batch;
   o.max_num_batched_tokens = 8192;
   o.num_pages = batch * ((context + 64) / page_size + 2);

@@ -2778,7 +2778,16 @@ TEST(BackendOpsCuda, QuantizeFp8RowsMatchesHostEncoding) {
   PAGEDLM_REQUIRE_FP8_GPU();
   std::mt19937 rng(21);
   const Backend b(Device::kCuda);
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096}, {7, 100}, {33, 576}}) {
+  // Rows whose share a thread holds in registers in 2, 4, 8 and 16 loads of 8 values (576 and
+  // 4096; 8192; 14336; 32768), one too long for them (32776: read twice), and columns that are
+  // no multiple of 8 (100).
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096},
+                            {7, 100},
+                            {33, 576},
+                            {2, 8192},
+                            {3, 14336},
+                            {2, 32776},
+                            {2, 32768}}) {
     std::vector<float> x = uniform(rows * cols, rng, -3.f, 3.f);
     for (int64_t c = 0; c < cols; ++c) x[c] = 0.f;  // a padding row: kFp8MinScale
     if (rows > 1) x[cols + 3] = 50.f;               // an outlier for the clamp

@@ -2,7 +2,7 @@
 // every one of the 256 codes against core/dtype.h's decoding (which follows the OCP e4m3
 // definition: bias 7, subnormals below exponent 1, 0x7f / 0xff NaN): on the host, and through a
 // kernel on the GPU, where the bf16x2 multiply runs as the device's instruction (skipped without
-// a GPU).
+// a GPU). Also the f16 route (codes as f16 times 2^-8) on the host: integer operations only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -75,6 +75,27 @@ TEST(E4m3ToBf16, EveryCodeExactOnTheGpu) {
   cudaFree(d_words);
   cudaFree(d_out);
   expect_every_code_exact(out);
+}
+
+// The f16 route of the e4m3 decode kernel at head_dim 128: every code, from the even and the
+// odd bytes of its word, times 2^8 is the code's value (NaN codes: +-480, as above).
+TEST(E4m3ToF16, EveryCodeExactTimes256OnTheHost) {
+  const std::vector<uint32_t> words = all_codes();
+  for (int code = 0; code < 256; ++code) {
+    const uint32_t w = words[code / 4];
+    const uint32_t pair = code % 2 == 0 ? detail::e4m3_even_to_f16x2_over_256(w)
+                                        : detail::e4m3_odd_to_f16x2_over_256(w);
+    // Codes 0 and 1 of a word land in the low half, codes 2 and 3 in the high half.
+    const auto bits = static_cast<uint16_t>(pair >> (16 * ((code % 4) / 2)));
+    const float got = 256.f * f16_to_f32(bits);
+    const float want = f8e4m3_to_f32(static_cast<uint8_t>(code));
+    if (std::isnan(want)) {
+      EXPECT_EQ(got, (code & 0x80) != 0 ? -480.f : 480.f) << "code " << code;
+      continue;
+    }
+    EXPECT_EQ(got, want) << "code " << code;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << "code " << code;
+  }
 }
 
 }  // namespace pagedlm::cuda::e4m3_test

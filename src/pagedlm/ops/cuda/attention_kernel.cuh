@@ -26,11 +26,12 @@
 // shared memory as one bf16 stage, which the math reads, and 2 (STAGES - 1) stages of raw e4m3
 // bytes (half a bf16 stage each) that cp.async fills: each tile is converted from its raw stage
 // into the bf16 stage between two barriers (exactly, e4m3.cuh), so the mma loop is the bf16 one
-// and as many bytes are in flight as with bf16 pages, twice the keys. One-stage configurations
-// (head_dim 256 where shared memory is small) and decode at head_dim 64 read a tile into
-// registers before the previous tile's math and store it converted after. The scales never touch
-// the values: k_scale is folded into the score's scale on the host, v_scale multiplies the
-// output.
+// and as many bytes are in flight as with bf16 pages, twice the keys. Decode at head_dim 128
+// keeps no bf16 stage: its mma reads f16 fragments made in registers from the raw codes
+// (kDirect, in attend_units). One-stage configurations (head_dim 256 where shared memory is
+// small) and decode at head_dim 64 read a tile into registers before the previous tile's math
+// and store it converted after. The scales never touch the values: k_scale is folded into the
+// score's scale on the host, v_scale multiplies the output.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,12 +51,16 @@ using detail::ceil_div;
 using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
+using detail::e4m3_even_to_f16x2_over_256;
+using detail::e4m3_odd_to_f16x2_over_256;
 using detail::e4m3x8_to_bf16x8;
 using detail::e4m3x8_to_bf16x8_by_cvt;
 using detail::ldmatrix_x4;
 using detail::ldmatrix_x4_trans;
 using detail::mma_16816;
+using detail::mma_16816_f16;
 using detail::pack_bf16;
+using detail::pack_f16;
 using detail::smem_addr;
 
 constexpr int kThreads = 128;
@@ -294,18 +299,35 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // bandwidth against 33.5-34.0% in registers).
   constexpr bool kRaw = kFp8 && STAGES >= 2 && !(D == 64 && WN > 1);
   constexpr bool kStash = kFp8 && !kRaw;
-  constexpr int kRawStages = kRaw ? 2 * (STAGES - 1) : 0;
+  // Decode at head_dim 128 (kDirect): no bf16 stage. The mma fragments come from the raw codes
+  // in shared memory, as f16 (two or three integer instructions a pair, e4m3.cuh) with d
+  // permuted so that each lane's codes are whole 16-byte chunks: K's chunk of a key serves four
+  // k steps (Q's fragments take the same permutation), V's chunk g of four keys serves the 16 n8
+  // tiles of O whose column g is d = 16 g + tile (O's columns come out permuted, undone where the
+  // warps merge). So neither a conversion pass between two barriers nor a bf16 copy and its
+  // ldmatrix reads remain, and the stages' whole memory holds raw tiles (four at d = 128).
+  // Chunk c of a raw row r sits at position c ^ raw_swizzle(r): both reads are then free of
+  // bank conflicts. The decode pass's merge reuses the stages once every tile is consumed.
+  constexpr bool kDirect =
+      kFp8 && D == 128 && WM == 1 && WN > 1 && !kShared && !kLoop && STAGES >= 2;
   constexpr int kRawStageBytes = 2 * kBlockKv * D;  // K's codes, then V's, rows unpadded
-  static_assert((kRaw ? kStageRows * kStride * sizeof(__nv_bfloat16) + kRawStages * kRawStageBytes
-                      : 0) <= STAGES * kStageRows * kStride * sizeof(__nv_bfloat16),
-                "raw stages fit beside one bf16 stage");
+  constexpr int kStagesBytes = STAGES * kStageRows * kStride * sizeof(__nv_bfloat16);
+  constexpr int kRawStages =
+      kDirect ? kStagesBytes / kRawStageBytes : (kRaw ? 2 * (STAGES - 1) : 0);
+  static_assert(
+      (kRaw && !kDirect ? kStageRows * kStride * sizeof(__nv_bfloat16) + kRawStages * kRawStageBytes
+                        : 0) <= kStagesBytes,
+      "raw stages fit beside one bf16 stage");
+  static_assert(!kDirect || kRawStages >= 2, "a direct tile is read while the next one loads");
   // Tiles in flight ahead of the one the math reads, and the stages (bf16 or raw) they rotate
-  // through.
-  constexpr int kAhead = kRaw ? kRawStages : STAGES - 1;
+  // through. The raw stages of the bf16 route are free once converted; kDirect's stay in use
+  // until the tile's math is done, so one fewer is ahead.
+  constexpr int kAhead = kDirect ? kRawStages - 1 : (kRaw ? kRawStages : STAGES - 1);
   constexpr int kSlots = kRaw ? kRawStages : STAGES;
   auto raw_stage = [&](int slot) {
-    return reinterpret_cast<uint8_t*>(stage_k(1)) + slot * kRawStageBytes;
+    return reinterpret_cast<uint8_t*>(stage_k(kDirect ? 0 : 1)) + slot * kRawStageBytes;
   };
+  auto raw_swizzle = [](int r) { return (r & 6) ^ ((r & 1) << 2); };
 
   // A tile's rows: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i *
   // kRowsPerPass. When a row's chunks divide a warp (D = 64, 128, 256), a warp's threads touch
@@ -341,8 +363,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     // kRaw: chunk (r, c)'s 16 codes of K and V into the raw stage.
     auto copy_raw = [&](int r, int c, int64_t off, bool valid) {
       uint8_t* kr = raw_stage(stage);
-      cp_async_16(kr + r * D + c * 16, k8 + off, valid);
-      cp_async_16(kr + kBlockKv * D + r * D + c * 16, v8 + off, valid);
+      const int pos = kDirect ? c ^ raw_swizzle(r) : c;
+      cp_async_16(kr + r * D + pos * 16, k8 + off, valid);
+      cp_async_16(kr + kBlockKv * D + r * D + pos * 16, v8 + off, valid);
     };
     // kStash: chunk i's codes of K and V into the registers.
     auto stash = [&](int i, int64_t off, bool valid) {
@@ -494,6 +517,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.f, 0.f};
     uint32_t qf[D / 16][4];
+    // kDirect: what a row's raw q.k' is multiplied by before the softmax's scale: 2^8 (the codes'
+    // f16 are 2^-8 of theirs) over the power of two that brought the row's Q within f16's range.
+    float row_factor[2] = {1.f, 1.f};
 
     const int n = u.num_tiles;
     for (int it = 0; it < n; ++it) {
@@ -508,13 +534,49 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         __syncthreads();
       } else {
         cp_async_wait<kAhead - 1>();
-        __syncthreads();       // tile `it` visible to all; the stage before it free for reuse
-        if constexpr (kRaw) {  // into the bf16 stage, which every warp is done with
+        __syncthreads();  // tile `it` visible to all; the stage before it free for reuse
+        if constexpr (kRaw && !kDirect) {  // into the bf16 stage, which every warp is done with
           store_kv(0, (base + it) % kSlots);
           __syncthreads();  // the bf16 tile visible to all; its raw stage free for reuse
         }
       }
-      if (it == 0) {
+      if (kDirect && it == 0) {
+        // Q in f16, d in the order the K chunks are read: k step kk = 4 s + j takes word j of
+        // chunk 4 s + t of a key's row, its even bytes as k = 2t, 2t + 1 and its odd bytes as
+        // 2t + 8, 2t + 9. A row whose largest |q| passes 2^15 is scaled by a power of two first
+        // (f16 ends at 65504; bf16 values in f16's normal range convert exactly).
+        const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
+        auto q4 = [&](int row, int kk) {
+          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
+          const uint2 raw = *reinterpret_cast<const uint2*>(qw + row * kStride + d0);
+          const auto* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+          return make_float4(__bfloat162float(v[0]), __bfloat162float(v[1]), __bfloat162float(v[2]),
+                             __bfloat162float(v[3]));
+        };
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float amax = 0.f;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const float4 v = q4(g + 8 * h, kk);
+            amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+          }
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+          // (inf or NaN in Q: left as they are, as the bf16 route would.)
+          const int shift = amax > 32768.f && amax <= 3.4e38f
+                                ? static_cast<int>(ceilf(log2f(amax / 32768.f)))
+                                : 0;
+          const float q_scale = ldexpf(1.f, -shift);
+          row_factor[h] = 256.f / q_scale;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const float4 v = q4(g + 8 * h, kk);
+            qf[kk][h] = pack_f16(v.x * q_scale, v.z * q_scale);
+            qf[kk][2 + h] = pack_f16(v.y * q_scale, v.w * q_scale);
+          }
+        }
+      } else if (it == 0) {
         const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
@@ -546,19 +608,42 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
       }
-      // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
-      // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
-      const __nv_bfloat16* krow =
-          ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+      // The warp's keys in the raw stage (kDirect): K's codes, then V's.
+      const uint8_t* kraw = kDirect ? raw_stage((base + it) % kSlots) + wn * kWarpKv * D : nullptr;
+      if constexpr (kDirect) {
+        // Key g of n8 tile nt: its chunks t and 4 + t, a word per k step (the Q order above).
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+        for (int nt = 0; nt < kNt; ++nt) {
+          const uint8_t* krow = kraw + (nt * 8 + g) * D;
 #pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t bk[4];
-          ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
-          mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
-          mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
+          for (int half = 0; half < 2; ++half) {
+            const uint4 chunk =
+                *reinterpret_cast<const uint4*>(krow + ((4 * half + t) ^ raw_swizzle(g)) * 16);
+            const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int kk = 4 * half + j;
+              float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+              mma_16816_f16(acc[nt], qf[kk], e4m3_even_to_f16x2_over_256(words[j]),
+                            e4m3_odd_to_f16x2_over_256(words[j]));
+            }
+          }
+        }
+      } else {
+        // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
+        // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
+        const __nv_bfloat16* krow =
+            ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+#pragma unroll
+          for (int nt = 0; nt < kNt; nt += 2) {
+            uint32_t bk[4];
+            ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
+            mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
+            mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
+          }
         }
       }
       if constexpr (kChains == 2) {
@@ -580,7 +665,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           bool seen = col < lim[h];
           if constexpr (kWindow) seen = seen && col >= lo[h];
           // The cap applies before the mask, as in HF; masked scores are -inf either way.
-          s[nt][e] = seen ? score_log2<kSoftcap>(p, s[nt][e]) : -INFINITY;
+          const float qk = kDirect ? s[nt][e] * row_factor[h] : s[nt][e];
+          s[nt][e] = seen ? score_log2<kSoftcap>(p, qk) : -INFINITY;
           mx[h] = fmaxf(mx[h], s[nt][e]);
         }
       }
@@ -622,8 +708,43 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
 
       // The S accumulator layout is the A-operand layout of P, so P stays in registers.
+      if constexpr (kDirect) {
+        // P in f16. Lane (g, t) reads chunk g of V's keys 2t, 2t + 1 (B's first register) and
+        // 2t + 8, 2t + 9 (its second) of each 16; byte i of word j is O's n8 tile 4 j + i. A
+        // byte permute pairs two keys' codes of two tiles, whose even and odd bytes are then
+        // the two tiles' registers.
+        const uint8_t* vraw = kraw + kBlockKv * D;
 #pragma unroll
-      for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+        for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+          uint32_t a[4];
+          a[0] = pack_f16(s[2 * kk][0], s[2 * kk][1]);
+          a[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
+          a[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          a[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          uint4 rows[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = kk * 16 + 2 * t + (i & 1) + 8 * (i >> 1);
+            rows[i] = *reinterpret_cast<const uint4*>(vraw + key * D + (g ^ raw_swizzle(key)) * 16);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t w0 = (&rows[0].x)[j], w1 = (&rows[1].x)[j];
+            const uint32_t w2 = (&rows[2].x)[j], w3 = (&rows[3].x)[j];
+#pragma unroll
+            for (int pair = 0; pair < 2; ++pair) {
+              const uint32_t sel = pair == 0 ? 0x5410u : 0x7632u;
+              const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
+              mma_16816_f16(o[4 * j + 2 * pair], a, e4m3_even_to_f16x2_over_256(lo),
+                            e4m3_even_to_f16x2_over_256(hi));
+              mma_16816_f16(o[4 * j + 2 * pair + 1], a, e4m3_odd_to_f16x2_over_256(lo),
+                            e4m3_odd_to_f16x2_over_256(hi));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < (kDirect ? 0 : kWarpKv / 16); ++kk) {
         uint32_t a[4];
         a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
         a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
@@ -662,8 +783,9 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const int gr = u.row0 + r;
       if (gr >= u.n_rows) return;
       if constexpr (kFp8) {  // linear, so the split results may carry it into the merge
-        v0 *= p.v_scale;
-        v1 *= p.v_scale;
+        const float v_scale = kDirect ? 256.f * p.v_scale : p.v_scale;  // kDirect: V's 2^-8
+        v0 *= v_scale;
+        v1 *= v_scale;
       }
       const size_t row =
           static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
@@ -737,9 +859,15 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 #pragma unroll
         for (int w = 0; w < WN; ++w) {
           const float f = f_s[w * 16 + r];
-          const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
-          v0 += f * ov.x;
-          v1 += f * ov.y;
+          if constexpr (kDirect) {  // o_s holds column n of tile dt at dt * 8 + n: d = 16 n + dt
+            const float* orow = o_s + (w * 16 + r) * D;
+            v0 += f * orow[(col % 16) * 8 + col / 16];
+            v1 += f * orow[(col % 16 + 1) * 8 + col / 16];
+          } else {
+            const float2 ov = *reinterpret_cast<const float2*>(o_s + (w * 16 + r) * D + col);
+            v0 += f * ov.x;
+            v1 += f * ov.y;
+          }
         }
         store(r, col, v0, v1, lse_s[r]);
       }

@@ -4,8 +4,9 @@
 // quarter of the FMA rate or less. Which one is faster depends on what the conversions overlap:
 // the attention kernel converts a tile in shared memory between two barriers by the integer
 // route and a tile staged in registers, after the tile's math, by the conversion route
-// (attention_kernel.cuh says where each measured better). Host-callable (the integer route), so
-// that tests check every code on any machine.
+// (attention_kernel.cuh says where each measured better). Decode at head_dim 128 takes a third
+// route, to f16 times 2^-8 (below), for an mma with f16 operands. Host-callable (the integer
+// routes), so that tests check every code on any machine.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -80,6 +81,20 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8_by_cvt(uint2 codes) {
     o[j] = *reinterpret_cast<const uint32_t*>(&b);
   }
   return out;
+}
+
+// A word's codes as f16 pairs times 2^-8, exactly, for an mma with f16 operands: codes 0 and 2
+// (the even bytes) and codes 1 and 3 (the odd bytes). A code's sign goes to bit 15 of its half
+// and its seven other bits to bits 7-13, where f16 reads the same mantissa under an exponent 8
+// lower (bias 15 against 7); a subnormal code lands on the f16 subnormal of the same ratio. So
+// no multiply restores the value: the caller folds 2^8 into its own scale. Three and two
+// integer instructions a pair. NaN codes come out as +-1.875 (480 after the 2^8), as with the
+// bf16 route.
+__host__ __device__ __forceinline__ uint32_t e4m3_even_to_f16x2_over_256(uint32_t codes) {
+  return ((codes << 8) & 0x80008000u) | ((codes << 7) & 0x3f803f80u);
+}
+__host__ __device__ __forceinline__ uint32_t e4m3_odd_to_f16x2_over_256(uint32_t codes) {
+  return (codes & 0x80008000u) | ((codes >> 1) & 0x3f803f80u);
 }
 
 }  // namespace pagedlm::cuda::detail

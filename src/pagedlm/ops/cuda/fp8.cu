@@ -22,16 +22,50 @@ constexpr float kE4m3Max = 448.f;
 constexpr int kQuantizeThreads = 256;
 
 // One block per row, 8 values (16 bytes in, 8 out) per load where cols % 8 == 0, each the e4m3
-// of its quotient by the row's scale (detail::to_e4m3).
-template <bool kVec8>
+// of its quotient by the row's scale (detail::to_e4m3). kChunks > 0: each thread keeps its at
+// most kChunks loads of 8 in registers between the row's maximum and the quantization, so the
+// row is read once (a decode step's rows are a few KB: its 128 launches waited on the second
+// read); kChunks == 0 reads the row twice (rows too long for the registers, or unaligned).
+template <bool kVec8, int kChunks>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const bf16* x, __nv_fp8_storage_t* q, float* scales, int cols,
                              float static_scale, float scale_ub, float min_scale) {
+  static_assert(kVec8 || kChunks == 0, "registers hold aligned chunks of 8");
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
   const bf16* src = x + row * cols;
   __nv_fp8_storage_t* dst = q + row * cols;
   float scale = static_scale;
+  if constexpr (kChunks > 0) {
+    uint4 held[kChunks];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int i = threadIdx.x + j * kQuantizeThreads;
+      held[j] = i < cols / 8 ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
+      const auto* v = reinterpret_cast<const bf16*>(&held[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(__bfloat162float(v[e])));
+    }
+    if (scale <= 0.f) {
+      amax = detail::block_max(amax, scratch);
+      if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
+      scale = fmaxf(amax / kE4m3Max, min_scale);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int i = threadIdx.x + j * kQuantizeThreads;
+      if (i >= cols / 8) break;
+      const auto* v = reinterpret_cast<const bf16*>(&held[j]);
+      uint2 out;
+      auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = to_e4m3(__bfloat162float(v[e]), scale);
+      reinterpret_cast<uint2*>(dst)[i] = out;
+    }
+    if (threadIdx.x == 0) scales[row] = scale;
+    return;
+  }
   if (scale <= 0.f) {
     float amax = 0.f;
     if constexpr (kVec8) {
@@ -68,16 +102,44 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   if (threadIdx.x == 0) scales[row] = scale;
 }
 
-// y[m, n] = y[m, n] * x_scales[m] * w_scales[n] (+ bias[n]), each output once.
+// y[m, n] = y[m, n] * x_scales[m] * w_scales[n] (+ bias[n]), each output once. Rows along the
+// grid's y (strided past 65535 rows); kVec8 (n % 8 == 0, 16-byte aligned y and bias): 8 outputs
+// a thread, so that no thread divides an index (a scalar version spent most of its time in
+// 64-bit divisions and ran at a quarter of copy bandwidth on decode steps).
+template <bool kVec8>
 __global__ void fp8_scale_epilogue_kernel(bf16* y, const float* x_scales, const float* w_scales,
                                           const bf16* bias, int m, int n) {
-  const size_t total = static_cast<size_t>(m) * n;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int row = static_cast<int>(i / n), col = static_cast<int>(i % n);
-    float v = __bfloat162float(y[i]) * (x_scales[row] * w_scales[col]);
-    if (bias != nullptr) v += __bfloat162float(bias[col]);
-    y[i] = __float2bfloat16(v);
+  const int col = (blockIdx.x * blockDim.x + threadIdx.x) * (kVec8 ? 8 : 1);
+  if (col >= n) return;
+  float ws[kVec8 ? 8 : 1], b[kVec8 ? 8 : 1];
+  if constexpr (kVec8) {
+    const float4 w0 = *reinterpret_cast<const float4*>(w_scales + col);
+    const float4 w1 = *reinterpret_cast<const float4*>(w_scales + col + 4);
+    ws[0] = w0.x, ws[1] = w0.y, ws[2] = w0.z, ws[3] = w0.w;
+    ws[4] = w1.x, ws[5] = w1.y, ws[6] = w1.z, ws[7] = w1.w;
+    uint4 bias8 = make_uint4(0, 0, 0, 0);
+    if (bias != nullptr) bias8 = *reinterpret_cast<const uint4*>(bias + col);
+    const auto* bv = reinterpret_cast<const bf16*>(&bias8);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b[e] = __bfloat162float(bv[e]);
+  } else {
+    ws[0] = w_scales[col];
+    b[0] = bias != nullptr ? __bfloat162float(bias[col]) : 0.f;
+  }
+  for (int row = blockIdx.y; row < m; row += gridDim.y) {
+    const float xs = x_scales[row];
+    bf16* out = y + static_cast<size_t>(row) * n + col;
+    if constexpr (kVec8) {
+      uint4 packed = *reinterpret_cast<const uint4*>(out);
+      auto* v = reinterpret_cast<bf16*>(&packed);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v[e] = __float2bfloat16(__bfloat162float(v[e]) * (xs * ws[e]) + b[e]);
+      }
+      *reinterpret_cast<uint4*>(out) = packed;
+    } else {
+      *out = __float2bfloat16(__bfloat162float(*out) * (xs * ws[0]) + b[0]);
+    }
   }
 }
 
@@ -90,7 +152,15 @@ cudaError_t launch_quantize_fp8_rows(const void* x, void* q, float* scales, int 
   if (rows == 0) return cudaSuccess;
   const bool vec8 = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(q) % 8 == 0;
-  const auto kernel = vec8 ? quantize_fp8_rows_kernel<true> : quantize_fp8_rows_kernel<false>;
+  // The fewest registers that hold a thread's share of the row (a Llama-3.1-8B down projection's
+  // 14336 columns: 7 loads of 8).
+  const int chunks = vec8 ? ceil_div(cols / 8, kQuantizeThreads) : 0;
+  const auto kernel = !vec8          ? quantize_fp8_rows_kernel<false, 0>
+                      : chunks <= 2  ? quantize_fp8_rows_kernel<true, 2>
+                      : chunks <= 4  ? quantize_fp8_rows_kernel<true, 4>
+                      : chunks <= 8  ? quantize_fp8_rows_kernel<true, 8>
+                      : chunks <= 16 ? quantize_fp8_rows_kernel<true, 16>
+                                     : quantize_fp8_rows_kernel<true, 0>;
   kernel<<<rows, kQuantizeThreads, 0, stream>>>(static_cast<const bf16*>(x),
                                                 static_cast<__nv_fp8_storage_t*>(q), scales, cols,
                                                 static_scale, scale_ub, min_scale);
@@ -101,10 +171,14 @@ cudaError_t launch_fp8_scale_epilogue(void* y, const float* x_scales, const floa
                                       const void* bias, int m, int n, cudaStream_t stream) {
   if (m < 0 || n <= 0) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  const unsigned blocks = std::min(ceil_div(static_cast<int64_t>(m) * n, kThreads), 65535u);
-  fp8_scale_epilogue_kernel<<<blocks, kThreads, 0, stream>>>(
-      static_cast<bf16*>(y), x_scales, w_scales, static_cast<const bf16*>(bias), m, n);
+  constexpr int kThreads = 128;
+  const bool vec8 = n % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(w_scales) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  const dim3 grid(ceil_div(ceil_div(n, vec8 ? 8 : 1), kThreads), std::min(m, 65535));
+  const auto kernel = vec8 ? fp8_scale_epilogue_kernel<true> : fp8_scale_epilogue_kernel<false>;
+  kernel<<<grid, kThreads, 0, stream>>>(static_cast<bf16*>(y), x_scales, w_scales,
+                                        static_cast<const bf16*>(bias), m, n);
   return cudaGetLastError();
 }
 
