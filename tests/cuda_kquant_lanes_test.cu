@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagedlm/core/quantized.h"
@@ -17,25 +19,55 @@
 namespace pagedlm::ops::cuda {
 namespace {
 
-void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
-  constexpr int kRows = 3;
-  const QuantType type = QuantType::kQ6_K;
-  const int bytes = static_cast<int>(quant_block_bytes(type)), k = 256 * num_blocks;
-  std::vector<uint8_t> storage(static_cast<size_t>(bytes) * num_blocks);
-  uint8_t* blocks = storage.data();
+// count blocks of `bytes` bytes each, random, with a finite f16 scale at each of `scale_at` (the
+// offsets of d, and of dmin where the format has one) so that no weight is inf or NaN. 16-byte
+// aligned, as the kernels' loads need.
+std::vector<uint4> random_blocks(std::mt19937& rng, int count, int bytes,
+                                 std::initializer_list<int> scale_at) {
+  std::vector<uint4> storage((static_cast<size_t>(bytes) * count + 15) / 16);
+  auto* blocks = reinterpret_cast<uint8_t*>(storage.data());
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  for (int i = 0; i < bytes * num_blocks; ++i) blocks[i] = static_cast<uint8_t>(byte(rng));
-  for (int b = 0; b < num_blocks; ++b) {  // a finite f16 scale d
-    const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
-    std::memcpy(blocks + b * bytes + 208, &h, sizeof(h));
+  for (size_t i = 0; i < static_cast<size_t>(bytes) * count; ++i) {
+    blocks[i] = static_cast<uint8_t>(byte(rng));
   }
-  std::vector<bf16> x(kRows * k);
-  for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+  for (int b = 0; b < count; ++b) {
+    for (int at : scale_at) {
+      const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
+      std::memcpy(blocks + static_cast<size_t>(b) * bytes + at, &h, sizeof(h));
+    }
+  }
+  return storage;
+}
+
+// got against the dot product of one row's num_blocks blocks of `type` (the reference
+// dequantization) with x: f32 sums over k terms in another order, so within a few f32 ulps of
+// the terms' magnitude.
+void expect_reference_dot(QuantType type, const uint8_t* row_blocks, int num_blocks, const bf16* x,
+                          float got, const std::string& what) {
+  const int bytes = static_cast<int>(quant_block_bytes(type)), k = 256 * num_blocks;
   std::vector<float> w(k);
   for (int b = 0; b < num_blocks; ++b) {
-    quant_format(type).dequantize_block(blocks + b * bytes, w.data() + 256 * b);
+    quant_format(type).dequantize_block(row_blocks + static_cast<size_t>(b) * bytes,
+                                        w.data() + 256 * b);
   }
+  double want = 0, magnitude = 0;  // the sum in double, and the sum of |terms|
+  for (int i = 0; i < k; ++i) {
+    const double term = double{w[i]} * __bfloat162float(x[i]);
+    want += term;
+    magnitude += std::abs(term);
+  }
+  EXPECT_LE(std::abs(got - want), 1e-5 * magnitude) << what;
+}
+
+void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
+  constexpr int kRows = 3;
+  const int bytes = static_cast<int>(quant_block_bytes(QuantType::kQ6_K)), k = 256 * num_blocks;
+  const std::vector<uint4> storage = random_blocks(rng, num_blocks, bytes, {208});
+  const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  std::vector<bf16> x(kRows * k);
+  for (bf16& v : x) v = __float2bfloat16(uniform(rng));
   float acc[kRows] = {};
   for (int b = 0; b < num_blocks; ++b) {
     for (int part = 0; part < 8; ++part) {
@@ -43,14 +75,8 @@ void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    double want = 0, magnitude = 0;  // the sum in double, and the sum of |terms|
-    for (int i = 0; i < k; ++i) {
-      const double term = double{w[i]} * __bfloat162float(x[r * k + i]);
-      want += term;
-      magnitude += std::abs(term);
-    }
-    // f32 sums over k terms in another order: a few f32 ulps of the terms' magnitude.
-    EXPECT_LE(std::abs(acc[r] - want), 1e-5 * magnitude) << num_blocks << " blocks, row " << r;
+    expect_reference_dot(QuantType::kQ6_K, blocks, num_blocks, x.data() + r * k, acc[r],
+                         std::to_string(num_blocks) + " blocks, row " + std::to_string(r));
   }
 }
 
@@ -76,21 +102,12 @@ float bf16_bits(uint32_t word, int half) {
 
 TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
   std::mt19937 rng(13);
-  std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   constexpr int kRows = 16, kBytes = 144;
   for (int num_blocks : {1, 3, 18}) {
     const int k = 256 * num_blocks;
-    std::vector<uint4> storage((static_cast<size_t>(kBytes) * num_blocks * kRows + 15) / 16);
-    auto* blocks = reinterpret_cast<uint8_t*>(storage.data());
-    for (int i = 0; i < kBytes * num_blocks * kRows; ++i)
-      blocks[i] = static_cast<uint8_t>(byte(rng));
-    for (int b = 0; b < num_blocks * kRows; ++b) {
-      for (int at : {0, 2}) {
-        const __half h = __float2half(0.01f + 0.05f * std::abs(uniform(rng)));
-        std::memcpy(blocks + b * kBytes + at, &h, sizeof(h));
-      }
-    }
+    const std::vector<uint4> storage = random_blocks(rng, num_blocks * kRows, kBytes, {0, 2});
+    const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
     std::vector<bf16> x(k);
     for (bf16& v : x) v = __float2bfloat16(uniform(rng));
     float acc[32][2] = {};
@@ -141,22 +158,12 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
         tiles[lane].accumulate(t, cl, sl, acc[lane]);
       }
     }
-    std::vector<float> w(k);
     for (int row = 0; row < kRows; ++row) {
-      for (int b = 0; b < num_blocks; ++b) {
-        quant_format(QuantType::kQ4_K)
-            .dequantize_block(blocks + (static_cast<size_t>(row) * num_blocks + b) * kBytes,
-                              w.data() + 256 * b);
-      }
-      double want = 0, magnitude = 0;
-      for (int i = 0; i < k; ++i) {
-        const double term = double{w[i]} * __bfloat162float(x[i]);
-        want += term;
-        magnitude += std::abs(term);
-      }
       float got = 0.f;  // the four lanes of the row's group
       for (int t = 0; t < 4; ++t) got += acc[4 * (row % 8) + t][row / 8];
-      EXPECT_LE(std::abs(got - want), 1e-5 * magnitude) << num_blocks << " blocks, row " << row;
+      expect_reference_dot(
+          QuantType::kQ4_K, blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
+          x.data(), got, std::to_string(num_blocks) + " blocks, row " + std::to_string(row));
     }
   }
 }
