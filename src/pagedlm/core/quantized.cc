@@ -264,6 +264,7 @@ void dequant_q2_k(const uint8_t* b, float* y) {
 void dequant_q4_1f32(const uint8_t* b, float* y) {
   q4_1(load_float(b), load_float(b + 4), b + 8, y);
 }
+void dequant_q4_0f32(const uint8_t* b, float* y) { q4_0(load_float(b), b + 4, y); }
 void dequant_q5_0f32(const uint8_t* b, float* y) { q5_0(load_float(b), b + 4, b + 8, y); }
 void dequant_q4_kf32(const uint8_t* b, float* y) {
   q4_k(load_float(b), load_float(b + 4), b + 8, b + 16, b + 24, y);
@@ -291,6 +292,12 @@ void repack_q4_1(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b + 2), out + 4);
   std::memcpy(out + 8, b + 4, kQK / 2);
 }
+
+void repack_q4_0(const uint8_t* b, uint8_t* out) {
+  store_float(load_half(b), out);
+  std::memcpy(out + 4, b + 2, kQK / 2);
+}
+
 void repack_q5_0(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b), out);
   std::memcpy(out + 4, b + 2, 4 + kQK / 2);
@@ -355,7 +362,7 @@ const QuantFormat kFormats[] = {
     format("Q4_1", kQ4_1, dequant_q4_1, kQ4_1, kQ4_1F32, repack_q4_1, 0, 2),
     format("Q8_0", kQ8_0, dequant_q8_0, kQ8_0, kQ8_0, nullptr, 0),
     format("Q4_1 (f32 scales)", kQ4_1F32, dequant_q4_1f32, kQ4_1, kQ4_1F32, nullptr),
-    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0, nullptr, 0),
+    format("Q4_0", kQ4_0, dequant_q4_0, kQ4_0, kQ4_0F32, repack_q4_0, 0),
     format("Q5_0", kQ5_0, dequant_q5_0, kQ5_0, kQ5_0F32, repack_q5_0, 0),
     format("Q4_K", kQ4_K, dequant_q4_k, kQ4_K, kQ4_KF32, repack_q4_k, 0, 2),
     format("Q6_K", kQ6_K, dequant_q6_k, kQ6_K, kQ6_KF32, repack_q6_k, 208),
@@ -372,9 +379,10 @@ const QuantFormat kFormats[] = {
     format("IQ4_NL", kIQ4_NL, dequant_iq4_nl, kIQ4_NL, kIQ4_NL, nullptr, 0),
     format("IQ4_XS", kIQ4_XS, dequant_iq4_xs, kIQ4_XS, kIQ4_XSF32, repack_iq4_xs, 0),
     format("IQ4_XS (f32 scale)", kIQ4_XSF32, dequant_iq4_xsf32, kIQ4_XS, kIQ4_XSF32, nullptr),
+    format("Q4_0 (f32 scale)", kQ4_0F32, dequant_q4_0f32, kQ4_0, kQ4_0F32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kIQ4_XSF32) + 1);
+              static_cast<size_t>(QuantType::kQ4_0F32) + 1);
 
 }  // namespace
 

@@ -13,8 +13,8 @@
 namespace pagedlm {
 
 // ggml's block formats (ggml-common.h), as a GGUF stores them, and the CPU's repackings of them.
-// Q4_0 and Q8_0 are computed from as they are (Q4_0's one f16 scale converts as fast as a f32
-// one is read: SmolLM2's decode took the same time either way). A repacking holds the same weights
+// Q8_0 is computed from as it is (its decode streams at what one thread reads; a f32 scale would
+// add 2 bytes to its 34). A repacking holds the same weights
 // (its dequantization gives the same floats bit for bit) in a layout the decode kernels stream
 // faster: f16 scales made f32 (every f16 is exactly a f32, and a broadcast from memory needs no
 // conversion or shuffle per block) and K-quant scales unpacked from their 6 bits.
@@ -40,6 +40,7 @@ namespace pagedlm {
 //         in the high one), 64 bytes of 2-bit quants as Q3_K's, f16 d, f16 dmin,
 //         w = d * sc_i * q - dmin * m_i per 16;
 //   Q4_1F32: f32 d, f32 m, then the 16 bytes of nibbles;
+//   Q4_0F32: f32 d, then the 16 bytes of nibbles;
 //   Q5_0F32: f32 d, u32 qh, 16 bytes of nibbles;
 //   Q4_KF32: f32 d, f32 dmin, u8 sc[8], u8 m[8], Q4_K's 128 bytes of nibbles;
 //   Q6_KF32: f32 d, int8 sc[16], then Q6_K's ql[128] and qh[64];
@@ -75,6 +76,7 @@ enum class QuantType : uint8_t {
   kIQ4_NL,
   kIQ4_XS,
   kIQ4_XSF32,
+  kQ4_0F32,
 };
 
 // IQ4_NL's and IQ4_XS's 16 weight levels (ggml's kvalues_iq4nl), times the block's scale.
@@ -147,6 +149,8 @@ constexpr int64_t quant_block_bytes(QuantType t) {
       return 136;
     case QuantType::kIQ4_XSF32:
       return 140;
+    case QuantType::kQ4_0F32:
+      return 20;
   }
   return 0;
 }
