@@ -21,6 +21,33 @@ using detail::to_e4m3;
 constexpr float kE4m3Max = 448.f;
 constexpr int kQuantizeThreads = 256;
 
+// The largest of amax and the |x| of 8 bf16 (16 bytes).
+__device__ __forceinline__ float max_abs8(const uint4& packed, float amax) {
+  const auto* v = reinterpret_cast<const bf16*>(&packed);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(__bfloat162float(v[e])));
+  return amax;
+}
+
+// 8 bf16 (16 bytes) as their 8 e4m3 codes at `scale`.
+__device__ __forceinline__ uint2 e4m3x8(const uint4& packed, float scale) {
+  const auto* v = reinterpret_cast<const bf16*>(&packed);
+  uint2 out;
+  auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = to_e4m3(__bfloat162float(v[e]), scale);
+  return out;
+}
+
+// A row's dynamic scale from its threads' maxima: the block's largest |x|, capped at scale_ub
+// where one is given, over the e4m3 range, at least min_scale.
+__device__ __forceinline__ float dynamic_scale(float amax, float* scratch, float scale_ub,
+                                               float min_scale) {
+  amax = detail::block_max(amax, scratch);
+  if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
+  return fmaxf(amax / kE4m3Max, min_scale);
+}
+
 // One block per row, 8 values (16 bytes in, 8 out) per load where cols % 8 == 0, each the e4m3
 // of its quotient by the row's scale (detail::to_e4m3). kChunks > 0: each thread keeps its at
 // most kChunks loads of 8 in registers between the row's maximum and the quantization, so the
@@ -43,25 +70,14 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     for (int j = 0; j < kChunks; ++j) {
       const int i = threadIdx.x + j * kQuantizeThreads;
       held[j] = i < cols / 8 ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
-      const auto* v = reinterpret_cast<const bf16*>(&held[j]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(__bfloat162float(v[e])));
+      amax = max_abs8(held[j], amax);
     }
-    if (scale <= 0.f) {
-      amax = detail::block_max(amax, scratch);
-      if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
-      scale = fmaxf(amax / kE4m3Max, min_scale);
-    }
+    if (scale <= 0.f) scale = dynamic_scale(amax, scratch, scale_ub, min_scale);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int i = threadIdx.x + j * kQuantizeThreads;
       if (i >= cols / 8) break;
-      const auto* v = reinterpret_cast<const bf16*>(&held[j]);
-      uint2 out;
-      auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = to_e4m3(__bfloat162float(v[e]), scale);
-      reinterpret_cast<uint2*>(dst)[i] = out;
+      reinterpret_cast<uint2*>(dst)[i] = e4m3x8(held[j], scale);
     }
     if (threadIdx.x == 0) scales[row] = scale;
     return;
@@ -70,29 +86,18 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     float amax = 0.f;
     if constexpr (kVec8) {
       for (int i = threadIdx.x; i < cols / 8; i += blockDim.x) {
-        const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
-        const auto* v = reinterpret_cast<const bf16*>(&packed);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(__bfloat162float(v[j])));
+        amax = max_abs8(reinterpret_cast<const uint4*>(src)[i], amax);
       }
     } else {
       for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         amax = fmaxf(amax, fabsf(__bfloat162float(src[c])));
       }
     }
-    amax = detail::block_max(amax, scratch);
-    if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
-    scale = fmaxf(amax / kE4m3Max, min_scale);
+    scale = dynamic_scale(amax, scratch, scale_ub, min_scale);
   }
   if constexpr (kVec8) {
     for (int i = threadIdx.x; i < cols / 8; i += blockDim.x) {
-      const uint4 packed = reinterpret_cast<const uint4*>(src)[i];
-      const auto* v = reinterpret_cast<const bf16*>(&packed);
-      uint2 out;
-      auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = to_e4m3(__bfloat162float(v[j]), scale);
-      reinterpret_cast<uint2*>(dst)[i] = out;
+      reinterpret_cast<uint2*>(dst)[i] = e4m3x8(reinterpret_cast<const uint4*>(src)[i], scale);
     }
   } else {
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
