@@ -108,8 +108,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_flag("--no-prefix-cache", flags.no_prefix_cache, "never share KV pages between requests");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   app.add_flag("--cpu-q8-activations", o.cpu_q8_activations,
-               "CPU, Q4_1 / Q8_0 GGUF: quantize the projections' inputs to 8 bits and multiply "
-               "in integers (faster, not exact; like llama.cpp)");
+               "CPU, GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS): "
+               "quantize the projections' inputs to 8 bits and multiply in integers (faster, not "
+               "exact; like llama.cpp)");
   app.add_option("--quantization", flags.quantization,
                  "GPU: fp8 quantizes every projection's weight to FP8 (e4m3, one scale per output "
                  "feature) at load and runs W8A8 GEMMs (GPUs with FP8 tensor cores); auto keeps an "
