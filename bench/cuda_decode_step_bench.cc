@@ -48,7 +48,10 @@ int main(int argc, char** argv) {
     argc = kept;
   }
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s config.json [batch] [context] [copy GB/s]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s config.json [batch] [context] [copy GB/s] [--quantization NAME] "
+                 "[--kv-cache-dtype NAME]\n",
+                 argv[0]);
     return 2;
   }
   const int batch = argc > 2 ? std::atoi(argv[2]) : 256;
