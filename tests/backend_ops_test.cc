@@ -1534,7 +1534,8 @@ struct AttnCase {
   std::vector<std::array<int, 3>> shared;
   int window = 0;
   float softcap = 0.f;
-  float scale = 0.f;  // 0: head_dim^-0.5
+  float scale = 0.f;    // 0: head_dim^-0.5
+  float q_range = 2.f;  // queries uniform in [-q_range, q_range]
   // An e4m3 cache (GPU only) with these per-tensor scales: the pages hold this file's encoding of
   // each value / scale, and the reference attends over the stored values times the scales.
   bool e4m3 = false;
@@ -1548,7 +1549,8 @@ struct AttnCase {
                decode ? " decode splits=" + std::to_string(num_splits) : " prefill",
                cascade ? " cascade splits=" + std::to_string(shared_splits) : "",
                leading_decodes ? " leading decodes" : "", " window=", window, " softcap=", softcap,
-               e4m3 ? cat(" e4m3 k_scale=", kv_scales.k, " v_scale=", kv_scales.v) : "");
+               e4m3 ? cat(" e4m3 k_scale=", kv_scales.k, " v_scale=", kv_scales.v) : "",
+               q_range != 2.f ? cat(" |q| <= ", q_range, " scale=", scale) : "");
   }
 };
 
@@ -1598,7 +1600,7 @@ AttnData build(const AttnCase& c, std::mt19937& rng, const Backend& b) {
   }
   d.num_tokens = d.q_indptr.back();
   const size_t slot = static_cast<size_t>(c.hk) * c.d;
-  d.q = uniform(static_cast<size_t>(d.num_tokens) * c.hq * c.d, rng, -2.f, 2.f);
+  d.q = uniform(static_cast<size_t>(d.num_tokens) * c.hq * c.d, rng, -c.q_range, c.q_range);
   d.k_cache = uniform(static_cast<size_t>(d.num_pages) * c.page_size * slot, rng);
   d.v_cache = uniform(d.k_cache.size(), rng);
   b.round(d.q);
@@ -2251,6 +2253,23 @@ TEST_P(BackendOps, PagedAttentionE4m3CacheCascade) {
   llama.window = 100;
   llama.softcap = 1.5f;
   expect_attention(b, llama, 801);
+}
+
+// Queries past f16's largest value (65504) at head_dim 128: decode over e4m3 pages multiplies f16
+// operands there, and scales such a row of Q by a power of two first (and its scores back). |q|
+// up to 4e4 (rows mostly past 2^15) and 1e6, with softmax scales that keep the scores within a
+// few units (a standard deviation of about 2); bf16 pages on both backends, then e4m3 pages.
+TEST_P(BackendOps, PagedAttentionLargeQueries) {
+  const Backend b = backend();
+  for (const auto& [range, scale] : {std::pair{4e4f, 1.5e-5f}, std::pair{1e6f, 6e-7f}}) {
+    for (int splits : {1, 0}) {
+      AttnCase c = decode_shape({0, 6, 32, 999, 63, 64, 4096}, 8, 2, 128, 32, splits);
+      c.q_range = range;
+      c.scale = scale;
+      expect_attention(b, c, 900 + splits);
+      expect_attention(b, with_e4m3(c), 910 + splits);
+    }
+  }
 }
 
 // rope_write_kv into e4m3 caches: each written slot holds this file's e4m3 of the rotated bf16
