@@ -1,7 +1,8 @@
 // CPU paged attention alone, at SmolLM2-135M's shape (9 q heads over 3 kv heads of 64 dims,
-// pages of 16): one prompt's prefill in a single chunk at 125 to 4000 tokens, and a decode step
-// of 32 sequences at 1000 tokens of context. Counter `pairs`: (query, visible key) pairs a
-// second, the work a causal step does whatever the kernel.
+// pages of 16): one prompt's prefill in a single chunk at 125 to 4000 tokens, a decode step of
+// 32 sequences at 1000 tokens of context, and one sequence's decode step at 124 and 1000.
+// Counter `pairs`: (query, visible key) pairs a second, the work a causal step does whatever
+// the kernel.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -85,6 +86,17 @@ BENCHMARK(BM_Decode)
     ->ArgNames({"threads"})
     ->Arg(1)
     ->Arg(2)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// One stream's decode step (one layer's attention) at a short and a longer context.
+void BM_DecodeOne(benchmark::State& state) {
+  Step step(1, 1, static_cast<int32_t>(state.range(1)));
+  run_step(state, step);
+}
+BENCHMARK(BM_DecodeOne)
+    ->ArgNames({"threads", "context"})
+    ->ArgsProduct({{1}, {124, 1000}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -136,7 +136,7 @@ constexpr int64_t kValueVecs = 4;
 // m[r][c] = m[c][r] for a 16 x 16 block: at each level b (8, 4, 2, 1), rows r and r + b swap
 // their off-diagonal halves, which exchanges bit b of the row and of the column index.
 template <int B>
-void transpose_level(__m512* m) {
+[[gnu::always_inline]] inline void transpose_level(__m512* m) {
   // Lanes c with bit B clear keep row r's lane c; lanes with it set take row r + B's lane c - B
   // (indices 16.. name the second operand); row r + B gets the mirror image.
   alignas(64) int32_t lo_idx[kWidth], hi_idx[kWidth];
@@ -153,7 +153,7 @@ void transpose_level(__m512* m) {
   }
 }
 
-void transpose16(__m512* m) {
+[[gnu::always_inline]] inline void transpose16(__m512* m) {
   transpose_level<8>(m);
   transpose_level<4>(m);
   transpose_level<2>(m);
@@ -210,16 +210,20 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
   };
   int64_t j0 = 0;
 #if defined(__AVX512F__)
-  for (; j0 + kWidth <= count; j0 += kWidth) {
+  for (; j0 < count; j0 += kWidth) {
     // lane_sums of the 16 keys side by side: each key's chain of additions is the same, and
-    // the 16 chains overlap instead of each waiting on its own additions' latency.
+    // the 16 chains overlap instead of each waiting on its own additions' latency. A last group
+    // of fewer keys scores its first key again in the missing places and stores only its own.
+    const int64_t n = std::min(kWidth, count - j0);
+    const float* group[kWidth];
+    for (int64_t j = 0; j < kWidth; ++j) group[j] = keys[j0 + (j < n ? j : 0)];
     Vec sums[kWidth] = {};
     for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
       Vec qv;
       std::memcpy(&qv, q + i0, sizeof(qv));
       for (int64_t j = 0; j < kWidth; ++j) {
         Vec kv;
-        std::memcpy(&kv, keys[j0 + j] + i0, sizeof(kv));
+        std::memcpy(&kv, group[j] + i0, sizeof(kv));
         sums[j] += qv * kv;
       }
     }
@@ -228,7 +232,8 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
     transpose16(parts);  // parts[l] = lane l of the 16 keys
     __m512 dots = _mm512_setzero_ps();
     for (int64_t l = 0; l < kWidth; ++l) dots = _mm512_add_ps(dots, parts[l]);
-    _mm512_storeu_ps(scores + j0, _mm512_mul_ps(dots, _mm512_set1_ps(scale)));
+    _mm512_mask_storeu_ps(scores + j0, static_cast<__mmask16>((1u << n) - 1),
+                          _mm512_mul_ps(dots, _mm512_set1_ps(scale)));
   }
 #elif defined(PAGEDLM_ATTENTION_AVX2)
   for (; j0 + kHalf <= count; j0 += kHalf) {
@@ -484,14 +489,14 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
   }
 }
 
-// accumulate_values for R rows over all kKvTile keys of a tile: each value vector loaded serves
-// all R rows, and a row's additions are the same, in the same order.
+// accumulate_values for R rows over the same `count` keys, dims [i0, i0 + V kWidth): each value
+// vector loaded serves all R rows, and a row's additions are the same, in the same order.
 template <int64_t R, int64_t V>
 void accumulate_values_rows(float* const* acc, const float* const* p, const float* const* values,
-                            int64_t i0) {
+                            int64_t count, int64_t i0) {
 #if defined(PAGEDLM_ATTENTION_AVX2)
   static_assert(R == 1, "AVX2 holds one row's accumulators");
-  accumulate_values_avx2<2 * V>(acc[0] + i0, p[0], values, kKvTile, i0);
+  accumulate_values_avx2<2 * V>(acc[0] + i0, p[0], values, count, i0);
 #else
   Vec a[R][V];
 #pragma GCC unroll 16
@@ -499,7 +504,7 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 #pragma GCC unroll 16
     for (int64_t c = 0; c < V; ++c) std::memcpy(&a[r][c], acc[r] + i0 + c * kWidth, sizeof(Vec));
   }
-  for (int64_t j = 0; j < kKvTile; ++j) {
+  for (int64_t j = 0; j < count; ++j) {
     Vec v[V];
 #pragma GCC unroll 16
     for (int64_t c = 0; c < V; ++c) std::memcpy(&v[c], values[j] + i0 + c * kWidth, sizeof(Vec));
@@ -560,6 +565,49 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 #endif
 }
 
+// Rows [r, r + R) of a block, all scored over keys [j0, j1) of the tile: the online softmax's
+// step (the new maximum, the correction of what was accumulated under the old one, the
+// exponentials and their sum in key order) and the values weighted by them. R rows go side by
+// side, each value vector loaded once for all of them; a row's operations are the same whatever
+// R (the single row's in its own loops, as accumulate_values_rows promises).
+template <int64_t R>
+PAGEDLM_WIDE_VECTORS void take_tile(RowScratch& s, int64_t r, int64_t j0, int64_t j1,
+                                    const float* const* values, int64_t head_dim) {
+  float tile_max[R], correction[R], sum[R];
+  for (int64_t i = 0; i < R; ++i) {
+    const float* scores = s.score_rows[r + i];
+    if (R > 1 && j0 == 0 && j1 == kKvTile) {
+      tile_max[i] = whole_tile_max(s.running_max[r + i], scores);
+    } else {
+      tile_max[i] = s.running_max[r + i];
+      for (int64_t j = j0; j < j1; ++j) tile_max[i] = std::max(tile_max[i], scores[j]);
+    }
+  }
+  // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile); the
+  // rows' corrections in one vector.
+  for (int64_t i = 0; i < R; ++i) correction[i] = softmax_exp(s.running_max[r + i] - tile_max[i]);
+  for (int64_t i = 0; i < R; ++i) {
+    rescale_row(correction[i], &s.running_sum[r + i], s.acc_rows[r + i], head_dim);
+    sum[i] = s.running_sum[r + i];
+    s.running_max[r + i] = tile_max[i];
+    softmax_exps(s.score_rows[r + i], j0, j1, tile_max[i]);
+  }
+  // Each row's sum in order, the rows' chains side by side.
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t i = 0; i < R; ++i) sum[i] += s.score_rows[r + i][j];
+  }
+  for (int64_t i = 0; i < R; ++i) s.running_sum[r + i] = sum[i];
+  if constexpr (R == 1) {
+    accumulate_values(s.acc_rows[r], s.score_rows[r] + j0, values + j0, j1 - j0, head_dim);
+  } else {
+    const float* p[R];
+    for (int64_t i = 0; i < R; ++i) p[i] = s.score_rows[r + i] + j0;
+    for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
+      accumulate_values_rows<R, kValueVecs>(&s.acc_rows[r], p, values + j0, j1 - j0, i0);
+    }
+  }
+}
+
 // Every row r of the block: out_r = softmax(scores_r) V over kv positions
 // [first_key_r, end_key_r), scores_r = softcap(scale * q_r K^T), in one pass with a running max
 // and sum (FlashAttention), tile by tile. Tiles sit at multiples of kKvTile whatever the block,
@@ -567,8 +615,8 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 // windowed row costs about window keys, and a row's arithmetic is the same whatever block it is
 // in (its tiles in position order, the same operations on each), so it depends on neither the
 // batch nor the blocking. Rows are grouped only to share loads: kScoreRows rows score a
-// transposed tile together, and kValueRows rows that all see a whole tile take its softmax and
-// values together; the rest go one by one, through the same operations.
+// transposed tile together, and up to kValueRows rows that see the same keys of a tile take its
+// softmax and values together (take_tile); the rest go one by one, through the same operations.
 PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, const float* k_cache,
                                        const float* v_cache, const int32_t* q_indptr,
                                        const int32_t* kv_indptr, const int32_t* kv_page_indices,
@@ -598,9 +646,6 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
     first = std::min(first, s.first_key[r]);
     longest = std::max(longest, s.end_key[r]);
   }
-  auto slot_of = [&](int64_t pos) {
-    return pages[pos / d.page_size] * d.page_size + pos % d.page_size;
-  };
   const float* keys[kKvTile];
   const float* values[kKvTile];
   // Head sizes of part vectors always score from transposed keys: a scalar loop in the
@@ -611,12 +656,18 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
   const float scale = variant.scale, softcap = variant.softcap;
   float* keys_t = s.keys_t.data();
   for (int64_t start = first / kKvTile * kKvTile; start < longest; start += kKvTile) {
-    // The tile's key and value rows, looked up once for all rows of the block.
+    // The tile's key and value rows, looked up once for all rows of the block, a page at a
+    // time: one division a page, not one a key.
     const int64_t tile_keys = std::min(kKvTile, longest - start);
-    for (int64_t j = 0; j < tile_keys; ++j) {
-      const int64_t at = slot_of(start + j) * slot_stride + blk.hk * head_dim;
-      keys[j] = k_cache + at;
-      values[j] = v_cache + at;
+    for (int64_t j = 0; j < tile_keys;) {
+      const int64_t pos = start + j, in_page = pos % d.page_size;
+      const int64_t run = std::min(d.page_size - in_page, tile_keys - j);
+      int64_t at =
+          ((pages[pos / d.page_size] * d.page_size + in_page) * d.n_kv_heads + blk.hk) * head_dim;
+      for (const int64_t end = j + run; j < end; ++j, at += slot_stride) {
+        keys[j] = k_cache + at;
+        values[j] = v_cache + at;
+      }
     }
     // The row's keys of this tile: [j0, j1).
     auto key_range = [&](int64_t r) {
@@ -640,58 +691,32 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
         for (int64_t j = j0; j < j1; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
       }
     }
-    auto whole_tile = [&](int64_t r) {
-      const auto [j0, j1] = key_range(r);
-      return j0 == 0 && j1 == kKvTile;
-    };
     for (int64_t r = 0; r < rows;) {
-      bool grouped = grouped_values && r + kValueRows <= rows;
-      for (int64_t i = 0; grouped && i < kValueRows; ++i) grouped = whole_tile(r + i);
-      if (grouped) {
-        // The same steps as a single row's below, for kValueRows rows at a time.
-        float tile_max[kValueRows], correction[kValueRows], sum[kValueRows];
-        for (int64_t i = 0; i < kValueRows; ++i) {
-          tile_max[i] = whole_tile_max(s.running_max[r + i], s.score_rows[r + i]);
-        }
-        for (int64_t i = 0; i < kValueRows; ++i) {  // the rows' corrections in one vector
-          correction[i] = softmax_exp(s.running_max[r + i] - tile_max[i]);
-        }
-        for (int64_t i = 0; i < kValueRows; ++i) {
-          rescale_row(correction[i], &s.running_sum[r + i], s.acc_rows[r + i], head_dim);
-          sum[i] = s.running_sum[r + i];
-          s.running_max[r + i] = tile_max[i];
-          softmax_exps(s.score_rows[r + i], 0, kKvTile, tile_max[i]);
-        }
-        // Each row's sum in order, the rows' chains side by side.
-        for (int64_t j = 0; j < kKvTile; ++j) {
-          for (int64_t i = 0; i < kValueRows; ++i) sum[i] += s.score_rows[r + i][j];
-        }
-        for (int64_t i = 0; i < kValueRows; ++i) s.running_sum[r + i] = sum[i];
-        for (int64_t i0 = 0; i0 < head_dim; i0 += kValueVecs * kWidth) {
-          accumulate_values_rows<kValueRows, kValueVecs>(&s.acc_rows[r], &s.score_rows[r], values,
-                                                         i0);
-        }
-        r += kValueRows;
-        continue;
-      }
-      const auto [j0, j1] = key_range(r);
+      // The rows after r that see the same keys of this tile (a decode token's q heads always
+      // do) take its softmax and values with r, up to kValueRows of them.
+      const auto keys_of_r = key_range(r);
+      int64_t n = 1;
+      while (grouped_values && n < kValueRows && r + n < rows && key_range(r + n) == keys_of_r) ++n;
+      const auto [j0, j1] = keys_of_r;
       if (j0 < j1) {
-        float* scores = s.score_rows[r];
-        float* acc = s.acc_rows[r];
-        float tile_max = s.running_max[r];
-        for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, scores[j]);
-        // Rescale what was accumulated under the old maximum (exp(-inf) == 0 on the first tile).
-        const float correction = softmax_exp(s.running_max[r] - tile_max);
-        rescale_row(correction, &s.running_sum[r], acc, head_dim);
-        s.running_max[r] = tile_max;
-        // The exponentials in a vector loop, then their sum in order.
-        softmax_exps(scores, j0, j1, tile_max);
-        float sum = s.running_sum[r];
-        for (int64_t j = j0; j < j1; ++j) sum += scores[j];
-        s.running_sum[r] = sum;
-        accumulate_values(acc, scores + j0, values + j0, j1 - j0, head_dim);
+        switch (n) {
+          case 1:
+            take_tile<1>(s, r, j0, j1, values, head_dim);
+            break;
+#if !defined(PAGEDLM_ATTENTION_AVX2)
+          case 2:
+            take_tile<2>(s, r, j0, j1, values, head_dim);
+            break;
+          case 3:
+            take_tile<3>(s, r, j0, j1, values, head_dim);
+            break;
+          default:
+            take_tile<kValueRows>(s, r, j0, j1, values, head_dim);
+            break;
+#endif
+        }
       }
-      ++r;
+      r += n;
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
