@@ -213,6 +213,7 @@ void iq4_xs(float d, const int8_t* sc, const uint8_t* qs, float* y) {
 }
 
 void dequant_iq4_nl(const uint8_t* b, float* y) { iq4_nl(load_half(b), b + 2, y); }
+void dequant_iq4_nlf32(const uint8_t* b, float* y) { iq4_nl(load_float(b), b + 4, y); }
 void dequant_iq4_xs(const uint8_t* b, float* y) {
   int8_t sc[8];
   unpack_scales_iq4_xs(b, sc);
@@ -293,6 +294,7 @@ void repack_q4_1(const uint8_t* b, uint8_t* out) {
   std::memcpy(out + 8, b + 4, kQK / 2);
 }
 
+// Q4_0 and IQ4_NL: a f16 d, then 16 bytes of nibbles.
 void repack_q4_0(const uint8_t* b, uint8_t* out) {
   store_float(load_half(b), out);
   std::memcpy(out + 4, b + 2, kQK / 2);
@@ -376,13 +378,14 @@ const QuantFormat kFormats[] = {
     format("Q3_K (f32 scale)", kQ3_KF32, dequant_q3_kf32, kQ3_K, kQ3_KF32, nullptr),
     format("Q2_K", kQ2_K, dequant_q2_k, kQ2_K, kQ2_KF32, repack_q2_k, 80, 82),
     format("Q2_K (f32 scales)", kQ2_KF32, dequant_q2_kf32, kQ2_K, kQ2_KF32, nullptr),
-    format("IQ4_NL", kIQ4_NL, dequant_iq4_nl, kIQ4_NL, kIQ4_NL, nullptr, 0),
+    format("IQ4_NL", kIQ4_NL, dequant_iq4_nl, kIQ4_NL, kIQ4_NLF32, repack_q4_0, 0),
     format("IQ4_XS", kIQ4_XS, dequant_iq4_xs, kIQ4_XS, kIQ4_XSF32, repack_iq4_xs, 0),
     format("IQ4_XS (f32 scale)", kIQ4_XSF32, dequant_iq4_xsf32, kIQ4_XS, kIQ4_XSF32, nullptr),
     format("Q4_0 (f32 scale)", kQ4_0F32, dequant_q4_0f32, kQ4_0, kQ4_0F32, nullptr),
+    format("IQ4_NL (f32 scale)", kIQ4_NLF32, dequant_iq4_nlf32, kIQ4_NL, kIQ4_NLF32, nullptr),
 };
 static_assert(sizeof(kFormats) / sizeof(kFormats[0]) ==
-              static_cast<size_t>(QuantType::kQ4_0F32) + 1);
+              static_cast<size_t>(QuantType::kIQ4_NLF32) + 1);
 
 }  // namespace
 

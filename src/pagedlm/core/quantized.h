@@ -50,7 +50,8 @@ namespace pagedlm {
 //            fifth), Q3_K's 64 bytes of 2-bit quants;
 //   Q2_KF32: f32 d, f32 dmin, then Q2_K's 16 bytes of scales and mins and 64 of quants;
 //   IQ4_NL: f16 d, 16 bytes of nibbles as Q4_0's, w = d * kIq4NlValues[q] (a non-linear grid of
-//           16 int8 values; computed from as it is, as Q4_0 is);
+//           16 int8 values);
+//   IQ4_NLF32: f32 d, then IQ4_NL's 16 bytes of nibbles;
 //   IQ4_XS: 256 weights, f16 d, u16 of the scales' high 2 bits (bits 2j: sub-block j's), 4 bytes
 //           of their low 4 bits (byte j / 2, low nibble for even j), 128 bytes of nibbles (16 per
 //           sub-block of 32, as IQ4_NL's), w = d * (ls_j - 32) * kIq4NlValues[q] for sub-block j;
@@ -77,6 +78,7 @@ enum class QuantType : uint8_t {
   kIQ4_XS,
   kIQ4_XSF32,
   kQ4_0F32,
+  kIQ4_NLF32,
 };
 
 // IQ4_NL's and IQ4_XS's 16 weight levels (ggml's kvalues_iq4nl), times the block's scale.
@@ -150,6 +152,7 @@ constexpr int64_t quant_block_bytes(QuantType t) {
     case QuantType::kIQ4_XSF32:
       return 140;
     case QuantType::kQ4_0F32:
+    case QuantType::kIQ4_NLF32:
       return 20;
   }
   return 0;

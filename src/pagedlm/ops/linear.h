@@ -36,11 +36,11 @@ void linear(const Tensor& x, const QuantizedMatrix& weight, const Tensor& bias, 
             int64_t out_col0 = 0);
 
 // The blocks in the format the CPU's linear reads fastest, with the same weights (the format's
-// cpu_form, core/quantized.h: f16 scales made f32, K-quant scales unpacked; Q4_0 18 -> 20 bytes a
-// block, Q4_1 20 -> 24, Q5_0 22 -> 24, Q2_K 84 -> 88, Q3_K 110 -> 116, Q4_K 144 -> 152, Q5_K 176
-// -> 184, Q6_K 210 -> 212); Q5_1 and Q8_0 stay as they are. Done once at load; the outputs of
-// linear are bitwise the same either way (the AVX-512 kernels read only the repacked layouts of
-// Q5_0 and the K-quants: ggml's own go the portable way).
+// cpu_form, core/quantized.h: f16 scales made f32, K-quant scales unpacked; Q4_0 and IQ4_NL 18 ->
+// 20 bytes a block, Q4_1 20 -> 24, Q5_0 22 -> 24, Q2_K 84 -> 88, Q3_K 110 -> 116, Q4_K 144 ->
+// 152, Q5_K 176 -> 184, Q6_K 210 -> 212, IQ4_XS 136 -> 140); Q5_1 and Q8_0 stay as they are. Done
+// once at load; the outputs of linear are bitwise the same either way (the AVX-512 kernels read
+// only the repacked layouts of Q5_0 and the K-quants: ggml's own go the portable way).
 QuantizedMatrix repack_for_cpu(QuantizedMatrix weight);
 
 // 8-bit activations (an option, not the default): each row of x is quantized to int8 per block

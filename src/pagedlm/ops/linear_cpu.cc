@@ -177,8 +177,9 @@ inline float load_float(const uint8_t* p) {
   return f;
 }
 
-// An IQ4 sub-block of 32 weights, d * level(q): its scale (IQ4_NL: the block's f16 d; IQ4_XS's
-// CPU form: sub-block `sub`'s f32 d * sc) and its 16 bytes of nibbles (laid out as Q4_0's).
+// An IQ4 sub-block of 32 weights, d * level(q): its scale (IQ4_NL: the block's f16 d, or the f32
+// one of its CPU form; IQ4_XS's CPU form: sub-block `sub`'s f32 d * sc) and its 16 bytes of
+// nibbles (laid out as Q4_0's).
 struct Iq4SubBlock {
   float d;
   const uint8_t* qs;
@@ -188,6 +189,8 @@ template <QuantType kType>
 inline Iq4SubBlock iq4_sub_block(const uint8_t* block, int sub) {
   if constexpr (kType == QuantType::kIQ4_NL) {
     return {half_to_float(block), block + 2};
+  } else if constexpr (kType == QuantType::kIQ4_NLF32) {
+    return {load_float(block), block + 4};
   } else {
     static_assert(kType == QuantType::kIQ4_XSF32);
     return {load_float(block) * static_cast<float>(static_cast<int8_t>(block[4 + sub])),
@@ -371,8 +374,10 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     const __m512i bytes = load_bytes_u32(block + (kF32 ? 4 : 2));
     lo = _mm512_permutexvar_ps(bytes, weights);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), weights);
-  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
-    // d * level for the 16 levels, picked by nibble as Q4_0's.
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_NLF32 ||
+                       kType == QuantType::kIQ4_XSF32) {
+    // d * level for the 16 levels, picked by nibble as Q4_0's (IQ4_NL's f32 d, as Q4_0's, a
+    // broadcast from memory inside the multiply).
     const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
     const __m512 levels = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))));
@@ -573,6 +578,9 @@ bool with_avx512_format(QuantType type, Fn&& fn) {
       return true;
     case QuantType::kIQ4_NL:
       fn(std::integral_constant<QuantType, QuantType::kIQ4_NL>{});
+      return true;
+    case QuantType::kIQ4_NLF32:
+      fn(std::integral_constant<QuantType, QuantType::kIQ4_NLF32>{});
       return true;
     case QuantType::kIQ4_XSF32:
       fn(std::integral_constant<QuantType, QuantType::kIQ4_XSF32>{});
@@ -846,6 +854,7 @@ constexpr bool expands_in_registers(QuantType t) {
     case QuantType::kQ3_KF32:
     case QuantType::kQ2_KF32:
     case QuantType::kIQ4_NL:
+    case QuantType::kIQ4_NLF32:
     case QuantType::kIQ4_XSF32:
       return true;
     default:
@@ -1005,7 +1014,8 @@ inline void expand_avx2(const QuantFormat& format, const uint8_t* weight_row, in
     const QuantBytes high = bits_of_bytes(block + 148 + 32 * h, 2 * c, 3);
     const QuantBytes q = low | QuantBytes{_mm_slli_epi16(high.lo, 4), _mm_slli_epi16(high.hi, 4)};
     mul_signed(minus(q, 32), d * static_cast<float>(sc[0]), d * static_cast<float>(sc[1]), w);
-  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_XSF32) {
+  } else if constexpr (kType == QuantType::kIQ4_NL || kType == QuantType::kIQ4_NLF32 ||
+                       kType == QuantType::kIQ4_XSF32) {
     // Each nibble's level as an int8 (pshufb), then level * d, every product exact as the
     // reference's.
     const Iq4SubBlock iq4 = iq4_sub_block<kType>(block, sub);
@@ -1053,6 +1063,8 @@ void with_avx2_format(QuantType type, Fn&& fn) {
       return fn(std::integral_constant<QuantType, QuantType::kQ2_KF32>{});
     case QuantType::kIQ4_NL:
       return fn(std::integral_constant<QuantType, QuantType::kIQ4_NL>{});
+    case QuantType::kIQ4_NLF32:
+      return fn(std::integral_constant<QuantType, QuantType::kIQ4_NLF32>{});
     case QuantType::kIQ4_XSF32:
       return fn(std::integral_constant<QuantType, QuantType::kIQ4_XSF32>{});
     default:  // by the reference dequantization
