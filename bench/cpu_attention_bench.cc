@@ -1,6 +1,7 @@
 // CPU paged attention alone, at SmolLM2-135M's shape (9 q heads over 3 kv heads of 64 dims,
 // pages of 16): one prompt's prefill in a single chunk at 125 to 4000 tokens, a decode step of
-// 32 sequences at 1000 tokens of context, and one sequence's decode step at 124 and 1000.
+// 32 sequences at 1000 tokens of context, and one sequence's decode step at 124 and 1000 (and at
+// 124 out of cache).
 // Counter `pairs`: (query, visible key) pairs a second, the work a causal step does whatever
 // the kernel.
 #include <benchmark/benchmark.h>
@@ -97,6 +98,25 @@ void BM_DecodeOne(benchmark::State& state) {
 BENCHMARK(BM_DecodeOne)
     ->ArgNames({"threads", "context"})
     ->ArgsProduct({{1}, {124, 1000}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// The same step as a decode meets it, its keys and values out of cache: 400 sequences' caches
+// (78 MB at 124 keys), one a step in turn.
+void BM_DecodeOneCold(benchmark::State& state) {
+  std::vector<Step> steps;
+  for (int i = 0; i < 400; ++i) steps.emplace_back(1, 1, static_cast<int32_t>(state.range(1)));
+  set_num_threads(static_cast<int>(state.range(0)));
+  size_t next = 0;
+  for (auto _ : state) {
+    steps[next].run();
+    benchmark::DoNotOptimize(steps[next].out.data());
+    next = (next + 1) % steps.size();
+  }
+}
+BENCHMARK(BM_DecodeOneCold)
+    ->ArgNames({"threads", "context"})
+    ->ArgsProduct({{1}, {124}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
