@@ -18,7 +18,8 @@ IQ4_XS):
   2. The reference: scripts/make_smollm2_reference.py's numpy forward, every tensor
      dequantized by gguf-py (gguf.quants.dequantize), in float32 and float64, decoding the
      prompt greedily for --tokens tokens (the float32 forward's argmax).
-  3. `pagedlm logits` (exact mode, and --cpu-q8-activations where asked) scores that whole
+  3. `pagedlm logits` (exact mode, and --cpu-fixed32-activations / --cpu-q8-activations where
+     asked) scores that whole
      sequence; we report max |pagedlm - reference| over the generated positions' logits, and
      whether pagedlm's argmax at each of them is the reference's token (teacher forcing: all
      equal means pagedlm's own greedy decode is the same sequence, since its decode and
@@ -32,9 +33,9 @@ IQ4_XS):
   pip install --require-hashes --no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt
   pip install safetensors        # make_smollm2_reference.py's, which reads pagedlm's output too
   scripts/cpu_formats_accuracy.py [--pagedlm build/pagedlm] [--types Q4_0 Q6_K] [--tokens 32]
-                                  [--q8] [--llama]
-Exits 1 if any format's exact-mode logits are further than --tol from the float32 reference
-or any argmax differs.
+                                  [--fixed32] [--q8] [--llama]
+Exits 1 if any format's exact-mode or (with --fixed32) 32-bit fixed-point logits are further
+than --tol from the float32 reference or any argmax differs.
 """
 import argparse
 import ctypes
@@ -125,6 +126,8 @@ def main():
                              "Q2_K-pure", "IQ4_NL", "IQ4_XS"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--fixed32", action="store_true",
+                    help="also check --cpu-fixed32-activations (held to --tol as the exact mode)")
     ap.add_argument("--q8", action="store_true", help="also report --cpu-q8-activations")
     ap.add_argument("--llama", action="store_true",
                     help="also report llama.cpp's logits on the same file (1 thread)")
@@ -144,7 +147,11 @@ def main():
         want64 = ref.forward(cfg, t64, ids)[gen]
         del t32, t64
         print(f"{type_name}: {os.path.getsize(path) / 1e6:.1f} MB, tensors {tensor_types(path)}")
-        runs = [("exact", [])] + ([("q8", ["--cpu-q8-activations"])] if args.q8 else [])
+        runs = [("exact", [])]
+        if args.fixed32:
+            runs.append(("fixed32", ["--cpu-fixed32-activations"]))
+        if args.q8:
+            runs.append(("q8", ["--cpu-q8-activations"]))
         if args.llama:
             runs.append(("llama.cpp", None))
         for label, extra in runs:
@@ -158,7 +165,7 @@ def main():
             print(f"  {label:9s} max|logit - f32 ref| {err32:.2e}  max|logit - f64 ref| "
                   f"{err64:.2e}  (f32 ref vs f64 ref {np.abs(want32 - want64).max():.2e})  "
                   f"greedy tokens equal {same}/{args.tokens}")
-            if label == "exact" and (err32 > args.tol or same != args.tokens):
+            if label in ("exact", "fixed32") and (err32 > args.tol or same != args.tokens):
                 ok = False
     sys.exit(0 if ok else 1)
 

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops_test_util.h"
@@ -431,6 +433,90 @@ TEST(Q8Linear, RowsAreBatchInvariant) {
       }
     }
   }
+}
+
+// 32-bit fixed point (IntActivations::kFixed32), from its definition: a block's e is ilogb of its
+// largest |x|, its unit 2^(e - 29); m = x / unit rounded to nearest even is four digits in
+// [-128, 127], most significant first, plane p's scale 2^(e - 5 - 8 p). So the digits times the
+// scales give x back exactly where |x| >= 2^(e - 6), and within half a unit elsewhere. Blocks of
+// zeros, of values below 2^-96 and with a NaN or an infinity are the documented edge cases.
+TEST(Fixed32Activations, DigitsGiveEachValueBack) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mantissa(-1.f, 1.f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  for (int64_t block : {32, 256}) {
+    const int64_t rows = 5, cols = 1024, nb = cols / block;
+    Tensor x = random_f32({rows, cols}, rng);
+    for (int64_t i = 0; i < rows * cols; ++i) {  // magnitudes over 2^40 within a block
+      x.data<float>()[i] = std::ldexp(mantissa(rng), exponent(rng));
+    }
+    float* x0 = x.data<float>();
+    std::fill(x0, x0 + block, 0.f);                               // row 0, block 0: zeros
+    std::fill(x0 + block, x0 + 2 * block, 0x1p-100f);             // block 1: below 2^-96
+    x0[2 * block + 3] = std::numeric_limits<float>::quiet_NaN();  // block 2: a NaN
+    x0[3 * block] = 0x1p100f;  // block 3: one huge value beside small ones
+    ops::cpu::Q8Activations q;
+    ops::cpu::quantize_fixed32(x.data<float>(), rows, cols, q, block);
+    ASSERT_EQ(q.rows, 4 * rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x.data<float>() + r * cols + b * block;
+        float amax = 0.f;
+        bool nan = false;
+        for (int64_t k = 0; k < block; ++k) {
+          nan |= std::isnan(xb[k]);
+          amax = std::max(amax, std::fabs(xb[k]));
+        }
+        const std::string at = "block " + std::to_string(block) + " row " + std::to_string(r) +
+                               " block " + std::to_string(b);
+        const int e = std::ilogb(amax);
+        const bool zero = amax == 0.f || e < -96;
+        for (int p = 0; p < 4; ++p) {
+          const int64_t plane = 4 * r + p;
+          const float scale = q.scale[plane * nb + b];
+          if (nan) {
+            EXPECT_TRUE(std::isnan(scale)) << at;
+          } else {
+            EXPECT_EQ(scale, zero ? 0.f : std::ldexp(1.f, e - 5 - 8 * p)) << at << " plane " << p;
+          }
+          int32_t sum = 0;
+          for (int64_t k = 0; k < block; ++k) sum += q.qs[plane * cols + b * block + k];
+          EXPECT_EQ(q.sum[plane * nb + b], sum) << at;
+          if (!nan) EXPECT_EQ(q.scaled_sum[plane * nb + b], scale * static_cast<float>(sum)) << at;
+          for (int64_t h = 0; h < block / 16; ++h) {
+            int32_t s16 = 0;
+            for (int64_t k = 16 * h; k < 16 * h + 16; ++k)
+              s16 += q.qs[plane * cols + b * block + k];
+            EXPECT_EQ(q.sum16[(plane * cols + b * block) / 16 + h], s16) << at;
+          }
+        }
+        if (nan || zero) {
+          for (int p = 0; p < 4; ++p) {
+            for (int64_t k = 0; k < block; ++k) {
+              ASSERT_EQ(q.qs[(4 * r + p) * cols + b * block + k], 0) << at;
+            }
+          }
+          continue;
+        }
+        const double unit = std::ldexp(1.0, e - 29);
+        for (int64_t k = 0; k < block; ++k) {
+          double value = 0;  // exact in double: 32 bits of digits
+          for (int p = 0; p < 4; ++p) {
+            value += static_cast<double>(q.qs[(4 * r + p) * cols + b * block + k]) *
+                     std::ldexp(1.0, e - 5 - 8 * p);
+          }
+          if (std::fabs(xb[k]) >= std::ldexp(1.0, e - 6)) {
+            ASSERT_EQ(value, static_cast<double>(xb[k])) << at << " element " << k;
+          } else {
+            ASSERT_LE(std::fabs(value - xb[k]), 0.5 * unit) << at << " element " << k;
+          }
+        }
+      }
+    }
+  }
+  ops::cpu::Q8Activations q;
+  expect_error([&] { ops::cpu::quantize_fixed32(nullptr, 1, 288, q, 256); },
+               {"288 columns are not whole blocks of 256"});
 }
 
 TEST(Q8Linear, TensorEntryUsesTheFirstKernelAndChecksItsArguments) {

@@ -217,6 +217,45 @@ TEST(QuantFormats, Q8ActivationsMatchGgufPyWeights) {
   EXPECT_EQ(packed, static_cast<int>(std::size(kCases)));
 }
 
+// 32-bit fixed-point activations (IntActivations::kFixed32) for every format: held to the exact
+// linear's own bound, the float64 product of gguf-py's weights to float32 rounding, with decode-
+// and prefill-sized steps; every kernel gives the same bits, and a row alone the same as in its
+// batch.
+TEST(QuantFormats, Fixed32ActivationsAreExactToFloat32Rounding) {
+  std::mt19937 rng(13);
+  const int64_t out_features = 37;
+  for (const Case& c : kCases) {
+    if (!ops::q8_packs(c.type)) continue;
+    const Weights w = reference_weights(c, out_features);
+    const int64_t in_features = w.blocks.cols;
+    const ops::Q8PackedMatrix q8 = ops::pack_for_q8(w.blocks);
+    const Tensor bias = random_f32({out_features}, rng);
+    for (int64_t rows : {1, 2, 3, 4, 5, 11}) {
+      const std::string what = std::string(quant_format(c.type).name) + " rows " +
+                               std::to_string(rows) + " (32-bit fixed point)";
+      const Tensor x = random_f32({rows, in_features}, rng);
+      const Product want =
+          reference_product(x, w.floats, bias.data<float>(), out_features, in_features);
+      Tensor out = poisoned_f32({rows, out_features});
+      ops::linear_q8(x, q8, bias, out, 0, ops::IntActivations::kFixed32);
+      expect_within(out, want, what);
+      for (ops::cpu::Q8Kernel kernel : ops::cpu::q8_kernels()) {
+        Tensor other = poisoned_f32({rows, out_features});
+        ops::cpu::linear_q8(x.data<float>(), q8, bias.data<float>(), other.data<float>(), rows,
+                            kernel, -1, ops::IntActivations::kFixed32);
+        ASSERT_EQ(std::memcmp(out.raw(), other.raw(), out.nbytes()), 0)
+            << what << ": " << ops::cpu::q8_kernel_name(kernel);
+      }
+      Tensor alone = poisoned_f32({1, out_features});
+      ops::linear_q8(x.rows(rows - 1, rows), q8, bias, alone, 0, ops::IntActivations::kFixed32);
+      EXPECT_EQ(
+          std::memcmp(alone.raw(), out.data<float>() + (rows - 1) * out_features, alone.nbytes()),
+          0)
+          << what << ": last row alone";
+    }
+  }
+}
+
 // A projection stacked from matrices in different formats (a Q4_K_M file's q, k and v): each
 // part writes its own columns of one output, the same values as alone, the bias over all.
 TEST(QuantFormats, PartsFillTheirColumns) {

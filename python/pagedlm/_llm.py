@@ -208,7 +208,7 @@ class LLM:
     the CPU, gpu_memory_fraction on the GPU), max_num_batched_tokens (0: the device's default),
     max_num_seqs, target_itl_ms (-1: the device's default), enable_prefix_cache, threads (CPU
     threads, 0: all; each LLM's engine thread keeps its own count), cpu_q8_activations,
-    gpu_memory_fraction, use_cuda_graphs, and:
+    cpu_fixed32_activations, gpu_memory_fraction, use_cuda_graphs, and:
 
     - kv_cache_dtype: the KV cache's elements, "auto" (the compute dtype: f32 on the CPU, bf16
       on the GPU), "bf16" (GPU) or "fp8" (GPU: e4m3 with the checkpoint's per-layer
@@ -258,6 +258,7 @@ class LLM:
         enable_prefix_cache: bool = True,
         threads: int = 0,
         cpu_q8_activations: bool = False,
+        cpu_fixed32_activations: bool = False,
         gpu_memory_fraction: float = 0.9,
         use_cuda_graphs: bool = True,
         seed: Optional[int] = None,
@@ -285,6 +286,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                 target_itl_ms=float(target_itl_ms), enable_prefix_cache=enable_prefix_cache,
                 threads=threads, cpu_q8_activations=cpu_q8_activations,
+                cpu_fixed32_activations=cpu_fixed32_activations,
                 gpu_memory_fraction=gpu_memory_fraction, use_cuda_graphs=use_cuda_graphs,
                 max_waiting=max_waiting,
                 chat_template=os.fspath(chat_template) if chat_template else "",

@@ -263,8 +263,8 @@ class Model {
   Model(const std::string& model, const std::string& device, int32_t page_size, int32_t num_pages,
         int64_t kv_cache_bytes, int32_t max_num_batched_tokens, int32_t max_num_seqs,
         double target_itl_ms, bool enable_prefix_cache, int32_t threads, bool cpu_q8_activations,
-        float gpu_memory_fraction, bool use_cuda_graphs, int32_t max_waiting,
-        const std::string& chat_template, const std::string& load_format,
+        bool cpu_fixed32_activations, float gpu_memory_fraction, bool use_cuda_graphs,
+        int32_t max_waiting, const std::string& chat_template, const std::string& load_format,
         const std::string& kv_cache_dtype, const std::string& quantization,
         int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms,
         int32_t tensor_parallel_size, nb::handle load_progress) {
@@ -303,6 +303,7 @@ class Model {
     o.enable_prefix_cache = enable_prefix_cache;
     o.threads = threads;
     o.cpu_q8_activations = cpu_q8_activations;
+    o.cpu_fixed32_activations = cpu_fixed32_activations;
     o.gpu_memory_fraction = gpu_memory_fraction;
     o.use_cuda_graphs = use_cuda_graphs;
     if (device == "cuda" || (device == "auto" && cuda_device_available())) {
@@ -646,15 +647,16 @@ NB_MODULE(_pagedlm, m) {
 
   nb::class_<Model>(m, "Model", "A model loaded with its engine thread.")
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
-                    int32_t, double, bool, int32_t, bool, float, bool, int32_t, const std::string&,
-                    const std::string&, const std::string&, const std::string&, int32_t, bool, bool,
-                    bool, int32_t, nb::handle>(),
+                    int32_t, double, bool, int32_t, bool, bool, float, bool, int32_t,
+                    const std::string&, const std::string&, const std::string&, const std::string&,
+                    int32_t, bool, bool, bool, int32_t, nb::handle>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
-           "threads"_a, "cpu_q8_activations"_a, "gpu_memory_fraction"_a, "use_cuda_graphs"_a,
-           "max_waiting"_a, "chat_template"_a, "load_format"_a, "kv_cache_dtype"_a,
-           "quantization"_a, "async_scheduling"_a, "gguf_blocks"_a, "use_cascade_attention"_a,
-           "tune_gemms"_a, "tensor_parallel_size"_a, "load_progress"_a = nb::none())
+           "threads"_a, "cpu_q8_activations"_a, "cpu_fixed32_activations"_a,
+           "gpu_memory_fraction"_a, "use_cuda_graphs"_a, "max_waiting"_a, "chat_template"_a,
+           "load_format"_a, "kv_cache_dtype"_a, "quantization"_a, "async_scheduling"_a,
+           "gguf_blocks"_a, "use_cascade_attention"_a, "tune_gemms"_a, "tensor_parallel_size"_a,
+           "load_progress"_a = nb::none())
       .def("has_tokenizer", &Model::has_tokenizer)
       .def("encode", &Model::encode, "text"_a, "add_special_tokens"_a)
       .def("decode", &Model::decode, "ids"_a, "skip_special_tokens"_a)

@@ -121,3 +121,29 @@ def test_quantization_block_format_makes_dummy_weights_of_blocks():
         assert len(out[0].outputs[0].token_ids) == 5
     finally:
         blocks.close()
+
+
+def test_fixed32_activations_take_the_same_checks_and_blocks():
+    # 32-bit fixed-point activations go through the same integer kernels: refused without blocks
+    # and together with 8-bit ones, and on dummy Q8_0 blocks the same greedy tokens as the exact
+    # kernels (both are exact to float32 rounding).
+    with pytest.raises(ValueError, match=re.escape(
+            "32-bit fixed-point activations (--cpu-fixed32-activations) need a GGUF")):
+        pagedlm.LLM(str(DUMMY_CONFIG), load_format="dummy", device="cpu", threads=THREADS,
+                    kv_cache_bytes=64 << 20, cpu_fixed32_activations=True)
+    with pytest.raises(ValueError, match="choose one"):
+        pagedlm.LLM(str(DUMMY_CONFIG), load_format="dummy", quantization="q8_0", device="cpu",
+                    threads=THREADS, kv_cache_bytes=64 << 20, cpu_q8_activations=True,
+                    cpu_fixed32_activations=True)
+    tokens = []
+    for fixed32 in (False, True):
+        llm = pagedlm.LLM(str(DUMMY_CONFIG), load_format="dummy", quantization="q8_0",
+                          device="cpu", threads=THREADS, kv_cache_bytes=64 << 20,
+                          cpu_fixed32_activations=fixed32)
+        try:
+            out = llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=5, ignore_eos=True))
+            tokens.append(out[0].outputs[0].token_ids)
+        finally:
+            llm.close()
+    assert len(tokens[1]) == 5
+    assert tokens[1] == tokens[0]

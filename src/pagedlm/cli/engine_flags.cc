@@ -111,6 +111,10 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                "CPU, GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS): "
                "quantize the projections' inputs to 8 bits and multiply in integers (faster, not "
                "exact; like llama.cpp)");
+  app.add_flag("--cpu-fixed32-activations", o.cpu_fixed32_activations,
+               "CPU, GGUF blocks as for --cpu-q8-activations: take the projections' inputs as "
+               "32-bit fixed point (four 8-bit digits) through the same integer kernels: as exact "
+               "as the default, faster single-stream decode, slower prefill");
   app.add_option("--quantization", flags.quantization,
                  "GPU: fp8 quantizes every projection's weight to FP8 (e4m3, one scale per output "
                  "feature) at load and runs W8A8 GEMMs (GPUs with FP8 tensor cores); auto keeps an "

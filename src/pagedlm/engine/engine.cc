@@ -99,6 +99,9 @@ EngineOptions resolve_options(EngineOptions options) {
   PAGEDLM_CHECK(options.max_num_seqs >= 1, "max_num_seqs must be >= 1");
   PAGEDLM_CHECK(!options.cpu_q8_activations || !on_gpu,
                 "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
+  PAGEDLM_CHECK(!options.cpu_fixed32_activations || !on_gpu,
+                "32-bit fixed-point activations (--cpu-fixed32-activations) are a CPU option, not "
+                "for the GPU");
   if (options.prefetch_masks < 0) options.prefetch_masks = on_gpu ? 1 : 0;
   if (options.async_scheduling < 0) options.async_scheduling = on_gpu ? 1 : 0;
   if (on_gpu) {

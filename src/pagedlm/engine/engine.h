@@ -69,6 +69,8 @@ struct EngineOptions {
   int32_t threads = 0;  // 0: all hardware threads; each CPU tensor-parallel rank runs as many
   // CPU: 8-bit activations for the block-quantized projections (ModelOptions).
   bool cpu_q8_activations = false;
+  // CPU: 32-bit fixed-point activations for them, through the integer kernels (ModelOptions).
+  bool cpu_fixed32_activations = false;
   // GPU: which projections run as FP8 W8A8 GEMMs (ModelOptions; --quantization).
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
   // GPU: a GGUF's projections computed from their blocks (ModelOptions; --gguf-blocks). Off by
@@ -76,7 +78,7 @@ struct EngineOptions {
   // Q8_0 / Q4_1 but not for Q4_K, and steps of more than 8 rows expand the blocks every step.
   bool gguf_blocks_on_gpu = false;
   ModelOptions model_options() const {
-    return {cpu_q8_activations, fp8_weights, gguf_blocks_on_gpu};
+    return {cpu_q8_activations, fp8_weights, gguf_blocks_on_gpu, cpu_fixed32_activations};
   }
   // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
   // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host

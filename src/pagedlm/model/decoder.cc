@@ -33,19 +33,23 @@ namespace pagedlm {
 namespace {
 
 // A row range of a projection's output features kept in blocks of one format: their blocks
-// (ops::linear expands them in registers) or those blocks regrouped for 8-bit activations
-// (ModelOptions::cpu_q8_activations).
+// (ops::linear expands them in registers) or those blocks regrouped for the integer kernels,
+// which take the input as 8-bit or 32-bit fixed-point integers (ModelOptions::cpu_q8_activations,
+// cpu_fixed32_activations).
 struct BlockPart {
   QuantizedMatrix blocks;
   ops::Q8PackedMatrix q8;
+  ops::IntActivations q8_input = ops::IntActivations::kInt8;
 
   int64_t rows() const { return q8.empty() ? blocks.rows : q8.rows; }
   int64_t bytes() const {
     return static_cast<int64_t>(q8.empty() ? blocks.blocks.size() : q8.data.size());
   }
   std::string format() const {
-    return q8.empty() ? quant_format(blocks.type).name
-                      : std::string(quant_format(q8.type).name) + " (8-bit activations)";
+    if (q8.empty()) return quant_format(blocks.type).name;
+    return std::string(quant_format(q8.type).name) + (q8_input == ops::IntActivations::kFixed32
+                                                          ? " (32-bit fixed-point activations)"
+                                                          : " (8-bit activations)");
   }
 };
 
@@ -95,7 +99,7 @@ struct Projection {
     int64_t col0 = 0;
     for (const BlockPart& part : parts) {
       if (!part.q8.empty()) {
-        ops::linear_q8(x, part.q8, bias, out, col0);
+        ops::linear_q8(x, part.q8, bias, out, col0, part.q8_input);
       } else {
         ops::linear(x, part.blocks, bias, out, col0);
       }
@@ -510,17 +514,27 @@ class DecoderModel final : public CausalLM {
     // projection; the CPU keeps GGUF blocks where every part has them.
     PAGEDLM_CHECK(!options.cpu_q8_activations || device == Device::kCpu,
                   "8-bit activations (--cpu-q8-activations) are a CPU option");
+    PAGEDLM_CHECK(!options.cpu_fixed32_activations || device == Device::kCpu,
+                  "32-bit fixed-point activations (--cpu-fixed32-activations) are a CPU option");
+    PAGEDLM_CHECK(!(options.cpu_q8_activations && options.cpu_fixed32_activations),
+                  "--cpu-q8-activations and --cpu-fixed32-activations are two ways to take the "
+                  "projections' inputs: choose one");
+    const bool integer_kernels = options.cpu_q8_activations || options.cpu_fixed32_activations;
+    const ops::IntActivations q8_input = options.cpu_fixed32_activations
+                                             ? ops::IntActivations::kFixed32
+                                             : ops::IntActivations::kInt8;
     int64_t num_q8 = 0;
-    // The CPU's blocks in the form its kernels take: packed for 8-bit activations where the
-    // format has that packing, or else repacked for the exact kernels (the same weights, read
-    // faster).
+    // The CPU's blocks in the form its kernels take: packed for the integer kernels where the
+    // format has that packing and they were asked for, or else repacked for the exact kernels
+    // (the same weights, read faster).
     auto cpu_form = [&](std::vector<QuantizedMatrix> stacked) {
       Projection proj;
       if (!stacked.empty()) proj.format = WeightFormat::kBlocks;
       for (QuantizedMatrix& blocks : stacked) {
         BlockPart part;
-        if (options.cpu_q8_activations && ops::q8_packs(blocks.type)) {
+        if (integer_kernels && ops::q8_packs(blocks.type)) {
           part.q8 = ops::pack_for_q8(blocks);
+          part.q8_input = q8_input;
           ++num_q8;
         } else {
           part.blocks = ops::repack_for_cpu(std::move(blocks));
@@ -670,10 +684,11 @@ class DecoderModel final : public CausalLM {
       layers_.push_back(std::move(w));
     }
     // Mixture-of-experts experts keep the exact kernels (ops::moe_experts).
-    PAGEDLM_CHECK(
-        !options.cpu_q8_activations || num_q8 > 0,
-        "8-bit activations (--cpu-q8-activations) need a GGUF with projection weights in ggml's "
-        "blocks; this model has none");
+    PAGEDLM_CHECK(!integer_kernels || num_q8 > 0,
+                  options.cpu_q8_activations
+                      ? "8-bit activations (--cpu-q8-activations)"
+                      : "32-bit fixed-point activations (--cpu-fixed32-activations)",
+                  " need a GGUF with projection weights in ggml's blocks; this model has none");
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 

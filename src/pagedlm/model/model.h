@@ -124,14 +124,19 @@ enum class Fp8Weights : uint8_t {
 };
 
 struct ModelOptions {
-  // CPU: projections over Q4_1 / Q8_0 blocks quantize their input rows to 8 bits and multiply
-  // in integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
+  // CPU: projections over GGUF blocks quantize their input rows to 8 bits and multiply in
+  // integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
   bool cpu_q8_activations = false;
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
   // GPU: a GGUF's projections in the formats ops::gpu_computes_blocks names stay in their
   // blocks (ops/linear_blocks.h); off, they are expanded to bf16 at load (the other formats, the
   // embedding and MoE experts always are).
   bool gguf_blocks_on_gpu = false;
+  // CPU: projections over GGUF blocks take their input rows as 32-bit fixed point per block
+  // through the same integer kernels (ops::IntActivations::kFixed32): the exact product to
+  // float32 rounding, as the default kernels; faster single-stream decode, slower prefill
+  // (docs/PERF.md). Exclusive with cpu_q8_activations.
+  bool cpu_fixed32_activations = false;
 };
 
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to

@@ -66,12 +66,27 @@ bool q8_packs(QuantType type);
 // dequantization of the blocks it was packed from (a tied embedding reads its rows here).
 void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out);
 
-// y = x W^T + b with x quantized to 8 bits (CPU, f32 x / bias / out). Batch invariant: each
-// output is one lane's own sequence of operations over the blocks in order, whatever the rows
-// around it.
+// How linear_q8 turns each row of x into integers for the integer kernels:
+//   kInt8:    one int8 a value per block, d = max |x| / 127 (ggml's Q8_1 / q8_K with f32
+//             scales): lossy, as llama.cpp's, hence an option (--cpu-q8-activations).
+//   kFixed32: 32-bit fixed point per block, held as four int8 digit planes (base 256, most
+//             significant first, each in [-128, 127]): the block's unit is 2^(e - 29) for
+//             2^e <= max |x| < 2^(e + 1), so every value within 2^6 of the block's largest is
+//             kept exactly and any other is off by at most 2^-30 of it. Each plane runs through
+//             the integer kernels as its own row (the weight's expansion shared by the four) and
+//             the planes' outputs are summed, least significant first. The result is the exact
+//             product to float32 rounding, held in tests to the same bound as ops::linear
+//             (--cpu-fixed32-activations). Blocks whose largest |x| is below 2^-96 count as zeros
+//             (their products are below float32's normal range); a block holding a NaN or an
+//             infinity makes its row's outputs NaN.
+enum class IntActivations : uint8_t { kInt8, kFixed32 };
+
+// y = x W^T + b with x in integers as `input` says (CPU, f32 x / bias / out). Batch invariant:
+// each output is one lane's own sequence of operations over the blocks in order, whatever the
+// rows around it.
 // out_col0 as for linear above.
 void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
-               int64_t out_col0 = 0);
+               int64_t out_col0 = 0, IntActivations input = IntActivations::kInt8);
 
 namespace cpu {
 // bias may be null.
@@ -99,6 +114,12 @@ struct Q8Activations {
 };
 void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
                  int64_t block = 32);
+// IntActivations::kFixed32: row r of x becomes rows 4 r .. 4 r + 3 of out, its digit planes
+// (most significant first), plane p's scale 2^(e - 5 - 8 p) for the block's e, the sums as
+// quantize_q8's over each plane's digits.
+inline constexpr int64_t kFixed32Planes = 4;
+void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
+                      int64_t block = 32);
 
 // The integer dot-product kernels this build has (all give the same bits): portable C++;
 // AVX2 (maddubs / madd); 256-bit VNNI (AVX-VNNI or AVX-512 VL); 512-bit AVX-512 VNNI.
@@ -106,7 +127,8 @@ enum class Q8Kernel { kPortable, kAvx2, kAvxVnni, kAvx512Vnni };
 std::vector<Q8Kernel> q8_kernels();  // those built, the one linear_q8 uses by default first
 const char* q8_kernel_name(Q8Kernel kernel);
 void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, float* out,
-               int64_t rows, Q8Kernel kernel, int64_t out_stride = -1);
+               int64_t rows, Q8Kernel kernel, int64_t out_stride = -1,
+               IntActivations input = IntActivations::kInt8);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

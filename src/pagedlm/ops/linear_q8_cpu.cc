@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -496,8 +497,11 @@ void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out) {
 
 namespace cpu {
 
-void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out, int64_t block) {
-  PAGEDLM_CHECK(block % 16 == 0 && block > 0 && cols % block == 0, "quantize_q8: ", cols,
+namespace {
+// out sized for `rows` integer rows of `cols` values in blocks of `block`.
+void size_activations(const char* op, int64_t rows, int64_t cols, int64_t block,
+                      Q8Activations& out) {
+  PAGEDLM_CHECK(block % 16 == 0 && block > 0 && cols % block == 0, op, ": ", cols,
                 " columns are not whole blocks of ", block);
   const int64_t nb = cols / block;
   out.rows = rows;
@@ -508,6 +512,12 @@ void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
   out.sum.resize(rows * nb);
   out.scaled_sum.resize(rows * nb);
   out.sum16.resize(rows * cols / 16);
+}
+}  // namespace
+
+void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out, int64_t block) {
+  size_activations("quantize_q8", rows, cols, block, out);
+  const int64_t nb = cols / block;
 #pragma omp parallel for schedule(static) if (rows >= 16)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -531,6 +541,79 @@ void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
       out.scale[r * nb + b] = d;
       out.sum[r * nb + b] = sum;
       out.scaled_sum[r * nb + b] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
+                      int64_t block) {
+  size_activations("quantize_fixed32", kFixed32Planes * rows, cols, block, out);
+  const int64_t nb = cols / block;
+  // Below this the planes' scales would leave float32's normal range.
+  constexpr int kMinExponent = -96;
+#pragma omp parallel for schedule(static) if (rows >= 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * cols + b * block;
+      float amax = 0.f;
+      bool finite = true;
+      for (int64_t j = 0; j < block; ++j) {
+        const float a = std::abs(xb[j]);
+        finite &= a <= std::numeric_limits<float>::max();
+        amax = std::max(amax, a);
+      }
+      const int e = finite && amax > 0.f ? std::ilogb(amax) : kMinExponent - 1;
+      const bool zero = e < kMinExponent;  // or not finite: digits 0, and the scales say which
+      // x * 2^(29 - e) is exact (a power of two, in range) and below 2^30 in magnitude, so it
+      // rounds to an int32 m with four balanced base-256 digits.
+      const float to_units = zero ? 0.f : std::ldexp(1.f, 29 - e);
+      int32_t sum[kFixed32Planes] = {};
+      for (int64_t j0 = 0; j0 < block; j0 += 16) {
+        int32_t sum16[kFixed32Planes] = {};
+        if (zero) {
+          for (int64_t p = 0; p < kFixed32Planes; ++p) {
+            std::memset(out.qs.data() + (kFixed32Planes * r + p) * cols + b * block + j0, 0, 16);
+            out.sum16[((kFixed32Planes * r + p) * cols + b * block + j0) / 16] = 0;
+          }
+          continue;
+        }
+#ifdef __AVX512F__
+        // The same digits, 16 at a time (the conversion rounds to nearest even, as nearbyint
+        // does in the default rounding mode): the scalar loop took 8% of a decode step.
+        __m512i m =
+            _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j0), _mm512_set1_ps(to_units)));
+        for (int64_t p = kFixed32Planes - 1; p >= 0; --p) {
+          const __m512i digit = _mm512_srai_epi32(_mm512_slli_epi32(m, 24), 24);
+          m = _mm512_srai_epi32(_mm512_sub_epi32(m, digit), 8);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(
+                               out.qs.data() + (kFixed32Planes * r + p) * cols + b * block + j0),
+                           _mm512_cvtepi32_epi8(digit));
+          sum16[p] = _mm512_reduce_add_epi32(digit);
+        }
+#else
+        for (int64_t j = j0; j < j0 + 16; ++j) {
+          int32_t m = static_cast<int32_t>(std::nearbyint(xb[j] * to_units));
+          for (int64_t p = kFixed32Planes - 1; p >= 0; --p) {
+            const auto digit = static_cast<int8_t>(m);  // m's low byte, as -128..127
+            m = (m - digit) >> 8;                       // exact: the low byte is now 0
+            out.qs[(kFixed32Planes * r + p) * cols + b * block + j] = digit;
+            sum16[p] += digit;
+          }
+        }
+#endif
+        for (int64_t p = 0; p < kFixed32Planes; ++p) {
+          out.sum16[((kFixed32Planes * r + p) * cols + b * block + j0) / 16] = sum16[p];
+          sum[p] += sum16[p];
+        }
+      }
+      for (int64_t p = 0; p < kFixed32Planes; ++p) {
+        const int64_t at = (kFixed32Planes * r + p) * nb + b;
+        const float d = !finite ? std::numeric_limits<float>::quiet_NaN()
+                                : (zero ? 0.f : std::ldexp(1.f, e - 5 - 8 * static_cast<int>(p)));
+        out.scale[at] = d;
+        out.sum[at] = sum[p];
+        out.scaled_sum[at] = d * static_cast<float>(sum[p]);
+      }
     }
   }
 }
@@ -1320,16 +1403,34 @@ const char* q8_kernel_name(Q8Kernel kernel) {
 }
 
 void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, float* out,
-               int64_t rows, Q8Kernel kernel, int64_t out_stride) {
+               int64_t rows, Q8Kernel kernel, int64_t out_stride, IntActivations input) {
   if (out_stride < 0) out_stride = weight.rows;
-  const KernelTable& table = table_of(kernel);
+  const bool fixed32 = input == IntActivations::kFixed32;
+  // The AVX2 kernels without VNNI give Q8_0's and the IQ4 levels' signs to x (maddubs takes
+  // unsigned weights), which a digit of -128 cannot carry: fixed point runs those layouts on the
+  // portable kernel (the same bits, more time; machines with VNNI are not affected).
+  const bool signs_through_x = weight.type == QuantType::kQ8_0 ||
+                               (is_super(weight.type) && super_layout(weight.type).levels);
+  const KernelTable& table = fixed32 && kernel == Q8Kernel::kAvx2 && signs_through_x
+                                 ? table_of(Q8Kernel::kPortable)
+                                 : table_of(kernel);
   const int64_t out_features = weight.rows;
   if (rows == 0 || out_features == 0) return;
   // Once per call: every group of features reads the same quantized rows.
   // (The threads below read it through this reference: by name they would see their own.)
   thread_local Q8Activations scratch;
   const Q8Activations& xq = scratch;
-  quantize_q8(x, rows, weight.cols, scratch, activation_block(weight.type));
+  // The kernels' rows: x's, or four digit planes for each of them, which every table's tiles
+  // (8 or 4 rows) keep together.
+  static_assert(kMaxTileRows % kFixed32Planes == 0);
+  if (fixed32) {
+    PAGEDLM_CHECK(table.max_rows % kFixed32Planes == 0, "linear_q8: tiles of ", table.max_rows,
+                  " rows split a row's digit planes");
+    quantize_fixed32(x, rows, weight.cols, scratch, activation_block(weight.type));
+    rows *= kFixed32Planes;
+  } else {
+    quantize_q8(x, rows, weight.cols, scratch, activation_block(weight.type));
+  }
   const int64_t group_bytes = packed_group_bytes(weight.type, weight.cols);
   const int64_t num_groups = (out_features + kGroup - 1) / kGroup;
   const int64_t unit_groups = std::max<int64_t>(1, kUnitWeightBytes / group_bytes);
@@ -1347,6 +1448,18 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
         fns[tile_rows - 1](xq, r0, weight.data.data() + g * group_bytes, tile);
         const int64_t col0 = g * kGroup;
         const int64_t n_cols = std::min(kGroup, out_features - col0);
+        if (fixed32) {
+          // A row's planes, least significant first (their sum rounds once it is large).
+          for (int64_t i = 0; i < tile_rows; i += kFixed32Planes) {
+            const float* planes = tile + i * kGroup;
+            float* dst = out + (r0 + i) / kFixed32Planes * out_stride + col0;
+            for (int64_t c = 0; c < n_cols; ++c) {
+              dst[c] = planes[3 * kGroup + c] + planes[2 * kGroup + c] + planes[kGroup + c] +
+                       planes[c] + (bias != nullptr ? bias[col0 + c] : 0.f);
+            }
+          }
+          continue;
+        }
         for (int64_t i = 0; i < tile_rows; ++i) {
           float* dst = out + (r0 + i) * out_stride + col0;
           for (int64_t c = 0; c < n_cols; ++c) {
@@ -1361,8 +1474,9 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 }  // namespace cpu
 
 void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
-               int64_t out_col0) {
-  constexpr const char* kOp = "linear (8-bit activations)";
+               int64_t out_col0, IntActivations input) {
+  const char* kOp = input == IntActivations::kFixed32 ? "linear (32-bit fixed-point activations)"
+                                                      : "linear (8-bit activations)";
   detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
   detail::expect_output_columns(x, out, out_col0, weight.rows, kOp);
   PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
@@ -1375,7 +1489,8 @@ void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias
                 weight.cols, "]");
   if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {out.dim(1)});
   cpu::linear_q8(x.data<float>(), weight, bias.defined() ? bias.data<float>() + out_col0 : nullptr,
-                 out.data<float>() + out_col0, x.dim(0), cpu::q8_kernels().front(), out.dim(1));
+                 out.data<float>() + out_col0, x.dim(0), cpu::q8_kernels().front(), out.dim(1),
+                 input);
 }
 
 }  // namespace pagedlm::ops
