@@ -545,6 +545,13 @@ void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
   }
 }
 
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*() and then warn about
+// it (as linear_cpu.cc says).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
                       int64_t block) {
   size_activations("quantize_fixed32", kFixed32Planes * rows, cols, block, out);
@@ -617,6 +624,9 @@ void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations&
     }
   }
 }
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 namespace {
 
