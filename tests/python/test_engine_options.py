@@ -141,7 +141,8 @@ def test_fixed32_activations_take_the_same_checks_and_blocks():
                           device="cpu", threads=THREADS, kv_cache_bytes=64 << 20,
                           cpu_fixed32_activations=fixed32)
         try:
-            out = llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=5, ignore_eos=True))
+            out = llm.generate([[1, 2, 3, 4]],
+                               SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
             tokens.append(out[0].outputs[0].token_ids)
         finally:
             llm.close()
