@@ -530,6 +530,11 @@ TEST(Q8Linear, TensorEntryUsesTheFirstKernelAndChecksItsArguments) {
   EXPECT_EQ(std::memcmp(out.data<float>(), want.data<float>(), out.nbytes()), 0);
   expect_error([&] { ops::linear_q8(random_x(3, 96, rng), w, Tensor(), out); },
                {"linear (8-bit activations)", "x"});
+  expect_error(
+      [&] {
+        ops::linear_q8(random_x(3, 96, rng), w, Tensor(), out, 0, ops::IntActivations::kFixed32);
+      },
+      {"linear (32-bit fixed-point activations)", "x"});
   expect_error([&] { ops::linear_q8(x, w, Tensor(), poisoned_f32({3, 19})); }, {"out"});
   // A wider out takes the weight's outputs at out_col0 (a projection's part): not past its end.
   expect_error(

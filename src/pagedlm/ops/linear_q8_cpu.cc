@@ -1485,19 +1485,18 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 
 void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
                int64_t out_col0, IntActivations input) {
-  const char* kOp = input == IntActivations::kFixed32 ? "linear (32-bit fixed-point activations)"
-                                                      : "linear (8-bit activations)";
-  detail::expect(x, kOp, "x", DType::kF32, {detail::kAnyDim, weight.cols});
-  detail::expect_output_columns(x, out, out_col0, weight.rows, kOp);
-  PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, kOp,
-                ": 8-bit activations are a CPU path");
+  const char* op = input == IntActivations::kFixed32 ? "linear (32-bit fixed-point activations)"
+                                                     : "linear (8-bit activations)";
+  detail::expect(x, op, "x", DType::kF32, {detail::kAnyDim, weight.cols});
+  detail::expect_output_columns(x, out, out_col0, weight.rows, op);
+  PAGEDLM_CHECK(x.device() == Device::kCpu && out.device() == Device::kCpu, op, ": a CPU path");
   const int64_t num_groups = (weight.rows + kGroup - 1) / kGroup;
   PAGEDLM_CHECK(weight.cols % activation_block(weight.type) == 0 &&
                     static_cast<int64_t>(weight.data.size()) ==
                         num_groups * packed_group_bytes(weight.type, weight.cols),
-                kOp, ": the packed weight does not match its shape [", weight.rows, ", ",
+                op, ": the packed weight does not match its shape [", weight.rows, ", ",
                 weight.cols, "]");
-  if (bias.defined()) detail::expect(bias, kOp, "bias", DType::kF32, {out.dim(1)});
+  if (bias.defined()) detail::expect(bias, op, "bias", DType::kF32, {out.dim(1)});
   cpu::linear_q8(x.data<float>(), weight, bias.defined() ? bias.data<float>() + out_col0 : nullptr,
                  out.data<float>() + out_col0, x.dim(0), cpu::q8_kernels().front(), out.dim(1),
                  input);
