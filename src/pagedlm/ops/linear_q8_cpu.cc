@@ -574,42 +574,44 @@ void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations&
       // x * 2^(29 - e) is exact (a power of two, in range) and below 2^30 in magnitude, so it
       // rounds to an int32 m with four balanced base-256 digits.
       const float to_units = zero ? 0.f : std::ldexp(1.f, 29 - e);
+      // Where plane p's values j0.. of this block start in out.qs (and, over 16, in out.sum16).
+      auto plane_at = [&](int64_t p, int64_t j0) {
+        return (kFixed32Planes * r + p) * cols + b * block + j0;
+      };
       int32_t sum[kFixed32Planes] = {};
       for (int64_t j0 = 0; j0 < block; j0 += 16) {
         int32_t sum16[kFixed32Planes] = {};
         if (zero) {
           for (int64_t p = 0; p < kFixed32Planes; ++p) {
-            std::memset(out.qs.data() + (kFixed32Planes * r + p) * cols + b * block + j0, 0, 16);
-            out.sum16[((kFixed32Planes * r + p) * cols + b * block + j0) / 16] = 0;
+            std::memset(out.qs.data() + plane_at(p, j0), 0, 16);
           }
-          continue;
-        }
+        } else {
 #ifdef __AVX512F__
-        // The same digits, 16 at a time (the conversion rounds to nearest even, as nearbyint
-        // does in the default rounding mode): the scalar loop took 8% of a decode step.
-        __m512i m =
-            _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j0), _mm512_set1_ps(to_units)));
-        for (int64_t p = kFixed32Planes - 1; p >= 0; --p) {
-          const __m512i digit = _mm512_srai_epi32(_mm512_slli_epi32(m, 24), 24);
-          m = _mm512_srai_epi32(_mm512_sub_epi32(m, digit), 8);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(
-                               out.qs.data() + (kFixed32Planes * r + p) * cols + b * block + j0),
-                           _mm512_cvtepi32_epi8(digit));
-          sum16[p] = _mm512_reduce_add_epi32(digit);
-        }
-#else
-        for (int64_t j = j0; j < j0 + 16; ++j) {
-          int32_t m = static_cast<int32_t>(std::nearbyint(xb[j] * to_units));
+          // The same digits, 16 at a time (the conversion rounds to nearest even, as nearbyint
+          // does in the default rounding mode): the scalar loop took 8% of a decode step.
+          __m512i m =
+              _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j0), _mm512_set1_ps(to_units)));
           for (int64_t p = kFixed32Planes - 1; p >= 0; --p) {
-            const auto digit = static_cast<int8_t>(m);  // m's low byte, as -128..127
-            m = (m - digit) >> 8;                       // exact: the low byte is now 0
-            out.qs[(kFixed32Planes * r + p) * cols + b * block + j] = digit;
-            sum16[p] += digit;
+            const __m512i digit = _mm512_srai_epi32(_mm512_slli_epi32(m, 24), 24);
+            m = _mm512_srai_epi32(_mm512_sub_epi32(m, digit), 8);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(out.qs.data() + plane_at(p, j0)),
+                             _mm512_cvtepi32_epi8(digit));
+            sum16[p] = _mm512_reduce_add_epi32(digit);
           }
-        }
+#else
+          for (int64_t j = 0; j < 16; ++j) {
+            int32_t m = static_cast<int32_t>(std::nearbyint(xb[j0 + j] * to_units));
+            for (int64_t p = kFixed32Planes - 1; p >= 0; --p) {
+              const auto digit = static_cast<int8_t>(m);  // m's low byte, as -128..127
+              m = (m - digit) >> 8;                       // exact: the low byte is now 0
+              out.qs[plane_at(p, j0) + j] = digit;
+              sum16[p] += digit;
+            }
+          }
 #endif
+        }
         for (int64_t p = 0; p < kFixed32Planes; ++p) {
-          out.sum16[((kFixed32Planes * r + p) * cols + b * block + j0) / 16] = sum16[p];
+          out.sum16[plane_at(p, j0) / 16] = sum16[p];
           sum[p] += sum16[p];
         }
       }
