@@ -210,6 +210,8 @@ class LLM:
     threads, 0: all; each LLM's engine thread keeps its own count), cpu_q8_activations,
     cpu_fixed32_activations, gpu_memory_fraction, use_cuda_graphs, and:
 
+    - dtype: activations and dense weights, "auto" (the device's: "float32" on the CPU,
+      "bfloat16" on the GPU, the only ones their kernels take; another raises ValueError). --dtype.
     - kv_cache_dtype: the KV cache's elements, "auto" (the compute dtype: f32 on the CPU, bf16
       on the GPU), "bf16" (GPU) or "fp8" (GPU: e4m3 with the checkpoint's per-layer
       k_scale / v_scale, else 1.0; twice the pages of bf16). --kv-cache-dtype.
@@ -266,6 +268,7 @@ class LLM:
         reasoning_parser: Optional[str] = None,
         max_waiting: int = 1 << 20,
         load_format: str = "auto",
+        dtype: str = "auto",
         kv_cache_dtype: str = "auto",
         quantization: str = "auto",
         async_scheduling: Optional[bool] = None,
@@ -290,7 +293,8 @@ class LLM:
                 gpu_memory_fraction=gpu_memory_fraction, use_cuda_graphs=use_cuda_graphs,
                 max_waiting=max_waiting,
                 chat_template=os.fspath(chat_template) if chat_template else "",
-                load_format=load_format, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+                load_format=load_format, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                quantization=quantization,
                 async_scheduling=-1 if async_scheduling is None else int(async_scheduling),
                 gguf_blocks=gguf_blocks, use_cascade_attention=use_cascade_attention,
                 tune_gemms=tune_gemms, tensor_parallel_size=tensor_parallel_size,

@@ -265,9 +265,10 @@ class Model {
         double target_itl_ms, bool enable_prefix_cache, int32_t threads, bool cpu_q8_activations,
         bool cpu_fixed32_activations, float gpu_memory_fraction, bool use_cuda_graphs,
         int32_t max_waiting, const std::string& chat_template, const std::string& load_format,
-        const std::string& kv_cache_dtype, const std::string& quantization,
-        int32_t async_scheduling, bool gguf_blocks, bool use_cascade_attention, bool tune_gemms,
-        int32_t tensor_parallel_size, nb::handle load_progress) {
+        const std::string& dtype, const std::string& kv_cache_dtype,
+        const std::string& quantization, int32_t async_scheduling, bool gguf_blocks,
+        bool use_cascade_attention, bool tune_gemms, int32_t tensor_parallel_size,
+        nb::handle load_progress) {
     if (load_format != "auto" && load_format != "dummy") {
       throw BadInput("load_format must be 'auto' or 'dummy', got '" + load_format + "'");
     }
@@ -280,6 +281,7 @@ class Model {
     Quantization quant;
     try {
       o.kv_cache_dtype = kv_cache_dtype_named(kv_cache_dtype);
+      o.compute_dtype = compute_dtype_named(dtype);
       quant = quantization_named(quantization, dummy);
     } catch (const Error& e) {
       throw BadInput(e.what());
@@ -649,12 +651,12 @@ NB_MODULE(_pagedlm, m) {
       .def(nb::init<const std::string&, const std::string&, int32_t, int32_t, int64_t, int32_t,
                     int32_t, double, bool, int32_t, bool, bool, float, bool, int32_t,
                     const std::string&, const std::string&, const std::string&, const std::string&,
-                    int32_t, bool, bool, bool, int32_t, nb::handle>(),
+                    const std::string&, int32_t, bool, bool, bool, int32_t, nb::handle>(),
            "model"_a, "device"_a, "page_size"_a, "num_pages"_a, "kv_cache_bytes"_a,
            "max_num_batched_tokens"_a, "max_num_seqs"_a, "target_itl_ms"_a, "enable_prefix_cache"_a,
            "threads"_a, "cpu_q8_activations"_a, "cpu_fixed32_activations"_a,
            "gpu_memory_fraction"_a, "use_cuda_graphs"_a, "max_waiting"_a, "chat_template"_a,
-           "load_format"_a, "kv_cache_dtype"_a, "quantization"_a, "async_scheduling"_a,
+           "load_format"_a, "dtype"_a, "kv_cache_dtype"_a, "quantization"_a, "async_scheduling"_a,
            "gguf_blocks"_a, "use_cascade_attention"_a, "tune_gemms"_a, "tensor_parallel_size"_a,
            "load_progress"_a = nb::none())
       .def("has_tokenizer", &Model::has_tokenizer)

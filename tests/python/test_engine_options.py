@@ -1,4 +1,4 @@
-"""LLM's engine options that mirror the command line's --kv-cache-dtype, --quantization,
+"""LLM's engine options that mirror the command line's --dtype, --kv-cache-dtype, --quantization,
 --async-scheduling, --gguf-blocks, --no-cascade-attention and --no-gemm-tuning: accepted, reaching
 the engine where the CPU shows it, and refused with the command line's own message."""
 
@@ -80,6 +80,21 @@ def test_kv_cache_dtype_is_refused_as_the_cli_refuses_it(binary):
         assert explicit.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
     finally:
         explicit.close()
+
+
+def test_dtype_is_refused_as_the_cli_refuses_it(binary, llm):
+    # The CPU's kernels compute in float32 only: another dtype is refused before any load.
+    refused_as_the_cli_refuses(binary, "the CPU computes in f32, not in bf16 (--dtype",
+                               "--dtype", "bfloat16")
+    refused_as_the_cli_refuses(binary, "--dtype fp16: not auto, float32, bfloat16 or float16",
+                               "--dtype", "fp16")
+    # float32 named is the default.
+    expected = texts(llm.generate(PROMPTS, GREEDY))
+    named = engine(dtype="float32")
+    try:
+        assert texts(named.generate(PROMPTS, GREEDY)) == expected
+    finally:
+        named.close()
 
 
 def test_quantization_is_refused_as_the_cli_refuses_it(binary):

@@ -23,6 +23,7 @@ struct EngineFlags {
   // auto, fp8 or none: EngineOptions::fp8_weights; or a GGUF block format for --dummy weights
   std::string quantization = "auto";
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8: EngineOptions::kv_cache_dtype
+  std::string dtype = "auto";           // EngineOptions::compute_dtype (compute_dtype_named)
   bool dummy_weights = false;           // the command loads --dummy weights (block formats apply)
   // Applies the parsed flags (device choice, prefix cache) and returns the options.
   EngineOptions resolve() const;

@@ -96,6 +96,12 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
                  "checkpoint's per-layer k_scale / v_scale, else 1.0; twice the pages of bf16)")
       // Its value is parsed by resolve() (before any load), whose message names the flag once.
       ->capture_default_str();
+  app.add_option("--dtype", flags.dtype,
+                 "activations and dense weights: auto (the device's: float32 on the CPU, "
+                 "bfloat16 on the GPU, the only ones their kernels take), float32, bfloat16 or "
+                 "float16")
+      // Parsed by resolve(), checked against the device before any load.
+      ->capture_default_str();
   app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
                  "token budget per step (default: 2048 on the CPU, 16384 on the GPU)");
   app.add_option("--max-num-seqs", o.max_num_seqs, "most sequences running at once")
@@ -178,6 +184,7 @@ EngineOptions EngineFlags::resolve() const {
   o.on_lost_rank = end_process;
   o.fp8_weights = quantization_named(quantization, dummy_weights).fp8_weights;
   o.kv_cache_dtype = kv_cache_dtype_named(kv_cache_dtype);
+  o.compute_dtype = compute_dtype_named(dtype);
   o.device = Device::kCpu;
   if (device == "cpu") return o;
 #ifdef PAGEDLM_HAS_CUDA

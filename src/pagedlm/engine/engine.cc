@@ -73,6 +73,14 @@ KvCacheDtype kv_cache_dtype_named(std::string_view name) {
   fail("--kv-cache-dtype ", name, ": not auto, bf16 or fp8");
 }
 
+std::optional<DType> compute_dtype_named(std::string_view name) {
+  if (name == "auto") return std::nullopt;
+  if (name == "float32" || name == "float") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16" || name == "half") return DType::kF16;
+  fail("--dtype ", name, ": not auto, float32, bfloat16 or float16");
+}
+
 Quantization quantization_named(std::string_view name, bool dummy_weights) {
   if (name == "auto") return {Fp8Weights::kCheckpoint, std::nullopt};
   if (name == "fp8") return {Fp8Weights::kAll, std::nullopt};
@@ -102,6 +110,14 @@ EngineOptions resolve_options(EngineOptions options) {
   PAGEDLM_CHECK(!options.cpu_fixed32_activations || !on_gpu,
                 "32-bit fixed-point activations (--cpu-fixed32-activations) are a CPU option, not "
                 "for the GPU");
+  // Before any weight is read: a model of many GB would otherwise load first.
+  (void)options.model_options();
+  if (options.compute_dtype.has_value()) {
+    const DType device_dtype = default_compute_dtype(options.device);
+    PAGEDLM_CHECK(*options.compute_dtype == device_dtype, "the ", on_gpu ? "GPU" : "CPU",
+                  " computes in ", dtype_name(device_dtype), ", not in ",
+                  dtype_name(*options.compute_dtype), " (--dtype; auto takes the device's)");
+  }
   if (options.prefetch_masks < 0) options.prefetch_masks = on_gpu ? 1 : 0;
   if (options.async_scheduling < 0) options.async_scheduling = on_gpu ? 1 : 0;
   if (on_gpu) {
@@ -114,6 +130,19 @@ EngineOptions resolve_options(EngineOptions options) {
                 "a tensor-parallel rank other than 0 runs on a GPU (on the CPU the ranks are ",
                 "threads of one process)");
   return options;
+}
+
+ModelOptions EngineOptions::model_options() const {
+  PAGEDLM_CHECK(!(cpu_q8_activations && cpu_fixed32_activations),
+                "--cpu-q8-activations and --cpu-fixed32-activations are two ways to take the "
+                "projections' inputs: choose one");
+  ModelOptions model;
+  if (cpu_q8_activations) model.cpu_int_activations = ops::IntActivations::kInt8;
+  if (cpu_fixed32_activations) model.cpu_int_activations = ops::IntActivations::kFixed32;
+  model.fp8_weights = fp8_weights;
+  model.gguf_blocks_on_gpu = gguf_blocks_on_gpu;
+  model.compute_dtype = compute_dtype;
+  return model;
 }
 
 struct Engine::Launched {

@@ -77,9 +77,10 @@ struct EngineOptions {
   // default: on the H200 (2026-12-03) the block kernels beat bf16 on single-stream decode for
   // Q8_0 / Q4_1 but not for Q4_K, and steps of more than 8 rows expand the blocks every step.
   bool gguf_blocks_on_gpu = false;
-  ModelOptions model_options() const {
-    return {cpu_q8_activations, fp8_weights, gguf_blocks_on_gpu, cpu_fixed32_activations};
-  }
+  // The dtype of activations and dense weights (ModelOptions; --dtype). Unset: the device's.
+  std::optional<DType> compute_dtype;
+  // Throws where both integer activations are asked for.
+  ModelOptions model_options() const;
   // Structured output: fill a sequence's next token mask on a worker thread as soon as its token
   // is accepted (MaskPrefetch), instead of inside the next step. -1: on the GPU, whose host
   // threads are otherwise idle while it runs, off on the CPU, whose threads run the forward
@@ -114,6 +115,8 @@ struct EngineOptions {
 // (kv_cache_dtype=, quantization=) take by name, parsed in one place so that both accept the
 // same names and refuse others with the same message (a pagedlm::Error listing the choices).
 KvCacheDtype kv_cache_dtype_named(std::string_view name);  // auto, bf16 or fp8
+// --dtype: auto (nullopt: the device's), float32 (float), bfloat16, float16 (half).
+std::optional<DType> compute_dtype_named(std::string_view name);
 // --quantization: auto, fp8 or none (EngineOptions::fp8_weights), or a GGUF block format
 // (q8_0, q4_k, ...) in which dummy weights make their projections.
 struct Quantization {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model_config.h"
 #include "pagedlm/model/tensor_parallel.h"
+#include "pagedlm/ops/linear.h"
 
 namespace pagedlm {
 
@@ -124,20 +126,27 @@ enum class Fp8Weights : uint8_t {
 };
 
 struct ModelOptions {
-  // CPU: projections over GGUF blocks quantize their input rows to 8 bits and multiply in
-  // integers (ops::linear_q8): faster, not exact. A model without such blocks is an error.
-  bool cpu_q8_activations = false;
+  // CPU: how the projections over GGUF blocks take their input rows. Unset: as float32, through
+  // the exact block kernels. Else through the integer kernels (ops::linear_q8) as the value says:
+  // kInt8, quantized to 8 bits (faster, not exact: --cpu-q8-activations); kFixed32, as 32-bit
+  // fixed point in four 8-bit digits, the exact product to float32 rounding as the default
+  // kernels (faster single-stream decode, slower prefill: docs/PERF.md;
+  // --cpu-fixed32-activations). A model without such blocks is an error.
+  std::optional<ops::IntActivations> cpu_int_activations;
   Fp8Weights fp8_weights = Fp8Weights::kCheckpoint;
   // GPU: a GGUF's projections in the formats ops::gpu_computes_blocks names stay in their
   // blocks (ops/linear_blocks.h); off, they are expanded to bf16 at load (the other formats, the
   // embedding and MoE experts always are).
   bool gguf_blocks_on_gpu = false;
-  // CPU: projections over GGUF blocks take their input rows as 32-bit fixed point per block
-  // through the same integer kernels (ops::IntActivations::kFixed32): the exact product to
-  // float32 rounding, as the default kernels; faster single-stream decode, slower prefill
-  // (docs/PERF.md). Exclusive with cpu_q8_activations.
-  bool cpu_fixed32_activations = false;
+  // The dtype of activations and dense weights. Unset: the device's, default_compute_dtype; the
+  // kernels take no other yet, and another is an error that says so.
+  std::optional<DType> compute_dtype;
 };
+
+// f32 on the CPU, bf16 on the GPU.
+inline DType default_compute_dtype(Device device) {
+  return device == Device::kCpu ? DType::kF32 : DType::kBF16;
+}
 
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
 // bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
