@@ -158,6 +158,34 @@ TEST(WeightLoader, TheDefaultGgufKeepsItsBlocks) {
   EXPECT_EQ(rank1.linear({down}).in_features(), c.intermediate_size / 3);
 }
 
+// A tensor-parallel share of a block matrix is cut in whole blocks: rank 1 of 2 holds the second
+// 256-weight Q4_K block of each row of down (512 input columns), the same weights; a share that
+// would end inside a block (4 ranks: 128 columns) is refused by the tensor's name.
+TEST(WeightLoader, SharesOfBlocksAreWholeBlocks) {
+  Checkpoint ckpt;
+  ckpt.config = load_checkpoint(testing::fixture_dir("llama-gqa")).config;
+  ASSERT_EQ(ckpt.config.hidden_size, 256);
+  ASSERT_EQ(ckpt.config.intermediate_size, 512);
+  std::mt19937 rng(5);
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  const QuantizedMatrix blocks = testing::random_blocks(QuantType::kQ4_K, 256, 512, rng);
+  ckpt.quantized[name] = blocks;
+  const WeightPart down{name, {256, 512}, Shard::kCols};
+  WeightLoader rank1(ckpt, Device::kCpu, {1, 2}, {});
+  const ops::LinearWeight half = rank1.linear({down});
+  ASSERT_EQ(half.format(), ops::WeightFormat::kCpuBlocks);
+  ASSERT_EQ(half.in_features(), 256);
+  const std::vector<float> full = testing::dequantized(blocks);
+  const std::vector<float> share = testing::dequantized(half.cpu_parts()[0].blocks);
+  for (int64_t r = 0; r < 256; ++r) {
+    for (int64_t k = 0; k < 256; ++k) {
+      ASSERT_EQ(share[r * 256 + k], full[r * 512 + 256 + k]) << r << ", " << k;
+    }
+  }
+  WeightLoader quarter(ckpt, Device::kCpu, {1, 4}, {});
+  expect_error([&] { quarter.linear({down}); }, {name, "256-weight blocks", "inside a block"});
+}
+
 // The compute dtype is an option; the kernels take the device's own only, and the model refuses
 // another before it loads a weight (the engine's and the command line's refusals:
 // engine_compute_dtype_test.cc).
