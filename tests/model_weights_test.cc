@@ -66,8 +66,8 @@ TEST(LinearWeight, CpuBlockPartsFillTheirColumnsOfTheOutput) {
       for (int64_t j = 0; j < blocks[p].rows; ++j, ++col) {
         double sum = 0, magnitude = 0;
         for (int64_t k = 0; k < cols; ++k) {
-          const double term = static_cast<double>(x.data<float>()[r * cols + k]) *
-                              weights[p][j * cols + k];
+          const double term =
+              static_cast<double>(x.data<float>()[r * cols + k]) * weights[p][j * cols + k];
           sum += term;
           magnitude += std::abs(term);
         }
@@ -85,8 +85,11 @@ TEST(LinearWeight, PartsOfDifferentWidthsAreRefused) {
   ops::CpuBlockPart a, b;
   a.blocks = testing::random_blocks(QuantType::kQ8_0, 4, 64, rng);
   b.blocks = testing::random_blocks(QuantType::kQ8_0, 4, 96, rng);
-  expect_error([&] { ops::LinearWeight::cpu_blocks({a, b}); },
-               {"parts have 64 and 96 input features"});
+  expect_error(
+      [&] {
+        ops::LinearWeight::cpu_blocks({a, b});
+      },
+      {"parts have 64 and 96 input features"});
   expect_error([] { ops::LinearWeight::cpu_blocks({}); }, {"at least one part"});
   // No weight at all: a projection the model does not have.
   EXPECT_FALSE(ops::LinearWeight().defined());
@@ -134,9 +137,8 @@ TEST(WeightLoader, TheDefaultGgufKeepsItsBlocks) {
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const Checkpoint gguf = load_checkpoint(path);
   const ModelConfig& c = gguf.config;
-  const WeightPart down{"model.layers.0.mlp.down_proj.weight",
-                        {c.hidden_size, c.intermediate_size},
-                        Shard::kCols};
+  const WeightPart down{
+      "model.layers.0.mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, Shard::kCols};
   WeightLoader exact(gguf, Device::kCpu, {}, {});
   const ops::LinearWeight blocks = exact.linear({down});
   ASSERT_EQ(blocks.format(), ops::WeightFormat::kCpuBlocks);

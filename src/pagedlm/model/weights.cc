@@ -147,8 +147,8 @@ using RowPlacement = std::function<int64_t(size_t piece, int64_t row)>;
 // The pieces ([rows_i, cols] each, f32, f16 or bf16) stacked into one [rows, cols] tensor, row r
 // of piece p at row place(p, r), in the compute dtype on `device`, converted piece by piece: a
 // layer of experts is never held in f32.
-Tensor stack_converted(const std::vector<Tensor>& pieces, int64_t rows, Device device,
-                       DType dtype, const RowPlacement& place) {
+Tensor stack_converted(const std::vector<Tensor>& pieces, int64_t rows, Device device, DType dtype,
+                       const RowPlacement& place) {
   const int64_t cols = pieces.front().dim(1);
   Tensor host = Tensor::empty(dtype, {rows, cols});
   const auto elem = static_cast<int64_t>(dtype_size(dtype));

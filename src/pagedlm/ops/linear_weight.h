@@ -65,9 +65,9 @@ class LinearWeight {
   bool defined() const { return out_features() > 0; }
   int64_t out_features() const;
   int64_t in_features() const;
-  const Tensor& dense_weight() const { return dense_; }                  // kDense
-  const std::vector<CpuBlockPart>& cpu_parts() const { return cpu_; }    // kCpuBlocks
-  const std::vector<DeviceBlocks>& gpu_parts() const { return gpu_; }    // kGpuBlocks
+  const Tensor& dense_weight() const { return dense_; }                // kDense
+  const std::vector<CpuBlockPart>& cpu_parts() const { return cpu_; }  // kCpuBlocks
+  const std::vector<DeviceBlocks>& gpu_parts() const { return gpu_; }  // kGpuBlocks
 
   // out [rows, out_features] = x [rows, in_features] W^T (+ bias [out_features]), on the
   // weight's device, by its format's kernel. `state`: the caller's GPU state (GPU formats).
