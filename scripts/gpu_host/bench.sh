@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # docs/PERF.md's benchmark table on a GPU host: `pagedlm bench` with random weights of each config
 # named, on the random (256 x 100-1024 -> 256) and shared-prefix (128 x (2000 + 32) -> 64)
-# workloads, one JSON per run in OUT_DIR and a summary table last.
+# workloads, one JSON per run in OUT_DIR and a summary table last. WORKLOADS may also name the
+# long-context rows, long-32k (8 x 32768 -> 256) and long-120k (2 x 120000 -> 256), random
+# prompts warmed up by one request of their length (a config whose context holds them).
 #   scripts/gpu_host/bench.sh OUT_DIR smollm2-135m [qwen3-0.6b llama-3.1-8b ...]
 # Env: PAGEDLM (binary, default build-gpu/pagedlm), REPEAT (runs of each, default 1),
 # WORKLOADS (default "random shared-prefix"), FLAGS (more bench flags), TAG (name suffix).
@@ -15,10 +17,17 @@ bin=${PAGEDLM:-build-gpu/pagedlm}
 mkdir -p "$out"
 for model in "$@"; do
   for workload in ${WORKLOADS:-random shared-prefix}; do
-    args=(--dummy "configs/$model.json" --workload "$workload")
-    if [[ $workload == shared-prefix ]]; then
-      args+=(--num-requests 128 --prefix-len 2000 --unique-len 32 --output-min 64 --output-max 64)
-    fi
+    case $workload in
+      shared-prefix)
+        args=(--dummy "configs/$model.json" --workload shared-prefix --num-requests 128
+          --prefix-len 2000 --unique-len 32 --output-min 64 --output-max 64) ;;
+      long-32k | long-120k)
+        n=8 len=32768
+        [[ $workload == long-120k ]] && n=2 len=120000
+        args=(--dummy "configs/$model.json" --workload random --num-requests "$n"
+          --prompt-min "$len" --prompt-max "$len" --warmup 1) ;;
+      *) args=(--dummy "configs/$model.json" --workload "$workload") ;;
+    esac
     for ((i = 1; i <= ${REPEAT:-1}; i++)); do
       name="$model-$workload${TAG:+-$TAG}-$i"
       # shellcheck disable=SC2086  # FLAGS is a list of flags
