@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,7 +23,10 @@
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
 #include "pagedlm/model/checkpoint.h"
+#include "pagedlm/model/weights.h"
+#include "pagedlm/ops/device_state.h"
 #include "pagedlm/ops/linear_fp8.h"
+#include "pagedlm/ops/linear_weight.h"
 #include "pagedlm/ops/sampling.h"
 
 namespace pagedlm {
@@ -817,6 +821,82 @@ TEST(CudaModelLoad, HeadSizesWithoutKernelsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("head_dim 32 is not supported on the GPU"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// The weight seam on the GPU (model/weights.h, ops/linear_weight.h): with --gguf-blocks a Q4_K
+// projection stays in its blocks and a Q5_K one (no GPU kernel) is expanded to bf16; --quantization
+// fp8 makes a projection W8A8 and leaves the lm_head's kind (may_fp8 false) in bf16. Each applies
+// itself within float32 summation error of the float64 product of the weights it holds (the bf16
+// input's values; the expanded projection's bf16 weights).
+TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig config = load_checkpoint(fixture_dir("llama-gqa")).config;
+  Checkpoint ckpt;
+  ckpt.config = config;
+  std::mt19937 rng(9);
+  const int64_t rows = 2, out = 256, in = 512;
+  ckpt.quantized["q4k"] = random_blocks(QuantType::kQ4_K, out, in, rng);
+  ckpt.quantized["q5k"] = random_blocks(QuantType::kQ5_K, out, in, rng);
+  ModelOptions blocks_on_gpu;
+  blocks_on_gpu.gguf_blocks_on_gpu = true;
+  WeightLoader load(ckpt, Device::kCuda, {}, blocks_on_gpu);
+  EXPECT_EQ(load.compute_dtype(), DType::kBF16);
+  const ops::LinearWeight q4k = load.linear({{"q4k", {out, in}, Shard::kRows}});
+  const ops::LinearWeight q5k = load.linear({{"q5k", {out, in}, Shard::kRows}});
+  ASSERT_EQ(q4k.format(), ops::WeightFormat::kGpuBlocks);
+  EXPECT_EQ(load.widest_gpu_blocks(), out * in);
+  ASSERT_EQ(q5k.format(), ops::WeightFormat::kDense);
+  EXPECT_EQ(q5k.dense_weight().dtype(), DType::kBF16);
+
+  // x rounded to bf16 on the host: the reference multiplies the values the GPU reads.
+  const Tensor x32 = random_f32({rows, in}, rng);
+  Tensor x_host = Tensor::empty(DType::kBF16, {rows, in});
+  std::vector<double> x_values(rows * in);
+  for (int64_t i = 0; i < rows * in; ++i) {
+    const uint16_t b = f32_to_bf16(x32.data<float>()[i]);
+    x_host.data<uint16_t>()[i] = b;
+    x_values[i] = bf16_to_f32(b);
+  }
+  const Tensor x = x_host.to(Device::kCuda);
+#ifdef PAGEDLM_HAS_CUDA
+  ops::DeviceState device_state;
+  ops::DeviceState* const state = &device_state;
+#else
+  ops::DeviceState* const state = nullptr;  // not reached: no CUDA device without CUDA
+#endif
+  auto check = [&](const ops::LinearWeight& w, const std::vector<float>& weights,
+                   const char* what) {
+    const Tensor y = Tensor::empty(DType::kF32, {rows, out}, Device::kCuda);
+    w.apply(x, Tensor(), y, nullptr, state, {});
+    const Tensor got = y.to(Device::kCpu);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < out; ++c) {
+        double sum = 0, magnitude = 0;
+        for (int64_t k = 0; k < in; ++k) {
+          const double term = x_values[r * in + k] * weights[c * in + k];
+          sum += term;
+          magnitude += std::abs(term);
+        }
+        EXPECT_NEAR(got.data<float>()[r * out + c], sum, 1e-5 * magnitude)
+            << what << ": row " << r << ", output " << c;
+      }
+    }
+  };
+  check(q4k, dequantized(ckpt.quantized["q4k"]), "Q4_K blocks");
+  std::vector<float> q5k_bf16 = dequantized(ckpt.quantized["q5k"]);
+  for (float& v : q5k_bf16) v = bf16_to_f32(f32_to_bf16(v));
+  check(q5k, q5k_bf16, "Q5_K expanded to bf16");
+
+  if (ops::fp8_gemm_supported()) {
+    const Checkpoint dense = load_checkpoint(fixture_dir("llama-gqa"));
+    ModelOptions fp8;
+    fp8.fp8_weights = Fp8Weights::kAll;
+    WeightLoader fp8_load(dense, Device::kCuda, {}, fp8);
+    const WeightPart o{"model.layers.0.self_attn.o_proj.weight", {256, 256}, Shard::kCols};
+    EXPECT_EQ(fp8_load.linear({o}).format(), ops::WeightFormat::kFp8);
+    EXPECT_TRUE(fp8_load.has_fp8());
+    EXPECT_EQ(fp8_load.linear({o}, false).format(), ops::WeightFormat::kDense);
   }
 }
 
