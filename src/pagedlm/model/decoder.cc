@@ -129,7 +129,7 @@ class DecoderModel final : public CausalLM {
       }
       if (c.layers[i].sparse_mlp) {
         w.router = load.linear({part(i, LayerWeight::kRouter, {c.moe.num_experts, D})}, false);
-        w.experts = load.experts(c, i);
+        w.experts = load.experts(i);
       } else {
         w.gate_up_proj = has_layer_weight(family, LayerWeight::kGateUp)
                              ? load.linear({part(i, LayerWeight::kGateUp, {2 * F, D})})

@@ -385,13 +385,11 @@ void WeightLoader::check_options_used() const {
                 " need a GGUF with projection weights in ggml's blocks; this model has none");
 }
 
-ops::ExpertWeights WeightLoader::experts(const ModelConfig& c, int64_t layer) {
-  const Checkpoint& ckpt = ckpt_;
-  const TensorParallel tp = tp_;
-  const Device device = device_;
+ops::ExpertWeights WeightLoader::experts(int64_t layer) {
+  const ModelConfig& c = ckpt_.config;
   const Family& family = family_of(c);
   const int64_t E = c.moe.num_experts, D = c.hidden_size, F = c.moe.expert_intermediate_size;
-  const int64_t Fr = F / tp.size;  // check_tensor_parallel: the ranks divide F
+  const int64_t Fr = F / tp_.size;  // check_tensor_parallel: the ranks divide F
   ops::ExpertWeights w;
   w.num_experts = E;
   w.hidden = D;
@@ -406,11 +404,11 @@ ops::ExpertWeights WeightLoader::experts(const ModelConfig& c, int64_t layer) {
     gate_up.push_back(part(LayerWeight::kExpertUp, e, {F, D}));
     down.push_back(part(LayerWeight::kExpertDown, e, {D, F}));
   }
-  if (device == Device::kCpu) {
+  if (device_ == Device::kCpu) {
     for (int64_t e = 0; e < E; ++e) {
       QuantizedMatrix gu =
-          one_format(stacked_blocks(ckpt, c, tp, {gate_up[2 * e], gate_up[2 * e + 1]}));
-      QuantizedMatrix dn = one_format(stacked_blocks(ckpt, c, tp, {down[e]}));
+          one_format(stacked_blocks(ckpt_, c, tp_, {gate_up[2 * e], gate_up[2 * e + 1]}));
+      QuantizedMatrix dn = one_format(stacked_blocks(ckpt_, c, tp_, {down[e]}));
       if (gu.empty() || dn.empty()) {
         w.gate_up_blocks.clear();
         w.down_blocks.clear();
@@ -421,18 +419,18 @@ ops::ExpertWeights WeightLoader::experts(const ModelConfig& c, int64_t layer) {
     }
     if (w.quantized()) return w;
   }
-  PAGEDLM_CHECK(device == Device::kCpu || Fr % 8 == 0, "the GPU's experts need a size (per ",
+  PAGEDLM_CHECK(device_ == Device::kCpu || Fr % 8 == 0, "the GPU's experts need a size (per ",
                 "tensor-parallel rank) that is a multiple of 8, got ", Fr);
   std::vector<Tensor> pieces;
   pieces.reserve(gate_up.size());
-  for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt, c, tp, {p}));
-  w.gate_up = stack_converted(pieces, E * 2 * Fr, device, dtype_, [&](size_t p, int64_t r) {
+  for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt_, c, tp_, {p}));
+  w.gate_up = stack_converted(pieces, E * 2 * Fr, device_, dtype_, [&](size_t p, int64_t r) {
                 const auto e = static_cast<int64_t>(p / 2);
-                return e * 2 * Fr + ops::moe_gate_up_row(r, p % 2 == 1, Fr, device);
+                return e * 2 * Fr + ops::moe_gate_up_row(r, p % 2 == 1, Fr, device_);
               }).reshape({E, 2 * Fr, D});
   pieces.clear();
-  for (const WeightPart& p : down) pieces.push_back(shard_of(ckpt, c, tp, {p}));
-  w.down = stack_converted(pieces, E * D, device, dtype_, [&](size_t p, int64_t r) {
+  for (const WeightPart& p : down) pieces.push_back(shard_of(ckpt_, c, tp_, {p}));
+  w.down = stack_converted(pieces, E * D, device_, dtype_, [&](size_t p, int64_t r) {
              return static_cast<int64_t>(p) * D + r;
            }).reshape({E, D, Fr});
   return w;

@@ -65,7 +65,7 @@ class WeightLoader {
   Tensor upload(const Tensor& t) const;
   // A sparse layer's experts, this rank's share of each expert's intermediate size: per-expert
   // blocks on the CPU where every expert's matrices have them, else stacked in the compute dtype.
-  ops::ExpertWeights experts(const ModelConfig& config, int64_t layer);
+  ops::ExpertWeights experts(int64_t layer);
 
   // Throws where integer activations were asked for and no projection took them (a model without
   // GGUF blocks); called once every projection is loaded.
