@@ -105,19 +105,8 @@ EngineOptions resolve_options(EngineOptions options) {
                 options.target_itl_ms);
   if (options.target_itl_ms == -1) options.target_itl_ms = on_gpu ? 0 : 200;
   PAGEDLM_CHECK(options.max_num_seqs >= 1, "max_num_seqs must be >= 1");
-  PAGEDLM_CHECK(!options.cpu_q8_activations || !on_gpu,
-                "8-bit activations (--cpu-q8-activations) are a CPU option, not for the GPU");
-  PAGEDLM_CHECK(!options.cpu_fixed32_activations || !on_gpu,
-                "32-bit fixed-point activations (--cpu-fixed32-activations) are a CPU option, not "
-                "for the GPU");
   // Before any weight is read: a model of many GB would otherwise load first.
-  (void)options.model_options();
-  if (options.compute_dtype.has_value()) {
-    const DType device_dtype = default_compute_dtype(options.device);
-    PAGEDLM_CHECK(*options.compute_dtype == device_dtype, "the ", on_gpu ? "GPU" : "CPU",
-                  " computes in ", dtype_name(device_dtype), ", not in ",
-                  dtype_name(*options.compute_dtype), " (--dtype; auto takes the device's)");
-  }
+  checked_compute_dtype(options.model_options(), options.device);
   if (options.prefetch_masks < 0) options.prefetch_masks = on_gpu ? 1 : 0;
   if (options.async_scheduling < 0) options.async_scheduling = on_gpu ? 1 : 0;
   if (on_gpu) {

@@ -148,6 +148,11 @@ inline DType default_compute_dtype(Device device) {
   return device == Device::kCpu ? DType::kF32 : DType::kBF16;
 }
 
+// The options' compute dtype on `device` (unset: the device's); throws naming the option where
+// the device's kernels cannot take what they ask for (another compute dtype, integer activations
+// off the CPU). The engine asks before it reads any weight; the model's loader asks again.
+DType checked_compute_dtype(const ModelOptions& options, Device device);
+
 // Builds the model for the checkpoint's architecture on `device` (CUDA: weights converted to
 // bf16, whatever the checkpoint's dtype, f16 included); throws pagedlm::Error
 // naming an unsupported architecture or a missing / mis-shaped tensor.

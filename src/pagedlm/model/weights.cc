@@ -17,15 +17,14 @@ namespace {
 // This rank's share of the named matrices' blocks (shapes checked) stacked by rows, one matrix
 // per run of parts in one format, or nothing unless all have blocks. A split by input columns
 // must keep whole blocks.
-std::vector<QuantizedMatrix> stacked_blocks(const Checkpoint& ckpt, const ModelConfig& config,
-                                            TensorParallel tp,
+std::vector<QuantizedMatrix> stacked_blocks(const Checkpoint& ckpt, TensorParallel tp,
                                             const std::vector<WeightPart>& parts) {
   std::vector<QuantizedMatrix> stacked;
   for (const WeightPart& part : parts) {
     const QuantizedMatrix* blocks = ckpt.blocks(part.name, part.shape);
     if (blocks == nullptr) return {};
     const QuantizedMatrix& q = *blocks;
-    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    const ShardRanges shard = shard_ranges(ckpt.config, tp, part.shard, part.shape);
     const int64_t block_elems = quant_block_elems(q.type);
     int64_t cols = q.cols;
     if (shard.by_cols) {
@@ -121,13 +120,12 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
 // This rank's share of the parts, stacked by rows. Unsplit, a part is the checkpoint's tensor
 // itself (a view of the mapped file); a share is always copied, so that no rank keeps a whole
 // tensor alive through a view (a GGUF matrix dequantized for this call is freed after it).
-Tensor shard_of(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
-                const std::vector<WeightPart>& parts) {
+Tensor shard_of(const Checkpoint& ckpt, TensorParallel tp, const std::vector<WeightPart>& parts) {
   std::vector<Tensor> pieces;
   bool whole = true;
   for (const WeightPart& part : parts) {
     const Tensor t = ckpt.get(part.name, part.shape);
-    const ShardRanges shard = shard_ranges(config, tp, part.shard, part.shape);
+    const ShardRanges shard = shard_ranges(ckpt.config, tp, part.shard, part.shape);
     if (shard.by_cols) {
       pieces.push_back(slice_cols(t, shard.ranges.front().first, shard.ranges.front().second));
       whole = false;
@@ -176,7 +174,7 @@ Tensor stack_converted(const std::vector<Tensor>& pieces, int64_t rows, Device d
 // quantized statically where all of them ask for it, with the largest of their input scales (so
 // that none saturates earlier than its own would), else per token (also where a checkpoint asks
 // for weights only, or for one dynamic scale per step: per token is the finer of the two).
-ops::Fp8Weight checkpoint_fp8(const Checkpoint& ckpt, const ModelConfig& config, TensorParallel tp,
+ops::Fp8Weight checkpoint_fp8(const Checkpoint& ckpt, TensorParallel tp,
                               const std::vector<WeightPart>& parts) {
   std::vector<const Fp8Matrix*> matrices;
   for (const WeightPart& part : parts) {
@@ -195,7 +193,7 @@ ops::Fp8Weight checkpoint_fp8(const Checkpoint& ckpt, const ModelConfig& config,
   double scale_ub = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Fp8Matrix& m = *matrices[i];
-    const ShardRanges shard = shard_ranges(config, tp, parts[i].shard, parts[i].shape);
+    const ShardRanges shard = shard_ranges(ckpt.config, tp, parts[i].shard, parts[i].shape);
     const Tensor scale = m.scale.to_f32();
     const float* sv = scale.data<float>();
     const bool per_row = m.spec.layout == WeightScaleLayout::kChannel;
@@ -264,21 +262,26 @@ const char* int_activations_option(ops::IntActivations input) {
 
 }  // namespace
 
+DType checked_compute_dtype(const ModelOptions& options, Device device) {
+  const DType kernels = default_compute_dtype(device);
+  const DType asked = options.compute_dtype.value_or(kernels);
+  PAGEDLM_CHECK(asked == kernels, "the ", device == Device::kCpu ? "CPU" : "GPU", " computes in ",
+                dtype_name(kernels), ", not in ", dtype_name(asked),
+                " (--dtype; auto takes the device's)");
+  if (options.cpu_int_activations.has_value()) {
+    PAGEDLM_CHECK(device == Device::kCpu, int_activations_option(*options.cpu_int_activations),
+                  " are a CPU option, not for the GPU");
+  }
+  return asked;
+}
+
 WeightLoader::WeightLoader(const Checkpoint& ckpt, Device device, TensorParallel tp,
                            const ModelOptions& options)
     : ckpt_(ckpt),
       device_(device),
       tp_(tp),
       options_(options),
-      dtype_(options.compute_dtype.value_or(default_compute_dtype(device))) {
-  PAGEDLM_CHECK(dtype_ == default_compute_dtype(device), "the ",
-                device == Device::kCpu ? "CPU" : "GPU", " computes in ",
-                dtype_name(default_compute_dtype(device)), ", not in ", dtype_name(dtype_),
-                " (the compute dtype of its kernels)");
-  if (options.cpu_int_activations.has_value()) {
-    PAGEDLM_CHECK(device == Device::kCpu, int_activations_option(*options.cpu_int_activations),
-                  " are a CPU option");
-  }
+      dtype_(checked_compute_dtype(options, device)) {
   fp8_ = runs_fp8(ckpt, device, options.fp8_weights);
 }
 
@@ -304,7 +307,7 @@ ops::LinearWeight WeightLoader::linear(const std::vector<WeightPart>& parts, boo
 // has that packing and they were asked for, or else repacked for the exact kernels (the same
 // weights, read faster).
 ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts) {
-  std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, ckpt_.config, tp_, parts);
+  std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, tp_, parts);
   if (stacked.empty()) return {};
   std::vector<ops::CpuBlockPart> cpu_parts;
   cpu_parts.reserve(stacked.size());
@@ -323,13 +326,13 @@ ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts)
 }
 
 QuantizedMatrix WeightLoader::cpu_embedding_blocks(const WeightPart& part) {
-  return ops::repack_for_cpu(one_format(stacked_blocks(ckpt_, ckpt_.config, tp_, {part})));
+  return ops::repack_for_cpu(one_format(stacked_blocks(ckpt_, tp_, {part})));
 }
 
 // The GPU's blocks uploaded as they are, where it has kernels for all of a projection's formats;
 // else the projection is expanded to bf16, as stderr says once per format.
 ops::LinearWeight WeightLoader::gpu_blocks(const std::vector<WeightPart>& parts) {
-  const std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, ckpt_.config, tp_, parts);
+  const std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, tp_, parts);
   if (stacked.empty()) return {};
   for (const QuantizedMatrix& blocks : stacked) {
     const char* format = quant_format(blocks.type).name;
@@ -351,7 +354,7 @@ ops::LinearWeight WeightLoader::gpu_blocks(const std::vector<WeightPart>& parts)
 }
 
 ops::LinearWeight WeightLoader::fp8(const std::vector<WeightPart>& parts) {
-  ops::Fp8Weight w = checkpoint_fp8(ckpt_, ckpt_.config, tp_, parts);
+  ops::Fp8Weight w = checkpoint_fp8(ckpt_, tp_, parts);
   // A checkpoint's own FP8 weights (per-block ones) are not quantized a second time.
   const bool in_checkpoint = std::any_of(
       parts.begin(), parts.end(), [&](const auto& p) { return ckpt_.fp8.count(p.name) != 0; });
@@ -369,7 +372,7 @@ ops::LinearWeight WeightLoader::fp8(const std::vector<WeightPart>& parts) {
 }
 
 Tensor WeightLoader::dense(const std::vector<WeightPart>& parts) {
-  return upload(shard_of(ckpt_, ckpt_.config, tp_, parts));
+  return upload(shard_of(ckpt_, tp_, parts));
 }
 
 Tensor WeightLoader::replicated(const std::string& name, const Shape& shape) {
@@ -407,8 +410,8 @@ ops::ExpertWeights WeightLoader::experts(int64_t layer) {
   if (device_ == Device::kCpu) {
     for (int64_t e = 0; e < E; ++e) {
       QuantizedMatrix gu =
-          one_format(stacked_blocks(ckpt_, c, tp_, {gate_up[2 * e], gate_up[2 * e + 1]}));
-      QuantizedMatrix dn = one_format(stacked_blocks(ckpt_, c, tp_, {down[e]}));
+          one_format(stacked_blocks(ckpt_, tp_, {gate_up[2 * e], gate_up[2 * e + 1]}));
+      QuantizedMatrix dn = one_format(stacked_blocks(ckpt_, tp_, {down[e]}));
       if (gu.empty() || dn.empty()) {
         w.gate_up_blocks.clear();
         w.down_blocks.clear();
@@ -423,13 +426,13 @@ ops::ExpertWeights WeightLoader::experts(int64_t layer) {
                 "tensor-parallel rank) that is a multiple of 8, got ", Fr);
   std::vector<Tensor> pieces;
   pieces.reserve(gate_up.size());
-  for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt_, c, tp_, {p}));
+  for (const WeightPart& p : gate_up) pieces.push_back(shard_of(ckpt_, tp_, {p}));
   w.gate_up = stack_converted(pieces, E * 2 * Fr, device_, dtype_, [&](size_t p, int64_t r) {
                 const auto e = static_cast<int64_t>(p / 2);
                 return e * 2 * Fr + ops::moe_gate_up_row(r, p % 2 == 1, Fr, device_);
               }).reshape({E, 2 * Fr, D});
   pieces.clear();
-  for (const WeightPart& p : down) pieces.push_back(shard_of(ckpt_, c, tp_, {p}));
+  for (const WeightPart& p : down) pieces.push_back(shard_of(ckpt_, tp_, {p}));
   w.down = stack_converted(pieces, E * D, device_, dtype_, [&](size_t p, int64_t r) {
              return static_cast<int64_t>(p) * D + r;
            }).reshape({E, D, Fr});
