@@ -7,7 +7,10 @@
 #   LLAMACPP_SRC=DIR scripts/gpu_host/llamacpp_peer.sh OUT_DIR smollm2-135m [llama-3.1-8b ...]
 # Env: PAGEDLM (binary, default build-gpu/pagedlm), ARCHS (CUDA architectures for llama.cpp,
 # default 90), PARALLEL (default "1 64 256"), PROMPT (default 512), GEN (default 256),
-# MODELS_DIR (where the GGUFs go, default /tmp/peer-models), JOBS.
+# MODELS_DIR (where the GGUFs go, default /tmp/peer-models), JOBS, QUANT (a llama-quantize type,
+# e.g. Q4_K_M or Q8_0: the random bf16 GGUF requantized by llama.cpp's own quantizer, and pagedlm
+# run on that file with --gguf-blocks, its blocks kept on the GPU).
+# The sources: scripts/gpu_host/pack_llamacpp.sh packs them where there is network.
 # Both sides decode every sequence's prompt apart (llama-batched-bench without -pps; pagedlm's
 # prompts are random tokens, so no prefix is shared). The time compared is the whole batch's:
 # prompt processing plus generation, llama.cpp's T against pagedlm's wall time.
@@ -24,12 +27,16 @@ mkdir -p "$out" "$models"
 [[ -x $bin ]] || { echo "llamacpp_peer: no pagedlm binary at $bin" >&2; exit 1; }
 
 llama_build=$src/build-cuda
-if [[ ! -x $llama_build/bin/llama-batched-bench ]]; then
+quant=${QUANT:-}
+targets=llama-batched-bench
+[[ -n $quant ]] && targets="$targets llama-quantize"
+if [[ ! -x $llama_build/bin/llama-batched-bench || (-n $quant && ! -x $llama_build/bin/llama-quantize) ]]; then
   start=$(date +%s)
   cmake -S "$src" -B "$llama_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-90}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF >"$out/llamacpp-cmake.log" 2>&1
-  ninja -C "$llama_build" -j "${JOBS:-$(nproc)}" llama-batched-bench >"$out/llamacpp-build.log" 2>&1 ||
+  # shellcheck disable=SC2086  # targets is a list
+  ninja -C "$llama_build" -j "${JOBS:-$(nproc)}" $targets >"$out/llamacpp-build.log" 2>&1 ||
     { tail -20 "$out/llamacpp-build.log" >&2; exit 1; }
   echo "llama.cpp built in $(($(date +%s) - start)) s ($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "commit unknown"))"
 fi
@@ -39,13 +46,19 @@ for model in "$@"; do
   gguf=$models/$model-bf16.gguf
   [[ -f $gguf ]] || python3 scripts/gpu_host/random_gguf.py "configs/$model.json" "$gguf" \
     --gguf-py "$src/gguf-py"
+  blocks=()
+  if [[ -n $quant ]]; then
+    bf16=$gguf gguf=$models/$model-$quant.gguf blocks=(--gguf-blocks)
+    [[ -f $gguf ]] || "$llama_build/bin/llama-quantize" "$bf16" "$gguf" "$quant" \
+      >"$out/$model-quantize.log" 2>&1 || { tail -5 "$out/$model-quantize.log" >&2; exit 1; }
+  fi
   npl=$(echo $parallel | tr ' ' ,)
   "$llama_build/bin/llama-batched-bench" -m "$gguf" -ngl 999 -fa on \
     -c $((max_parallel * (prompt + gen))) -b 2048 -ub 512 -npp "$prompt" -ntg "$gen" -npl "$npl" \
     --output-format jsonl >"$out/$model-llamacpp.jsonl" 2>"$out/$model-llamacpp.err" ||
     echo "$model: llama-batched-bench failed: $(tail -3 "$out/$model-llamacpp.err")"
   for n in $parallel; do
-    "$bin" bench --device cuda --json --model "$gguf" --num-requests "$n" --warmup 8 \
+    "$bin" bench --device cuda --json --model "$gguf" "${blocks[@]}" --num-requests "$n" --warmup 8 \
       --prompt-min "$prompt" --prompt-max "$prompt" --output-min "$gen" --output-max "$gen" \
       >"$out/$model-pagedlm-$n.json" 2>"$out/$model-pagedlm-$n.err" ||
       echo "$model x$n: pagedlm bench failed: $(tail -1 "$out/$model-pagedlm-$n.err")"
