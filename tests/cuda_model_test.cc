@@ -825,7 +825,7 @@ TEST(CudaModelLoad, HeadSizesWithoutKernelsAreRefused) {
 }
 
 // The weight seam on the GPU (model/weights.h, ops/linear_weight.h): with --gguf-blocks a Q4_K
-// projection stays in its blocks and a Q5_K one (no GPU kernel) is expanded to bf16; --quantization
+// projection stays in its blocks and a Q3_K one (no GPU kernel) is expanded to bf16; --quantization
 // fp8 makes a projection W8A8 and leaves the lm_head's kind (may_fp8 false) in bf16. Each applies
 // itself within float32 summation error of the float64 product of the weights it holds (the bf16
 // input's values; the expanded projection's bf16 weights).
@@ -837,17 +837,17 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
   std::mt19937 rng(9);
   const int64_t rows = 2, out = 256, in = 512;
   ckpt.quantized["q4k"] = random_blocks(QuantType::kQ4_K, out, in, rng);
-  ckpt.quantized["q5k"] = random_blocks(QuantType::kQ5_K, out, in, rng);
+  ckpt.quantized["q3k"] = random_blocks(QuantType::kQ3_K, out, in, rng);
   ModelOptions blocks_on_gpu;
   blocks_on_gpu.gguf_blocks_on_gpu = true;
   WeightLoader load(ckpt, Device::kCuda, {}, blocks_on_gpu);
   EXPECT_EQ(load.compute_dtype(), DType::kBF16);
   const ops::LinearWeight q4k = load.linear({{"q4k", {out, in}, Shard::kRows}});
-  const ops::LinearWeight q5k = load.linear({{"q5k", {out, in}, Shard::kRows}});
+  const ops::LinearWeight q3k = load.linear({{"q3k", {out, in}, Shard::kRows}});
   ASSERT_EQ(q4k.format(), ops::WeightFormat::kGpuBlocks);
   EXPECT_EQ(load.widest_gpu_blocks(), out * in);
-  ASSERT_EQ(q5k.format(), ops::WeightFormat::kDense);
-  EXPECT_EQ(q5k.dense_weight().dtype(), DType::kBF16);
+  ASSERT_EQ(q3k.format(), ops::WeightFormat::kDense);
+  EXPECT_EQ(q3k.dense_weight().dtype(), DType::kBF16);
 
   // x rounded to bf16 on the host: the reference multiplies the values the GPU reads.
   const Tensor x32 = random_f32({rows, in}, rng);
@@ -884,9 +884,9 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
     }
   };
   check(q4k, dequantized(ckpt.quantized["q4k"]), "Q4_K blocks");
-  std::vector<float> q5k_bf16 = dequantized(ckpt.quantized["q5k"]);
-  for (float& v : q5k_bf16) v = bf16_to_f32(f32_to_bf16(v));
-  check(q5k, q5k_bf16, "Q5_K expanded to bf16");
+  std::vector<float> q3k_bf16 = dequantized(ckpt.quantized["q3k"]);
+  for (float& v : q3k_bf16) v = bf16_to_f32(f32_to_bf16(v));
+  check(q3k, q3k_bf16, "Q3_K expanded to bf16");
 
   if (ops::fp8_gemm_supported()) {
     const Checkpoint dense = load_checkpoint(fixture_dir("llama-gqa"));
@@ -899,6 +899,47 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
     EXPECT_EQ(fp8_load.linear({o}, false).format(), ops::WeightFormat::kDense);
   }
 }
+
+// A fixture in each GGUF block format the GPU keeps (testdata/gguf_blocks: llama-gqa quantized by
+// llama.cpp's own quantizer, every matrix in the one type; scripts/make_fixtures_gguf_blocks.py).
+// With --gguf-blocks each projection stays in its blocks, and every position's logits are within
+// the bf16 bound of the CPU's exact f32 kernels on the same file. The fixture's prompts of 1 and 7
+// tokens run every projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel
+// at 1), those of 40 to 300 through the bf16 expansion and the GEMM.
+class CudaGgufBlocks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string type = GetParam();
+  const Checkpoint checkpoint =
+      load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/gguf_blocks/llama-gqa." + type + ".gguf");
+  const Expected expected = load_expected("llama-gqa");
+  auto logits = [&](Device device) {
+    EngineOptions o = device == Device::kCuda ? cuda_options() : EngineOptions{};
+    o.num_pages = 256;
+    o.gguf_blocks_on_gpu = true;
+    Engine engine(checkpoint, o);
+    if (device == Device::kCuda) {
+      const std::map<std::string, int64_t> bytes = engine.step_weight_bytes_by_format();
+      EXPECT_GT(bytes.count(type) ? bytes.at(type) : 0, 0) << "no projection kept " << type;
+    }
+    std::vector<Request> requests;
+    for (const auto& p : expected.prompts) requests.push_back(logits_request(p));
+    return engine.generate(std::move(requests));
+  };
+  const std::vector<RequestOutput> cpu = logits(Device::kCpu), gpu = logits(Device::kCuda);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::vector<double> errors = position_errors(gpu[i].prompt_logits, cpu[i].prompt_logits);
+    const double worst = *std::max_element(errors.begin(), errors.end());
+    EXPECT_LE(worst, kLogitsTolerance) << type << " case " << i;
+    std::printf("%s case %zu (%zu tokens): worst position %.2e against the CPU\n", type.c_str(), i,
+                expected.prompts[i].size(), worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaGgufBlocks,
+                         ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // The real model: greedy tokens of the GPU (bf16) and the CPU (f32) agree while the CPU's top-2
 // logit gap is wide enough for bf16 rounding not to flip it.
