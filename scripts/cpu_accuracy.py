@@ -33,6 +33,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_peer_common  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "scripts", "llama_cpp_peer.py")
 
@@ -70,22 +73,11 @@ def check_deps(need_llama):
             __import__("llama_cpp")
         except ImportError:
             fail("llama-cpp-python is missing (or pass --no-llama-cpp). Install the pinned peer:\n"
-                 '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 '
-                 '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes --no-binary '
-                 "llama-cpp-python -r scripts/requirements-cpu-peer.txt")
+                 + cpu_peer_common.LLAMA_CPP_INSTALL)
 
 
 def run(argv, what, timeout=3600):
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        fail(f"{what} ran past {timeout} s")
-    except OSError as e:
-        fail(f"{what} could not start: {e}")
-    if p.returncode != 0:
-        fail(f"{what} failed (exit {p.returncode}): {shlex.join(argv)[:300]}\n{p.stderr[-3000:]}")
-    return p.stdout
+    return cpu_peer_common.run(argv, what, fail, timeout)
 
 
 # --- the reference -----------------------------------------------------------------------------

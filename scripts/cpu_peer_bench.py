@@ -43,6 +43,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_peer_common  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "scripts", "llama_cpp_peer.py")
 PROMPT_LEN = 60  # the decode and batch rows' prompt length
@@ -62,24 +65,12 @@ def check_python_deps():
     if missing:
         fail(
             f"missing Python packages: {', '.join(missing)}. Install the pinned peer (builds "
-            "llama.cpp from source, several minutes on 2 cores):\n"
-            '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 '
-            '-DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install --no-cache-dir --require-hashes --no-binary '
-            "llama-cpp-python -r scripts/requirements-cpu-peer.txt"
+            "llama.cpp from source, several minutes on 2 cores):\n" + cpu_peer_common.LLAMA_CPP_INSTALL
         )
 
 
 def run(argv, what, timeout=3600):
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        fail(f"{what} ran past {timeout} s: {shlex.join(argv)[:300]}")
-    except OSError as e:
-        fail(f"{what} could not start: {e}")
-    if p.returncode != 0:
-        fail(f"{what} failed (exit {p.returncode}): {shlex.join(argv)[:300]}\n{p.stderr[-3000:]}")
-    return p.stdout
+    return cpu_peer_common.run(argv, what, fail, timeout)
 
 
 def last_json(text, what):

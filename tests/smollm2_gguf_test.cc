@@ -26,17 +26,9 @@ TEST(SmolLM2Gguf, LogitsMatchFloat64ReferenceOfTheSameGguf) {
   EngineOptions opts;
   opts.num_pages = 64;
   Engine engine(ckpt, opts);
-  std::vector<Request> requests;
+  const std::vector<Request> requests = reference_logit_requests(ref);
   std::vector<Tensor> expected;
-  for (int i = 0;; ++i) {
-    auto it = ref.tensors().find("case" + std::to_string(i) + ".prompt");
-    if (it == ref.tensors().end()) break;
-    Request r;
-    r.prompt.assign(it->second.data<int32_t>(), it->second.data<int32_t>() + it->second.numel());
-    r.sampling.max_tokens = 0;
-    r.want_prompt_logits = true;
-    r.use_prefix_cache = false;
-    requests.push_back(std::move(r));
+  for (size_t i = 0; i < requests.size(); ++i) {
     expected.push_back(ref.tensors().at("case" + std::to_string(i) + ".logits"));
   }
   ASSERT_GE(requests.size(), 5u);

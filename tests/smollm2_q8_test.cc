@@ -29,21 +29,6 @@ EngineOptions q8_options() {
   return o;
 }
 
-std::vector<Request> logit_requests(const SafetensorsFile& ref) {
-  std::vector<Request> requests;
-  for (int i = 0;; ++i) {
-    auto it = ref.tensors().find("case" + std::to_string(i) + ".prompt");
-    if (it == ref.tensors().end()) break;
-    Request r;
-    r.prompt.assign(it->second.data<int32_t>(), it->second.data<int32_t>() + it->second.numel());
-    r.sampling.max_tokens = 0;
-    r.want_prompt_logits = true;
-    r.use_prefix_cache = false;
-    requests.push_back(std::move(r));
-  }
-  return requests;
-}
-
 // Relative Frobenius error of the last `want.dim(0)` rows of `got` against `want`.
 double relative_error(const Tensor& got, const Tensor& want) {
   const int64_t vocab = want.dim(1), keep = want.dim(0), first = got.dim(0) - keep;
@@ -77,7 +62,7 @@ std::vector<CaseErrors> errors_against_reference_and_exact(const EngineOptions& 
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
   Checkpoint ckpt = load_checkpoint(default_model_path());
-  const std::vector<Request> requests = logit_requests(ref);
+  const std::vector<Request> requests = reference_logit_requests(ref);
   EXPECT_GE(requests.size(), 5u);
   EngineOptions exact_options = options;
   exact_options.cpu_q8_activations = false;
@@ -114,7 +99,7 @@ TEST(SmolLM2Q8, LogitsNearFloat64ReferenceAndExactMode) {
 void expect_batch_invariant(Engine& engine) {
   SafetensorsFile ref =
       SafetensorsFile::open(std::string(PAGEDLM_TESTDATA) + "/smollm2/reference.safetensors");
-  const std::vector<Request> requests = logit_requests(ref);
+  const std::vector<Request> requests = reference_logit_requests(ref);
   const std::vector<RequestOutput> together = engine.generate(requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     const RequestOutput alone = engine.generate({requests[i]})[0];
