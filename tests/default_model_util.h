@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "golden_fixture_util.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/model_cache.h"
 #include "pagedlm/io/safetensors.h"
@@ -30,14 +32,25 @@ inline std::vector<Request> reference_logit_requests(const SafetensorsFile& ref)
   for (int i = 0;; ++i) {
     auto it = ref.tensors().find("case" + std::to_string(i) + ".prompt");
     if (it == ref.tensors().end()) break;
-    Request r;
-    r.prompt.assign(it->second.data<int32_t>(), it->second.data<int32_t>() + it->second.numel());
-    r.sampling.max_tokens = 0;
-    r.want_prompt_logits = true;
-    r.use_prefix_cache = false;
-    requests.push_back(std::move(r));
+    requests.push_back(testing::logits_request(testing::to_ids(it->second)));
   }
   return requests;
+}
+
+// Relative Frobenius error of the last `want.dim(0)` rows of `got` against `want` (the reference
+// keeps the logits of a prompt's last positions only).
+inline double last_rows_relative_error(const Tensor& got, const Tensor& want) {
+  const int64_t vocab = want.dim(1), keep = want.dim(0), first = got.dim(0) - keep;
+  double diff = 0, norm = 0;
+  for (int64_t r = 0; r < keep; ++r) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double a = got.data<float>()[(first + r) * vocab + v];
+      const double b = want.data<float>()[r * vocab + v];
+      diff += (a - b) * (a - b);
+      norm += b * b;
+    }
+  }
+  return std::sqrt(diff / norm);
 }
 
 }  // namespace pagedlm
