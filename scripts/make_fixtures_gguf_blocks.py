@@ -10,7 +10,7 @@ kernels on the same file).
      1-D norms stay F32). llama-gqa's rows are 256 and 512 wide, so the K-quants' 256-weight
      super-blocks fit every matrix and nothing falls back to another type.
 
-Types: Q8_0 Q4_0 Q4_1 Q4_K (llama.cpp's Q4_K_S, pure) Q6_K.
+Types: Q8_0 Q4_0 Q4_1 Q4_K (llama.cpp's Q4_K_S, pure) Q5_K (Q5_K_S, pure) Q6_K.
 
   pip install --require-hashes --no-binary llama-cpp-python -r scripts/requirements-cpu-peer.txt
   python3 scripts/make_fixtures_gguf_blocks.py [--out testdata/gguf_blocks]
@@ -26,7 +26,8 @@ from cpu_formats_accuracy import requantize  # noqa: E402  (llama.cpp's quantize
 from hf_to_gguf import convert  # noqa: E402
 
 # The type in the file name -> llama.cpp's file type (with pure: every matrix in that type).
-TYPES = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K_S", "Q6_K": "Q6_K"}
+TYPES = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S",
+         "Q6_K": "Q6_K"}
 FIXTURE = "llama-gqa"
 
 

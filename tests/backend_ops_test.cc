@@ -652,16 +652,16 @@ TEST(BackendOpsCpu, LinearQuantizedBlocks) {
 // the double reference over the format's reference dequantization (the CPU's, core/quantized.h)
 // ------------------------------------------------------------------------------------------
 
-// The GPU's block formats (five that it expands to bf16 instead are below).
+// The GPU's block formats (four that it expands to bf16 instead are below).
 constexpr QuantType kGpuBlockTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
                                         QuantType::kQ5_0, QuantType::kQ5_1, QuantType::kQ4_K,
-                                        QuantType::kQ6_K};
+                                        QuantType::kQ5_K, QuantType::kQ6_K};
 
 TEST(BackendOpsCpu, GpuBlocksErrors) {
   std::mt19937 rng(31);
   for (QuantType type : kGpuBlockTypes) EXPECT_TRUE(ops::gpu_computes_blocks(type));
-  for (QuantType type : {QuantType::kQ5_K, QuantType::kQ3_K, QuantType::kQ2_K, QuantType::kIQ4_NL,
-                         QuantType::kIQ4_XS}) {
+  for (QuantType type :
+       {QuantType::kQ3_K, QuantType::kQ2_K, QuantType::kIQ4_NL, QuantType::kIQ4_XS}) {
     EXPECT_FALSE(ops::gpu_computes_blocks(type));
     expect_error([&] { ops::upload_blocks(random_blocks(type, 2, 256, rng)); },
                  {cat("no kernel for ", quant_format(type).name)});

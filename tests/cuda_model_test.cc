@@ -902,10 +902,12 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
 
 // A fixture in each GGUF block format the GPU keeps (testdata/gguf_blocks: llama-gqa quantized by
 // llama.cpp's own quantizer, every matrix in the one type; scripts/make_fixtures_gguf_blocks.py).
-// With --gguf-blocks each projection stays in its blocks, and every position's logits are within
-// the bf16 bound of the CPU's exact f32 kernels on the same file. The fixture's prompts of 1 and 7
-// tokens run every projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel
-// at 1), those of 40 to 300 through the bf16 expansion and the GEMM.
+// With --gguf-blocks each projection stays in its blocks, and each case's logits are within the
+// bf16 bound of the CPU's exact f32 kernels on the same file, the bound (and measure) the bf16
+// fixtures are held to against float64 above: the prefill GEMMs round the expanded weights to
+// bf16 as those fixtures' weights are rounded. The fixture's prompts of 1 and 7 tokens run every
+// projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel at 1), those
+// of 40 to 300 through the bf16 expansion and the GEMM.
 class CudaGgufBlocks : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
@@ -929,16 +931,17 @@ TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
   };
   const std::vector<RequestOutput> cpu = logits(Device::kCpu), gpu = logits(Device::kCuda);
   for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = relative_error(gpu[i].prompt_logits, cpu[i].prompt_logits);
     const std::vector<double> errors = position_errors(gpu[i].prompt_logits, cpu[i].prompt_logits);
-    const double worst = *std::max_element(errors.begin(), errors.end());
-    EXPECT_LE(worst, kLogitsTolerance) << type << " case " << i;
-    std::printf("%s case %zu (%zu tokens): worst position %.2e against the CPU\n", type.c_str(), i,
-                expected.prompts[i].size(), worst);
+    EXPECT_LT(err, kLogitsTolerance) << type << " case " << i;
+    std::printf("%s case %zu (%zu tokens): rel err %.2e against the CPU (worst position %.2e)\n",
+                type.c_str(), i, expected.prompts[i].size(), err,
+                *std::max_element(errors.begin(), errors.end()));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaGgufBlocks,
-                         ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"),
+                         ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"),
                          [](const auto& info) { return std::string(info.param); });
 
 // The real model: greedy tokens of the GPU (bf16) and the CPU (f32) agree while the CPU's top-2

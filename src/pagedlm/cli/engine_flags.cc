@@ -160,11 +160,12 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
   app.add_flag("--async-scheduling", flags.async_scheduling,
                "plan step N + 1 while step N runs, on the CPU too (the GPU's default)")
       ->excludes(no_async);
-  app.add_flag("--gguf-blocks", flags.gguf_blocks,
-               "CUDA: keep a GGUF's Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K projections in "
-               "their blocks (a third to a quarter of bf16's memory; faster single-stream decode "
-               "for Q8_0 and Q4_x, slower for K-quants and batches) instead of expanding them to "
-               "bf16 at load");
+  app.add_flag(
+      "--gguf-blocks", flags.gguf_blocks,
+      "CUDA: keep a GGUF's Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K projections in "
+      "their blocks (a third to a quarter of bf16's memory; faster single-stream decode "
+      "for Q8_0 and Q4_x, slower for K-quants and batches) instead of expanding them to "
+      "bf16 at load");
   app.add_flag("--no-gemm-tuning", flags.no_gemm_tuning,
                "CUDA: take cuBLASLt's first algorithm for each GEMM shape untimed (A/B runs)");
 }

@@ -37,10 +37,11 @@ bool gpu_computes_blocks(QuantType type) {
     case QuantType::kQ5_0:
     case QuantType::kQ5_1:
     case QuantType::kQ4_K:
+    case QuantType::kQ5_K:
     case QuantType::kQ6_K:
       return true;
     default:
-      return false;  // Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, and the CPU's repackings
+      return false;  // Q3_K, Q2_K, IQ4_NL, IQ4_XS, and the CPU's repackings
   }
 }
 

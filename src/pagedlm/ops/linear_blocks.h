@@ -30,7 +30,7 @@ struct DeviceBlocks {
 };
 
 // Whether the GPU computes from blocks of this (ggml) format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q4_K and Q6_K (not yet Q5_K, Q3_K, Q2_K, IQ4_NL and IQ4_XS).
+// Q4_K, Q5_K and Q6_K (not yet Q3_K, Q2_K, IQ4_NL and IQ4_XS).
 bool gpu_computes_blocks(QuantType type);
 
 // The matrix's blocks copied to the GPU as they are. Throws unless gpu_computes_blocks(type).

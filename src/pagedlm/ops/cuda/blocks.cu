@@ -67,10 +67,12 @@ __device__ __forceinline__ void dequantize_unit(const uint8_t* block, int unit, 
         w[j] = static_cast<float>(v - kOffset) * d;
       }
     }
-  } else if constexpr (kType == QuantType::kQ4_K) {
+  } else if constexpr (kType == QuantType::kQ4_K || kType == QuantType::kQ5_K) {
     // Sub-block sb = unit / 4 (32 weights): the low (even sb) or high (odd) nibbles of bytes
     // 32 (sb / 2) .. of the 128, scaled by d * sc[sb] less dmin * m[sb] (6-bit, packed in 12
-    // bytes as ggml's get_scale_min_k4 reads them).
+    // bytes as ggml's get_scale_min_k4 reads them). Q5_K keeps 32 bytes of fifth bits between
+    // the scales and the nibbles: weight l of sub-block sb has bit sb of byte l.
+    constexpr bool kFifth = kType == QuantType::kQ5_K;
     const int sb = unit >> 2;
     const uint8_t* s = block + 4;
     int sc, mn;
@@ -83,11 +85,14 @@ __device__ __forceinline__ void dequantize_unit(const uint8_t* block, int unit, 
     }
     const float d1 = load_f16(block) * static_cast<float>(sc);
     const float m1 = load_f16(block + 2) * static_cast<float>(mn);
-    const uint2 q = load8(block + 16 + 32 * (sb >> 1) + 8 * (unit & 3));
+    const int l0 = 8 * (unit & 3);  // the unit's first weight within its sub-block
+    const uint2 q = load8(block + (kFifth ? 48 : 16) + 32 * (sb >> 1) + l0);
+    const uint2 fifth = kFifth ? load8(block + 16 + l0) : uint2{0u, 0u};
     const int shift = (sb & 1) * 4;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      w[j] = d1 * static_cast<float>((byte_of(q, j) >> shift) & 0xf) - m1;
+      const int v = ((byte_of(q, j) >> shift) & 0xf) | (((byte_of(fifth, j) >> sb) & 1) << 4);
+      w[j] = d1 * static_cast<float>(v) - m1;
     }
   } else if constexpr (kType == QuantType::kQ6_K) {
     // Half h of 128 weights, group g of 32 in it, l0 the unit's first of those 32: the low
@@ -357,6 +362,8 @@ cudaError_t dispatch(QuantType type, F&& f) {
       return f(std::integral_constant<QuantType, QuantType::kQ5_1>{});
     case QuantType::kQ4_K:
       return f(std::integral_constant<QuantType, QuantType::kQ4_K>{});
+    case QuantType::kQ5_K:
+      return f(std::integral_constant<QuantType, QuantType::kQ5_K>{});
     case QuantType::kQ6_K:
       return f(std::integral_constant<QuantType, QuantType::kQ6_K>{});
     default:
