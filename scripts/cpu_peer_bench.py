@@ -343,15 +343,7 @@ def main():
         fail("--decode must be 0 or at least 2; --batch sizes and --batch-tokens at least 1")
     args.pagedlm_args = shlex.split(args.pagedlm_args)
     check_python_deps()
-    if not (os.path.isfile(args.pagedlm) and os.access(args.pagedlm, os.X_OK)):
-        fail(f"no pagedlm binary at {args.pagedlm}: build it with\n"
-             "  cmake -S . -B build -DPAGEDLM_CUDA=OFF -DPAGEDLM_TESTS=OFF && "
-             "cmake --build build -j2 --target pagedlm")
-    if args.model is None:
-        args.model = run([os.path.join(ROOT, "scripts", "fetch_model.sh")],
-                         "scripts/fetch_model.sh").strip().splitlines()[-1]
-    if not os.path.isfile(args.model):
-        fail(f"no model file at {args.model}")
+    args.model = cpu_peer_common.check_binary_and_model(args.pagedlm, args.model, fail)
 
     import llama_cpp
 

@@ -1,7 +1,11 @@
 """What the CPU peer scripts (cpu_peer_bench.py, cpu_accuracy.py) share: how to install the pinned
-llama.cpp peer, and running a command with its failure reported by the caller's fail()."""
+llama.cpp peer, running a command with its failure reported by the caller's fail(), and the
+pagedlm binary and model file they run."""
+import os
 import shlex
 import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # llama-cpp-python built from source for this CPU (scripts/requirements-cpu-peer.txt says why).
 LLAMA_CPP_INSTALL = (
@@ -22,3 +26,18 @@ def run(argv, what, fail, timeout=3600):
     if p.returncode != 0:
         fail(f"{what} failed (exit {p.returncode}): {shlex.join(argv)[:300]}\n{p.stderr[-3000:]}")
     return p.stdout
+
+
+def check_binary_and_model(pagedlm, model, fail):
+    """The model file to run (the default model through scripts/fetch_model.sh when model is
+    None); fail(message) without an executable pagedlm or the model file."""
+    if not (os.path.isfile(pagedlm) and os.access(pagedlm, os.X_OK)):
+        fail(f"no pagedlm binary at {pagedlm}: build it with\n"
+             "  cmake -S . -B build -DPAGEDLM_CUDA=OFF -DPAGEDLM_TESTS=OFF && "
+             "cmake --build build -j2 --target pagedlm")
+    if model is None:
+        model = run([os.path.join(ROOT, "scripts", "fetch_model.sh")],
+                    "scripts/fetch_model.sh", fail).strip().splitlines()[-1]
+    if not os.path.isfile(model):
+        fail(f"no model file at {model}")
+    return model
