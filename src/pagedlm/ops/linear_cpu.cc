@@ -643,7 +643,6 @@ struct BlockColumns {
     const int64_t col = j < n_cols ? j : n_cols - 1;
     expand_block<kType>(first + col * row_bytes, k, lo, hi);
   }
-  const uint8_t* end;  // the matrix's end, which no prefetch passes
   // One block step's share of the group kPrefetchGroups ahead: the bytes of its kMicroCols rows
   // taken in order, kMicroCols blocks' worth a step, so the steps of a group cover the next.
   // The loop's trip count is a constant: with bounds computed from k, GCC 12 emitted no
@@ -654,10 +653,12 @@ struct BlockColumns {
     static_assert(kStepBytes * quant_block_elems(kType) ==
                   kMicroCols * quant_block_bytes(kType) * kQuantBlock);
     const int64_t from = kPrefetchGroups * kMicroCols * row_bytes + k / kQuantBlock * kStepBytes;
+    // The address is formed as an integer and not bounded by the matrix's end (a prefetch never
+    // faults): with a bound's branch here, or with _mm_prefetch (prefetch_line says why), GCC
+    // stored every accumulator to the stack on every block step.
+    const auto base = reinterpret_cast<uintptr_t>(first) + static_cast<uintptr_t>(from);
     for (int64_t off = 0; off < kStepBytes; off += 64) {
-      if (from + off < end - first) {
-        _mm_prefetch(reinterpret_cast<const char*>(first + from + off), _MM_HINT_T0);
-      }
+      prefetch_line(base + static_cast<uintptr_t>(off));
     }
   }
 };
@@ -809,8 +810,7 @@ void decode_linear(const float* x, const QuantizedMatrix& weight, const float* b
     const int64_t col1 = std::min(out_features, (chunk + 1) * kDecodeColChunk);
     for (int64_t c = chunk * kDecodeColChunk; c < col1; c += kMicroCols) {
       const BlockColumns<kType> w{weight.blocks.data() + c * row_bytes, row_bytes,
-                                  std::min<int64_t>(kMicroCols, col1 - c),
-                                  weight.blocks.data() + weight.blocks.size()};
+                                  std::min<int64_t>(kMicroCols, col1 - c)};
       for (int64_t j = 0; j < w.n_cols; ++j) bias4[j] = bias != nullptr ? bias[c + j] : 0.f;
       micro_tiles(x, in_features, 0, rows, w, bias4, out + c, out_stride);
     }
