@@ -36,7 +36,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_peer_common  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = cpu_peer_common.ROOT
 PEER = os.path.join(ROOT, "scripts", "llama_cpp_peer.py")
 
 # Chat prompts of varied topics, each asking for an answer longer than the tokens scored.

@@ -46,7 +46,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_peer_common  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = cpu_peer_common.ROOT
 PEER = os.path.join(ROOT, "scripts", "llama_cpp_peer.py")
 PROMPT_LEN = 60  # the decode and batch rows' prompt length
 

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -40,17 +39,7 @@ inline std::vector<Request> reference_logit_requests(const SafetensorsFile& ref)
 // Relative Frobenius error of the last `want.dim(0)` rows of `got` against `want` (the reference
 // keeps the logits of a prompt's last positions only).
 inline double last_rows_relative_error(const Tensor& got, const Tensor& want) {
-  const int64_t vocab = want.dim(1), keep = want.dim(0), first = got.dim(0) - keep;
-  double diff = 0, norm = 0;
-  for (int64_t r = 0; r < keep; ++r) {
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double a = got.data<float>()[(first + r) * vocab + v];
-      const double b = want.data<float>()[r * vocab + v];
-      diff += (a - b) * (a - b);
-      norm += b * b;
-    }
-  }
-  return std::sqrt(diff / norm);
+  return testing::relative_error(got.rows(got.dim(0) - want.dim(0), got.dim(0)), want);
 }
 
 }  // namespace pagedlm
