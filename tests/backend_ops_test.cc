@@ -738,27 +738,31 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   }
 }
 
-// Q4_K at one row runs on tensor cores with a grid of at most four thread blocks an SM, each
-// taking 16-feature tiles in turn: 12807 features (more tiles than any GPU's grid, the last one
-// partial) and 18 blocks a row (the four warps of a thread block take 5, 5, 4 and 4 of them).
+// Q4_K at one row runs on tensor cores, 16 features a thread block with x staged in its shared
+// memory: 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
+// thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them); then rows of 100 blocks, whose staged x
+// (57.6 KB) takes more than the default 48 KB of shared memory.
 TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
   std::mt19937 rng(35);
-  const int64_t n = 16 * 4 * 200 + 7, k = 18 * 256;
-  const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
-  const std::vector<float> w = dequantized(q);
-  std::vector<float> x = uniform(k, rng), bias = uniform(n, rng);
-  b.round(x);
-  b.round(bias);
-  const Tensor xt = b.tensor(x, {1, k});
-  const ops::DeviceBlocks dw = ops::upload_blocks(q);
-  Tensor out = b.poisoned({1, n});
-  ops::linear_blocks(xt, dw, b.tensor(bias, {n}), out);
-  expect_nmse(host_f32(out), linear_ref(x, w, &bias, 1, k, n), 1e-5, "Q4_K one row, bf16 out");
-  Tensor logits = b.poisoned({1, n}, DType::kF32);
-  ops::linear_blocks(xt, dw, Tensor(), logits);
-  expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, 1, k, n), 1e-10, "Q4_K one row, f32 out");
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16 * 4 * 200 + 7, 18 * 256},
+                             std::pair<int64_t, int64_t>{37, 100 * 256}}) {
+    const std::string what = "Q4_K one row, " + std::to_string(n) + " x " + std::to_string(k);
+    const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
+    const std::vector<float> w = dequantized(q);
+    std::vector<float> x = uniform(k, rng), bias = uniform(n, rng);
+    b.round(x);
+    b.round(bias);
+    const Tensor xt = b.tensor(x, {1, k});
+    const ops::DeviceBlocks dw = ops::upload_blocks(q);
+    Tensor out = b.poisoned({1, n});
+    ops::linear_blocks(xt, dw, b.tensor(bias, {n}), out);
+    expect_nmse(host_f32(out), linear_ref(x, w, &bias, 1, k, n), 1e-5, what + ", bf16 out");
+    Tensor logits = b.poisoned({1, n}, DType::kF32);
+    ops::linear_blocks(xt, dw, Tensor(), logits);
+    expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, 1, k, n), 1e-10, what + ", f32 out");
+  }
 }
 
 // Every weight expanded to bf16 is the reference dequantization rounded to bf16: within half a

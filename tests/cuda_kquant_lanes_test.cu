@@ -87,9 +87,10 @@ TEST(KquantLanes, Q6kMatchesReferenceWeights) {
   }
 }
 
-// The tensor-core tile (Q4kMmaTile, Q4kMmaActivations) on an emulated warp: every lane's
-// fragments go through mma.sync m16n8k16's documented layout (PTX ISA, "Matrix fragments for
-// mma.m16n8k16": a0..a7 of row groupID (+8 for a2, a3, a6, a7) at column 2 threadID + (i & 1)
+// The tensor-core tile (Q4kMmaTile, with x staged as Q4kStagedX lays it out) on an emulated warp:
+// every lane's fragments go through mma.sync m16n8k16's documented layout (PTX ISA, "Matrix
+// fragments for mma.m16n8k16": a0..a7 of row groupID (+8 for a2, a3, a6, a7) at column 2 threadID +
+// (i & 1)
 // (+8 for a4..a7); b0..b3 of column groupID at row 2 threadID + (i & 1) (+8 for b2, b3); c0..c3 of
 // row groupID (+8 for c2, c3) at column 2 threadID + (i & 1)), written here from that text, not
 // from the tile's code. 16 rows of 3 and 18 blocks, one row of x, against the reference weights.
@@ -110,26 +111,31 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
     const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
     std::vector<bf16> x(k);
     for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+    std::vector<uint32_t> staged(static_cast<size_t>(k / 32) * Q4kStagedX::kWords);
+    for (int s = 0; s < k / 32; ++s) {
+      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
+    }
     float acc[32][2] = {};
     for (int b = 0; b < num_blocks; ++b) {
       Q4kMmaTile tiles[32];
-      Q4kMmaActivations xs[32];
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
         const uint8_t* row_g = blocks + (static_cast<size_t>(g) * num_blocks + b) * kBytes;
         const uint8_t* row_g8 = blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes;
         tiles[lane] = Q4kMmaTile::load(row_g, row_g8, t);
-        xs[lane] = Q4kMmaActivations::load(x.data() + 256 * b, g, t);
       }
-      // C and the ones' C as the whole 16 x 8 matrices, over the sixteen mmas.
-      double c[16][8] = {}, sx[16][8] = {};
+      // C as the whole 16 x 8 matrix over the sixteen mmas, and the sum of each column of B
+      // (sub-block n's sum(x), which the staged sums must equal).
+      double c[16][8] = {}, column_sums[8] = {};
       for (int i = 0; i < 16; ++i) {
         float a[16][16], bm[16][8];
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4;
-          uint32_t ar[4], br[2];
+          uint32_t ar[4], br[2], first[2], second[2];
           tiles[lane].a_fragment(i, ar);
-          xs[lane].b_fragment(i, g, br);
+          Q4kStagedX::b_fragments(staged.data(), b, g, t, i % 8, first, second);
+          br[0] = i < 8 ? first[0] : second[0];
+          br[1] = i < 8 ? first[1] : second[1];
           for (int e = 0; e < 8; ++e) {  // a_e: register e / 2, half e % 2
             const int row = g + ((e / 2) % 2 == 1 ? 8 : 0), col = 2 * t + e % 2 + (e >= 4 ? 8 : 0);
             a[row][col] = bf16_bits(ar[e / 2], e % 2);
@@ -138,24 +144,27 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
             bm[2 * t + e % 2 + (e >= 2 ? 8 : 0)][g] = bf16_bits(br[e / 2], e % 2);
           }
         }
-        for (int row = 0; row < 16; ++row) {
-          for (int col = 0; col < 8; ++col) {
-            for (int kk = 0; kk < 16; ++kk) {
-              c[row][col] += double{a[row][kk]} * bm[kk][col];
-              sx[row][col] += bm[kk][col];
-            }
+        for (int col = 0; col < 8; ++col) {
+          for (int kk = 0; kk < 16; ++kk) {
+            column_sums[col] += bm[kk][col];
+            for (int row = 0; row < 16; ++row) c[row][col] += double{a[row][kk]} * bm[kk][col];
           }
         }
+      }
+      for (int col = 0; col < 8; ++col) {
+        float sx[2];
+        Q4kStagedX::sums(staged.data(), b, col / 2, sx);
+        EXPECT_NEAR(sx[col % 2], column_sums[col], 1e-5 * 32)
+            << "block " << b << ", sub-block " << col;
       }
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
         const float cl[4] = {static_cast<float>(c[g][2 * t]), static_cast<float>(c[g][2 * t + 1]),
                              static_cast<float>(c[g + 8][2 * t]),
                              static_cast<float>(c[g + 8][2 * t + 1])};
-        const float sl[4] = {static_cast<float>(sx[g][2 * t]), static_cast<float>(sx[g][2 * t + 1]),
-                             static_cast<float>(sx[g + 8][2 * t]),
-                             static_cast<float>(sx[g + 8][2 * t + 1])};
-        tiles[lane].accumulate(t, cl, sl, acc[lane]);
+        float sx[2];
+        Q4kStagedX::sums(staged.data(), b, t, sx);
+        tiles[lane].accumulate(t, cl, sx, acc[lane]);
       }
     }
     for (int row = 0; row < kRows; ++row) {

@@ -940,6 +940,42 @@ TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
   }
 }
 
+// One sequence at a time, so that every decode step runs the one-row kernels (Q4_K's tensor-core
+// kernel, launched to overlap the kernel before it where the GPU allows): a replayed graph gives
+// exactly the eager steps' tokens, greedy and seeded.
+TEST_P(CudaGgufBlocks, GraphsGiveTheSameTokensAsEagerStepsOneSequence) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string type = GetParam();
+  const Checkpoint checkpoint =
+      load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/gguf_blocks/llama-gqa." + type + ".gguf");
+  const Expected expected = load_expected("llama-gqa");
+  std::vector<std::vector<int32_t>> runs[2];
+  for (bool graphs : {false, true}) {
+    EngineOptions o = cuda_options();
+    o.num_pages = 256;
+    o.gguf_blocks_on_gpu = true;
+    o.use_cuda_graphs = graphs;
+    Engine engine(checkpoint, o);
+    for (int i = 0; i < kNumCases; ++i) {
+      Request r;
+      r.prompt = expected.prompts[i];
+      r.sampling.max_tokens = 20;
+      r.sampling.ignore_eos = true;
+      if (i % 2 == 1) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.seed = 3000 + i;
+      }
+      std::vector<Request> one;
+      one.push_back(std::move(r));
+      runs[graphs].push_back(engine.generate(std::move(one)).at(0).tokens);
+    }
+  }
+  for (int i = 0; i < kNumCases; ++i) {
+    EXPECT_EQ(runs[0][i].size(), 20u) << type << " case " << i;
+    EXPECT_EQ(runs[0][i], runs[1][i]) << type << " case " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaGgufBlocks,
                          ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"),
                          [](const auto& info) { return std::string(info.param); });

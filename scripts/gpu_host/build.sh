@@ -10,6 +10,7 @@
 # and PTX, N-real: SASS, N-virtual: PTX only): by default those of the CMake build (SASS for 80,
 # 86, 89, 90, 100 and 120 as far as nvcc goes, the newest's PTX too); ARCHS=90 builds for the
 # H200 alone, ARCHS=80-virtual only sm_80's PTX (which any later GPU compiles at load).
+# BINARY_ONLY=1 builds build-gpu/pagedlm alone (the other side of an A/B, in half the time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deps=$PWD/.gpu-deps
@@ -82,6 +83,7 @@ extra="scripts/gpu_host/blas_stub.cc tests/backend_ops_test.cc tests/cuda_model_
   bench/cuda_decode_step_bench.cc bench/cuda_attention_bench.cu bench/cuda_gemm_bench.cc
   bench/cuda_moe_bench.cc
   $deps/gtest/src/gtest-all.cc $deps/gtest/src/gtest_main.cc"
+[[ ${BINARY_ONLY:-0} == 1 ]] && extra="scripts/gpu_host/blas_stub.cc"
 printf '%s\n' $lib_srcs $cli_srcs $extra | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile {}' |
   grep -v '^$' || true
 lib=""
@@ -92,6 +94,10 @@ gtest="$(objof "$deps/gtest/src/gtest-all.cc") $(objof "$deps/gtest/src/gtest_ma
 libs="$deps/lib/libpcre2-8.a $deps/lib/libxxhash.a -L$cuda_home/lib64
   -L$cuda_home/targets/x86_64-linux/lib -lcudart -lcublasLt -lcublas -fopenmp -lpthread $nccl_libs"
 g++ -o $out/pagedlm $cli $lib $libs
+if [[ ${BINARY_ONLY:-0} == 1 ]]; then
+  echo "built $out/pagedlm"
+  exit 0
+fi
 g++ -o $out/backend_ops_test "$(objof tests/backend_ops_test.cc)" $lib $gtest $libs
 g++ -o $out/cuda_model_test "$(objof tests/cuda_model_test.cc)" $lib $gtest $libs
 g++ -o $out/engine_grammar_test "$(objof tests/engine_grammar_test.cc)" $lib $gtest $libs

@@ -18,6 +18,7 @@
 
 #include "pagedlm/ops/cuda/check.h"
 #include "pagedlm/ops/cuda/common.cuh"
+#include "pagedlm/ops/cuda/kernels.h"
 #include "pagedlm/ops/cuda/kquant_lanes.cuh"
 #include "pagedlm/ops/cuda/mma.cuh"
 #include "pagedlm/ops/linear_blocks.h"
@@ -195,17 +196,28 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 // Q4_K times one row of x on tensor cores (kquant_lanes.cuh's Q4kMmaTile): a thread block of
 // kWarps warps takes 16 output features, its warps blocks w, w + kWarps, ... of their rows, each
-// warp with the next block's loads in flight while it multiplies one; the warps' sums meet in
-// shared memory. Per 16 x 256 weights a lane runs 16 weight mmas and 16 ones mmas, about 110
-// integer instructions to form the fragments and about 60 for the scales. Measured on the H200
-// (8B shape, one stream) against two other shapes, both slower: two 16-feature tiles a warp
-// (the ones mmas and x shared by both; 199 registers, so a quarter of the warps resident), and
-// persistent thread blocks streaming their items through cp.async stages in shared memory.
-template <int kWarps>
-__global__ void __launch_bounds__(32 * kWarps)
+// warp with the next block's weights in flight while it multiplies one; the warps' sums meet in
+// shared memory. x is staged once a thread block in shared memory with its sums per sub-block
+// (Q4kStagedX), so that a warp's registers hold two blocks' weights and little else: 3 thread
+// blocks an SM where x in registers (and a second mma against ones for the sums) had held the
+// kernel to 2 with 122 registers, latency-bound (docs/PERF.md, the H100 breakdown). Per 16 x 256
+// weights a lane runs 16 mmas, about 110 integer instructions to form the fragments and about 60
+// for the scales. Measured on the H200 (8B shape, one stream) against two other shapes, both
+// slower: two 16-feature tiles a warp (199 registers), and persistent thread blocks streaming their
+// items through cp.async stages in shared memory.
+constexpr int kQ4kWarps = 8;
+constexpr int kQ4kBlocksPerSm = 3;
+
+__host__ __device__ constexpr size_t q4k_staged_bytes(int in_features) {
+  return static_cast<size_t>(in_features / 32) * Q4kStagedX::kWords * sizeof(uint32_t);
+}
+
+__global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
     q4k_matvec_mma_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                           bool out_f32, int out_features, int in_features) {
-  __shared__ float partial[kWarps][16];
+  extern __shared__ uint4 staged_storage[];
+  auto* staged = reinterpret_cast<uint32_t*>(staged_storage);
+  __shared__ float partial[kQ4kWarps][16];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
@@ -214,39 +226,38 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int64_t row_bytes = static_cast<int64_t>(num_blocks) * 144;
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
   const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
-  struct Item {
-    Q4kMmaTile tile;
-    Q4kMmaActivations x;
-  };
-  auto load = [&](int b, Item& item) {
-    item.tile = Q4kMmaTile::load(row_g + 144 * b, row_g8 + 144 * b, t);
-    item.x = Q4kMmaActivations::load(x + 256 * b, g, t);
-  };
-  const uint32_t ones[4] = {kBf16Ones, kBf16Ones, kBf16Ones, kBf16Ones};
+  auto load = [&](int b) { return Q4kMmaTile::load(row_g + 144 * b, row_g8 + 144 * b, t); };
+  Q4kMmaTile tiles[2];
+  if (warp < num_blocks) tiles[0] = load(warp);
+  for (int s = lane + 32 * warp; s < in_features / 32; s += 32 * kQ4kWarps) {
+    Q4kStagedX::stage(x + 32 * s, staged + Q4kStagedX::kWords * s);
+  }
+  __syncthreads();
   float acc[2] = {0.f, 0.f};
-  // Multiplies block b from `item` while block b + kWarps loads into `next`; the loop alternates
-  // the two register sets instead of copying one into the other.
-  auto step = [&](int b, const Item& item, Item& next) {
-    if (b + kWarps < num_blocks) load(b + kWarps, next);
-    float c[4] = {0.f, 0.f, 0.f, 0.f}, sx[4] = {0.f, 0.f, 0.f, 0.f};
+  // Multiplies block b from `tile` while block b + kQ4kWarps loads into `next`; the loop
+  // alternates the two register sets instead of copying one into the other.
+  auto step = [&](int b, const Q4kMmaTile& tile, Q4kMmaTile& next) {
+    if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      uint32_t a[4], bf[2];
-      item.x.b_fragment(i, g, bf);
-      item.tile.a_fragment(i, a);
-      ::pagedlm::cuda::detail::mma_16816(c, a, bf[0], bf[1]);
-      ::pagedlm::cuda::detail::mma_16816(sx, ones, bf[0], bf[1]);
+    for (int j = 0; j < 8; ++j) {
+      uint32_t a[4], first[2], second[2];
+      Q4kStagedX::b_fragments(staged, b, g, t, j, first, second);
+      tile.a_fragment(j, a);
+      ::pagedlm::cuda::detail::mma_16816(c, a, first[0], first[1]);
+      tile.a_fragment(j + 8, a);
+      ::pagedlm::cuda::detail::mma_16816(c, a, second[0], second[1]);
     }
-    item.tile.accumulate(t, c, sx, acc);
+    float sx[2];
+    Q4kStagedX::sums(staged, b, t, sx);
+    tile.accumulate(t, c, sx, acc);
   };
   if (warp < num_blocks) {
-    Item items[2];
-    load(warp, items[0]);
     for (int b = warp;;) {
-      step(b, items[0], items[1]);
-      if ((b += kWarps) >= num_blocks) break;
-      step(b, items[1], items[0]);
-      if ((b += kWarps) >= num_blocks) break;
+      step(b, tiles[0], tiles[1]);
+      if ((b += kQ4kWarps) >= num_blocks) break;
+      step(b, tiles[1], tiles[0]);
+      if ((b += kQ4kWarps) >= num_blocks) break;
     }
   }
 #pragma unroll
@@ -260,7 +271,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (warp != 0 || lane >= 16 || n0 + lane >= out_features) return;
   float sum = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) sum += partial[w][lane];
+  for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][lane];
   const int n = n0 + lane;
   if (out_f32) {
     static_cast<float*>(out)[n] = sum;
@@ -268,6 +279,28 @@ __global__ void __launch_bounds__(32 * kWarps)
     const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
     static_cast<bf16*>(out)[n] = __float2bfloat16(sum + bias_n);
   }
+}
+
+// Launches q4k_matvec_mma_kernel when x's staging fits the device's shared memory (above the
+// default 48 KB once opted in: in_features of 21846 and more); *launched false otherwise.
+cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
+                                  bool out_f32, int out_features, int in_features,
+                                  cudaStream_t stream, bool* launched) {
+  *launched = false;
+  const ::pagedlm::cuda::DeviceLimits* device = nullptr;
+  PAGEDLM_CUDA_TRY(::pagedlm::cuda::current_device_limits(&device));
+  const size_t staged = q4k_staged_bytes(in_features);
+  const size_t static_bytes = sizeof(float) * kQ4kWarps * 16;
+  if (staged + static_bytes > device->smem_per_block) return cudaSuccess;
+  if (staged > 48 * 1024) {
+    PAGEDLM_CUDA_TRY(cudaFuncSetAttribute(q4k_matvec_mma_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(staged)));
+  }
+  *launched = true;
+  q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), staged, stream>>>(
+      x, blocks, bias, out, out_f32, out_features, in_features);
+  return cudaSuccess;
 }
 
 // One thread per unit of 8 weights, one 16-byte store.
@@ -303,11 +336,12 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
   // of it at four and eight rows).
   if constexpr (kType == QuantType::kQ4_K && kRows == 1) {
     if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-      constexpr int kWarps = 8;
-      q4k_matvec_mma_kernel<kWarps><<<ceil_div(out_features, 16), dim3(32, kWarps), 0, stream>>>(
-          static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
-          static_cast<const bf16*>(bias), out, out_f32, out_features, in_features);
-      return cudaGetLastError();
+      bool launched = false;
+      PAGEDLM_CUDA_TRY(launch_q4k_matvec_mma(static_cast<const bf16*>(x),
+                                             static_cast<const uint8_t*>(blocks),
+                                             static_cast<const bf16*>(bias), out, out_f32,
+                                             out_features, in_features, stream, &launched));
+      if (launched) return cudaGetLastError();
     }
   }
   const dim3 threads(32, kWarpsPerBlock);

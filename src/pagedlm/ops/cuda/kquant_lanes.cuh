@@ -58,6 +58,16 @@ __host__ __device__ __forceinline__ float float_from_bits(uint32_t bits) {
 #endif
 }
 
+__host__ __device__ __forceinline__ uint32_t float_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+#endif
+}
+
 __host__ __device__ __forceinline__ uint4 load16(const void* p) {
 #ifdef __CUDA_ARCH__
   return *static_cast<const uint4*>(p);
@@ -171,12 +181,11 @@ struct Q6kLane {
 //     nibbles of bytes 4j, 4j + 2 at k = 2t, 2t + 1 and of bytes 4j + 1, 4j + 3 at 2t + 8, 2t + 9,
 //     each as the bf16 128 + q (one LOP3 each: the nibble in the mantissa of 128).
 //   B (x): column g, k = 2t .. : x at those weights where g = 2t + h (the lane's own sub-block),
-//     else 0, so only lane (g, g / 2) loads x: its sub-block g's 32 values.
+//     else 0, so only lane (g, g / 2) feeds x: its sub-block g's 32 values, read from shared
+//     memory where the thread block staged the whole row of x once (Q4kStagedX).
 //   C: lane (g, t) holds sub-blocks 2t, 2t + 1 of rows g and g + 8, the sub-blocks whose scales
-//     it decodes from the rows' heads. A second mma with A all ones gives sum(x) per sub-block
-//     in the same places, for the mins and for the 128 in every weight.
-constexpr uint32_t kBf16Ones = 0x3f803f80u;  // two bf16 1.0
-
+//     it decodes from the rows' heads. The mins, and the 128 in every weight, need sum(x) per
+//     sub-block: staged beside the sub-block's values, once for all rows.
 // (a & mask) | bits in one LOP3 (the compiler emits two for two immediates).
 __host__ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
 #ifdef __CUDA_ARCH__
@@ -215,8 +224,8 @@ struct Q4kMmaTile {
   }
 
   // Adds the lane's two sub-blocks of rows g (acc[0]) and g + 8 (acc[1]) from C (c) and the
-  // ones' C (sums of x, sx): d sc (C - 128 sum(x)) - dmin m sum(x).
-  __host__ __device__ void accumulate(int t, const float (&c)[4], const float (&sx)[4],
+  // sums of x over sub-blocks 2t, 2t + 1 (sx): d sc (C - 128 sum(x)) - dmin m sum(x).
+  __host__ __device__ void accumulate(int t, const float (&c)[4], const float (&sx)[2],
                                       float (&acc)[2]) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -235,40 +244,62 @@ struct Q4kMmaTile {
         const float a = d * static_cast<float>((scales >> (at + 8 * s)) & 0xffu);
         const float m = dmin * static_cast<float>((mins >> (at + 8 * s)) & 0xffu);
         acc[r] = fmaf(a, c[2 * r + s], acc[r]);
-        acc[r] = fmaf(-fmaf(128.f, a, m), sx[2 * r + s], acc[r]);
+        acc[r] = fmaf(-fmaf(128.f, a, m), sx[s], acc[r]);
       }
     }
   }
 };
 
-// The B fragments of one block (256 values of x) for lane (g, t): nonzero only on lane
-// (g, g / 2), in the mmas of half g % 2. pairs[j] = {x[4j], x[4j + 2]}, {x[4j + 1], x[4j + 3]}
-// of sub-block g.
-struct Q4kMmaActivations {
-  uint32_t pairs[8][2];
+// One row of x staged in shared memory for Q4kMmaTile's B fragments, kWords words per 32-value
+// sub-block: pairs[j] = {x[4j], x[4j + 2]}, {x[4j + 1], x[4j + 3]} for j = 0 .. 7 (the order of
+// the weights' nibbles in the A fragments), then the sub-block's sum(x) as a float, then a word
+// of padding: at a stride of 18 words the eight sub-blocks that a warp's lanes read at once fall
+// in distinct banks.
+struct Q4kStagedX {
+  static constexpr int kWords = 18;
+  static constexpr int kSumWord = 16;
 
-  __host__ __device__ static Q4kMmaActivations load(const bf16* x_block, int g, int t) {
-    Q4kMmaActivations v{};
-    if (t != g >> 1) return v;
-    const bf16* xs = x_block + 32 * g;
+  // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
+  __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
+    float sum = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 words = load16(xs + 8 * q);
 #pragma unroll
       for (int w = 0; w < 4; w += 2) {
         const uint32_t lo = word_of(words, w), hi = word_of(words, w + 1);
-        v.pairs[2 * q + w / 2][0] = (lo & 0xffffu) | (hi << 16);
-        v.pairs[2 * q + w / 2][1] = (lo >> 16) | (hi & 0xffff0000u);
+        const int j = 2 * q + w / 2;
+        sub_block[2 * j] = (lo & 0xffffu) | (hi << 16);
+        sub_block[2 * j + 1] = (lo >> 16) | (hi & 0xffff0000u);
+        sum += (bf16_low(lo) + bf16_high(lo)) + (bf16_low(hi) + bf16_high(hi));
       }
     }
-    return v;
+    sub_block[kSumWord] = float_bits(sum);
   }
 
-  // mma i's {b0, b1} for lane (g, t).
-  __host__ __device__ void b_fragment(int i, int g, uint32_t (&b)[2]) const {
-    const bool mine = (i >> 3) == (g & 1);
-    b[0] = mine ? pairs[i & 7][0] : 0u;
-    b[1] = mine ? pairs[i & 7][1] : 0u;
+  // Lane (g, t)'s {b0, b1} for mmas j and j + 8 of block b: pair j of sub-block g in the mma of
+  // half g % 2 on lane (g, g / 2), zeros elsewhere.
+  __host__ __device__ static void b_fragments(const uint32_t* staged, int b, int g, int t, int j,
+                                              uint32_t (&first)[2], uint32_t (&second)[2]) {
+    const uint32_t* pair = staged + kWords * (8 * b + g) + 2 * j;  // 8-byte aligned
+#ifdef __CUDA_ARCH__
+    const uint2 words = *reinterpret_cast<const uint2*>(pair);
+    const uint32_t b0 = words.x, b1 = words.y;
+#else
+    const uint32_t b0 = pair[0], b1 = pair[1];
+#endif
+    const bool mine = t == g >> 1, odd = (g & 1) != 0;
+    first[0] = mine && !odd ? b0 : 0u;
+    first[1] = mine && !odd ? b1 : 0u;
+    second[0] = mine && odd ? b0 : 0u;
+    second[1] = mine && odd ? b1 : 0u;
+  }
+
+  // sum(x) over sub-blocks 2t, 2t + 1 of block b.
+  __host__ __device__ static void sums(const uint32_t* staged, int b, int t, float (&sx)[2]) {
+    const uint32_t* first = staged + kWords * (8 * b + 2 * t) + kSumWord;
+    sx[0] = float_from_bits(first[0]);
+    sx[1] = float_from_bits(first[kWords]);
   }
 };
 
