@@ -693,7 +693,8 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 // or an f32 output (the logits' form). K: 18, 1 and 3 blocks (4608, 256 and 768 weights for the
 // K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
 // rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
-// weight to bf16 (kSums' bound).
+// weight to bf16 (kSums' bound). Q4_K at one row rounds x to 8 bits (ggml's rounding, which the
+// reference then takes too).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -725,23 +726,26 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
             ops::linear(xt, dense, bias_t, out, nullptr, b.state());
           }
         };
+        const std::vector<float> x_ref =
+            type == QuantType::kQ4_K && rows == 1 ? testing::rounded_to_q8(x) : x;
         Tensor out = b.poisoned({rows, n});
         run(b.tensor(bias, {n}), out);
-        expect_nmse(host_f32(out), linear_ref(x, w, &bias, rows, k, n),
+        expect_nmse(host_f32(out), linear_ref(x_ref, w, &bias, rows, k, n),
                     matvec ? 1e-5 : b.tol(kSums), what + " bf16 out");
         Tensor logits = b.poisoned({rows, n}, DType::kF32);
         run(Tensor(), logits);
-        expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, rows, k, n),
+        expect_nmse(host_f32(logits), linear_ref(x_ref, w, nullptr, rows, k, n),
                     matvec ? 1e-10 : b.tol(kSums), what + " f32 out");
       }
     }
   }
 }
 
-// Q4_K at one row runs on tensor cores, 16 features a thread block with x staged in its shared
-// memory: 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
+// Q4_K at one row runs on tensor cores in integers, 16 features a thread block with x rounded to
+// 8 bits in its shared memory (ggml's rounding, q8_rounding.h: the reference takes x so
+// rounded): 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
 // thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them); then rows of 100 blocks, whose staged x
-// (57.6 KB) takes more than the default 48 KB of shared memory.
+// (80 KB) takes more than the default 48 KB of shared memory.
 TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -756,12 +760,13 @@ TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
     b.round(bias);
     const Tensor xt = b.tensor(x, {1, k});
     const ops::DeviceBlocks dw = ops::upload_blocks(q);
+    const std::vector<float> x8 = testing::rounded_to_q8(x);
     Tensor out = b.poisoned({1, n});
     ops::linear_blocks(xt, dw, b.tensor(bias, {n}), out);
-    expect_nmse(host_f32(out), linear_ref(x, w, &bias, 1, k, n), 1e-5, what + ", bf16 out");
+    expect_nmse(host_f32(out), linear_ref(x8, w, &bias, 1, k, n), 1e-5, what + ", bf16 out");
     Tensor logits = b.poisoned({1, n}, DType::kF32);
     ops::linear_blocks(xt, dw, Tensor(), logits);
-    expect_nmse(host_f32(logits), linear_ref(x, w, nullptr, 1, k, n), 1e-10, what + ", f32 out");
+    expect_nmse(host_f32(logits), linear_ref(x8, w, nullptr, 1, k, n), 1e-10, what + ", f32 out");
   }
 }
 

@@ -1,11 +1,13 @@
 // The K-quant arithmetic of the GPU's matrix-vector kernels (ops/cuda/kquant_lanes.cuh), run on
-// the host: Q6_K's eight lanes, and Q4_K's tensor-core tile on an emulated warp, must give the
-// dot products of the blocks' weights, as the reference dequantization (core/quantized.h,
-// ggml's arithmetic) gives them, with bf16 activations. Needs no GPU: the index arithmetic is what
+// the host: Q6_K's eight lanes must give the dot products of the blocks' weights, as the reference
+// dequantization (core/quantized.h, ggml's arithmetic) gives them, with bf16 activations, and
+// Q4_K's tensor-core tile on an emulated warp those with the activations rounded to 8 bits per
+// 32 values as llama.cpp rounds them. Needs no GPU: the index arithmetic is what
 // this checks, on every machine that builds the CUDA backend; backend_ops_test runs the kernel
 // itself on a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -15,6 +17,7 @@
 
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/ops/cuda/kquant_lanes.cuh"
+#include "q8_rounding.h"
 
 namespace pagedlm::ops::cuda {
 namespace {
@@ -43,8 +46,8 @@ std::vector<uint4> random_blocks(std::mt19937& rng, int count, int bytes,
 // got against the dot product of one row's num_blocks blocks of `type` (the reference
 // dequantization) with x: f32 sums over k terms in another order, so within a few f32 ulps of
 // the terms' magnitude.
-void expect_reference_dot(QuantType type, const uint8_t* row_blocks, int num_blocks, const bf16* x,
-                          float got, const std::string& what) {
+void expect_reference_dot(QuantType type, const uint8_t* row_blocks, int num_blocks,
+                          const std::vector<double>& x, float got, const std::string& what) {
   const int bytes = static_cast<int>(quant_block_bytes(type)), k = 256 * num_blocks;
   std::vector<float> w(k);
   for (int b = 0; b < num_blocks; ++b) {
@@ -53,11 +56,17 @@ void expect_reference_dot(QuantType type, const uint8_t* row_blocks, int num_blo
   }
   double want = 0, magnitude = 0;  // the sum in double, and the sum of |terms|
   for (int i = 0; i < k; ++i) {
-    const double term = double{w[i]} * __bfloat162float(x[i]);
+    const double term = double{w[i]} * x[i];
     want += term;
     magnitude += std::abs(term);
   }
   EXPECT_LE(std::abs(got - want), 1e-5 * magnitude) << what;
+}
+
+std::vector<double> values(const bf16* x, int k) {
+  std::vector<double> v(k);
+  for (int i = 0; i < k; ++i) v[i] = __bfloat162float(x[i]);
+  return v;
 }
 
 void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
@@ -75,7 +84,7 @@ void expect_q6k_lanes_match_reference(int num_blocks, std::mt19937& rng) {
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    expect_reference_dot(QuantType::kQ6_K, blocks, num_blocks, x.data() + r * k, acc[r],
+    expect_reference_dot(QuantType::kQ6_K, blocks, num_blocks, values(x.data() + r * k, k), acc[r],
                          std::to_string(num_blocks) + " blocks, row " + std::to_string(r));
   }
 }
@@ -87,19 +96,15 @@ TEST(KquantLanes, Q6kMatchesReferenceWeights) {
   }
 }
 
-// The tensor-core tile (Q4kMmaTile, with x staged as Q4kStagedX lays it out) on an emulated warp:
-// every lane's fragments go through mma.sync m16n8k16's documented layout (PTX ISA, "Matrix
-// fragments for mma.m16n8k16": a0..a7 of row groupID (+8 for a2, a3, a6, a7) at column 2 threadID +
-// (i & 1)
-// (+8 for a4..a7); b0..b3 of column groupID at row 2 threadID + (i & 1) (+8 for b2, b3); c0..c3 of
-// row groupID (+8 for c2, c3) at column 2 threadID + (i & 1)), written here from that text, not
-// from the tile's code. 16 rows of 3 and 18 blocks, one row of x, against the reference weights.
-float bf16_bits(uint32_t word, int half) {
-  const uint32_t bits = half == 0 ? word << 16 : word & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+// The tensor-core tile (Q4kMmaTile, with x staged by Q4kStagedX) on an emulated warp: every
+// lane's fragments go through mma.sync m16n8k32's documented layout for .s8 (PTX ISA, "Matrix
+// fragments for mma.m16n8k32": A's registers a0..a3 hold 4 int8 each, of row groupID (+8 for a1,
+// a3) at columns 4 threadID .. + 3 (+16 for a2, a3); B's b0, b1 of column groupID at rows
+// 4 threadID .. + 3 (+16 for b1); c0..c3 of row groupID (+8 for c2, c3) at column 2 threadID + (i
+// & 1)), written here from that text, not from the tile's code. 16 rows of 1, 3 and 18 blocks,
+// one row of x (one sub-block of zeros): the staged values are x's 8-bit rounding, and the
+// tile's sums are the dot products of the reference weights with those rounded values.
+int8_t byte_at(uint32_t word, int e) { return static_cast<int8_t>((word >> (8 * e)) & 0xffu); }
 
 TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
   std::mt19937 rng(13);
@@ -111,9 +116,19 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
     const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
     std::vector<bf16> x(k);
     for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+    for (int i = 32; i < 64 && i < k; ++i) x[i] = __float2bfloat16(0.f);  // a zero sub-block
     std::vector<uint32_t> staged(static_cast<size_t>(k / 32) * Q4kStagedX::kWords);
     for (int s = 0; s < k / 32; ++s) {
       Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
+    }
+    // x's 8-bit rounding, by q8_rounding.h's statement of ggml's rule.
+    std::vector<testing::XBlock> rounded(k / 32);
+    std::vector<double> x_rounded(k);
+    for (int s = 0; s < k / 32; ++s) {
+      float xs[32];
+      for (int i = 0; i < 32; ++i) xs[i] = __bfloat162float(x[32 * s + i]);
+      rounded[s] = testing::quantize_block(xs);
+      for (int i = 0; i < 32; ++i) x_rounded[32 * s + i] = double{rounded[s].d} * rounded[s].q[i];
     }
     float acc[32][2] = {};
     for (int b = 0; b < num_blocks; ++b) {
@@ -124,47 +139,66 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
         const uint8_t* row_g8 = blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes;
         tiles[lane] = Q4kMmaTile::load(row_g, row_g8, t);
       }
-      // C as the whole 16 x 8 matrix over the sixteen mmas, and the sum of each column of B
-      // (sub-block n's sum(x), which the staged sums must equal).
-      double c[16][8] = {}, column_sums[8] = {};
-      for (int i = 0; i < 16; ++i) {
-        float a[16][16], bm[16][8];
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, t = lane % 4;
-          uint32_t ar[4], br[2], first[2], second[2];
-          tiles[lane].a_fragment(i, ar);
-          Q4kStagedX::b_fragments(staged.data(), b, g, t, i % 8, first, second);
-          br[0] = i < 8 ? first[0] : second[0];
-          br[1] = i < 8 ? first[1] : second[1];
-          for (int e = 0; e < 8; ++e) {  // a_e: register e / 2, half e % 2
-            const int row = g + ((e / 2) % 2 == 1 ? 8 : 0), col = 2 * t + e % 2 + (e >= 4 ? 8 : 0);
-            a[row][col] = bf16_bits(ar[e / 2], e % 2);
+      // C as the whole 16 x 8 matrix over the eight mmas, exact in int64; B's columns as the
+      // values of x they hold, so that column n's must be sub-block n's rounded values.
+      int64_t c[16][8] = {};
+      std::vector<int> column_values[8];
+      for (int p = 0; p < 4; ++p) {
+        for (int h = 0; h < 2; ++h) {
+          int a[16][32], bm[32][8];
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4, t = lane % 4;
+            uint32_t ar[4], low[2], high[2];
+            tiles[lane].a_fragment(h, p, ar);
+            Q4kStagedX::b_fragments(staged.data(), b, g, t, p, low, high);
+            const uint32_t* br = h == 0 ? low : high;
+            for (int r = 0; r < 4; ++r) {
+              for (int e = 0; e < 4; ++e) {
+                a[g + (r % 2 == 1 ? 8 : 0)][4 * t + e + (r >= 2 ? 16 : 0)] = byte_at(ar[r], e);
+              }
+            }
+            for (int r = 0; r < 2; ++r) {
+              for (int e = 0; e < 4; ++e) bm[4 * t + e + (r == 1 ? 16 : 0)][g] = byte_at(br[r], e);
+            }
           }
-          for (int e = 0; e < 4; ++e) {
-            bm[2 * t + e % 2 + (e >= 2 ? 8 : 0)][g] = bf16_bits(br[e / 2], e % 2);
+          for (int col = 0; col < 8; ++col) {
+            for (int kk = 0; kk < 32; ++kk) {
+              for (int row = 0; row < 16; ++row) c[row][col] += int64_t{a[row][kk]} * bm[kk][col];
+            }
           }
-        }
-        for (int col = 0; col < 8; ++col) {
-          for (int kk = 0; kk < 16; ++kk) {
-            column_sums[col] += bm[kk][col];
-            for (int row = 0; row < 16; ++row) c[row][col] += double{a[row][kk]} * bm[kk][col];
+          // Column n is nonzero only in the mmas of half n % 2, at the k of lane n / 2.
+          for (int col = 0; col < 8; ++col) {
+            for (int kk = 0; kk < 32; ++kk) {
+              if (h == col % 2 && kk % 16 / 4 == col / 2) {
+                column_values[col].push_back(bm[kk][col]);
+              } else {
+                EXPECT_EQ(bm[kk][col], 0) << "block " << b << ", column " << col << ", k " << kk;
+              }
+            }
           }
         }
       }
       for (int col = 0; col < 8; ++col) {
-        float sx[2];
-        Q4kStagedX::sums(staged.data(), b, col / 2, sx);
-        EXPECT_NEAR(sx[col % 2], column_sums[col], 1e-5 * 32)
-            << "block " << b << ", sub-block " << col;
+        const int s = 8 * b + col;
+        std::vector<int> want(rounded[s].q, rounded[s].q + 32);
+        std::vector<int> got = column_values[col];
+        std::sort(got.begin(), got.end());
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(got, want) << "block " << b << ", sub-block " << col;
+        float dx[2], x_sum[2];
+        Q4kStagedX::scales(staged.data(), b, col / 2, dx, x_sum);
+        EXPECT_EQ(dx[col % 2], rounded[s].d) << "sub-block " << s;
+        EXPECT_EQ(x_sum[col % 2], rounded[s].d * static_cast<float>(rounded[s].sum))
+            << "sub-block " << s;
       }
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
-        const float cl[4] = {static_cast<float>(c[g][2 * t]), static_cast<float>(c[g][2 * t + 1]),
-                             static_cast<float>(c[g + 8][2 * t]),
-                             static_cast<float>(c[g + 8][2 * t + 1])};
-        float sx[2];
-        Q4kStagedX::sums(staged.data(), b, t, sx);
-        tiles[lane].accumulate(t, cl, sx, acc[lane]);
+        const int32_t cl[4] = {
+            static_cast<int32_t>(c[g][2 * t]), static_cast<int32_t>(c[g][2 * t + 1]),
+            static_cast<int32_t>(c[g + 8][2 * t]), static_cast<int32_t>(c[g + 8][2 * t + 1])};
+        float dx[2], x_sum[2];
+        Q4kStagedX::scales(staged.data(), b, t, dx, x_sum);
+        tiles[lane].accumulate(t, cl, dx, x_sum, acc[lane]);
       }
     }
     for (int row = 0; row < kRows; ++row) {
@@ -172,7 +206,7 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
       for (int t = 0; t < 4; ++t) got += acc[4 * (row % 8) + t][row / 8];
       expect_reference_dot(
           QuantType::kQ4_K, blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
-          x.data(), got, std::to_string(num_blocks) + " blocks, row " + std::to_string(row));
+          x_rounded, got, std::to_string(num_blocks) + " blocks, row " + std::to_string(row));
     }
   }
 }

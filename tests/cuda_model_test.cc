@@ -905,9 +905,9 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
 // With --gguf-blocks each projection stays in its blocks, and each case's logits are within the
 // bf16 bound of the CPU's exact f32 kernels on the same file, the bound (and measure) the bf16
 // fixtures are held to against float64 above: the prefill GEMMs round the expanded weights to
-// bf16 as those fixtures' weights are rounded. The fixture's prompts of 1 and 7 tokens run every
-// projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel at 1), those
-// of 40 to 300 through the bf16 expansion and the GEMM.
+// bf16 as those fixtures' weights are rounded. Each prompt runs alone: those of 1 and 7 tokens
+// take every projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel at 1,
+// with x rounded to 8 bits), those of 40 to 300 through the bf16 expansion and the GEMM.
 class CudaGgufBlocks : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
@@ -925,9 +925,14 @@ TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
       const std::map<std::string, int64_t> bytes = engine.step_weight_bytes_by_format();
       EXPECT_GT(bytes.count(type) ? bytes.at(type) : 0, 0) << "no projection kept " << type;
     }
-    std::vector<Request> requests;
-    for (const auto& p : expected.prompts) requests.push_back(logits_request(p));
-    return engine.generate(std::move(requests));
+    // One request at a time, so that each prompt's length alone picks the kernels.
+    std::vector<RequestOutput> outputs;
+    for (const auto& p : expected.prompts) {
+      std::vector<Request> one;
+      one.push_back(logits_request(p));
+      outputs.push_back(std::move(engine.generate(std::move(one)).at(0)));
+    }
+    return outputs;
   };
   const std::vector<RequestOutput> cpu = logits(Device::kCpu), gpu = logits(Device::kCuda);
   for (size_t i = 0; i < cpu.size(); ++i) {

@@ -23,8 +23,10 @@ namespace {
 using ops::cpu::Q8Kernel;
 using testing::expect_error;
 using testing::poisoned_f32;
+using testing::quantize_block;
 using testing::random_blocks;
 using testing::random_f32;
+using testing::XBlock;
 
 float half_at(const uint8_t* p) { return f16_to_f32(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
 
@@ -46,26 +48,6 @@ WeightBlock weight_block(const QuantizedMatrix& w, int64_t n, int64_t b) {
   } else {
     out.m = 0.f;
     for (int k = 0; k < 32; ++k) out.q[k] = static_cast<int8_t>(p[2 + k]);
-  }
-  return out;
-}
-
-// ggml's quantization of one block of x (32 values, or q8_K's 256), rounding to nearest with
-// ties to even.
-struct XBlock {
-  int32_t q[256];
-  float d;
-  int32_t sum;
-};
-XBlock quantize_block(const float* x, int64_t block = 32) {
-  XBlock out{};
-  float amax = 0.f;
-  for (int64_t k = 0; k < block; ++k) amax = std::max(amax, std::fabs(x[k]));
-  out.d = amax / 127.f;
-  const float id = out.d != 0.f ? 1.f / out.d : 0.f;
-  for (int64_t k = 0; k < block; ++k) {
-    out.q[k] = static_cast<int32_t>(std::nearbyint(x[k] * id));
-    out.sum += out.q[k];
   }
   return out;
 }

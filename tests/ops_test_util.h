@@ -14,6 +14,7 @@
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/io/gguf.h"
+#include "q8_rounding.h"
 
 namespace pagedlm::testing {
 

@@ -194,17 +194,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   store_outputs<kRows>(acc, bias, out, out_f32, n, out_stride);
 }
 
-// Q4_K times one row of x on tensor cores (kquant_lanes.cuh's Q4kMmaTile): a thread block of
-// kWarps warps takes 16 output features, its warps blocks w, w + kWarps, ... of their rows, each
-// warp with the next block's weights in flight while it multiplies one; the warps' sums meet in
-// shared memory. x is staged once a thread block in shared memory with its sums per sub-block
-// (Q4kStagedX), so that a warp's registers hold two blocks' weights and little else: 3 thread
-// blocks an SM where x in registers (and a second mma against ones for the sums) had held the
-// kernel to 2 with 122 registers, latency-bound (docs/PERF.md, the H100 breakdown). Per 16 x 256
-// weights a lane runs 16 mmas, about 110 integer instructions to form the fragments and about 60
-// for the scales. Measured on the H200 (8B shape, one stream) against two other shapes, both
-// slower: two 16-feature tiles a warp (199 registers), and persistent thread blocks streaming their
-// items through cp.async stages in shared memory.
+// Q4_K times one row of x on tensor cores in integers (kquant_lanes.cuh's Q4kMmaTile): a thread
+// block of kQ4kWarps warps takes 16 output features, its warps blocks w, w + kQ4kWarps, ... of
+// their rows, each warp with the next block's weights in flight while it multiplies one; the
+// warps' sums meet in shared memory. Each thread block first rounds x to 8 bits into its shared
+// memory (Q4kStagedX), so that a warp's registers hold two blocks' weights and little else.
+// Per 16 x 256 weights a lane runs 8 int8 mmas and about 30 integer instructions to form their
+// fragments. Measured on the H100 (8B shape, one stream) against the bf16 mma form it replaced
+// (16 mmas and about 110 instructions for the fragments, x staged in bf16 with its sums):
+// docs/PERF.md. Before that, on the H200, against two other shapes, both slower: two 16-feature
+// tiles a warp (199 registers), and persistent thread blocks streaming their items through
+// cp.async stages in shared memory.
 constexpr int kQ4kWarps = 8;
 constexpr int kQ4kBlocksPerSm = 3;
 
@@ -238,19 +238,19 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
   // alternates the two register sets instead of copying one into the other.
   auto step = [&](int b, const Q4kMmaTile& tile, Q4kMmaTile& next) {
     if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    int32_t c[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint32_t a[4], first[2], second[2];
-      Q4kStagedX::b_fragments(staged, b, g, t, j, first, second);
-      tile.a_fragment(j, a);
-      ::pagedlm::cuda::detail::mma_16816(c, a, first[0], first[1]);
-      tile.a_fragment(j + 8, a);
-      ::pagedlm::cuda::detail::mma_16816(c, a, second[0], second[1]);
+    for (int p = 0; p < 4; ++p) {
+      uint32_t a[4], low[2], high[2];
+      Q4kStagedX::b_fragments(staged, b, g, t, p, low, high);
+      tile.a_fragment(0, p, a);
+      ::pagedlm::cuda::detail::mma_16832_s8(c, a, low[0], low[1]);
+      tile.a_fragment(1, p, a);
+      ::pagedlm::cuda::detail::mma_16832_s8(c, a, high[0], high[1]);
     }
-    float sx[2];
-    Q4kStagedX::sums(staged, b, t, sx);
-    tile.accumulate(t, c, sx, acc);
+    float dx[2], x_sum[2];
+    Q4kStagedX::scales(staged, b, t, dx, x_sum);
+    tile.accumulate(t, c, dx, x_sum, acc);
   };
   if (warp < num_blocks) {
     for (int b = warp;;) {

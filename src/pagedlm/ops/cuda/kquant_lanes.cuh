@@ -11,6 +11,7 @@
 #include <vector_functions.h>
 #include <vector_types.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -170,32 +171,26 @@ struct Q6kLane {
   }
 };
 
-// Q4_K times one row of activations on tensor cores: mma.sync m16n8k16 (bf16 in, f32 sums) over
-// 16 weight rows and one 256-weight block at a time, blocks.cu's q4k_matvec_mma_kernel. The
-// sixteen products of each mma need not be the weights' own order, only the same order on both
-// sides, and its eight columns need not be rows of x: column n holds x only where the k index
-// falls in sub-block n, so that C[row][n] is sub-block n's sum alone, and its scale and min can
-// be applied once per sub-block after sixteen mmas. Lane (g, t) = (lane / 4, lane % 4):
+// Q4_K times one row of activations on tensor cores, in integers as llama.cpp's mmvq does it: x
+// rounded to 8 bits per 32 values (Q4kStagedX), and mma.sync m16n8k32 (s8 in, s32 sums) over 16
+// weight rows and one 256-weight block at a time, blocks.cu's q4k_matvec_mma_kernel. The products
+// of each mma need not be the weights' own order, only the same order on both sides, and its
+// eight columns need not be rows of x: column n holds x only where the k index falls in
+// sub-block n, so that C[row][n] is sub-block n's sum alone, and its scales can be applied once
+// per sub-block after eight mmas. Lane (g, t) = (lane / 4, lane % 4):
 //   A (weights): bytes 32t .. 32t + 31 of rows g and g + 8's quants, sub-blocks 2t (low
-//     nibbles) and 2t + 1 (high). mma i takes word j = i % 8 of them and half h = i / 8: the
-//     nibbles of bytes 4j, 4j + 2 at k = 2t, 2t + 1 and of bytes 4j + 1, 4j + 3 at 2t + 8, 2t + 9,
-//     each as the bf16 128 + q (one LOP3 each: the nibble in the mantissa of 128).
-//   B (x): column g, k = 2t .. : x at those weights where g = 2t + h (the lane's own sub-block),
-//     else 0, so only lane (g, g / 2) feeds x: its sub-block g's 32 values, read from shared
-//     memory where the thread block staged the whole row of x once (Q4kStagedX).
+//     nibbles) and 2t + 1 (high). mma (h, p), h the half and p = 0 .. 3, takes words 2p and
+//     2p + 1 of them: their low (h = 0) or high (h = 1) nibbles, four int8 per word in one or two
+//     integer instructions, at k = 4t .. 4t + 3 and 4t + 16 .. 4t + 19. These are weights
+//     8p .. 8p + 7 of sub-block 2t + h, in order.
+//   B (x): column g, the same k: x's 8-bit values at those weights where g = 2t + h (the lane's
+//     own sub-block), else 0, so only lane (g, g / 2) feeds x: words 2p, 2p + 1 of sub-block g,
+//     read from shared memory where the thread block staged the whole row once.
 //   C: lane (g, t) holds sub-blocks 2t, 2t + 1 of rows g and g + 8, the sub-blocks whose scales
-//     it decodes from the rows' heads. The mins, and the 128 in every weight, need sum(x) per
-//     sub-block: staged beside the sub-block's values, once for all rows.
-// (a & mask) | bits in one LOP3 (the compiler emits two for two immediates).
-__host__ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
-#ifdef __CUDA_ARCH__
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
-  return d;
-#else
-  return (a & mask) | bits;
-#endif
-}
+//     it decodes from the rows' heads; each is d sc dx sum(q xq) - dmin m dx sum(xq), with dx the
+//     sub-block of x's scale and dx sum(xq) staged beside it.
+// Integer products and sums are exact, where bf16 products of 128 + q rounded in the f32 sums:
+// the error is x's rounding to 8 bits alone, which the lanes' test and backend_ops_test state.
 
 // The lane's weights of one block for rows g and g + 8.
 struct Q4kMmaTile {
@@ -210,23 +205,21 @@ struct Q4kMmaTile {
             {{load16(q_g), load16(q_g + 16)}, {load16(q_g8), load16(q_g8 + 16)}}};
   }
 
-  // mma i's A fragment: {row g, k 2t..}, {row g + 8, k 2t..}, {row g, k 2t + 8..},
-  // {row g + 8, k 2t + 8..}.
-  __host__ __device__ void a_fragment(int i, uint32_t (&a)[4]) const {
-    const int j = i & 7, shift = 4 * (i >> 3);
-    const uint32_t w_g = word_of(quants[0][j >> 2], j & 3),
-                   w_g8 = word_of(quants[1][j >> 2], j & 3);
-    constexpr uint32_t kNibbles = 0x000f000fu, k128 = 0x43004300u;  // bf16 128 in both halves
-    a[0] = and_or(w_g >> shift, kNibbles, k128);
-    a[1] = and_or(w_g8 >> shift, kNibbles, k128);
-    a[2] = and_or(w_g >> (shift + 8), kNibbles, k128);
-    a[3] = and_or(w_g8 >> (shift + 8), kNibbles, k128);
+  // mma (h, p)'s A fragment: {row g, k 4t..}, {row g + 8, k 4t..}, {row g, k 4t + 16..},
+  // {row g + 8, k 4t + 16..}.
+  __host__ __device__ void a_fragment(int h, int p, uint32_t (&a)[4]) const {
+    const int w = 2 * (p & 1), shift = 4 * h;
+    constexpr uint32_t kNibbles = 0x0f0f0f0fu;
+    a[0] = (word_of(quants[0][p >> 1], w) >> shift) & kNibbles;
+    a[1] = (word_of(quants[1][p >> 1], w) >> shift) & kNibbles;
+    a[2] = (word_of(quants[0][p >> 1], w + 1) >> shift) & kNibbles;
+    a[3] = (word_of(quants[1][p >> 1], w + 1) >> shift) & kNibbles;
   }
 
-  // Adds the lane's two sub-blocks of rows g (acc[0]) and g + 8 (acc[1]) from C (c) and the
-  // sums of x over sub-blocks 2t, 2t + 1 (sx): d sc (C - 128 sum(x)) - dmin m sum(x).
-  __host__ __device__ void accumulate(int t, const float (&c)[4], const float (&sx)[2],
-                                      float (&acc)[2]) const {
+  // Adds the lane's two sub-blocks of rows g (acc[0]) and g + 8 (acc[1]) from C (c), given x's
+  // scale dx and dx sum(xq) of sub-blocks 2t, 2t + 1.
+  __host__ __device__ void accumulate(int t, const int32_t (&c)[4], const float (&dx)[2],
+                                      const float (&x_sum)[2], float (&acc)[2]) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint4& h = head[r];
@@ -243,45 +236,60 @@ struct Q4kMmaTile {
       for (int s = 0; s < 2; ++s) {
         const float a = d * static_cast<float>((scales >> (at + 8 * s)) & 0xffu);
         const float m = dmin * static_cast<float>((mins >> (at + 8 * s)) & 0xffu);
-        acc[r] = fmaf(a, c[2 * r + s], acc[r]);
-        acc[r] = fmaf(-fmaf(128.f, a, m), sx[s], acc[r]);
+        acc[r] = fmaf(a * dx[s], static_cast<float>(c[2 * r + s]), acc[r]);
+        acc[r] = fmaf(-m, x_sum[s], acc[r]);
       }
     }
   }
 };
 
-// One row of x staged in shared memory for Q4kMmaTile's B fragments, kWords words per 32-value
-// sub-block: pairs[j] = {x[4j], x[4j + 2]}, {x[4j + 1], x[4j + 3]} for j = 0 .. 7 (the order of
-// the weights' nibbles in the A fragments), then the sub-block's sum(x) as a float, then a word
-// of padding: at a stride of 18 words the eight sub-blocks that a warp's lanes read at once fall
-// in distinct banks.
+// One row of x in shared memory for Q4kMmaTile's B fragments, rounded to 8 bits per 32-value
+// sub-block as ggml rounds activations (and the CPU's 8-bit mode): dx = max |x| / 127,
+// xq = x * (1 / dx) rounded to nearest with ties to even, all zero where dx is. kWords words a
+// sub-block: its 32 int8 in order, dx, then dx sum(xq) (the mins' term, in x's rounded values like
+// the rest). At a stride of 10 words the eight sub-blocks that a warp's lanes read at once fall in
+// distinct banks.
 struct Q4kStagedX {
-  static constexpr int kWords = 18;
-  static constexpr int kSumWord = 16;
+  static constexpr int kWords = 10;
+  static constexpr int kScaleWord = 8;
 
   // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
   __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
-    float sum = 0.f;
+    float v[32];
+    float amax = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 words = load16(xs + 8 * q);
 #pragma unroll
-      for (int w = 0; w < 4; w += 2) {
-        const uint32_t lo = word_of(words, w), hi = word_of(words, w + 1);
-        const int j = 2 * q + w / 2;
-        sub_block[2 * j] = (lo & 0xffffu) | (hi << 16);
-        sub_block[2 * j + 1] = (lo >> 16) | (hi & 0xffff0000u);
-        sum += (bf16_low(lo) + bf16_high(lo)) + (bf16_low(hi) + bf16_high(hi));
+      for (int w = 0; w < 4; ++w) {
+        v[8 * q + 2 * w] = bf16_low(word_of(words, w));
+        v[8 * q + 2 * w + 1] = bf16_high(word_of(words, w));
       }
     }
-    sub_block[kSumWord] = float_bits(sum);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
+    int sum = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int q = static_cast<int>(rintf(v[4 * w + j] * inverse));
+        sum += q;
+        word |= (static_cast<uint32_t>(q) & 0xffu) << (8 * j);
+      }
+      sub_block[w] = word;
+    }
+    sub_block[kScaleWord] = float_bits(dx);
+    sub_block[kScaleWord + 1] = float_bits(dx * static_cast<float>(sum));
   }
 
-  // Lane (g, t)'s {b0, b1} for mmas j and j + 8 of block b: pair j of sub-block g in the mma of
-  // half g % 2 on lane (g, g / 2), zeros elsewhere.
-  __host__ __device__ static void b_fragments(const uint32_t* staged, int b, int g, int t, int j,
-                                              uint32_t (&first)[2], uint32_t (&second)[2]) {
-    const uint32_t* pair = staged + kWords * (8 * b + g) + 2 * j;  // 8-byte aligned
+  // Lane (g, t)'s {b0, b1} for mmas (0, p) and (1, p) of block b: words 2p, 2p + 1 of sub-block g
+  // in the mma of half g % 2 on lane (g, g / 2), zeros elsewhere.
+  __host__ __device__ static void b_fragments(const uint32_t* staged, int b, int g, int t, int p,
+                                              uint32_t (&low)[2], uint32_t (&high)[2]) {
+    const uint32_t* pair = staged + kWords * (8 * b + g) + 2 * p;  // 8-byte aligned
 #ifdef __CUDA_ARCH__
     const uint2 words = *reinterpret_cast<const uint2*>(pair);
     const uint32_t b0 = words.x, b1 = words.y;
@@ -289,17 +297,20 @@ struct Q4kStagedX {
     const uint32_t b0 = pair[0], b1 = pair[1];
 #endif
     const bool mine = t == g >> 1, odd = (g & 1) != 0;
-    first[0] = mine && !odd ? b0 : 0u;
-    first[1] = mine && !odd ? b1 : 0u;
-    second[0] = mine && odd ? b0 : 0u;
-    second[1] = mine && odd ? b1 : 0u;
+    low[0] = mine && !odd ? b0 : 0u;
+    low[1] = mine && !odd ? b1 : 0u;
+    high[0] = mine && odd ? b0 : 0u;
+    high[1] = mine && odd ? b1 : 0u;
   }
 
-  // sum(x) over sub-blocks 2t, 2t + 1 of block b.
-  __host__ __device__ static void sums(const uint32_t* staged, int b, int t, float (&sx)[2]) {
-    const uint32_t* first = staged + kWords * (8 * b + 2 * t) + kSumWord;
-    sx[0] = float_from_bits(first[0]);
-    sx[1] = float_from_bits(first[kWords]);
+  // dx and dx sum(xq) of sub-blocks 2t, 2t + 1 of block b.
+  __host__ __device__ static void scales(const uint32_t* staged, int b, int t, float (&dx)[2],
+                                         float (&x_sum)[2]) {
+    const uint32_t* first = staged + kWords * (8 * b + 2 * t) + kScaleWord;
+    dx[0] = float_from_bits(first[0]);
+    x_sum[0] = float_from_bits(first[1]);
+    dx[1] = float_from_bits(first[kWords]);
+    x_sum[1] = float_from_bits(first[kWords + 1]);
   }
 };
 

@@ -1,6 +1,6 @@
 // Tensor-core and async-copy building blocks (sm_80+ PTX) shared by the attention kernels and the
 // experts' grouped GEMM: cp.async into shared memory, ldmatrix fragments, mma.sync m16n8k16 bf16
-// (and f16) with f32 accumulators.
+// (and f16) with f32 accumulators, m16n8k32 int8 with int32 ones.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +42,17 @@ __device__ __forceinline__ void mma_16816_f16(float* c, const uint32_t* a, uint3
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// int8 operands with int32 sums (exact): the one-row Q4_K kernel's nibbles against x rounded to 8
+// bits (kquant_lanes.cuh).
+__device__ __forceinline__ void mma_16832_s8(int32_t* c, const uint32_t* a, uint32_t b0,
+                                             uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
