@@ -744,14 +744,14 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
 // Q4_K at one row runs on tensor cores in integers, 16 features a thread block with x rounded to
 // 8 bits in its shared memory (ggml's rounding, q8_rounding.h: the reference takes x so
 // rounded): 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
-// thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them); then rows of 100 blocks, whose staged x
-// (80 KB) takes more than the default 48 KB of shared memory.
+// thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them); then rows of 160 blocks, whose staged x
+// (50 KB: 40 bytes a 32-value sub-block) takes more than the default 48 KB of shared memory.
 TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
   std::mt19937 rng(35);
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16 * 4 * 200 + 7, 18 * 256},
-                             std::pair<int64_t, int64_t>{37, 100 * 256}}) {
+                             std::pair<int64_t, int64_t>{37, 160 * 256}}) {
     const std::string what = "Q4_K one row, " + std::to_string(n) + " x " + std::to_string(k);
     const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
     const std::vector<float> w = dequantized(q);

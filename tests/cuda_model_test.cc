@@ -908,26 +908,36 @@ TEST(CudaWeights, EachProjectionLoadsIntoItsGpuFormatAndAppliesItself) {
 // bf16 as those fixtures' weights are rounded. Each prompt runs alone: those of 1 and 7 tokens
 // take every projection through the matrix-vector kernels (Q4_K's one-row tensor-core kernel at 1,
 // with x rounded to 8 bits), those of 40 to 300 through the bf16 expansion and the GEMM.
-class CudaGgufBlocks : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string type = GetParam();
-  const Checkpoint checkpoint =
-      load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/gguf_blocks/llama-gqa." + type + ".gguf");
-  const Expected expected = load_expected("llama-gqa");
-  auto logits = [&](Device device) {
+class CudaGgufBlocks : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    type_ = GetParam();
+    checkpoint_ = load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/gguf_blocks/llama-gqa." +
+                                  type_ + ".gguf");
+    expected_ = load_expected("llama-gqa");
+  }
+  EngineOptions options(Device device) const {
     EngineOptions o = device == Device::kCuda ? cuda_options() : EngineOptions{};
     o.num_pages = 256;
     o.gguf_blocks_on_gpu = true;
-    Engine engine(checkpoint, o);
+    return o;
+  }
+  std::string type_;
+  Checkpoint checkpoint_;
+  Expected expected_;
+};
+
+TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
+  auto logits = [&](Device device) {
+    Engine engine(checkpoint_, options(device));
     if (device == Device::kCuda) {
       const std::map<std::string, int64_t> bytes = engine.step_weight_bytes_by_format();
-      EXPECT_GT(bytes.count(type) ? bytes.at(type) : 0, 0) << "no projection kept " << type;
+      EXPECT_GT(bytes.count(type_) ? bytes.at(type_) : 0, 0) << "no projection kept " << type_;
     }
     // One request at a time, so that each prompt's length alone picks the kernels.
     std::vector<RequestOutput> outputs;
-    for (const auto& p : expected.prompts) {
+    for (const auto& p : expected_.prompts) {
       std::vector<Request> one;
       one.push_back(logits_request(p));
       outputs.push_back(std::move(engine.generate(std::move(one)).at(0)));
@@ -938,32 +948,24 @@ TEST_P(CudaGgufBlocks, LogitsMatchTheCpuOnTheSameBlocks) {
   for (size_t i = 0; i < cpu.size(); ++i) {
     const double err = relative_error(gpu[i].prompt_logits, cpu[i].prompt_logits);
     const std::vector<double> errors = position_errors(gpu[i].prompt_logits, cpu[i].prompt_logits);
-    EXPECT_LT(err, kLogitsTolerance) << type << " case " << i;
+    EXPECT_LT(err, kLogitsTolerance) << type_ << " case " << i;
     std::printf("%s case %zu (%zu tokens): rel err %.2e against the CPU (worst position %.2e)\n",
-                type.c_str(), i, expected.prompts[i].size(), err,
+                type_.c_str(), i, expected_.prompts[i].size(), err,
                 *std::max_element(errors.begin(), errors.end()));
   }
 }
 
 // One sequence at a time, so that every decode step runs the one-row kernels (Q4_K's tensor-core
-// kernel, launched to overlap the kernel before it where the GPU allows): a replayed graph gives
-// exactly the eager steps' tokens, greedy and seeded.
+// kernel among them): a replayed graph gives exactly the eager steps' tokens, greedy and seeded.
 TEST_P(CudaGgufBlocks, GraphsGiveTheSameTokensAsEagerStepsOneSequence) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string type = GetParam();
-  const Checkpoint checkpoint =
-      load_checkpoint(std::string(PAGEDLM_TESTDATA) + "/gguf_blocks/llama-gqa." + type + ".gguf");
-  const Expected expected = load_expected("llama-gqa");
   std::vector<std::vector<int32_t>> runs[2];
   for (bool graphs : {false, true}) {
-    EngineOptions o = cuda_options();
-    o.num_pages = 256;
-    o.gguf_blocks_on_gpu = true;
+    EngineOptions o = options(Device::kCuda);
     o.use_cuda_graphs = graphs;
-    Engine engine(checkpoint, o);
+    Engine engine(checkpoint_, o);
     for (int i = 0; i < kNumCases; ++i) {
       Request r;
-      r.prompt = expected.prompts[i];
+      r.prompt = expected_.prompts[i];
       r.sampling.max_tokens = 20;
       r.sampling.ignore_eos = true;
       if (i % 2 == 1) {
@@ -976,8 +978,8 @@ TEST_P(CudaGgufBlocks, GraphsGiveTheSameTokensAsEagerStepsOneSequence) {
     }
   }
   for (int i = 0; i < kNumCases; ++i) {
-    EXPECT_EQ(runs[0][i].size(), 20u) << type << " case " << i;
-    EXPECT_EQ(runs[0][i], runs[1][i]) << type << " case " << i;
+    EXPECT_EQ(runs[0][i].size(), 20u) << type_ << " case " << i;
+    EXPECT_EQ(runs[0][i], runs[1][i]) << type_ << " case " << i;
   }
 }
 

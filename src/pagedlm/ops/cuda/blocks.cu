@@ -200,11 +200,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // warps' sums meet in shared memory. Each thread block first rounds x to 8 bits into its shared
 // memory (Q4kStagedX), so that a warp's registers hold two blocks' weights and little else.
 // Per 16 x 256 weights a lane runs 8 int8 mmas and about 30 integer instructions to form their
-// fragments. Measured on the H100 (8B shape, one stream) against the bf16 mma form it replaced
-// (16 mmas and about 110 instructions for the fragments, x staged in bf16 with its sums):
-// docs/PERF.md. Before that, on the H200, against two other shapes, both slower: two 16-feature
-// tiles a warp (199 registers), and persistent thread blocks streaming their items through
-// cp.async stages in shared memory.
+// fragments. On the H100 (8B shape, one stream; docs/PERF.md) 1.05x the bf16 mma form it replaced
+// (16 mmas and about 110 instructions for the fragments, x staged in bf16 with its sums), which
+// had been 1.03x the same with x and its sums in registers (122 registers, two thread blocks an
+// SM). Of the shapes measured there, 8 warps a thread block and 3 thread blocks an SM (80
+// registers) is the fastest: 2 blocks 0.99x, 4 warps with 4 or 6 blocks 0.97x / 0.95x, 16 warps
+// 0.87x. Slower still on the H200: two 16-feature tiles a warp (199 registers), and persistent
+// thread blocks streaming their items through cp.async stages in shared memory. Launching it for
+// programmatic dependent launch (its first weights loading while the kernel before it ends) ran
+// 0.99x on the H100.
 constexpr int kQ4kWarps = 8;
 constexpr int kQ4kBlocksPerSm = 3;
 
@@ -282,7 +286,7 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
 }
 
 // Launches q4k_matvec_mma_kernel when x's staging fits the device's shared memory (above the
-// default 48 KB once opted in: in_features of 21846 and more); *launched false otherwise.
+// default 48 KB once opted in: in_features of 39322 and more); *launched false otherwise.
 cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                                   bool out_f32, int out_features, int in_features,
                                   cudaStream_t stream, bool* launched) {
@@ -330,10 +334,10 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
                                                   in_features, out_stride, stream);
     }
   }
-  // Q4_K at one row: tensor cores (16-byte aligned blocks and x, as cudaMalloc's are). On the
-  // H200 (8B shape, one stream) 1.40x the Q4_K lanes that it replaced, which had been 1.5x the
-  // generic kernel; at more rows Q4_K keeps the generic kernel (those lanes ran 0.90x and 0.77x
-  // of it at four and eight rows).
+  // Q4_K at one row: tensor cores (16-byte aligned blocks and x, as cudaMalloc's are). Its first
+  // form, on the H200 (8B shape, one stream), ran 1.40x the Q4_K lanes that it replaced, which
+  // had been 1.5x the generic kernel; at more rows Q4_K keeps the generic kernel (those lanes ran
+  // 0.90x and 0.77x of it at four and eight rows).
   if constexpr (kType == QuantType::kQ4_K && kRows == 1) {
     if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
       bool launched = false;
