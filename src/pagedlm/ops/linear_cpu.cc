@@ -337,6 +337,61 @@ inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, con
             _mm512_srli_epi32(bytes, 4), lo, hi);
 }
 
+// The half (128 weights, four 32-weight sub-blocks) of a Q2_K CPU block that weight k falls in,
+// set up to expand each of its sub-blocks: w = d * sc * q - dmin * m per 16 weights, q = 0..3.
+// The half's eight groups of 16 have 32 possible weights, held as two tables of 16 (lane 4s + q:
+// group 4p + s's weight for q), made once for the four sub-blocks, which then take a shift, a
+// ternary logic op and a permute per 16 weights: built per sub-block, the tables and the loads of
+// the quants (sub-blocks of a half share their bytes) made Q2_K the slowest format to expand.
+// Every weight is one rounding of an exact value (d * sc * q and dmin * m are exact in float32:
+// d and dmin came from f16, sc, m and q have 4 and 2 bits), so the bits are the reference's.
+struct Q2kHalf {
+  static constexpr int kSubs = 4;  // sub-blocks of 32 expanded from one setup
+  __m512 table[2];                 // table[p]: the half's groups 4p..4p + 3
+  __m512i quants_lo, quants_hi;    // the half's 32 bytes of quants, bytes 0-15 and 16-31 as u32s
+  Q2kHalf(const uint8_t* row, int64_t k) {
+    const uint8_t* block =
+        row + k / quant_block_elems(QuantType::kQ2_KF32) * quant_block_bytes(QuantType::kQ2_KF32);
+    const int h = static_cast<int>(k % quant_block_elems(QuantType::kQ2_KF32) / 128);
+    // Lane g < 8: group g of the half's scale (low nibble) and min (high) byte; lanes 8-15 read
+    // the bytes after them, which no table takes.
+    const __m512i scale_bytes = load_bytes_u32(block + 8 + 8 * h);
+    const __m512 q_times_d = _mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 0.f, 1.f, 2.f, 3.f,
+                                                          0.f, 1.f, 2.f, 3.f, 0.f, 1.f, 2.f, 3.f),
+                                           _mm512_set1_ps(load_float(block)));
+    const __m512 dmin = _mm512_set1_ps(load_float(block + 4));
+    for (int p = 0; p < 2; ++p) {
+      const __m512i group_bytes = _mm512_permutexvar_epi32(
+          _mm512_add_epi32(_mm512_set1_epi32(4 * p),
+                           _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+          scale_bytes);
+      const __m512 scales =
+          _mm512_cvtepi32_ps(_mm512_and_si512(group_bytes, _mm512_set1_epi32(0x0F)));
+      const __m512 mins = _mm512_cvtepi32_ps(_mm512_srli_epi32(group_bytes, 4));
+      table[p] = _mm512_fmsub_ps(scales, q_times_d, _mm512_mul_ps(mins, dmin));
+    }
+    const uint8_t* qs = block + 24 + 32 * h;
+    quants_lo = load_bytes_u32(qs);
+    quants_hi = load_bytes_u32(qs + 16);
+  }
+  // Sub-block c of the half: its groups 2c (weights 0-15) and 2c + 1, their q at bits 2c of the
+  // quant bytes, looked up in table c / 2 at lane 8 (c % 2) + 4 (group's parity) + q. The ternary
+  // logic op is (shifted & 3) | lane base.
+  void expand(int c, __m512& lo, __m512& hi) const {
+    const __m512 weights = table[c / 2];
+    const __m512i two_bits = _mm512_set1_epi32(3);
+    constexpr int kAndOr = 0xEA;  // (A & B) | C on ternary logic's truth-table operands
+    lo = _mm512_permutexvar_ps(
+        _mm512_ternarylogic_epi32(_mm512_srli_epi32(quants_lo, 2 * c), two_bits,
+                                  _mm512_set1_epi32(8 * (c % 2)), kAndOr),
+        weights);
+    hi = _mm512_permutexvar_ps(
+        _mm512_ternarylogic_epi32(_mm512_srli_epi32(quants_hi, 2 * c), two_bits,
+                                  _mm512_set1_epi32(8 * (c % 2) + 4), kAndOr),
+        weights);
+  }
+};
+
 // Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
 // k + 16..k + 31, each the format's reference dequantization bit for bit. The 4- and 5-bit
 // formats look their weights up: a block's 16 (or 32) possible weights, computed once, and a
@@ -481,36 +536,7 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     hi = _mm512_permutexvar_ps(
         _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
   } else if constexpr (kType == QuantType::kQ2_KF32) {
-    // Sub-block `sub`: d * sc * q - dmin * m for q = 0..3 and the scales and mins of its two 16s
-    // in one register (lanes 0-3 and 4-7), q at bits 2 (sub % 4) of Q3_K's bytes of quants. The
-    // two scale bytes reach their lanes by a permute of the block's sixteen, in vector registers
-    // throughout: four scalar conversions, products and broadcasts had made this the slowest
-    // format to expand.
-    const int h = sub / 4, c = sub % 4;
-    const __m512i group_bytes = _mm512_permutexvar_epi32(
-        _mm512_add_epi32(_mm512_set1_epi32(2 * sub),
-                         _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)),
-        load_bytes_u32(block + 8));
-    const __m512 scales =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(group_bytes, _mm512_set1_epi32(0x0F))),
-                      _mm512_set1_ps(load_float(block)));
-    const __m512 mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(group_bytes, 4)),
-                                      _mm512_set1_ps(load_float(block + 4)));
-    const __m512 weights =
-        _mm512_sub_ps(_mm512_mul_ps(_mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 0.f, 1.f, 2.f, 3.f, 0.f, 1.f,
-                                                   2.f, 3.f, 0.f, 1.f, 2.f, 3.f),
-                                    scales),
-                      mins);
-    const uint8_t* qs = block + 24 + 32 * h;
-    const __m128i shift = _mm_cvtsi32_si128(2 * c);
-    const __m512i two_bits = _mm512_set1_epi32(3);
-    lo = _mm512_permutexvar_ps(
-        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits), weights);
-    hi = _mm512_permutexvar_ps(
-        _mm512_or_si512(
-            _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
-            _mm512_set1_epi32(4)),
-        weights);
+    Q2kHalf(row, k).expand(sub % Q2kHalf::kSubs, lo, hi);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
     // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
     // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
@@ -634,18 +660,37 @@ inline __m512 reduce_lanes_16(const __m512* acc) {
   return _mm512_permutexvar_ps(order, s);
 }
 
+// A weight row's blocks from weight k on, as the micro-kernel expands them: kSubs sub-blocks of 32
+// from one setup (expand(c, ...): weights k + 32 c..). Most formats set up nothing; Q2_K shares
+// its tables among a half's four sub-blocks (Q2kHalf).
+template <QuantType kType>
+struct BlockExpander {
+  static constexpr int kSubs = 1;
+  const uint8_t* row;
+  int64_t k;
+  BlockExpander(const uint8_t* row, int64_t k) : row(row), k(k) {}
+  void expand(int c, __m512& lo, __m512& hi) const {
+    expand_block<kType>(row, k + c * kQuantBlock, lo, hi);
+  }
+};
+template <>
+struct BlockExpander<QuantType::kQ2_KF32> : Q2kHalf {
+  using Q2kHalf::Q2kHalf;
+};
+
 // Weight columns of the micro-kernel: kMicroCols weight rows expanded from their blocks as they
 // are read.
 template <QuantType kType>
 struct BlockColumns {
+  using Expander = BlockExpander<kType>;
   const uint8_t* first;  // column 0's row of blocks
   int64_t row_bytes;
   // Columns past n_cols repeat the last one, whose outputs micro_kernel drops: no branch in the
   // loop (with one, GCC stored the accumulators to memory on every block).
   int64_t n_cols;
-  void load(int j, int64_t k, __m512& lo, __m512& hi) const {
+  Expander expander(int j, int64_t k) const {
     const int64_t col = j < n_cols ? j : n_cols - 1;
-    expand_block<kType>(first + col * row_bytes, k, lo, hi);
+    return Expander(first + col * row_bytes, k);
   }
   // One block step's share of the group kPrefetchGroups ahead: the bytes of its kMicroCols rows
   // taken in order, kMicroCols blocks' worth a step, so the steps of a group cover the next.
@@ -676,21 +721,47 @@ void micro_kernel(const float* x, int64_t in_features, const Columns& w, const f
   // decode step); the reduction below pads the rest with zeros.
   __m512 acc[MR * kMicroCols];
   for (__m512& a : acc) a = _mm512_setzero_ps();
-  for (int64_t k = 0; k < in_features; k += kQuantBlock) {
-    w.prefetch(k);
-    __m512 x_lo[MR], x_hi[MR];
+  // A column's block step: weights k..k + 31 times the rows' x (from registers, or loaded).
+  const auto step = [&](int j, const __m512& w_lo, const __m512& w_hi, const __m512* x_lo,
+                        const __m512* x_hi) {
     for (int i = 0; i < MR; ++i) {
-      x_lo[i] = _mm512_loadu_ps(x + i * in_features + k);
-      x_hi[i] = _mm512_loadu_ps(x + i * in_features + k + kLanes);
+      acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_lo, x_lo[i], acc[i * kMicroCols + j]);
     }
-    for (int j = 0; j < kMicroCols; ++j) {
-      __m512 w_lo, w_hi;
-      w.load(j, k, w_lo, w_hi);
+    for (int i = 0; i < MR; ++i) {
+      acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_hi, x_hi[i], acc[i * kMicroCols + j]);
+    }
+  };
+  constexpr int kSubs = Columns::Expander::kSubs;
+  for (int64_t k0 = 0; k0 < in_features; k0 += kSubs * kQuantBlock) {
+    for (int c = 0; c < kSubs; ++c) w.prefetch(k0 + c * kQuantBlock);
+    if constexpr (kSubs == 1) {
+      __m512 x_lo[MR], x_hi[MR];
       for (int i = 0; i < MR; ++i) {
-        acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_lo, x_lo[i], acc[i * kMicroCols + j]);
+        x_lo[i] = _mm512_loadu_ps(x + i * in_features + k0);
+        x_hi[i] = _mm512_loadu_ps(x + i * in_features + k0 + kLanes);
       }
-      for (int i = 0; i < MR; ++i) {
-        acc[i * kMicroCols + j] = _mm512_fmadd_ps(w_hi, x_hi[i], acc[i * kMicroCols + j]);
+      for (int j = 0; j < kMicroCols; ++j) {
+        __m512 w_lo, w_hi;
+        w.expander(j, k0).expand(0, w_lo, w_hi);
+        step(j, w_lo, w_hi, x_lo, x_hi);
+      }
+    } else {
+      // A column's sub-blocks one after the other from its setup: each accumulator still takes
+      // its blocks in order. x is read again per column (from L1) to leave the registers to the
+      // setups.
+      for (int j = 0; j < kMicroCols; ++j) {
+        const auto e = w.expander(j, k0);
+#pragma GCC unroll 4
+        for (int c = 0; c < kSubs; ++c) {
+          const int64_t k = k0 + c * kQuantBlock;
+          __m512 x_lo[MR], x_hi[MR], w_lo, w_hi;
+          for (int i = 0; i < MR; ++i) {
+            x_lo[i] = _mm512_loadu_ps(x + i * in_features + k);
+            x_hi[i] = _mm512_loadu_ps(x + i * in_features + k + kLanes);
+          }
+          e.expand(c, w_lo, w_hi);
+          step(j, w_lo, w_hi, x_lo, x_hi);
+        }
       }
     }
   }
