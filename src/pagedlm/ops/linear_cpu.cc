@@ -337,22 +337,47 @@ inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, con
             _mm512_srli_epi32(bytes, 4), lo, hi);
 }
 
-// The half (128 weights, four 32-weight sub-blocks) of a Q2_K CPU block that weight k falls in,
-// set up to expand each of its sub-blocks: w = d * sc * q - dmin * m per 16 weights, q = 0..3.
-// The half's eight groups of 16 have 32 possible weights, held as two tables of 16 (lane 4s + q:
-// group 4p + s's weight for q), made once for the four sub-blocks, which then take a shift, a
-// ternary logic op and a permute per 16 weights: built per sub-block, the tables and the loads of
-// the quants (sub-blocks of a half share their bytes) made Q2_K the slowest format to expand.
-// Every weight is one rounding of an exact value (d * sc * q and dmin * m are exact in float32:
-// d and dmin came from f16, sc, m and q have 4 and 2 bits), so the bits are the reference's.
+// The K-quants with 2-bit fields (Q2_K, Q3_K) expand the four 32-weight sub-blocks of a half
+// block (128 weights) from one setup (BlockExpander below): the half's scales converted together
+// and its quants loaded once. Set up per sub-block, the scales' scalar conversions and broadcasts
+// and the repeated loads had made these the slowest formats to expand.
+struct KQuantHalf {
+  const uint8_t* block;  // the block's CPU form
+  int h;                 // which half of it
+};
+inline KQuantHalf k_quant_half(QuantType type, const uint8_t* row, int64_t k) {
+  return {row + k / quant_block_elems(type) * quant_block_bytes(type),
+          static_cast<int>(k % quant_block_elems(type) / 128)};
+}
+
+// A half's 32 bytes of 2-bit quants (byte l: weight l of sub-block c at bits 2c), bytes 0-15 and
+// 16-31 widened to u32 lanes.
+struct TwoBitQuants {
+  __m512i lo, hi;
+  void load(const uint8_t* half) {
+    lo = load_bytes_u32(half);
+    hi = load_bytes_u32(half + 16);
+  }
+  // Sub-block c's quants from bytes (lo or hi) as table lanes: (bytes >> 2c) & 3 | base, one
+  // ternary logic op after the shift.
+  static __m512i lanes(__m512i bytes, int c, int base) {
+    constexpr int kAndOr = 0xEA;  // (A & B) | C on ternary logic's truth-table operands
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(bytes, 2 * c), _mm512_set1_epi32(3),
+                                     _mm512_set1_epi32(base), kAndOr);
+  }
+};
+
+// Q2_K: w = d * sc * q - dmin * m per group of 16 weights, q = 0..3. The half's eight groups
+// have 32 possible weights, two tables of 16 (lane 4s + q: group 4p + s's weight for q), so a
+// sub-block takes a shift, a ternary logic op and a permute per 16 weights. Every weight is one
+// rounding of an exact value (d * sc * q and dmin * m are exact in float32: d and dmin came
+// from f16; sc, m and q have 4, 4 and 2 bits), so the bits are the reference's.
 struct Q2kHalf {
   static constexpr int kSubs = 4;  // sub-blocks of 32 expanded from one setup
   __m512 table[2];                 // table[p]: the half's groups 4p..4p + 3
-  __m512i quants_lo, quants_hi;    // the half's 32 bytes of quants, bytes 0-15 and 16-31 as u32s
+  TwoBitQuants quants;
   Q2kHalf(const uint8_t* row, int64_t k) {
-    const uint8_t* block =
-        row + k / quant_block_elems(QuantType::kQ2_KF32) * quant_block_bytes(QuantType::kQ2_KF32);
-    const int h = static_cast<int>(k % quant_block_elems(QuantType::kQ2_KF32) / 128);
+    const auto [block, h] = k_quant_half(QuantType::kQ2_KF32, row, k);
     // Lane g < 8: group g of the half's scale (low nibble) and min (high) byte; lanes 8-15 read
     // the bytes after them, which no table takes.
     const __m512i scale_bytes = load_bytes_u32(block + 8 + 8 * h);
@@ -370,25 +395,50 @@ struct Q2kHalf {
       const __m512 mins = _mm512_cvtepi32_ps(_mm512_srli_epi32(group_bytes, 4));
       table[p] = _mm512_fmsub_ps(scales, q_times_d, _mm512_mul_ps(mins, dmin));
     }
-    const uint8_t* qs = block + 24 + 32 * h;
-    quants_lo = load_bytes_u32(qs);
-    quants_hi = load_bytes_u32(qs + 16);
+    quants.load(block + 24 + 32 * h);
   }
-  // Sub-block c of the half: its groups 2c (weights 0-15) and 2c + 1, their q at bits 2c of the
-  // quant bytes, looked up in table c / 2 at lane 8 (c % 2) + 4 (group's parity) + q. The ternary
-  // logic op is (shifted & 3) | lane base.
   void expand(int c, __m512& lo, __m512& hi) const {
-    const __m512 weights = table[c / 2];
-    const __m512i two_bits = _mm512_set1_epi32(3);
-    constexpr int kAndOr = 0xEA;  // (A & B) | C on ternary logic's truth-table operands
+    // Groups 2c (weights 0-15) and 2c + 1: table c / 2 at lanes 8 (c % 2) and 8 (c % 2) + 4.
+    lo = _mm512_permutexvar_ps(TwoBitQuants::lanes(quants.lo, c, 8 * (c % 2)), table[c / 2]);
+    hi = _mm512_permutexvar_ps(TwoBitQuants::lanes(quants.hi, c, 8 * (c % 2) + 4), table[c / 2]);
+  }
+};
+
+// Q3_K: w = d * sc * (q - 4) per group of 16 weights, q = 0..7 (its third bit in the sub-block's
+// u32). The half's eight scales d * sc are converted together; sub-block c's table holds
+// (q - 4) * d * sc for its groups 2c (lanes 0-7) and 2c + 1 (lanes 8-15). Every product is exact
+// (d from f16, sc 8 bits, q - 4 3 bits), as the reference's.
+struct Q3kHalf {
+  static constexpr int kSubs = 4;
+  __m512 scales;  // lane g < 8: d * sc of the half's group g
+  const uint8_t* third_bits;
+  TwoBitQuants quants;
+  Q3kHalf(const uint8_t* row, int64_t k) {
+    const auto [block, h] = k_quant_half(QuantType::kQ3_KF32, row, k);
+    // Lanes 8-15 read the bytes after the half's scales, which no table takes.
+    scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                               reinterpret_cast<const __m128i*>(block + 4 + 8 * h)))),
+                           _mm512_set1_ps(load_float(block)));
+    third_bits = block + 20 + 16 * h;
+    quants.load(block + 52 + 32 * h);
+  }
+  void expand(int c, __m512& lo, __m512& hi) const {
+    const __m512 weights = _mm512_mul_ps(
+        _mm512_setr_ps(-4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f,
+                       2.f, 3.f),
+        _mm512_permutexvar_ps(
+            _mm512_add_epi32(_mm512_set1_epi32(2 * c),
+                             _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
+            scales));
+    uint32_t third;
+    std::memcpy(&third, third_bits + 4 * c, sizeof(third));
+    const __m512i four = _mm512_set1_epi32(4);
+    const __m512i q_lo = TwoBitQuants::lanes(quants.lo, c, 0);
+    const __m512i q_hi = TwoBitQuants::lanes(quants.hi, c, 8);
     lo = _mm512_permutexvar_ps(
-        _mm512_ternarylogic_epi32(_mm512_srli_epi32(quants_lo, 2 * c), two_bits,
-                                  _mm512_set1_epi32(8 * (c % 2)), kAndOr),
-        weights);
+        _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(third), q_lo, four), weights);
     hi = _mm512_permutexvar_ps(
-        _mm512_ternarylogic_epi32(_mm512_srli_epi32(quants_hi, 2 * c), two_bits,
-                                  _mm512_set1_epi32(8 * (c % 2) + 4), kAndOr),
-        weights);
+        _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
   }
 };
 
@@ -509,32 +559,7 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
     }
     pick_5bit(below, above, block + 24 + 4 * sub, q_lo, q_hi, lo, hi);
   } else if constexpr (kType == QuantType::kQ3_KF32) {
-    // Sub-block `sub` of 32 in half h = sub / 4, part c = sub % 4: (q - 4) * d * sc for q = 0..7
-    // and the scales of its two 16s in one register (lanes 0-7 and 8-15), q's 2 low bits at 2c in
-    // h's 32 bytes of quants, its third bit in the sub-block's u32.
-    const int h = sub / 4, c = sub % 4;
-    const float d = load_float(block);
-    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 2 * sub;
-    const __m512 scales =
-        _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * static_cast<float>(sc[0])),
-                             _mm512_set1_ps(d * static_cast<float>(sc[1])));
-    const __m512 weights = _mm512_mul_ps(_mm512_setr_ps(-4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f,
-                                                        -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f),
-                                         scales);
-    const uint8_t* qs = block + 52 + 32 * h;
-    const __m128i shift = _mm_cvtsi32_si128(2 * c);
-    const __m512i two_bits = _mm512_set1_epi32(3);
-    const __m512i q_lo = _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs), shift), two_bits);
-    const __m512i q_hi = _mm512_or_si512(
-        _mm512_and_si512(_mm512_srl_epi32(load_bytes_u32(qs + 16), shift), two_bits),
-        _mm512_set1_epi32(8));
-    uint32_t third;
-    std::memcpy(&third, block + 20 + 4 * sub, sizeof(third));
-    const __m512i four = _mm512_set1_epi32(4);
-    lo = _mm512_permutexvar_ps(
-        _mm512_mask_or_epi32(q_lo, static_cast<__mmask16>(third), q_lo, four), weights);
-    hi = _mm512_permutexvar_ps(
-        _mm512_mask_or_epi32(q_hi, static_cast<__mmask16>(third >> 16), q_hi, four), weights);
+    Q3kHalf(row, k).expand(sub % Q3kHalf::kSubs, lo, hi);
   } else if constexpr (kType == QuantType::kQ2_KF32) {
     Q2kHalf(row, k).expand(sub % Q2kHalf::kSubs, lo, hi);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
@@ -661,8 +686,8 @@ inline __m512 reduce_lanes_16(const __m512* acc) {
 }
 
 // A weight row's blocks from weight k on, as the micro-kernel expands them: kSubs sub-blocks of 32
-// from one setup (expand(c, ...): weights k + 32 c..). Most formats set up nothing; Q2_K shares
-// its tables among a half's four sub-blocks (Q2kHalf).
+// from one setup (expand(c, ...): weights k + 32 c..). Most formats set up nothing; Q2_K and Q3_K
+// share a half block's setup among its four sub-blocks (KQuantHalf).
 template <QuantType kType>
 struct BlockExpander {
   static constexpr int kSubs = 1;
@@ -676,6 +701,10 @@ struct BlockExpander {
 template <>
 struct BlockExpander<QuantType::kQ2_KF32> : Q2kHalf {
   using Q2kHalf::Q2kHalf;
+};
+template <>
+struct BlockExpander<QuantType::kQ3_KF32> : Q3kHalf {
+  using Q3kHalf::Q3kHalf;
 };
 
 // Weight columns of the micro-kernel: kMicroCols weight rows expanded from their blocks as they
