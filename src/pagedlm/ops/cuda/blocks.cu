@@ -297,9 +297,8 @@ cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf
   const size_t static_bytes = sizeof(float) * kQ4kWarps * 16;
   if (staged + static_bytes > device->smem_per_block) return cudaSuccess;
   if (staged > 48 * 1024) {
-    PAGEDLM_CUDA_TRY(cudaFuncSetAttribute(q4k_matvec_mma_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(staged)));
+    PAGEDLM_CUDA_TRY(::pagedlm::cuda::allow_dynamic_smem(
+        reinterpret_cast<const void*>(q4k_matvec_mma_kernel), staged));
   }
   *launched = true;
   q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), staged, stream>>>(

@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "pagedlm/ops/cuda/kernels.h"
 
@@ -86,5 +87,32 @@ cudaError_t current_device_limits(const DeviceLimits** limits) {
 }
 
 const char* smem_cap_error() { return cap_error().c_str(); }
+
+cudaError_t allow_dynamic_smem(const void* fn, size_t bytes) {
+  struct Allowed {
+    int device;
+    const void* fn;
+    size_t bytes;
+  };
+  static std::mutex mu;
+  static std::vector<Allowed> allowed;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = std::find_if(allowed.begin(), allowed.end(),
+                               [&](const Allowed& a) { return a.device == device && a.fn == fn; });
+  if (it != allowed.end() && it->bytes >= bytes) return cudaSuccess;
+  if (cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+      err != cudaSuccess) {
+    return err;
+  }
+  if (it != allowed.end()) {
+    it->bytes = bytes;
+  } else {
+    allowed.push_back({device, fn, bytes});
+  }
+  return cudaSuccess;
+}
 
 }  // namespace pagedlm::cuda

@@ -36,11 +36,15 @@ struct DeviceLimits {
 // The kernels need sm_80 (bf16 mma.sync, cp.async).
 constexpr int kMinComputeCapability = 80;
 // Fills *limits for `device` (cached after the first call). cudaErrorInvalidValue when
-// PAGEDLM_CUDA_SMEM_CAP_KB is not a whole number from 48 to 1024 (smem_cap_error says so).
+// PAGEDLM_CUDA_SMEM_CAP_KB is not a whole number from 99 to 1024 (smem_cap_error says so).
 cudaError_t device_limits(int device, const DeviceLimits** limits);
 // The current device's.
 cudaError_t current_device_limits(const DeviceLimits** limits);
 const char* smem_cap_error();
+// Lets kernel `fn` launch with `bytes` of dynamic shared memory on the current device (past the
+// default 48 KB, a device-wide opt-in per kernel): the attribute is set once per device, kernel
+// and larger size asked for, not on every launch (a host call and a lock in the driver).
+cudaError_t allow_dynamic_smem(const void* fn, size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
 // Paged attention over the packed token stream (FlashInfer CSR page table, see StepPlan).

@@ -18,10 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
-#include <mutex>
-#include <vector>
 
 #include "pagedlm/core/error.h"
 #include "pagedlm/ops/cuda/check.h"
@@ -410,21 +407,11 @@ __global__ void __launch_bounds__(Tile::kThreads) grouped_gemm_kernel(const Gemm
 template <class Tile, int ACT>
 void launch_grouped_gemm(const GemmArgs& args, int rows, int E, cudaStream_t stream) {
   constexpr int kSmem = Tile::kSmemBytes;
-  {
-    // The limit is the device's: once per device and instantiation (before any capture, in
-    // the warm-up), whichever engine's thread gets there first.
-    static std::mutex mu;
-    static std::vector<int> configured;
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    std::lock_guard<std::mutex> lock(mu);
-    if (std::find(configured.begin(), configured.end(), device) == configured.end()) {
-      check(cudaFuncSetAttribute(grouped_gemm_kernel<Tile, ACT>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-            "moe_experts: shared memory");
-      configured.push_back(device);
-    }
-  }
+  // The limit is the device's: set at the first launch on a device (before any capture, in the
+  // warm-up), whichever engine's thread gets there first.
+  check(::pagedlm::cuda::allow_dynamic_smem(
+            reinterpret_cast<const void*>(grouped_gemm_kernel<Tile, ACT>), kSmem),
+        "moe_experts: shared memory");
   const dim3 grid(ceil_div(rows, Tile::BM) + E, ceil_div(args.n, Tile::BN));
   grouped_gemm_kernel<Tile, ACT><<<grid, Tile::kThreads, kSmem, stream>>>(args);
 }
