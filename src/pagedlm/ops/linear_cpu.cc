@@ -442,6 +442,41 @@ struct Q3kHalf {
   }
 };
 
+// Q6_K: w = d * sc * (q - 32) per group of 16 weights, q of 6 bits: 4 in the half's 64 bytes of
+// ql (sub-blocks 0 and 2 in the low and high nibbles of the first 32, 1 and 3 of the second), 2
+// in its 32 bytes of qh (sub-block c's at bits 2c). The half's eight scales d * sc are converted
+// together and its quant bytes loaded once; per sub-block the bits are combined in bytes, then
+// widened. Every product is exact (d from f16, sc 8 bits, q - 32 6 bits), as the reference's.
+struct Q6kHalf {
+  static constexpr int kSubs = 4;
+  __m512 scales;  // lane g < 8: d * sc of the half's group g
+  __m256i ql[2], qh;
+  Q6kHalf(const uint8_t* row, int64_t k) {
+    const auto [block, h] = k_quant_half(QuantType::kQ6_KF32, row, k);
+    // Lanes 8-15 read the bytes after the half's scales, which no sub-block takes.
+    scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                               reinterpret_cast<const __m128i*>(block + 4 + 8 * h)))),
+                           _mm512_set1_ps(load_float(block)));
+    ql[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 20 + 64 * h));
+    ql[1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 52 + 64 * h));
+    qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 148 + 32 * h));
+  }
+  void expand(int c, __m512& lo, __m512& hi) const {
+    // Shifts are per 16 bits; the masks keep only bits that come from their own byte.
+    const __m256i low_bits =
+        _mm256_and_si256(_mm256_srli_epi16(ql[c % 2], 4 * (c / 2)), _mm256_set1_epi8(0x0F));
+    const __m256i high_at_4 =
+        c < 3 ? _mm256_slli_epi16(qh, 4 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 4);
+    const __m256i q = _mm256_sub_epi8(
+        _mm256_or_si256(low_bits, _mm256_and_si256(high_at_4, _mm256_set1_epi8(0x30))),
+        _mm256_set1_epi8(32));
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
+                       _mm512_permutexvar_ps(_mm512_set1_epi32(2 * c), scales));
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                       _mm512_permutexvar_ps(_mm512_set1_epi32(2 * c + 1), scales));
+  }
+};
+
 // Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
 // k + 16..k + 31, each the format's reference dequantization bit for bit. The 4- and 5-bit
 // formats look their weights up: a block's 16 (or 32) possible weights, computed once, and a
@@ -573,28 +608,7 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
   } else if constexpr (kType == QuantType::kQ2_KF32) {
     Q2kHalf(row, k).expand(sub % Q2kHalf::kSubs, lo, hi);
   } else if constexpr (kType == QuantType::kQ6_KF32) {
-    // Sub-block `sub` of 32 in half h = sub / 4 (128 weights), part c = sub % 4: 32 bytes of ql
-    // (h's first or second 32, c odd), their low or high nibbles (c >= 2), and the 2 bits at
-    // 2c of h's 32 bytes of qh; q - 32 made in bytes, then widened; scales d * sc per 16.
-    const int h = sub / 4, c = sub % 4;
-    const float d = load_float(block);
-    const auto* sc = reinterpret_cast<const int8_t*>(block + 4) + 8 * h + 2 * c;
-    const uint8_t* ql = block + 20 + 64 * h + 32 * (c % 2);
-    const uint8_t* qh = block + 148 + 32 * h;
-    const __m256i low_bits =
-        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
-                                          _mm_cvtsi32_si128(4 * (c / 2))),
-                         _mm256_set1_epi8(0x0F));
-    const __m256i high_bits = _mm256_slli_epi16(
-        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)),
-                                          _mm_cvtsi32_si128(2 * c)),
-                         _mm256_set1_epi8(0x03)),
-        4);
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low_bits, high_bits), _mm256_set1_epi8(32));
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
-                       _mm512_set1_ps(d * static_cast<float>(sc[0])));
-    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
-                       _mm512_set1_ps(d * static_cast<float>(sc[1])));
+    Q6kHalf(row, k).expand(sub % Q6kHalf::kSubs, lo, hi);
   } else {
     static_assert(kType == QuantType::kQ8_0, "no AVX-512 expansion for this format");
   }
@@ -715,6 +729,10 @@ struct BlockExpander<QuantType::kQ2_KF32> : Q2kHalf {
 template <>
 struct BlockExpander<QuantType::kQ3_KF32> : Q3kHalf {
   using Q3kHalf::Q3kHalf;
+};
+template <>
+struct BlockExpander<QuantType::kQ6_KF32> : Q6kHalf {
+  using Q6kHalf::Q6kHalf;
 };
 
 // Weight columns of the micro-kernel: kMicroCols weight rows expanded from their blocks as they
