@@ -1,5 +1,4 @@
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +15,7 @@
 
 #include "default_model_util.h"
 #include "gguf_reference_util.h"
+#include "io_test_util.h"
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/io/gguf.h"
 #include "pagedlm/io/model_cache.h"
@@ -199,17 +199,18 @@ Built valid_tiny() {
   return build_gguf(kvs, tensors, 64);
 }
 
+// Each test's files in a folder of its own (ctest runs tests in parallel processes), removed
+// with the fixture.
 class TempFiles : public ::testing::Test {
  protected:
   std::string write(const std::string& bytes, const std::string& name = "t.gguf") {
-    // Per process: ctest runs each test in its own process, in parallel.
-    const fs::path dir =
-        fs::path(::testing::TempDir()) / ("pagedlm_io_gguf_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    const std::string path = (dir / name).string();
+    const std::string path = dir_.file(name);
     std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
     return path;
   }
+
+ private:
+  pagedlm::testing::TempDir dir_;
 };
 
 // Expects GgufFile::open to throw a pagedlm::Error whose message contains every `needle`.
