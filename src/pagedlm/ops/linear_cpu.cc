@@ -480,7 +480,7 @@ struct Q6kHalf {
 // Weights k..k + 31 of a weight row (k a multiple of 32) as two registers, weights k..k + 15 and
 // k + 16..k + 31, each the format's reference dequantization bit for bit. The 4- and 5-bit
 // formats look their weights up: a block's 16 (or 32) possible weights, computed once, and a
-// permute that picks each by its quant.
+// permute that picks each by its quant. (Q2_K, Q3_K and Q6_K: their half-block expanders above.)
 template <QuantType kType>
 inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) {
   const uint8_t* block = row + k / quant_block_elems(kType) * quant_block_bytes(kType);
@@ -603,12 +603,6 @@ inline void expand_block(const uint8_t* row, int64_t k, __m512& lo, __m512& hi) 
       q_hi = _mm512_and_si512(q_hi, _mm512_set1_epi32(0x0F));
     }
     pick_5bit(below, above, block + 24 + 4 * sub, q_lo, q_hi, lo, hi);
-  } else if constexpr (kType == QuantType::kQ3_KF32) {
-    Q3kHalf(row, k).expand(sub % Q3kHalf::kSubs, lo, hi);
-  } else if constexpr (kType == QuantType::kQ2_KF32) {
-    Q2kHalf(row, k).expand(sub % Q2kHalf::kSubs, lo, hi);
-  } else if constexpr (kType == QuantType::kQ6_KF32) {
-    Q6kHalf(row, k).expand(sub % Q6kHalf::kSubs, lo, hi);
   } else {
     static_assert(kType == QuantType::kQ8_0, "no AVX-512 expansion for this format");
   }
@@ -912,17 +906,28 @@ constexpr PanelKernelFn kPanelKernel[kTileRows] = {panel_kernel<1>, panel_kernel
 // (their outputs are computed and dropped).
 template <QuantType kType>
 void expand_panel(const QuantizedMatrix& weight, int64_t col0, int64_t n_cols, float* panel) {
+  using Expander = BlockExpander<kType>;
   const int64_t num_blocks = weight.cols / kQuantBlock;
   const int64_t row_bytes = weight.row_bytes();
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += Expander::kSubs) {
     for (int64_t c = 0; c < kPanelCols; ++c) {
-      float* dst = panel + (b * kPanelCols + c) * kQuantBlock;
-      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-      if (c < n_cols) {
-        expand_block<kType>(weight.blocks.data() + (col0 + c) * row_bytes, b * kQuantBlock, lo, hi);
+      const auto store = [&](int s, __m512 lo, __m512 hi) {
+        float* dst = panel + ((b0 + s) * kPanelCols + c) * kQuantBlock;
+        _mm512_store_ps(dst, lo);
+        _mm512_store_ps(dst + kLanes, hi);
+      };
+      if (c >= n_cols) {
+        for (int s = 0; s < Expander::kSubs; ++s)
+          store(s, _mm512_setzero_ps(), _mm512_setzero_ps());
+        continue;
       }
-      _mm512_store_ps(dst, lo);
-      _mm512_store_ps(dst + kLanes, hi);
+      // The column's sub-blocks from one setup, as the micro-kernel takes them.
+      const Expander e(weight.blocks.data() + (col0 + c) * row_bytes, b0 * kQuantBlock);
+      for (int s = 0; s < Expander::kSubs; ++s) {
+        __m512 lo, hi;
+        e.expand(s, lo, hi);
+        store(s, lo, hi);
+      }
     }
   }
 }
