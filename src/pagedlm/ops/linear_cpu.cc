@@ -337,10 +337,10 @@ inline void expand_5bit(__m512 below, __m512 above, const uint8_t* qh_bytes, con
             _mm512_srli_epi32(bytes, 4), lo, hi);
 }
 
-// The K-quants with 2-bit fields (Q2_K, Q3_K) expand the four 32-weight sub-blocks of a half
-// block (128 weights) from one setup (BlockExpander below): the half's scales converted together
-// and its quants loaded once. Set up per sub-block, the scales' scalar conversions and broadcasts
-// and the repeated loads had made these the slowest formats to expand.
+// The K-quants with a scale per 16 weights (Q2_K, Q3_K, Q6_K) expand the four 32-weight
+// sub-blocks of a half block (128 weights) from one setup (BlockExpander below): the half's
+// scales converted together and its quants loaded once. Set up per sub-block, the scales' scalar
+// conversions and broadcasts and the repeated loads had made these the slowest formats to expand.
 struct KQuantHalf {
   const uint8_t* block;  // the block's CPU form
   int h;                 // which half of it
