@@ -367,6 +367,15 @@ struct TwoBitQuants {
   }
 };
 
+// Q3_K's and Q6_K's CPU forms: f32 d, then int8 scales, one per 16 weights. Lane g < 8: d * sc of
+// half h's group g (exact: d from f16, sc 8 bits); lanes 8-15 read the bytes after the half's
+// scales, which no sub-block takes.
+inline __m512 half_int8_scales(const uint8_t* block, int h) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4 + 8 * h)))),
+                       _mm512_set1_ps(load_float(block)));
+}
+
 // Q2_K: w = d * sc * q - dmin * m per group of 16 weights, q = 0..3. The half's eight groups
 // have 32 possible weights, two tables of 16 (lane 4s + q: group 4p + s's weight for q), so a
 // sub-block takes a shift, a ternary logic op and a permute per 16 weights. Every weight is one
@@ -415,10 +424,7 @@ struct Q3kHalf {
   TwoBitQuants quants;
   Q3kHalf(const uint8_t* row, int64_t k) {
     const auto [block, h] = k_quant_half(QuantType::kQ3_KF32, row, k);
-    // Lanes 8-15 read the bytes after the half's scales, which no table takes.
-    scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                               reinterpret_cast<const __m128i*>(block + 4 + 8 * h)))),
-                           _mm512_set1_ps(load_float(block)));
+    scales = half_int8_scales(block, h);
     third_bits = block + 20 + 16 * h;
     quants.load(block + 52 + 32 * h);
   }
@@ -453,10 +459,7 @@ struct Q6kHalf {
   __m256i ql[2], qh;
   Q6kHalf(const uint8_t* row, int64_t k) {
     const auto [block, h] = k_quant_half(QuantType::kQ6_KF32, row, k);
-    // Lanes 8-15 read the bytes after the half's scales, which no sub-block takes.
-    scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                               reinterpret_cast<const __m128i*>(block + 4 + 8 * h)))),
-                           _mm512_set1_ps(load_float(block)));
+    scales = half_int8_scales(block, h);
     ql[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 20 + 64 * h));
     ql[1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 52 + 64 * h));
     qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 148 + 32 * h));
