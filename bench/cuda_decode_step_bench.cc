@@ -70,20 +70,23 @@ int main(int argc, char** argv) {
   o.gguf_blocks_on_gpu = quant.dummy_blocks.has_value();
   o.max_num_seqs = batch;
   o.max_num_batched_tokens = 8192;
-  o.num_pages = batch * ((context + 64) / page_size + 2);
+  // Until every request decodes: prefill chunks share each step's budget with the decodes of
+  // the requests already prefilled; then a few decode steps capture the graph, 30 are timed and
+  // one is profiled. No request may finish before: each may generate max_new tokens, and the
+  // pool holds them all.
+  const int64_t prefill_steps = (int64_t{batch} * context + 8191 - batch) / (8192 - batch);
+  const int max_new = static_cast<int>(prefill_steps) + 64;
+  o.num_pages = batch * ((context + max_new) / page_size + 2);
   Engine engine(ckpt, o);
   for (int i = 0; i < batch; ++i) {
     Request r;
     r.prompt.resize(context);
     for (int t = 0; t < context; ++t) r.prompt[t] = (i * 7919 + t * 31) % (c.vocab_size - 10) + 5;
     r.use_prefix_cache = false;
-    r.sampling.max_tokens = 400;
+    r.sampling.max_tokens = max_new;
     r.sampling.ignore_eos = true;
     engine.add_request(r);
   }
-  // Until every request decodes: prefill chunks share each step's budget with the decodes of
-  // the requests already prefilled; then a few decode steps capture the graph.
-  const int64_t prefill_steps = (int64_t{batch} * context + 8191 - batch) / (8192 - batch);
   while (engine.num_steps() < prefill_steps + 4) engine.step();
   const int timed = 30;
   const auto t0 = std::chrono::steady_clock::now();
