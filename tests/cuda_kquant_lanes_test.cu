@@ -211,5 +211,93 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
   }
 }
 
+// The several-row tile (Q4kRowsTile, x staged row by row by Q4kStagedX) on an emulated warp, by
+// the same statement of mma.sync m16n8k32's fragments: each sub-block's mma has column n = row n
+// of x, A's k the sub-block's 32 weights in order. 16 features of 1, 3 and 18 blocks against 8
+// rows of x (one sub-block of zeros), summed as the kernel sums them: each lane's four outputs
+// over blocks and sub-blocks, scaled by its features' d sc, dmin m and the rows' dx, dx sum(xq).
+TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
+  std::mt19937 rng(14);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  constexpr int kRows = 16, kBytes = 144, kXRows = 8;
+  for (int num_blocks : {1, 3, 18}) {
+    const int k = 256 * num_blocks, subs = k / 32;
+    const std::vector<uint4> storage = random_blocks(rng, num_blocks * kRows, kBytes, {0, 2});
+    const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
+    std::vector<bf16> x(static_cast<size_t>(kXRows) * k);
+    for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+    for (int i = 32; i < 64 && i < k; ++i) x[3 * k + i] = __float2bfloat16(0.f);
+    std::vector<uint32_t> staged(static_cast<size_t>(kXRows) * subs * Q4kStagedX::kWords);
+    for (int s = 0; s < kXRows * subs; ++s) {
+      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
+    }
+    std::vector<std::vector<double>> x_rounded(kXRows, std::vector<double>(k));
+    for (int r = 0; r < kXRows; ++r) {
+      for (int s = 0; s < subs; ++s) {
+        float xs[32];
+        for (int i = 0; i < 32; ++i) xs[i] = __bfloat162float(x[r * k + 32 * s + i]);
+        const testing::XBlock q = testing::quantize_block(xs);
+        for (int i = 0; i < 32; ++i) x_rounded[r][32 * s + i] = double{q.d} * q.q[i];
+      }
+    }
+    float acc[32][4] = {};
+    for (int b = 0; b < num_blocks; ++b) {
+      Q4kRowsTile tiles[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        tiles[lane] =
+            Q4kRowsTile::load(blocks + (static_cast<size_t>(g) * num_blocks + b) * kBytes,
+                              blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes, t);
+      }
+      for (int sb = 0; sb < 8; ++sb) {
+        const size_t at = static_cast<size_t>(8 * b + sb) * Q4kStagedX::kWords;
+        int a[16][32], bm[32][8];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          uint32_t ar[4];
+          tiles[lane].a_fragment(sb, ar);
+          const uint32_t* x_g = staged.data() + static_cast<size_t>(g) * subs * Q4kStagedX::kWords;
+          const uint32_t br[2] = {x_g[at + t], x_g[at + 4 + t]};
+          for (int r = 0; r < 4; ++r) {
+            for (int e = 0; e < 4; ++e) {
+              a[g + (r % 2 == 1 ? 8 : 0)][4 * t + e + (r >= 2 ? 16 : 0)] = byte_at(ar[r], e);
+            }
+          }
+          for (int r = 0; r < 2; ++r) {
+            for (int e = 0; e < 4; ++e) bm[4 * t + e + (r == 1 ? 16 : 0)][g] = byte_at(br[r], e);
+          }
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          float scale[2], min[2];
+          tiles[lane].sub_block_scales(sb, scale, min);
+          for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            int64_t c = 0;
+            for (int kk = 0; kk < 32; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
+            const uint32_t* sc = staged.data() +
+                                 static_cast<size_t>(col) * subs * Q4kStagedX::kWords + at +
+                                 Q4kStagedX::kScaleWord;
+            const float dx = float_from_bits(sc[0]), x_sum = float_from_bits(sc[1]);
+            acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
+            acc[lane][i] = std::fma(-min[i >> 1], x_sum, acc[lane][i]);
+          }
+        }
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        expect_reference_dot(QuantType::kQ4_K,
+                             blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
+                             x_rounded[col], acc[lane][i],
+                             std::to_string(num_blocks) + " blocks, feature " +
+                                 std::to_string(row) + ", x row " + std::to_string(col));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedlm::ops::cuda

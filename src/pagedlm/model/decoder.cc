@@ -227,6 +227,14 @@ class DecoderModel final : public CausalLM {
     if (widest_gpu_blocks_ > 0 && rows > ops::kBlockMatvecMaxRows) {
       b.projection.dequantized = make({widest_gpu_blocks_});
     }
+    if (widest_gpu_blocks_ > 0 && rows >= 2) {
+      // The widest input of a block projection: o's (Hq d), down's (F) or the hidden size.
+      const int64_t widest = std::max({D, Hq * d, F});
+      b.projection.staged_rows = Tensor::empty(
+          DType::kI32,
+          {ops::staged_rows_words(std::min<int64_t>(rows, ops::kBlockMatvecMaxRows), widest)},
+          device_);
+    }
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});

@@ -64,8 +64,33 @@ DeviceBlocks upload_blocks(const QuantizedMatrix& weight) {
   return out;
 }
 
+int64_t staged_rows_words(int64_t rows, int64_t cols) {
+  return rows * (cols / 32) * kStagedWordsPer32;
+}
+
+void stage_rows(const Tensor& x, const Tensor& staged, void* stream) {
+  constexpr const char* kOp = "stage_rows";
+  detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, detail::kAnyDim});
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows, kOp, ": takes up to ", kBlockMatvecMaxRows,
+                " rows, got ", rows);
+  PAGEDLM_CHECK(cols % 32 == 0, kOp, ": ", cols, " columns are not whole groups of 32");
+  detail::expect(staged, kOp, "staged", DType::kI32, {detail::kAnyDim});
+  PAGEDLM_CHECK(staged.numel() >= staged_rows_words(rows, cols), kOp, ": staged holds ",
+                staged.numel(), " words, x needs ", staged_rows_words(rows, cols));
+  expect_gpu(x, kOp, "x");
+  expect_gpu(staged, kOp, "staged");
+  PAGEDLM_CHECK(reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0, kOp, ": x must be 16-byte aligned");
+#ifdef PAGEDLM_HAS_CUDA
+  cuda::stage_rows(x.raw(), staged.raw(), rows, cols, stream);
+#else
+  (void)stream;
+  detail::fail_no_cuda(kOp);
+#endif
+}
+
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
-                   int64_t out_col0, void* stream) {
+                   int64_t out_col0, void* stream, const Tensor& staged) {
   constexpr const char* kOp = "linear (GGUF blocks)";
   expect_blocks(w, kOp);
   detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, w.cols});
@@ -86,13 +111,20 @@ void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, c
   expect_gpu(out, kOp, "out");
   // Activations are read 8 at a time (16 bytes).
   PAGEDLM_CHECK(reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0, kOp, ": x must be 16-byte aligned");
+  if (staged.defined()) {
+    detail::expect(staged, kOp, "staged x", DType::kI32, {detail::kAnyDim});
+    PAGEDLM_CHECK(staged.numel() >= staged_rows_words(rows, w.cols), kOp, ": staged x holds ",
+                  staged.numel(), " words, ", rows, " rows of ", w.cols, " need ",
+                  staged_rows_words(rows, w.cols));
+    expect_gpu(staged, kOp, "staged x");
+  }
 #ifdef PAGEDLM_HAS_CUDA
   const size_t elem = out_f32 ? 4 : 2;
   cuda::linear_blocks(
       x.raw(), w.blocks.raw(), w.type,
       bias.defined() ? static_cast<const uint16_t*>(bias.raw()) + out_col0 : nullptr,
       static_cast<char*>(out.raw()) + out_col0 * elem, out_f32, rows, w.rows, w.cols, out.dim(1),
-      stream);
+      stream, staged.defined() ? staged.raw() : nullptr);
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);

@@ -36,12 +36,23 @@ bool gpu_computes_blocks(QuantType type);
 // The matrix's blocks copied to the GPU as they are. Throws unless gpu_computes_blocks(type).
 DeviceBlocks upload_blocks(const QuantizedMatrix& weight);
 
+// x's rows rounded to 8 bits per 32 values, as ggml rounds activations for its integer kernels
+// (dx = max |x| / 127, x / dx to nearest, ties to even), with each 32's dx and dx sum(xq): what
+// linear_blocks' integer kernels at two rows and more take. staged: [>= staged_rows_words(rows,
+// cols)] I32 on the GPU; x [rows <= kBlockMatvecMaxRows, cols] bf16, cols a multiple of 32.
+inline constexpr int64_t kStagedWordsPer32 = 10;  // 8 words of int8, dx, dx sum(xq)
+int64_t staged_rows_words(int64_t rows, int64_t cols);
+void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
+
 // out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
 // x [rows <= kBlockMatvecMaxRows, w.cols] bf16; out [rows, >= out_col0 + w.rows], bf16, or f32
 // without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
-// ggml's dequantization) times x in f32, summed in f32.
+// ggml's dequantization) times x in f32, summed in f32; except Q4_K, whose kernels take x rounded
+// to 8 bits (stage_rows' rule) and sum its integer products on tensor cores: at one row always
+// (the kernel rounds x itself), at two rows and more where `staged` holds x as stage_rows wrote
+// it (undefined: the f32 kernel).
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
-                   int64_t out_col0 = 0, void* stream = nullptr);
+                   int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor());
 
 // The weights as bf16 into rows [row0, row0 + w.rows) of dense [>= row0 + w.rows, w.cols] (GPU):
 // each one ggml's f32 dequantization rounded to nearest even.
@@ -50,9 +61,11 @@ void dequantize_blocks(const DeviceBlocks& w, const Tensor& dense, int64_t row0 
 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
+void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, void* stream);
+// staged: x as stage_rows wrote it, or null.
 void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
                    bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
-                   int64_t out_stride, void* stream);
+                   int64_t out_stride, void* stream, const void* staged);
 void dequantize_blocks(const void* blocks, QuantType type, void* dense, int64_t out_features,
                        int64_t in_features, void* stream);
 }  // namespace cuda

@@ -1,5 +1,6 @@
 #include "pagedlm/ops/linear_weight.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "pagedlm/core/error.h"
@@ -123,9 +124,17 @@ void LinearWeight::apply_gpu_blocks(const Tensor& x, const Tensor& bias, const T
                                     void* stream, DeviceState* state,
                                     const LinearScratch& scratch) const {
   if (x.dim(0) <= kBlockMatvecMaxRows) {
+    // x rounded to 8 bits once for every part whose kernel takes it so (Q4_K, two rows and more).
+    Tensor staged;
+    if (x.dim(0) >= 2 && scratch.staged_rows.defined() &&
+        std::any_of(gpu_.begin(), gpu_.end(),
+                    [](const DeviceBlocks& part) { return part.type == QuantType::kQ4_K; })) {
+      staged = scratch.staged_rows;
+      stage_rows(x, staged, stream);
+    }
     int64_t col0 = 0;
     for (const DeviceBlocks& part : gpu_) {
-      linear_blocks(x, part, bias, out, col0, stream);
+      linear_blocks(x, part, bias, out, col0, stream, staged);
       col0 += part.rows;
     }
     PAGEDLM_CHECK(col0 == out.dim(1), "a projection's parts have ", col0, " outputs, out has ",

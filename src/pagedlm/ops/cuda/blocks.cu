@@ -306,6 +306,98 @@ cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf
   return cudaSuccess;
 }
 
+// Rows of x rounded to 8 bits per 32 values into Q4kStagedX's layout, [rows][in_features / 32]
+// sub-blocks of Q4kStagedX::kWords words: one thread a sub-block.
+__global__ void stage_rows_kernel(const bf16* x, uint32_t* staged, int64_t sub_blocks) {
+  const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (s < sub_blocks) Q4kStagedX::stage(x + 32 * s, staged + Q4kStagedX::kWords * s);
+}
+
+// Q4_K times two to eight rows of x on tensor cores in integers (Q4kRowsTile), x staged by
+// stage_rows_kernel: a thread block of kQ4kWarps warps takes 16 output features, its warps
+// blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in flight, as the
+// one-row kernel; each block is eight mmas (one a sub-block, its columns the rows of x) and the
+// lane scales each of its four sums by its features' and rows' factors. The warps' sums meet in
+// shared memory. Every output's additions run in one order (blocks in a warp's order, sub-blocks
+// in order, then the warps in order), whatever the number of rows: a row's outputs do not depend
+// on the rows beside it.
+constexpr int kQ4kRowsMax = 8;
+static_assert(kQ4kRowsMax == kBlockMatvecMaxRows,
+              "the integer kernel takes every row count of the matrix-vector path");
+
+__global__ void __launch_bounds__(32 * kQ4kWarps)
+    q4k_rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
+                        bool out_f32, int rows, int out_features, int in_features,
+                        int64_t out_stride) {
+  __shared__ float partial[kQ4kWarps][16][kQ4kRowsMax];
+  const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
+  const int g = lane >> 2, t = lane & 3;
+  const int num_blocks = in_features / 256;
+  const int64_t row_words = static_cast<int64_t>(in_features / 32) * Q4kStagedX::kWords;
+  const int n0 = static_cast<int>(blockIdx.x) * 16;
+  const int64_t row_bytes = static_cast<int64_t>(num_blocks) * 144;
+  const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
+  const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
+  // B's column g is row g of x; C's columns 2t, 2t + 1 rows 2t, 2t + 1. Rows past x's read its
+  // last row (their sums are never stored).
+  const uint32_t* x_b = staged + min(g, rows - 1) * row_words;
+  const uint32_t* x_c[2] = {staged + min(2 * t, rows - 1) * row_words,
+                            staged + min(2 * t + 1, rows - 1) * row_words};
+  auto load = [&](int b) { return Q4kRowsTile::load(row_g + 144 * b, row_g8 + 144 * b, t); };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // C's layout: (g, 2t), (g, 2t + 1), (g + 8, 2t), ...
+  auto step = [&](int b, const Q4kRowsTile& tile, Q4kRowsTile& next) {
+    if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
+#pragma unroll
+    for (int sb = 0; sb < 8; ++sb) {
+      const int64_t at = static_cast<int64_t>(8 * b + sb) * Q4kStagedX::kWords;
+      uint32_t a[4];
+      tile.a_fragment(sb, a);
+      int32_t c[4] = {0, 0, 0, 0};
+      ::pagedlm::cuda::detail::mma_16832_s8(c, a, x_b[at + t], x_b[at + 4 + t]);
+      float scale[2], min[2];
+      tile.sub_block_scales(sb, scale, min);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float dx = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord]);
+        const float x_sum = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord + 1]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float& v = acc[2 * r + h];
+          v = fmaf(scale[r] * dx, static_cast<float>(c[2 * r + h]), v);
+          v = fmaf(-min[r], x_sum, v);
+        }
+      }
+    }
+  };
+  Q4kRowsTile tiles[2];
+  if (warp < num_blocks) {
+    tiles[0] = load(warp);
+    for (int b = warp;;) {
+      step(b, tiles[0], tiles[1]);
+      if ((b += kQ4kWarps) >= num_blocks) break;
+      step(b, tiles[1], tiles[0]);
+      if ((b += kQ4kWarps) >= num_blocks) break;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = acc[i];
+  __syncthreads();
+  const int tid = lane + 32 * warp;
+  if (tid >= 16 * rows) return;
+  const int feature = tid & 15, row = tid >> 4, n = n0 + feature;
+  if (n >= out_features) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][feature][row];
+  const int64_t o = row * out_stride + n;
+  if (out_f32) {
+    static_cast<float*>(out)[o] = sum;
+  } else {
+    const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+    static_cast<bf16*>(out)[o] = __float2bfloat16(sum + bias_n);
+  }
+}
+
 // One thread per unit of 8 weights, one 16-byte store.
 template <QuantType kType>
 __global__ void dequantize_blocks_kernel(const uint8_t* blocks, bf16* dense, int64_t units) {
@@ -410,13 +502,34 @@ cudaError_t dispatch(QuantType type, F&& f) {
 
 }  // namespace
 
+void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, void* stream) {
+  static_assert(Q4kStagedX::kWords == kStagedWordsPer32, "linear_blocks.h's size of a staged 32");
+  const int64_t sub_blocks = rows * (in_features / 32);
+  if (sub_blocks == 0) return;
+  constexpr int kThreads = 128;
+  stage_rows_kernel<<<ceil_div(sub_blocks, kThreads), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), static_cast<uint32_t*>(staged), sub_blocks);
+  ::pagedlm::cuda::check(cudaGetLastError(), "stage_rows");
+}
+
 void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
                    bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
-                   int64_t out_stride, void* stream) {
+                   int64_t out_stride, void* stream, const void* staged) {
   if (rows == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
              k = static_cast<int>(in_features);
+  // Q4_K at two rows and more, with x staged: tensor cores (16-byte aligned blocks, as
+  // cudaMalloc's are).
+  if (type == QuantType::kQ4_K && staged != nullptr && r >= 2 && r <= kQ4kRowsMax &&
+      reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
+    q4k_rows_mma_kernel<<<ceil_div(n, 16), dim3(32, kQ4kWarps), 0, s>>>(
+        static_cast<const uint32_t*>(staged), static_cast<const uint8_t*>(blocks),
+        static_cast<const bf16*>(bias), out, out_f32, r, n, k, out_stride);
+    ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
+    return;
+  }
   const cudaError_t err = dispatch(type, [&](auto t) {
     return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride, s);
   });

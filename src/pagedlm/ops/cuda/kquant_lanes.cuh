@@ -79,6 +79,22 @@ __host__ __device__ __forceinline__ uint4 load16(const void* p) {
 #endif
 }
 
+// 4 bytes from a 4-byte aligned address.
+__host__ __device__ __forceinline__ uint32_t load_word(const void* p) {
+#ifdef __CUDA_ARCH__
+  return *static_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+#endif
+}
+
+// An f16 from its bits, as a float.
+__host__ __device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+}
+
 // The two bf16 of a 32-bit word as floats: exact, one instruction each.
 __host__ __device__ __forceinline__ float bf16_low(uint32_t pair) {
   return float_from_bits(pair << 16);
@@ -239,6 +255,70 @@ struct Q4kMmaTile {
         acc[r] = fmaf(a * dx[s], static_cast<float>(c[2 * r + s]), acc[r]);
         acc[r] = fmaf(-m, x_sum[s], acc[r]);
       }
+    }
+  }
+};
+
+// Q4_K blocks against several rows of x on tensor cores in integers (at two to eight rows; the
+// one-row tile above gives the eight columns of an mma to the eight sub-blocks instead): a warp
+// takes 16 output features (rows g and g + 8 on lane (g, t)) and one 256-weight block of them at
+// a time. Each sub-block is one mma m16n8k32 whose k runs over its 32 weights in order and whose
+// eight columns are eight rows of x, as Q4kStagedX lays them out (one sub-block of a row:
+// 8 words of int8, then dx and dx sum(xq)); so C holds that sub-block's integer dot products of
+// two features with two rows, and the lane scales them by its features' d sc and dmin m and the
+// rows' dx and dx sum(xq). Lane t reads bytes 4t .. 4t + 3 and 16 + 4t .. 19 + 4t of each of the
+// four 32-byte groups of quants (group j: sub-block 2j in the low nibbles, 2j + 1 in the high):
+// in the file's layout, A's fragments of all eight sub-blocks.
+struct Q4kRowsTile {
+  uint32_t head[2][4];    // rows g, g + 8: d and dmin, then 12 bytes of packed scales and mins
+  uint32_t quants[2][8];  // rows g, g + 8: words 8 j + t and 8 j + 4 + t of the 128 quant bytes
+
+  __host__ __device__ static Q4kRowsTile load(const uint8_t* block_g, const uint8_t* block_g8,
+                                              int t) {
+    Q4kRowsTile tile;
+    const uint8_t* blocks[2] = {block_g, block_g8};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4 h = load16(blocks[r]);
+      tile.head[r][0] = h.x;
+      tile.head[r][1] = h.y;
+      tile.head[r][2] = h.z;
+      tile.head[r][3] = h.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        tile.quants[r][2 * j] = load_word(blocks[r] + 16 + 32 * j + 4 * t);
+        tile.quants[r][2 * j + 1] = load_word(blocks[r] + 16 + 32 * j + 16 + 4 * t);
+      }
+    }
+    return tile;
+  }
+
+  // Sub-block sb's A fragment: {row g, k 4t..}, {row g + 8, k 4t..}, {row g, k 4t + 16..},
+  // {row g + 8, k 4t + 16..}.
+  __host__ __device__ void a_fragment(int sb, uint32_t (&a)[4]) const {
+    const int j = sb >> 1, shift = 4 * (sb & 1);
+    constexpr uint32_t kNibbles = 0x0f0f0f0fu;
+    a[0] = (quants[0][2 * j] >> shift) & kNibbles;
+    a[1] = (quants[1][2 * j] >> shift) & kNibbles;
+    a[2] = (quants[0][2 * j + 1] >> shift) & kNibbles;
+    a[3] = (quants[1][2 * j + 1] >> shift) & kNibbles;
+  }
+
+  // d sc[sb] (scale) and dmin m[sb] (min) of rows g (r = 0) and g + 8 (r = 1): ggml's
+  // get_scale_min_k4, as Q4kMmaTile::accumulate reads it.
+  __host__ __device__ void sub_block_scales(int sb, float (&scale)[2], float (&min)[2]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t y = head[r][1], z = head[r][2], w = head[r][3];
+      const uint32_t scales =
+          sb < 4 ? y & 0x3f3f3f3fu : (w & 0x0f0f0f0fu) | ((y >> 2) & 0x30303030u);
+      const uint32_t mins =
+          sb < 4 ? z & 0x3f3f3f3fu : ((w >> 4) & 0x0f0f0f0fu) | ((z >> 2) & 0x30303030u);
+      const int at = 8 * (sb & 3);
+      const float d = f16_bits_to_float(head[r][0]);
+      const float dmin = f16_bits_to_float(head[r][0] >> 16);
+      scale[r] = d * static_cast<float>((scales >> at) & 0xffu);
+      min[r] = dmin * static_cast<float>((mins >> at) & 0xffu);
     }
   }
 };
