@@ -694,7 +694,8 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 // K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
 // rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
 // weight to bf16 (kSums' bound). Q4_K at one row rounds x to 8 bits (ggml's rounding, which the
-// reference then takes too), and so at more rows where x comes staged (ops::stage_rows).
+// reference then takes too), and so Q4_K and Q6_K at more rows where x comes staged
+// (ops::stage_rows).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -736,14 +737,14 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
         run(Tensor(), logits);
         expect_nmse(host_f32(logits), linear_ref(x_ref, w, nullptr, rows, k, n),
                     matvec ? 1e-10 : b.tol(kSums), what + " f32 out");
-        // With x staged (stage_rows), Q4_K at two rows and more takes it rounded to 8 bits on
-        // tensor cores; the other formats ignore it.
+        // With x staged (stage_rows), Q4_K and Q6_K at two rows and more take it rounded to 8
+        // bits on tensor cores; the other formats ignore it.
         if (matvec && rows >= 2) {
           const Tensor staged =
               Tensor::empty(DType::kI32, {ops::staged_rows_words(rows, k)}, Device::kCuda);
           ops::stage_rows(xt, staged);
           const std::vector<float> x_staged_ref =
-              type == QuantType::kQ4_K ? testing::rounded_to_q8(x) : x;
+              type == QuantType::kQ4_K || type == QuantType::kQ6_K ? testing::rounded_to_q8(x) : x;
           Tensor staged_out = b.poisoned({rows, n});
           ops::linear_blocks(xt, dw, b.tensor(bias, {n}), staged_out, 0, nullptr, staged);
           expect_nmse(host_f32(staged_out), linear_ref(x_staged_ref, w, &bias, rows, k, n), 1e-5,
@@ -758,33 +759,36 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   }
 }
 
-// Q4_K at two to eight rows with x staged: a row's outputs are the same bits whatever rows run
-// beside it (each output sums in one order, set by in_features alone), so a sequence's tokens do
-// not depend on how many others decode with it.
-TEST(BackendOpsCuda, LinearBlocksQ4kRowsAreBatchInvariant) {
+// Q4_K and Q6_K at two to eight rows with x staged: a row's outputs are the same bits whatever
+// rows run beside it (each output sums in one order, set by in_features alone), so a sequence's
+// tokens do not depend on how many others decode with it. 11 blocks a row: Q6_K's rows of 2310
+// bytes start at every even offset.
+TEST(BackendOpsCuda, LinearBlocksKquantRowsAreBatchInvariant) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
   std::mt19937 rng(36);
   const int64_t n = 100, k = 11 * 256;
-  const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
-  const ops::DeviceBlocks dw = ops::upload_blocks(q);
-  std::vector<float> x = uniform(8 * k, rng);
-  b.round(x);
-  const Tensor staged = Tensor::empty(DType::kI32, {ops::staged_rows_words(8, k)}, Device::kCuda);
-  auto rows_out = [&](int64_t first, int64_t rows) {
-    const std::vector<float> part(x.begin() + first * k, x.begin() + (first + rows) * k);
-    const Tensor xt = b.tensor(part, {rows, k});
-    ops::stage_rows(xt, staged);
-    Tensor out = b.poisoned({rows, n}, DType::kF32);
-    ops::linear_blocks(xt, dw, Tensor(), out, 0, nullptr, staged);
-    return host_f32(out);
-  };
-  const std::vector<float> all = rows_out(0, 8);
-  for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, 2}, {5, 3}, {1, 7}}) {
-    const std::vector<float> some = rows_out(first, rows);
-    for (int64_t i = 0; i < rows * n; ++i) {
-      ASSERT_EQ(some[i], all[first * n + i])
-          << "rows " << first << " .. " << first + rows - 1 << ", output " << i;
+  for (QuantType type : {QuantType::kQ4_K, QuantType::kQ6_K}) {
+    const QuantizedMatrix q = random_blocks(type, n, k, rng);
+    const ops::DeviceBlocks dw = ops::upload_blocks(q);
+    std::vector<float> x = uniform(8 * k, rng);
+    b.round(x);
+    const Tensor staged = Tensor::empty(DType::kI32, {ops::staged_rows_words(8, k)}, Device::kCuda);
+    auto rows_out = [&](int64_t first, int64_t rows) {
+      const std::vector<float> part(x.begin() + first * k, x.begin() + (first + rows) * k);
+      const Tensor xt = b.tensor(part, {rows, k});
+      ops::stage_rows(xt, staged);
+      Tensor out = b.poisoned({rows, n}, DType::kF32);
+      ops::linear_blocks(xt, dw, Tensor(), out, 0, nullptr, staged);
+      return host_f32(out);
+    };
+    const std::vector<float> all = rows_out(0, 8);
+    for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, 2}, {5, 3}, {1, 7}}) {
+      const std::vector<float> some = rows_out(first, rows);
+      for (int64_t i = 0; i < rows * n; ++i) {
+        ASSERT_EQ(some[i], all[first * n + i]) << quant_format(type).name << ", rows " << first
+                                               << " .. " << first + rows - 1 << ", output " << i;
+      }
     }
   }
 }

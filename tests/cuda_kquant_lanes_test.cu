@@ -299,5 +299,91 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
   }
 }
 
+// Q6_K's several-row tile (Q6kRowsTile) on an emulated warp, by mma.sync m16n8k16's fragments
+// for .s8 (PTX ISA: a0 row groupID, a1 row groupID + 8, at columns 4 threadID .. + 3; b0 column
+// groupID at rows 4 threadID .. + 3; C as m16n8k32's): each 16-weight sub-block one mma, its
+// columns the rows of x. 16 features of 1, 3 and 11 blocks of 210 bytes, rows back to back (so
+// that blocks start at every even offset), against 8 rows of x.
+TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
+  std::mt19937 rng(15);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  constexpr int kRows = 16, kBytes = 210, kXRows = 8;
+  for (int num_blocks : {1, 3, 11}) {
+    const int k = 256 * num_blocks, subs = k / 32;
+    const std::vector<uint4> storage = random_blocks(rng, num_blocks * kRows, kBytes, {208});
+    const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
+    std::vector<bf16> x(static_cast<size_t>(kXRows) * k);
+    for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+    std::vector<uint32_t> staged(static_cast<size_t>(kXRows) * subs * Q4kStagedX::kWords);
+    for (int s = 0; s < kXRows * subs; ++s) {
+      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
+    }
+    std::vector<std::vector<double>> x_rounded(kXRows, std::vector<double>(k));
+    for (int r = 0; r < kXRows; ++r) {
+      for (int s = 0; s < subs; ++s) {
+        float xs[32];
+        for (int i = 0; i < 32; ++i) xs[i] = __bfloat162float(x[r * k + 32 * s + i]);
+        const testing::XBlock q = testing::quantize_block(xs);
+        for (int i = 0; i < 32; ++i) x_rounded[r][32 * s + i] = double{q.d} * q.q[i];
+      }
+    }
+    float acc[32][4] = {};
+    for (int b = 0; b < num_blocks; ++b) {
+      Q6kRowsTile tiles[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        tiles[lane] =
+            Q6kRowsTile::load(blocks + (static_cast<size_t>(g) * num_blocks + b) * kBytes,
+                              blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes, t);
+      }
+      for (int h = 0; h < 2; ++h) {
+        for (int grp = 0; grp < 4; ++grp) {
+          const size_t at = static_cast<size_t>(8 * b + 4 * h + grp) * Q4kStagedX::kWords;
+          for (int s = 0; s < 2; ++s) {
+            int a[16][16], bm[16][8];
+            for (int lane = 0; lane < 32; ++lane) {
+              const int g = lane / 4, t = lane % 4;
+              uint32_t ar[2];
+              tiles[lane].a_fragment(h, grp, s, ar);
+              const uint32_t br =
+                  staged[static_cast<size_t>(g) * subs * Q4kStagedX::kWords + at + 4 * s + t];
+              for (int e = 0; e < 4; ++e) {
+                a[g][4 * t + e] = byte_at(ar[0], e);
+                a[g + 8][4 * t + e] = byte_at(ar[1], e);
+                bm[4 * t + e][g] = byte_at(br, e);
+              }
+            }
+            for (int lane = 0; lane < 32; ++lane) {
+              const int g = lane / 4, t = lane % 4;
+              float scale[2];
+              tiles[lane].sub_block_scales(h, grp, s, scale);
+              for (int i = 0; i < 4; ++i) {
+                const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+                int64_t c = 0;
+                for (int kk = 0; kk < 16; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
+                const float dx =
+                    float_from_bits(staged[static_cast<size_t>(col) * subs * Q4kStagedX::kWords +
+                                           at + Q4kStagedX::kScaleWord]);
+                acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
+              }
+            }
+          }
+        }
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        expect_reference_dot(QuantType::kQ6_K,
+                             blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
+                             x_rounded[col], acc[lane][i],
+                             std::to_string(num_blocks) + " blocks, feature " +
+                                 std::to_string(row) + ", x row " + std::to_string(col));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedlm::ops::cuda

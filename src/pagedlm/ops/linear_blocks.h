@@ -47,10 +47,10 @@ void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 // out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
 // x [rows <= kBlockMatvecMaxRows, w.cols] bf16; out [rows, >= out_col0 + w.rows], bf16, or f32
 // without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
-// ggml's dequantization) times x in f32, summed in f32; except Q4_K, whose kernels take x rounded
-// to 8 bits (stage_rows' rule) and sum its integer products on tensor cores: at one row always
-// (the kernel rounds x itself), at two rows and more where `staged` holds x as stage_rows wrote
-// it (undefined: the f32 kernel).
+// ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded to
+// 8 bits (stage_rows' rule) and sum integer products on tensor cores: Q4_K at one row (the kernel
+// rounds x itself), Q4_K and Q6_K at two rows and more where `staged` holds x as stage_rows wrote
+// it (undefined: the f32 kernels).
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
                    int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor());
 

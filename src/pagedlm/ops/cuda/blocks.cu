@@ -313,63 +313,107 @@ __global__ void stage_rows_kernel(const bf16* x, uint32_t* staged, int64_t sub_b
   if (s < sub_blocks) Q4kStagedX::stage(x + 32 * s, staged + Q4kStagedX::kWords * s);
 }
 
-// Q4_K times two to eight rows of x on tensor cores in integers (Q4kRowsTile), x staged by
-// stage_rows_kernel: a thread block of kQ4kWarps warps takes 16 output features, its warps
-// blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in flight, as the
-// one-row kernel; each block is eight mmas (one a sub-block, its columns the rows of x) and the
-// lane scales each of its four sums by its features' and rows' factors. The warps' sums meet in
-// shared memory. Every output's additions run in one order (blocks in a warp's order, sub-blocks
-// in order, then the warps in order), whatever the number of rows: a row's outputs do not depend
-// on the rows beside it.
-constexpr int kQ4kRowsMax = 8;
-static_assert(kQ4kRowsMax == kBlockMatvecMaxRows,
-              "the integer kernel takes every row count of the matrix-vector path");
+// One 256-weight block of 16 features times up to eight rows of x staged by stage_rows_kernel,
+// added to the lane's four sums (C's layout: feature g with rows 2t, 2t + 1, then feature g + 8).
+// x_b: the row of x in B's column g; x_c: the rows of C's columns 2t, 2t + 1.
+// Q4_K: eight sub-blocks of 32, one mma m16n8k32 each, less the mins' term.
+__device__ __forceinline__ void multiply_block(const Q4kRowsTile& tile, int b, int t,
+                                               const uint32_t* x_b, const uint32_t* const (&x_c)[2],
+                                               float (&acc)[4]) {
+#pragma unroll
+  for (int sb = 0; sb < 8; ++sb) {
+    const int64_t at = static_cast<int64_t>(8 * b + sb) * Q4kStagedX::kWords;
+    uint32_t a[4];
+    tile.a_fragment(sb, a);
+    int32_t c[4] = {0, 0, 0, 0};
+    ::pagedlm::cuda::detail::mma_16832_s8(c, a, x_b[at + t], x_b[at + 4 + t]);
+    float scale[2], min[2];
+    tile.sub_block_scales(sb, scale, min);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float dx = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord]);
+      const float x_sum = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord + 1]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float& v = acc[2 * r + h];
+        v = fmaf(scale[r] * dx, static_cast<float>(c[2 * r + h]), v);
+        v = fmaf(-min[r], x_sum, v);
+      }
+    }
+  }
+}
 
+// Q6_K: sixteen sub-blocks of 16, one mma m16n8k16 each; sub-block (h, grp, s) is half s of
+// staged 32 number 4 h + grp of the block.
+__device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, int t,
+                                               const uint32_t* x_b, const uint32_t* const (&x_c)[2],
+                                               float (&acc)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const int64_t at = static_cast<int64_t>(8 * b + 4 * h + grp) * Q4kStagedX::kWords;
+      float dx[2];
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        dx[col] = float_from_bits(x_c[col][at + Q4kStagedX::kScaleWord]);
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        uint32_t a[2];
+        tile.a_fragment(h, grp, s, a);
+        int32_t c[4] = {0, 0, 0, 0};
+        ::pagedlm::cuda::detail::mma_16816_s8(c, a, x_b[at + 4 * s + t]);
+        float scale[2];
+        tile.sub_block_scales(h, grp, s, scale);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[i] = fmaf(scale[i >> 1] * dx[i & 1], static_cast<float>(c[i]), acc[i]);
+        }
+      }
+    }
+  }
+}
+
+// K-quant blocks (Q4kRowsTile, Q6kRowsTile) times two to eight rows of x on tensor cores in
+// integers, x staged by stage_rows_kernel: a thread block of kQ4kWarps warps takes 16 output
+// features, its warps blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in
+// flight, as the one-row Q4_K kernel; each sub-block is one mma whose columns are the rows of x,
+// and the lane scales each of its four sums by its features' and rows' factors. The warps' sums
+// meet in shared memory. Every output's additions run in one order (blocks in a warp's order,
+// sub-blocks in order, then the warps in order), whatever the number of rows: a row's outputs do
+// not depend on the rows beside it.
+constexpr int kRowsMmaMax = 8;
+static_assert(kRowsMmaMax == kBlockMatvecMaxRows,
+              "the integer kernels take every row count of the matrix-vector path");
+
+template <typename Tile, int kBlockBytes>
 __global__ void __launch_bounds__(32 * kQ4kWarps)
-    q4k_rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
-                        bool out_f32, int rows, int out_features, int in_features,
-                        int64_t out_stride) {
-  __shared__ float partial[kQ4kWarps][16][kQ4kRowsMax];
+    rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
+                    bool out_f32, int rows, int out_features, int in_features, int64_t out_stride) {
+  __shared__ float partial[kQ4kWarps][16][kRowsMmaMax];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
   const int64_t row_words = static_cast<int64_t>(in_features / 32) * Q4kStagedX::kWords;
   const int n0 = static_cast<int>(blockIdx.x) * 16;
-  const int64_t row_bytes = static_cast<int64_t>(num_blocks) * 144;
+  const int64_t row_bytes = static_cast<int64_t>(num_blocks) * kBlockBytes;
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
   const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
   // B's column g is row g of x; C's columns 2t, 2t + 1 rows 2t, 2t + 1. Rows past x's read its
   // last row (their sums are never stored).
   const uint32_t* x_b = staged + min(g, rows - 1) * row_words;
-  const uint32_t* x_c[2] = {staged + min(2 * t, rows - 1) * row_words,
-                            staged + min(2 * t + 1, rows - 1) * row_words};
-  auto load = [&](int b) { return Q4kRowsTile::load(row_g + 144 * b, row_g8 + 144 * b, t); };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // C's layout: (g, 2t), (g, 2t + 1), (g + 8, 2t), ...
-  auto step = [&](int b, const Q4kRowsTile& tile, Q4kRowsTile& next) {
-    if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
-#pragma unroll
-    for (int sb = 0; sb < 8; ++sb) {
-      const int64_t at = static_cast<int64_t>(8 * b + sb) * Q4kStagedX::kWords;
-      uint32_t a[4];
-      tile.a_fragment(sb, a);
-      int32_t c[4] = {0, 0, 0, 0};
-      ::pagedlm::cuda::detail::mma_16832_s8(c, a, x_b[at + t], x_b[at + 4 + t]);
-      float scale[2], min[2];
-      tile.sub_block_scales(sb, scale, min);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float dx = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord]);
-        const float x_sum = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord + 1]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float& v = acc[2 * r + h];
-          v = fmaf(scale[r] * dx, static_cast<float>(c[2 * r + h]), v);
-          v = fmaf(-min[r], x_sum, v);
-        }
-      }
-    }
+  const uint32_t* const x_c[2] = {staged + min(2 * t, rows - 1) * row_words,
+                                  staged + min(2 * t + 1, rows - 1) * row_words};
+  auto load = [&](int b) {
+    return Tile::load(row_g + kBlockBytes * b, row_g8 + kBlockBytes * b, t);
   };
-  Q4kRowsTile tiles[2];
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto step = [&](int b, const Tile& tile, Tile& next) {
+    if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
+    multiply_block(tile, b, t, x_b, x_c, acc);
+  };
+  Tile tiles[2];
   if (warp < num_blocks) {
     tiles[0] = load(warp);
     for (int b = warp;;) {
@@ -520,15 +564,25 @@ void linear_blocks(const void* x, const void* blocks, QuantType type, const void
   const auto s = static_cast<cudaStream_t>(stream);
   const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
              k = static_cast<int>(in_features);
-  // Q4_K at two rows and more, with x staged: tensor cores (16-byte aligned blocks, as
-  // cudaMalloc's are).
-  if (type == QuantType::kQ4_K && staged != nullptr && r >= 2 && r <= kQ4kRowsMax &&
-      reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
-    q4k_rows_mma_kernel<<<ceil_div(n, 16), dim3(32, kQ4kWarps), 0, s>>>(
-        static_cast<const uint32_t*>(staged), static_cast<const uint8_t*>(blocks),
-        static_cast<const bf16*>(bias), out, out_f32, r, n, k, out_stride);
-    ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
-    return;
+  // Q4_K and Q6_K at two rows and more, with x staged: tensor cores (Q4_K's 144-byte blocks read
+  // 16 bytes at a time, 16-byte aligned as cudaMalloc's are; Q6_K's 210-byte ones 2 at a time).
+  if (staged != nullptr && r >= 2 && r <= kRowsMmaMax) {
+    const auto* st = static_cast<const uint32_t*>(staged);
+    const auto* bl = static_cast<const uint8_t*>(blocks);
+    const auto* bi = static_cast<const bf16*>(bias);
+    const dim3 grid(ceil_div(n, 16)), threads(32, kQ4kWarps);
+    if (type == QuantType::kQ4_K && reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
+      rows_mma_kernel<Q4kRowsTile, 144>
+          <<<grid, threads, 0, s>>>(st, bl, bi, out, out_f32, r, n, k, out_stride);
+      ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
+      return;
+    }
+    if (type == QuantType::kQ6_K) {
+      rows_mma_kernel<Q6kRowsTile, 210>
+          <<<grid, threads, 0, s>>>(st, bl, bi, out, out_f32, r, n, k, out_stride);
+      ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
+      return;
+    }
   }
   const cudaError_t err = dispatch(type, [&](auto t) {
     return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride, s);

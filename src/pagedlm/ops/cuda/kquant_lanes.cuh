@@ -323,6 +323,73 @@ struct Q4kRowsTile {
   }
 };
 
+// Q6_K blocks against several rows of x on tensor cores in integers, as Q4kRowsTile: each
+// 16-weight sub-block (one int8 scale) is one mma m16n8k16 whose k runs over its weights in order
+// and whose columns are rows of x (Q4kStagedX's layout: the sub-block is half of one staged 32).
+// Sub-block (h, grp, s) is weights 128 h + 32 grp + 16 s .. + 15 of the block: the low (grp < 2)
+// or high nibbles of ql[64 h + 32 (grp & 1) + l], bits 2 grp of qh[32 h + l] (l = 16 s + ..), and
+// scale sc[8 h + 2 grp + s]; lane t holds bytes 4t .. 4t + 3 of each. Blocks are 210 bytes, so a
+// block's words are read as pairs of 2-byte halves.
+struct Q6kRowsTile {
+  uint32_t low[2][8];     // rows g, g + 8: ql words at 64 h + 32 c + 16 s + 4t, index 4h + 2c + s
+  uint32_t high[2][4];    // rows g, g + 8: qh words at 128 + 32 h + 16 s + 4t, index 2h + s
+  uint32_t scales[2][4];  // rows g, g + 8: the 16 int8 scales
+  float d[2];
+
+  __host__ __device__ static uint32_t load_halves(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+#else
+    return load_word(p);
+#endif
+  }
+
+  __host__ __device__ static Q6kRowsTile load(const uint8_t* block_g, const uint8_t* block_g8,
+                                              int t) {
+    Q6kRowsTile tile;
+    const uint8_t* blocks[2] = {block_g, block_g8};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int h = i >> 2, c = (i >> 1) & 1, s = i & 1;
+        tile.low[r][i] = load_halves(blocks[r] + 64 * h + 32 * c + 16 * s + 4 * t);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        tile.high[r][i] = load_halves(blocks[r] + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+        tile.scales[r][i] = load_halves(blocks[r] + 192 + 4 * i);
+      }
+      tile.d[r] = load_f16(blocks[r] + 208);
+    }
+    return tile;
+  }
+
+  // Sub-block (h, grp, s)'s A fragment, q - 32 as int8: {row g, k 4t..}, {row g + 8, k 4t..}.
+  __host__ __device__ void a_fragment(int h, int grp, int s, uint32_t (&a)[2]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t q = ((low[r][4 * h + 2 * (grp & 1) + s] >> (4 * (grp >> 1))) & 0x0f0f0f0fu) |
+                         (((high[r][2 * h + s] >> (2 * grp)) & 0x03030303u) << 4);
+      // q - 32 in each byte: q ^ 32 is its 6-bit two's complement; bit 5 copied to bits 6, 7
+      // (times 6: 0x20 -> 0xc0, no carry between bytes) sign-extends it.
+      const uint32_t v = q ^ 0x20202020u;
+      a[r] = v | ((v & 0x20202020u) * 6u);
+    }
+  }
+
+  // d sc of rows g (r = 0) and g + 8 (r = 1) for sub-block (h, grp, s).
+  __host__ __device__ void sub_block_scales(int h, int grp, int s, float (&scale)[2]) const {
+    const int i = 8 * h + 2 * grp + s;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const auto sc = static_cast<int8_t>((scales[r][i >> 2] >> (8 * (i & 3))) & 0xffu);
+      scale[r] = d[r] * static_cast<float>(sc);
+    }
+  }
+};
+
 // One row of x in shared memory for Q4kMmaTile's B fragments, rounded to 8 bits per 32-value
 // sub-block as ggml rounds activations (and the CPU's 8-bit mode): dx = max |x| / 127,
 // xq = x * (1 / dx) rounded to nearest with ties to even, all zero where dx is. kWords words a
