@@ -211,6 +211,38 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
   }
 }
 
+// Rows of random bf16 x (k values each; row 3's second sub-block zeros), staged row by row by
+// Q4kStagedX, and their 8-bit rounding by q8_rounding.h's statement of ggml's rule, in double.
+struct StagedRows {
+  int subs;                                  // sub-blocks of 32 a row
+  std::vector<uint32_t> staged;              // [rows][subs][Q4kStagedX::kWords]
+  std::vector<std::vector<double>> rounded;  // [rows][k]
+  const uint32_t* sub_block(int row, int s) const {
+    return staged.data() + (static_cast<size_t>(row) * subs + s) * Q4kStagedX::kWords;
+  }
+};
+StagedRows staged_rows(std::mt19937& rng, int rows, int k) {
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  StagedRows out{k / 32, {}, {}};
+  std::vector<bf16> x(static_cast<size_t>(rows) * k);
+  for (bf16& v : x) v = __float2bfloat16(uniform(rng));
+  for (int i = 32; i < 64 && i < k && rows > 3; ++i) x[3 * k + i] = __float2bfloat16(0.f);
+  out.staged.resize(static_cast<size_t>(rows) * out.subs * Q4kStagedX::kWords);
+  out.rounded.assign(rows, std::vector<double>(k));
+  for (int r = 0; r < rows; ++r) {
+    for (int s = 0; s < out.subs; ++s) {
+      const bf16* xs = x.data() + static_cast<size_t>(r) * k + 32 * s;
+      Q4kStagedX::stage(
+          xs, out.staged.data() + (static_cast<size_t>(r) * out.subs + s) * Q4kStagedX::kWords);
+      float values[32];
+      for (int i = 0; i < 32; ++i) values[i] = __bfloat162float(xs[i]);
+      const testing::XBlock q = testing::quantize_block(values);
+      for (int i = 0; i < 32; ++i) out.rounded[r][32 * s + i] = double{q.d} * q.q[i];
+    }
+  }
+  return out;
+}
+
 // The several-row tile (Q4kRowsTile, x staged row by row by Q4kStagedX) on an emulated warp, by
 // the same statement of mma.sync m16n8k32's fragments: each sub-block's mma has column n = row n
 // of x, A's k the sub-block's 32 weights in order. 16 features of 1, 3 and 18 blocks against 8
@@ -218,28 +250,11 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
 // over blocks and sub-blocks, scaled by its features' d sc, dmin m and the rows' dx, dx sum(xq).
 TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
   std::mt19937 rng(14);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   constexpr int kRows = 16, kBytes = 144, kXRows = 8;
   for (int num_blocks : {1, 3, 18}) {
-    const int k = 256 * num_blocks, subs = k / 32;
     const std::vector<uint4> storage = random_blocks(rng, num_blocks * kRows, kBytes, {0, 2});
     const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
-    std::vector<bf16> x(static_cast<size_t>(kXRows) * k);
-    for (bf16& v : x) v = __float2bfloat16(uniform(rng));
-    for (int i = 32; i < 64 && i < k; ++i) x[3 * k + i] = __float2bfloat16(0.f);
-    std::vector<uint32_t> staged(static_cast<size_t>(kXRows) * subs * Q4kStagedX::kWords);
-    for (int s = 0; s < kXRows * subs; ++s) {
-      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
-    }
-    std::vector<std::vector<double>> x_rounded(kXRows, std::vector<double>(k));
-    for (int r = 0; r < kXRows; ++r) {
-      for (int s = 0; s < subs; ++s) {
-        float xs[32];
-        for (int i = 0; i < 32; ++i) xs[i] = __bfloat162float(x[r * k + 32 * s + i]);
-        const testing::XBlock q = testing::quantize_block(xs);
-        for (int i = 0; i < 32; ++i) x_rounded[r][32 * s + i] = double{q.d} * q.q[i];
-      }
-    }
+    const StagedRows x = staged_rows(rng, kXRows, 256 * num_blocks);
     float acc[32][4] = {};
     for (int b = 0; b < num_blocks; ++b) {
       Q4kRowsTile tiles[32];
@@ -250,14 +265,13 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
                               blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes, t);
       }
       for (int sb = 0; sb < 8; ++sb) {
-        const size_t at = static_cast<size_t>(8 * b + sb) * Q4kStagedX::kWords;
         int a[16][32], bm[32][8];
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4;
           uint32_t ar[4];
           tiles[lane].a_fragment(sb, ar);
-          const uint32_t* x_g = staged.data() + static_cast<size_t>(g) * subs * Q4kStagedX::kWords;
-          const uint32_t br[2] = {x_g[at + t], x_g[at + 4 + t]};
+          const uint32_t* x_g = x.sub_block(g, 8 * b + sb);
+          const uint32_t br[2] = {x_g[t], x_g[4 + t]};
           for (int r = 0; r < 4; ++r) {
             for (int e = 0; e < 4; ++e) {
               a[g + (r % 2 == 1 ? 8 : 0)][4 * t + e + (r >= 2 ? 16 : 0)] = byte_at(ar[r], e);
@@ -275,9 +289,7 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
             const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
             int64_t c = 0;
             for (int kk = 0; kk < 32; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
-            const uint32_t* sc = staged.data() +
-                                 static_cast<size_t>(col) * subs * Q4kStagedX::kWords + at +
-                                 Q4kStagedX::kScaleWord;
+            const uint32_t* sc = x.sub_block(col, 8 * b + sb) + Q4kStagedX::kScaleWord;
             const float dx = float_from_bits(sc[0]), x_sum = float_from_bits(sc[1]);
             acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
             acc[lane][i] = std::fma(-min[i >> 1], x_sum, acc[lane][i]);
@@ -291,7 +303,7 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
         const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
         expect_reference_dot(QuantType::kQ4_K,
                              blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
-                             x_rounded[col], acc[lane][i],
+                             x.rounded[col], acc[lane][i],
                              std::to_string(num_blocks) + " blocks, feature " +
                                  std::to_string(row) + ", x row " + std::to_string(col));
       }
@@ -306,27 +318,11 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
 // that blocks start at every even offset), against 8 rows of x.
 TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
   std::mt19937 rng(15);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   constexpr int kRows = 16, kBytes = 210, kXRows = 8;
   for (int num_blocks : {1, 3, 11}) {
-    const int k = 256 * num_blocks, subs = k / 32;
     const std::vector<uint4> storage = random_blocks(rng, num_blocks * kRows, kBytes, {208});
     const auto* blocks = reinterpret_cast<const uint8_t*>(storage.data());
-    std::vector<bf16> x(static_cast<size_t>(kXRows) * k);
-    for (bf16& v : x) v = __float2bfloat16(uniform(rng));
-    std::vector<uint32_t> staged(static_cast<size_t>(kXRows) * subs * Q4kStagedX::kWords);
-    for (int s = 0; s < kXRows * subs; ++s) {
-      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
-    }
-    std::vector<std::vector<double>> x_rounded(kXRows, std::vector<double>(k));
-    for (int r = 0; r < kXRows; ++r) {
-      for (int s = 0; s < subs; ++s) {
-        float xs[32];
-        for (int i = 0; i < 32; ++i) xs[i] = __bfloat162float(x[r * k + 32 * s + i]);
-        const testing::XBlock q = testing::quantize_block(xs);
-        for (int i = 0; i < 32; ++i) x_rounded[r][32 * s + i] = double{q.d} * q.q[i];
-      }
-    }
+    const StagedRows x = staged_rows(rng, kXRows, 256 * num_blocks);
     float acc[32][4] = {};
     for (int b = 0; b < num_blocks; ++b) {
       Q6kRowsTile tiles[32];
@@ -338,15 +334,14 @@ TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
       }
       for (int h = 0; h < 2; ++h) {
         for (int grp = 0; grp < 4; ++grp) {
-          const size_t at = static_cast<size_t>(8 * b + 4 * h + grp) * Q4kStagedX::kWords;
+          const int sub = 8 * b + 4 * h + grp;  // the staged 32 that holds the sub-block
           for (int s = 0; s < 2; ++s) {
             int a[16][16], bm[16][8];
             for (int lane = 0; lane < 32; ++lane) {
               const int g = lane / 4, t = lane % 4;
               uint32_t ar[2];
               tiles[lane].a_fragment(h, grp, s, ar);
-              const uint32_t br =
-                  staged[static_cast<size_t>(g) * subs * Q4kStagedX::kWords + at + 4 * s + t];
+              const uint32_t br = x.sub_block(g, sub)[4 * s + t];
               for (int e = 0; e < 4; ++e) {
                 a[g][4 * t + e] = byte_at(ar[0], e);
                 a[g + 8][4 * t + e] = byte_at(ar[1], e);
@@ -361,9 +356,7 @@ TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
                 const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
                 int64_t c = 0;
                 for (int kk = 0; kk < 16; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
-                const float dx =
-                    float_from_bits(staged[static_cast<size_t>(col) * subs * Q4kStagedX::kWords +
-                                           at + Q4kStagedX::kScaleWord]);
+                const float dx = float_from_bits(x.sub_block(col, sub)[Q4kStagedX::kScaleWord]);
                 acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
               }
             }
@@ -377,7 +370,7 @@ TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
         const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
         expect_reference_dot(QuantType::kQ6_K,
                              blocks + static_cast<size_t>(row) * num_blocks * kBytes, num_blocks,
-                             x_rounded[col], acc[lane][i],
+                             x.rounded[col], acc[lane][i],
                              std::to_string(num_blocks) + " blocks, feature " +
                                  std::to_string(row) + ", x row " + std::to_string(col));
       }

@@ -212,6 +212,22 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 constexpr int kQ4kWarps = 8;
 constexpr int kQ4kBlocksPerSm = 3;
 
+// A warp's walk over its blocks warp, warp + kQ4kWarps, ... of a row (fewer than num_blocks), with
+// tiles[0] holding block `warp`: step(b, tile, next) multiplies block b from `tile` and loads the
+// warp's next block into `next`; the two register sets alternate instead of one being copied into
+// the other.
+template <typename Tile, typename Step>
+__device__ __forceinline__ void walk_blocks(int warp, int num_blocks, Tile (&tiles)[2],
+                                            Step&& step) {
+  if (warp >= num_blocks) return;
+  for (int b = warp;;) {
+    step(b, tiles[0], tiles[1]);
+    if ((b += kQ4kWarps) >= num_blocks) break;
+    step(b, tiles[1], tiles[0]);
+    if ((b += kQ4kWarps) >= num_blocks) break;
+  }
+}
+
 __host__ __device__ constexpr size_t q4k_staged_bytes(int in_features) {
   return static_cast<size_t>(in_features / 32) * Q4kStagedX::kWords * sizeof(uint32_t);
 }
@@ -238,8 +254,7 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
   }
   __syncthreads();
   float acc[2] = {0.f, 0.f};
-  // Multiplies block b from `tile` while block b + kQ4kWarps loads into `next`; the loop
-  // alternates the two register sets instead of copying one into the other.
+  // Multiplies block b from `tile` while block b + kQ4kWarps loads into `next`.
   auto step = [&](int b, const Q4kMmaTile& tile, Q4kMmaTile& next) {
     if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
     int32_t c[4] = {0, 0, 0, 0};
@@ -256,14 +271,7 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
     Q4kStagedX::scales(staged, b, t, dx, x_sum);
     tile.accumulate(t, c, dx, x_sum, acc);
   };
-  if (warp < num_blocks) {
-    for (int b = warp;;) {
-      step(b, tiles[0], tiles[1]);
-      if ((b += kQ4kWarps) >= num_blocks) break;
-      step(b, tiles[1], tiles[0]);
-      if ((b += kQ4kWarps) >= num_blocks) break;
-    }
-  }
+  walk_blocks(warp, num_blocks, tiles, step);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float v = acc[h];
@@ -414,15 +422,8 @@ __global__ void __launch_bounds__(32 * kQ4kWarps)
     multiply_block(tile, b, t, x_b, x_c, acc);
   };
   Tile tiles[2];
-  if (warp < num_blocks) {
-    tiles[0] = load(warp);
-    for (int b = warp;;) {
-      step(b, tiles[0], tiles[1]);
-      if ((b += kQ4kWarps) >= num_blocks) break;
-      step(b, tiles[1], tiles[0]);
-      if ((b += kQ4kWarps) >= num_blocks) break;
-    }
-  }
+  if (warp < num_blocks) tiles[0] = load(warp);
+  walk_blocks(warp, num_blocks, tiles, step);
 #pragma unroll
   for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = acc[i];
   __syncthreads();
