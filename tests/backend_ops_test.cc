@@ -694,8 +694,8 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 // K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
 // rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
 // weight to bf16 (kSums' bound). Q4_K at one row rounds x to 8 bits (ggml's rounding, which the
-// reference then takes too), and so Q4_K and Q6_K at more rows where x comes staged
-// (ops::stage_rows).
+// reference then takes too); Q4_K and Q6_K at more rows, where x comes staged, take it in two
+// 8-bit planes (ops::stage_rows).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -737,14 +737,17 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
         run(Tensor(), logits);
         expect_nmse(host_f32(logits), linear_ref(x_ref, w, nullptr, rows, k, n),
                     matvec ? 1e-10 : b.tol(kSums), what + " f32 out");
-        // With x staged (stage_rows), Q4_K and Q6_K at two rows and more take it rounded to 8
-        // bits on tensor cores; the other formats ignore it.
+        // With x staged (stage_rows), Q4_K and Q6_K at two rows and more take it in two 8-bit
+        // planes on tensor cores; the other formats ignore it.
         if (matvec && rows >= 2) {
           const Tensor staged =
               Tensor::empty(DType::kI32, {ops::staged_rows_words(rows, k)}, Device::kCuda);
           ops::stage_rows(xt, staged);
-          const std::vector<float> x_staged_ref =
-              type == QuantType::kQ4_K || type == QuantType::kQ6_K ? testing::rounded_to_q8(x) : x;
+          std::vector<float> x_staged_ref = x;
+          if (type == QuantType::kQ4_K || type == QuantType::kQ6_K) {
+            const std::vector<double> planes = testing::rounded_to_two_planes(x);
+            x_staged_ref.assign(planes.begin(), planes.end());
+          }
           Tensor staged_out = b.poisoned({rows, n});
           ops::linear_blocks(xt, dw, b.tensor(bias, {n}), staged_out, 0, nullptr, staged);
           expect_nmse(host_f32(staged_out), linear_ref(x_staged_ref, w, &bias, rows, k, n), 1e-5,

@@ -212,13 +212,13 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
 }
 
 // Rows of random bf16 x (k values each; row 3's second sub-block zeros), staged row by row by
-// Q4kStagedX, and their 8-bit rounding by q8_rounding.h's statement of ggml's rule, in double.
+// StagedRowsX, and their two planes' values by q8_rounding.h's statement of the rule.
 struct StagedRows {
   int subs;                                  // sub-blocks of 32 a row
-  std::vector<uint32_t> staged;              // [rows][subs][Q4kStagedX::kWords]
+  std::vector<uint32_t> staged;              // [rows][subs][StagedRowsX::kWords]
   std::vector<std::vector<double>> rounded;  // [rows][k]
   const uint32_t* sub_block(int row, int s) const {
-    return staged.data() + (static_cast<size_t>(row) * subs + s) * Q4kStagedX::kWords;
+    return staged.data() + (static_cast<size_t>(row) * subs + s) * StagedRowsX::kWords;
   }
 };
 StagedRows staged_rows(std::mt19937& rng, int rows, int k) {
@@ -227,27 +227,57 @@ StagedRows staged_rows(std::mt19937& rng, int rows, int k) {
   std::vector<bf16> x(static_cast<size_t>(rows) * k);
   for (bf16& v : x) v = __float2bfloat16(uniform(rng));
   for (int i = 32; i < 64 && i < k && rows > 3; ++i) x[3 * k + i] = __float2bfloat16(0.f);
-  out.staged.resize(static_cast<size_t>(rows) * out.subs * Q4kStagedX::kWords);
+  out.staged.resize(static_cast<size_t>(rows) * out.subs * StagedRowsX::kWords);
   out.rounded.assign(rows, std::vector<double>(k));
   for (int r = 0; r < rows; ++r) {
+    std::vector<float> values(k);
+    for (int i = 0; i < k; ++i) values[i] = __bfloat162float(x[static_cast<size_t>(r) * k + i]);
     for (int s = 0; s < out.subs; ++s) {
-      const bf16* xs = x.data() + static_cast<size_t>(r) * k + 32 * s;
-      Q4kStagedX::stage(
-          xs, out.staged.data() + (static_cast<size_t>(r) * out.subs + s) * Q4kStagedX::kWords);
-      float values[32];
-      for (int i = 0; i < 32; ++i) values[i] = __bfloat162float(xs[i]);
-      const testing::XBlock q = testing::quantize_block(values);
-      for (int i = 0; i < 32; ++i) out.rounded[r][32 * s + i] = double{q.d} * q.q[i];
+      StagedRowsX::stage(
+          x.data() + static_cast<size_t>(r) * k + 32 * s,
+          out.staged.data() + (static_cast<size_t>(r) * out.subs + s) * StagedRowsX::kWords);
     }
+    out.rounded[r] = testing::rounded_to_two_planes(values);
   }
   return out;
 }
 
-// The several-row tile (Q4kRowsTile, x staged row by row by Q4kStagedX) on an emulated warp, by
+// Staging itself: each staged 32's planes, unit and sum are q8_rounding.h's statement of the rule,
+// on values that reach every rounding case (ties of hi and of lo, zeros, the 32's largest).
+TEST(KquantLanes, StagedRowsHoldTheTwoPlanes) {
+  std::mt19937 rng(16);
+  std::uniform_real_distribution<float> uniform(-3.f, 3.f);
+  for (int trial = 0; trial < 200; ++trial) {
+    alignas(16) bf16 x[32];
+    float values[32];
+    for (int i = 0; i < 32; ++i) {
+      x[i] = __float2bfloat16(trial == 0 ? 0.f : uniform(rng));
+      values[i] = __bfloat162float(x[i]);
+    }
+    uint32_t staged[StagedRowsX::kWords];
+    StagedRowsX::stage(x, staged);
+    const testing::TwoPlaneBlock q = testing::quantize_two_planes(values);
+    int64_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int hi = byte_at(staged[i / 4], i % 4),
+                lo = byte_at(staged[StagedRowsX::kLowWord + i / 4], i % 4);
+      ASSERT_LE(std::abs(lo), 64) << "trial " << trial << ", value " << i;
+      ASSERT_EQ(StagedRowsX::combine(hi, lo), q.units[i]) << "trial " << trial << ", value " << i;
+      sum += q.units[i];
+    }
+    ASSERT_EQ(float_from_bits(staged[StagedRowsX::kScaleWord]), q.unit) << "trial " << trial;
+    ASSERT_EQ(float_from_bits(staged[StagedRowsX::kScaleWord + 1]),
+              q.unit * static_cast<float>(sum))
+        << "trial " << trial;
+  }
+}
+
+// The several-row tile (Q4kRowsTile, x staged row by row by StagedRowsX) on an emulated warp, by
 // the same statement of mma.sync m16n8k32's fragments: each sub-block's mma has column n = row n
-// of x, A's k the sub-block's 32 weights in order. 16 features of 1, 3 and 18 blocks against 8
-// rows of x (one sub-block of zeros), summed as the kernel sums them: each lane's four outputs
-// over blocks and sub-blocks, scaled by its features' d sc, dmin m and the rows' dx, dx sum(xq).
+// of x, A's k the sub-block's 32 weights in order, one mma a plane. 16 features of 1, 3 and 18
+// blocks against 8 rows of x (one sub-block of zeros), summed as the kernel sums them: each lane's
+// four outputs over blocks and sub-blocks, the planes' sums joined, scaled by its features' d sc,
+// dmin m and the rows' unit and unit sum.
 TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
   std::mt19937 rng(14);
   constexpr int kRows = 16, kBytes = 144, kXRows = 8;
@@ -265,20 +295,25 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
                               blocks + (static_cast<size_t>(g + 8) * num_blocks + b) * kBytes, t);
       }
       for (int sb = 0; sb < 8; ++sb) {
-        int a[16][32], bm[32][8];
+        int a[16][32], bm[2][32][8];  // bm: the planes hi, lo
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4;
           uint32_t ar[4];
           tiles[lane].a_fragment(sb, ar);
           const uint32_t* x_g = x.sub_block(g, 8 * b + sb);
-          const uint32_t br[2] = {x_g[t], x_g[4 + t]};
           for (int r = 0; r < 4; ++r) {
             for (int e = 0; e < 4; ++e) {
               a[g + (r % 2 == 1 ? 8 : 0)][4 * t + e + (r >= 2 ? 16 : 0)] = byte_at(ar[r], e);
             }
           }
-          for (int r = 0; r < 2; ++r) {
-            for (int e = 0; e < 4; ++e) bm[4 * t + e + (r == 1 ? 16 : 0)][g] = byte_at(br[r], e);
+          for (int plane = 0; plane < 2; ++plane) {
+            const uint32_t* words = x_g + (plane == 1 ? StagedRowsX::kLowWord : 0);
+            const uint32_t br[2] = {words[t], words[4 + t]};
+            for (int r = 0; r < 2; ++r) {
+              for (int e = 0; e < 4; ++e) {
+                bm[plane][4 * t + e + (r == 1 ? 16 : 0)][g] = byte_at(br[r], e);
+              }
+            }
           }
         }
         for (int lane = 0; lane < 32; ++lane) {
@@ -287,11 +322,15 @@ TEST(KquantLanes, Q4kRowsTileMatchesReferenceWeights) {
           tiles[lane].sub_block_scales(sb, scale, min);
           for (int i = 0; i < 4; ++i) {
             const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-            int64_t c = 0;
-            for (int kk = 0; kk < 32; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
-            const uint32_t* sc = x.sub_block(col, 8 * b + sb) + Q4kStagedX::kScaleWord;
-            const float dx = float_from_bits(sc[0]), x_sum = float_from_bits(sc[1]);
-            acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
+            int32_t c[2] = {0, 0};
+            for (int plane = 0; plane < 2; ++plane) {
+              for (int kk = 0; kk < 32; ++kk) c[plane] += a[row][kk] * bm[plane][kk][col];
+            }
+            const uint32_t* sc = x.sub_block(col, 8 * b + sb) + StagedRowsX::kScaleWord;
+            const float unit = float_from_bits(sc[0]), x_sum = float_from_bits(sc[1]);
+            acc[lane][i] =
+                std::fma(scale[i >> 1] * unit, static_cast<float>(StagedRowsX::combine(c[0], c[1])),
+                         acc[lane][i]);
             acc[lane][i] = std::fma(-min[i >> 1], x_sum, acc[lane][i]);
           }
         }
@@ -336,16 +375,19 @@ TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
         for (int grp = 0; grp < 4; ++grp) {
           const int sub = 8 * b + 4 * h + grp;  // the staged 32 that holds the sub-block
           for (int s = 0; s < 2; ++s) {
-            int a[16][16], bm[16][8];
+            int a[16][16], bm[2][16][8];  // bm: the planes hi, lo
             for (int lane = 0; lane < 32; ++lane) {
               const int g = lane / 4, t = lane % 4;
               uint32_t ar[2];
               tiles[lane].a_fragment(h, grp, s, ar);
-              const uint32_t br = x.sub_block(g, sub)[4 * s + t];
               for (int e = 0; e < 4; ++e) {
                 a[g][4 * t + e] = byte_at(ar[0], e);
                 a[g + 8][4 * t + e] = byte_at(ar[1], e);
-                bm[4 * t + e][g] = byte_at(br, e);
+              }
+              for (int plane = 0; plane < 2; ++plane) {
+                const uint32_t br =
+                    x.sub_block(g, sub)[(plane == 1 ? StagedRowsX::kLowWord : 0) + 4 * s + t];
+                for (int e = 0; e < 4; ++e) bm[plane][4 * t + e][g] = byte_at(br, e);
               }
             }
             for (int lane = 0; lane < 32; ++lane) {
@@ -354,10 +396,14 @@ TEST(KquantLanes, Q6kRowsTileMatchesReferenceWeights) {
               tiles[lane].sub_block_scales(h, grp, s, scale);
               for (int i = 0; i < 4; ++i) {
                 const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-                int64_t c = 0;
-                for (int kk = 0; kk < 16; ++kk) c += int64_t{a[row][kk]} * bm[kk][col];
-                const float dx = float_from_bits(x.sub_block(col, sub)[Q4kStagedX::kScaleWord]);
-                acc[lane][i] = std::fma(scale[i >> 1] * dx, static_cast<float>(c), acc[lane][i]);
+                int32_t c[2] = {0, 0};
+                for (int plane = 0; plane < 2; ++plane) {
+                  for (int kk = 0; kk < 16; ++kk) c[plane] += a[row][kk] * bm[plane][kk][col];
+                }
+                const float unit = float_from_bits(x.sub_block(col, sub)[StagedRowsX::kScaleWord]);
+                acc[lane][i] =
+                    std::fma(scale[i >> 1] * unit,
+                             static_cast<float>(StagedRowsX::combine(c[0], c[1])), acc[lane][i]);
               }
             }
           }

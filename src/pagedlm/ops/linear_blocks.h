@@ -36,21 +36,23 @@ bool gpu_computes_blocks(QuantType type);
 // The matrix's blocks copied to the GPU as they are. Throws unless gpu_computes_blocks(type).
 DeviceBlocks upload_blocks(const QuantizedMatrix& weight);
 
-// x's rows rounded to 8 bits per 32 values, as ggml rounds activations for its integer kernels
-// (dx = max |x| / 127, x / dx to nearest, ties to even), with each 32's dx and dx sum(xq): what
-// linear_blocks' integer kernels at two rows and more take. staged: [>= staged_rows_words(rows,
-// cols)] I32 on the GPU; x [rows <= kBlockMatvecMaxRows, cols] bf16, cols a multiple of 32.
-inline constexpr int64_t kStagedWordsPer32 = 10;  // 8 words of int8, dx, dx sum(xq)
+// x's rows in two 8-bit planes per 32 values, what linear_blocks' integer kernels at two rows and
+// more take: hi, x / dx rounded as ggml rounds activations for its integer kernels (dx = max |x| /
+// 127, to nearest, ties to even), and lo, what hi leaves in 128ths of dx, so that x keeps about 15
+// bits against its 32's largest value (one plane's 8 bits moved a model's logits past the bf16
+// bound). staged: [>= staged_rows_words(rows, cols)] I32 on the GPU; x [rows <=
+// kBlockMatvecMaxRows, cols] bf16, cols a multiple of 32.
+inline constexpr int64_t kStagedWordsPer32 = 18;  // 2 x 8 words of int8, dx / 128, the 32's sum
 int64_t staged_rows_words(int64_t rows, int64_t cols);
 void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 
 // out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
 // x [rows <= kBlockMatvecMaxRows, w.cols] bf16; out [rows, >= out_col0 + w.rows], bf16, or f32
 // without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
-// ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded to
-// 8 bits (stage_rows' rule) and sum integer products on tensor cores: Q4_K at one row (the kernel
-// rounds x itself), Q4_K and Q6_K at two rows and more where `staged` holds x as stage_rows wrote
-// it (undefined: the f32 kernels).
+// ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded
+// and sum integer products on tensor cores: Q4_K at one row (the kernel rounds x itself to one
+// 8-bit plane, ggml's rule), Q4_K and Q6_K at two rows and more where `staged` holds x as
+// stage_rows wrote it (undefined: the f32 kernels).
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
                    int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor());
 

@@ -314,69 +314,73 @@ cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf
   return cudaSuccess;
 }
 
-// Rows of x rounded to 8 bits per 32 values into Q4kStagedX's layout, [rows][in_features / 32]
-// sub-blocks of Q4kStagedX::kWords words: one thread a sub-block.
+// Rows of x in two 8-bit planes per 32 values, StagedRowsX's layout, [rows][in_features / 32]
+// sub-blocks of StagedRowsX::kWords words: one thread a sub-block.
 __global__ void stage_rows_kernel(const bf16* x, uint32_t* staged, int64_t sub_blocks) {
   const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (s < sub_blocks) Q4kStagedX::stage(x + 32 * s, staged + Q4kStagedX::kWords * s);
+  if (s < sub_blocks) StagedRowsX::stage(x + 32 * s, staged + StagedRowsX::kWords * s);
 }
 
 // One 256-weight block of 16 features times up to eight rows of x staged by stage_rows_kernel,
 // added to the lane's four sums (C's layout: feature g with rows 2t, 2t + 1, then feature g + 8).
 // x_b: the row of x in B's column g; x_c: the rows of C's columns 2t, 2t + 1.
-// Q4_K: eight sub-blocks of 32, one mma m16n8k32 each, less the mins' term.
+// Q4_K: eight sub-blocks of 32, one mma m16n8k32 a plane each, less the mins' term.
 __device__ __forceinline__ void multiply_block(const Q4kRowsTile& tile, int b, int t,
                                                const uint32_t* x_b, const uint32_t* const (&x_c)[2],
                                                float (&acc)[4]) {
+  using X = StagedRowsX;
 #pragma unroll
   for (int sb = 0; sb < 8; ++sb) {
-    const int64_t at = static_cast<int64_t>(8 * b + sb) * Q4kStagedX::kWords;
+    const int64_t at = static_cast<int64_t>(8 * b + sb) * X::kWords;
     uint32_t a[4];
     tile.a_fragment(sb, a);
-    int32_t c[4] = {0, 0, 0, 0};
-    ::pagedlm::cuda::detail::mma_16832_s8(c, a, x_b[at + t], x_b[at + 4 + t]);
+    int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+    ::pagedlm::cuda::detail::mma_16832_s8(hi, a, x_b[at + t], x_b[at + 4 + t]);
+    ::pagedlm::cuda::detail::mma_16832_s8(lo, a, x_b[at + X::kLowWord + t],
+                                          x_b[at + X::kLowWord + 4 + t]);
     float scale[2], min[2];
     tile.sub_block_scales(sb, scale, min);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float dx = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord]);
-      const float x_sum = float_from_bits(x_c[h][at + Q4kStagedX::kScaleWord + 1]);
+      const float unit = float_from_bits(x_c[h][at + X::kScaleWord]);
+      const float x_sum = float_from_bits(x_c[h][at + X::kScaleWord + 1]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float& v = acc[2 * r + h];
-        v = fmaf(scale[r] * dx, static_cast<float>(c[2 * r + h]), v);
-        v = fmaf(-min[r], x_sum, v);
+        const int i = 2 * r + h;
+        acc[i] = fmaf(scale[r] * unit, static_cast<float>(X::combine(hi[i], lo[i])), acc[i]);
+        acc[i] = fmaf(-min[r], x_sum, acc[i]);
       }
     }
   }
 }
 
-// Q6_K: sixteen sub-blocks of 16, one mma m16n8k16 each; sub-block (h, grp, s) is half s of
-// staged 32 number 4 h + grp of the block.
+// Q6_K: sixteen sub-blocks of 16, one mma m16n8k16 a plane each; sub-block (h, grp, s) is half s
+// of staged 32 number 4 h + grp of the block.
 __device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, int t,
                                                const uint32_t* x_b, const uint32_t* const (&x_c)[2],
                                                float (&acc)[4]) {
+  using X = StagedRowsX;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int grp = 0; grp < 4; ++grp) {
-      const int64_t at = static_cast<int64_t>(8 * b + 4 * h + grp) * Q4kStagedX::kWords;
-      float dx[2];
+      const int64_t at = static_cast<int64_t>(8 * b + 4 * h + grp) * X::kWords;
+      float unit[2];
 #pragma unroll
-      for (int col = 0; col < 2; ++col) {
-        dx[col] = float_from_bits(x_c[col][at + Q4kStagedX::kScaleWord]);
-      }
+      for (int col = 0; col < 2; ++col) unit[col] = float_from_bits(x_c[col][at + X::kScaleWord]);
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         uint32_t a[2];
         tile.a_fragment(h, grp, s, a);
-        int32_t c[4] = {0, 0, 0, 0};
-        ::pagedlm::cuda::detail::mma_16816_s8(c, a, x_b[at + 4 * s + t]);
+        int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+        ::pagedlm::cuda::detail::mma_16816_s8(hi, a, x_b[at + 4 * s + t]);
+        ::pagedlm::cuda::detail::mma_16816_s8(lo, a, x_b[at + X::kLowWord + 4 * s + t]);
         float scale[2];
         tile.sub_block_scales(h, grp, s, scale);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          acc[i] = fmaf(scale[i >> 1] * dx[i & 1], static_cast<float>(c[i]), acc[i]);
+          acc[i] = fmaf(scale[i >> 1] * unit[i & 1], static_cast<float>(X::combine(hi[i], lo[i])),
+                        acc[i]);
         }
       }
     }
@@ -386,8 +390,9 @@ __device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, i
 // K-quant blocks (Q4kRowsTile, Q6kRowsTile) times two to eight rows of x on tensor cores in
 // integers, x staged by stage_rows_kernel: a thread block of kQ4kWarps warps takes 16 output
 // features, its warps blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in
-// flight, as the one-row Q4_K kernel; each sub-block is one mma whose columns are the rows of x,
-// and the lane scales each of its four sums by its features' and rows' factors. The warps' sums
+// flight, as the one-row Q4_K kernel; each sub-block is one mma a plane of x (StagedRowsX) whose
+// columns are the rows of x, and the lane scales each of its four sums by its features' and rows'
+// factors. The warps' sums
 // meet in shared memory. Every output's additions run in one order (blocks in a warp's order,
 // sub-blocks in order, then the warps in order), whatever the number of rows: a row's outputs do
 // not depend on the rows beside it.
@@ -403,7 +408,7 @@ __global__ void __launch_bounds__(32 * kQ4kWarps)
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
-  const int64_t row_words = static_cast<int64_t>(in_features / 32) * Q4kStagedX::kWords;
+  const int64_t row_words = static_cast<int64_t>(in_features / 32) * StagedRowsX::kWords;
   const int n0 = static_cast<int>(blockIdx.x) * 16;
   const int64_t row_bytes = static_cast<int64_t>(num_blocks) * kBlockBytes;
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
@@ -548,7 +553,7 @@ cudaError_t dispatch(QuantType type, F&& f) {
 }  // namespace
 
 void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, void* stream) {
-  static_assert(Q4kStagedX::kWords == kStagedWordsPer32, "linear_blocks.h's size of a staged 32");
+  static_assert(StagedRowsX::kWords == kStagedWordsPer32, "linear_blocks.h's size of a staged 32");
   const int64_t sub_blocks = rows * (in_features / 32);
   if (sub_blocks == 0) return;
   constexpr int kThreads = 128;

@@ -262,13 +262,12 @@ struct Q4kMmaTile {
 // Q4_K blocks against several rows of x on tensor cores in integers (at two to eight rows; the
 // one-row tile above gives the eight columns of an mma to the eight sub-blocks instead): a warp
 // takes 16 output features (rows g and g + 8 on lane (g, t)) and one 256-weight block of them at
-// a time. Each sub-block is one mma m16n8k32 whose k runs over its 32 weights in order and whose
-// eight columns are eight rows of x, as Q4kStagedX lays them out (one sub-block of a row:
-// 8 words of int8, then dx and dx sum(xq)); so C holds that sub-block's integer dot products of
-// two features with two rows, and the lane scales them by its features' d sc and dmin m and the
-// rows' dx and dx sum(xq). Lane t reads bytes 4t .. 4t + 3 and 16 + 4t .. 19 + 4t of each of the
-// four 32-byte groups of quants (group j: sub-block 2j in the low nibbles, 2j + 1 in the high):
-// in the file's layout, A's fragments of all eight sub-blocks.
+// a time. Each sub-block is one mma m16n8k32 a plane of x (StagedRowsX) whose k runs over its 32
+// weights in order and whose eight columns are eight rows of x; so C holds that sub-block's
+// integer dot products of two features with two rows, and the lane scales the planes' joined sums
+// by its features' d sc and dmin m and the rows' unit and unit sum. Lane t reads bytes 4t .. 4t + 3
+// and 16 + 4t .. 19 + 4t of each of the four 32-byte groups of quants (group j: sub-block 2j in the
+// low nibbles, 2j + 1 in the high): in the file's layout, A's fragments of all eight sub-blocks.
 struct Q4kRowsTile {
   uint32_t head[2][4];    // rows g, g + 8: d and dmin, then 12 bytes of packed scales and mins
   uint32_t quants[2][8];  // rows g, g + 8: words 8 j + t and 8 j + 4 + t of the 128 quant bytes
@@ -324,8 +323,9 @@ struct Q4kRowsTile {
 };
 
 // Q6_K blocks against several rows of x on tensor cores in integers, as Q4kRowsTile: each
-// 16-weight sub-block (one int8 scale) is one mma m16n8k16 whose k runs over its weights in order
-// and whose columns are rows of x (Q4kStagedX's layout: the sub-block is half of one staged 32).
+// 16-weight sub-block (one int8 scale) is one mma m16n8k16 a plane of x whose k runs over its
+// weights in order and whose columns are rows of x (StagedRowsX: the sub-block is half of one
+// staged 32).
 // Sub-block (h, grp, s) is weights 128 h + 32 grp + 16 s .. + 15 of the block: the low (grp < 2)
 // or high nibbles of ql[64 h + 32 (grp & 1) + l], bits 2 grp of qh[32 h + l] (l = 16 s + ..), and
 // scale sc[8 h + 2 grp + s]; lane t holds bytes 4t .. 4t + 3 of each. Blocks are 210 bytes, so a
@@ -459,6 +459,70 @@ struct Q4kStagedX {
     dx[1] = float_from_bits(first[kWords]);
     x_sum[1] = float_from_bits(first[kWords + 1]);
   }
+};
+
+// Rows of x for the several-row tiles (Q4kRowsTile, Q6kRowsTile), staged in global memory by
+// stage_rows_kernel, each 32 values in two 8-bit planes. One plane (ggml's rounding, Q4kStagedX)
+// keeps about 8 bits against the 32's largest value, and on the Q4_K and Q6_K fixtures a model's
+// logits drifted 2.6e-2 and 2.8e-2 from the CPU's exact ones, past the bf16 bound (2e-2); two keep
+// about 15. With dx = max |x| / 127 and p = x (1 / dx) (products rounded to float as Q4kStagedX's):
+// hi = p rounded to nearest even, lo = (p - hi) 128 rounded to nearest even (|lo| <= 64), and x is
+// taken as unit (128 hi + lo), unit = dx / 128. A tile multiplies each plane by one mma and joins
+// the integer sums (combine): exact, and below 2^24, so exact as floats too. kWords a 32: hi's 32
+// int8, lo's, unit, then unit sum(128 hi + lo) (Q4_K's mins' term).
+struct StagedRowsX {
+  static constexpr int kWords = 18;
+  static constexpr int kLowWord = 8;
+  static constexpr int kScaleWord = 16;
+
+  __host__ __device__ static float product(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);  // never contracted into p - hi
+#else
+    return static_cast<float>(static_cast<double>(a) *
+                              static_cast<double>(b));  // exact, rounded once
+#endif
+  }
+
+  // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
+  __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
+    float v[32];
+    float amax = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 words = load16(xs + 8 * q);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        v[8 * q + 2 * w] = bf16_low(word_of(words, w));
+        v[8 * q + 2 * w + 1] = bf16_high(word_of(words, w));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
+    int sum = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      uint32_t high = 0, low = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p = product(v[4 * w + j], inverse);
+        const float hi = rintf(p);
+        const int lo = static_cast<int>(rintf((p - hi) * 128.f));  // p - hi: exact
+        sum += combine(static_cast<int>(hi), lo);
+        high |= (static_cast<uint32_t>(static_cast<int>(hi)) & 0xffu) << (8 * j);
+        low |= (static_cast<uint32_t>(lo) & 0xffu) << (8 * j);
+      }
+      sub_block[w] = high;
+      sub_block[kLowWord + w] = low;
+    }
+    const float unit = dx * (1.f / 128.f);
+    sub_block[kScaleWord] = float_bits(unit);
+    sub_block[kScaleWord + 1] = float_bits(unit * static_cast<float>(sum));
+  }
+
+  // One value, or one dot product's sums, of the two planes in units.
+  __host__ __device__ static int32_t combine(int32_t hi, int32_t lo) { return hi * 128 + lo; }
 };
 
 }  // namespace pagedlm::ops::cuda
