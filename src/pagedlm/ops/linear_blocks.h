@@ -1,9 +1,10 @@
 // Projections whose weight stays in a GGUF's block format on the GPU: the blocks are uploaded
 // byte for byte as the file holds them (no repacking: every format here keeps its fields 2-byte
 // aligned, which is all the kernels' loads need). A step of few rows (decode) multiplies them with
-// a matrix-vector kernel that expands each block in registers and accumulates in f32, reading
-// every weight byte once per step; a larger step (prefill) expands the whole matrix to bf16 into a
-// workspace and runs the bf16 GEMM of ops::linear on it.
+// a matrix-vector kernel that reads every weight byte once per step: blocks expanded in registers
+// and accumulated in f32, or for Q4_K and Q6_K integer products on tensor cores with x rounded
+// (linear_blocks below); a larger step (prefill) expands the whole matrix to bf16 into a workspace
+// and runs the bf16 GEMM of ops::linear on it.
 #pragma once
 
 #include <cstdint>
