@@ -390,6 +390,24 @@ struct Q6kRowsTile {
   }
 };
 
+// 32 values of x (at xs, 16-byte aligned) as floats; returns ggml's 8-bit step for them, dx =
+// max |x| / 127.
+__host__ __device__ __forceinline__ float load_sub_block(const bf16* xs, float (&v)[32]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 words = load16(xs + 8 * q);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      v[8 * q + 2 * w] = bf16_low(word_of(words, w));
+      v[8 * q + 2 * w + 1] = bf16_high(word_of(words, w));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  return amax / 127.f;
+}
+
 // One row of x in shared memory for Q4kMmaTile's B fragments, rounded to 8 bits per 32-value
 // sub-block as ggml rounds activations (and the CPU's 8-bit mode): dx = max |x| / 127,
 // xq = x * (1 / dx) rounded to nearest with ties to even, all zero where dx is. kWords words a
@@ -403,19 +421,7 @@ struct Q4kStagedX {
   // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
   __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
     float v[32];
-    float amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 words = load16(xs + 8 * q);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        v[8 * q + 2 * w] = bf16_low(word_of(words, w));
-        v[8 * q + 2 * w + 1] = bf16_high(word_of(words, w));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
+    const float dx = load_sub_block(xs, v), inverse = dx != 0.f ? 1.f / dx : 0.f;
     int sum = 0;
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
@@ -487,19 +493,7 @@ struct StagedRowsX {
   // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
   __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
     float v[32];
-    float amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 words = load16(xs + 8 * q);
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        v[8 * q + 2 * w] = bf16_low(word_of(words, w));
-        v[8 * q + 2 * w + 1] = bf16_high(word_of(words, w));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
+    const float dx = load_sub_block(xs, v), inverse = dx != 0.f ? 1.f / dx : 0.f;
     int sum = 0;
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
