@@ -69,25 +69,25 @@ __host__ __device__ __forceinline__ uint32_t float_bits(float f) {
 #endif
 }
 
-__host__ __device__ __forceinline__ uint4 load16(const void* p) {
+// A T from an address aligned to sizeof(T): one load on the device; memcpy on the host, whose
+// tests emulate the kernels.
+template <typename T>
+__host__ __device__ __forceinline__ T load_aligned(const void* p) {
 #ifdef __CUDA_ARCH__
-  return *static_cast<const uint4*>(p);
+  return *static_cast<const T*>(p);
 #else
-  uint4 v;
+  T v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 #endif
 }
 
+// 16 bytes from a 16-byte aligned address.
+__host__ __device__ __forceinline__ uint4 load16(const void* p) { return load_aligned<uint4>(p); }
+
 // 4 bytes from a 4-byte aligned address.
 __host__ __device__ __forceinline__ uint32_t load_word(const void* p) {
-#ifdef __CUDA_ARCH__
-  return *static_cast<const uint32_t*>(p);
-#else
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-#endif
+  return load_aligned<uint32_t>(p);
 }
 
 // An f16 from its bits, as a float.
