@@ -95,6 +95,18 @@ __host__ __device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
 }
 
+// ggml's get_scale_min_k4 for four of a Q4_K block's eight sub-blocks at once, a byte each:
+// sub-blocks 0-3 (upper = false) or 4-7, from the header's words y, z, w (its scale bytes 0-3,
+// 4-7, 8-11).
+struct Q4kScaleBytes {
+  uint32_t scales, mins;
+};
+__host__ __device__ __forceinline__ Q4kScaleBytes q4k_scale_bytes(bool upper, uint32_t y,
+                                                                  uint32_t z, uint32_t w) {
+  return {upper ? (w & 0x0f0f0f0fu) | ((y >> 2) & 0x30303030u) : y & 0x3f3f3f3fu,
+          upper ? ((w >> 4) & 0x0f0f0f0fu) | ((z >> 2) & 0x30303030u) : z & 0x3f3f3f3fu};
+}
+
 // The two bf16 of a 32-bit word as floats: exact, one instruction each.
 __host__ __device__ __forceinline__ float bf16_low(uint32_t pair) {
   return float_from_bits(pair << 16);
@@ -239,14 +251,10 @@ struct Q4kMmaTile {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint4& h = head[r];
-      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
-      const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
-      // ggml's get_scale_min_k4 for all eight sub-blocks at once, a byte each: h.y holds bytes
-      // 0-3 of the scales, h.z 4-7, h.w 8-11. Lanes 0, 1 take sub-blocks 0-3, lanes 2, 3 4-7.
-      const uint32_t scales =
-          t < 2 ? h.y & 0x3f3f3f3fu : (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-      const uint32_t mins =
-          t < 2 ? h.z & 0x3f3f3f3fu : ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+      const float d = f16_bits_to_float(h.x);
+      const float dmin = f16_bits_to_float(h.x >> 16);
+      // Lanes 0, 1 take sub-blocks 0-3, lanes 2, 3 4-7.
+      const auto [scales, mins] = q4k_scale_bytes(t >= 2, h.y, h.z, h.w);
       const int at = 16 * (t & 1);  // the first of the lane's two sub-blocks, as a bit offset
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
@@ -303,16 +311,11 @@ struct Q4kRowsTile {
     a[3] = (quants[1][2 * j + 1] >> shift) & kNibbles;
   }
 
-  // d sc[sb] (scale) and dmin m[sb] (min) of rows g (r = 0) and g + 8 (r = 1): ggml's
-  // get_scale_min_k4, as Q4kMmaTile::accumulate reads it.
+  // d sc[sb] (scale) and dmin m[sb] (min) of rows g (r = 0) and g + 8 (r = 1).
   __host__ __device__ void sub_block_scales(int sb, float (&scale)[2], float (&min)[2]) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t y = head[r][1], z = head[r][2], w = head[r][3];
-      const uint32_t scales =
-          sb < 4 ? y & 0x3f3f3f3fu : (w & 0x0f0f0f0fu) | ((y >> 2) & 0x30303030u);
-      const uint32_t mins =
-          sb < 4 ? z & 0x3f3f3f3fu : ((w >> 4) & 0x0f0f0f0fu) | ((z >> 2) & 0x30303030u);
+      const auto [scales, mins] = q4k_scale_bytes(sb >= 4, head[r][1], head[r][2], head[r][3]);
       const int at = 8 * (sb & 3);
       const float d = f16_bits_to_float(head[r][0]);
       const float dmin = f16_bits_to_float(head[r][0] >> 16);
