@@ -44,6 +44,13 @@ DeviceBlocks upload_blocks(const QuantizedMatrix& weight);
 // bound). staged: [>= staged_rows_words(rows, cols)] I32 on the GPU; x [rows <=
 // kBlockMatvecMaxRows, cols] bf16, cols a multiple of 32.
 inline constexpr int64_t kStagedWordsPer32 = 18;  // 2 x 8 words of int8, dx / 128, the 32's sum
+
+// Whether linear_blocks multiplies a part of this format at this many rows from x staged: Q4_K
+// and Q6_K at two rows and more (Q4_K's one-row kernel rounds x itself).
+constexpr bool takes_staged_rows(QuantType type, int64_t rows) {
+  return (type == QuantType::kQ4_K || type == QuantType::kQ6_K) && rows >= 2 &&
+         rows <= kBlockMatvecMaxRows;
+}
 int64_t staged_rows_words(int64_t rows, int64_t cols);
 void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 
@@ -52,7 +59,7 @@ void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 // without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
 // ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded
 // and sum integer products on tensor cores: Q4_K at one row (the kernel rounds x itself to one
-// 8-bit plane, ggml's rule), Q4_K and Q6_K at two rows and more where `staged` holds x as
+// 8-bit plane, ggml's rule), and the parts that takes_staged_rows where `staged` holds x as
 // stage_rows wrote it (undefined: the f32 kernels).
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
                    int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor());

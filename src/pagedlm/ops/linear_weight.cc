@@ -124,12 +124,11 @@ void LinearWeight::apply_gpu_blocks(const Tensor& x, const Tensor& bias, const T
                                     void* stream, DeviceState* state,
                                     const LinearScratch& scratch) const {
   if (x.dim(0) <= kBlockMatvecMaxRows) {
-    // x rounded to 8 bits once for every part whose kernel takes it so (Q4_K and Q6_K, two rows
-    // and more).
+    // x staged once for every part whose kernel takes it so.
     Tensor staged;
-    if (x.dim(0) >= 2 && scratch.staged_rows.defined() &&
-        std::any_of(gpu_.begin(), gpu_.end(), [](const DeviceBlocks& part) {
-          return part.type == QuantType::kQ4_K || part.type == QuantType::kQ6_K;
+    if (scratch.staged_rows.defined() &&
+        std::any_of(gpu_.begin(), gpu_.end(), [&](const DeviceBlocks& part) {
+          return takes_staged_rows(part.type, x.dim(0));
         })) {
       staged = scratch.staged_rows;
       stage_rows(x, staged, stream);

@@ -392,19 +392,15 @@ __device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, i
 // features, its warps blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in
 // flight, as the one-row Q4_K kernel; each sub-block is one mma a plane of x (StagedRowsX) whose
 // columns are the rows of x, and the lane scales each of its four sums by its features' and rows'
-// factors. The warps' sums
-// meet in shared memory. Every output's additions run in one order (blocks in a warp's order,
-// sub-blocks in order, then the warps in order), whatever the number of rows: a row's outputs do
-// not depend on the rows beside it.
-constexpr int kRowsMmaMax = 8;
-static_assert(kRowsMmaMax == kBlockMatvecMaxRows,
-              "the integer kernels take every row count of the matrix-vector path");
+// factors. The warps' sums meet in shared memory. Every output's additions run in one order
+// (blocks in a warp's order, sub-blocks in order, then the warps in order), whatever the number of
+// rows: a row's outputs do not depend on the rows beside it.
 
 template <typename Tile, int kBlockBytes>
 __global__ void __launch_bounds__(32 * kQ4kWarps)
     rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
                     bool out_f32, int rows, int out_features, int in_features, int64_t out_stride) {
-  __shared__ float partial[kQ4kWarps][16][kRowsMmaMax];
+  __shared__ float partial[kQ4kWarps][16][kBlockMatvecMaxRows];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
@@ -570,9 +566,9 @@ void linear_blocks(const void* x, const void* blocks, QuantType type, const void
   const auto s = static_cast<cudaStream_t>(stream);
   const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
              k = static_cast<int>(in_features);
-  // Q4_K and Q6_K at two rows and more, with x staged: tensor cores (Q4_K's 144-byte blocks read
-  // 16 bytes at a time, 16-byte aligned as cudaMalloc's are; Q6_K's 210-byte ones 2 at a time).
-  if (staged != nullptr && r >= 2 && r <= kRowsMmaMax) {
+  // With x staged, tensor cores (Q4_K's 144-byte blocks read 16 bytes at a time, 16-byte aligned
+  // as cudaMalloc's are; Q6_K's 210-byte ones 2 at a time).
+  if (staged != nullptr && takes_staged_rows(type, rows)) {
     const auto* st = static_cast<const uint32_t*>(staged);
     const auto* bl = static_cast<const uint8_t*>(blocks);
     const auto* bi = static_cast<const bf16*>(bias);
