@@ -96,12 +96,10 @@ void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, c
   detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, w.cols});
   const int64_t rows = x.dim(0);
   const bool from_staged = staged.defined() && takes_staged_rows(w.type, rows);
-  PAGEDLM_CHECK(
-      rows <= kBlockMatvecMaxRows || from_staged, kOp, ": ", quant_format(w.type).name,
-      " blocks take up to ",
-      takes_staged_rows(w.type, kStagedRowsMaxRows) ? kStagedRowsMaxRows : kBlockMatvecMaxRows,
-      " rows (", kBlockMatvecMaxRows, " without staged x), got ", rows,
-      " (larger steps dequantize_blocks and run a GEMM)");
+  PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows || from_staged, kOp, ": ", rows, " rows of ",
+                quant_format(w.type).name, " blocks: the matrix-vector kernels take up to ",
+                kBlockMatvecMaxRows, " (Q4_K and Q6_K with staged x up to ", kStagedRowsMaxRows,
+                "); larger steps dequantize_blocks and run a GEMM");
   const bool out_f32 = out.dtype() == DType::kF32;
   detail::expect(out, kOp, "out", out_f32 ? DType::kF32 : DType::kBF16, {rows, detail::kAnyDim});
   PAGEDLM_CHECK(out_col0 >= 0 && out_col0 + w.rows <= out.dim(1), kOp, ": the weight's ", w.rows,
