@@ -694,8 +694,8 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 // K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
 // rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
 // weight to bf16 (kSums' bound). Q4_K at one row rounds x to 8 bits (ggml's rounding, which the
-// reference then takes too); Q4_K and Q6_K at more rows, where x comes staged, take it in two
-// 8-bit planes (ops::stage_rows).
+// reference then takes too); Q4_K and Q6_K at 2 to kStagedRowsMaxRows rows (3, 8 and 20 here),
+// where x comes staged, take it in two 8-bit planes (ops::stage_rows).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
