@@ -472,7 +472,7 @@ template <typename Tile, int kBlockBytes>
 void launch_rows_mma(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
                      bool out_f32, int rows, int out_features, int in_features, int64_t out_stride,
                      cudaStream_t stream) {
-  static_assert(kStagedRowsMaxRows <= 32, "the largest kernel takes four groups of eight rows");
+  static_assert(kStagedRowsMaxRows <= 16, "the larger kernel takes two groups of eight rows");
   const dim3 grid(ceil_div(out_features, 16)), threads(32, kQ4kWarps);
   auto launch = [&](auto tiles) {
     rows_mma_kernel<Tile, kBlockBytes, decltype(tiles)::value><<<grid, threads, 0, stream>>>(
@@ -480,10 +480,8 @@ void launch_rows_mma(const uint32_t* staged, const uint8_t* blocks, const bf16* 
   };
   if (rows <= 8) {
     launch(std::integral_constant<int, 1>{});
-  } else if (rows <= 16) {
-    launch(std::integral_constant<int, 2>{});
   } else {
-    launch(std::integral_constant<int, 4>{});
+    launch(std::integral_constant<int, 2>{});
   }
 }
 
