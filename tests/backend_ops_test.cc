@@ -694,8 +694,8 @@ TEST(BackendOpsCpu, GpuBlocksErrors) {
 // K-quants); N not a multiple of the kernel's 4 outputs per thread block. The matrix-vector kernel
 // rounds only x (to bf16, as the reference sees it) and the output; the GEMM path also rounds each
 // weight to bf16 (kSums' bound). Q4_K at one row rounds x to 8 bits (ggml's rounding, which the
-// reference then takes too); Q4_K and Q6_K at more rows, where x comes staged, take it in two
-// 8-bit planes (ops::stage_rows).
+// reference then takes too); Q4_K and Q6_K at 2 to kStagedRowsMaxRows rows (3, 8 and 13 here),
+// where x comes staged, take it in two 8-bit planes (ops::stage_rows).
 TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -708,7 +708,7 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
       const std::vector<float> w = dequantized(q);
       const ops::DeviceBlocks dw = ops::upload_blocks(q);
       ASSERT_EQ(dw.bytes(), static_cast<int64_t>(q.blocks.size()));
-      for (const int64_t rows : {1, 3, 8, 64, 300}) {
+      for (const int64_t rows : {1, 3, 8, 13, 64, 300}) {
         std::vector<float> x = uniform(rows * k, rng), bias = uniform(n, rng);
         b.round(x);
         b.round(bias);
@@ -737,9 +737,9 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
         run(Tensor(), logits);
         expect_nmse(host_f32(logits), linear_ref(x_ref, w, nullptr, rows, k, n),
                     matvec ? 1e-10 : b.tol(kSums), what + " f32 out");
-        // With x staged (stage_rows), Q4_K and Q6_K at two rows and more take it in two 8-bit
-        // planes on tensor cores; the other formats ignore it.
-        if (matvec && rows >= 2) {
+        // With x staged (stage_rows), Q4_K and Q6_K at two to kStagedRowsMaxRows rows take it in
+        // two 8-bit planes on tensor cores; the other formats ignore it.
+        if ((matvec && rows >= 2) || ops::takes_staged_rows(type, rows)) {
           const Tensor staged =
               Tensor::empty(DType::kI32, {ops::staged_rows_words(rows, k)}, Device::kCuda);
           ops::stage_rows(xt, staged);
@@ -762,10 +762,10 @@ TEST(BackendOpsCuda, LinearBlocksMatchesReference) {
   }
 }
 
-// Q4_K and Q6_K at two to eight rows with x staged: a row's outputs are the same bits whatever
-// rows run beside it (each output sums in one order, set by in_features alone), so a sequence's
-// tokens do not depend on how many others decode with it. 11 blocks a row: Q6_K's rows of 2310
-// bytes start at every even offset.
+// Q4_K and Q6_K at two to kStagedRowsMaxRows rows with x staged: a row's outputs are the same
+// bits whatever rows run beside it (each output sums in one order, set by in_features alone), in
+// the first group of eight rows or a later one, so a sequence's tokens do not depend on how many
+// others decode with it. 11 blocks a row: Q6_K's rows of 2310 bytes start at every even offset.
 TEST(BackendOpsCuda, LinearBlocksKquantRowsAreBatchInvariant) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);
@@ -774,9 +774,11 @@ TEST(BackendOpsCuda, LinearBlocksKquantRowsAreBatchInvariant) {
   for (QuantType type : {QuantType::kQ4_K, QuantType::kQ6_K}) {
     const QuantizedMatrix q = random_blocks(type, n, k, rng);
     const ops::DeviceBlocks dw = ops::upload_blocks(q);
-    std::vector<float> x = uniform(8 * k, rng);
+    constexpr int64_t kAll = ops::kStagedRowsMaxRows;
+    std::vector<float> x = uniform(kAll * k, rng);
     b.round(x);
-    const Tensor staged = Tensor::empty(DType::kI32, {ops::staged_rows_words(8, k)}, Device::kCuda);
+    const Tensor staged =
+        Tensor::empty(DType::kI32, {ops::staged_rows_words(kAll, k)}, Device::kCuda);
     auto rows_out = [&](int64_t first, int64_t rows) {
       const std::vector<float> part(x.begin() + first * k, x.begin() + (first + rows) * k);
       const Tensor xt = b.tensor(part, {rows, k});
@@ -785,8 +787,9 @@ TEST(BackendOpsCuda, LinearBlocksKquantRowsAreBatchInvariant) {
       ops::linear_blocks(xt, dw, Tensor(), out, 0, nullptr, staged);
       return host_f32(out);
     };
-    const std::vector<float> all = rows_out(0, 8);
-    for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, 2}, {5, 3}, {1, 7}}) {
+    const std::vector<float> all = rows_out(0, kAll);
+    for (const auto& [first, rows] :
+         {std::pair<int64_t, int64_t>{0, 2}, {5, 3}, {1, 7}, {0, 8}, {3, 13}, {9, 7}}) {
       const std::vector<float> some = rows_out(first, rows);
       for (int64_t i = 0; i < rows * n; ++i) {
         ASSERT_EQ(some[i], all[first * n + i]) << quant_format(type).name << ", rows " << first

@@ -232,7 +232,7 @@ class DecoderModel final : public CausalLM {
       const int64_t widest = std::max({D, Hq * d, F});
       b.projection.staged_rows = Tensor::empty(
           DType::kI32,
-          {ops::staged_rows_words(std::min<int64_t>(rows, ops::kBlockMatvecMaxRows), widest)},
+          {ops::staged_rows_words(std::min<int64_t>(rows, ops::kStagedRowsMaxRows), widest)},
           device_);
     }
     b.last = make({rows, D});

@@ -72,7 +72,7 @@ void stage_rows(const Tensor& x, const Tensor& staged, void* stream) {
   constexpr const char* kOp = "stage_rows";
   detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, detail::kAnyDim});
   const int64_t rows = x.dim(0), cols = x.dim(1);
-  PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows, kOp, ": takes up to ", kBlockMatvecMaxRows,
+  PAGEDLM_CHECK(rows <= kStagedRowsMaxRows, kOp, ": takes up to ", kStagedRowsMaxRows,
                 " rows, got ", rows);
   PAGEDLM_CHECK(cols % 32 == 0, kOp, ": ", cols, " columns are not whole groups of 32");
   detail::expect(staged, kOp, "staged", DType::kI32, {detail::kAnyDim});
@@ -95,9 +95,11 @@ void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, c
   expect_blocks(w, kOp);
   detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, w.cols});
   const int64_t rows = x.dim(0);
-  PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows, kOp, ": the matrix-vector kernel takes up to ",
-                kBlockMatvecMaxRows, " rows, got ", rows,
-                " (larger steps dequantize_blocks and run a GEMM)");
+  const bool from_staged = staged.defined() && takes_staged_rows(w.type, rows);
+  PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows || from_staged, kOp, ": ", rows, " rows of ",
+                quant_format(w.type).name, " blocks: the matrix-vector kernels take up to ",
+                kBlockMatvecMaxRows, " (Q4_K and Q6_K with staged x up to ", kStagedRowsMaxRows,
+                "); larger steps dequantize_blocks and run a GEMM");
   const bool out_f32 = out.dtype() == DType::kF32;
   detail::expect(out, kOp, "out", out_f32 ? DType::kF32 : DType::kBF16, {rows, detail::kAnyDim});
   PAGEDLM_CHECK(out_col0 >= 0 && out_col0 + w.rows <= out.dim(1), kOp, ": the weight's ", w.rows,
@@ -118,6 +120,10 @@ void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, c
                   staged_rows_words(rows, w.cols));
     expect_gpu(staged, kOp, "staged x");
   }
+  // The integer Q4_K kernels read a block's 144 bytes 16 at a time.
+  PAGEDLM_CHECK(!from_staged || w.type != QuantType::kQ4_K ||
+                    reinterpret_cast<uintptr_t>(w.blocks.raw()) % 16 == 0,
+                kOp, ": Q4_K blocks must be 16-byte aligned");
 #ifdef PAGEDLM_HAS_CUDA
   const size_t elem = out_f32 ? 4 : 2;
   cuda::linear_blocks(

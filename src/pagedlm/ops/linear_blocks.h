@@ -15,8 +15,14 @@
 namespace pagedlm::ops {
 
 // The steps of up to this many rows run linear_blocks' matrix-vector kernel; larger ones
-// dequantize_blocks and a GEMM.
+// dequantize_blocks and a GEMM, except for projections whose every part takes_staged_rows.
 inline constexpr int64_t kBlockMatvecMaxRows = 8;
+
+// Q4_K and Q6_K parts multiply steps of up to this many rows from x staged (stage_rows), in
+// integers on tensor cores, reading each block once a step. Each group of eight rows adds an mma
+// a plane to every sub-block, so the cost grows with the rows while the GEMM's stays flat: on an
+// H100 (8B shape) 16 rows ran 1.4x the GEMM path, 24 and 32 rows 0.8-0.9x.
+inline constexpr int64_t kStagedRowsMaxRows = 16;
 
 // A [rows, cols] matrix of blocks on the GPU: each row its blocks, rows back to back, as
 // QuantizedMatrix (core/quantized.h) holds them.
@@ -42,20 +48,21 @@ DeviceBlocks upload_blocks(const QuantizedMatrix& weight);
 // 127, to nearest, ties to even), and lo, what hi leaves in 128ths of dx, so that x keeps about 15
 // bits against its 32's largest value (one plane's 8 bits moved a model's logits past the bf16
 // bound). staged: [>= staged_rows_words(rows, cols)] I32 on the GPU; x [rows <=
-// kBlockMatvecMaxRows, cols] bf16, cols a multiple of 32.
+// kStagedRowsMaxRows, cols] bf16, cols a multiple of 32.
 inline constexpr int64_t kStagedWordsPer32 = 18;  // 2 x 8 words of int8, dx / 128, the 32's sum
 
 // Whether linear_blocks multiplies a part of this format at this many rows from x staged: Q4_K
-// and Q6_K at two rows and more (Q4_K's one-row kernel rounds x itself).
+// and Q6_K at two to kStagedRowsMaxRows rows (Q4_K's one-row kernel rounds x itself).
 constexpr bool takes_staged_rows(QuantType type, int64_t rows) {
   return (type == QuantType::kQ4_K || type == QuantType::kQ6_K) && rows >= 2 &&
-         rows <= kBlockMatvecMaxRows;
+         rows <= kStagedRowsMaxRows;
 }
 int64_t staged_rows_words(int64_t rows, int64_t cols);
 void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 
 // out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
-// x [rows <= kBlockMatvecMaxRows, w.cols] bf16; out [rows, >= out_col0 + w.rows], bf16, or f32
+// x [rows, w.cols] bf16, rows <= kBlockMatvecMaxRows, or <= kStagedRowsMaxRows where the part
+// takes_staged_rows and `staged` is given; out [rows, >= out_col0 + w.rows], bf16, or f32
 // without a bias; bias [out.dim(1)] bf16 or undefined. Each output is the block weights (f32,
 // ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded
 // and sum integer products on tensor cores: Q4_K at one row (the kernel rounds x itself to one

@@ -116,20 +116,21 @@ void LinearWeight::apply(const Tensor& x, const Tensor& bias, const Tensor& out,
                 out.dim(1));
 }
 
-// Decode: each part's blocks through the matrix-vector kernel into its columns of out. Larger
-// steps: all parts expanded to bf16 into the scratch, one GEMM (the expansion writes 2 bytes and
-// the GEMM reads them back per weight, on top of the blocks: a cost per prefill call, not per
-// token).
+// Decode: each part's blocks through the matrix-vector kernels into its columns of out, up to
+// kBlockMatvecMaxRows rows, or kStagedRowsMaxRows where every part takes x staged. Larger steps:
+// all parts expanded to bf16 into the scratch, one GEMM (the expansion writes 2 bytes and the GEMM
+// reads them back per weight, on top of the blocks: a cost per prefill call, not per token).
 void LinearWeight::apply_gpu_blocks(const Tensor& x, const Tensor& bias, const Tensor& out,
                                     void* stream, DeviceState* state,
                                     const LinearScratch& scratch) const {
-  if (x.dim(0) <= kBlockMatvecMaxRows) {
+  const int64_t n = x.dim(0);
+  auto takes_staged = [n](const DeviceBlocks& part) { return takes_staged_rows(part.type, n); };
+  const bool can_stage = scratch.staged_rows.defined();
+  if (n <= kBlockMatvecMaxRows ||
+      (can_stage && std::all_of(gpu_.begin(), gpu_.end(), takes_staged))) {
     // x staged once for every part whose kernel takes it so.
     Tensor staged;
-    if (scratch.staged_rows.defined() &&
-        std::any_of(gpu_.begin(), gpu_.end(), [&](const DeviceBlocks& part) {
-          return takes_staged_rows(part.type, x.dim(0));
-        })) {
+    if (can_stage && std::any_of(gpu_.begin(), gpu_.end(), takes_staged)) {
       staged = scratch.staged_rows;
       stage_rows(x, staged, stream);
     }

@@ -47,7 +47,7 @@ struct CpuBlockPart {
 // (a step captured in a CUDA graph allocates nothing): an FP8 projection's quantized input; the
 // bf16 expansion of a GPU block projection for a step of more rows than kBlockMatvecMaxRows
 // ([>= rows * cols] of the largest such projection); a GPU block projection's input rounded to 8
-// bits for its integer kernels at two to kBlockMatvecMaxRows rows (ops::stage_rows: [>=
+// bits for its integer kernels (ops::takes_staged_rows; ops::stage_rows: [>=
 // staged_rows_words(rows, cols)] I32 of the widest input; undefined: the f32 kernels).
 struct LinearScratch {
   Fp8Scratch fp8;

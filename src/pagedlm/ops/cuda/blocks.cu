@@ -321,86 +321,109 @@ __global__ void stage_rows_kernel(const bf16* x, uint32_t* staged, int64_t sub_b
   if (s < sub_blocks) StagedRowsX::stage(x + 32 * s, staged + StagedRowsX::kWords * s);
 }
 
-// One 256-weight block of 16 features times up to eight rows of x staged by stage_rows_kernel,
-// added to the lane's four sums (C's layout: feature g with rows 2t, 2t + 1, then feature g + 8).
-// x_b: the row of x in B's column g; x_c: the rows of C's columns 2t, 2t + 1.
-// Q4_K: eight sub-blocks of 32, one mma m16n8k32 a plane each, less the mins' term.
+// The staged rows of x a lane reads, in kTiles groups of eight (an mma's columns each): B's column
+// g, C's columns 2t, 2t + 1. Rows past x's read its last row (their sums are never stored).
+template <int kTiles>
+struct LaneRows {
+  const uint32_t* b[kTiles];
+  const uint32_t* c[kTiles][2];
+
+  __device__ LaneRows(const uint32_t* staged, int64_t row_words, int rows, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+      b[nt] = staged + min(8 * nt + g, rows - 1) * row_words;
+      c[nt][0] = staged + min(8 * nt + 2 * t, rows - 1) * row_words;
+      c[nt][1] = staged + min(8 * nt + 2 * t + 1, rows - 1) * row_words;
+    }
+  }
+};
+
+// One 256-weight block of 16 features times the rows of x staged by stage_rows_kernel, added to
+// the lane's sums (C's layout, each group of eight rows: feature g with rows 2t, 2t + 1, then
+// feature g + 8). An output's arithmetic is the same in any group, so a row's sums do not depend
+// on the rows beside it.
+// Q4_K: eight sub-blocks of 32, one mma m16n8k32 a plane and a group each, less the mins' term.
+template <int kTiles>
 __device__ __forceinline__ void multiply_block(const Q4kRowsTile& tile, int b, int t,
-                                               const uint32_t* x_b, const uint32_t* const (&x_c)[2],
-                                               float (&acc)[4]) {
+                                               const LaneRows<kTiles>& x, float (&acc)[kTiles][4]) {
   using X = StagedRowsX;
 #pragma unroll
   for (int sb = 0; sb < 8; ++sb) {
     const int64_t at = static_cast<int64_t>(8 * b + sb) * X::kWords;
     uint32_t a[4];
     tile.a_fragment(sb, a);
-    int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-    ::pagedlm::cuda::detail::mma_16832_s8(hi, a, x_b[at + t], x_b[at + 4 + t]);
-    ::pagedlm::cuda::detail::mma_16832_s8(lo, a, x_b[at + X::kLowWord + t],
-                                          x_b[at + X::kLowWord + 4 + t]);
     float scale[2], min[2];
     tile.sub_block_scales(sb, scale, min);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float unit = float_from_bits(x_c[h][at + X::kScaleWord]);
-      const float x_sum = float_from_bits(x_c[h][at + X::kScaleWord + 1]);
+    for (int nt = 0; nt < kTiles; ++nt) {
+      int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+      ::pagedlm::cuda::detail::mma_16832_s8(hi, a, x.b[nt][at + t], x.b[nt][at + 4 + t]);
+      ::pagedlm::cuda::detail::mma_16832_s8(lo, a, x.b[nt][at + X::kLowWord + t],
+                                            x.b[nt][at + X::kLowWord + 4 + t]);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = 2 * r + h;
-        acc[i] = fmaf(scale[r] * unit, static_cast<float>(X::combine(hi[i], lo[i])), acc[i]);
-        acc[i] = fmaf(-min[r], x_sum, acc[i]);
-      }
-    }
-  }
-}
-
-// Q6_K: sixteen sub-blocks of 16, one mma m16n8k16 a plane each; sub-block (h, grp, s) is half s
-// of staged 32 number 4 h + grp of the block.
-__device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, int t,
-                                               const uint32_t* x_b, const uint32_t* const (&x_c)[2],
-                                               float (&acc)[4]) {
-  using X = StagedRowsX;
+      for (int h = 0; h < 2; ++h) {
+        const float unit = float_from_bits(x.c[nt][h][at + X::kScaleWord]);
+        const float x_sum = float_from_bits(x.c[nt][h][at + X::kScaleWord + 1]);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int grp = 0; grp < 4; ++grp) {
-      const int64_t at = static_cast<int64_t>(8 * b + 4 * h + grp) * X::kWords;
-      float unit[2];
-#pragma unroll
-      for (int col = 0; col < 2; ++col) unit[col] = float_from_bits(x_c[col][at + X::kScaleWord]);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        uint32_t a[2];
-        tile.a_fragment(h, grp, s, a);
-        int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-        ::pagedlm::cuda::detail::mma_16816_s8(hi, a, x_b[at + 4 * s + t]);
-        ::pagedlm::cuda::detail::mma_16816_s8(lo, a, x_b[at + X::kLowWord + 4 * s + t]);
-        float scale[2];
-        tile.sub_block_scales(h, grp, s, scale);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc[i] = fmaf(scale[i >> 1] * unit[i & 1], static_cast<float>(X::combine(hi[i], lo[i])),
-                        acc[i]);
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * r + h;
+          acc[nt][i] =
+              fmaf(scale[r] * unit, static_cast<float>(X::combine(hi[i], lo[i])), acc[nt][i]);
+          acc[nt][i] = fmaf(-min[r], x_sum, acc[nt][i]);
         }
       }
     }
   }
 }
 
-// K-quant blocks (Q4kRowsTile, Q6kRowsTile) times two to eight rows of x on tensor cores in
-// integers, x staged by stage_rows_kernel: a thread block of kQ4kWarps warps takes 16 output
-// features, its warps blocks w, w + kQ4kWarps, ... of their rows with the next block's weights in
-// flight, as the one-row Q4_K kernel; each sub-block is one mma a plane of x (StagedRowsX) whose
-// columns are the rows of x, and the lane scales each of its four sums by its features' and rows'
-// factors. The warps' sums meet in shared memory. Every output's additions run in one order
-// (blocks in a warp's order, sub-blocks in order, then the warps in order), whatever the number of
-// rows: a row's outputs do not depend on the rows beside it.
+// Q6_K: sixteen sub-blocks of 16, one mma m16n8k16 a plane and a group each; sub-block
+// (h, grp, s) is half s of staged 32 number 4 h + grp of the block.
+template <int kTiles>
+__device__ __forceinline__ void multiply_block(const Q6kRowsTile& tile, int b, int t,
+                                               const LaneRows<kTiles>& x, float (&acc)[kTiles][4]) {
+  using X = StagedRowsX;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const int64_t at = static_cast<int64_t>(8 * b + 4 * h + grp) * X::kWords;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        uint32_t a[2];
+        tile.a_fragment(h, grp, s, a);
+        float scale[2];
+        tile.sub_block_scales(h, grp, s, scale);
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt) {
+          int32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+          ::pagedlm::cuda::detail::mma_16816_s8(hi, a, x.b[nt][at + 4 * s + t]);
+          ::pagedlm::cuda::detail::mma_16816_s8(lo, a, x.b[nt][at + X::kLowWord + 4 * s + t]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float unit = float_from_bits(x.c[nt][i & 1][at + X::kScaleWord]);
+            acc[nt][i] = fmaf(scale[i >> 1] * unit, static_cast<float>(X::combine(hi[i], lo[i])),
+                              acc[nt][i]);
+          }
+        }
+      }
+    }
+  }
+}
 
-template <typename Tile, int kBlockBytes>
+// K-quant blocks (Q4kRowsTile, Q6kRowsTile) times two to kStagedRowsMaxRows rows of x on tensor
+// cores in integers, x staged by stage_rows_kernel: a thread block of kQ4kWarps warps takes 16
+// output features, its warps blocks w, w + kQ4kWarps, ... of their rows with the next block's
+// weights in flight, as the one-row Q4_K kernel. Each sub-block is one mma a plane of x
+// (StagedRowsX) and a group of eight rows (kTiles groups) whose columns are the rows, and the lane
+// scales each of its sums by its features' and rows' factors. The warps' sums meet in shared
+// memory. Every output's additions run in one order (blocks in a warp's order, sub-blocks in order,
+// then the warps in order), whatever the number of rows: a row's outputs do not depend on the rows
+// beside it.
+template <typename Tile, int kBlockBytes, int kTiles>
 __global__ void __launch_bounds__(32 * kQ4kWarps)
     rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
                     bool out_f32, int rows, int out_features, int in_features, int64_t out_stride) {
-  __shared__ float partial[kQ4kWarps][16][kBlockMatvecMaxRows];
+  __shared__ float partial[kQ4kWarps][16][8 * kTiles];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
@@ -409,38 +432,56 @@ __global__ void __launch_bounds__(32 * kQ4kWarps)
   const int64_t row_bytes = static_cast<int64_t>(num_blocks) * kBlockBytes;
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
   const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
-  // B's column g is row g of x; C's columns 2t, 2t + 1 rows 2t, 2t + 1. Rows past x's read its
-  // last row (their sums are never stored).
-  const uint32_t* x_b = staged + min(g, rows - 1) * row_words;
-  const uint32_t* const x_c[2] = {staged + min(2 * t, rows - 1) * row_words,
-                                  staged + min(2 * t + 1, rows - 1) * row_words};
+  const LaneRows<kTiles> x(staged, row_words, rows, g, t);
   auto load = [&](int b) {
     return Tile::load(row_g + kBlockBytes * b, row_g8 + kBlockBytes * b, t);
   };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[kTiles][4] = {};
   auto step = [&](int b, const Tile& tile, Tile& next) {
     if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
-    multiply_block(tile, b, t, x_b, x_c, acc);
+    multiply_block(tile, b, t, x, acc);
   };
   Tile tiles[2];
   if (warp < num_blocks) tiles[0] = load(warp);
   walk_blocks(warp, num_blocks, tiles, step);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = acc[i];
-  __syncthreads();
-  const int tid = lane + 32 * warp;
-  if (tid >= 16 * rows) return;
-  const int feature = tid & 15, row = tid >> 4, n = n0 + feature;
-  if (n >= out_features) return;
-  float sum = 0.f;
+  for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
-  for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][feature][row];
-  const int64_t o = row * out_stride + n;
-  if (out_f32) {
-    static_cast<float*>(out)[o] = sum;
+    for (int i = 0; i < 4; ++i) {
+      partial[warp][g + 8 * (i >> 1)][8 * nt + 2 * t + (i & 1)] = acc[nt][i];
+    }
+  }
+  __syncthreads();
+  for (int at = lane + 32 * warp; at < 16 * rows; at += 32 * kQ4kWarps) {
+    const int feature = at & 15, row = at >> 4, n = n0 + feature;
+    if (n >= out_features) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][feature][row];
+    const int64_t o = row * out_stride + n;
+    if (out_f32) {
+      static_cast<float*>(out)[o] = sum;
+    } else {
+      const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+      static_cast<bf16*>(out)[o] = __float2bfloat16(sum + bias_n);
+    }
+  }
+}
+
+template <typename Tile, int kBlockBytes>
+void launch_rows_mma(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
+                     bool out_f32, int rows, int out_features, int in_features, int64_t out_stride,
+                     cudaStream_t stream) {
+  static_assert(kStagedRowsMaxRows <= 16, "the larger kernel takes two groups of eight rows");
+  const dim3 grid(ceil_div(out_features, 16)), threads(32, kQ4kWarps);
+  auto launch = [&](auto tiles) {
+    rows_mma_kernel<Tile, kBlockBytes, decltype(tiles)::value><<<grid, threads, 0, stream>>>(
+        staged, blocks, bias, out, out_f32, rows, out_features, in_features, out_stride);
+  };
+  if (rows <= 8) {
+    launch(std::integral_constant<int, 1>{});
   } else {
-    const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
-    static_cast<bf16*>(out)[o] = __float2bfloat16(sum + bias_n);
+    launch(std::integral_constant<int, 2>{});
   }
 }
 
@@ -567,24 +608,18 @@ void linear_blocks(const void* x, const void* blocks, QuantType type, const void
   const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
              k = static_cast<int>(in_features);
   // With x staged, tensor cores (Q4_K's 144-byte blocks read 16 bytes at a time, 16-byte aligned
-  // as cudaMalloc's are; Q6_K's 210-byte ones 2 at a time).
+  // as linear_blocks checks; Q6_K's 210-byte ones 2 at a time).
   if (staged != nullptr && takes_staged_rows(type, rows)) {
     const auto* st = static_cast<const uint32_t*>(staged);
     const auto* bl = static_cast<const uint8_t*>(blocks);
     const auto* bi = static_cast<const bf16*>(bias);
-    const dim3 grid(ceil_div(n, 16)), threads(32, kQ4kWarps);
-    if (type == QuantType::kQ4_K && reinterpret_cast<uintptr_t>(blocks) % 16 == 0) {
-      rows_mma_kernel<Q4kRowsTile, 144>
-          <<<grid, threads, 0, s>>>(st, bl, bi, out, out_f32, r, n, k, out_stride);
-      ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
-      return;
+    if (type == QuantType::kQ4_K) {
+      launch_rows_mma<Q4kRowsTile, 144>(st, bl, bi, out, out_f32, r, n, k, out_stride, s);
+    } else {
+      launch_rows_mma<Q6kRowsTile, 210>(st, bl, bi, out, out_f32, r, n, k, out_stride, s);
     }
-    if (type == QuantType::kQ6_K) {
-      rows_mma_kernel<Q6kRowsTile, 210>
-          <<<grid, threads, 0, s>>>(st, bl, bi, out, out_f32, r, n, k, out_stride);
-      ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
-      return;
-    }
+    ::pagedlm::cuda::check(cudaGetLastError(), "linear (GGUF blocks)");
+    return;
   }
   const cudaError_t err = dispatch(type, [&](auto t) {
     return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride, s);
