@@ -930,26 +930,36 @@ __global__ void __launch_bounds__(kThreads)
   // Rows outside every sequence (padding of the stream) were never computed.
   if (token < q_indptr[0] || token >= q_indptr[num_seqs]) return;
   const size_t stride = static_cast<size_t>(num_tokens) * num_q_heads;
-  float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_lse[s * stride + row]);
+  // The splits' lse values 32 at a time, lane l holding split s0 + l: the launch's splits are set
+  // for the longest sequence a captured graph may see, so a short one leaves all but its first
+  // empty, and reading them one after another was most of the merge's time.
+  auto lse_of = [&](int s) { return s < num_splits ? ws_lse[s * stride + row] : -INFINITY; };
+  const float first = lse_of(lane);
+  float mx = first;
+  for (int s0 = 32; s0 < num_splits; s0 += 32) mx = fmaxf(mx, lse_of(s0 + lane));
+  mx = detail::warp_max(mx);
   const float base = mx == -INFINITY ? 0.f : mx;
   // Lane l holds the pairs of columns 2 l, 2 l + 64, ... (D = 80, 96: the last round in part).
   constexpr int kPairs = (D / 2 + 31) / 32;
   float acc[2 * kPairs] = {};
   float wsum = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float lse = ws_lse[s * stride + row];
-    if (lse == -INFINITY) continue;  // an empty split
-    const float w = exp2f(lse - base);
-    wsum += w;
-    const float* src = ws_o + (s * stride + row) * D;
+  // The non-empty splits in increasing order, as a loop over every split would add them.
+  for (int s0 = 0; s0 < num_splits; s0 += 32) {
+    const float mine = s0 == 0 ? first : lse_of(s0 + lane);
+    for (unsigned live = __ballot_sync(0xffffffffu, mine != -INFINITY); live != 0;
+         live &= live - 1) {
+      const int j = __ffs(live) - 1;
+      const float w = exp2f(__shfl_sync(0xffffffffu, mine, j) - base);
+      wsum += w;
+      const float* src = ws_o + ((s0 + j) * stride + row) * D;
 #pragma unroll
-    for (int i = 0; i < kPairs; ++i) {
-      const int col = 2 * lane + 64 * i;
-      if (D % 64 != 0 && col >= D) break;
-      const float2 v = *reinterpret_cast<const float2*>(src + col);
-      acc[2 * i] += w * v.x;
-      acc[2 * i + 1] += w * v.y;
+      for (int i = 0; i < kPairs; ++i) {
+        const int col = 2 * lane + 64 * i;
+        if (D % 64 != 0 && col >= D) break;
+        const float2 v = *reinterpret_cast<const float2*>(src + col);
+        acc[2 * i] += w * v.x;
+        acc[2 * i + 1] += w * v.y;
+      }
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;

@@ -179,9 +179,9 @@ struct alignas(2 * kVec) BfPack {
   bf16 v[kVec];
 };
 
-// One block per token. The token's cos/sin pairs are computed once into shared memory, then
-// threads walk the (head, pair) grid of q then k, kVec adjacent pairs (bf16x2 accesses when 2),
-// then copy v (16 bytes at a time when v_vec).
+// gridDim.y blocks per token (blockIdx.x the token). Each block computes the token's cos/sin
+// pairs into shared memory, then the blocks' threads walk the (head, pair) grid of q then k, kVec
+// adjacent pairs (bf16x2 accesses when 2), then copy v (16 bytes at a time when v_vec).
 // q: [num_tokens, Hq, d] strided, k/v: [num_tokens, Hk, d] strided,
 // k_cache/v_cache: [num_slots, Hk, d] of CacheT: bf16, or e4m3 (__nv_fp8_storage_t) quantized
 // with k_scale / v_scale; dynamic shared memory: d floats.
@@ -210,7 +210,8 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
   const bf16* vt = v + t * v_stride;
   const int steps = half / kVec;
   const int total = (num_q_heads + num_kv_heads) * steps;
-  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+  const int first = threadIdx.x + blockIdx.y * blockDim.x, stride = blockDim.x * gridDim.y;
+  for (int idx = first; idx < total; idx += stride) {
     const int head = idx / steps, i = (idx % steps) * kVec;
     const bool is_q = head < num_q_heads;
     const bf16* x = is_q ? qt + head * head_dim : kt + (head - num_q_heads) * head_dim;
@@ -251,7 +252,7 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
   CacheT* v_dst = v_cache + static_cast<size_t>(slot) * row;
   if constexpr (kE4m3) {
     if (v_vec) {  // 16 bytes in, 8 out
-      for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+      for (int i = first; i < row / 8; i += stride) {
         const uint4 in = reinterpret_cast<const uint4*>(vt)[i];
         const auto* x = reinterpret_cast<const bf16*>(&in);
         uint2 out;
@@ -261,16 +262,16 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
         reinterpret_cast<uint2*>(v_dst)[i] = out;
       }
     } else {
-      for (int i = threadIdx.x; i < row; i += blockDim.x) {
+      for (int i = first; i < row; i += stride) {
         v_dst[i] = detail::to_e4m3(__bfloat162float(vt[i]), v_scale);
       }
     }
   } else if (v_vec) {
-    for (int i = threadIdx.x; i < row / 8; i += blockDim.x) {
+    for (int i = first; i < row / 8; i += stride) {
       reinterpret_cast<uint4*>(v_dst)[i] = reinterpret_cast<const uint4*>(vt)[i];
     }
   } else {
-    for (int i = threadIdx.x; i < row; i += blockDim.x) v_dst[i] = vt[i];
+    for (int i = first; i < row; i += stride) v_dst[i] = vt[i];
   }
 }
 
@@ -435,8 +436,12 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
   auto* q_o = static_cast<bf16*>(q_out);
   auto* k_io = static_cast<bf16*>(k);
   auto* v_in = static_cast<const bf16*>(v);
+  // A step of few tokens (one-stream decode: one) spreads each token over the blocks its heads
+  // fill, instead of one block walking them all in several dependent rounds.
+  const int per_token =
+      num_tokens >= 32 ? 1 : std::max(1, (num_q_heads + num_kv_heads) * (head_dim / 4) / 256);
   auto launch = [&](auto kernel, auto* kc, auto* vc) {
-    kernel<<<num_tokens, 256, smem, stream>>>(
+    kernel<<<dim3(num_tokens, per_token), 256, smem, stream>>>(
         q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
         positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec,
         kv.k_scale, kv.v_scale);
