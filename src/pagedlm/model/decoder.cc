@@ -143,6 +143,7 @@ class DecoderModel final : public CausalLM {
     load.check_options_used();
     has_fp8_ = load.has_fp8();
     widest_gpu_blocks_ = load.widest_gpu_blocks();
+    gpu_blocks_stage_rows_ = load.gpu_blocks_stage_rows();
     experts_activated_ = Tensor::zeros(DType::kI32, {c.num_layers}, device);
   }
 
@@ -227,7 +228,7 @@ class DecoderModel final : public CausalLM {
     if (widest_gpu_blocks_ > 0 && rows > ops::kBlockMatvecMaxRows) {
       b.projection.dequantized = make({widest_gpu_blocks_});
     }
-    if (widest_gpu_blocks_ > 0 && rows >= 2) {
+    if (gpu_blocks_stage_rows_ && rows >= 2) {
       // The widest input of a block projection: o's (Hq d), down's (F) or the hidden size.
       const int64_t widest = std::max({D, Hq * d, F});
       b.projection.staged_rows = Tensor::empty(
@@ -399,8 +400,9 @@ class DecoderModel final : public CausalLM {
   bool embed_in_lm_head_ = false;
   ops::LinearWeight lm_head_;
   std::vector<LayerWeights> layers_;
-  bool has_fp8_ = false;           // some projection is FP8 (reserve() then sizes the scratch)
-  int64_t widest_gpu_blocks_ = 0;  // the weights of the largest GPU block projection
+  bool has_fp8_ = false;                // some projection is FP8 (reserve() then sizes the scratch)
+  int64_t widest_gpu_blocks_ = 0;       // the weights of the largest GPU block projection
+  bool gpu_blocks_stage_rows_ = false;  // some GPU block part takes x staged (Q4_K, Q6_K)
   Activations buffers_;
   Tensor experts_activated_;  // [layers] i32: experts that received tokens, summed over calls
 };

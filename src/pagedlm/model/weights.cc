@@ -348,6 +348,10 @@ ops::LinearWeight WeightLoader::gpu_blocks(const std::vector<WeightPart>& parts)
   std::vector<ops::DeviceBlocks> gpu_parts;
   gpu_parts.reserve(stacked.size());
   for (const QuantizedMatrix& blocks : stacked) gpu_parts.push_back(ops::upload_blocks(blocks));
+  for (const ops::DeviceBlocks& part : gpu_parts) {
+    // Two rows are the fewest that a format's kernels take from staged x.
+    gpu_blocks_stage_rows_ = gpu_blocks_stage_rows_ || ops::takes_staged_rows(part.type, 2);
+  }
   ops::LinearWeight w = ops::LinearWeight::gpu_blocks(std::move(gpu_parts));
   widest_gpu_blocks_ = std::max(widest_gpu_blocks_, w.out_features() * w.in_features());
   return w;

@@ -74,6 +74,9 @@ class WeightLoader {
   // the largest GPU block projection (the bf16 scratch its prefill steps expand it into).
   bool has_fp8() const { return has_fp8_; }
   int64_t widest_gpu_blocks() const { return widest_gpu_blocks_; }
+  // Whether some GPU block projection has a part whose kernels take x staged (ops::stage_rows):
+  // the model then sizes the staging scratch.
+  bool gpu_blocks_stage_rows() const { return gpu_blocks_stage_rows_; }
 
  private:
   // The format methods: each a projection in its format, or undefined where the parts do not
@@ -91,6 +94,7 @@ class WeightLoader {
   int64_t num_int_projections_ = 0;
   bool has_fp8_ = false;
   int64_t widest_gpu_blocks_ = 0;
+  bool gpu_blocks_stage_rows_ = false;
   std::set<std::string> expanded_formats_;  // GGUF formats said on stderr to go to bf16
 };
 
