@@ -192,8 +192,13 @@ int main(int argc, char** argv) {
   cudaGetDevice(&dev_id);
   plan.num_splits = ops::cuda::paged_attention_decode_num_splits(batch, Hk, d, kv_len, dev_id);
   plan.workspace_bytes = ops::cuda::paged_attention_workspace_bytes(batch, Hq, d, plan.num_splits);
-  if (plan.workspace_bytes)
+  if (plan.workspace_bytes) {
     cuda::check(cudaMalloc(&plan.workspace, plan.workspace_bytes), "malloc");
+    // As the engine runs it: the last block of a sequence's splits merges them.
+    const size_t counter_bytes = sizeof(unsigned) * batch * Hk;
+    cuda::check(cudaMalloc(&plan.merge_counters, counter_bytes), "malloc");
+    cuda::check(cudaMemset(plan.merge_counters, 0, counter_bytes), "memset");
+  }
   const AttentionVariant variant{1.f / std::sqrt(static_cast<float>(d))};
   auto step_attention = [&] {
     for (int l = 0; l < layers; ++l) ops::paged_attention(q, kc, vc, plan, variant, out, s);

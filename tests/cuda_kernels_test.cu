@@ -289,6 +289,24 @@ ErrStats run_attention(const AttnCase& c, uint32_t seed) {
                                      Hk, D, c.page_size, variant, splits, ws.get(), ws_bytes,
                                      order.get(), c.cascade ? &pass : nullptr, nullptr));
     CK(cudaDeviceSynchronize());
+    // The same launch with the merge in the decode blocks (the engine's way where it applies):
+    // the same bits, every counter zero again; twice, so that the second run starts from the
+    // counters the first left.
+    const std::vector<uint16_t> merged_by_kernel = out.download();
+    DevBuf<unsigned> counters(std::vector<unsigned>(static_cast<size_t>(d.num_seqs) * Hk, 0u));
+    for (int run = 0; run < 2; ++run) {
+      out.poison();
+      ws.poison();
+      CK(launch_paged_attention_decode(
+          q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(), ll.get(), out.get(),
+          d.num_seqs, d.num_tokens, d.max_q_len, Hq, Hk, D, c.page_size, variant, splits, ws.get(),
+          ws_bytes, order.get(), c.cascade ? &pass : nullptr, nullptr, {}, counters.get()));
+      CK(cudaDeviceSynchronize());
+      EXPECT_TRUE(out.download() == merged_by_kernel) << c.name() << ", run " << run;
+      const std::vector<unsigned> left = counters.download();
+      EXPECT_EQ(std::count(left.begin(), left.end(), 0u), static_cast<ptrdiff_t>(left.size()))
+          << c.name() << ": counters left non-zero";
+    }
   } else {
     CK(launch_paged_attention_prefill(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                       ll.get(), out.get(), d.num_seqs, d.num_tokens, d.max_q_len,
@@ -392,7 +410,8 @@ TEST(CudaAttention, DecodeSeveralTokensPerSequence) {
 
 // The decode launch is captured once and replayed after the page table changes on the device:
 // the launch shape must not depend on the lengths (nor, with a window, on where windows start).
-void expect_graph_replay(const AttentionVariant& variant) {
+// merge_in_blocks: with merge counters, which each replay must leave zero for the next.
+void expect_graph_replay(const AttentionVariant& variant, bool merge_in_blocks) {
   const int B = 4, Hq = 8, Hk = 2, D = 128, ps = 16, splits = 8, num_pages = 64;
   std::mt19937 rng(11);
   auto kc_h = random_bf16(static_cast<size_t>(num_pages) * ps * Hk * D, rng);
@@ -403,6 +422,7 @@ void expect_graph_replay(const AttentionVariant& variant) {
   DevBuf<int32_t> qi(qi_h), ki(B + 1), pg(num_pages), ll(B);
   const size_t ws_bytes = paged_attention_workspace_bytes(B, Hq, D, splits);
   DevBuf<char> ws(ws_bytes);
+  DevBuf<unsigned> counters(std::vector<unsigned>(B * Hk, 0u));
 
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
@@ -411,7 +431,8 @@ void expect_graph_replay(const AttentionVariant& variant) {
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CK(launch_paged_attention_decode(q.get(), kc.get(), vc.get(), qi.get(), ki.get(), pg.get(),
                                    ll.get(), out.get(), B, B, 1, Hq, Hk, D, ps, variant, splits,
-                                   ws.get(), ws_bytes, nullptr, nullptr, stream));
+                                   ws.get(), ws_bytes, nullptr, nullptr, stream, {},
+                                   merge_in_blocks ? counters.get() : nullptr));
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -462,6 +483,7 @@ void expect_graph_replay(const AttentionVariant& variant) {
     }
     EXPECT_EQ(st.non_finite, 0) << "round " << round;
     EXPECT_LE(st.rel(), 1e-2) << "round " << round;
+    for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "round " << round;
   }
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
@@ -470,13 +492,19 @@ void expect_graph_replay(const AttentionVariant& variant) {
 
 TEST(CudaAttention, DecodeGraphReplay) {
   SKIP_WITHOUT_GPU();
-  expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f)});
+  for (const bool merge_in_blocks : {false, true}) {
+    SCOPED_TRACE(merge_in_blocks ? "merge in the decode blocks" : "merge kernel");
+    expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f)}, merge_in_blocks);
+  }
 }
 
 // A window shorter than some lengths and longer than others, with a soft-cap.
 TEST(CudaAttention, DecodeGraphReplayWindow) {
   SKIP_WITHOUT_GPU();
-  expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f), 100, 2.f});
+  for (const bool merge_in_blocks : {false, true}) {
+    SCOPED_TRACE(merge_in_blocks ? "merge in the decode blocks" : "merge kernel");
+    expect_graph_replay(AttentionVariant{1.f / std::sqrt(128.f), 100, 2.f}, merge_in_blocks);
+  }
 }
 
 // Arguments the kernels do not take are refused before anything is launched: attention's

@@ -60,6 +60,8 @@ TEST(AttentionPlanner, SplitsAndWorkspaceWithoutCascade) {
   // tokens x splits: 1 x 6, 2 x 5, 3 x 2, 4 x 1 (no workspace): the worst is 10, times
   // 4 bytes x 8 q heads x 64 dims.
   EXPECT_EQ(planner.workspace_bytes(), size_t{10} * 4 * 8 * 64);
+  // The merge's counters: one a (sequence, kv head) of the largest bucket, 4 x 2.
+  EXPECT_EQ(planner.merge_counter_bytes(), size_t{4} * 2 * 4);
   EXPECT_EQ(planner.decode_splits(1), 6);
   EXPECT_EQ(planner.decode_splits(2), 5);
   EXPECT_EQ(planner.decode_splits(3), 2);
@@ -92,6 +94,7 @@ TEST(AttentionPlanner, NoWorkspaceWhenNothingSplits) {
   fake.decode_table = {0, 1, 1, 1, 1};
   const AttentionPlanner planner(shape(false), fake.rules());
   EXPECT_EQ(planner.workspace_bytes(), 0U);
+  EXPECT_EQ(planner.merge_counter_bytes(), 0U);
   EXPECT_EQ(planner.decode_splits(3), 1);
 }
 
@@ -176,6 +179,7 @@ TEST(AttentionPlanner, LaunchShape) {
   FakeRules fake;
   const AttentionPlanner planner(shape(true), fake.rules());
   int workspace = 0;
+  unsigned counters[8] = {};
   AttentionPlan decode;
   decode.decode = true;
   planner.plan_launch(decode, 2, /*cascade=*/true, &workspace);
@@ -183,11 +187,13 @@ TEST(AttentionPlanner, LaunchShape) {
   EXPECT_EQ(decode.shared_splits, 8);
   EXPECT_EQ(decode.workspace, &workspace);
   EXPECT_EQ(decode.workspace_bytes, size_t{26} * 4 * 8 * 64);
+  EXPECT_EQ(decode.merge_counters, nullptr);
   AttentionPlan plain;
   plain.decode = true;
-  planner.plan_launch(plain, 3, /*cascade=*/false, &workspace);
+  planner.plan_launch(plain, 3, /*cascade=*/false, &workspace, counters);
   EXPECT_EQ(plain.num_splits, 2);
   EXPECT_EQ(plain.shared_splits, 0);
+  EXPECT_EQ(plain.merge_counters, counters);
   // Prefill: one split, whatever its sequence count (beyond the decode buckets too).
   AttentionPlan prefill;
   planner.plan_launch(prefill, 64, /*cascade=*/false, &workspace);

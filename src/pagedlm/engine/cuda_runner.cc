@@ -152,9 +152,11 @@ struct CudaStepRunner::Impl {
   int32_t* dev_tokens = nullptr;  // [T]: the last step's sampled ids, which pending rows read
   Tensor logits;                  // [T, vocab] f32
   // The attention's launch shapes and a step's attention arrays (split counts, the cascade's
-  // items, the decode order); the split-KV workspace it sizes is allocated here.
+  // items, the decode order); the split-KV workspace and the merge's counters it sizes are
+  // allocated here.
   std::optional<ops::AttentionPlanner> attention;
   void* workspace = nullptr;
+  void* merge_counters = nullptr;
   // Token bitmasks (structured output): rows written on the host (a step's MaskBatch), the
   // step's used rows uploaded to the same rows of one fixed device buffer that the sampler
   // reads through each logits row's slot (off_mask_slot, -1: unmasked). Two rows per sequence:
@@ -279,6 +281,11 @@ struct CudaStepRunner::Impl {
     attention.emplace(shape, ops::cuda::attention_launch_rules(device));
     const size_t workspace_bytes = attention->workspace_bytes();
     if (workspace_bytes > 0) cuda::check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc");
+    const size_t counter_bytes = attention->merge_counter_bytes();
+    if (counter_bytes > 0) {
+      cuda::check(cudaMalloc(&merge_counters, counter_bytes), "cudaMalloc");
+      cuda::check(cudaMemset(merge_counters, 0, counter_bytes), "cudaMemset");
+    }
   }
 
   ~Impl() {
@@ -287,6 +294,7 @@ struct CudaStepRunner::Impl {
     if (dev) cudaFree(dev);
     if (dev_tokens) cudaFree(dev_tokens);
     if (workspace) cudaFree(workspace);
+    if (merge_counters) cudaFree(merge_counters);
     if (stream) cudaStreamSynchronize(stream);  // a step still in flight
     for (Slot& slot : slots) {
       if (slot.begin) cudaEventDestroy(slot.begin);
@@ -722,7 +730,7 @@ struct CudaStepRunner::Impl {
       p.shared_members = view(off_members, {num_seqs});
       p.shared_max_items = num_seqs;
     }
-    attention->plan_launch(p, num_seqs, cascade, workspace);
+    attention->plan_launch(p, num_seqs, cascade, workspace, merge_counters);
     kv_cache->bind(p, stream, num_copies > 0 ? view(off_copies, {num_copies, 3}) : Tensor());
   }
 

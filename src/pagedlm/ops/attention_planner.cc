@@ -31,6 +31,9 @@ AttentionPlanner::AttentionPlanner(const AttentionShape& shape, const AttentionL
         workspace_bytes_,
         rules.workspace_bytes(b, shape.num_q_heads, shape.head_dim, splits[b] + shared_splits(b)));
   }
+  if (workspace_bytes_ > 0) {
+    merge_counter_bytes_ = static_cast<size_t>(max_bucket_) * shape.num_kv_heads * sizeof(uint32_t);
+  }
   decode_splits_.assign(max_bucket_ + 1, 1);
   for (int32_t b = 1; b <= max_bucket_; ++b) {
     int s = splits[b];
@@ -99,11 +102,12 @@ void AttentionPlanner::plan_step(std::span<const int32_t> kv_indptr, int32_t num
 }
 
 void AttentionPlanner::plan_launch(AttentionPlan& p, int32_t num_seqs, bool cascade,
-                                   void* workspace) const {
+                                   void* workspace, void* merge_counters) const {
   p.num_splits = p.decode ? decode_splits(num_seqs) : 1;
   if (p.decode && cascade) p.shared_splits = shared_splits(num_seqs);
   p.workspace = workspace;
   p.workspace_bytes = workspace_bytes_;
+  p.merge_counters = merge_counters;
 }
 
 #ifdef PAGEDLM_HAS_CUDA

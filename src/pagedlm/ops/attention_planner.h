@@ -73,6 +73,9 @@ class AttentionPlanner {
   // pointers to (and frees them after the graphs), and the planner stays host code that runs,
   // and is tested, without a GPU, as FlashInfer's plan() takes the caller's workspace buffer.
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // The decode merge's counters (AttentionPlan::merge_counters) for the largest bucket: the
+  // caller allocates and zeroes them once, beside the workspace.
+  size_t merge_counter_bytes() const { return merge_counter_bytes_; }
   // Members of one cascade item at most.
   int32_t members_per_item() const { return members_per_item_; }
 
@@ -97,9 +100,10 @@ class AttentionPlanner {
                  std::span<const SharedPrefixRun> shared, const AttentionStepArrays& out) const;
 
   // The launch shape of a step bound as `p` (p.decode set) for num_seqs sequences: its key
-  // splits, its shared-pass splits when `cascade`, and the caller's workspace of
-  // workspace_bytes().
-  void plan_launch(AttentionPlan& p, int32_t num_seqs, bool cascade, void* workspace) const;
+  // splits, its shared-pass splits when `cascade`, the caller's workspace of workspace_bytes()
+  // and its merge_counter_bytes() of zeroed counters (null: the merge in a kernel of its own).
+  void plan_launch(AttentionPlan& p, int32_t num_seqs, bool cascade, void* workspace,
+                   void* merge_counters = nullptr) const;
 
  private:
   int32_t max_bucket_;
@@ -107,6 +111,7 @@ class AttentionPlanner {
   bool cascade_;
   int32_t members_per_item_;
   size_t workspace_bytes_ = 0;
+  size_t merge_counter_bytes_ = 0;
   std::vector<int32_t> decode_splits_;  // [max_bucket + 1], by num_seqs
   std::vector<int32_t> shared_splits_;  // [max_bucket + 1], by num_seqs; empty with cascade off
 };

@@ -53,6 +53,10 @@ struct AttentionPlan {
   // Split-KV partial results: cuda::paged_attention_workspace_bytes for the splits in use.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Decode steps without the shared pass: a count a (sequence, kv head), zero at rest, so that the
+  // last of a sequence's split blocks merges them (cuda::launch_paged_attention_decode's
+  // merge_counters; null: a merge kernel after the decode kernel).
+  void* merge_counters = nullptr;
 };
 
 // An e4m3 (DType::kF8E4M3) KV cache's per-tensor scales, one pair per layer: a cached key is its

@@ -224,7 +224,7 @@ cudaError_t launch_paged_attention_decode(
     void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
     int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
     size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
-    cudaStream_t stream, const KvCacheFormat& kv) {
+    cudaStream_t stream, const KvCacheFormat& kv, unsigned* merge_counters) {
   PAGEDLM_CUDA_TRY(check_shapes(num_q_heads, num_kv_heads, head_dim, page_size, kv));
   if (num_splits < 1) return cudaErrorInvalidValue;
   if (shared != nullptr &&
@@ -260,9 +260,12 @@ cudaError_t launch_paged_attention_decode(
   if (decode == nullptr || (shared != nullptr && shared_kernel == nullptr)) {
     return cudaErrorInvalidConfiguration;
   }
-  PAGEDLM_CUDA_TRY(launch(*decode, params, kv,
-                          sequence_grid(params, decode->rows, num_seqs, max_q_len), *device,
-                          stream));
+  const dim3 grid = sequence_grid(params, decode->rows, num_seqs, max_q_len);
+  // The merge in the blocks: no shared pass, and one row tile a sequence.
+  const bool merge_in_blocks = merge_counters != nullptr && shared == nullptr && slots > 1 &&
+                               grid.x == static_cast<unsigned>(num_splits);
+  if (merge_in_blocks) params.merge_counters = merge_counters;
+  PAGEDLM_CUDA_TRY(launch(*decode, params, kv, grid, *device, stream));
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
     // get the shared keys' partial results.
@@ -280,7 +283,7 @@ cudaError_t launch_paged_attention_decode(
     const dim3 shared_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(num_kv_heads), 1);
     PAGEDLM_CUDA_TRY(launch(*shared_kernel, sp, kv, shared_grid, *device, stream));
   }
-  if (slots == 1) return cudaSuccess;
+  if (slots == 1 || merge_in_blocks) return cudaSuccess;
   const unsigned blocks = ceil_div(static_cast<int64_t>(num_tokens) * num_q_heads, kThreads / 32);
   const float* ws_o = params.ws_o;
   const float* ws_lse = params.ws_lse;

@@ -82,6 +82,11 @@ struct AttnParams {
   // merged by merge_splits_kernel; null: the kernel normalizes and writes `out` itself.
   float* ws_o;
   float* ws_lse;
+  // Decode without a shared pass, one row tile a sequence: [num_seqs * num_kv_heads] counters,
+  // zero between launches. The last block of a (sequence, kv head) to finish merges its splits
+  // (merge_row) and zeroes the counter again, a sequence of one split writes `out` directly, and
+  // no merge kernel follows. Null: merge_splits_kernel merges every row after the launch.
+  unsigned* merge_counters;
   int num_tokens;
   int num_q_heads;
   int num_kv_heads;
@@ -157,11 +162,13 @@ enum class Pass { kPrefill, kDecode, kShared };
 struct Unit {
   int id;  // position in the launch's unit order; -1: no unit left
   int hk, split, row0, n_rows, q_start, first_member, ctx;
+  int n_splits;  // the splits this unit's sequence (or item) uses of the launch's
   int kv_begin, kv_end, page_begin, num_tiles;
 };
 
-// Static shared memory of a block (the kernel's two Units), counted against the device's limit.
-constexpr size_t kAttnStaticSmemBytes = 2 * sizeof(Unit);
+// Static shared memory of a block (the kernel's two Units and the merge's flag, padded), counted
+// against the device's limit.
+constexpr size_t kAttnStaticSmemBytes = 2 * sizeof(Unit) + 16;
 
 // The unit of row tile `tile` (shared pass: item `tile`), key split `split`, sequence b and kv
 // head hk. False when it has no rows: a padding sequence, a tile past the sequence's rows, an
@@ -216,11 +223,67 @@ __device__ bool make_unit(const AttnParams& p, int tile, int split, int b, int h
   const int n_keys = kv_limit - kv_lo;
   const int min_keys = kShared ? kMinSharedSplitKeys : kMinSplitKeys;
   const int splits = max(1, min(p.num_splits, n_keys / min_keys));
+  u.n_splits = splits;
+  // With the merge in the blocks, a split past the sequence's own has nothing to store.
+  if (!kShared && p.merge_counters != nullptr && split >= splits) return false;
   const int chunk = static_cast<int>(ceil_div(ceil_div(n_keys, splits), BKV)) * BKV;
   u.kv_begin = kv_lo + min(split * chunk, n_keys);
   u.kv_end = min(u.kv_begin + chunk, kv_limit);
   u.num_tiles = static_cast<int>(ceil_div(u.kv_end - u.kv_begin, BKV));
   return true;
+}
+
+// Row `row` of the split results in slots [0, num_slots) merged into out[row] by one warp
+// (ws_o: [slot][stride rows][D] f32, ws_lse: [slot][stride rows] in the log2 domain; out: bf16):
+// the non-empty slots in increasing order. merge_splits_kernel and the last block of a decode
+// launch's (sequence, kv head) both merge through it, so that the two give the same bits. The
+// loads skip L1: other blocks of the same launch wrote the partial results.
+template <int D>
+__device__ __forceinline__ void merge_row(const float* ws_o, const float* ws_lse, size_t stride,
+                                          int num_slots, size_t row, int lane, __nv_bfloat16* out) {
+  // The splits' lse values 32 at a time, lane l holding split s0 + l: the launch's splits are set
+  // for the longest sequence a captured graph may see, so a short one leaves all but its first
+  // empty, and reading them one after another was most of the merge's time.
+  auto lse_of = [&](int s) {
+    return s < num_slots ? __ldcg(ws_lse + s * stride + row) : -INFINITY;
+  };
+  const float first = lse_of(lane);
+  float mx = first;
+  for (int s0 = 32; s0 < num_slots; s0 += 32) mx = fmaxf(mx, lse_of(s0 + lane));
+  mx = detail::warp_max(mx);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  // Lane l holds the pairs of columns 2 l, 2 l + 64, ... (D = 80, 96: the last round in part).
+  constexpr int kPairs = (D / 2 + 31) / 32;
+  float acc[2 * kPairs] = {};
+  float wsum = 0.f;
+  // The non-empty splits in increasing order, as a loop over every split would add them.
+  for (int s0 = 0; s0 < num_slots; s0 += 32) {
+    const float mine = s0 == 0 ? first : lse_of(s0 + lane);
+    for (unsigned live = __ballot_sync(0xffffffffu, mine != -INFINITY); live != 0;
+         live &= live - 1) {
+      const int j = __ffs(live) - 1;
+      const float w = exp2f(__shfl_sync(0xffffffffu, mine, j) - base);
+      wsum += w;
+      const float* src = ws_o + ((s0 + j) * stride + row) * D;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int col = 2 * lane + 64 * i;
+        if (D % 64 != 0 && col >= D) break;
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(src + col));
+        acc[2 * i] += w * v.x;
+        acc[2 * i + 1] += w * v.y;
+      }
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  __nv_bfloat16* dst = out + static_cast<size_t>(row) * D;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int col = 2 * lane + 64 * i;
+    if (D % 64 != 0 && col >= D) break;
+    *reinterpret_cast<__nv_bfloat162*>(dst + col) =
+        __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+  }
 }
 
 // A block's units in order: positions first, first + stride, ... below total (kLoop; otherwise
@@ -779,6 +842,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
 
+    // A sequence of one split, with the merge in the blocks, needs no partial result.
+    const bool partial_out = split_out && !(p.merge_counters != nullptr && u.n_splits == 1);
     auto store = [&](int r, int col, float v0, float v1, float lse) {
       const int gr = u.row0 + r;
       if (gr >= u.n_rows) return;
@@ -789,7 +854,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       }
       const size_t row =
           static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
-      if (!split_out) {
+      if (!partial_out) {
         *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
       } else {
         const size_t srow =
@@ -872,7 +937,35 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         store(r, col, v0, v1, lse_s[r]);
       }
     }
-    if constexpr (!kLoop) return;
+    if constexpr (!kLoop) {
+      if (partial_out && p.merge_counters != nullptr) {
+        // The last of the sequence's split blocks to store merges them (the threadFenceReduction
+        // pattern: each thread's stores fenced before the count that publishes them).
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+          unsigned* count = p.merge_counters + blockIdx.z * gridDim.y + blockIdx.y;
+          last = atomicAdd(count, 1u) + 1 == static_cast<unsigned>(u.n_splits);
+          if (last) *count = 0;  // zero again for the next launch
+        }
+        __syncthreads();
+        if (last) {
+          __threadfence();
+          const size_t stride = static_cast<size_t>(p.num_tokens) * p.num_q_heads;
+          const size_t slot0 = static_cast<size_t>(p.slot_offset) * stride;
+          const int rows = min(u.row0 + kRows, u.n_rows) - u.row0;
+          for (int r = warp; r < rows; r += kThreads / 32) {
+            const int gr = u.row0 + r;
+            const size_t row =
+                static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
+            merge_row<D>(p.ws_o + slot0 * D, p.ws_lse + slot0, stride, u.n_splits, row, lane,
+                         p.out);
+          }
+        }
+      }
+      return;
+    }
     base = (base + n) % kSlots;
     __syncthreads();  // every thread is done with `u` (refilled next) and the merge's stage
     if (next.id < 0) return;
@@ -930,47 +1023,7 @@ __global__ void __launch_bounds__(kThreads)
   // Rows outside every sequence (padding of the stream) were never computed.
   if (token < q_indptr[0] || token >= q_indptr[num_seqs]) return;
   const size_t stride = static_cast<size_t>(num_tokens) * num_q_heads;
-  // The splits' lse values 32 at a time, lane l holding split s0 + l: the launch's splits are set
-  // for the longest sequence a captured graph may see, so a short one leaves all but its first
-  // empty, and reading them one after another was most of the merge's time.
-  auto lse_of = [&](int s) { return s < num_splits ? ws_lse[s * stride + row] : -INFINITY; };
-  const float first = lse_of(lane);
-  float mx = first;
-  for (int s0 = 32; s0 < num_splits; s0 += 32) mx = fmaxf(mx, lse_of(s0 + lane));
-  mx = detail::warp_max(mx);
-  const float base = mx == -INFINITY ? 0.f : mx;
-  // Lane l holds the pairs of columns 2 l, 2 l + 64, ... (D = 80, 96: the last round in part).
-  constexpr int kPairs = (D / 2 + 31) / 32;
-  float acc[2 * kPairs] = {};
-  float wsum = 0.f;
-  // The non-empty splits in increasing order, as a loop over every split would add them.
-  for (int s0 = 0; s0 < num_splits; s0 += 32) {
-    const float mine = s0 == 0 ? first : lse_of(s0 + lane);
-    for (unsigned live = __ballot_sync(0xffffffffu, mine != -INFINITY); live != 0;
-         live &= live - 1) {
-      const int j = __ffs(live) - 1;
-      const float w = exp2f(__shfl_sync(0xffffffffu, mine, j) - base);
-      wsum += w;
-      const float* src = ws_o + ((s0 + j) * stride + row) * D;
-#pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        const int col = 2 * lane + 64 * i;
-        if (D % 64 != 0 && col >= D) break;
-        const float2 v = *reinterpret_cast<const float2*>(src + col);
-        acc[2 * i] += w * v.x;
-        acc[2 * i + 1] += w * v.y;
-      }
-    }
-  }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  __nv_bfloat16* dst = out + static_cast<size_t>(row) * D;
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int col = 2 * lane + 64 * i;
-    if (D % 64 != 0 && col >= D) break;
-    *reinterpret_cast<__nv_bfloat162*>(dst + col) =
-        __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-  }
+  merge_row<D>(ws_o, ws_lse, stride, num_splits, static_cast<size_t>(row), lane, out);
 }
 
 // One compiled configuration of the kernel: its pass and layout, its dynamic shared memory and

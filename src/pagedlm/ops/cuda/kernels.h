@@ -125,14 +125,17 @@ int shared_prefix_num_splits(int num_items, int num_kv_heads, const DeviceLimits
 // (decode only: every member has one new token; with a window, members whose window starts
 // after the shared keys take nothing from it). workspace: at least
 // paged_attention_workspace_bytes(num_tokens, num_q_heads, head_dim, num_splits + shared splits)
-// bytes (may be null when that sum is 1).
+// bytes (may be null when that sum is 1). merge_counters: null, or [num_seqs * num_kv_heads]
+// counters that are zero (cudaMemset once) and that the launch leaves zero: then, without a
+// shared pass and with max_q_len * (num_q_heads / num_kv_heads) <= 16, the last block of each
+// sequence's splits merges them and no merge kernel follows (one launch less, same bits).
 cudaError_t launch_paged_attention_decode(
     const void* q, const void* k_cache, const void* v_cache, const int32_t* q_indptr,
     const int32_t* kv_indptr, const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
     void* out, int num_seqs, int num_tokens, int max_q_len, int num_q_heads, int num_kv_heads,
     int head_dim, int page_size, const AttentionVariant& variant, int num_splits, void* workspace,
     size_t workspace_bytes, const int32_t* seq_order, const SharedPrefixPass* shared,
-    cudaStream_t stream, const KvCacheFormat& kv = {});
+    cudaStream_t stream, const KvCacheFormat& kv = {}, unsigned* merge_counters = nullptr);
 
 // Bytes of split-KV partial results (fp32 outputs + log-sum-exp) for the decode launcher.
 size_t paged_attention_workspace_bytes(int max_num_tokens, int num_q_heads, int head_dim,

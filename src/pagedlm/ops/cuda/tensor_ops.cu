@@ -280,7 +280,7 @@ void paged_attention(const void* q, const void* k_cache, const void* v_cache,
                    q, k_cache, v_cache, q_indptr, kv_indptr, pages, last_len, out, num_seqs,
                    n_tokens, plan.max_q_len, hq, hk, d, page_size, variant, plan.num_splits,
                    plan.workspace, plan.workspace_bytes, plan.seq_order.data<int32_t>(),
-                   cascade ? &shared : nullptr, s, kv),
+                   cascade ? &shared : nullptr, s, kv, static_cast<unsigned*>(plan.merge_counters)),
                "paged attention (decode)");
     return;
   }
