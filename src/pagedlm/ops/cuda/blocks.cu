@@ -208,7 +208,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // 0.87x. Slower still on the H200: two 16-feature tiles a warp (199 registers), and persistent
 // thread blocks streaming their items through cp.async stages in shared memory. Launching it for
 // programmatic dependent launch (its first weights loading while the kernel before it ends) ran
-// 0.99x on the H100.
+// 0.99x on the H100, and so did, within 1%, two blocks of weights in flight a warp; K split over
+// thread block clusters ran 0.77x and 0.54x (docs/KERNELS.md).
 constexpr int kQ4kWarps = 8;
 constexpr int kQ4kBlocksPerSm = 3;
 
