@@ -2984,6 +2984,177 @@ TEST(BackendOpsCuda, LinearFp8MatchesDoubleReference) {
 #endif
 }
 
+// The FP8 forms of the kernels beside an FP8 projection (ops/linear_fp8.h), against the separate
+// kernels they replace, bit for bit: a norm or the gated product that reads a GEMM's unscaled
+// sums and writes the next projection's e4m3 input gives the residual, the bf16 output, the codes
+// and the scales that the scale epilogue, the plain kernel and quantize_fp8_rows give, with the
+// scales read and rewritten in the one scratch as the decoder does; and the next projection fed
+// those codes (x_quantized) gives the same output as from its bf16 input. Widths reach each
+// register form: norms of 576 (96 threads), 4096 and 8192; gated products of 1536, 2816 and
+// 14336 (2, 4 and 8 loads of 8 a thread).
+TEST(BackendOpsCuda, Fp8FormsMatchTheSeparateKernels) {
+#ifndef PAGEDLM_HAS_CUDA
+  GTEST_SKIP() << "this build of pagedlm has no CUDA support";
+#else
+  PAGEDLM_REQUIRE_FP8_GPU();
+  std::mt19937 rng(23);
+  const Backend b(Device::kCuda);
+  b.state()->set_fp8_epilogue_scaling(true);  // the unscaled form needs the epilogue kernel's plans
+  constexpr int64_t kIn = 256;                // the projections' input width
+  auto fp8_weight = [&](int64_t n, int64_t k, const ops::Fp8InputScaling& how) {
+    std::vector<float> w = uniform(n * k, rng, -0.1f, 0.1f);
+    b.round(w);
+    ops::Fp8Weight fw = ops::quantize_fp8_weight(b.tensor(w, {n, k}));
+    fw.inputs = how;
+    return fw;
+  };
+  auto scratch = [](int64_t rows, int64_t widest) {
+    return ops::Fp8Scratch{Tensor::empty(DType::kF8E4M3, {rows * widest}, Device::kCuda),
+                           Tensor::empty(DType::kF32, {rows}, Device::kCuda)};
+  };
+  auto first_bytes = [](const Tensor& t, int64_t n) {
+    std::vector<uint8_t> v = host_bytes(t);
+    v.resize(n);
+    return v;
+  };
+  auto first_floats = [](const Tensor& t, int64_t n) {
+    std::vector<float> v = host_f32(t);
+    v.resize(n);
+    return v;
+  };
+  const std::vector<ops::Fp8InputScaling> scalings = {
+      ops::Fp8InputScaling{}, ops::Fp8InputScaling{0.f, 0.5f}, ops::Fp8InputScaling{0.004f, 0.f}};
+  for (const int64_t rows : {1, 7, 256}) {
+    // Norms: o (unscaled) -> add_rms_norm -> qkv's input; and the first layer's plain norm.
+    for (const int64_t dim : {576, 4096, 8192}) {
+      for (size_t si = 0; si < scalings.size(); ++si) {
+        const ops::Fp8InputScaling& how = scalings[si];
+        const float offset = si == 1 ? 1.f : 0.f;
+        const std::string what = cat("norm rows ", rows, " dim ", dim, " scaling ", si);
+        const ops::Fp8Weight o = fp8_weight(dim, kIn, {}), next = fp8_weight(64, dim, how);
+        std::vector<float> x = uniform(rows * kIn, rng, -2.f, 2.f), res = uniform(rows * dim, rng),
+                           w = uniform(dim, rng);
+        b.round(x);
+        b.round(w);
+        const Tensor xt = b.tensor(x, {rows, kIn}), wt = b.tensor(w, {dim});
+        // Separate kernels.
+        ops::Fp8Scratch sa = scratch(rows, std::max(dim, kIn));
+        Tensor ya = b.poisoned({rows, dim}), ha = b.poisoned({rows, dim});
+        Tensor ra = Tensor::from_f32(res, {rows, dim}).to(Device::kCuda);
+        ops::linear_fp8(xt, o, Tensor(), ya, sa, nullptr, b.state());
+        ops::add_rms_norm(ra, ya, wt, 1e-5f, ha, nullptr, offset);
+        Tensor qa = Tensor::zeros(DType::kF8E4M3, {rows, dim}, Device::kCuda);
+        Tensor scales_a = Tensor::zeros(DType::kF32, {rows}, Device::kCuda);
+        ops::quantize_fp8_rows(ha, how, qa, scales_a);
+        Tensor next_a = b.poisoned({rows, 64});
+        ops::linear_fp8(ha, next, Tensor(), next_a, sa, nullptr, b.state());
+        // The forms.
+        ops::Fp8Scratch sb = scratch(rows, std::max(dim, kIn));
+        Tensor yb = b.poisoned({rows, dim}), hb = b.poisoned({rows, dim});
+        Tensor rb = Tensor::from_f32(res, {rows, dim}).to(Device::kCuda);
+        ops::Fp8Unscaled unscaled;
+        ops::linear_fp8(xt, o, Tensor(), yb, sb, nullptr, b.state(), {false, &unscaled});
+        ASSERT_TRUE(unscaled.on()) << what;
+        const ops::Fp8RowsOut into_next{sb.values, sb.scales, how};
+        ops::add_rms_norm(rb, yb, wt, 1e-5f, hb, nullptr, offset, unscaled, into_next);
+        EXPECT_EQ(host_f32(rb), host_f32(ra)) << what << ": residual";
+        EXPECT_EQ(host_f32(hb), host_f32(ha)) << what << ": bf16 out";
+        EXPECT_EQ(first_bytes(sb.values, rows * dim), host_bytes(qa)) << what << ": codes";
+        EXPECT_EQ(first_floats(sb.scales, rows), host_f32(scales_a)) << what << ": scales";
+        Tensor next_b = b.poisoned({rows, 64});
+        ops::linear_fp8(hb, next, Tensor(), next_b, sb, nullptr, b.state(), {true});
+        EXPECT_EQ(host_f32(next_b), host_f32(next_a)) << what << ": next projection";
+        // The first layer's norm of the f32 residual stream.
+        Tensor h0 = b.poisoned({rows, dim});
+        ops::rms_norm(ra, wt, 1e-5f, h0, nullptr, offset, into_next);
+        Tensor h0_alone = b.poisoned({rows, dim});
+        ops::rms_norm(ra, wt, 1e-5f, h0_alone, nullptr, offset);
+        ops::quantize_fp8_rows(h0_alone, how, qa, scales_a);
+        EXPECT_EQ(host_f32(h0), host_f32(h0_alone)) << what << ": rms_norm bf16 out";
+        EXPECT_EQ(first_bytes(sb.values, rows * dim), host_bytes(qa)) << what << ": rms_norm codes";
+        EXPECT_EQ(first_floats(sb.scales, rows), host_f32(scales_a)) << what << ": rms_norm scales";
+      }
+    }
+    // The gated product: gate/up (unscaled) -> silu or gelu -> down's input.
+    for (const int64_t ffn : {1536, 2816, 14336}) {
+      for (size_t si = 0; si < scalings.size(); ++si) {
+        const ops::Fp8InputScaling& how = scalings[si];
+        const ops::GatedActivation act =
+            si == 2 ? ops::GatedActivation::kGeluTanh : ops::GatedActivation::kSilu;
+        const std::string what = cat("gated rows ", rows, " ffn ", ffn, " scaling ", si);
+        const ops::Fp8Weight gate_up = fp8_weight(2 * ffn, kIn, {}),
+                             down = fp8_weight(64, ffn, how);
+        std::vector<float> x = uniform(rows * kIn, rng, -2.f, 2.f);
+        b.round(x);
+        const Tensor xt = b.tensor(x, {rows, kIn});
+        ops::Fp8Scratch sa = scratch(rows, ffn);
+        Tensor ga = b.poisoned({rows, 2 * ffn}), aa = b.poisoned({rows, ffn});
+        ops::linear_fp8(xt, gate_up, Tensor(), ga, sa, nullptr, b.state());
+        ops::gated_mul(act, ga, aa, nullptr);
+        Tensor qa = Tensor::zeros(DType::kF8E4M3, {rows, ffn}, Device::kCuda);
+        Tensor scales_a = Tensor::zeros(DType::kF32, {rows}, Device::kCuda);
+        ops::quantize_fp8_rows(aa, how, qa, scales_a);
+        Tensor down_a = b.poisoned({rows, 64});
+        ops::linear_fp8(aa, down, Tensor(), down_a, sa, nullptr, b.state());
+        ops::Fp8Scratch sb = scratch(rows, ffn);
+        Tensor gb = b.poisoned({rows, 2 * ffn}), ab = b.poisoned({rows, ffn});
+        ops::Fp8Unscaled unscaled;
+        ops::linear_fp8(xt, gate_up, Tensor(), gb, sb, nullptr, b.state(), {false, &unscaled});
+        ASSERT_TRUE(unscaled.on()) << what;
+        ops::gated_mul(act, gb, ab, nullptr, unscaled, {sb.values, sb.scales, how});
+        EXPECT_EQ(host_f32(ab), host_f32(aa)) << what << ": bf16 out";
+        EXPECT_EQ(first_bytes(sb.values, rows * ffn), host_bytes(qa)) << what << ": codes";
+        EXPECT_EQ(first_floats(sb.scales, rows), host_f32(scales_a)) << what << ": scales";
+        Tensor down_b = b.poisoned({rows, 64});
+        ops::linear_fp8(ab, down, Tensor(), down_b, sb, nullptr, b.state(), {true});
+        EXPECT_EQ(host_f32(down_b), host_f32(down_a)) << what << ": next projection";
+      }
+    }
+  }
+#endif
+}
+
+TEST(BackendOpsCpu, Fp8FormsErrors) {
+  const Tensor res = Tensor::zeros(DType::kF32, {2, 32}), x = Tensor::zeros(DType::kF32, {2, 32});
+  const Tensor w = Tensor::zeros(DType::kF32, {32}), out = Tensor::zeros(DType::kF32, {2, 32});
+  const ops::Fp8RowsOut rows_out{
+      Tensor::zeros(DType::kF8E4M3, {64}), Tensor::zeros(DType::kF32, {2}), {}};
+  expect_error([&] { ops::add_rms_norm(res, x, w, 1e-5f, out, nullptr, 0.f, {}, rows_out); },
+               {"add_rms_norm", "GPU path"});
+  expect_error([&] { ops::rms_norm(res, w, 1e-5f, out, nullptr, 0.f, rows_out); },
+               {"rms_norm", "GPU path"});
+  const ops::Fp8Unscaled unscaled{Tensor::zeros(DType::kF32, {2}),
+                                  Tensor::zeros(DType::kF32, {32})};
+  expect_error(
+      [&] {
+        ops::gated_mul(ops::GatedActivation::kSilu, Tensor::zeros(DType::kF32, {2, 64}), out,
+                       nullptr, unscaled);
+      },
+      {"silu_mul", "GPU path"});
+  // On the GPU the sizes are checked: a width no form takes, scales too few.
+  if (!cuda_device_available()) return;
+  const Backend b(Device::kCuda);
+  const Tensor gres = Tensor::zeros(DType::kF32, {2, 36}, Device::kCuda);
+  const Tensor gx = Tensor::zeros(DType::kBF16, {2, 36}, Device::kCuda);
+  const Tensor gw = Tensor::zeros(DType::kBF16, {36}, Device::kCuda);
+  const Tensor gout = Tensor::zeros(DType::kBF16, {2, 36}, Device::kCuda);
+  const ops::Fp8RowsOut g_rows_out{Tensor::zeros(DType::kF8E4M3, {72}, Device::kCuda),
+                                   Tensor::zeros(DType::kF32, {2}, Device::kCuda),
+                                   {}};
+  expect_error([&] { ops::add_rms_norm(gres, gx, gw, 1e-5f, gout, nullptr, 0.f, {}, g_rows_out); },
+               {"add_rms_norm", "rows of 36 values take no FP8 form"});
+  const Tensor g32 = Tensor::zeros(DType::kBF16, {2, 32}, Device::kCuda);
+  const ops::Fp8Unscaled few{Tensor::zeros(DType::kF32, {1}, Device::kCuda),
+                             Tensor::zeros(DType::kF32, {32}, Device::kCuda)};
+  expect_error(
+      [&] {
+        ops::add_rms_norm(Tensor::zeros(DType::kF32, {2, 32}, Device::kCuda), g32,
+                          Tensor::zeros(DType::kBF16, {32}, Device::kCuda), 1e-5f,
+                          Tensor::zeros(DType::kBF16, {2, 32}, Device::kCuda), nullptr, 0.f, few);
+      },
+      {"add_rms_norm", "unscaled input's scales", "needs >= 2"});
+}
+
 TEST(BackendOpsCpu, LinearFp8Errors) {
   // Shapes are checked before devices, so these run anywhere.
   const Tensor x = Tensor::zeros(DType::kBF16, {2, 32});

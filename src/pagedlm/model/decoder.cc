@@ -280,15 +280,32 @@ class DecoderModel final : public CausalLM {
     const auto leave_at = [&](size_t joined) {
       return in.stop != nullptr && in.stop->leave_at(tp_, static_cast<int64_t>(joined));
     };
+    // FP8 projections (ops/linear_fp8.h): the norms and the gated product also write the next
+    // projection's e4m3 input, and o, gate/up and down leave their sums unscaled for the kernel
+    // that reads them next, which scales them as it reads. The same bits as quantizing and
+    // scaling in kernels of their own, with fewer passes over a layer's activations. Not across
+    // the tensor-parallel all-reduce (each rank's rows have scales of their own), nor into the
+    // sandwich norms or the final norm's gather.
+    const int64_t D = c.hidden_size, F = dims_.ffn;
+    const auto fp8_rows_for = [&](const ops::LinearWeight& next, bool fuses) {
+      const ops::Fp8InputScaling* how = next.fp8_inputs();
+      return how != nullptr && fuses ? ops::Fp8RowsOut{scratch.fp8.values, scratch.fp8.scales, *how}
+                                     : ops::Fp8RowsOut{};
+    };
+    const bool norm_fuses = ops::norm_fuses_fp8(D);
+    const bool unscaled_ok = comm_ == nullptr && !c.sandwich_norms;
+    ops::Fp8Unscaled update_unscaled;  // proj_out's, when the projection left it unscaled
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       if (leave_at(2 * i)) return false;
+      const ops::Fp8RowsOut qkv_in = fp8_rows_for(w.qkv_proj, norm_fuses);
       if (i == 0) {
-        ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset);
+        ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset, qkv_in);
       } else {
-        ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset);
+        ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset,
+                          update_unscaled, qkv_in);
       }
-      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, scratch);
+      w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, scratch, {qkv_in.on()});
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
         ops::head_rms_norm(qkv, Hq, Hk, d, w.k_norm, eps, stream, offset);
@@ -296,13 +313,17 @@ class DecoderModel final : public CausalLM {
       if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       if (leave_at(2 * i)) return false;
-      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, scratch);
+      w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, scratch,
+                     {false, unscaled_ok && norm_fuses ? &update_unscaled : nullptr});
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
       if (leave_at(2 * i + 1)) return false;
-      ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset);
+      const ops::Fp8RowsOut gate_up_in = fp8_rows_for(w.gate_up_proj, norm_fuses);
+      ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset,
+                        update_unscaled, gate_up_in);
+      update_unscaled = {};
       if (c.layers[i].sparse_mlp) {
         // Every rank routes alike (the router is replicated) and runs its share of each
         // expert's intermediate size: the all-reduce below sums the shares.
@@ -317,10 +338,17 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
-        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch);
-        ops::gated_mul(gated_activation(c), gate_up, act, stream);
+        const bool gated_fuses = ops::gated_mul_fuses_fp8(F);
+        ops::Fp8Unscaled gate_up_unscaled;
+        w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch,
+                             {gate_up_in.on(), gated_fuses ? &gate_up_unscaled : nullptr});
+        const ops::Fp8RowsOut down_in = fp8_rows_for(w.down_proj, gated_fuses);
+        ops::gated_mul(gated_activation(c), gate_up, act, stream, gate_up_unscaled, down_in);
         if (leave_at(2 * i + 1)) return false;
-        w.down_proj.apply(act, Tensor(), proj_out, stream, state, scratch);
+        const bool last_layer = i + 1 == layers_.size();
+        w.down_proj.apply(
+            act, Tensor(), proj_out, stream, state, scratch,
+            {down_in.on(), unscaled_ok && norm_fuses && !last_layer ? &update_unscaled : nullptr});
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {

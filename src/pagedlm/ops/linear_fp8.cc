@@ -74,8 +74,55 @@ void quantize_fp8_rows(const Tensor& x, const Fp8InputScaling& how, const Tensor
 #endif
 }
 
+bool norm_fuses_fp8(int64_t dim) {
+#ifdef PAGEDLM_HAS_CUDA
+  return cuda::norm_fuses_fp8(dim);
+#else
+  (void)dim;
+  return false;
+#endif
+}
+
+bool gated_mul_fuses_fp8(int64_t dim) {
+#ifdef PAGEDLM_HAS_CUDA
+  return cuda::gated_mul_fuses_fp8(dim);
+#else
+  (void)dim;
+  return false;
+#endif
+}
+
+void check_fp8_forms(std::string_view op, bool on_gpu, bool fuses, int64_t rows, int64_t in_cols,
+                     const Fp8Unscaled& in, int64_t out_cols, const Fp8RowsOut& out) {
+  if (!in.on() && !out.on()) return;
+  PAGEDLM_CHECK(on_gpu, op, ": the FP8 forms of its input and output are a GPU path");
+  PAGEDLM_CHECK(fuses, op, ": rows of ", out_cols, " values take no FP8 form");
+  if (in.on()) {
+    PAGEDLM_CHECK(in.x_scales.dtype() == DType::kF32 && in.x_scales.numel() >= rows &&
+                      in.w_scales.dtype() == DType::kF32 && in.w_scales.numel() == in_cols,
+                  op, ": the unscaled input's scales are ", in.x_scales.numel(), " and ",
+                  in.w_scales.numel(), " F32; [", rows, ", ", in_cols, "] needs >= ", rows, " and ",
+                  in_cols);
+    expect_gpu(in.x_scales, op, "x scales");
+    expect_gpu(in.w_scales, op, "weight scales");
+  }
+  if (out.on()) {
+    PAGEDLM_CHECK(out.values.dtype() == DType::kF8E4M3 && out.scales.dtype() == DType::kF32 &&
+                      out.values.numel() >= rows * out_cols && out.scales.numel() >= rows,
+                  op, ": FP8 rows out hold ", out.values.numel(), " e4m3 values and ",
+                  out.scales.numel(), " scales; [", rows, ", ", out_cols, "] needs ",
+                  rows * out_cols, " and ", rows);
+    PAGEDLM_CHECK(out.how.static_scale >= 0.f && out.how.max_abs_ub >= 0.f, op,
+                  ": scales must be >= 0, got static_scale ", out.how.static_scale,
+                  " and max_abs_ub ", out.how.max_abs_ub);
+    expect_gpu(out.values, op, "FP8 values out");
+    expect_gpu(out.scales, op, "FP8 scales out");
+  }
+}
+
 void linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& bias, const Tensor& out,
-                const Fp8Scratch& scratch, void* stream, DeviceState* state) {
+                const Fp8Scratch& scratch, void* stream, DeviceState* state,
+                const Fp8Apply& apply) {
   constexpr const char* kOp = "linear (FP8 weight)";
   PAGEDLM_CHECK(w.defined(), kOp, ": the weight is not defined");
   const int64_t out_features = w.rows(), in_features = w.cols();
@@ -104,11 +151,18 @@ void linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& bias, const T
   if (bias.defined()) expect_gpu(bias, kOp, "bias");
   PAGEDLM_CHECK(state != nullptr, kOp, ": a GPU linear needs its caller's DeviceState");
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::quantize_fp8_rows(x.raw(), scratch.values.raw(), scratch.scales.data<float>(), rows,
-                          in_features, w.inputs, stream);
+  if (!apply.x_quantized) {
+    cuda::quantize_fp8_rows(x.raw(), scratch.values.raw(), scratch.scales.data<float>(), rows,
+                            in_features, w.inputs, stream);
+  }
+  bool unscaled = false;
   cuda::linear_fp8(scratch.values.raw(), scratch.scales.data<float>(), w.weight.raw(),
                    w.scale.data<float>(), bias.defined() ? bias.raw() : nullptr, out.raw(), rows,
-                   out_features, in_features, stream, *state);
+                   out_features, in_features, stream, *state,
+                   apply.unscaled != nullptr ? &unscaled : nullptr);
+  if (apply.unscaled != nullptr) {
+    *apply.unscaled = unscaled ? Fp8Unscaled{scratch.scales, w.scale} : Fp8Unscaled{};
+  }
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);

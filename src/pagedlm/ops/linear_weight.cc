@@ -89,13 +89,18 @@ int64_t LinearWeight::in_features() const {
 }
 
 void LinearWeight::apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-                         DeviceState* state, const LinearScratch& scratch) const {
+                         DeviceState* state, const LinearScratch& scratch,
+                         const Fp8Apply& fp8) const {
+  if (format_ != WeightFormat::kFp8) {
+    PAGEDLM_CHECK(!fp8.x_quantized, "linear: x quantized to e4m3 for a projection that is not FP8");
+    if (fp8.unscaled != nullptr) *fp8.unscaled = {};
+  }
   switch (format_) {
     case WeightFormat::kDense:
       linear(x, dense_, bias, out, stream, state);
       return;
     case WeightFormat::kFp8:
-      linear_fp8(x, fp8_, bias, out, scratch.fp8, stream, state);
+      linear_fp8(x, fp8_, bias, out, scratch.fp8, stream, state, fp8);
       return;
     case WeightFormat::kGpuBlocks:
       apply_gpu_blocks(x, bias, out, stream, state, scratch);

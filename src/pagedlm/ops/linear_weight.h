@@ -74,8 +74,16 @@ class LinearWeight {
 
   // out [rows, out_features] = x [rows, in_features] W^T (+ bias [out_features]), on the
   // weight's device, by its format's kernel. `state`: the caller's GPU state (GPU formats).
+  // `fp8`: an FP8 projection's input already quantized into scratch.fp8, or its output left
+  // unscaled (ops/linear_fp8.h); for the other formats x_quantized must be false, and *unscaled
+  // comes back off.
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-             DeviceState* state, const LinearScratch& scratch) const;
+             DeviceState* state, const LinearScratch& scratch, const Fp8Apply& fp8 = {}) const;
+  // How an FP8 projection quantizes its input, for a kernel that writes x's codes for it
+  // (Fp8RowsOut); null for the other formats.
+  const Fp8InputScaling* fp8_inputs() const {
+    return format_ == WeightFormat::kFp8 ? &fp8_.inputs : nullptr;
+  }
 
   // The bytes apply() reads, and the same by format name, added to `by_format`.
   int64_t bytes() const;

@@ -69,12 +69,14 @@ void check_norm_args(const char* op, const Tensor& x, DType x_dtype, const Tenso
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out, void* stream,
-              float weight_offset) {
+              float weight_offset, const Fp8RowsOut& fp8_out) {
   constexpr const char* kOp = "rms_norm";
   const DType x_dt = detail::compute_dtype(x, kOp, "x");
   // An f32 x is the residual stream, normalized into the compute dtype (weight's).
   const DType dt = x_dt == DType::kF32 ? detail::compute_dtype(weight, kOp, "weight") : x_dt;
   check_norm_args(kOp, x, x_dt, weight, out, dt);
+  check_fp8_forms(kOp, x.device() == Device::kCuda, norm_fuses_fp8(x.dim(1)), x.dim(0), x.dim(1),
+                  {}, x.dim(1), fp8_out);
   if (x.device() == Device::kCpu) {
     cpu::rms_norm(x.data<float>(), weight.data<float>(), out.data<float>(), x.dim(0), x.dim(1), eps,
                   weight_offset);
@@ -82,19 +84,22 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& ou
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::rms_norm(x.raw(), x_dt, weight.raw(), out.raw(), x.dim(0), x.dim(1), eps, weight_offset, dt,
-                 stream);
+                 stream, fp8_out);
 #else
   detail::fail_no_cuda(kOp);
 #endif
 }
 
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                  const Tensor& out, void* stream, float weight_offset) {
+                  const Tensor& out, void* stream, float weight_offset,
+                  const Fp8Unscaled& x_unscaled, const Fp8RowsOut& fp8_out) {
   constexpr const char* kOp = "add_rms_norm";
   const DType dt = detail::compute_dtype(x, kOp, "x");
   check_norm_args(kOp, x, dt, weight, out, dt);
   detail::expect(residual, kOp, "residual", DType::kF32, {x.dim(0), x.dim(1)});
   detail::expect_device(residual, x.device(), kOp, "residual");
+  check_fp8_forms(kOp, x.device() == Device::kCuda, norm_fuses_fp8(x.dim(1)), x.dim(0), x.dim(1),
+                  x_unscaled, x.dim(1), fp8_out);
   if (x.device() == Device::kCpu) {
     cpu::add_rms_norm(residual.data<float>(), x.data<float>(), weight.data<float>(),
                       out.data<float>(), x.dim(0), x.dim(1), eps, weight_offset);
@@ -102,7 +107,7 @@ void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
   }
 #ifdef PAGEDLM_HAS_CUDA
   cuda::add_rms_norm(residual.data<float>(), x.raw(), weight.raw(), out.raw(), x.dim(0), x.dim(1),
-                     eps, weight_offset, dt, stream);
+                     eps, weight_offset, dt, stream, x_unscaled, fp8_out);
 #else
   detail::fail_no_cuda(kOp);
 #endif

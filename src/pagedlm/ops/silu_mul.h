@@ -7,6 +7,7 @@
 
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/core/tensor.h"
+#include "pagedlm/ops/linear_fp8.h"
 
 namespace pagedlm::ops {
 
@@ -27,7 +28,11 @@ constexpr const char* gated_mul_name(GatedActivation act) {
 
 // What silu_mul and gelu_tanh_mul do: checks the layout above and runs `act` on the tensors'
 // device.
-void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream);
+// gate_up_unscaled and fp8_out (GPU, gated_mul_fuses_fp8(ffn)): gate_up is an FP8 projection's
+// unscaled output, and out's rows are also written as the next FP8 projection's input
+// (ops/linear_fp8.h).
+void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream,
+               const Fp8Unscaled& gate_up_unscaled = {}, const Fp8RowsOut& fp8_out = {});
 
 namespace cpu {
 void gated_mul(GatedActivation act, const float* gate_up, float* out, int64_t n_tokens,
@@ -38,7 +43,8 @@ void gated_mul(GatedActivation act, const float* gate_up, float* out, int64_t n_
 namespace cuda {
 // Same contract as cpu::gated_mul; both pointers hold `dtype` elements.
 void gated_mul(GatedActivation act, const void* gate_up, void* out, int64_t n_tokens, int64_t ffn,
-               DType dtype, void* stream);
+               DType dtype, void* stream, const Fp8Unscaled& gate_up_unscaled = {},
+               const Fp8RowsOut& fp8_out = {});
 }  // namespace cuda
 #endif
 

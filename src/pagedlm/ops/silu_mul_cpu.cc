@@ -81,7 +81,8 @@ void gated_mul(GatedActivation act, const float* gate_up, float* out, int64_t n_
 
 }  // namespace cpu
 
-void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream) {
+void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, void* stream,
+               const Fp8Unscaled& gate_up_unscaled, const Fp8RowsOut& fp8_out) {
   using detail::kAnyDim;
   const char* op = gated_mul_name(act);
   const DType dt = detail::compute_dtype(gate_up, op, "gate_up");
@@ -91,12 +92,15 @@ void gated_mul(GatedActivation act, const Tensor& gate_up, const Tensor& out, vo
   const int64_t n_tokens = gate_up.dim(0), ffn = gate_up.dim(1) / 2;
   detail::expect(out, op, "out", dt, {n_tokens, ffn});
   detail::expect_device(out, gate_up.device(), op, "out");
+  check_fp8_forms(op, gate_up.device() == Device::kCuda, gated_mul_fuses_fp8(ffn), n_tokens,
+                  2 * ffn, gate_up_unscaled, ffn, fp8_out);
   if (gate_up.device() == Device::kCpu) {
     cpu::gated_mul(act, gate_up.data<float>(), out.data<float>(), n_tokens, ffn);
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA
-  cuda::gated_mul(act, gate_up.raw(), out.raw(), n_tokens, ffn, dt, stream);
+  cuda::gated_mul(act, gate_up.raw(), out.raw(), n_tokens, ffn, dt, stream, gate_up_unscaled,
+                  fp8_out);
 #else
   detail::fail_no_cuda(op);
 #endif

@@ -73,6 +73,43 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// The e4m3 range, and a row's dynamic FP8 scale from its threads' largest |x| (every thread
+// calls it; a barrier inside): the block's largest, capped at scale_ub where one is given, over
+// the e4m3 range, at least min_scale.
+constexpr float kE4m3Max = 448.f;
+__device__ __forceinline__ float dynamic_fp8_scale(float amax, float* scratch, float scale_ub,
+                                                   float min_scale) {
+  amax = block_max(amax, scratch);
+  if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
+  return fmaxf(amax / kE4m3Max, min_scale);
+}
+
+// The largest of amax and the |x| of 8 bf16 (16 bytes).
+__device__ __forceinline__ float max_abs8(const uint4& packed, float amax) {
+  const auto* v = reinterpret_cast<const __nv_bfloat16*>(&packed);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(__bfloat162float(v[e])));
+  return amax;
+}
+
+// 8 bf16 (16 bytes) as their 8 e4m3 codes at `scale`.
+__device__ __forceinline__ uint2 e4m3x8(const uint4& packed, float scale) {
+  const auto* v = reinterpret_cast<const __nv_bfloat16*>(&packed);
+  uint2 out;
+  auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = to_e4m3(__bfloat162float(v[e]), scale);
+  return out;
+}
+
+// One output of an FP8 GEMM that left its scales out (sum, the unscaled bf16 sum): sum x (row
+// scale x feature scale) + bias, rounded to bf16. The scale epilogue and the kernels that scale
+// a GEMM's output as they read it share this, so both give the same bits.
+__device__ __forceinline__ float scaled_fp8_sum(float sum, float x_scale, float w_scale,
+                                                float bias) {
+  return __bfloat162float(__float2bfloat16(sum * (x_scale * w_scale) + bias));
+}
+
 // The activations of the gated MLPs, in f32.
 // SiLU: g * sigmoid(g).
 struct Silu {

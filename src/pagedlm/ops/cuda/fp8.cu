@@ -18,35 +18,12 @@ using detail::ceil_div;
 
 using detail::to_e4m3;
 
-constexpr float kE4m3Max = 448.f;
+using detail::dynamic_fp8_scale;
+using detail::e4m3x8;
+using detail::max_abs8;
+using detail::scaled_fp8_sum;
+
 constexpr int kQuantizeThreads = 256;
-
-// The largest of amax and the |x| of 8 bf16 (16 bytes).
-__device__ __forceinline__ float max_abs8(const uint4& packed, float amax) {
-  const auto* v = reinterpret_cast<const bf16*>(&packed);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(__bfloat162float(v[e])));
-  return amax;
-}
-
-// 8 bf16 (16 bytes) as their 8 e4m3 codes at `scale`.
-__device__ __forceinline__ uint2 e4m3x8(const uint4& packed, float scale) {
-  const auto* v = reinterpret_cast<const bf16*>(&packed);
-  uint2 out;
-  auto* o = reinterpret_cast<__nv_fp8_storage_t*>(&out);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = to_e4m3(__bfloat162float(v[e]), scale);
-  return out;
-}
-
-// A row's dynamic scale from its threads' maxima: the block's largest |x|, capped at scale_ub
-// where one is given, over the e4m3 range, at least min_scale.
-__device__ __forceinline__ float dynamic_scale(float amax, float* scratch, float scale_ub,
-                                               float min_scale) {
-  amax = detail::block_max(amax, scratch);
-  if (scale_ub > 0.f) amax = fminf(amax, scale_ub);
-  return fmaxf(amax / kE4m3Max, min_scale);
-}
 
 // One block per row, 8 values (16 bytes in, 8 out) per load where cols % 8 == 0, each the e4m3
 // of its quotient by the row's scale (detail::to_e4m3). kChunks > 0: each thread keeps its at
@@ -72,7 +49,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
       held[j] = i < cols / 8 ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
       amax = max_abs8(held[j], amax);
     }
-    if (scale <= 0.f) scale = dynamic_scale(amax, scratch, scale_ub, min_scale);
+    if (scale <= 0.f) scale = dynamic_fp8_scale(amax, scratch, scale_ub, min_scale);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int i = threadIdx.x + j * kQuantizeThreads;
@@ -93,7 +70,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
         amax = fmaxf(amax, fabsf(__bfloat162float(src[c])));
       }
     }
-    scale = dynamic_scale(amax, scratch, scale_ub, min_scale);
+    scale = dynamic_fp8_scale(amax, scratch, scale_ub, min_scale);
   }
   if constexpr (kVec8) {
     for (int i = threadIdx.x; i < cols / 8; i += blockDim.x) {
@@ -139,11 +116,11 @@ __global__ void fp8_scale_epilogue_kernel(bf16* y, const float* x_scales, const 
       auto* v = reinterpret_cast<bf16*>(&packed);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        v[e] = __float2bfloat16(__bfloat162float(v[e]) * (xs * ws[e]) + b[e]);
+        v[e] = __float2bfloat16(scaled_fp8_sum(__bfloat162float(v[e]), xs, ws[e], b[e]));
       }
       *reinterpret_cast<uint4*>(out) = packed;
     } else {
-      *out = __float2bfloat16(__bfloat162float(*out) * (xs * ws[0]) + b[0]);
+      *out = __float2bfloat16(scaled_fp8_sum(__bfloat162float(*out), xs, ws[0], b[0]));
     }
   }
 }

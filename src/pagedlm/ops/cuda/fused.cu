@@ -96,16 +96,57 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float* f) {
   return packed;
 }
 
+// The e4m3 codes of a row of bf16 values a block holds in registers (its threads' kChunks chunks
+// of 8, chunk c of a thread at 8 (threadIdx.x + c blockDim.x) of the row), as
+// launch_quantize_fp8_rows codes them: the row's scale (static, or its own from the block's
+// largest |x|) and each value's e4m3. Every thread calls it.
+template <int kChunks>
+__device__ __forceinline__ void fp8_rows_out(const uint4 (&held)[kChunks], int dim,
+                                             const Fp8RowsOut& q, size_t row, float* scratch) {
+  float scale = q.static_scale;
+  if (scale <= 0.f) {
+    float amax = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if ((threadIdx.x + c * blockDim.x) * 8 < dim) amax = detail::max_abs8(held[c], amax);
+    }
+    scale = detail::dynamic_fp8_scale(amax, scratch, q.scale_ub, q.min_scale);
+  }
+  auto* codes = static_cast<__nv_fp8_storage_t*>(q.values) + row * dim;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    *reinterpret_cast<uint2*>(codes + i) = detail::e4m3x8(held[c], scale);
+  }
+  if (threadIdx.x == 0) q.scales[row] = scale;
+}
+
+// 8 values of an FP8 GEMM's unscaled output row (Fp8Unscaled), columns col .. col + 7, scaled in
+// place as the epilogue kernel would scale them.
+__device__ __forceinline__ void scale_unscaled8(float* v, float x_scale, const float* w_scales,
+                                                int col) {
+  const float4 w0 = *reinterpret_cast<const float4*>(w_scales + col);
+  const float4 w1 = *reinterpret_cast<const float4*>(w_scales + col + 4);
+  const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = detail::scaled_fp8_sum(v[j], x_scale, w[j], 0.f);
+}
+
 // add_rms_norm_kernel with 16-byte accesses, for dim % 8 == 0 and dim <= 8 * kChunks * blockDim:
 // each thread keeps its chunks of 8 values in registers between the two passes, so the row is
 // read and written once. Each element's formula is the scalar kernel's (below); the sum of
-// squares adds in another order.
-template <int kChunks>
+// squares adds in another order. kUnscaled: x is an FP8 GEMM's unscaled output (Fp8Unscaled);
+// kFp8Out: the output is also written as e4m3 rows (Fp8RowsOut).
+template <int kChunks, bool kUnscaled = false, bool kFp8Out = false>
 __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
-                                        bf16* out, int dim, float eps, float weight_offset) {
+                                        bf16* out, int dim, float eps, float weight_offset,
+                                        Fp8Unscaled x_unscaled, Fp8RowsOut fp8_out) {
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
   float* res = residual + base;
+  // Read before the first barrier: fp8_out may overwrite it (the same scratch).
+  const float x_scale = kUnscaled ? x_unscaled.x_scales[blockIdx.x] : 0.f;
   float v[kChunks][8];
   float ss = 0.f;
 #pragma unroll
@@ -126,6 +167,7 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
     if (x != nullptr) {
       float xf[8];
       bf16x8_to_float(*reinterpret_cast<const uint4*>(x + base + i), xf);
+      if constexpr (kUnscaled) scale_unscaled8(xf, x_scale, x_unscaled.w_scales, i);
 #pragma unroll
       for (int j = 0; j < 8; ++j) r[j] += xf[j];
       *reinterpret_cast<float4*>(res + i) = make_float4(r[0], r[1], r[2], r[3]);
@@ -136,6 +178,7 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
   }
   ss = detail::block_sum(ss, scratch);
   const float inv = rsqrtf(ss / dim + eps);
+  uint4 held[kFp8Out ? kChunks : 1];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = (threadIdx.x + c * blockDim.x) * 8;
@@ -144,8 +187,11 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
     bf16x8_to_float(*reinterpret_cast<const uint4*>(weight + i), w);
 #pragma unroll
     for (int j = 0; j < 8; ++j) y[j] = v[c][j] * inv * (weight_offset + w[j]);
-    *reinterpret_cast<uint4*>(out + base + i) = float_to_bf16x8(y);
+    const uint4 packed = float_to_bf16x8(y);
+    *reinterpret_cast<uint4*>(out + base + i) = packed;
+    if constexpr (kFp8Out) held[c] = packed;
   }
+  if constexpr (kFp8Out) fp8_rows_out(held, dim, fp8_out, blockIdx.x, scratch);
 }
 
 // One block per row. residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 or null (nothing is
@@ -302,10 +348,65 @@ __global__ void gated_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
   out[r * dim + i] = __float2bfloat16(act(gt) * up);
 }
 
+// gated_mul_vec_kernel a row a block (dim % 8 == 0, dim <= 8 kChunks blockDim), for the FP8
+// forms: gate_up an FP8 GEMM's unscaled output (kUnscaled), and the output written also as e4m3
+// rows (fp8_out.values set), which needs the whole row's largest |x|.
+template <typename Act, int kChunks, bool kUnscaled>
+__global__ void gated_mul_rows_kernel(const bf16* gate_up, bf16* out, int dim,
+                                      Fp8Unscaled gate_up_unscaled, Fp8RowsOut fp8_out) {
+  __shared__ float scratch[32];
+  const size_t r = blockIdx.x;
+  // Read before the first barrier: fp8_out may overwrite it (the same scratch).
+  const float x_scale = kUnscaled ? gate_up_unscaled.x_scales[r] : 0.f;
+  const Act act{};
+  uint4 held[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    float gt[8], up[8], y[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + i), gt);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gate_up + r * 2 * dim + dim + i), up);
+    if constexpr (kUnscaled) {
+      scale_unscaled8(gt, x_scale, gate_up_unscaled.w_scales, i);
+      scale_unscaled8(up, x_scale, gate_up_unscaled.w_scales, dim + i);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = act(gt[j]) * up[j];
+    held[c] = float_to_bf16x8(y);
+    *reinterpret_cast<uint4*>(out + r * dim + i) = held[c];
+  }
+  if (fp8_out.values != nullptr) fp8_rows_out(held, dim, fp8_out, r, scratch);
+}
+
+template <typename Act, int kChunks>
+void launch_gated_mul_rows(const void* gate_up, void* out, int rows, int dim,
+                           const Fp8Unscaled& unscaled, const Fp8RowsOut& fp8_out,
+                           cudaStream_t stream) {
+  const auto kernel = unscaled.x_scales != nullptr ? gated_mul_rows_kernel<Act, kChunks, true>
+                                                   : gated_mul_rows_kernel<Act, kChunks, false>;
+  kernel<<<rows, 256, 0, stream>>>(static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim,
+                                   unscaled, fp8_out);
+}
+
 template <typename Act>
-cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim,
-                             cudaStream_t stream) {
+cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream,
+                             const Fp8Unscaled& unscaled, const Fp8RowsOut& fp8_out) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (unscaled.x_scales != nullptr || fp8_out.values != nullptr) {
+    if (!gated_mul_fuses_fp8(dim)) return cudaErrorInvalidValue;
+    const int chunks = static_cast<int>(ceil_div(dim / 8, 256));
+    if (chunks <= 2) {
+      launch_gated_mul_rows<Act, 2>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
+    } else if (chunks <= 4) {
+      launch_gated_mul_rows<Act, 4>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
+    } else if (chunks <= 8) {
+      launch_gated_mul_rows<Act, 8>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
+    } else {
+      launch_gated_mul_rows<Act, 16>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
+    }
+    return cudaGetLastError();
+  }
   if (dim % 8 == 0) {
     gated_mul_vec_kernel<Act><<<dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream>>>(
         static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
@@ -373,45 +474,68 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
 namespace {
 
 // One block per row, 16-byte accesses held in registers where the row allows (widths up to
-// 8192), else the scalar kernel.
-cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, void* out, int rows,
-                         int dim, float eps, float weight_offset, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  const auto* w = static_cast<const bf16*>(weight);
-  auto* y = static_cast<bf16*>(out);
+// 8192), else the scalar kernel (which takes no FP8 form: norm_fuses_fp8).
+template <bool kUnscaled, bool kFp8Out>
+cudaError_t add_rms_norm_vec(float* residual, const bf16* x, const bf16* w, bf16* y, int rows,
+                             int dim, float eps, float weight_offset, const Fp8Unscaled& unscaled,
+                             const Fp8RowsOut& fp8_out, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  const int chunks = dim % 8 == 0 ? static_cast<int>(ceil_div(dim, 8 * kThreads)) : 0;
+  const int chunks = static_cast<int>(ceil_div(dim, 8 * kThreads));
   // Fewer threads for narrow rows (SmolLM2's 576 is 72 chunks of 8), so none sits idle.
   const int threads = chunks == 1 ? static_cast<int>(ceil_div(dim / 8, 32)) * 32 : kThreads;
   if (chunks == 1) {
-    add_rms_norm_vec_kernel<1>
-        <<<rows, threads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
+    add_rms_norm_vec_kernel<1, kUnscaled, kFp8Out><<<rows, threads, 0, stream>>>(
+        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   } else if (chunks == 2) {
-    add_rms_norm_vec_kernel<2>
-        <<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
-  } else if (chunks == 3 || chunks == 4) {
-    add_rms_norm_vec_kernel<4>
-        <<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
+    add_rms_norm_vec_kernel<2, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
+        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   } else {
-    add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
+    add_rms_norm_vec_kernel<4, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
+        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, void* out, int rows,
+                         int dim, float eps, float weight_offset, cudaStream_t stream,
+                         const Fp8Unscaled& unscaled, const Fp8RowsOut& fp8_out) {
+  if (rows <= 0) return cudaSuccess;
+  const auto* w = static_cast<const bf16*>(weight);
+  auto* y = static_cast<bf16*>(out);
+  const bool scale_x = unscaled.x_scales != nullptr && x != nullptr;
+  const bool quantize = fp8_out.values != nullptr;
+  if (scale_x || quantize) {
+    if (!norm_fuses_fp8(dim)) return cudaErrorInvalidValue;
+    const auto launch =
+        scale_x ? (quantize ? add_rms_norm_vec<true, true> : add_rms_norm_vec<true, false>)
+                : add_rms_norm_vec<false, true>;
+    return launch(residual, x, w, y, rows, dim, eps, weight_offset, unscaled, fp8_out, stream);
+  }
+  if (norm_fuses_fp8(dim)) {
+    return add_rms_norm_vec<false, false>(residual, x, w, y, rows, dim, eps, weight_offset, {}, {},
+                                          stream);
+  }
+  constexpr int kThreads = 256;
+  add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
-                                float eps, float weight_offset, cudaStream_t stream) {
+                                float eps, float weight_offset, cudaStream_t stream,
+                                const Fp8RowsOut& fp8_out) {
   // With no x to add the kernel only reads the residual, so dropping const is safe.
   return add_rms_norm(const_cast<float*>(x), nullptr, weight, out, rows, dim, eps, weight_offset,
-                      stream);
+                      stream, {}, fp8_out);
 }
 
 cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, float weight_offset,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const Fp8Unscaled& x_unscaled,
+                                const Fp8RowsOut& fp8_out) {
   return add_rms_norm(residual, static_cast<const bf16*>(x), weight, out, rows, dim, eps,
-                      weight_offset, stream);
+                      weight_offset, stream, x_unscaled, fp8_out);
 }
 
 cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_out,
@@ -467,15 +591,19 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
   return cudaGetLastError();
 }
 
-cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim,
-                            cudaStream_t stream) {
-  return launch_gated_mul<Silu>(gate_up, out, rows, dim, stream);
+cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream,
+                            const Fp8Unscaled& gate_up_unscaled, const Fp8RowsOut& fp8_out) {
+  return launch_gated_mul<Silu>(gate_up, out, rows, dim, stream, gate_up_unscaled, fp8_out);
 }
 
 cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int dim,
-                                 cudaStream_t stream) {
-  return launch_gated_mul<GeluTanh>(gate_up, out, rows, dim, stream);
+                                 cudaStream_t stream, const Fp8Unscaled& gate_up_unscaled,
+                                 const Fp8RowsOut& fp8_out) {
+  return launch_gated_mul<GeluTanh>(gate_up, out, rows, dim, stream, gate_up_unscaled, fp8_out);
 }
+
+bool norm_fuses_fp8(int dim) { return dim > 0 && dim % 8 == 0 && dim <= 8 * 4 * 256; }
+bool gated_mul_fuses_fp8(int dim) { return dim > 0 && dim % 8 == 0 && dim <= 8 * 16 * 256; }
 
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
                                int64_t row_bytes, cudaStream_t stream) {

@@ -311,7 +311,8 @@ bool gemm_fp8_scales_in_epilogue(const GemmHandle* handle, int m, int n, int k, 
 
 cudaError_t launch_gemm_fp8(GemmHandle* h, const void* xq, const float* x_scales, const void* wq,
                             const float* w_scales, const void* bias, void* y, int m, int n, int k,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool* unscaled) {
+  if (unscaled != nullptr) *unscaled = false;
   if (h == nullptr || m < 0 || n <= 0 || k <= 0 || x_scales == nullptr || w_scales == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -362,6 +363,10 @@ cudaError_t launch_gemm_fp8(GemmHandle* h, const void* xq, const float* x_scales
   }
   PAGEDLM_LT_TRY(h, cublasLtMatmul(h->lt, p.op, &alpha, wq, p.a, xq, p.b, &beta, y, p.c, y, p.c,
                                    &p.algo, h->workspace, h->workspace_bytes, stream));
+  if (unscaled != nullptr && bias == nullptr) {
+    *unscaled = true;
+    return cudaSuccess;
+  }
   return launch_fp8_scale_epilogue(y, x_scales, w_scales, bias, m, n, stream);
 }
 

@@ -173,17 +173,41 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
                             int64_t out_token_stride, int num_tokens, int num_heads, int dim,
                             float eps, float weight_offset, cudaStream_t stream);
 
+// FP8 projections beside the kernels around them. The norms and the gated product may write their
+// output a second time as the e4m3 input of the FP8 projection that reads it next (Fp8RowsOut:
+// launch_quantize_fp8_rows' codes and scales of the bf16 output, so the projection quantizes
+// nothing), and may read their input as an FP8 GEMM's unscaled sums (Fp8Unscaled: each value
+// scaled as launch_fp8_scale_epilogue scales it, without a bias, so that kernel does not run).
+// Both take the kernels' row-per-block forms (kernel_fuses_fp8); the scales of one row may be
+// the same memory in and out (the block reads its row's before its first barrier and writes the
+// new one after its last).
+struct Fp8RowsOut {
+  void* values = nullptr;                                     // [rows, dim] e4m3; null: off
+  float* scales = nullptr;                                    // [rows]
+  float static_scale = 0.f, scale_ub = 0.f, min_scale = 0.f;  // launch_quantize_fp8_rows'
+};
+struct Fp8Unscaled {
+  const float* x_scales = nullptr;  // [rows]; null: off
+  const float* w_scales = nullptr;  // [the input's width]
+};
+// Whether rows of `dim` values take those forms: the norms' (dim % 8 == 0, dim <= 8192) or the
+// gated product's (dim % 8 == 0, dim <= 32768).
+bool norm_fuses_fp8(int dim);
+bool gated_mul_fuses_fp8(int dim);
+
 // x: [rows, dim] f32 (the residual stream), weight: [dim] bf16, out: [rows, dim] bf16.
 // out = x * rsqrt(mean(x^2) + eps) * (weight_offset + weight): the first layer's input norm.
 cudaError_t launch_rms_norm_f32(const float* x, const void* weight, void* out, int rows, int dim,
-                                float eps, float weight_offset, cudaStream_t stream);
+                                float eps, float weight_offset, cudaStream_t stream,
+                                const Fp8RowsOut& fp8_out = {});
 
 // residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 (a sublayer's output), weight: [dim]
 // bf16, out: [rows, dim] bf16 (the next GEMM's input).
 // residual += x in fp32; out = rms_norm(residual) * (weight_offset + weight).
 cudaError_t launch_add_rms_norm(float* residual, const void* x, const void* weight, void* out,
                                 int rows, int dim, float eps, float weight_offset,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const Fp8Unscaled& x_unscaled = {},
+                                const Fp8RowsOut& fp8_out = {});
 
 // Rotary embedding (NEOX rotate_half: pair i with i + d/2, angle = float(pos) * inv_freq[i] in
 // fp32) on q, written to q_out (q_out == q: in place), and on k in place, then k and v are
@@ -206,10 +230,14 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
 // Gated MLP activations, one kernel for both (templated on the activation), in f32:
 // gate_up: [rows, 2 * dim] bf16 (gate first), out: [rows, dim] bf16 = act(gate) * up.
 // SwiGLU: act = silu(g) = g / (1 + exp(-g)).
-cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream);
+// gate_up_unscaled and fp8_out: as the norms' (w_scales [2 * dim], gate's then up's).
+cudaError_t launch_silu_mul(const void* gate_up, void* out, int rows, int dim, cudaStream_t stream,
+                            const Fp8Unscaled& gate_up_unscaled = {},
+                            const Fp8RowsOut& fp8_out = {});
 // GeGLU (Gemma): act = HF's gelu_pytorch_tanh, 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
 cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int dim,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const Fp8Unscaled& gate_up_unscaled = {},
+                                 const Fp8RowsOut& fp8_out = {});
 
 // x: [n] in place, f32 (f32 true: the logits) or bf16: x = cap * tanh(x / cap) in f32 (Gemma 2's
 // final logit soft-cap). cap > 0, else cudaErrorInvalidValue.
@@ -336,9 +364,12 @@ cudaError_t launch_quantize_fp8_rows(const void* x, void* q, float* scales, int 
 // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) where the device's cuBLASLt has a kernel for
 // them; else (or with gemm_fp8_set_epilogue_scaling) the GEMM writes the unscaled sums in bf16
 // and one more kernel scales them and adds the bias in place.
+// `unscaled` (may be null): where the scales would take the epilogue kernel and there is no
+// bias, the kernel is left out and *unscaled set: y holds the unscaled sums, for the next kernel
+// to scale as it reads them (Fp8Unscaled); else *unscaled is false and y is scaled.
 cudaError_t launch_gemm_fp8(GemmHandle* handle, const void* xq, const float* x_scales,
                             const void* wq, const float* w_scales, const void* bias, void* y, int m,
-                            int n, int k, cudaStream_t stream);
+                            int n, int k, cudaStream_t stream, bool* unscaled = nullptr);
 // On: every FP8 shape met from now on takes the epilogue kernel's scaling (tests hold both ways
 // to the same reference). Plans already made keep theirs.
 void gemm_fp8_set_epilogue_scaling(GemmHandle* handle, bool on);

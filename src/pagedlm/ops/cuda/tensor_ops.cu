@@ -33,6 +33,17 @@ void require_bf16(DType dtype, const char* op) {
                 dtype_name(dtype));
 }
 
+// The kernels' views of the FP8 forms (ops/linear_fp8.h); the Tensor entry points checked them.
+raw::Fp8RowsOut rows_out(const Fp8RowsOut& out) {
+  if (!out.on()) return {};
+  return {out.values.raw(), out.scales.data<float>(), out.how.static_scale, out.how.max_abs_ub,
+          kFp8MinScale};
+}
+raw::Fp8Unscaled unscaled_in(const Fp8Unscaled& in) {
+  if (!in.on()) return {};
+  return {in.x_scales.data<float>(), in.w_scales.data<float>()};
+}
+
 // The kernels' view of a cache of `cache_dtype` (bf16 or e4m3, ops::check_kv_cache_dtype).
 raw::KvCacheFormat kv_cache_format(DType cache_dtype, const KvCacheScales& scales, const char* op) {
   if (cache_dtype != DType::kF8E4M3) {
@@ -119,14 +130,22 @@ void quantize_fp8_rows(const void* x, void* q, float* scales, int64_t rows, int6
 
 void linear_fp8(const void* xq, const float* x_scales, const void* wq, const float* w_scales,
                 const void* bias, void* out, int64_t rows, int64_t out_features,
-                int64_t in_features, void* stream, DeviceState& state) {
+                int64_t in_features, void* stream, DeviceState& state, bool* unscaled) {
   raw::GemmHandle* h = state.gemm();
   const cudaError_t err = raw::launch_gemm_fp8(
       h, xq, x_scales, wq, w_scales, bias, out, static_cast<int>(rows),
-      static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream));
+      static_cast<int>(out_features), static_cast<int>(in_features), as_stream(stream), unscaled);
   PAGEDLM_CHECK(err == cudaSuccess, "linear (FP8 weight) [", rows, ", ", in_features, "] x [",
                 out_features, ", ", in_features, "]^T: ", cudaGetErrorString(err),
                 " (cuBLAS status ", raw::gemm_last_status(h), ")");
+}
+
+bool norm_fuses_fp8(int64_t dim) {
+  return dim <= INT32_MAX && raw::norm_fuses_fp8(static_cast<int>(dim));
+}
+
+bool gated_mul_fuses_fp8(int64_t dim) {
+  return dim <= INT32_MAX && raw::gated_mul_fuses_fp8(static_cast<int>(dim));
 }
 
 void device_capability(int* major, int* minor, const char** name) {
@@ -138,15 +157,17 @@ void device_capability(int* major, int* minor, const char** name) {
 }
 
 void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64_t rows,
-              int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
+              int64_t dim, float eps, float weight_offset, DType dtype, void* stream,
+              const Fp8RowsOut& fp8_out) {
   require_bf16(dtype, "rms_norm");
   if (x_dtype == DType::kF32) {
-    raw::check(
-        raw::launch_rms_norm_f32(static_cast<const float*>(x), weight, out, static_cast<int>(rows),
-                                 static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
-        "rms_norm");
+    raw::check(raw::launch_rms_norm_f32(static_cast<const float*>(x), weight, out,
+                                        static_cast<int>(rows), static_cast<int>(dim), eps,
+                                        weight_offset, as_stream(stream), rows_out(fp8_out)),
+               "rms_norm");
     return;
   }
+  PAGEDLM_CHECK(!fp8_out.on(), "rms_norm: FP8 rows out need the f32 residual stream as x");
   require_bf16(x_dtype, "rms_norm x");
   raw::check(raw::launch_rms_norm(x, dim, weight, out, dim, static_cast<int>(rows), 1,
                                   static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
@@ -154,10 +175,12 @@ void rms_norm(const void* x, DType x_dtype, const void* weight, void* out, int64
 }
 
 void add_rms_norm(float* residual, const void* x, const void* weight, void* out, int64_t rows,
-                  int64_t dim, float eps, float weight_offset, DType dtype, void* stream) {
+                  int64_t dim, float eps, float weight_offset, DType dtype, void* stream,
+                  const Fp8Unscaled& x_unscaled, const Fp8RowsOut& fp8_out) {
   require_bf16(dtype, "add_rms_norm");
   raw::check(raw::launch_add_rms_norm(residual, x, weight, out, static_cast<int>(rows),
-                                      static_cast<int>(dim), eps, weight_offset, as_stream(stream)),
+                                      static_cast<int>(dim), eps, weight_offset, as_stream(stream),
+                                      unscaled_in(x_unscaled), rows_out(fp8_out)),
              "add_rms_norm");
 }
 
@@ -173,14 +196,15 @@ void head_rms_norm(void* x, int64_t rows, int64_t width, int64_t first_head, int
 }
 
 void gated_mul(GatedActivation act, const void* gate_up, void* out, int64_t n_tokens, int64_t ffn,
-               DType dtype, void* stream) {
+               DType dtype, void* stream, const Fp8Unscaled& gate_up_unscaled,
+               const Fp8RowsOut& fp8_out) {
   const char* op = gated_mul_name(act);
   require_bf16(dtype, op);
   const auto launch =
       act == GatedActivation::kSilu ? raw::launch_silu_mul : raw::launch_gelu_tanh_mul;
-  raw::check(
-      launch(gate_up, out, static_cast<int>(n_tokens), static_cast<int>(ffn), as_stream(stream)),
-      op);
+  raw::check(launch(gate_up, out, static_cast<int>(n_tokens), static_cast<int>(ffn),
+                    as_stream(stream), unscaled_in(gate_up_unscaled), rows_out(fp8_out)),
+             op);
 }
 
 void softcap(void* x, int64_t n, float cap, DType dtype, void* stream) {
