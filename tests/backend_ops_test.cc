@@ -799,11 +799,11 @@ TEST(BackendOpsCuda, LinearBlocksKquantRowsAreBatchInvariant) {
   }
 }
 
-// Q4_K at one row runs on tensor cores in integers, 16 features a thread block with x rounded to
-// 8 bits in its shared memory (ggml's rounding, q8_rounding.h: the reference takes x so
-// rounded): 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
-// thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them); then rows of 160 blocks, whose staged x
-// (50 KB: 40 bytes a 32-value sub-block) takes more than the default 48 KB of shared memory.
+// Q4_K at one row runs on tensor cores in integers, 16 features a thread block, each warp
+// rounding the x of its own blocks to 8 bits (ggml's rounding, q8_rounding.h: the reference takes
+// x so rounded): 12807 features (the last tile partial) and 18 blocks a row (the eight warps of a
+// thread block take 3, 3, 2, 2, 2, 2, 2 and 2 of them, so both of a warp's x buffers are reused);
+// then rows of 160 blocks (a row's x once took 50 KB of a thread block's shared memory).
 TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
   PAGEDLM_REQUIRE_GPU();
   const Backend b(Device::kCuda);

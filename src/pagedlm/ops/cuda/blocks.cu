@@ -197,19 +197,25 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // Q4_K times one row of x on tensor cores in integers (kquant_lanes.cuh's Q4kMmaTile): a thread
 // block of kQ4kWarps warps takes 16 output features, its warps blocks w, w + kQ4kWarps, ... of
 // their rows, each warp with the next block's weights in flight while it multiplies one; the
-// warps' sums meet in shared memory. Each thread block first rounds x to 8 bits into its shared
-// memory (Q4kStagedX), so that a warp's registers hold two blocks' weights and little else.
-// Per 16 x 256 weights a lane runs 8 int8 mmas and about 30 integer instructions to form their
-// fragments. On the H100 (8B shape, one stream; docs/PERF.md) 1.05x the bf16 mma form it replaced
-// (16 mmas and about 110 instructions for the fragments, x staged in bf16 with its sums), which
-// had been 1.03x the same with x and its sums in registers (122 registers, two thread blocks an
-// SM). Of the shapes measured there, 8 warps a thread block and 3 thread blocks an SM (80
-// registers) is the fastest: 2 blocks 0.99x, 4 warps with 4 or 6 blocks 0.97x / 0.95x, 16 warps
-// 0.87x. Slower still on the H200: two 16-feature tiles a warp (199 registers), and persistent
-// thread blocks streaming their items through cp.async stages in shared memory. Launching it for
-// programmatic dependent launch (its first weights loading while the kernel before it ends) ran
-// 0.99x on the H100, and so did, within 1%, two blocks of weights in flight a warp; K split over
-// thread block clusters ran 0.77x and 0.54x (docs/KERNELS.md).
+// warps' sums meet in shared memory. Each warp rounds the x of its own blocks to 8 bits
+// (Q4kStagedX::stage_quarter: a lane 8 values, four lanes a sub-block), one block at a time into
+// two small buffers of its own in shared memory, just before it multiplies them, with the next
+// block's x loaded beside its weights: no thread block waits at a barrier for the whole row to
+// be rounded first, and the shared memory does not grow with the row (H100, 8B shape, one
+// stream: 1.048x the thread block rounding the whole row into its shared memory first, 378.0,
+// 378.3 against 360.5, 361.1 output tok/s; that first pass was up to 1.075x by the measure of
+// skipping it, docs/KERNELS.md). Per 16 x 256 weights a lane runs 8 int8 mmas and about 30
+// integer instructions to form their fragments. On the H100 (8B shape, one stream;
+// docs/PERF.md) the integer form was 1.05x the bf16 mma form it replaced (16 mmas and about 110
+// instructions for the fragments, x staged in bf16 with its sums), which had been 1.03x the same
+// with x and its sums in registers (122 registers, two thread blocks an SM). Of the shapes measured
+// there, 8 warps a thread block and 3 thread blocks an SM (80 registers) is the fastest: 2 blocks
+// 0.99x, 4 warps with 4 or 6 blocks 0.97x / 0.95x, 16 warps 0.87x. Slower still on the H200: two
+// 16-feature tiles a warp (199 registers), and persistent thread blocks streaming their items
+// through cp.async stages in shared memory. Launching it for programmatic dependent launch (its
+// first weights loading while the kernel before it ends) ran 0.99x on the H100, and so did, within
+// 1%, two blocks of weights in flight a warp; K split over thread block clusters ran 0.77x and
+// 0.54x (docs/KERNELS.md).
 constexpr int kQ4kWarps = 8;
 constexpr int kQ4kBlocksPerSm = 3;
 
@@ -229,15 +235,11 @@ __device__ __forceinline__ void walk_blocks(int warp, int num_blocks, Tile (&til
   }
 }
 
-__host__ __device__ constexpr size_t q4k_staged_bytes(int in_features) {
-  return static_cast<size_t>(in_features / 32) * Q4kStagedX::kWords * sizeof(uint32_t);
-}
-
 __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
     q4k_matvec_mma_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                           bool out_f32, int out_features, int in_features) {
-  extern __shared__ uint4 staged_storage[];
-  auto* staged = reinterpret_cast<uint32_t*>(staged_storage);
+  // Each warp's two buffers of one block's rounded x (8 sub-blocks), used in turn.
+  __shared__ __align__(16) uint32_t staged[kQ4kWarps][2][8 * Q4kStagedX::kWords];
   __shared__ float partial[kQ4kWarps][16];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
@@ -248,28 +250,41 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
   const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
   auto load = [&](int b) { return Q4kMmaTile::load(row_g + 144 * b, row_g8 + 144 * b, t); };
+  // The lane's 8 values of x in block b.
+  auto load_x = [&](int b) { return load16(x + 256 * b + 8 * lane); };
   Q4kMmaTile tiles[2];
-  if (warp < num_blocks) tiles[0] = load(warp);
-  for (int s = lane + 32 * warp; s < in_features / 32; s += 32 * kQ4kWarps) {
-    Q4kStagedX::stage(x + 32 * s, staged + Q4kStagedX::kWords * s);
+  uint4 x_next = make_uint4(0, 0, 0, 0);
+  if (warp < num_blocks) {
+    tiles[0] = load(warp);
+    x_next = load_x(warp);
   }
-  __syncthreads();
   float acc[2] = {0.f, 0.f};
-  // Multiplies block b from `tile` while block b + kQ4kWarps loads into `next`.
+  int buffer = 0;
+  // Rounds block b's x (loaded with its weights) into the warp's next buffer, then multiplies
+  // block b from `tile` while block b + kQ4kWarps and its x load. With two buffers one barrier
+  // of the warp a block suffices: a lane writes a buffer again only after every lane has passed
+  // the barrier of the block between, so after it read the buffer.
   auto step = [&](int b, const Q4kMmaTile& tile, Q4kMmaTile& next) {
-    if (b + kQ4kWarps < num_blocks) next = load(b + kQ4kWarps);
+    uint32_t* xs = staged[warp][buffer];
+    buffer ^= 1;
+    Q4kStagedX::stage_quarter(x_next, xs + Q4kStagedX::kWords * (lane >> 2), lane & 3);
+    __syncwarp();
+    if (b + kQ4kWarps < num_blocks) {
+      next = load(b + kQ4kWarps);
+      x_next = load_x(b + kQ4kWarps);
+    }
     int32_t c[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       uint32_t a[4], low[2], high[2];
-      Q4kStagedX::b_fragments(staged, b, g, t, p, low, high);
+      Q4kStagedX::b_fragments(xs, 0, g, t, p, low, high);
       tile.a_fragment(0, p, a);
       ::pagedlm::cuda::detail::mma_16832_s8(c, a, low[0], low[1]);
       tile.a_fragment(1, p, a);
       ::pagedlm::cuda::detail::mma_16832_s8(c, a, high[0], high[1]);
     }
     float dx[2], x_sum[2];
-    Q4kStagedX::scales(staged, b, t, dx, x_sum);
+    Q4kStagedX::scales(xs, 0, t, dx, x_sum);
     tile.accumulate(t, c, dx, x_sum, acc);
   };
   walk_blocks(warp, num_blocks, tiles, step);
@@ -294,25 +309,10 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
   }
 }
 
-// Launches q4k_matvec_mma_kernel when x's staging fits the device's shared memory (above the
-// default 48 KB once opted in: in_features of 39322 and more); *launched false otherwise.
-cudaError_t launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
-                                  bool out_f32, int out_features, int in_features,
-                                  cudaStream_t stream, bool* launched) {
-  *launched = false;
-  const ::pagedlm::cuda::DeviceLimits* device = nullptr;
-  PAGEDLM_CUDA_TRY(::pagedlm::cuda::current_device_limits(&device));
-  const size_t staged = q4k_staged_bytes(in_features);
-  const size_t static_bytes = sizeof(float) * kQ4kWarps * 16;
-  if (staged + static_bytes > device->smem_per_block) return cudaSuccess;
-  if (staged > 48 * 1024) {
-    PAGEDLM_CUDA_TRY(::pagedlm::cuda::allow_dynamic_smem(
-        reinterpret_cast<const void*>(q4k_matvec_mma_kernel), staged));
-  }
-  *launched = true;
-  q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), staged, stream>>>(
+void launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
+                           bool out_f32, int out_features, int in_features, cudaStream_t stream) {
+  q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), 0, stream>>>(
       x, blocks, bias, out, out_f32, out_features, in_features);
-  return cudaSuccess;
 }
 
 // Rows of x in two 8-bit planes per 32 values, StagedRowsX's layout, [rows][in_features / 32]
@@ -519,12 +519,10 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
   // 0.90x and 0.77x of it at four and eight rows).
   if constexpr (kType == QuantType::kQ4_K && kRows == 1) {
     if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-      bool launched = false;
-      PAGEDLM_CUDA_TRY(launch_q4k_matvec_mma(static_cast<const bf16*>(x),
-                                             static_cast<const uint8_t*>(blocks),
-                                             static_cast<const bf16*>(bias), out, out_f32,
-                                             out_features, in_features, stream, &launched));
-      if (launched) return cudaGetLastError();
+      launch_q4k_matvec_mma(static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+                            static_cast<const bf16*>(bias), out, out_f32, out_features, in_features,
+                            stream);
+      return cudaGetLastError();
     }
   }
   const dim3 threads(32, kWarpsPerBlock);

@@ -213,7 +213,7 @@ struct Q6kLane {
 //     8p .. 8p + 7 of sub-block 2t + h, in order.
 //   B (x): column g, the same k: x's 8-bit values at those weights where g = 2t + h (the lane's
 //     own sub-block), else 0, so only lane (g, g / 2) feeds x: words 2p, 2p + 1 of sub-block g,
-//     read from shared memory where the thread block staged the whole row once.
+//     read from shared memory where the warp staged the block's x (stage_quarter).
 //   C: lane (g, t) holds sub-blocks 2t, 2t + 1 of rows g and g + 8, the sub-blocks whose scales
 //     it decodes from the rows' heads; each is d sc dx sum(q xq) - dmin m dx sum(xq), with dx the
 //     sub-block of x's scale and dx sum(xq) staged beside it.
@@ -411,9 +411,9 @@ __host__ __device__ __forceinline__ float load_sub_block(const bf16* xs, float (
   return amax / 127.f;
 }
 
-// One row of x in shared memory for Q4kMmaTile's B fragments, rounded to 8 bits per 32-value
-// sub-block as ggml rounds activations (and the CPU's 8-bit mode): dx = max |x| / 127,
-// xq = x * (1 / dx) rounded to nearest with ties to even, all zero where dx is. kWords words a
+// x in shared memory for Q4kMmaTile's B fragments (a block's or a row's), rounded to 8 bits per
+// 32-value sub-block as ggml rounds activations (and the CPU's 8-bit mode): dx = max |x| / 127, xq
+// = x * (1 / dx) rounded to nearest with ties to even, all zero where dx is. kWords words a
 // sub-block: its 32 int8 in order, dx, then dx sum(xq) (the mins' term, in x's rounded values like
 // the rest). At a stride of 10 words the eight sub-blocks that a warp's lanes read at once fall in
 // distinct banks.
@@ -421,24 +421,55 @@ struct Q4kStagedX {
   static constexpr int kWords = 10;
   static constexpr int kScaleWord = 8;
 
+  // Four values (at v) as int8 at `inverse` (rounded to nearest, ties to even) in one word, low
+  // byte first; their sum is added to `sum`.
+  __host__ __device__ static uint32_t round_four(const float* v, float inverse, int& sum) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = static_cast<int>(rintf(v[j] * inverse));
+      sum += q;
+      word |= (static_cast<uint32_t>(q) & 0xffu) << (8 * j);
+    }
+    return word;
+  }
+
   // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
   __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
     float v[32];
     const float dx = load_sub_block(xs, v), inverse = dx != 0.f ? 1.f / dx : 0.f;
     int sum = 0;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int q = static_cast<int>(rintf(v[4 * w + j] * inverse));
-        sum += q;
-        word |= (static_cast<uint32_t>(q) & 0xffu) << (8 * j);
-      }
-      sub_block[w] = word;
-    }
+    for (int w = 0; w < 8; ++w) sub_block[w] = round_four(v + 4 * w, inverse, sum);
     sub_block[kScaleWord] = float_bits(dx);
     sub_block[kScaleWord + 1] = float_bits(dx * static_cast<float>(sum));
+  }
+
+  // The same words from four consecutive lanes of a warp, a quarter of a sub-block each (values
+  // 8 quarter .. 8 quarter + 7 as eight bf16 in `words`): the lanes meet by shuffles for the
+  // sub-block's largest |x| and sum(xq), so dx, xq and dx sum(xq) are stage()'s bit for bit (a
+  // maximum and an integer sum do not depend on their order). Every lane of the warp calls it.
+  __device__ static void stage_quarter(uint4 words, uint32_t* sub_block, int quarter) {
+    float v[8], amax = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      v[2 * w] = bf16_low(word_of(words, w));
+      v[2 * w + 1] = bf16_high(word_of(words, w));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
+    int sum = 0;
+    const uint32_t low = round_four(v, inverse, sum), high = round_four(v + 4, inverse, sum);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    *reinterpret_cast<uint2*>(sub_block + 2 * quarter) = make_uint2(low, high);
+    if (quarter == 0) {
+      sub_block[kScaleWord] = float_bits(dx);
+      sub_block[kScaleWord + 1] = float_bits(dx * static_cast<float>(sum));
+    }
   }
 
   // Lane (g, t)'s {b0, b1} for mmas (0, p) and (1, p) of block b: words 2p, 2p + 1 of sub-block g
