@@ -102,6 +102,34 @@ __device__ __forceinline__ uint2 e4m3x8(const uint4& packed, float scale) {
   return out;
 }
 
+// A row of bf16 values that a block holds in registers (each thread's kChunks chunks of 8, chunk
+// c of a thread at 8 (threadIdx.x + c blockDim.x) of the row) as e4m3 codes with one scale:
+// static_scale where it is > 0, else the row's own from the block's largest |x|. The quantizer
+// and the kernels that write the next FP8 projection's input share this, so both give the same
+// codes. Every thread calls it (a barrier inside for a dynamic scale).
+template <int kChunks>
+__device__ __forceinline__ void quantize_held_row_fp8(const uint4 (&held)[kChunks], int cols,
+                                                      __nv_fp8_storage_t* codes, float* scale_out,
+                                                      float static_scale, float scale_ub,
+                                                      float min_scale, float* scratch) {
+  float scale = static_scale;
+  if (scale <= 0.f) {
+    float amax = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if ((threadIdx.x + c * blockDim.x) * 8 < cols) amax = max_abs8(held[c], amax);
+    }
+    scale = dynamic_fp8_scale(amax, scratch, scale_ub, min_scale);
+  }
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= cols) break;
+    *reinterpret_cast<uint2*>(codes + i) = e4m3x8(held[c], scale);
+  }
+  if (threadIdx.x == 0) *scale_out = scale;
+}
+
 // One output of an FP8 GEMM that left its scales out (sum, the unscaled bf16 sum): sum x (row
 // scale x feature scale) + bias, rounded to bf16. The scale epilogue and the kernels that scale
 // a GEMM's output as they read it share this, so both give the same bits.

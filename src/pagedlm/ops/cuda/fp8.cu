@@ -42,21 +42,13 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   float scale = static_scale;
   if constexpr (kChunks > 0) {
     uint4 held[kChunks];
-    float amax = 0.f;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int i = threadIdx.x + j * kQuantizeThreads;
       held[j] = i < cols / 8 ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
-      amax = max_abs8(held[j], amax);
     }
-    if (scale <= 0.f) scale = dynamic_fp8_scale(amax, scratch, scale_ub, min_scale);
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int i = threadIdx.x + j * kQuantizeThreads;
-      if (i >= cols / 8) break;
-      reinterpret_cast<uint2*>(dst)[i] = e4m3x8(held[j], scale);
-    }
-    if (threadIdx.x == 0) scales[row] = scale;
+    detail::quantize_held_row_fp8(held, cols, dst, scales + row, static_scale, scale_ub, min_scale,
+                                  scratch);
     return;
   }
   if (scale <= 0.f) {

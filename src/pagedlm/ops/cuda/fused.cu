@@ -96,30 +96,13 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float* f) {
   return packed;
 }
 
-// The e4m3 codes of a row of bf16 values a block holds in registers (its threads' kChunks chunks
-// of 8, chunk c of a thread at 8 (threadIdx.x + c blockDim.x) of the row), as
-// launch_quantize_fp8_rows codes them: the row's scale (static, or its own from the block's
-// largest |x|) and each value's e4m3. Every thread calls it.
+// The next FP8 projection's input (Fp8RowsOut) from a row the block holds in registers, as
+// launch_quantize_fp8_rows codes it. Every thread calls it.
 template <int kChunks>
 __device__ __forceinline__ void fp8_rows_out(const uint4 (&held)[kChunks], int dim,
                                              const Fp8RowsOut& q, size_t row, float* scratch) {
-  float scale = q.static_scale;
-  if (scale <= 0.f) {
-    float amax = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if ((threadIdx.x + c * blockDim.x) * 8 < dim) amax = detail::max_abs8(held[c], amax);
-    }
-    scale = detail::dynamic_fp8_scale(amax, scratch, q.scale_ub, q.min_scale);
-  }
-  auto* codes = static_cast<__nv_fp8_storage_t*>(q.values) + row * dim;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int i = (threadIdx.x + c * blockDim.x) * 8;
-    if (i >= dim) break;
-    *reinterpret_cast<uint2*>(codes + i) = detail::e4m3x8(held[c], scale);
-  }
-  if (threadIdx.x == 0) q.scales[row] = scale;
+  detail::quantize_held_row_fp8(held, dim, static_cast<__nv_fp8_storage_t*>(q.values) + row * dim,
+                                q.scales + row, q.static_scale, q.scale_ub, q.min_scale, scratch);
 }
 
 // 8 values of an FP8 GEMM's unscaled output row (Fp8Unscaled), columns col .. col + 7, scaled in
@@ -138,6 +121,9 @@ __device__ __forceinline__ void scale_unscaled8(float* v, float x_scale, const f
 // read and written once. Each element's formula is the scalar kernel's (below); the sum of
 // squares adds in another order. kUnscaled: x is an FP8 GEMM's unscaled output (Fp8Unscaled);
 // kFp8Out: the output is also written as e4m3 rows (Fp8RowsOut).
+// Its widest launch: kNormRowChunks loads of 8 for each of kNormRowThreads threads
+// (norm_fuses_fp8).
+constexpr int kNormRowThreads = 256, kNormRowChunks = 4;
 template <int kChunks, bool kUnscaled = false, bool kFp8Out = false>
 __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
                                         bf16* out, int dim, float eps, float weight_offset,
@@ -379,14 +365,18 @@ __global__ void gated_mul_rows_kernel(const bf16* gate_up, bf16* out, int dim,
   if (fp8_out.values != nullptr) fp8_rows_out(held, dim, fp8_out, r, scratch);
 }
 
+// The row-per-block gated product's shape: kGatedRowChunks loads of 8 a thread at most, so rows
+// up to 8 kGatedRowChunks kGatedRowThreads values (gated_mul_fuses_fp8).
+constexpr int kGatedRowThreads = 256, kGatedRowChunks = 16;
+
 template <typename Act, int kChunks>
 void launch_gated_mul_rows(const void* gate_up, void* out, int rows, int dim,
                            const Fp8Unscaled& unscaled, const Fp8RowsOut& fp8_out,
                            cudaStream_t stream) {
   const auto kernel = unscaled.x_scales != nullptr ? gated_mul_rows_kernel<Act, kChunks, true>
                                                    : gated_mul_rows_kernel<Act, kChunks, false>;
-  kernel<<<rows, 256, 0, stream>>>(static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim,
-                                   unscaled, fp8_out);
+  kernel<<<rows, kGatedRowThreads, 0, stream>>>(static_cast<const bf16*>(gate_up),
+                                                static_cast<bf16*>(out), dim, unscaled, fp8_out);
 }
 
 template <typename Act>
@@ -395,7 +385,7 @@ cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim, 
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (unscaled.x_scales != nullptr || fp8_out.values != nullptr) {
     if (!gated_mul_fuses_fp8(dim)) return cudaErrorInvalidValue;
-    const int chunks = static_cast<int>(ceil_div(dim / 8, 256));
+    const int chunks = static_cast<int>(ceil_div(dim / 8, kGatedRowThreads));
     if (chunks <= 2) {
       launch_gated_mul_rows<Act, 2>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
     } else if (chunks <= 4) {
@@ -403,7 +393,9 @@ cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim, 
     } else if (chunks <= 8) {
       launch_gated_mul_rows<Act, 8>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
     } else {
-      launch_gated_mul_rows<Act, 16>(gate_up, out, rows, dim, unscaled, fp8_out, stream);
+      static_assert(kGatedRowChunks == 16, "the widest instantiation");
+      launch_gated_mul_rows<Act, kGatedRowChunks>(gate_up, out, rows, dim, unscaled, fp8_out,
+                                                  stream);
     }
     return cudaGetLastError();
   }
@@ -474,12 +466,13 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
 namespace {
 
 // One block per row, 16-byte accesses held in registers where the row allows (widths up to
-// 8192), else the scalar kernel (which takes no FP8 form: norm_fuses_fp8).
+// 8 kNormRowChunks kNormRowThreads = 8192), else the scalar kernel (which takes no FP8 form:
+// norm_fuses_fp8).
 template <bool kUnscaled, bool kFp8Out>
 cudaError_t add_rms_norm_vec(float* residual, const bf16* x, const bf16* w, bf16* y, int rows,
                              int dim, float eps, float weight_offset, const Fp8Unscaled& unscaled,
                              const Fp8RowsOut& fp8_out, cudaStream_t stream) {
-  constexpr int kThreads = 256;
+  constexpr int kThreads = kNormRowThreads;
   const int chunks = static_cast<int>(ceil_div(dim, 8 * kThreads));
   // Fewer threads for narrow rows (SmolLM2's 576 is 72 chunks of 8), so none sits idle.
   const int threads = chunks == 1 ? static_cast<int>(ceil_div(dim / 8, 32)) * 32 : kThreads;
@@ -490,7 +483,8 @@ cudaError_t add_rms_norm_vec(float* residual, const bf16* x, const bf16* w, bf16
     add_rms_norm_vec_kernel<2, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
         residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   } else {
-    add_rms_norm_vec_kernel<4, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
+    static_assert(kNormRowChunks == 4, "the widest instantiation");
+    add_rms_norm_vec_kernel<kNormRowChunks, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
         residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   }
   return cudaGetLastError();
@@ -602,8 +596,12 @@ cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int d
   return launch_gated_mul<GeluTanh>(gate_up, out, rows, dim, stream, gate_up_unscaled, fp8_out);
 }
 
-bool norm_fuses_fp8(int dim) { return dim > 0 && dim % 8 == 0 && dim <= 8 * 4 * 256; }
-bool gated_mul_fuses_fp8(int dim) { return dim > 0 && dim % 8 == 0 && dim <= 8 * 16 * 256; }
+bool norm_fuses_fp8(int dim) {
+  return dim > 0 && dim % 8 == 0 && dim <= 8 * kNormRowChunks * kNormRowThreads;
+}
+bool gated_mul_fuses_fp8(int dim) {
+  return dim > 0 && dim % 8 == 0 && dim <= 8 * kGatedRowChunks * kGatedRowThreads;
+}
 
 cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, int num_rows,
                                int64_t row_bytes, cudaStream_t stream) {
