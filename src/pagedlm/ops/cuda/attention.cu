@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -60,7 +62,7 @@ const AttnKernel* pick_kernel(int head_dim, Pass pass, const DeviceLimits& devic
 // (registers and shared memory, at least 1; under PAGEDLM_CUDA_SMEM_CAP_KB, what the capped SM
 // holds). The variants of a configuration take the plain one's count (the policies add a few
 // registers at most).
-cudaError_t prepare(const AttnKernel& kernel, int variant, const DeviceLimits& device,
+cudaError_t prepare(const AttnKernel& kernel, const void* fn, const DeviceLimits& device,
                     int* blocks_per_sm) {
   struct Prepared {
     int device;
@@ -69,7 +71,6 @@ cudaError_t prepare(const AttnKernel& kernel, int variant, const DeviceLimits& d
   };
   static std::mutex mu;
   static std::vector<Prepared> prepared;
-  const void* fn = kernel.variants[variant];
   std::lock_guard<std::mutex> lock(mu);
   for (const Prepared& p : prepared) {
     if (p.device == device.device && p.fn == fn) {
@@ -89,18 +90,31 @@ cudaError_t prepare(const AttnKernel& kernel, int variant, const DeviceLimits& d
   return cudaSuccess;
 }
 
+// Whether the keys-as-rows decode variants may run (PAGEDLM_ATTN_KEY_ROWS=0: not, for A/B).
+bool key_rows_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("PAGEDLM_ATTN_KEY_ROWS");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return allowed;
+}
+
 // The launch of the variant that params and the cache's format need (make_params sets window
-// and softcap_log2 only when they are on).
+// and softcap_log2 only when they are on); few_rows: every unit holds at most 8 rows (one
+// token's group a sequence), which the keys-as-rows variants need.
 cudaError_t launch(const AttnKernel& kernel, const AttnParams& params, const KvCacheFormat& kv,
-                   dim3 grid, const DeviceLimits& device, cudaStream_t stream) {
-  const int variant =
-      (kv.e4m3 ? 4 : 0) + (params.window > 0 ? 2 : 0) + (params.softcap_log2 > 0.f ? 1 : 0);
+                   dim3 grid, const DeviceLimits& device, cudaStream_t stream,
+                   bool few_rows = false) {
+  const int policy = (params.window > 0 ? 2 : 0) + (params.softcap_log2 > 0.f ? 1 : 0);
+  const void* fn = kernel.variants[(kv.e4m3 ? 4 : 0) + policy];
+  if (kv.e4m3 && few_rows && kernel.key_rows[policy] != nullptr && key_rows_allowed()) {
+    fn = kernel.key_rows[policy];
+  }
   int blocks_per_sm = 0;
-  PAGEDLM_CUDA_TRY(prepare(kernel, variant, device, &blocks_per_sm));
+  PAGEDLM_CUDA_TRY(prepare(kernel, fn, device, &blocks_per_sm));
   AttnParams p = params;
   void* args[] = {&p};
-  return cudaLaunchKernel(kernel.variants[variant], grid, dim3(kThreads), args, kernel.smem,
-                          stream);
+  return cudaLaunchKernel(fn, grid, dim3(kThreads), args, kernel.smem, stream);
 }
 
 // The grid of a per-sequence launch: row tiles of the longest sequence times splits.
@@ -170,7 +184,7 @@ int paged_attention_decode_num_splits(int num_seqs, int num_kv_heads, int head_d
   // d = 128 (two stages) and at d = 64 (three), 1 at d = 256 (three stages, 206 KB).
   const AttnKernel* kernel = pick_kernel(head_dim, Pass::kDecode, device);
   int per_sm = 1;
-  if (kernel == nullptr || prepare(*kernel, 0, device, &per_sm) != cudaSuccess) {
+  if (kernel == nullptr || prepare(*kernel, kernel->variants[0], device, &per_sm) != cudaSuccess) {
     cudaGetLastError();  // leave no sticky error behind; one block per SM is always safe
     per_sm = 1;
   }
@@ -265,7 +279,8 @@ cudaError_t launch_paged_attention_decode(
   const bool merge_in_blocks = merge_counters != nullptr && shared == nullptr && slots > 1 &&
                                grid.x == static_cast<unsigned>(num_splits);
   if (merge_in_blocks) params.merge_counters = merge_counters;
-  PAGEDLM_CUDA_TRY(launch(*decode, params, kv, grid, *device, stream));
+  const bool few_rows = static_cast<int64_t>(max_q_len) * params.group <= 8;
+  PAGEDLM_CUDA_TRY(launch(*decode, params, kv, grid, *device, stream, few_rows));
   if (shared != nullptr) {
     // After the per-sequence pass, which marked these slots empty for every row: members' rows
     // get the shared keys' partial results.

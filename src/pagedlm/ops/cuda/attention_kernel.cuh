@@ -156,6 +156,13 @@ constexpr size_t attn_smem_bytes() {
 // units) and the shared-prefix pass (blocks that loop over their units).
 enum class Pass { kPrefill, kDecode, kShared };
 
+// Whether a configuration's e4m3 tiles feed the mma from the raw codes (kDirect in attend_units):
+// decode at head_dim 128, one row of warps, two stages or more.
+template <int D, int WM, int WN, int STAGES>
+constexpr bool direct_decode() {
+  return D == 128 && WM == 1 && WN > 1 && STAGES >= 2;
+}
+
 // One unit of a block's work: rows [row0, row0 + 16 * WM) of sequence b's (token, q head) pairs of
 // kv head hk (shared pass: of an item's members) against keys [kv_begin, kv_end). Thread 0 fills
 // it in shared memory; every thread reads it from there.
@@ -296,7 +303,7 @@ __device__ __forceinline__ void merge_row(const float* ws_o, const float* ws_lse
 // looping this way over all units, assigned round-robin or fetched from an atomic counter, ran
 // no faster than one block per unit: docs/KERNELS.md.)
 template <int D, int WM, int WN, int STAGES, int BKV, bool kShared, bool kLoop, bool kWindow,
-          bool kSoftcap, typename KvT, typename UnitAt>
+          bool kSoftcap, typename KvT, bool kKeyRows, typename UnitAt>
 __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int stride, int total,
                                              UnitAt unit_at) {
   static_assert(WM * WN == kThreads / 32, "4 warps");
@@ -372,7 +379,14 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // Chunk c of a raw row r sits at position c ^ raw_swizzle(r): both reads are then free of
   // bank conflicts. The decode pass's merge reuses the stages once every tile is consumed.
   constexpr bool kDirect =
-      kFp8 && D == 128 && WM == 1 && WN > 1 && !kShared && !kLoop && STAGES >= 2;
+      kFp8 && direct_decode<D, WM, WN, STAGES>() && !kShared && !kLoop;
+  // kKeyRows (kDirect, every unit one token's group of at most 8 q heads): the mma's rows are
+  // keys and its columns the group's heads, S^T = K Q^T and O^T += V^T P^T. With the heads as
+  // rows 12 or 13 of an mma's 16 rows sat idle (Llama's group of 4, SmolLM2's 3); with keys as
+  // rows each mma covers 16 keys (or 16 of d), so a tile takes half the mma and, without the idle
+  // rows' Q, S and O, about 56 fewer registers. The codes feed A exactly as they fed B (same
+  // even/odd pairs), and P^T reaches B's layout by four shuffles.
+  static_assert(!kKeyRows || (kDirect && kWarpKv == 16), "keys as rows: a direct decode tile");
   constexpr int kRawStageBytes = 2 * kBlockKv * D;  // K's codes, then V's, rows unpadded
   constexpr int kStagesBytes = STAGES * kStageRows * kStride * sizeof(__nv_bfloat16);
   constexpr int kRawStages =
@@ -554,10 +568,11 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 
     // This thread's two rows (g and g + 8 of the warp's 16) and the keys each may see: below
     // lim, and (kWindow) from lo on.
+    // (kKeyRows: the rows of this thread's two columns, 2t and 2t + 1.)
     int lim[2], lo[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int gr = u.row0 + wm * 16 + g + 8 * h;
+      const int gr = kKeyRows ? u.row0 + wm * 16 + 2 * t + h : u.row0 + wm * 16 + g + 8 * h;
       const int visible = kShared ? u.ctx : u.ctx + gr / group + 1;
       lim[h] = gr < u.n_rows ? min(visible, u.kv_end) : u.kv_begin;
       if constexpr (kWindow) {
@@ -577,12 +592,12 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     float o[kDt][4];
 #pragma unroll
     for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};
+    float m[2] = {-INFINITY, -INFINITY};  // kKeyRows: of columns 2t and 2t + 1, else rows g, g + 8
     float l[2] = {0.f, 0.f};
     uint32_t qf[D / 16][4];
     // kDirect: what a row's raw q.k' is multiplied by before the softmax's scale: 2^8 (the codes'
     // f16 are 2^-8 of theirs) over the power of two that brought the row's Q within f16's range.
-    float row_factor[2] = {1.f, 1.f};
+    float row_factor[2] = {1.f, 1.f};  // kKeyRows: of columns 2t and 2t + 1
 
     const int n = u.num_tiles;
     for (int it = 0; it < n; ++it) {
@@ -603,7 +618,38 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           __syncthreads();  // the bf16 tile visible to all; its raw stage free for reuse
         }
       }
-      if (kDirect && it == 0) {
+      if (kKeyRows && it == 0) {
+        // Q^T as B in f16, lane (g, t) holding row g's Q in the order below (qf[kk][0], [1]: its
+        // even and odd bytes' d); each column's factor from the lanes of its row.
+        const __nv_bfloat16* qrow = q_s + g * kStride;
+        float amax = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
+          const uint2 raw = *reinterpret_cast<const uint2*>(qrow + d0);
+          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+          amax = fmaxf(fmaxf(amax, fmaxf(fabsf(a.x), fabsf(a.y))), fmaxf(fabsf(b.x), fabsf(b.y)));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const int shift = amax > 32768.f && amax <= 3.4e38f
+                              ? static_cast<int>(ceilf(log2f(amax / 32768.f)))
+                              : 0;
+        const float q_scale = ldexpf(1.f, -shift);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
+          const uint2 raw = *reinterpret_cast<const uint2*>(qrow + d0);
+          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+          qf[kk][0] = pack_f16(a.x * q_scale, b.x * q_scale);
+          qf[kk][1] = pack_f16(a.y * q_scale, b.y * q_scale);
+        }
+        const float factor = 256.f / q_scale;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) row_factor[c] = __shfl_sync(0xffffffffu, factor, 4 * (2 * t + c));
+      } else if (kDirect && it == 0) {
         // Q in f16, d in the order the K chunks are read: k step kk = 4 s + j takes word j of
         // chunk 4 s + t of a key's row, its even bytes as k = 2t, 2t + 1 and its odd bytes as
         // 2t + 8, 2t + 9. A row whose largest |q| passes 2^15 is scaled by a power of two first
@@ -661,6 +707,103 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const __nv_bfloat16* ks = stage_k(kRaw ? 0 : (base + it) % STAGES) + (wn * kWarpKv) * kStride;
       const __nv_bfloat16* vs = ks + kBlockKv * kStride;
 
+      if constexpr (kKeyRows) {
+        // This warp's 16 keys of the raw stage: K's codes, then V's. Lane (g, t) holds S^T of keys
+        // g and g + 8 against columns 2t, 2t + 1, and O^T of 16 d (16 g ..) against the same.
+        const uint8_t* kraw = raw_stage((base + it) % kSlots) + wn * kWarpKv * D;
+        float st[2][4];  // even and odd k steps apart: two chains of mma latency
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[0][e] = st[1][e] = 0.f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int pos = ((4 * half + t) ^ raw_swizzle(g)) * 16;  // g + 8 swizzles as g
+          const uint4 c0 = *reinterpret_cast<const uint4*>(kraw + g * D + pos);
+          const uint4 c8 = *reinterpret_cast<const uint4*>(kraw + (g + 8) * D + pos);
+          const uint32_t w0[4] = {c0.x, c0.y, c0.z, c0.w}, w8[4] = {c8.x, c8.y, c8.z, c8.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t a[4] = {
+                e4m3_even_to_f16x2_over_256(w0[j]), e4m3_even_to_f16x2_over_256(w8[j]),
+                e4m3_odd_to_f16x2_over_256(w0[j]), e4m3_odd_to_f16x2_over_256(w8[j])};
+            mma_16816_f16(st[j % 2], a, qf[4 * half + j][0], qf[4 * half + j][1]);
+          }
+        }
+        const int key0 = u.kv_begin + it * kBlockKv + wn * kWarpKv + g;
+        float sc[4];
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * (e >> 1), c = e & 1;
+          bool seen = key < lim[c];
+          if constexpr (kWindow) seen = seen && key >= lo[c];
+          const float qk = (st[0][e] + st[1][e]) * row_factor[c];
+          sc[e] = seen ? score_log2<kSoftcap>(p, qk) : -INFINITY;
+          mx[c] = fmaxf(mx[c], sc[e]);
+        }
+        float alpha[2];
+        bool rescale = false;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int x = 4; x < 32; x <<= 1) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], x));
+          const float m_new = fmaxf(m[c], mx[c]);
+          rescale |= m[c] != -INFINITY && m_new > m[c];
+          const float base_c = m_new == -INFINITY ? 0.f : m_new;
+          alpha[c] = exp2f(m[c] - base_c);
+          m[c] = m_new;
+          mx[c] = base_c;
+        }
+        float rs[2] = {0.f, 0.f};  // this lane's keys only: l is summed over g at the end
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[e] = exp2f(sc[e] - mx[e & 1]);
+          rs[e & 1] += sc[e];
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) l[c] = l[c] * alpha[c] + rs[c];
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+          for (int mt = 0; mt < D / 16; ++mt) {
+            o[mt][0] *= alpha[0];
+            o[mt][1] *= alpha[1];
+            o[mt][2] *= alpha[0];
+            o[mt][3] *= alpha[1];
+          }
+        }
+        // P^T as B: lane (g, t) takes column g of keys 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1)
+        // from the lanes holding keys 2t and 2t + 1 against columns g & ~1, g | 1.
+        const uint32_t p_lo = pack_f16(sc[0], sc[1]), p_hi = pack_f16(sc[2], sc[3]);
+        const int src = 8 * t + (g >> 1);  // lane (2t, g / 2); + 4: lane (2t + 1, g / 2)
+        const uint32_t half_sel = (g & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(__shfl_sync(0xffffffffu, p_lo, src),
+                                        __shfl_sync(0xffffffffu, p_lo, src + 4), half_sel);
+        const uint32_t b1 = __byte_perm(__shfl_sync(0xffffffffu, p_hi, src),
+                                        __shfl_sync(0xffffffffu, p_hi, src + 4), half_sel);
+        // V^T as A: chunk g (d = 16 g ..) of keys 2t, 2t + 1, 2t + 8, 2t + 9. The byte permute
+        // pairs two keys' codes of two d; its even bytes are row g's (d), its odd bytes row
+        // g + 8's (d + 1). O^T tile 2j + pair: rows g, g + 8 at d = 16 g + 4 j + 2 pair, + 1.
+        const uint8_t* vraw = kraw + kBlockKv * D;
+        uint4 rows[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = 2 * t + (i & 1) + 8 * (i >> 1);
+          rows[i] = *reinterpret_cast<const uint4*>(vraw + key * D + (g ^ raw_swizzle(key)) * 16);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t w0 = (&rows[0].x)[j], w1 = (&rows[1].x)[j];
+          const uint32_t w2 = (&rows[2].x)[j], w3 = (&rows[3].x)[j];
+#pragma unroll
+          for (int pair = 0; pair < 2; ++pair) {
+            const uint32_t sel = pair == 0 ? 0x5410u : 0x7632u;
+            const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
+            const uint32_t a[4] = {
+                e4m3_even_to_f16x2_over_256(lo), e4m3_odd_to_f16x2_over_256(lo),
+                e4m3_even_to_f16x2_over_256(hi), e4m3_odd_to_f16x2_over_256(hi)};
+            mma_16816_f16(o[2 * j + pair], a, b0, b1);
+          }
+        }
+      } else {
       // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
       // chains of mma latency instead of one twice as long, and adds them after.
       constexpr int kChains = kNt >= 4 ? 1 : 2;
@@ -823,6 +966,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
         }
       }
+      }
       if constexpr (kStash && STAGES > 1) {
         if (it + kAhead < n) store_kv((base + it + kAhead) % kSlots, 0);
       }
@@ -838,8 +982,13 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      if constexpr (kKeyRows) {  // a column's keys are spread over g
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], x);
+      } else {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      }
     }
 
     // A sequence of one split, with the merge in the blocks, needs no partial result.
@@ -891,16 +1040,24 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       float* lse_s = f_s + WN * 16;    // [16]
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h;
+        const int r = kKeyRows ? 2 * t + h : g + 8 * h;
         if (r >= rows_used) continue;
-        if (t == 0) {
+        if ((kKeyRows ? g : t) == 0) {
           m_s[wn * 16 + r] = m[h];
           l_s[wn * 16 + r] = l[h];
         }
+        if constexpr (kKeyRows) {  // column h of O^T tile 2j + pair: d = 16 g + 4 j + 2 pair, + 1
 #pragma unroll
-        for (int dt = 0; dt < kDt; ++dt) {
-          *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
-              make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+          for (int mt = 0; mt < D / 16; ++mt) {
+            *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + 16 * g + 2 * mt) =
+                make_float2(o[mt][h], o[mt][2 + h]);
+          }
+        } else {
+#pragma unroll
+          for (int dt = 0; dt < kDt; ++dt) {
+            *reinterpret_cast<float2*>(o_s + (wn * 16 + r) * D + dt * 8 + 2 * t) =
+                make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+          }
         }
       }
       __syncthreads();
@@ -924,7 +1081,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 #pragma unroll
         for (int w = 0; w < WN; ++w) {
           const float f = f_s[w * 16 + r];
-          if constexpr (kDirect) {  // o_s holds column n of tile dt at dt * 8 + n: d = 16 n + dt
+          if constexpr (kDirect && !kKeyRows) {  // o_s: column n of tile dt at dt * 8 + n: d = 16 n + dt
             const float* orow = o_s + (w * 16 + r) * D;
             v0 += f * orow[(col % 16) * 8 + col / 16];
             v1 += f * orow[(col % 16 + 1) * 8 + col / 16];
@@ -989,18 +1146,18 @@ constexpr int kMinBlocksPerSm = D == 256
 // shared: grid (any, num_kv_heads); blocks loop over the (item, split) units in use, so the
 //   grid need not cover the largest possible number of items.
 template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, bool kWindow, bool kSoftcap,
-          typename KvT>
+          typename KvT, bool kKeyRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
     paged_attention_kernel(AttnParams p) {
   constexpr int kRows = 16 * WM;
   if constexpr (kPass == Pass::kShared) {
-    attend_units<D, WM, WN, STAGES, BKV, true, true, kWindow, kSoftcap, KvT>(
+    attend_units<D, WM, WN, STAGES, BKV, true, true, kWindow, kSoftcap, KvT, false>(
         p, blockIdx.x, gridDim.x, *p.num_items * p.num_splits, [&](int u, Unit& unit) {
           return make_unit<kRows, BKV, true, kWindow>(p, u / p.num_splits, u % p.num_splits, 0,
                                                       blockIdx.y, unit);
         });
   } else {
-    attend_units<D, WM, WN, STAGES, BKV, false, false, kWindow, kSoftcap, KvT>(
+    attend_units<D, WM, WN, STAGES, BKV, false, false, kWindow, kSoftcap, KvT, kKeyRows>(
         p, 0, 1, 1, [&](int, Unit& unit) {
           const int b = p.seq_order != nullptr ? p.seq_order[blockIdx.z] : blockIdx.z;
           return make_unit<kRows, BKV, false, kWindow>(
@@ -1027,13 +1184,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One compiled configuration of the kernel: its pass and layout, its dynamic shared memory and
-// its eight variants, indexed [e4m3 cache * 4 + window * 2 + softcap].
+// its eight variants, indexed [e4m3 cache * 4 + window * 2 + softcap]; for direct e4m3 decode,
+// also the keys-as-rows variants [window * 2 + softcap] (null in other configurations), for
+// launches whose units are each at most 8 rows.
 struct AttnKernel {
   Pass pass;
   int rows;  // query rows per block: 64 (prefill, shared pass) or 16 (decode)
   int stages, block_kv;
   size_t smem;
   const void* variants[8];
+  const void* key_rows[4];
 };
 
 template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, typename KvT, bool kWindow,
@@ -1041,6 +1201,17 @@ template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, typename KvT, 
 const void* attn_variant() {
   return reinterpret_cast<const void*>(
       &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, kWindow, kSoftcap, KvT>);
+}
+
+template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, bool kWindow, bool kSoftcap>
+const void* attn_key_rows_variant() {
+  if constexpr (kPass == Pass::kDecode && direct_decode<D, WM, WN, STAGES>()) {
+    return reinterpret_cast<const void*>(
+        &paged_attention_kernel<D, WM, WN, STAGES, BKV, kPass, kWindow, kSoftcap, __nv_fp8_e4m3,
+                                true>);
+  } else {
+    return nullptr;
+  }
 }
 
 template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass>
@@ -1059,7 +1230,11 @@ AttnKernel attn_kernel() {
            attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, false, false>(),
            attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, false, true>(),
            attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, true, false>(),
-           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, true, true>()}};
+           attn_variant<D, WM, WN, STAGES, BKV, kPass, e4m3, true, true>()},
+          {attn_key_rows_variant<D, WM, WN, STAGES, BKV, kPass, false, false>(),
+           attn_key_rows_variant<D, WM, WN, STAGES, BKV, kPass, false, true>(),
+           attn_key_rows_variant<D, WM, WN, STAGES, BKV, kPass, true, false>(),
+           attn_key_rows_variant<D, WM, WN, STAGES, BKV, kPass, true, true>()}};
 }
 
 // A head size's configurations, each pass's in order of preference (the first whose shared
