@@ -405,6 +405,28 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     return reinterpret_cast<uint8_t*>(stage_k(kDirect ? 0 : 1)) + slot * kRawStageBytes;
   };
   auto raw_swizzle = [](int r) { return (r & 6) ^ ((r & 1) << 2); };
+  // kDirect's V codes for an mma over keys key0 .. key0 + 15 of a warp's raw V rows: lane (g, t)
+  // reads chunk g (d = 16 g ..) of keys 2t, 2t + 1, 2t + 8, 2t + 9, and a byte permute pairs two
+  // keys' codes of two d: visit(j, pair, lo, hi) gets keys 2t, 2t + 1 (lo) and 2t + 8, 2t + 9
+  // (hi) at d = 16 g + 4 j + 2 pair (even bytes) and that d + 1 (odd bytes).
+  auto v_code_pairs = [&](const uint8_t* vraw, int key0, auto&& visit) {
+    uint4 rows[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = key0 + 2 * t + (i & 1) + 8 * (i >> 1);
+      rows[i] = *reinterpret_cast<const uint4*>(vraw + key * D + (g ^ raw_swizzle(key)) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w0 = (&rows[0].x)[j], w1 = (&rows[1].x)[j];
+      const uint32_t w2 = (&rows[2].x)[j], w3 = (&rows[3].x)[j];
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const uint32_t sel = pair == 0 ? 0x5410u : 0x7632u;
+        visit(j, pair, __byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel));
+      }
+    }
+  };
 
   // A tile's rows: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks + i *
   // kRowsPerPass. When a row's chunks divide a warp (D = 64, 128, 256), a warp's threads touch
@@ -779,30 +801,13 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
                                         __shfl_sync(0xffffffffu, p_lo, src + 4), half_sel);
         const uint32_t b1 = __byte_perm(__shfl_sync(0xffffffffu, p_hi, src),
                                         __shfl_sync(0xffffffffu, p_hi, src + 4), half_sel);
-        // V^T as A: chunk g (d = 16 g ..) of keys 2t, 2t + 1, 2t + 8, 2t + 9. The byte permute
-        // pairs two keys' codes of two d; its even bytes are row g's (d), its odd bytes row
-        // g + 8's (d + 1). O^T tile 2j + pair: rows g, g + 8 at d = 16 g + 4 j + 2 pair, + 1.
-        const uint8_t* vraw = kraw + kBlockKv * D;
-        uint4 rows[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = 2 * t + (i & 1) + 8 * (i >> 1);
-          rows[i] = *reinterpret_cast<const uint4*>(vraw + key * D + (g ^ raw_swizzle(key)) * 16);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t w0 = (&rows[0].x)[j], w1 = (&rows[1].x)[j];
-          const uint32_t w2 = (&rows[2].x)[j], w3 = (&rows[3].x)[j];
-#pragma unroll
-          for (int pair = 0; pair < 2; ++pair) {
-            const uint32_t sel = pair == 0 ? 0x5410u : 0x7632u;
-            const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
-            const uint32_t a[4] = {
-                e4m3_even_to_f16x2_over_256(lo), e4m3_odd_to_f16x2_over_256(lo),
-                e4m3_even_to_f16x2_over_256(hi), e4m3_odd_to_f16x2_over_256(hi)};
-            mma_16816_f16(o[2 * j + pair], a, b0, b1);
-          }
-        }
+        // V^T as A, from v_code_pairs: the even bytes are row g's (d), the odd bytes row g + 8's
+        // (d + 1). O^T tile 2j + pair: rows g, g + 8 at d = 16 g + 4 j + 2 pair, + 1.
+        v_code_pairs(kraw + kBlockKv * D, 0, [&](int j, int pair, uint32_t lo, uint32_t hi) {
+          const uint32_t a[4] = {e4m3_even_to_f16x2_over_256(lo), e4m3_odd_to_f16x2_over_256(lo),
+                                 e4m3_even_to_f16x2_over_256(hi), e4m3_odd_to_f16x2_over_256(hi)};
+          mma_16816_f16(o[2 * j + pair], a, b0, b1);
+        });
       } else {
       // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
       // chains of mma latency instead of one twice as long, and adds them after.
@@ -915,11 +920,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 
       // The S accumulator layout is the A-operand layout of P, so P stays in registers.
       if constexpr (kDirect) {
-        // P in f16. Lane (g, t) reads chunk g of V's keys 2t, 2t + 1 (B's first register) and
-        // 2t + 8, 2t + 9 (its second) of each 16; byte i of word j is O's n8 tile 4 j + i. A
-        // byte permute pairs two keys' codes of two tiles, whose even and odd bytes are then
-        // the two tiles' registers.
-        const uint8_t* vraw = kraw + kBlockKv * D;
+        // P in f16; V's B registers from v_code_pairs (keys 2t, 2t + 1 the first, 2t + 8, 2t + 9
+        // the second): the even bytes are O's n8 tile 4 j + 2 pair, the odd bytes the next.
 #pragma unroll
         for (int kk = 0; kk < kWarpKv / 16; ++kk) {
           uint32_t a[4];
@@ -927,26 +929,12 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           a[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
           a[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
           a[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-          uint4 rows[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = kk * 16 + 2 * t + (i & 1) + 8 * (i >> 1);
-            rows[i] = *reinterpret_cast<const uint4*>(vraw + key * D + (g ^ raw_swizzle(key)) * 16);
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t w0 = (&rows[0].x)[j], w1 = (&rows[1].x)[j];
-            const uint32_t w2 = (&rows[2].x)[j], w3 = (&rows[3].x)[j];
-#pragma unroll
-            for (int pair = 0; pair < 2; ++pair) {
-              const uint32_t sel = pair == 0 ? 0x5410u : 0x7632u;
-              const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
-              mma_16816_f16(o[4 * j + 2 * pair], a, e4m3_even_to_f16x2_over_256(lo),
-                            e4m3_even_to_f16x2_over_256(hi));
-              mma_16816_f16(o[4 * j + 2 * pair + 1], a, e4m3_odd_to_f16x2_over_256(lo),
-                            e4m3_odd_to_f16x2_over_256(hi));
-            }
-          }
+          v_code_pairs(kraw + kBlockKv * D, kk * 16, [&](int j, int pair, uint32_t lo, uint32_t hi) {
+            mma_16816_f16(o[4 * j + 2 * pair], a, e4m3_even_to_f16x2_over_256(lo),
+                          e4m3_even_to_f16x2_over_256(hi));
+            mma_16816_f16(o[4 * j + 2 * pair + 1], a, e4m3_odd_to_f16x2_over_256(lo),
+                          e4m3_odd_to_f16x2_over_256(hi));
+          });
         }
       }
 #pragma unroll
