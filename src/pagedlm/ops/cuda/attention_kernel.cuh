@@ -640,56 +640,25 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           __syncthreads();  // the bf16 tile visible to all; its raw stage free for reuse
         }
       }
-      if (kKeyRows && it == 0) {
-        // Q^T as B in f16, lane (g, t) holding row g's Q in the order below (qf[kk][0], [1]: its
-        // even and odd bytes' d); each column's factor from the lanes of its row.
-        const __nv_bfloat16* qrow = q_s + g * kStride;
-        float amax = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
-          const uint2 raw = *reinterpret_cast<const uint2*>(qrow + d0);
-          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-          amax = fmaxf(fmaxf(amax, fmaxf(fabsf(a.x), fabsf(a.y))), fmaxf(fabsf(b.x), fabsf(b.y)));
-        }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const int shift = amax > 32768.f && amax <= 3.4e38f
-                              ? static_cast<int>(ceilf(log2f(amax / 32768.f)))
-                              : 0;
-        const float q_scale = ldexpf(1.f, -shift);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
-          const uint2 raw = *reinterpret_cast<const uint2*>(qrow + d0);
-          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-          qf[kk][0] = pack_f16(a.x * q_scale, b.x * q_scale);
-          qf[kk][1] = pack_f16(a.y * q_scale, b.y * q_scale);
-        }
-        const float factor = 256.f / q_scale;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) row_factor[c] = __shfl_sync(0xffffffffu, factor, 4 * (2 * t + c));
-      } else if (kDirect && it == 0) {
+      if (kDirect && it == 0) {
         // Q in f16, d in the order the K chunks are read: k step kk = 4 s + j takes word j of
         // chunk 4 s + t of a key's row, its even bytes as k = 2t, 2t + 1 and its odd bytes as
         // 2t + 8, 2t + 9. A row whose largest |q| passes 2^15 is scaled by a power of two first
-        // (f16 ends at 65504; bf16 values in f16's normal range convert exactly).
+        // (f16 ends at 65504; bf16 values in f16's normal range convert exactly). set(kk, even,
+        // odd) takes row `row`'s pairs; the row's factor is returned.
         const __nv_bfloat16* qw = q_s + (wm * 16) * kStride;
-        auto q4 = [&](int row, int kk) {
-          const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
-          const uint2 raw = *reinterpret_cast<const uint2*>(qw + row * kStride + d0);
-          const auto* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-          return make_float4(__bfloat162float(v[0]), __bfloat162float(v[1]), __bfloat162float(v[2]),
-                             __bfloat162float(v[3]));
-        };
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        auto q_f16 = [&](int row, auto&& set) {
+          auto q4 = [&](int kk) {
+            const int d0 = 64 * (kk / 4) + 16 * t + 4 * (kk % 4);
+            const uint2 raw = *reinterpret_cast<const uint2*>(qw + row * kStride + d0);
+            const auto* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+            return make_float4(__bfloat162float(v[0]), __bfloat162float(v[1]),
+                               __bfloat162float(v[2]), __bfloat162float(v[3]));
+          };
           float amax = 0.f;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            const float4 v = q4(g + 8 * h, kk);
+            const float4 v = q4(kk);
             amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
           }
           amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -699,12 +668,31 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
                                 ? static_cast<int>(ceilf(log2f(amax / 32768.f)))
                                 : 0;
           const float q_scale = ldexpf(1.f, -shift);
-          row_factor[h] = 256.f / q_scale;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            const float4 v = q4(g + 8 * h, kk);
-            qf[kk][h] = pack_f16(v.x * q_scale, v.z * q_scale);
-            qf[kk][2 + h] = pack_f16(v.y * q_scale, v.w * q_scale);
+            const float4 v = q4(kk);
+            set(kk, pack_f16(v.x * q_scale, v.z * q_scale), pack_f16(v.y * q_scale, v.w * q_scale));
+          }
+          return 256.f / q_scale;
+        };
+        if constexpr (kKeyRows) {
+          // Q^T as B: lane (g, t) holds row g's pairs (qf[kk][0], [1]); each column's factor
+          // comes from the lanes of its row.
+          const float factor = q_f16(g, [&](int kk, uint32_t even, uint32_t odd) {
+            qf[kk][0] = even;
+            qf[kk][1] = odd;
+          });
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            row_factor[c] = __shfl_sync(0xffffffffu, factor, 4 * (2 * t + c));
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            row_factor[h] = q_f16(g + 8 * h, [&](int kk, uint32_t even, uint32_t odd) {
+              qf[kk][h] = even;
+              qf[kk][2 + h] = odd;
+            });
           }
         }
       } else if (it == 0) {
