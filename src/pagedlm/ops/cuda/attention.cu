@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "pagedlm/ops/cuda/attention_kernel.cuh"

@@ -378,8 +378,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
   // ldmatrix reads remain, and the stages' whole memory holds raw tiles (four at d = 128).
   // Chunk c of a raw row r sits at position c ^ raw_swizzle(r): both reads are then free of
   // bank conflicts. The decode pass's merge reuses the stages once every tile is consumed.
-  constexpr bool kDirect =
-      kFp8 && direct_decode<D, WM, WN, STAGES>() && !kShared && !kLoop;
+  constexpr bool kDirect = kFp8 && direct_decode<D, WM, WN, STAGES>() && !kShared && !kLoop;
   // kKeyRows (kDirect, every unit one token's group of at most 8 q heads): the mma's rows are
   // keys and its columns the group's heads, S^T = K Q^T and O^T += V^T P^T. With the heads as
   // rows 12 or 13 of an mma's 16 rows sat idle (Llama's group of 4, SmolLM2's 3); with keys as
@@ -755,7 +754,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int x = 4; x < 32; x <<= 1) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], x));
+          for (int x = 4; x < 32; x <<= 1)
+            mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], x));
           const float m_new = fmaxf(m[c], mx[c]);
           rescale |= m[c] != -INFINITY && m_new > m[c];
           const float base_c = m_new == -INFINITY ? 0.f : m_new;
@@ -797,151 +797,153 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           mma_16816_f16(o[2 * j + pair], a, b0, b1);
         });
       } else {
-      // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
-      // chains of mma latency instead of one twice as long, and adds them after.
-      constexpr int kChains = kNt >= 4 ? 1 : 2;
-      float s[kNt][4];
-      float s_odd[kNt][4];  // unused (and compiled away) with one chain
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
-      }
-      // The warp's keys in the raw stage (kDirect): K's codes, then V's.
-      const uint8_t* kraw = kDirect ? raw_stage((base + it) % kSlots) + wn * kWarpKv * D : nullptr;
-      if constexpr (kDirect) {
-        // Key g of n8 tile nt: its chunks t and 4 + t, a word per k step (the Q order above).
+        // A warp with few n8 tiles (decode: 2) accumulates even and odd k steps apart, two
+        // chains of mma latency instead of one twice as long, and adds them after.
+        constexpr int kChains = kNt >= 4 ? 1 : 2;
+        float s[kNt][4];
+        float s_odd[kNt][4];  // unused (and compiled away) with one chain
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
-          const uint8_t* krow = kraw + (nt * 8 + g) * D;
+          s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+          s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
+        }
+        // The warp's keys in the raw stage (kDirect): K's codes, then V's.
+        const uint8_t* kraw =
+            kDirect ? raw_stage((base + it) % kSlots) + wn * kWarpKv * D : nullptr;
+        if constexpr (kDirect) {
+          // Key g of n8 tile nt: its chunks t and 4 + t, a word per k step (the Q order above).
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const uint4 chunk =
-                *reinterpret_cast<const uint4*>(krow + ((4 * half + t) ^ raw_swizzle(g)) * 16);
-            const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+          for (int nt = 0; nt < kNt; ++nt) {
+            const uint8_t* krow = kraw + (nt * 8 + g) * D;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int kk = 4 * half + j;
-              float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
-              mma_16816_f16(acc[nt], qf[kk], e4m3_even_to_f16x2_over_256(words[j]),
-                            e4m3_odd_to_f16x2_over_256(words[j]));
+            for (int half = 0; half < 2; ++half) {
+              const uint4 chunk =
+                  *reinterpret_cast<const uint4*>(krow + ((4 * half + t) ^ raw_swizzle(g)) * 16);
+              const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const int kk = 4 * half + j;
+                float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+                mma_16816_f16(acc[nt], qf[kk], e4m3_even_to_f16x2_over_256(words[j]),
+                              e4m3_odd_to_f16x2_over_256(words[j]));
+              }
+            }
+          }
+        } else {
+          // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
+          // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
+          const __nv_bfloat16* krow =
+              ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+#pragma unroll
+            for (int nt = 0; nt < kNt; nt += 2) {
+              uint32_t bk[4];
+              ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
+              mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
+              mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
             }
           }
         }
-      } else {
-        // K fragments of two n8 tiles per ldmatrix: lane l addresses row l % 8 of matrix l / 8,
-        // matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8).
-        const __nv_bfloat16* krow =
-            ks + ((lane & 7) + (lane >> 4) * 8) * kStride + ((lane >> 3) & 1) * 8;
+        if constexpr (kChains == 2) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          float(&acc)[kNt][4] = kk % kChains == 1 ? s_odd : s;
+          for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-          for (int nt = 0; nt < kNt; nt += 2) {
-            uint32_t bk[4];
-            ldmatrix_x4(bk, krow + nt * 8 * kStride + kk * 16);
-            mma_16816(acc[nt], qf[kk], bk[0], bk[1]);
-            mma_16816(acc[nt + 1], qf[kk], bk[2], bk[3]);
+            for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
           }
         }
-      }
-      if constexpr (kChains == 2) {
+
+        const int col0 = u.kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
+          for (int e = 0; e < 4; ++e) {
+            const int col = col0 + nt * 8 + (e & 1);
+            const int h = e >> 1;
+            bool seen = col < lim[h];
+            if constexpr (kWindow) seen = seen && col >= lo[h];
+            // The cap applies before the mask, as in HF; masked scores are -inf either way.
+            const float qk = kDirect ? s[nt][e] * row_factor[h] : s[nt][e];
+            s[nt][e] = seen ? score_log2<kSoftcap>(p, qk) : -INFINITY;
+            mx[h] = fmaxf(mx[h], s[nt][e]);
+          }
         }
-      }
+        float alpha[2];
+        bool rescale = false;  // O holds keys and the row's max grew: O must be scaled down
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float m_new = fmaxf(m[h], mx[h]);
+          rescale |= m[h] != -INFINITY && m_new > m[h];
+          // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+          const float base_h = m_new == -INFINITY ? 0.f : m_new;
+          alpha[h] = exp2f(m[h] - base_h);
+          m[h] = m_new;
+          mx[h] = base_h;
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
+            rs[e >> 1] += s[nt][e];
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
+        // Once a row's max settles most tiles leave it, so the warp skips the 4 * kDt multiplies
+        // unless one of its rows needs them (a row whose O is still 0 needs none).
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+          for (int dt = 0; dt < kDt; ++dt) {
+            o[dt][0] *= alpha[0];
+            o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1];
+            o[dt][3] *= alpha[1];
+          }
+        }
 
-      const int col0 = u.kv_begin + it * kBlockKv + wn * kWarpKv + 2 * t;
-      float mx[2] = {-INFINITY, -INFINITY};
+        // The S accumulator layout is the A-operand layout of P, so P stays in registers.
+        if constexpr (kDirect) {
+          // P in f16; V's B registers from v_code_pairs (keys 2t, 2t + 1 the first, 2t + 8, 2t + 9
+          // the second): the even bytes are O's n8 tile 4 j + 2 pair, the odd bytes the next.
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = col0 + nt * 8 + (e & 1);
-          const int h = e >> 1;
-          bool seen = col < lim[h];
-          if constexpr (kWindow) seen = seen && col >= lo[h];
-          // The cap applies before the mask, as in HF; masked scores are -inf either way.
-          const float qk = kDirect ? s[nt][e] * row_factor[h] : s[nt][e];
-          s[nt][e] = seen ? score_log2<kSoftcap>(p, qk) : -INFINITY;
-          mx[h] = fmaxf(mx[h], s[nt][e]);
+          for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+            uint32_t a[4];
+            a[0] = pack_f16(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            v_code_pairs(kraw + kBlockKv * D, kk * 16,
+                         [&](int j, int pair, uint32_t lo, uint32_t hi) {
+                           mma_16816_f16(o[4 * j + 2 * pair], a, e4m3_even_to_f16x2_over_256(lo),
+                                         e4m3_even_to_f16x2_over_256(hi));
+                           mma_16816_f16(o[4 * j + 2 * pair + 1], a, e4m3_odd_to_f16x2_over_256(lo),
+                                         e4m3_odd_to_f16x2_over_256(hi));
+                         });
+          }
         }
-      }
-      float alpha[2];
-      bool rescale = false;  // O holds keys and the row's max grew: O must be scaled down
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m[h], mx[h]);
-        rescale |= m[h] != -INFINITY && m_new > m[h];
-        // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-        const float base_h = m_new == -INFINITY ? 0.f : m_new;
-        alpha[h] = exp2f(m[h] - base_h);
-        m[h] = m_new;
-        mx[h] = base_h;
-      }
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2f(s[nt][e] - mx[e >> 1]);
-          rs[e >> 1] += s[nt][e];
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + rs[h];
-      // Once a row's max settles most tiles leave it, so the warp skips the 4 * kDt multiplies
-      // unless one of its rows needs them (a row whose O is still 0 needs none).
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int dt = 0; dt < kDt; ++dt) {
-          o[dt][0] *= alpha[0];
-          o[dt][1] *= alpha[0];
-          o[dt][2] *= alpha[1];
-          o[dt][3] *= alpha[1];
-        }
-      }
-
-      // The S accumulator layout is the A-operand layout of P, so P stays in registers.
-      if constexpr (kDirect) {
-        // P in f16; V's B registers from v_code_pairs (keys 2t, 2t + 1 the first, 2t + 8, 2t + 9
-        // the second): the even bytes are O's n8 tile 4 j + 2 pair, the odd bytes the next.
-#pragma unroll
-        for (int kk = 0; kk < kWarpKv / 16; ++kk) {
+        for (int kk = 0; kk < (kDirect ? 0 : kWarpKv / 16); ++kk) {
           uint32_t a[4];
-          a[0] = pack_f16(s[2 * kk][0], s[2 * kk][1]);
-          a[1] = pack_f16(s[2 * kk][2], s[2 * kk][3]);
-          a[2] = pack_f16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          a[3] = pack_f16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-          v_code_pairs(kraw + kBlockKv * D, kk * 16, [&](int j, int pair, uint32_t lo, uint32_t hi) {
-            mma_16816_f16(o[4 * j + 2 * pair], a, e4m3_even_to_f16x2_over_256(lo),
-                          e4m3_even_to_f16x2_over_256(hi));
-            mma_16816_f16(o[4 * j + 2 * pair + 1], a, e4m3_odd_to_f16x2_over_256(lo),
-                          e4m3_odd_to_f16x2_over_256(hi));
-          });
-        }
-      }
+          a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+          a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+          a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          const __nv_bfloat16* vrow =
+              vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
 #pragma unroll
-      for (int kk = 0; kk < (kDirect ? 0 : kWarpKv / 16); ++kk) {
-        uint32_t a[4];
-        a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const __nv_bfloat16* vrow =
-            vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
-#pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t bv[4];
-          ldmatrix_x4_trans(bv, vrow + dn * 16);
-          mma_16816(o[2 * dn], a, bv[0], bv[1]);
-          mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
+          for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t bv[4];
+            ldmatrix_x4_trans(bv, vrow + dn * 16);
+            mma_16816(o[2 * dn], a, bv[0], bv[1]);
+            mma_16816(o[2 * dn + 1], a, bv[2], bv[3]);
+          }
         }
-      }
       }
       if constexpr (kStash && STAGES > 1) {
         if (it + kAhead < n) store_kv((base + it + kAhead) % kSlots, 0);
@@ -1057,7 +1059,8 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 #pragma unroll
         for (int w = 0; w < WN; ++w) {
           const float f = f_s[w * 16 + r];
-          if constexpr (kDirect && !kKeyRows) {  // o_s: column n of tile dt at dt * 8 + n: d = 16 n + dt
+          if constexpr (kDirect &&
+                        !kKeyRows) {  // o_s: column n of tile dt at dt * 8 + n: d = 16 n + dt
             const float* orow = o_s + (w * 16 + r) * D;
             v0 += f * orow[(col % 16) * 8 + col / 16];
             v1 += f * orow[(col % 16 + 1) * 8 + col / 16];
