@@ -828,6 +828,141 @@ TEST(BackendOpsCuda, LinearBlocksQ4kOneRowManyTiles) {
   }
 }
 
+// Q4_K's one-row kernel running the residual add and norm after it (ops::NormAfter): the last of
+// its thread blocks norms the whole output row. The projection's output, the residual and the
+// normed row are the bits of linear_blocks followed by add_rms_norm, and the normed row is within
+// the norm's tolerance of the float64 norm of that residual; the counter is back at zero after
+// each call, so a second call (a replayed graph's) gives the same again. Widths through the norm's
+// one, two and four chunks a thread (576, 4096, 5120, 8192; 5120 with Gemma's weight offset), and
+// the arguments it refuses.
+TEST(BackendOpsCuda, LinearBlocksQ4kOneRowNormAfter) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(41);
+  constexpr float kEps = 1e-5f;
+  const Tensor counter = Tensor::zeros(DType::kI32, {1}, Device::kCuda);
+  for (const auto& [n, offset] :
+       {std::pair<int64_t, float>{576, 0.f}, {4096, 0.f}, {5120, 1.f}, {8192, 0.f}}) {
+    const int64_t k = 5 * 256;
+    const std::string what = cat("Q4_K one row and its norm, ", n, " x ", k);
+    const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
+    const ops::DeviceBlocks dw = ops::upload_blocks(q);
+    std::vector<float> x = uniform(k, rng), w = offset > 0.f ? uniform(n, rng, -0.3f, 0.3f)
+                                                             : uniform(n, rng, 0.5f, 1.5f);
+    b.round(x);
+    b.round(w);
+    const std::vector<float> res = uniform(n, rng, -3.f, 3.f);
+    const Tensor xt = b.tensor(x, {1, k}), wt = b.tensor(w, {n});
+    ASSERT_TRUE(ops::takes_norm_after(dw, 1)) << what;
+    // The two kernels.
+    Tensor ra = b.f32(res, {1, n}), ya = b.poisoned({1, n}), ha = b.poisoned({1, n});
+    ops::linear_blocks(xt, dw, Tensor(), ya);
+    ops::add_rms_norm(ra, ya, wt, kEps, ha, nullptr, offset);
+    const std::vector<float> y = host_f32(ya);
+    std::vector<double> sum(n);
+    for (int64_t i = 0; i < n; ++i) sum[i] = static_cast<double>(res[i]) + y[i];
+    for (int call = 0; call < 2; ++call) {
+      Tensor rb = b.f32(res, {1, n}), yb = b.poisoned({1, n}), hb = b.poisoned({1, n});
+      const ops::NormAfter after{rb, wt, hb, counter, kEps, offset};
+      ops::linear_blocks(xt, dw, Tensor(), yb, 0, nullptr, Tensor(), {std::nullopt, &after});
+      const std::string which = cat(what, ", call ", call);
+      EXPECT_EQ(host_f32(yb), y) << which << ": projection";
+      EXPECT_EQ(host_f32(rb), host_f32(ra)) << which << ": residual";
+      EXPECT_EQ(host_f32(hb), host_f32(ha)) << which << ": normed row";
+      expect_nmse(host_f32(hb), rms_norm_ref(sum.data(), w, 1, n, kEps, offset), b.tol(kNorm),
+                  which + ": normed row against float64");
+      EXPECT_EQ(counter.to(Device::kCpu).data<int32_t>()[0], 0) << which << ": counter";
+    }
+  }
+  // Refused: two rows, an f32 output, a part of the output row, a residual of another width.
+  const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, 64, 256, rng);
+  const ops::DeviceBlocks dw = ops::upload_blocks(q);
+  const Tensor x2 = b.tensor(uniform(512, rng), {2, 256}),
+               x1 = b.tensor(uniform(256, rng), {1, 256});
+  const Tensor res = b.f32(uniform(64, rng), {1, 64}), wt = b.tensor(uniform(64, rng), {64});
+  const Tensor h = b.poisoned({1, 64});
+  const ops::NormAfter after_row{res, wt, h, counter, kEps, 0.f};
+  const ops::BlocksFusion after{std::nullopt, &after_row};
+  EXPECT_FALSE(ops::takes_norm_after(dw, 2));
+  expect_error(
+      [&] {
+        ops::linear_blocks(x2, dw, Tensor(), b.poisoned({2, 64}), 0, nullptr, Tensor(), after);
+      },
+      {"linear (GGUF blocks)", "2 rows", "take no norm after them"});
+  expect_error(
+      [&] {
+        ops::linear_blocks(x1, dw, Tensor(), b.poisoned({1, 64}, DType::kF32), 0, nullptr, Tensor(),
+                           after);
+      },
+      {"linear (GGUF blocks)", "its whole bf16 output row"});
+  expect_error(
+      [&] {
+        ops::linear_blocks(x1, dw, Tensor(), b.poisoned({1, 80}), 16, nullptr, Tensor(), after);
+      },
+      {"linear (GGUF blocks)", "its whole bf16 output row"});
+  const ops::NormAfter wide_row{b.f32(uniform(72, rng), {1, 72}), wt, h, counter, kEps, 0.f};
+  const ops::BlocksFusion wide{std::nullopt, &wide_row};
+  expect_error(
+      [&] {
+        ops::linear_blocks(x1, dw, Tensor(), b.poisoned({1, 64}), 0, nullptr, Tensor(), wide);
+      },
+      {"linear (GGUF blocks)", "the norm's residual"});
+}
+
+// Q4_K's one-row kernel taking a gate_up row as its input (ops::BlocksFusion::gated_x): it
+// multiplies act(gate) * up, each rounded to bf16, as gated_mul would write it, so its outputs
+// are the bits of gated_mul followed by linear_blocks; SiLU and GELU-tanh, with and without the
+// norm after it (the down projection of a one-row step), a partial last tile. Refused: two rows,
+// a gate_up row of the wrong width.
+TEST(BackendOpsCuda, LinearBlocksQ4kOneRowGatedInput) {
+  PAGEDLM_REQUIRE_GPU();
+  const Backend b(Device::kCuda);
+  std::mt19937 rng(43);
+  const Tensor counter = Tensor::zeros(DType::kI32, {1}, Device::kCuda);
+  const int64_t n = 2056, k = 7 * 256;
+  const QuantizedMatrix q = random_blocks(QuantType::kQ4_K, n, k, rng);
+  const ops::DeviceBlocks dw = ops::upload_blocks(q);
+  ASSERT_TRUE(ops::takes_gated_x(dw, 1));
+  for (const ops::GatedActivation act :
+       {ops::GatedActivation::kSilu, ops::GatedActivation::kGeluTanh}) {
+    std::vector<float> gate_up = uniform(2 * k, rng, -4.f, 4.f), w = uniform(n, rng, 0.5f, 1.5f);
+    b.round(gate_up);
+    b.round(w);
+    const std::vector<float> res = uniform(n, rng, -3.f, 3.f);
+    const Tensor gu = b.tensor(gate_up, {1, 2 * k}), wt = b.tensor(w, {n});
+    Tensor xa = b.poisoned({1, k}), ya = b.poisoned({1, n}), ha = b.poisoned({1, n});
+    Tensor ra = b.f32(res, {1, n});
+    ops::gated_mul(act, gu, xa, nullptr);
+    ops::linear_blocks(xa, dw, Tensor(), ya);
+    ops::add_rms_norm(ra, ya, wt, 1e-5f, ha);
+    for (const bool norm : {false, true}) {
+      const std::string what = cat(ops::gated_mul_name(act), norm ? ", norm after" : "");
+      Tensor yb = b.poisoned({1, n}), hb = b.poisoned({1, n}), rb = b.f32(res, {1, n});
+      const ops::NormAfter after{rb, wt, hb, counter, 1e-5f, 0.f};
+      ops::linear_blocks(gu, dw, Tensor(), yb, 0, nullptr, Tensor(),
+                         {act, norm ? &after : nullptr});
+      EXPECT_EQ(host_f32(yb), host_f32(ya)) << what << ": projection";
+      if (norm) {
+        EXPECT_EQ(host_f32(rb), host_f32(ra)) << what << ": residual";
+        EXPECT_EQ(host_f32(hb), host_f32(ha)) << what << ": normed row";
+      }
+    }
+  }
+  const ops::BlocksFusion silu{ops::GatedActivation::kSilu, nullptr};
+  expect_error(
+      [&] {
+        ops::linear_blocks(b.tensor(uniform(4 * k, rng), {2, 2 * k}), dw, Tensor(),
+                           b.poisoned({2, n}), 0, nullptr, Tensor(), silu);
+      },
+      {"linear (GGUF blocks)", "take no gated input"});
+  expect_error(
+      [&] {
+        ops::linear_blocks(b.tensor(uniform(k, rng), {1, k}), dw, Tensor(), b.poisoned({1, n}), 0,
+                           nullptr, Tensor(), silu);
+      },
+      {"linear (GGUF blocks)", "gate_up"});
+}
+
 // Every weight expanded to bf16 is the reference dequantization rounded to bf16: within half a
 // bf16 step of it, plus a few f32 ulps of the matrix's largest weight (the device may fuse
 // q * d + m or d * q - m, which moves a weight that nearly cancels by an ulp of its terms).
