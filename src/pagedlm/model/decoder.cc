@@ -236,9 +236,6 @@ class DecoderModel final : public CausalLM {
           {ops::staged_rows_words(std::min<int64_t>(rows, ops::kStagedRowsMaxRows), widest)},
           device_);
     }
-    if (device_ == Device::kCuda && widest_gpu_blocks_ > 0) {
-      b.norm_counter = Tensor::zeros(DType::kI32, {1}, device_);
-    }
     b.last = make({rows, D});
     b.last_residual = make_f32({rows, D});
     b.last_update = make({rows, D});
@@ -296,33 +293,18 @@ class DecoderModel final : public CausalLM {
                                      : ops::Fp8RowsOut{};
     };
     const bool norm_fuses = ops::norm_fuses_fp8(D);
-    const bool gated_fuses = ops::gated_mul_fuses_fp8(F);
     const bool unscaled_ok = comm_ == nullptr && !c.sandwich_norms;
     ops::Fp8Unscaled update_unscaled;  // proj_out's, when the projection left it unscaled
-    // Projections whose kernel runs the residual add and norm after them itself (GPU Q4_K blocks
-    // at one row, ops::BlocksFusion): o then norms for the MLP, down for the next layer. Not
-    // across the all-reduce or into the sandwich norms (as unscaled_ok), nor for an FP8
-    // projection's input. Down also forms its input, the gated product, from gate_up itself.
-    const auto norm_after = [&](const ops::LinearWeight& proj, const ops::LinearWeight& next,
-                                const Tensor& norm_weight) {
-      return unscaled_ok && buffers_.norm_counter.defined() && next.fp8_inputs() == nullptr &&
-                     proj.takes_norm_after(L)
-                 ? std::optional<ops::NormAfter>(ops::NormAfter{residual, norm_weight, hidden,
-                                                                buffers_.norm_counter, eps, offset})
-                 : std::nullopt;
-    };
-    bool input_normed = false;  // the previous layer's down projection normed this layer's input
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       if (leave_at(2 * i)) return false;
       const ops::Fp8RowsOut qkv_in = fp8_rows_for(w.qkv_proj, norm_fuses);
       if (i == 0) {
         ops::rms_norm(residual, w.attn_norm, eps, hidden, stream, offset, qkv_in);
-      } else if (!input_normed) {
+      } else {
         ops::add_rms_norm(residual, proj_out, w.attn_norm, eps, hidden, stream, offset,
                           update_unscaled, qkv_in);
       }
-      input_normed = false;
       w.qkv_proj.apply(hidden, w.qkv_bias, qkv, stream, state, scratch, {qkv_in.on()});
       if (c.qk_norm) {
         ops::head_rms_norm(qkv, 0, Hq, d, w.q_norm, eps, stream, offset);
@@ -331,20 +313,16 @@ class DecoderModel final : public CausalLM {
       if (leave_at(2 * i)) return false;
       attention.attend(static_cast<int>(i), c.layers[i].attention, qkv, q, w.inv_freq, attn_out);
       if (leave_at(2 * i)) return false;
-      const std::optional<ops::NormAfter> o_norm = norm_after(w.o_proj, w.gate_up_proj, w.ffn_norm);
       w.o_proj.apply(attn_out.reshape({L, Hq * d}), Tensor(), proj_out, stream, state, scratch,
-                     {false, unscaled_ok && norm_fuses ? &update_unscaled : nullptr},
-                     {std::nullopt, o_norm ? &*o_norm : nullptr});
+                     {false, unscaled_ok && norm_fuses ? &update_unscaled : nullptr});
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);  // the heads' partial sums
       if (c.sandwich_norms) {
         ops::rms_norm(proj_out, w.attn_out_norm, eps, proj_out, stream, offset);
       }
       if (leave_at(2 * i + 1)) return false;
       const ops::Fp8RowsOut gate_up_in = fp8_rows_for(w.gate_up_proj, norm_fuses);
-      if (!o_norm) {
-        ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset,
-                          update_unscaled, gate_up_in);
-      }
+      ops::add_rms_norm(residual, proj_out, w.ffn_norm, eps, hidden, stream, offset,
+                        update_unscaled, gate_up_in);
       update_unscaled = {};
       if (c.layers[i].sparse_mlp) {
         // Every rank routes alike (the router is replicated) and runs its share of each
@@ -360,27 +338,17 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
+        const bool gated_fuses = ops::gated_mul_fuses_fp8(F);
         ops::Fp8Unscaled gate_up_unscaled;
         w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch,
                              {gate_up_in.on(), gated_fuses ? &gate_up_unscaled : nullptr});
         const ops::Fp8RowsOut down_in = fp8_rows_for(w.down_proj, gated_fuses);
-        ops::BlocksFusion down_fusion;
-        if (!gate_up_unscaled.on() && !down_in.on() && w.down_proj.takes_gated_x(L)) {
-          down_fusion.gated_x = gated_activation(c);
-        } else {
-          ops::gated_mul(gated_activation(c), gate_up, act, stream, gate_up_unscaled, down_in);
-        }
+        ops::gated_mul(gated_activation(c), gate_up, act, stream, gate_up_unscaled, down_in);
         if (leave_at(2 * i + 1)) return false;
         const bool last_layer = i + 1 == layers_.size();
-        const std::optional<ops::NormAfter> down_norm =
-            last_layer ? std::nullopt
-                       : norm_after(w.down_proj, layers_[i + 1].qkv_proj, layers_[i + 1].attn_norm);
-        down_fusion.norm_after = down_norm ? &*down_norm : nullptr;
         w.down_proj.apply(
-            down_fusion.gated_x ? gate_up : act, Tensor(), proj_out, stream, state, scratch,
-            {down_in.on(), unscaled_ok && norm_fuses && !last_layer ? &update_unscaled : nullptr},
-            down_fusion);
-        input_normed = down_norm.has_value();
+            act, Tensor(), proj_out, stream, state, scratch,
+            {down_in.on(), unscaled_ok && norm_fuses && !last_layer ? &update_unscaled : nullptr});
       }
       if (comm_ != nullptr) comm_->all_reduce_sum(proj_out, stream);
       if (c.sandwich_norms) {
@@ -421,9 +389,6 @@ class DecoderModel final : public CausalLM {
     // projections' bf16 weights ([widest_gpu_blocks_], for steps of more rows than
     // ops::kBlockMatvecMaxRows).
     ops::LinearScratch projection;
-    // [1] I32, zero between launches: the count by which a GPU block projection's last thread
-    // block knows to run the norm after it (ops::NormAfter).
-    Tensor norm_counter;
   };
 
   static ops::GatedActivation gated_activation(const ModelConfig& c) {

@@ -89,34 +89,11 @@ void stage_rows(const Tensor& x, const Tensor& staged, void* stream) {
 #endif
 }
 
-bool takes_gated_x(const DeviceBlocks& w, int64_t rows) {
-#ifdef PAGEDLM_HAS_CUDA
-  return w.type == QuantType::kQ4_K && rows == 1;
-#else
-  (void)w;
-  (void)rows;
-  return false;
-#endif
-}
-
-bool takes_norm_after(const DeviceBlocks& w, int64_t rows) {
-#ifdef PAGEDLM_HAS_CUDA
-  return takes_gated_x(w, rows) && cuda::norm_row_fits(w.rows);
-#else
-  (void)w;
-  (void)rows;
-  return false;
-#endif
-}
-
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
-                   int64_t out_col0, void* stream, const Tensor& staged,
-                   const BlocksFusion& fusion) {
+                   int64_t out_col0, void* stream, const Tensor& staged) {
   constexpr const char* kOp = "linear (GGUF blocks)";
   expect_blocks(w, kOp);
-  const bool gated = fusion.gated_x.has_value();
-  detail::expect(x, kOp, gated ? "gate_up" : "x", DType::kBF16,
-                 {detail::kAnyDim, gated ? 2 * w.cols : w.cols});
+  detail::expect(x, kOp, "x", DType::kBF16, {detail::kAnyDim, w.cols});
   const int64_t rows = x.dim(0);
   const bool from_staged = staged.defined() && takes_staged_rows(w.type, rows);
   PAGEDLM_CHECK(rows <= kBlockMatvecMaxRows || from_staged, kOp, ": ", rows, " rows of ",
@@ -148,40 +125,12 @@ void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, c
                     reinterpret_cast<uintptr_t>(w.blocks.raw()) % 16 == 0,
                 kOp, ": Q4_K blocks must be 16-byte aligned");
 #ifdef PAGEDLM_HAS_CUDA
-  PAGEDLM_CHECK(!gated || takes_gated_x(w, rows), kOp, ": ", rows, " rows of ",
-                quant_format(w.type).name, " blocks take no gated input (takes_gated_x)");
-  PAGEDLM_CHECK(!gated || reinterpret_cast<uintptr_t>(w.blocks.raw()) % 16 == 0, kOp,
-                ": Q4_K blocks must be 16-byte aligned");
-  cuda::NormAfterRow norm;
-  if (fusion.norm_after != nullptr) {
-    const NormAfter& n = *fusion.norm_after;
-    PAGEDLM_CHECK(takes_norm_after(w, rows), kOp, ": ", rows, " rows of ",
-                  quant_format(w.type).name, " blocks [", w.rows, ", ", w.cols,
-                  "] take no norm after them (takes_norm_after)");
-    PAGEDLM_CHECK(!out_f32 && out_col0 == 0 && out.dim(1) == w.rows, kOp,
-                  ": a norm after the projection needs its whole bf16 output row");
-    PAGEDLM_CHECK(reinterpret_cast<uintptr_t>(w.blocks.raw()) % 16 == 0, kOp,
-                  ": Q4_K blocks must be 16-byte aligned");
-    detail::expect(n.residual, kOp, "the norm's residual", DType::kF32, {1, w.rows});
-    detail::expect(n.weight, kOp, "the norm's weight", DType::kBF16, {w.rows});
-    detail::expect(n.out, kOp, "the norm's output", DType::kBF16, {1, w.rows});
-    detail::expect(n.counter, kOp, "the norm's counter", DType::kI32, {detail::kAnyDim});
-    for (const Tensor* t : {&n.residual, &n.weight, &n.out, &n.counter}) {
-      expect_gpu(*t, kOp, "the norm's tensors");
-    }
-    for (const Tensor* t : {&n.residual, &n.weight, &n.out}) {
-      PAGEDLM_CHECK(reinterpret_cast<uintptr_t>(t->raw()) % 16 == 0, kOp,
-                    ": the norm's rows must be 16-byte aligned");
-    }
-    norm = {static_cast<float*>(n.residual.raw()),   n.weight.raw(), n.out.raw(),
-            static_cast<unsigned*>(n.counter.raw()), n.eps,          n.weight_offset};
-  }
   const size_t elem = out_f32 ? 4 : 2;
   cuda::linear_blocks(
       x.raw(), w.blocks.raw(), w.type,
       bias.defined() ? static_cast<const uint16_t*>(bias.raw()) + out_col0 : nullptr,
       static_cast<char*>(out.raw()) + out_col0 * elem, out_f32, rows, w.rows, w.cols, out.dim(1),
-      stream, staged.defined() ? staged.raw() : nullptr, norm, gated ? &*fusion.gated_x : nullptr);
+      stream, staged.defined() ? staged.raw() : nullptr);
 #else
   (void)stream;
   detail::fail_no_cuda(kOp);

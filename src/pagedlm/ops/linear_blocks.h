@@ -8,12 +8,9 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 
 #include "pagedlm/core/quantized.h"
 #include "pagedlm/core/tensor.h"
-#include "pagedlm/ops/rms_norm.h"
-#include "pagedlm/ops/silu_mul.h"
 
 namespace pagedlm::ops {
 
@@ -63,17 +60,6 @@ constexpr bool takes_staged_rows(QuantType type, int64_t rows) {
 int64_t staged_rows_words(int64_t rows, int64_t cols);
 void stage_rows(const Tensor& x, const Tensor& staged, void* stream = nullptr);
 
-// What linear_blocks runs beside its product in its own kernel, where takes_gated_x and
-// takes_norm_after say it can (Q4_K's one-row kernel, its thread blocks' count on a counter
-// telling the last one to norm the row): the bits of the separate kernel, one launch fewer each.
-struct BlocksFusion {
-  // x is [rows, 2 * w.cols], gate then up, and the product multiplies gated_mul(*gated_x, x)
-  // (ops/silu_mul.h) as that op would write it.
-  std::optional<GatedActivation> gated_x;
-  // Then the residual add and norm of out's row (its whole row: w is its only part).
-  const NormAfter* norm_after = nullptr;
-};
-
 // out[:, out_col0 : out_col0 + w.rows] = x w^T (+ bias[out_col0 : out_col0 + w.rows]).
 // x [rows, w.cols] bf16, rows <= kBlockMatvecMaxRows, or <= kStagedRowsMaxRows where the part
 // takes_staged_rows and `staged` is given; out [rows, >= out_col0 + w.rows], bf16, or f32
@@ -81,14 +67,9 @@ struct BlocksFusion {
 // ggml's dequantization) times x in f32, summed in f32; except where the kernels take x rounded
 // and sum integer products on tensor cores: Q4_K at one row (the kernel rounds x itself to one
 // 8-bit plane, ggml's rule), and the parts that takes_staged_rows where `staged` holds x as
-// stage_rows wrote it (undefined: the f32 kernels). fusion: as BlocksFusion says.
+// stage_rows wrote it (undefined: the f32 kernels).
 void linear_blocks(const Tensor& x, const DeviceBlocks& w, const Tensor& bias, const Tensor& out,
-                   int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor(),
-                   const BlocksFusion& fusion = {});
-// At this many rows: Q4_K at one row; the norm for rows that its one-block form takes (8 to 8192
-// values, a multiple of 8). False without CUDA.
-bool takes_gated_x(const DeviceBlocks& w, int64_t rows);
-bool takes_norm_after(const DeviceBlocks& w, int64_t rows);
+                   int64_t out_col0 = 0, void* stream = nullptr, const Tensor& staged = Tensor());
 
 // The weights as bf16 into rows [row0, row0 + w.rows) of dense [>= row0 + w.rows, w.cols] (GPU):
 // each one ggml's f32 dequantization rounded to nearest even.
@@ -98,21 +79,10 @@ void dequantize_blocks(const DeviceBlocks& w, const Tensor& dense, int64_t row0 
 #ifdef PAGEDLM_HAS_CUDA
 namespace cuda {
 void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, void* stream);
-// NormAfter's pointers: residual [dim] f32, weight and out [dim] bf16, counter [1] zero; dim is
-// the projection's out_features. residual null: no norm.
-struct NormAfterRow {
-  float* residual = nullptr;
-  const void* weight = nullptr;
-  void* out = nullptr;
-  unsigned* counter = nullptr;
-  float eps = 0.f, weight_offset = 0.f;
-};
 // staged: x as stage_rows wrote it, or null.
 void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
                    bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
-                   int64_t out_stride, void* stream, const void* staged,
-                   const NormAfterRow& norm = {}, const GatedActivation* gated_x = nullptr);
-bool norm_row_fits(int64_t dim);
+                   int64_t out_stride, void* stream, const void* staged);
 void dequantize_blocks(const void* blocks, QuantType type, void* dense, int64_t out_features,
                        int64_t in_features, void* stream);
 }  // namespace cuda

@@ -88,31 +88,12 @@ int64_t LinearWeight::in_features() const {
   return 0;
 }
 
-bool LinearWeight::takes_gated_x(int64_t rows) const {
-  return format_ == WeightFormat::kGpuBlocks && gpu_.size() == 1 &&
-         ops::takes_gated_x(gpu_.front(), rows);
-}
-
-bool LinearWeight::takes_norm_after(int64_t rows) const {
-  return format_ == WeightFormat::kGpuBlocks && gpu_.size() == 1 &&
-         ops::takes_norm_after(gpu_.front(), rows);
-}
-
 void LinearWeight::apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-                         DeviceState* state, const LinearScratch& scratch, const Fp8Apply& fp8,
-                         const BlocksFusion& fusion) const {
+                         DeviceState* state, const LinearScratch& scratch,
+                         const Fp8Apply& fp8) const {
   if (format_ != WeightFormat::kFp8) {
     PAGEDLM_CHECK(!fp8.x_quantized, "linear: x quantized to e4m3 for a projection that is not FP8");
     if (fp8.unscaled != nullptr) *fp8.unscaled = {};
-  }
-  if (fusion.gated_x || fusion.norm_after != nullptr) {
-    const int64_t rows = x.dim(0);
-    PAGEDLM_CHECK(!fusion.gated_x || takes_gated_x(rows), "linear: a ", rows,
-                  "-row step of this projection takes no gated input (takes_gated_x)");
-    PAGEDLM_CHECK(fusion.norm_after == nullptr || takes_norm_after(rows), "linear: a ", rows,
-                  "-row step of this projection takes no norm after it (takes_norm_after)");
-    linear_blocks(x, gpu_.front(), bias, out, 0, stream, Tensor(), fusion);
-    return;
   }
   switch (format_) {
     case WeightFormat::kDense:

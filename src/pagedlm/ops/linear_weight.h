@@ -77,16 +77,8 @@ class LinearWeight {
   // `fp8`: an FP8 projection's input already quantized into scratch.fp8, or its output left
   // unscaled (ops/linear_fp8.h); for the other formats x_quantized must be false, and *unscaled
   // comes back off.
-  // fusion (where takes_gated_x / takes_norm_after): the projection's kernel reads x as the gated
-  // product of a gate_up row, or runs the residual add and norm after it, itself
-  // (ops::BlocksFusion).
   void apply(const Tensor& x, const Tensor& bias, const Tensor& out, void* stream,
-             DeviceState* state, const LinearScratch& scratch, const Fp8Apply& fp8 = {},
-             const BlocksFusion& fusion = {}) const;
-  // Whether apply() takes those for a step of `rows` rows: GPU blocks in one part whose kernel
-  // takes them at that many rows (ops::takes_gated_x, ops::takes_norm_after: Q4_K at one row).
-  bool takes_gated_x(int64_t rows) const;
-  bool takes_norm_after(int64_t rows) const;
+             DeviceState* state, const LinearScratch& scratch, const Fp8Apply& fp8 = {}) const;
   // How an FP8 projection quantizes its input, for a kernel that writes x's codes for it
   // (Fp8RowsOut); null for the other formats.
   const Fp8InputScaling* fp8_inputs() const {

@@ -31,15 +31,6 @@ void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& weight,
                   const Tensor& out, void* stream = nullptr, float weight_offset = 0.f,
                   const Fp8Unscaled& x_unscaled = {}, const Fp8RowsOut& fp8_out = {});
 
-// The residual add and norm that follow a projection, add_rms_norm(residual, <its output>,
-// weight, eps, out, stream, weight_offset), handed to a projection whose kernel runs it once its
-// last output is stored (LinearWeight::takes_norm_after): the same bits, one launch fewer.
-// counter: [>= 1] I32 on the GPU, zero; the kernel leaves it zero.
-struct NormAfter {
-  Tensor residual, weight, out, counter;
-  float eps = 0.f, weight_offset = 0.f;
-};
-
 // Qwen3's per-head q/k norm inside a fused projection: x: [rows, width] in the compute dtype;
 // in every row, heads first_head .. first_head + num_heads - 1 (head_dim wide each, counted from
 // the row's start) are normalized in place with weight: [head_dim].

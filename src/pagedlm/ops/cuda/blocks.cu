@@ -21,7 +21,6 @@
 #include "pagedlm/ops/cuda/kernels.h"
 #include "pagedlm/ops/cuda/kquant_lanes.cuh"
 #include "pagedlm/ops/cuda/mma.cuh"
-#include "pagedlm/ops/cuda/norm_row.cuh"
 #include "pagedlm/ops/linear_blocks.h"
 
 namespace pagedlm::ops::cuda {
@@ -236,26 +235,13 @@ __device__ __forceinline__ void walk_blocks(int warp, int num_blocks, Tile (&til
   }
 }
 
-// Two kernels' work folded in, each instead of a launch of its own beside this one:
-// - GatedAct (Silu or GeluTanh; void: none): x is a gate_up row, gate [in_features] then up, and
-//   the product multiplies GatedAct(gate) * up, each value rounded to bf16 as the gated product's
-//   kernel writes it (fused.cu). A lane loads a block's gate and up beside its weights and forms
-//   the product when it rounds the block's x. The second load in flight does not fit 80
-//   registers (ptxas spilled 100 bytes), so these run two thread blocks an SM (2 blocks: 0.99x
-//   of 3 for the plain kernel, H100, docs/PERF.md).
-// - kNormChunks > 0: the thread block that stores the last outputs then runs the NormAfterRow
-//   over the whole output row (add_rms_norm_row with kNormChunks chunks a thread): the blocks
-//   count themselves on norm.counter, and the last one zeroes it again.
-template <int kNormChunks, typename GatedAct>
-__global__ void __launch_bounds__(32 * kQ4kWarps,
-                                  std::is_void_v<GatedAct> ? kQ4kBlocksPerSm : kQ4kBlocksPerSm - 1)
+__global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
     q4k_matvec_mma_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
-                          bool out_f32, int out_features, int in_features, NormAfterRow norm) {
-  constexpr bool kGated = !std::is_void_v<GatedAct>;
+                          bool out_f32, int out_features, int in_features) {
   // Each warp's two buffers of one block's rounded x (8 sub-blocks), used in turn.
   __shared__ __align__(16) uint32_t staged[kQ4kWarps][2][8 * Q4kStagedX::kWords];
   __shared__ float partial[kQ4kWarps][16];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
   const int num_blocks = in_features / 256;
   const int n0 = static_cast<int>(blockIdx.x) * 16;
@@ -264,31 +250,13 @@ __global__ void __launch_bounds__(32 * kQ4kWarps,
   const uint8_t* row_g = blocks + (n0 + g < out_features ? n0 + g : 0) * row_bytes;
   const uint8_t* row_g8 = blocks + (n0 + g + 8 < out_features ? n0 + g + 8 : 0) * row_bytes;
   auto load = [&](int b) { return Q4kMmaTile::load(row_g + 144 * b, row_g8 + 144 * b, t); };
-  // The lane's 8 values of x in block b (kGated: of the gate, and of the up in up_next).
-  uint4 x_next = make_uint4(0, 0, 0, 0), up_next = make_uint4(0, 0, 0, 0);
-  auto load_x = [&](int b) {
-    x_next = load16(x + 256 * b + 8 * lane);
-    if constexpr (kGated) up_next = load16(x + in_features + 256 * b + 8 * lane);
-  };
-  // The lane's 8 values of x as the product multiplies them.
-  auto x_values = [&] {
-    if constexpr (kGated) {
-      using ::pagedlm::cuda::detail::bf16x8_to_float;
-      float gate[8], up[8], y[8];
-      bf16x8_to_float(x_next, gate);
-      bf16x8_to_float(up_next, up);
-      const GatedAct act{};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) y[j] = act(gate[j]) * up[j];
-      return ::pagedlm::cuda::detail::float_to_bf16x8(y);
-    } else {
-      return x_next;
-    }
-  };
+  // The lane's 8 values of x in block b.
+  auto load_x = [&](int b) { return load16(x + 256 * b + 8 * lane); };
   Q4kMmaTile tiles[2];
+  uint4 x_next = make_uint4(0, 0, 0, 0);
   if (warp < num_blocks) {
     tiles[0] = load(warp);
-    load_x(warp);
+    x_next = load_x(warp);
   }
   float acc[2] = {0.f, 0.f};
   int buffer = 0;
@@ -299,11 +267,11 @@ __global__ void __launch_bounds__(32 * kQ4kWarps,
   auto step = [&](int b, const Q4kMmaTile& tile, Q4kMmaTile& next) {
     uint32_t* xs = staged[warp][buffer];
     buffer ^= 1;
-    Q4kStagedX::stage_quarter(x_values(), xs + Q4kStagedX::kWords * (lane >> 2), lane & 3);
+    Q4kStagedX::stage_quarter(x_next, xs + Q4kStagedX::kWords * (lane >> 2), lane & 3);
     __syncwarp();
     if (b + kQ4kWarps < num_blocks) {
       next = load(b + kQ4kWarps);
-      load_x(b + kQ4kWarps);
+      x_next = load_x(b + kQ4kWarps);
     }
     int32_t c[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -328,66 +296,23 @@ __global__ void __launch_bounds__(32 * kQ4kWarps,
     if (t == 0) partial[warp][g + 8 * h] = v;
   }
   __syncthreads();
-  if (warp == 0 && lane < 16 && n0 + lane < out_features) {
-    float sum = 0.f;
+  if (warp != 0 || lane >= 16 || n0 + lane >= out_features) return;
+  float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][lane];
-    const int n = n0 + lane;
-    if (out_f32) {
-      static_cast<float*>(out)[n] = sum;
-    } else {
-      const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
-      static_cast<bf16*>(out)[n] = __float2bfloat16(sum + bias_n);
-    }
-  }
-  if constexpr (kNormChunks > 0) {
-    // The outputs stored above reach L2 before this block counts itself; the last block to
-    // count reads every block's outputs from there.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(norm.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    ::pagedlm::cuda::detail::add_rms_norm_row<kNormChunks, false, false, true>(
-        0, norm.residual, static_cast<const bf16*>(out), static_cast<const bf16*>(norm.weight),
-        static_cast<bf16*>(norm.out), out_features, norm.eps, norm.weight_offset, {}, {},
-        &partial[0][0]);
-    if (threadIdx.x == 0) *norm.counter = 0;
+  for (int w = 0; w < kQ4kWarps; ++w) sum += partial[w][lane];
+  const int n = n0 + lane;
+  if (out_f32) {
+    static_cast<float*>(out)[n] = sum;
+  } else {
+    const float bias_n = bias != nullptr ? __bfloat162float(bias[n]) : 0.f;
+    static_cast<bf16*>(out)[n] = __float2bfloat16(sum + bias_n);
   }
 }
 
-template <typename GatedAct>
 void launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
-                           bool out_f32, int out_features, int in_features,
-                           const NormAfterRow& norm, cudaStream_t stream) {
-  const unsigned grid = ceil_div(out_features, 16);
-  constexpr int kThreads = 32 * kQ4kWarps;
-  static_assert(kThreads == ::pagedlm::cuda::detail::kNormRowThreads,
-                "the norm's widest row in the projection's threads");
-  const int chunks =
-      norm.residual == nullptr ? 0 : static_cast<int>(ceil_div(out_features, 8 * kThreads));
-  static_assert(::pagedlm::cuda::detail::kNormRowChunks == 4, "the widest instantiation");
-  const auto kernel = chunks == 0   ? q4k_matvec_mma_kernel<0, GatedAct>
-                      : chunks == 1 ? q4k_matvec_mma_kernel<1, GatedAct>
-                      : chunks == 2 ? q4k_matvec_mma_kernel<2, GatedAct>
-                                    : q4k_matvec_mma_kernel<4, GatedAct>;
-  kernel<<<grid, kThreads, 0, stream>>>(x, blocks, bias, out, out_f32, out_features, in_features,
-                                        norm);
-}
-
-// gated_x null: x is the input itself.
-void launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
-                           bool out_f32, int out_features, int in_features,
-                           const NormAfterRow& norm, const GatedActivation* gated_x,
-                           cudaStream_t stream) {
-  using ::pagedlm::cuda::detail::GeluTanh;
-  using ::pagedlm::cuda::detail::Silu;
-  const auto launch = gated_x == nullptr                   ? launch_q4k_matvec_mma<void>
-                      : *gated_x == GatedActivation::kSilu ? launch_q4k_matvec_mma<Silu>
-                                                           : launch_q4k_matvec_mma<GeluTanh>;
-  launch(x, blocks, bias, out, out_f32, out_features, in_features, norm, stream);
+                           bool out_f32, int out_features, int in_features, cudaStream_t stream) {
+  q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), 0, stream>>>(
+      x, blocks, bias, out, out_f32, out_features, in_features);
 }
 
 // Rows of x in two 8-bit planes per 32 values, StagedRowsX's layout, [rows][in_features / 32]
@@ -578,16 +503,14 @@ __global__ void dequantize_blocks_kernel(const uint8_t* blocks, bf16* dense, int
   }
 }
 
-// norm (NormAfterRow) only where takes_norm_after: Q4_K at one row, 16-byte aligned.
 template <QuantType kType, int kRows>
 cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bias, void* out,
                                bool out_f32, int rows, int out_features, int in_features,
-                               int64_t out_stride, const NormAfterRow& norm,
-                               const GatedActivation* gated_x, cudaStream_t stream) {
+                               int64_t out_stride, cudaStream_t stream) {
   if constexpr (kRows > 1) {
     if (rows < kRows) {
       return launch_matvec_rows<kType, kRows - 1>(x, blocks, bias, out, out_f32, rows, out_features,
-                                                  in_features, out_stride, norm, gated_x, stream);
+                                                  in_features, out_stride, stream);
     }
   }
   // Q4_K at one row: tensor cores (16-byte aligned blocks and x, as cudaMalloc's are). Its first
@@ -598,11 +521,10 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
     if (reinterpret_cast<uintptr_t>(blocks) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
       launch_q4k_matvec_mma(static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
                             static_cast<const bf16*>(bias), out, out_f32, out_features, in_features,
-                            norm, gated_x, stream);
+                            stream);
       return cudaGetLastError();
     }
   }
-  if (norm.residual != nullptr || gated_x != nullptr) return cudaErrorInvalidValue;
   const dim3 threads(32, kWarpsPerBlock);
   const unsigned grid = ceil_div(out_features, kWarpsPerBlock);
   // Q6_K's lanes at every row count: on the H200 (8B shape, one to eight decoding sequences) 1.8x
@@ -623,11 +545,10 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
 template <QuantType kType>
 cudaError_t launch_matvec(const void* x, const void* blocks, const void* bias, void* out,
                           bool out_f32, int rows, int out_features, int in_features,
-                          int64_t out_stride, const NormAfterRow& norm,
-                          const GatedActivation* gated_x, cudaStream_t stream) {
+                          int64_t out_stride, cudaStream_t stream) {
   static_assert(kBlockMatvecMaxRows == 8, "launch_matvec_rows starts at kBlockMatvecMaxRows");
   return launch_matvec_rows<kType, 8>(x, blocks, bias, out, out_f32, rows, out_features,
-                                      in_features, out_stride, norm, gated_x, stream);
+                                      in_features, out_stride, stream);
 }
 
 template <QuantType kType>
@@ -680,8 +601,7 @@ void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, 
 
 void linear_blocks(const void* x, const void* blocks, QuantType type, const void* bias, void* out,
                    bool out_f32, int64_t rows, int64_t out_features, int64_t in_features,
-                   int64_t out_stride, void* stream, const void* staged, const NormAfterRow& norm,
-                   const GatedActivation* gated_x) {
+                   int64_t out_stride, void* stream, const void* staged) {
   if (rows == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   const auto r = static_cast<int>(rows), n = static_cast<int>(out_features),
@@ -701,13 +621,10 @@ void linear_blocks(const void* x, const void* blocks, QuantType type, const void
     return;
   }
   const cudaError_t err = dispatch(type, [&](auto t) {
-    return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride,
-                                             norm, gated_x, s);
+    return launch_matvec<decltype(t)::value>(x, blocks, bias, out, out_f32, r, n, k, out_stride, s);
   });
   ::pagedlm::cuda::check(err, "linear (GGUF blocks)");
 }
-
-bool norm_row_fits(int64_t dim) { return ::pagedlm::cuda::detail::norm_row_fits(dim); }
 
 void dequantize_blocks(const void* blocks, QuantType type, void* dense, int64_t out_features,
                        int64_t in_features, void* stream) {

@@ -11,20 +11,13 @@
 
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
-#include "pagedlm/ops/cuda/norm_row.cuh"
 
 namespace pagedlm::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using detail::bf16x8_to_float;
 using detail::ceil_div;
-using detail::float_to_bf16x8;
-using detail::fp8_rows_out;
 using detail::GeluTanh;
-using detail::kNormRowChunks;
-using detail::kNormRowThreads;
-using detail::scale_unscaled8;
 using detail::Silu;
 
 // Widens one bf16 row to f32 and scales it in f32, 8 values (16 bytes in, 32 out) at a time
@@ -85,14 +78,106 @@ __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* wei
   }
 }
 
-// add_rms_norm_row (norm_row.cuh), a block a row.
+// 8 bf16 <-> 8 floats (one 16-byte load or store of bf16).
+__device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float* f) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 v = __bfloat1622float2(pairs[j]);
+    f[2 * j] = v.x;
+    f[2 * j + 1] = v.y;
+  }
+}
+__device__ __forceinline__ uint4 float_to_bf16x8(const float* f) {
+  uint4 packed;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  return packed;
+}
+
+// The next FP8 projection's input (Fp8RowsOut) from a row the block holds in registers, as
+// launch_quantize_fp8_rows codes it. Every thread calls it.
+template <int kChunks>
+__device__ __forceinline__ void fp8_rows_out(const uint4 (&held)[kChunks], int dim,
+                                             const Fp8RowsOut& q, size_t row, float* scratch) {
+  detail::quantize_held_row_fp8(held, dim, static_cast<__nv_fp8_storage_t*>(q.values) + row * dim,
+                                q.scales + row, q.static_scale, q.scale_ub, q.min_scale, scratch);
+}
+
+// 8 values of an FP8 GEMM's unscaled output row (Fp8Unscaled), columns col .. col + 7, scaled in
+// place as the epilogue kernel would scale them.
+__device__ __forceinline__ void scale_unscaled8(float* v, float x_scale, const float* w_scales,
+                                                int col) {
+  const float4 w0 = *reinterpret_cast<const float4*>(w_scales + col);
+  const float4 w1 = *reinterpret_cast<const float4*>(w_scales + col + 4);
+  const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = detail::scaled_fp8_sum(v[j], x_scale, w[j], 0.f);
+}
+
+// add_rms_norm_kernel with 16-byte accesses, for dim % 8 == 0 and dim <= 8 * kChunks * blockDim:
+// each thread keeps its chunks of 8 values in registers between the two passes, so the row is
+// read and written once. Each element's formula is the scalar kernel's (below); the sum of
+// squares adds in another order. kUnscaled: x is an FP8 GEMM's unscaled output (Fp8Unscaled);
+// kFp8Out: the output is also written as e4m3 rows (Fp8RowsOut).
+// Its widest launch: kNormRowChunks loads of 8 for each of kNormRowThreads threads
+// (norm_fuses_fp8).
+constexpr int kNormRowThreads = 256, kNormRowChunks = 4;
 template <int kChunks, bool kUnscaled = false, bool kFp8Out = false>
 __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
                                         bf16* out, int dim, float eps, float weight_offset,
                                         Fp8Unscaled x_unscaled, Fp8RowsOut fp8_out) {
   __shared__ float scratch[32];
-  detail::add_rms_norm_row<kChunks, kUnscaled, kFp8Out>(
-      blockIdx.x, residual, x, weight, out, dim, eps, weight_offset, x_unscaled, fp8_out, scratch);
+  const size_t base = static_cast<size_t>(blockIdx.x) * dim;
+  float* res = residual + base;
+  // Read before the first barrier: fp8_out may overwrite it (the same scratch).
+  const float x_scale = kUnscaled ? x_unscaled.x_scales[blockIdx.x] : 0.f;
+  float v[kChunks][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    const float4 lo = *reinterpret_cast<const float4*>(res + i);
+    const float4 hi = *reinterpret_cast<const float4*>(res + i + 4);
+    float* r = v[c];
+    r[0] = lo.x;
+    r[1] = lo.y;
+    r[2] = lo.z;
+    r[3] = lo.w;
+    r[4] = hi.x;
+    r[5] = hi.y;
+    r[6] = hi.z;
+    r[7] = hi.w;
+    if (x != nullptr) {
+      float xf[8];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(x + base + i), xf);
+      if constexpr (kUnscaled) scale_unscaled8(xf, x_scale, x_unscaled.w_scales, i);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] += xf[j];
+      *reinterpret_cast<float4*>(res + i) = make_float4(r[0], r[1], r[2], r[3]);
+      *reinterpret_cast<float4*>(res + i + 4) = make_float4(r[4], r[5], r[6], r[7]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += r[j] * r[j];
+  }
+  ss = detail::block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / dim + eps);
+  uint4 held[kFp8Out ? kChunks : 1];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (threadIdx.x + c * blockDim.x) * 8;
+    if (i >= dim) break;
+    float w[8], y[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(weight + i), w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = v[c][j] * inv * (weight_offset + w[j]);
+    const uint4 packed = float_to_bf16x8(y);
+    *reinterpret_cast<uint4*>(out + base + i) = packed;
+    if constexpr (kFp8Out) held[c] = packed;
+  }
+  if constexpr (kFp8Out) fp8_rows_out(held, dim, fp8_out, blockIdx.x, scratch);
 }
 
 // One block per row. residual: [rows, dim] f32 in/out, x: [rows, dim] bf16 or null (nothing is
@@ -511,7 +596,9 @@ cudaError_t launch_gelu_tanh_mul(const void* gate_up, void* out, int rows, int d
   return launch_gated_mul<GeluTanh>(gate_up, out, rows, dim, stream, gate_up_unscaled, fp8_out);
 }
 
-bool norm_fuses_fp8(int dim) { return detail::norm_row_fits(dim); }
+bool norm_fuses_fp8(int dim) {
+  return dim > 0 && dim % 8 == 0 && dim <= 8 * kNormRowChunks * kNormRowThreads;
+}
 bool gated_mul_fuses_fp8(int dim) {
   return dim > 0 && dim % 8 == 0 && dim <= 8 * kGatedRowChunks * kGatedRowThreads;
 }
