@@ -293,6 +293,7 @@ class DecoderModel final : public CausalLM {
                                      : ops::Fp8RowsOut{};
     };
     const bool norm_fuses = ops::norm_fuses_fp8(D);
+    const bool gated_fuses = ops::gated_mul_fuses_fp8(F);
     const bool unscaled_ok = comm_ == nullptr && !c.sandwich_norms;
     ops::Fp8Unscaled update_unscaled;  // proj_out's, when the projection left it unscaled
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -338,7 +339,6 @@ class DecoderModel final : public CausalLM {
         ops::moe_experts(hidden, expert_ids, expert_weights, w.experts, gated_activation(c), ws,
                          proj_out, stream);
       } else {
-        const bool gated_fuses = ops::gated_mul_fuses_fp8(F);
         ops::Fp8Unscaled gate_up_unscaled;
         w.gate_up_proj.apply(hidden, Tensor(), gate_up, stream, state, scratch,
                              {gate_up_in.on(), gated_fuses ? &gate_up_unscaled : nullptr});
