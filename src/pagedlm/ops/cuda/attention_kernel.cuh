@@ -134,6 +134,21 @@ __device__ __forceinline__ float score_log2(const AttnParams& p, float qk) {
   }
 }
 
+// One step of the online softmax for a row: its running max m takes in this tile's max
+// `tile_max`. Returns alpha, the factor that scales what the row summed before (l and O), and
+// leaves in tile_max the base this tile's scores are exponentiated against. `rescale` is set when
+// the row already held keys and its max grew, i.e. O must be scaled down. A row with no visible
+// key yet keeps m = -inf; its base is 0 then, so exp2 gives 0, not NaN.
+__device__ __forceinline__ float advance_row_max(float& m, float& tile_max, bool& rescale) {
+  const float m_new = fmaxf(m, tile_max);
+  rescale |= m != -INFINITY && m_new > m;
+  const float base = m_new == -INFINITY ? 0.f : m_new;
+  const float alpha = exp2f(m - base);
+  m = m_new;
+  tile_max = base;
+  return alpha;
+}
+
 // Keys of sequence b, whose pages start at kv_page_indices[page_begin] (= kv_indptr[b]).
 __device__ __forceinline__ int seq_keys(const AttnParams& p, int b, int page_begin) {
   const int num_pages = p.kv_indptr[b + 1] - page_begin;
@@ -756,12 +771,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
 #pragma unroll
           for (int x = 4; x < 32; x <<= 1)
             mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], x));
-          const float m_new = fmaxf(m[c], mx[c]);
-          rescale |= m[c] != -INFINITY && m_new > m[c];
-          const float base_c = m_new == -INFINITY ? 0.f : m_new;
-          alpha[c] = exp2f(m[c] - base_c);
-          m[c] = m_new;
-          mx[c] = base_c;
+          alpha[c] = advance_row_max(m[c], mx[c], rescale);
         }
         float rs[2] = {0.f, 0.f};  // this lane's keys only: l is summed over g at the end
 #pragma unroll
@@ -876,13 +886,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         for (int h = 0; h < 2; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m[h], mx[h]);
-          rescale |= m[h] != -INFINITY && m_new > m[h];
-          // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-          const float base_h = m_new == -INFINITY ? 0.f : m_new;
-          alpha[h] = exp2f(m[h] - base_h);
-          m[h] = m_new;
-          mx[h] = base_h;
+          alpha[h] = advance_row_max(m[h], mx[h], rescale);
         }
         float rs[2] = {0.f, 0.f};
 #pragma unroll
