@@ -97,6 +97,52 @@ void BM_DecodeStepQ8(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// SmolLM2's output head (49152 x 576, of format `type`) in a decode step of `rows` rows, as the
+// exact mode computes it: `fixed32` 0, the exact kernels on the blocks repacked as the CPU keeps
+// them; 1, the integer kernels on the blocks packed by pack_for_q8, with 32-bit fixed-point
+// activations, the lm_head's form (model/weights.h). `kernel` indexes q8_kernels() (0: the
+// default; the AVX2 one is built beside the AVX-512 ones). Four copies (64-120 MB) are taken in
+// turn, so that the head streams from memory as in a decode step rather than from the caches.
+// Counter `bytes`: the form's bytes a second.
+void BM_OutputHead(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const auto type = static_cast<QuantType>(state.range(1));
+  const bool fixed32 = state.range(2) != 0;
+  const ops::cpu::Q8Kernel kernel = ops::cpu::q8_kernels().at(state.range(3));
+  const int64_t rows = state.range(4);
+  set_num_threads(threads);
+  constexpr int64_t kHidden = 576, kVocab = 49152, kCopies = 4;
+  std::vector<QuantizedMatrix> repacked;
+  std::vector<ops::Q8PackedMatrix> packed;
+  for (int64_t i = 0; i < kCopies; ++i) {
+    const QuantizedMatrix blocks = random_matrix(type, kVocab, kHidden);
+    if (fixed32) {
+      packed.push_back(ops::pack_for_q8(blocks));
+    } else {
+      repacked.push_back(ops::repack_for_cpu(blocks));
+    }
+  }
+  std::vector<float> x(rows * kHidden), out(rows * kVocab);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (float& v : x) v = uniform(rng);
+  int64_t turn = 0;
+  for (auto _ : state) {
+    const int64_t i = turn++ % kCopies;
+    if (fixed32) {
+      ops::cpu::linear_q8(x.data(), packed[i], nullptr, out.data(), rows, kernel, -1,
+                          ops::IntActivations::kFixed32);
+    } else {
+      ops::cpu::linear(x.data(), repacked[i], nullptr, out.data(), rows);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const size_t bytes = fixed32 ? packed[0].data.size() : repacked[0].blocks.size();
+  state.SetLabel(ops::cpu::q8_kernel_name(kernel));
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 constexpr int64_t kQ4 = static_cast<int64_t>(QuantType::kQ4_1);
 constexpr int64_t kQ8 = static_cast<int64_t>(QuantType::kQ8_0);
 constexpr int64_t kQ4F32 = static_cast<int64_t>(QuantType::kQ4_1F32);
@@ -121,6 +167,11 @@ BENCHMARK(BM_DecodeStepQ8)
     ->Args({1, kQ4})
     ->Args({1, kQ8})
     ->Args({1, kQ4_0})
+    ->UseRealTime();
+
+BENCHMARK(BM_OutputHead)
+    ->ArgNames({"threads", "type", "fixed32", "kernel", "rows"})
+    ->ArgsProduct({{1, 2}, {kQ8, kQ4_0}, {0, 1}, {0}, {1, 32}})
     ->UseRealTime();
 
 }  // namespace

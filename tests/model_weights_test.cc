@@ -21,6 +21,7 @@
 #include "pagedlm/model/checkpoint.h"
 #include "pagedlm/model/model.h"
 #include "pagedlm/model/weights.h"
+#include "pagedlm/ops/linear.h"
 #include "pagedlm/ops/linear_weight.h"
 
 namespace pagedlm {
@@ -158,6 +159,49 @@ TEST(WeightLoader, TheDefaultGgufKeepsItsBlocks) {
   // Three ranks split down's 1536 input columns into whole 32-weight blocks of 512.
   WeightLoader rank1(gguf, Device::kCpu, {1, 3}, {});
   EXPECT_EQ(rank1.linear({down}).in_features(), c.intermediate_size / 3);
+}
+
+// The lm_head's blocks (the default GGUF's tied Q8_0 embedding) take 32-bit fixed-point
+// activations in the exact mode where the integer kernels take Q8_0 with VNNI, as exact as the
+// exact kernels and faster one row at a time: packed, holding the same weights as the
+// checkpoint's blocks, which the embedding also reads. The other projections keep the exact
+// kernels, and integer activations asked for are the lm_head's too.
+TEST(WeightLoader, TheLmHeadTakesFixedPointActivationsInTheExactMode) {
+  const std::string path = default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  const Checkpoint gguf = load_checkpoint(path);
+  const ModelConfig& c = gguf.config;
+  ASSERT_TRUE(c.tie_word_embeddings);
+  const std::string name = "model.embed_tokens.weight";
+  const WeightPart embed{name, {c.vocab_size, c.hidden_size}, Shard::kRows};
+  const QuantizedMatrix& blocks = gguf.quantized.at(name);
+  ASSERT_EQ(blocks.type, QuantType::kQ8_0);
+  WeightLoader exact(gguf, Device::kCpu, {}, {});
+  const ops::LinearWeight head = exact.cpu_blocks({embed}, /*lm_head=*/true);
+  ASSERT_EQ(head.cpu_parts().size(), 1u);
+  const ops::CpuBlockPart& part = head.cpu_parts()[0];
+  if (!ops::fixed32_on_vnni(QuantType::kQ8_0)) {
+    EXPECT_TRUE(part.q8.empty()) << "without VNNI the lm_head keeps the exact kernels";
+    return;
+  }
+  ASSERT_FALSE(part.q8.empty());
+  EXPECT_EQ(part.q8_input, ops::IntActivations::kFixed32);
+  EXPECT_NE(part.format().find("32-bit fixed-point activations"), std::string::npos);
+  const std::vector<float> reference = testing::dequantized(blocks);
+  std::vector<float> row(c.hidden_size);
+  for (const int64_t r : {int64_t{0}, int64_t{1}, c.vocab_size / 2, c.vocab_size - 1}) {
+    ops::dequantize_row(part.q8, r, row.data());
+    for (int64_t k = 0; k < c.hidden_size; ++k) {
+      ASSERT_EQ(row[k], reference[r * c.hidden_size + k]) << r << ", " << k;
+    }
+  }
+  // Not the lm_head: the exact kernels.
+  EXPECT_TRUE(exact.cpu_blocks({embed}).cpu_parts()[0].q8.empty());
+  ModelOptions int8;
+  int8.cpu_int_activations = ops::IntActivations::kInt8;
+  WeightLoader q8(gguf, Device::kCpu, {}, int8);
+  EXPECT_EQ(q8.cpu_blocks({embed}, /*lm_head=*/true).cpu_parts()[0].q8_input,
+            ops::IntActivations::kInt8);
 }
 
 // A tensor-parallel share of a block matrix is cut in whole blocks: rank 1 of 2 holds the second

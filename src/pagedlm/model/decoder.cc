@@ -63,14 +63,14 @@ class DecoderModel final : public CausalLM {
     // The embedding and the lm_head are split by vocabulary rows.
     const WeightPart embed_part{"model.embed_tokens.weight", {c.vocab_size, D}, Shard::kRows};
     if (c.tie_word_embeddings) {
-      if (device == Device::kCpu) lm_head_ = load.cpu_blocks({embed_part});
+      if (device == Device::kCpu) lm_head_ = load.cpu_blocks({embed_part}, /*lm_head=*/true);
     } else {
-      lm_head_ = load.linear({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}}, false);
+      lm_head_ = load.lm_head({{"lm_head.weight", {c.vocab_size, D}, Shard::kRows}});
     }
     // On the CPU a GGUF's embedding stays in its blocks (rows dequantized as they are looked
     // up): SmolLM2's as float32 would be 113 MB, its Q8_0 blocks are 30 MB, and those of a tied
-    // lm_head are the same blocks, kept once (packed for 8-bit activations, their rows are
-    // read from the packing, the same floats).
+    // lm_head are the same blocks, kept once (packed for the integer kernels, as the lm_head's
+    // are by default, their rows are read from the packing, the same floats).
     embed_in_lm_head_ = c.tie_word_embeddings &&
                         lm_head_.format() == ops::WeightFormat::kCpuBlocks &&
                         lm_head_.cpu_parts().size() == 1;

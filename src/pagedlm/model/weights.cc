@@ -285,6 +285,14 @@ WeightLoader::WeightLoader(const Checkpoint& ckpt, Device device, TensorParallel
   fp8_ = runs_fp8(ckpt, device, options.fp8_weights);
 }
 
+ops::LinearWeight WeightLoader::lm_head(const std::vector<WeightPart>& parts) {
+  if (device_ == Device::kCpu) {
+    ops::LinearWeight blocks = cpu_blocks(parts, /*lm_head=*/true);
+    if (blocks.defined()) return blocks;
+  }
+  return linear(parts, /*may_fp8=*/false);
+}
+
 ops::LinearWeight WeightLoader::linear(const std::vector<WeightPart>& parts, bool may_fp8) {
   if (device_ == Device::kCpu) {
     ops::LinearWeight blocks = cpu_blocks(parts);
@@ -306,7 +314,7 @@ ops::LinearWeight WeightLoader::linear(const std::vector<WeightPart>& parts, boo
 // The CPU's blocks in the form its kernels take: packed for the integer kernels where the format
 // has that packing and they were asked for, or else repacked for the exact kernels (the same
 // weights, read faster).
-ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts) {
+ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts, bool lm_head) {
   std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, tp_, parts);
   if (stacked.empty()) return {};
   std::vector<ops::CpuBlockPart> cpu_parts;
@@ -317,6 +325,9 @@ ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts)
       part.q8 = ops::pack_for_q8(blocks);
       part.q8_input = *options_.cpu_int_activations;
       ++num_int_projections_;
+    } else if (lm_head && ops::fixed32_on_vnni(blocks.type)) {
+      part.q8 = ops::pack_for_q8(blocks);
+      part.q8_input = ops::IntActivations::kFixed32;
     } else {
       part.blocks = ops::repack_for_cpu(std::move(blocks));
     }

@@ -51,9 +51,17 @@ class WeightLoader {
   // first format whose method takes them (above). may_fp8: false for the projections that stay
   // in the compute dtype whatever the options (the lm_head, a router: both write f32).
   ops::LinearWeight linear(const std::vector<WeightPart>& parts, bool may_fp8 = true);
+  // The lm_head: linear() without FP8, except that on the CPU its blocks take 32-bit fixed-point
+  // activations where no other integer activations were asked for (cpu_blocks).
+  ops::LinearWeight lm_head(const std::vector<WeightPart>& parts);
   // The CPU's block form of the parts, undefined unless every part has blocks (a tied lm_head,
-  // whose embedding then reads its rows from the same blocks).
-  ops::LinearWeight cpu_blocks(const std::vector<WeightPart>& parts);
+  // whose embedding then reads its rows from the same blocks). lm_head: in the exact mode, blocks
+  // of a format the integer kernels take with VNNI (ops::fixed32_on_vnni) are packed for 32-bit
+  // fixed-point activations, which are as exact as the exact kernels (to float32 rounding) and
+  // faster one row at a time. The lm_head takes them at every step, so its arithmetic does not
+  // depend on the step (batch invariance), and a prefill, whose rows the fixed-point panels
+  // take more slowly, sends it only the rows that need logits.
+  ops::LinearWeight cpu_blocks(const std::vector<WeightPart>& parts, bool lm_head = false);
   // The part's blocks repacked for the CPU's exact kernels, empty unless it has blocks of one
   // format (an embedding kept in blocks).
   QuantizedMatrix cpu_embedding_blocks(const WeightPart& part);

@@ -62,6 +62,11 @@ struct Q8PackedMatrix {
 // integers, one float step per super-block.
 Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
 bool q8_packs(QuantType type);
+// Whether this build's default integer kernels take the format with VNNI's dot products, where
+// 32-bit fixed-point activations (IntActivations below) multiply a row faster than the exact
+// kernels, and 32 rows no slower. AVX2's maddubs kernels are slower at 32 rows and run Q8_0 and
+// the IQ4 levels in portable loops (linear_q8); the portable kernels are slower still.
+bool fixed32_on_vnni(QuantType type);
 // Row r's weights as floats (cols of them), bit for bit those of the format's reference
 // dequantization of the blocks it was packed from (a tied embedding reads its rows here).
 void dequantize_row(const Q8PackedMatrix& m, int64_t r, float* out);

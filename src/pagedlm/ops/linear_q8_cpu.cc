@@ -1485,6 +1485,12 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
 
 }  // namespace cpu
 
+bool fixed32_on_vnni(QuantType type) {
+  const cpu::Q8Kernel kernel = cpu::q8_kernels().front();
+  return q8_packs(type) &&
+         (kernel == cpu::Q8Kernel::kAvx512Vnni || kernel == cpu::Q8Kernel::kAvxVnni);
+}
+
 void linear_q8(const Tensor& x, const Q8PackedMatrix& weight, const Tensor& bias, const Tensor& out,
                int64_t out_col0, IntActivations input) {
   const char* op = input == IntActivations::kFixed32 ? "linear (32-bit fixed-point activations)"
