@@ -204,13 +204,65 @@ TEST(WeightLoader, TheLmHeadTakesFixedPointActivationsInTheExactMode) {
             ops::IntActivations::kInt8);
 }
 
+// A checkpoint of llama-gqa's config (hidden 256, intermediate 512) without tensors, for the
+// random blocks a test puts in it.
+Checkpoint gqa_blocks_checkpoint() {
+  Checkpoint ckpt;
+  ckpt.config = load_checkpoint(testing::fixture_dir("llama-gqa")).config;
+  EXPECT_EQ(ckpt.config.hidden_size, 256);
+  return ckpt;
+}
+
+// In the exact mode a Q2_K projection takes 32-bit fixed-point activations at every step where
+// the integer kernels have VNNI (WeightLoader's exact_mode_takes_fixed32), a Q4_K one the exact
+// kernels; either is the float64 product of the reference dequantization within the exact
+// kernels' bound, one row and 9 rows alike.
+TEST(WeightLoader, Q2KProjectionsTakeFixedPointActivationsInTheExactMode) {
+  Checkpoint ckpt = gqa_blocks_checkpoint();
+  ASSERT_EQ(ckpt.config.intermediate_size, 512);
+  std::mt19937 rng(9);
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  const std::string up = "model.layers.0.mlp.up_proj.weight";
+  const QuantizedMatrix q2k = testing::random_blocks(QuantType::kQ2_K, 256, 512, rng);
+  ckpt.quantized[down] = q2k;
+  ckpt.quantized[up] = testing::random_blocks(QuantType::kQ4_K, 512, 256, rng);
+  WeightLoader exact(ckpt, Device::kCpu, {}, {});
+  const ops::LinearWeight w = exact.linear({{down, {256, 512}, Shard::kCols}});
+  ASSERT_EQ(w.cpu_parts().size(), 1u);
+  EXPECT_TRUE(exact.linear({{up, {512, 256}, Shard::kRows}}).cpu_parts()[0].q8.empty());
+  if (!ops::fixed32_on_vnni(QuantType::kQ2_K)) {
+    EXPECT_TRUE(w.cpu_parts()[0].q8.empty()) << "without VNNI Q2_K keeps the exact kernels";
+  } else {
+    ASSERT_FALSE(w.cpu_parts()[0].q8.empty());
+    EXPECT_EQ(w.cpu_parts()[0].q8_input, ops::IntActivations::kFixed32);
+  }
+  const std::vector<float> weights = testing::dequantized(q2k);
+  for (const int64_t rows : {int64_t{1}, int64_t{9}}) {
+    const Tensor x = testing::random_f32({rows, 512}, rng);
+    const Tensor out = testing::poisoned_f32({rows, 256});
+    w.apply(x, Tensor(), out, nullptr, nullptr, {});
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < 256; ++j) {
+        double sum = 0, magnitude = 0;
+        for (int64_t k = 0; k < 512; ++k) {
+          const double term =
+              static_cast<double>(x.data<float>()[r * 512 + k]) * weights[j * 512 + k];
+          sum += term;
+          magnitude += std::abs(term);
+        }
+        const double bound = 64 * magnitude * std::numeric_limits<float>::epsilon();
+        ASSERT_NEAR(out.data<float>()[r * 256 + j], sum, bound)
+            << rows << " rows: " << r << ", " << j;
+      }
+    }
+  }
+}
+
 // A tensor-parallel share of a block matrix is cut in whole blocks: rank 1 of 2 holds the second
 // 256-weight Q4_K block of each row of down (512 input columns), the same weights; a share that
 // would end inside a block (4 ranks: 128 columns) is refused by the tensor's name.
 TEST(WeightLoader, SharesOfBlocksAreWholeBlocks) {
-  Checkpoint ckpt;
-  ckpt.config = load_checkpoint(testing::fixture_dir("llama-gqa")).config;
-  ASSERT_EQ(ckpt.config.hidden_size, 256);
+  Checkpoint ckpt = gqa_blocks_checkpoint();
   ASSERT_EQ(ckpt.config.intermediate_size, 512);
   std::mt19937 rng(5);
   const std::string name = "model.layers.0.mlp.down_proj.weight";

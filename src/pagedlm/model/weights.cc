@@ -253,6 +253,18 @@ bool runs_fp8(const Checkpoint& ckpt, Device device, Fp8Weights mode) {
   return false;
 }
 
+// Whether the exact mode gives a projection of this format 32-bit fixed-point activations, at
+// every step so that its arithmetic does not depend on the step (batch invariance), where the
+// build's integer kernels take the format with VNNI. Fixed point is as exact as the float32
+// kernels (to float32 rounding), decodes faster and prefills slower (docs/PERF.md), so the
+// float32 kernels keep what they decode at llama.cpp's speed or better, and fixed point takes:
+//   the lm_head, which a prefill sends only the rows that need logits;
+//   Q2_K, whose float32 kernels spend a decode step expanding 2-bit weights with a scale and a
+//   min per 16 (1.5x Q4_0's time a weight), below llama.cpp's single-stream decode.
+bool exact_mode_takes_fixed32(QuantType type, bool lm_head) {
+  return (lm_head || type == QuantType::kQ2_K) && ops::fixed32_on_vnni(type);
+}
+
 // The option that asks for these activations, for errors.
 const char* int_activations_option(ops::IntActivations input) {
   return input == ops::IntActivations::kFixed32
@@ -312,8 +324,9 @@ ops::LinearWeight WeightLoader::linear(const std::vector<WeightPart>& parts, boo
 }
 
 // The CPU's blocks in the form its kernels take: packed for the integer kernels where the format
-// has that packing and they were asked for, or else repacked for the exact kernels (the same
-// weights, read faster).
+// has that packing and they were asked for, or in the exact mode where fixed point serves it
+// (exact_mode_takes_fixed32), or else repacked for the exact kernels (the same weights, read
+// faster).
 ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts, bool lm_head) {
   std::vector<QuantizedMatrix> stacked = stacked_blocks(ckpt_, tp_, parts);
   if (stacked.empty()) return {};
@@ -325,7 +338,7 @@ ops::LinearWeight WeightLoader::cpu_blocks(const std::vector<WeightPart>& parts,
       part.q8 = ops::pack_for_q8(blocks);
       part.q8_input = *options_.cpu_int_activations;
       ++num_int_projections_;
-    } else if (lm_head && ops::fixed32_on_vnni(blocks.type)) {
+    } else if (exact_mode_takes_fixed32(blocks.type, lm_head)) {
       part.q8 = ops::pack_for_q8(blocks);
       part.q8_input = ops::IntActivations::kFixed32;
     } else {

@@ -55,12 +55,13 @@ class WeightLoader {
   // activations where no other integer activations were asked for (cpu_blocks).
   ops::LinearWeight lm_head(const std::vector<WeightPart>& parts);
   // The CPU's block form of the parts, undefined unless every part has blocks (a tied lm_head,
-  // whose embedding then reads its rows from the same blocks). lm_head: in the exact mode, blocks
-  // of a format the integer kernels take with VNNI (ops::fixed32_on_vnni) are packed for 32-bit
-  // fixed-point activations, which are as exact as the exact kernels (to float32 rounding) and
-  // faster one row at a time. The lm_head takes them at every step, so its arithmetic does not
-  // depend on the step (batch invariance), and a prefill, whose rows the fixed-point panels
-  // take more slowly, sends it only the rows that need logits.
+  // whose embedding then reads its rows from the same blocks). In the exact mode, the lm_head's
+  // blocks and Q2_K's, where the integer kernels take their format with VNNI
+  // (ops::fixed32_on_vnni), are packed for 32-bit fixed-point activations, which are as exact as
+  // the exact kernels (to float32 rounding) and faster one row at a time. They take them at every
+  // step, so their arithmetic does not depend on the step (batch invariance); a prefill, whose
+  // rows the fixed-point panels take more slowly, sends the lm_head only the rows that need
+  // logits, and Q2_K's float32 kernels decode below llama.cpp's speed (weights.cc).
   ops::LinearWeight cpu_blocks(const std::vector<WeightPart>& parts, bool lm_head = false);
   // The part's blocks repacked for the CPU's exact kernels, empty unless it has blocks of one
   // format (an embedding kept in blocks).

@@ -1180,6 +1180,53 @@ inline __m512i lane_bytes_512(const uint8_t* p, bool is_signed) {
                    : _mm512_maskz_cvtepu8_epi32(kAllLanes, v);
 }
 
+#ifdef __AVX512VBMI__
+// Q2_K with less work per row (tile_super_avx512 below): each weight byte becomes sc * u (at
+// most 15 * 3) by one byte lookup (vpermb, index sc << 2 | u), so a chunk's dpbusd adds into the
+// super-block's sum directly, with no product by the scales per row and half; and the mins' sum,
+// mn[0] * sum q[0..16) + mn[1] * sum q[16..32), is one dpwssd per row on the int16 pairs
+// returned here (sums of 16 int8s fit). The same integers as the general path, so the same bits.
+struct ScaledQ2 {
+  uint8_t v[64];
+};
+constexpr ScaledQ2 scaled_q2() {
+  ScaledQ2 t{};
+  for (int i = 0; i < 64; ++i) t.v[i] = static_cast<uint8_t>((i >> 2) * (i & 3));
+  return t;
+}
+alignas(64) constexpr ScaledQ2 kScaledQ2 = scaled_q2();
+constexpr __mmask64 kAllBytes = ~__mmask64{0};
+
+// Sub-block p's 8 chunks of sc * u into w; returns lane c's (mn[0], mn[1]) as an int16 pair.
+inline __m512i expand_q2k_scaled(const uint8_t* p, __m512i* w) {
+  constexpr SuperLayout kL = super_layout(QuantType::kQ2_K);
+  static_assert(kL.low_bits == 2 && kL.high_bits == 0 && kL.scales == 2 && kL.mins == 2 &&
+                kL.offset == 0);
+  const __m512i products = _mm512_load_si512(kScaledQ2.v);
+  // Lane c's 4 bytes all from byte c of a 16-byte row.
+  const __m512i spread =
+      _mm512_set_epi8(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11,
+                      11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5,
+                      5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  for (int h = 0; h < 2; ++h) {
+    // Half h's scales (at most 15) times 4 in every byte of their lane.
+    const __m512i row = _mm512_maskz_broadcast_i32x4(
+        kAllLanes, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + h * kGroup)));
+    const __m512i sc4 = _mm512_slli_epi16(_mm512_maskz_permutexvar_epi8(kAllBytes, spread, row), 2);
+    const __m512i v = _mm512_loadu_si512(p + sub_header_bytes(kL) + h * kChunk);
+    for (int t = 0; t < 4; ++t) {
+      // (v >> 2t) & 3 | sc4: vpermb reads the low 6 bits
+      const __m512i index =
+          _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2 * t), _mm512_set1_epi8(3), sc4, 0xEA);
+      w[4 * h + t] = _mm512_maskz_permutexvar_epi8(kAllBytes, index, products);
+    }
+  }
+  return _mm512_or_si512(
+      lane_bytes_512(p + 2 * kGroup, false),
+      _mm512_maskz_slli_epi32(kAllLanes, lane_bytes_512(p + 3 * kGroup, false), 16));
+}
+#endif
+
 template <QuantType T, int R>
 void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
@@ -1194,6 +1241,22 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
     for (int64_t sub = 0; sub < kL.sb / kQuantBlock; ++sub) {
       const uint8_t* p = blk + super_header_bytes(kL) + sub * sub_bytes(kL);
       __m512i w[8];
+#ifdef __AVX512VBMI__
+      if constexpr (T == QuantType::kQ2_K) {
+        const __m512i mins = expand_q2k_scaled(p, w);
+        for (int i = 0; i < R; ++i) {
+          const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
+          const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+          for (int j = 0; j < 8; ++j) {
+            isum[i] = _mm512_dpbusd_epi32(isum[i], w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+          }
+          const auto pair = static_cast<int32_t>((static_cast<uint32_t>(xs[0]) & 0xFFFF) |
+                                                 static_cast<uint32_t>(xs[1]) << 16);
+          msum[i] = _mm512_dpwssd_epi32(msum[i], mins, _mm512_set1_epi32(pair));
+        }
+        continue;
+      }
+#endif
       expand_super<__m512i, Ops512>(kL, p + sub_header_bytes(kL), w);
       if constexpr (kL.levels) {
         const __m512i levels = _mm512_maskz_broadcast_i32x4(
