@@ -17,7 +17,8 @@
 namespace pagedlm {
 namespace {
 
-// Random nibbles or int8s; scales and minima random normal float16s in [1/1024, 1/8).
+// Random nibbles or int8s (Q8_0's in -127..127, as ggml's quantizer writes them); scales and
+// minima random normal float16s in [1/1024, 1/8).
 QuantizedMatrix random_matrix(QuantType type, int64_t rows, int64_t cols) {
   QuantizedMatrix q;
   q.type = type;
@@ -28,7 +29,10 @@ QuantizedMatrix random_matrix(QuantType type, int64_t rows, int64_t cols) {
   std::uniform_int_distribution<int> byte(0, 255), exponent(5, 11);
   const int64_t block_bytes = quant_block_bytes(type);
   for (size_t at = 0; at < q.blocks.size(); at += block_bytes) {
-    for (int64_t i = 0; i < block_bytes; ++i) q.blocks[at + i] = static_cast<uint8_t>(byte(rng));
+    for (int64_t i = 0; i < block_bytes; ++i) {
+      q.blocks[at + i] = static_cast<uint8_t>(byte(rng));
+      if (type == QuantType::kQ8_0 && q.blocks[at + i] == 0x80) q.blocks[at + i] = 0x81;
+    }
     for (int s = 0; s < (type == QuantType::kQ4_1 ? 2 : 1); ++s) {
       // sign, a biased exponent of 5-11 (2^-10 .. 2^-4), random mantissa bits
       const auto h = static_cast<uint16_t>((byte(rng) & 1) << 15 | exponent(rng) << 10 |

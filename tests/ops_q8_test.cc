@@ -501,6 +501,52 @@ TEST(Fixed32Activations, DigitsGiveEachValueBack) {
                {"288 columns are not whole blocks of 256"});
 }
 
+// 32-bit fixed point on the AVX2 kernels without VNNI, whose maddubs wants one side unsigned:
+// Q8_0 and IQ4_NL give x's digits of -128 (two in every block here) their signs through the
+// weights, and a Q8_0 quant of -128 (which ggml's quantizer does not write) sends the matrix to
+// the portable kernel; either way the bits are the portable kernel's.
+TEST(Fixed32Activations, Avx2KernelsCarryEverySign) {
+  const std::vector<Q8Kernel> kernels = ops::cpu::q8_kernels();
+  if (std::find(kernels.begin(), kernels.end(), Q8Kernel::kAvx2) == kernels.end()) {
+    GTEST_SKIP() << "this build has no AVX2 kernel";
+  }
+  std::mt19937 rng(41);
+  const int64_t rows = 5, out_features = 40, cols = 256;
+  for (const QuantType type : {QuantType::kQ8_0, QuantType::kIQ4_NL}) {
+    for (const bool minus_128 : {false, true}) {
+      if (type != QuantType::kQ8_0 && minus_128) continue;
+      QuantizedMatrix w = random_blocks(type, out_features, cols, rng);
+      if (type == QuantType::kQ8_0) {
+        for (size_t at = 0; at < w.blocks.size(); at += 34) {  // d, then 32 int8 quants
+          for (size_t j = 2; j < 34; ++j) {
+            uint8_t& q = w.blocks[at + j];
+            if (j % 4 == 3) q |= 0x80;          // negative quants beside x's -128 digits
+            if (q == 0x80) q = 0x81;            // -128 -> -127
+            if (minus_128 && j == 5) q = 0x80;  // one -128 a block
+          }
+        }
+      }
+      const ops::Q8PackedMatrix packed = ops::pack_for_q8(w);
+      EXPECT_EQ(packed.has_q_minus_128, minus_128);
+      Tensor x = random_x(rows, cols, rng);
+      for (int64_t i = 0; i < rows * cols; i += 32) {
+        // |x| < 1 with 0.75 the largest: a unit of 2^-30, so -2^-23 is one digit of -128.
+        float* b = x.data<float>() + i;
+        for (int64_t k = 0; k < 32; ++k) b[k] = std::clamp(b[k] / 4.f, -0.7f, 0.7f);
+        b[0] = 0.75f;
+        b[7] = b[11] = -0x1p-23f;
+      }
+      Tensor want = poisoned_f32({rows, out_features}), got = poisoned_f32({rows, out_features});
+      ops::cpu::linear_q8(x.data<float>(), packed, nullptr, want.data<float>(), rows,
+                          Q8Kernel::kPortable, -1, ops::IntActivations::kFixed32);
+      ops::cpu::linear_q8(x.data<float>(), packed, nullptr, got.data<float>(), rows,
+                          Q8Kernel::kAvx2, -1, ops::IntActivations::kFixed32);
+      EXPECT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0)
+          << quant_format(type).name << (minus_128 ? " with quants of -128" : "");
+    }
+  }
+}
+
 TEST(Q8Linear, TensorEntryUsesTheFirstKernelAndChecksItsArguments) {
   std::mt19937 rng(1);
   const QuantizedMatrix q = random_blocks(QuantType::kQ4_1, 20, 64, rng);

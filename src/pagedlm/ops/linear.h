@@ -52,6 +52,9 @@ struct Q8PackedMatrix {
   QuantType type = QuantType::kQ4_1;
   int64_t rows = 0, cols = 0;  // [out_features, in_features], as the QuantizedMatrix
   std::vector<uint8_t> data;
+  // Q8_0: some quant is -128, to which AVX2's maddubs cannot give x's sign (linear_q8's fixed
+  // point then takes the portable kernel for it; ggml's quantizer writes -127..127).
+  bool has_q_minus_128 = false;
 
   bool empty() const { return rows == 0; }
 };
@@ -64,8 +67,8 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight);
 bool q8_packs(QuantType type);
 // Whether this build's default integer kernels take the format with VNNI's dot products, where
 // 32-bit fixed-point activations (IntActivations below) multiply a row faster than the exact
-// kernels, and 32 rows no slower. AVX2's maddubs kernels are slower at 32 rows and run Q8_0 and
-// the IQ4 levels in portable loops (linear_q8); the portable kernels are slower still.
+// kernels, and 32 rows no slower. AVX2's maddubs kernels are faster at one row but slower at 32
+// (Q8_0: 2.4x the f32 kernels' time); the portable kernels are slower still.
 bool fixed32_on_vnni(QuantType type);
 // Row r's weights as floats (cols of them), bit for bit those of the format's reference
 // dequantization of the blocks it was packed from (a tied embedding reads its rows here).

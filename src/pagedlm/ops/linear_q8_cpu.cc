@@ -430,6 +430,7 @@ Q8PackedMatrix pack_for_q8(const QuantizedMatrix& weight) {
             for (int64_t e = 0; e < 4; ++e) {
               dst[2 * kGroup + j * kChunk + 4 * c + e] =
                   static_cast<uint8_t>(src[2 + 4 * j + e] ^ 0x80);
+              p.has_q_minus_128 |= src[2 + 4 * j + e] == 0x80;
             }
           }
         }
@@ -756,11 +757,26 @@ inline void finish_rows_256(const Q8Activations& x, int64_t r0, int64_t b, const
   }
 }
 
+// maddubs of signed weights w (|w| in w_abs) and 4 bytes of x broadcast: pair sums of w * x.
+// maddubs wants one side unsigned: |w| and x with w's sign, or (kSignsOnW) |x| and w with x's
+// sign, for x digits of -128, whose sign cannot flip in an int8 (no w is -128 there).
+template <bool kSignsOnW>
+inline __m256i signed_products(__m256i w, __m256i w_abs, int32_t x4) {
+  const __m256i xv = _mm256_set1_epi32(x4);
+  if constexpr (kSignsOnW) {
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
+  } else {
+    return _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(xv, w));
+  }
+}
+
 // 8 features (half h of the group) at a time in 256-bit registers. kVnni: dpbusd; otherwise
-// maddubs + madd, whose int16 pair sums cannot saturate: Q4_1 products are at most 15 * 127
-// (and the block's 8 chunks sum to at most 8 * 2 * 15 * 127 < 32768 in int16); Q8_0 uses |q| and
-// x with q's sign, at most 128 * 127 per product.
-template <bool kVnni, QuantType T, int R>
+// maddubs + madd, whose int16 pair sums cannot saturate: Q4_1 products are at most 15 * 128
+// (and the block's 8 chunks sum to at most 8 * 2 * 15 * 128 < 32768 in int16); Q8_0 uses |q| and
+// x with q's sign, at most 128 * 127 per product, or with kSignsOnW (32-bit fixed point, whose
+// digits reach -128, which takes no sign flip) |x| and q with x's sign, at most 128 * 127 where
+// no q is -128 (Q8PackedMatrix::has_q_minus_128).
+template <bool kVnni, bool kSignsOnW, QuantType T, int R>
 void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr bool kQ4 = T == QuantType::kQ4_1;
   const int64_t nb = x.cols / kQuantBlock;
@@ -800,7 +816,7 @@ void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* 
             // maddubs: back to signed q (dpbusd takes the unsigned q + 128 as stored).
             if (!kVnni) {
               w[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8(static_cast<char>(0x80)));
-              w_abs[j] = _mm256_abs_epi8(w[j]);
+              w_abs[j] = kSignsOnW ? w[j] : _mm256_abs_epi8(w[j]);  // unread with kSignsOnW
             }
           }
         }
@@ -829,9 +845,9 @@ void tile_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* 
           } else {
             __m256i s = _mm256_setzero_si256();
             for (int j = 0; j < 8; ++j) {
-              const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq + 4 * j)), w[j]);
-              s = _mm256_add_epi32(s,
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[j], xv), ones16));
+              s = _mm256_add_epi32(
+                  s, _mm256_madd_epi16(
+                         signed_products<kSignsOnW>(w[j], w_abs[j], load_i32(xq + 4 * j)), ones16));
             }
             isum[i] = s;
           }
@@ -940,7 +956,7 @@ constexpr int int16_chunks(const SuperLayout& l) {
 // multiplier (1 without scales), so no int32 multiply is left per half. The offset comes off as
 // offset * sum sc * xs (one madd of the scale pairs times offset against x's sum pairs) and the
 // mins as one madd of the min pairs: the same integers as sc * (dot - offset * xs) and mn * xs.
-template <QuantType T, int R>
+template <bool kSignsOnW, QuantType T, int R>
 inline void sub_block_maddubs_256(const Q8Activations& x, int64_t r0, int64_t b, int64_t sub,
                                   const uint8_t* p, int h, __m256i* isum, __m256i* msum) {
   constexpr SuperLayout kL = super_layout(T);
@@ -953,7 +969,7 @@ inline void sub_block_maddubs_256(const Q8Activations& x, int64_t r0, int64_t b,
         _mm_load_si128(reinterpret_cast<const __m128i*>(kSignedLevels.v)));
     for (int j = 0; j < 8; ++j) {
       w[j] = _mm256_shuffle_epi8(levels, w[j]);
-      w_abs[j] = _mm256_abs_epi8(w[j]);
+      w_abs[j] = kSignsOnW ? w[j] : _mm256_abs_epi8(w[j]);  // unread with kSignsOnW
     }
   }
   const uint8_t* sc_row[2] = {p + 8 * h, p + (kL.scales == 2 ? kGroup : 0) + 8 * h};
@@ -976,10 +992,13 @@ inline void sub_block_maddubs_256(const Q8Activations& x, int64_t r0, int64_t b,
     for (int j0 = 0; j0 < 8; j0 += kChunks) {
       __m256i s16 = _mm256_setzero_si256();
       for (int j = j0; j < j0 + kChunks; ++j) {
-        const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * j));
-        s16 = _mm256_add_epi16(s16, kL.levels
-                                        ? _mm256_maddubs_epi16(w_abs[j], _mm256_sign_epi8(xv, w[j]))
-                                        : _mm256_maddubs_epi16(w[j], xv));
+        if constexpr (kL.levels) {
+          s16 = _mm256_add_epi16(s16,
+                                 signed_products<kSignsOnW>(w[j], w_abs[j], load_i32(xq + 4 * j)));
+        } else {
+          s16 = _mm256_add_epi16(
+              s16, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(load_i32(xq + 4 * j))));
+        }
       }
       isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s16, mult[j0 / 4]));
     }
@@ -1057,7 +1076,7 @@ inline void sub_block_vnni_256(const Q8Activations& x, int64_t r0, int64_t b, in
 
 #endif
 
-template <bool kVnni, QuantType T, int R>
+template <bool kVnni, bool kSignsOnW, QuantType T, int R>
 void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
   // One row (decode) takes both halves of the group in one pass, reading its weights in order
@@ -1084,7 +1103,7 @@ void tile_super_avx2(const Q8Activations& x, int64_t r0, const uint8_t* group, f
             sub_block_vnni_256<T, R>(x, r0, b, sub, p, h0 + hh, isum[hh], msum[hh]);
 #endif
           } else {
-            sub_block_maddubs_256<T, R>(x, r0, b, sub, p, h0 + hh, isum[hh], msum[hh]);
+            sub_block_maddubs_256<kSignsOnW, T, R>(x, r0, b, sub, p, h0 + hh, isum[hh], msum[hh]);
           }
         }
       }
@@ -1382,24 +1401,31 @@ constexpr KernelTable kPortableTable =
     make_table<Portable>(kMaxTileRows, std::make_integer_sequence<int, kMaxTileRows>{});
 
 #ifdef PAGEDLM_Q8_AVX2
-template <bool kVnni, QuantType T, int R>
+template <bool kVnni, bool kSignsOnW, QuantType T, int R>
 constexpr TileFn avx2_fn() {
   if constexpr (is_super(T)) {
-    return tile_super_avx2<kVnni, T, R>;
+    return tile_super_avx2<kVnni, kSignsOnW, T, R>;
   } else {
-    return tile_avx2<kVnni, T, R>;
+    return tile_avx2<kVnni, kSignsOnW, T, R>;
   }
 }
 // Four rows at most: two halves of 8 features, each its 8 weight registers and R accumulators.
 template <QuantType T, int R>
 struct Avx2 {
-  static constexpr TileFn fn = avx2_fn<false, T, R>();
+  static constexpr TileFn fn = avx2_fn<false, false, T, R>();
 };
 constexpr KernelTable kAvx2Table = make_table<Avx2>(4, std::make_integer_sequence<int, 4>{});
+// For 32-bit fixed point: Q8_0 and the IQ4 levels with x's signs on the weights (tile_avx2).
+template <QuantType T, int R>
+struct Avx2SignsOnW {
+  static constexpr TileFn fn = avx2_fn<false, true, T, R>();
+};
+constexpr KernelTable kAvx2SignsOnWTable =
+    make_table<Avx2SignsOnW>(4, std::make_integer_sequence<int, 4>{});
 #ifdef PAGEDLM_Q8_AVX_VNNI
 template <QuantType T, int R>
 struct AvxVnni {
-  static constexpr TileFn fn = avx2_fn<true, T, R>();
+  static constexpr TileFn fn = avx2_fn<true, false, T, R>();
 };
 constexpr KernelTable kAvxVnniTable = make_table<AvxVnni>(4, std::make_integer_sequence<int, 4>{});
 #endif
@@ -1420,6 +1446,15 @@ struct Avx512 {
 constexpr KernelTable kAvx512Table =
     make_table<Avx512>(kMaxTileRows, std::make_integer_sequence<int, kMaxTileRows>{});
 #endif
+
+// kAvx2's table for fixed point on Q8_0 and the IQ4 levels (linear_q8).
+const KernelTable& signs_on_w_table() {
+#ifdef PAGEDLM_Q8_AVX2
+  return kAvx2SignsOnWTable;
+#else
+  fail("linear_q8: this build has no AVX2 kernel");
+#endif
+}
 
 const KernelTable& table_of(Q8Kernel kernel) {
   switch (kernel) {
@@ -1482,13 +1517,15 @@ void linear_q8(const float* x, const Q8PackedMatrix& weight, const float* bias, 
   if (out_stride < 0) out_stride = weight.rows;
   const bool fixed32 = input == IntActivations::kFixed32;
   // The AVX2 kernels without VNNI give Q8_0's and the IQ4 levels' signs to x (maddubs takes
-  // unsigned weights), which a digit of -128 cannot carry: fixed point runs those layouts on the
-  // portable kernel (the same bits, more time; machines with VNNI are not affected).
+  // unsigned weights), which a fixed-point digit of -128 cannot carry: fixed point gives x's
+  // signs to the weights instead, or runs on the portable kernel where a Q8_0 quant is -128
+  // (the same bits either way).
   const bool signs_through_x = weight.type == QuantType::kQ8_0 ||
                                (is_super(weight.type) && super_layout(weight.type).levels);
-  const KernelTable& table = fixed32 && kernel == Q8Kernel::kAvx2 && signs_through_x
-                                 ? table_of(Q8Kernel::kPortable)
-                                 : table_of(kernel);
+  const KernelTable& table = !(fixed32 && kernel == Q8Kernel::kAvx2 && signs_through_x)
+                                 ? table_of(kernel)
+                             : weight.has_q_minus_128 ? table_of(Q8Kernel::kPortable)
+                                                      : signs_on_w_table();
   const int64_t out_features = weight.rows;
   if (rows == 0 || out_features == 0) return;
   // Once per call: every group of features reads the same quantized rows.
