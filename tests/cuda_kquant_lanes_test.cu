@@ -96,8 +96,22 @@ TEST(KquantLanes, Q6kMatchesReferenceWeights) {
   }
 }
 
-// The tensor-core tile (Q4kMmaTile, with x staged by Q4kStagedX) on an emulated warp: every
-// lane's fragments go through mma.sync m16n8k32's documented layout for .s8 (PTX ISA, "Matrix
+// A sub-block staged as four lanes of a warp do it (Q4kStagedX::stage_quarter), its two shuffles
+// (the quarters' largest |x|, then their sums) as loops over the lanes.
+void stage_by_quarters(const bf16* xs, uint32_t* sub_block) {
+  float v[4][8], amax = 0.f;
+  for (int q = 0; q < 4; ++q) {
+    amax = std::max(amax, Q4kStagedX::quarter_values(load16(xs + 8 * q), v[q]));
+  }
+  const float dx = Q4kStagedX::step(amax);
+  int sum = 0;
+  uint2 words[4];
+  for (int q = 0; q < 4; ++q) words[q] = Q4kStagedX::round_quarter(v[q], dx, sum);
+  for (int q = 0; q < 4; ++q) Q4kStagedX::put_quarter(words[q], dx, sum, sub_block, q);
+}
+
+// The tensor-core tile (Q4kMmaTile, with x staged by Q4kStagedX's quarters) on an emulated warp:
+// every lane's fragments go through mma.sync m16n8k32's documented layout for .s8 (PTX ISA, "Matrix
 // fragments for mma.m16n8k32": A's registers a0..a3 hold 4 int8 each, of row groupID (+8 for a1,
 // a3) at columns 4 threadID .. + 3 (+16 for a2, a3); B's b0, b1 of column groupID at rows
 // 4 threadID .. + 3 (+16 for b1); c0..c3 of row groupID (+8 for c2, c3) at column 2 threadID + (i
@@ -119,7 +133,7 @@ TEST(KquantLanes, Q4kMmaTileMatchesReferenceWeights) {
     for (int i = 32; i < 64 && i < k; ++i) x[i] = __float2bfloat16(0.f);  // a zero sub-block
     std::vector<uint32_t> staged(static_cast<size_t>(k / 32) * Q4kStagedX::kWords);
     for (int s = 0; s < k / 32; ++s) {
-      Q4kStagedX::stage(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
+      stage_by_quarters(x.data() + 32 * s, staged.data() + Q4kStagedX::kWords * s);
     }
     // x's 8-bit rounding, by q8_rounding.h's statement of ggml's rule.
     std::vector<testing::XBlock> rounded(k / 32);

@@ -421,6 +421,27 @@ struct Q4kStagedX {
   static constexpr int kWords = 10;
   static constexpr int kScaleWord = 8;
 
+  // A warp stages a sub-block four lanes at a time (stage_quarter), each lane a quarter (values
+  // 8 quarter .. 8 quarter + 7 as eight bf16 in `words`); the lanes meet by shuffles for the
+  // sub-block's largest |x| and sum(xq), which do not depend on their order. The pieces between
+  // the shuffles are apart so that a host test can run the four lanes in turn.
+
+  // The quarter's values as floats into v; returns their largest |x|.
+  __host__ __device__ static float quarter_values(uint4 words, float (&v)[8]) {
+    float amax = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      v[2 * w] = bf16_low(word_of(words, w));
+      v[2 * w + 1] = bf16_high(word_of(words, w));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    return amax;
+  }
+
+  // The sub-block's step from its largest |x|: dx = amax / 127.
+  __host__ __device__ static float step(float amax) { return amax / 127.f; }
+
   // Four values (at v) as int8 at `inverse` (rounded to nearest, ties to even) in one word, low
   // byte first; their sum is added to `sum`.
   __host__ __device__ static uint32_t round_four(const float* v, float inverse, int& sum) {
@@ -434,42 +455,41 @@ struct Q4kStagedX {
     return word;
   }
 
-  // Sub-block s (32 values at xs, 16-byte aligned) into staged + kWords s.
-  __host__ __device__ static void stage(const bf16* xs, uint32_t* sub_block) {
-    float v[32];
-    const float dx = load_sub_block(xs, v), inverse = dx != 0.f ? 1.f / dx : 0.f;
-    int sum = 0;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) sub_block[w] = round_four(v + 4 * w, inverse, sum);
-    sub_block[kScaleWord] = float_bits(dx);
-    sub_block[kScaleWord + 1] = float_bits(dx * static_cast<float>(sum));
+  // The quarter's values as int8 at step dx (x / dx rounded to nearest, ties to even; zeros where
+  // dx is) in two words; their sum is added to `sum`.
+  __host__ __device__ static uint2 round_quarter(const float (&v)[8], float dx, int& sum) {
+    const float inverse = dx != 0.f ? 1.f / dx : 0.f;
+    const uint32_t low = round_four(v, inverse, sum);
+    return make_uint2(low, round_four(v + 4, inverse, sum));
   }
 
-  // The same words from four consecutive lanes of a warp, a quarter of a sub-block each (values
-  // 8 quarter .. 8 quarter + 7 as eight bf16 in `words`): the lanes meet by shuffles for the
-  // sub-block's largest |x| and sum(xq), so dx, xq and dx sum(xq) are stage()'s bit for bit (a
-  // maximum and an integer sum do not depend on their order). Every lane of the warp calls it.
-  __device__ static void stage_quarter(uint4 words, uint32_t* sub_block, int quarter) {
-    float v[8], amax = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      v[2 * w] = bf16_low(word_of(words, w));
-      v[2 * w + 1] = bf16_high(word_of(words, w));
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float dx = amax / 127.f, inverse = dx != 0.f ? 1.f / dx : 0.f;
-    int sum = 0;
-    const uint32_t low = round_four(v, inverse, sum), high = round_four(v + 4, inverse, sum);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    *reinterpret_cast<uint2*>(sub_block + 2 * quarter) = make_uint2(low, high);
+  // The quarter's words, and (quarter 0) the sub-block's dx and dx sum(xq), into sub_block.
+  __host__ __device__ static void put_quarter(uint2 words, float dx, int sum, uint32_t* sub_block,
+                                              int quarter) {
+#ifdef __CUDA_ARCH__
+    *reinterpret_cast<uint2*>(sub_block + 2 * quarter) = words;
+#else
+    sub_block[2 * quarter] = words.x;
+    sub_block[2 * quarter + 1] = words.y;
+#endif
     if (quarter == 0) {
       sub_block[kScaleWord] = float_bits(dx);
       sub_block[kScaleWord + 1] = float_bits(dx * static_cast<float>(sum));
     }
+  }
+
+  // A warp's lane's quarter; every lane of the warp calls it.
+  __device__ static void stage_quarter(uint4 words, uint32_t* sub_block, int quarter) {
+    float v[8];
+    float amax = quarter_values(words, v);
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float dx = step(amax);
+    int sum = 0;
+    const uint2 quantized = round_quarter(v, dx, sum);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    put_quarter(quantized, dx, sum, sub_block, quarter);
   }
 
   // Lane (g, t)'s {b0, b1} for mmas (0, p) and (1, p) of block b: words 2p, 2p + 1 of sub-block g
