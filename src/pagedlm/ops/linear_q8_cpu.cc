@@ -900,11 +900,7 @@ inline void expand_super(const SuperLayout& l, const uint8_t* q, V* w) {
   for (int plane = 0; plane < l.high_bits; ++plane) {
     const int bit = l.low_bits + plane;
     const V h = Ops::load(q + bit * kChunk);
-    const V mask = Ops::bytes(1 << bit);
-    for (int j = 0; j < 8; ++j) {
-      const V moved = j < bit ? Ops::slli16(h, bit - j) : Ops::srli16(h, j - bit);
-      w[j] = Ops::or_(w[j], Ops::and_(moved, mask));
-    }
+    for (int j = 0; j < 8; ++j) w[j] = Ops::with_bit(w[j], h, j, bit);
   }
 }
 
@@ -917,6 +913,11 @@ struct Ops256 {
   static __m256i or_(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
   static __m256i srli16(__m256i a, int n) { return _mm256_srli_epi16(a, n); }
   static __m256i slli16(__m256i a, int n) { return _mm256_slli_epi16(a, n); }
+  // w with bit `to` of each byte set where bit `from` of h's byte is (clear in w before).
+  static __m256i with_bit(__m256i w, __m256i h, int from, int to) {
+    const __m256i moved = from < to ? slli16(h, to - from) : srli16(h, from - to);
+    return or_(w, and_(moved, bytes(1 << to)));
+  }
 };
 
 // Lanes [8h, 8h + 8) of a super-block header's d (or dmin) at p.
@@ -1186,6 +1187,12 @@ struct Ops512 {
   static __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
   static __m512i srli16(__m512i a, int n) { return _mm512_srli_epi16(a, n); }
   static __m512i slli16(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
+  // Ops256::with_bit in two operations where the shifts take three: a byte mask of h's bit
+  // `from`, and `1 << to` added where it is set (the bit is clear in w, so the sum is the or).
+  static __m512i with_bit(__m512i w, __m512i h, int from, int to) {
+    const __mmask64 set = _mm512_test_epi8_mask(h, bytes(1 << from));
+    return _mm512_mask_add_epi8(w, set, w, bytes(1 << to));
+  }
 };
 
 inline __m512 header_scales_512(const SuperLayout& l, const uint8_t* p) {
@@ -1246,6 +1253,12 @@ inline __m512i expand_q2k_scaled(const uint8_t* p, __m512i* w) {
 }
 #endif
 
+// Two int16s (sums of 16 int8s) as the halves of one int32, low first: a dpwssd operand.
+inline int32_t int16_pair(int32_t low, int32_t high) {
+  const uint32_t bits = (static_cast<uint32_t>(low) & 0xFFFF) | static_cast<uint32_t>(high) << 16;
+  return static_cast<int32_t>(bits);
+}
+
 template <QuantType T, int R>
 void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group, float* tile) {
   constexpr SuperLayout kL = super_layout(T);
@@ -1269,9 +1282,7 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
           for (int j = 0; j < 8; ++j) {
             isum[i] = _mm512_dpbusd_epi32(isum[i], w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
           }
-          const auto pair = static_cast<int32_t>((static_cast<uint32_t>(xs[0]) & 0xFFFF) |
-                                                 static_cast<uint32_t>(xs[1]) << 16);
-          msum[i] = _mm512_dpwssd_epi32(msum[i], mins, _mm512_set1_epi32(pair));
+          msum[i] = _mm512_dpwssd_epi32(msum[i], mins, _mm512_set1_epi32(int16_pair(xs[0], xs[1])));
         }
         continue;
       }
@@ -1307,15 +1318,18 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
             dot32 = _mm512_sub_epi32(dot32, _mm512_set1_epi32(kOffset * (xs[0] + xs[1])));
           }
           isum[i] = _mm512_add_epi32(isum[i], dot32);
-        } else if constexpr (kL.scales == 1 && kOffset == 0) {
-          // One scale per 32: the halves' sum times it.
-          isum[i] = _mm512_add_epi32(isum[i],
-                                     _mm512_mullo_epi32(_mm512_add_epi32(dot[0], dot[1]), sc[0]));
+        } else if constexpr (kL.scales == 1) {
+          // One scale per 32 (Q4_K, Q5_K, IQ4_XS): the halves' sum, less offset x their sum of
+          // q, times it: one product where the halves would take two.
+          __m512i dot32 = _mm512_add_epi32(dot[0], dot[1]);
+          if (kOffset != 0) {
+            dot32 = _mm512_sub_epi32(dot32, _mm512_set1_epi32(kOffset * (xs[0] + xs[1])));
+          }
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot32, sc[0]));
         } else {
           for (int r = 0; r < 2; ++r) {
             if (kOffset != 0) dot[r] = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(kOffset * xs[r]));
-            if (kL.scales > 0) dot[r] = _mm512_mullo_epi32(dot[r], sc[r]);
-            isum[i] = _mm512_add_epi32(isum[i], dot[r]);
+            isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot[r], sc[r]));
           }
         }
         if constexpr (kL.mins < 0) {
