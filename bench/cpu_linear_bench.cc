@@ -3,7 +3,8 @@
 // (1 row: counter `bytes`, the blocks streamed a second) and a prefill step (512 rows: counter
 // `flops`, 2 x rows x weights a second). `type` is the QuantType: 0 Q4_1, 1 Q8_0, 2 Q4_1 repacked
 // with f32 scales as the CPU backend loads it (24 bytes a block where Q4_1 has 20, so its `bytes`
-// counter runs 1.2x ahead of the weights it covers), 3 Q4_0 (BM_DecodeStepQ8 only).
+// counter runs 1.2x ahead of the weights it covers), 3 Q4_0 (BM_DecodeStepQ8 only); BM_ProjectionQ8
+// takes every block type the 8-bit kernels pack, by its QuantType.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -101,6 +102,29 @@ void BM_DecodeStepQ8(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One projection of SmolLM2's shape with 8-bit activations, one row, of format `type`, packed
+// by pagedlm::ops::pack_for_q8: the same matrix every iteration, so that it sits in the caches
+// and the kernel's own arithmetic is measured apart from memory. Counter `bytes`: packed bytes
+// a second.
+void BM_ProjectionQ8(benchmark::State& state) {
+  const int64_t out_features = state.range(0), in_features = state.range(1);
+  const auto type = static_cast<QuantType>(state.range(2));
+  set_num_threads(1);
+  const ops::Q8PackedMatrix w = ops::pack_for_q8(random_matrix(type, out_features, in_features));
+  std::vector<float> x(in_features), out(out_features);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (float& v : x) v = uniform(rng);
+  const ops::cpu::Q8Kernel kernel = ops::cpu::q8_kernels().front();
+  for (auto _ : state) {
+    ops::cpu::linear_q8(x.data(), w, nullptr, out.data(), 1, kernel);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(quant_format(type).name);
+  state.counters["bytes"] = benchmark::Counter(static_cast<double>(w.data.size()),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // SmolLM2's output head (49152 x 576, of format `type`) in a decode step of `rows` rows, as the
 // exact mode computes it: `fixed32` 0, the exact kernels on the blocks repacked as the CPU keeps
 // them; 1, the integer kernels on the blocks packed by pack_for_q8, with 32-bit fixed-point
@@ -171,6 +195,23 @@ BENCHMARK(BM_DecodeStepQ8)
     ->Args({1, kQ4})
     ->Args({1, kQ8})
     ->Args({1, kQ4_0})
+    ->UseRealTime();
+
+// gate/up's shape for the 32-weight formats, down's for the 256-weight K-quants (576 inputs are
+// not whole super-blocks), as llama.cpp's quantizer lays SmolLM2 out.
+BENCHMARK(BM_ProjectionQ8)
+    ->ArgNames({"out", "in", "type"})
+    ->Args({1536, 576, static_cast<int64_t>(QuantType::kQ4_0)})
+    ->Args({1536, 576, static_cast<int64_t>(QuantType::kQ5_0)})
+    ->Args({1536, 576, static_cast<int64_t>(QuantType::kQ5_1)})
+    ->Args({1536, 576, static_cast<int64_t>(QuantType::kIQ4_NL)})
+    ->Args({1536, 576, kQ8})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kQ2_K)})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kQ3_K)})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kQ4_K)})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kQ5_K)})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kQ6_K)})
+    ->Args({576, 1536, static_cast<int64_t>(QuantType::kIQ4_XS)})
     ->UseRealTime();
 
 BENCHMARK(BM_OutputHead)
