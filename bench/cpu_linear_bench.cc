@@ -44,6 +44,15 @@ QuantizedMatrix random_matrix(QuantType type, int64_t rows, int64_t cols) {
   return q;
 }
 
+// n activations uniform in [-1, 1).
+std::vector<float> random_x(int64_t n) {
+  std::vector<float> x(n);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (float& v : x) v = uniform(rng);
+  return x;
+}
+
 void BM_Linear(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   const int64_t rows = state.range(1), out_features = state.range(2), in_features = state.range(3);
@@ -54,10 +63,8 @@ void BM_Linear(benchmark::State& state) {
       type == QuantType::kQ4_1F32
           ? ops::repack_for_cpu(random_matrix(QuantType::kQ4_1, out_features, in_features))
           : random_matrix(type, out_features, in_features);
-  std::vector<float> x(rows * in_features), out(rows * out_features);
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  for (float& v : x) v = uniform(rng);
+  const std::vector<float> x = random_x(rows * in_features);
+  std::vector<float> out(rows * out_features);
   for (auto _ : state) {
     ops::cpu::linear(x.data(), w, nullptr, out.data(), rows);
     benchmark::DoNotOptimize(out.data());
@@ -89,10 +96,8 @@ void BM_DecodeStepQ8(benchmark::State& state) {
   }
   step.push_back(ops::pack_for_q8(random_matrix(type, kVocab, kHidden)));
   for (const auto& m : step) bytes += static_cast<int64_t>(m.data.size());
-  std::vector<float> x(kFfn), out(kVocab);
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  for (float& v : x) v = uniform(rng);
+  const std::vector<float> x = random_x(kFfn);
+  std::vector<float> out(kVocab);
   const ops::cpu::Q8Kernel kernel = ops::cpu::q8_kernels().front();
   for (auto _ : state) {
     for (const auto& m : step) ops::cpu::linear_q8(x.data(), m, nullptr, out.data(), 1, kernel);
@@ -111,10 +116,8 @@ void BM_ProjectionQ8(benchmark::State& state) {
   const auto type = static_cast<QuantType>(state.range(2));
   set_num_threads(1);
   const ops::Q8PackedMatrix w = ops::pack_for_q8(random_matrix(type, out_features, in_features));
-  std::vector<float> x(in_features), out(out_features);
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  for (float& v : x) v = uniform(rng);
+  const std::vector<float> x = random_x(in_features);
+  std::vector<float> out(out_features);
   const ops::cpu::Q8Kernel kernel = ops::cpu::q8_kernels().front();
   for (auto _ : state) {
     ops::cpu::linear_q8(x.data(), w, nullptr, out.data(), 1, kernel);
@@ -150,10 +153,8 @@ void BM_OutputHead(benchmark::State& state) {
       repacked.push_back(ops::repack_for_cpu(blocks));
     }
   }
-  std::vector<float> x(rows * kHidden), out(rows * kVocab);
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-  for (float& v : x) v = uniform(rng);
+  const std::vector<float> x = random_x(rows * kHidden);
+  std::vector<float> out(rows * kVocab);
   int64_t turn = 0;
   for (auto _ : state) {
     const int64_t i = turn++ % kCopies;

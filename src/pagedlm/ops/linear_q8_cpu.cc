@@ -159,6 +159,17 @@ int64_t packed_group_bytes(QuantType t, int64_t cols) {
 // The weights per quantized block of x a layout wants.
 int64_t activation_block(QuantType t) { return is_super(t) ? super_layout(t).sb : kQuantBlock; }
 
+// Row r's quantized x in sub-block `sub` of super-block b (of sb weights), and the sums of its
+// two halves' quants.
+inline const int8_t* sub_block_quants(const cpu::Q8Activations& x, int64_t r, int64_t sb, int64_t b,
+                                      int64_t sub) {
+  return x.qs.data() + r * x.cols + b * sb + sub * kQuantBlock;
+}
+inline const int32_t* sub_block_sums16(const cpu::Q8Activations& x, int64_t r, int64_t sb,
+                                       int64_t b, int64_t sub) {
+  return x.sum16.data() + (r * x.cols + b * sb) / 16 + 2 * sub;
+}
+
 // One super-block of one feature, decomposed: w_k = d * sc_k * (u_k - offset) - dmin * mn_k.
 struct SuperBlock {
   float d = 0.f, dmin = 0.f;
@@ -758,18 +769,24 @@ void tile_super_portable(const Q8Activations& x, int64_t r0, const uint8_t* grou
 #define PAGEDLM_Q8_AVX_VNNI 1
 #endif
 
-// IQ4's levels as the bytes a pshufb maps each index to: signed, or + 128 (unsigned).
-struct LevelBytes {
-  uint8_t v[16];
+// A byte lookup table (pshufb, vpermb) of N entries, entry i = entry(i), built at compile time.
+template <int N>
+struct ByteTable {
+  uint8_t v[N];
 };
-constexpr LevelBytes level_bytes(int add) {
-  LevelBytes b{};
-  for (int i = 0; i < 16; ++i) b.v[i] = static_cast<uint8_t>(kIq4NlValues[i] + add);
-  return b;
+template <int N, typename Entry>
+constexpr ByteTable<N> byte_table(Entry entry) {
+  ByteTable<N> t{};
+  for (int i = 0; i < N; ++i) t.v[i] = static_cast<uint8_t>(entry(i));
+  return t;
 }
-alignas(16) constexpr LevelBytes kSignedLevels = level_bytes(0);
+
+// IQ4's levels as the bytes a pshufb maps each index to: signed, or + 128 (unsigned).
+alignas(16) constexpr auto kSignedLevels = byte_table<16>([](int i) { return kIq4NlValues[i]; });
 #ifdef PAGEDLM_Q8_AVX_VNNI  // dpbusd's unsigned bytes: the VNNI kernels' alone
-alignas(16) constexpr LevelBytes kUnsignedLevels = level_bytes(128);
+alignas(16) constexpr auto kUnsignedLevels = byte_table<16>([](int i) {
+  return kIq4NlValues[i] + 128;
+});
 #endif
 // The offset a kernel takes off each quant's dot product: the layout's, or for IQ4 128 where its
 // bytes are the levels + 128 (dpbusd), 0 where they are the signed levels (maddubs).
@@ -1020,8 +1037,8 @@ inline void sub_block_maddubs_256(const Q8Activations& x, int64_t r0, int64_t b,
     mn = lane_pairs_256(mn_row, mn_row + (kL.mins == 2 ? kGroup : 0), false);
   }
   for (int i = 0; i < R; ++i) {
-    const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
-    const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+    const int8_t* xq = sub_block_quants(x, r0 + i, kL.sb, b, sub);
+    const int32_t* xs = sub_block_sums16(x, r0 + i, kL.sb, b, sub);
     for (int j0 = 0; j0 < 8; j0 += kChunks) {
       __m256i s16 = _mm256_setzero_si256();
       for (int j = j0; j < j0 + kChunks; ++j) {
@@ -1092,8 +1109,8 @@ inline void sub_block_vnni_256(const Q8Activations& x, int64_t r0, int64_t b, in
     }
   }
   for (int i = 0; i < R; ++i) {
-    const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
-    const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+    const int8_t* xq = sub_block_quants(x, r0 + i, kL.sb, b, sub);
+    const int32_t* xs = sub_block_sums16(x, r0 + i, kL.sb, b, sub);
     for (int r = 0; r < 2; ++r) {
       __m256i dot = half_dot_vnni_256(w, xq, 4 * r);
       if (kOffset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(kOffset * xs[r]));
@@ -1244,15 +1261,7 @@ inline __m512i lane_bytes_512(const uint8_t* p, bool is_signed) {
 // super-block's sum directly, with no product by the scales per row and half; and the mins' sum,
 // mn[0] * sum q[0..16) + mn[1] * sum q[16..32), is one dpwssd per row on the int16 pairs
 // returned here (sums of 16 int8s fit). The same integers as the general path, so the same bits.
-struct ScaledQ2 {
-  uint8_t v[64];
-};
-constexpr ScaledQ2 scaled_q2() {
-  ScaledQ2 t{};
-  for (int i = 0; i < 64; ++i) t.v[i] = static_cast<uint8_t>((i >> 2) * (i & 3));
-  return t;
-}
-alignas(64) constexpr ScaledQ2 kScaledQ2 = scaled_q2();
+alignas(64) constexpr auto kScaledQ2 = byte_table<64>([](int i) { return (i >> 2) * (i & 3); });
 constexpr __mmask64 kAllBytes = ~__mmask64{0};
 
 // Sub-block p's 8 chunks of sc * u into w; returns lane c's (mn[0], mn[1]) as an int16 pair.
@@ -1309,8 +1318,8 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
       if constexpr (T == QuantType::kQ2_K) {
         const __m512i mins = expand_q2k_scaled(p, w);
         for (int i = 0; i < R; ++i) {
-          const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
-          const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+          const int8_t* xq = sub_block_quants(x, r0 + i, kL.sb, b, sub);
+          const int32_t* xs = sub_block_sums16(x, r0 + i, kL.sb, b, sub);
           for (int j = 0; j < 8; ++j) {
             isum[i] = _mm512_dpbusd_epi32(isum[i], w[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
           }
@@ -1333,8 +1342,8 @@ void tile_super_avx512(const Q8Activations& x, int64_t r0, const uint8_t* group,
         }
       }
       for (int i = 0; i < R; ++i) {
-        const int8_t* xq = x.qs.data() + (r0 + i) * x.cols + b * kL.sb + sub * kQuantBlock;
-        const int32_t* xs = x.sum16.data() + ((r0 + i) * x.cols + b * kL.sb) / 16 + 2 * sub;
+        const int8_t* xq = sub_block_quants(x, r0 + i, kL.sb, b, sub);
+        const int32_t* xs = sub_block_sums16(x, r0 + i, kL.sb, b, sub);
         __m512i dot[2];
         for (int r = 0; r < 2; ++r) {
           dot[r] = _mm512_setzero_si512();
