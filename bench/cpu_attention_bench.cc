@@ -1,7 +1,7 @@
 // CPU paged attention alone, at SmolLM2-135M's shape (9 q heads over 3 kv heads of 64 dims,
 // pages of 16): one prompt's prefill in a single chunk at 125 to 4000 tokens, a decode step of
 // 32 sequences at 1000 tokens of context, and one sequence's decode step at 124 and 1000 (and at
-// 124 out of cache).
+// 124 out of cache), over an f32 cache and (the decode rows) over a bf16 one.
 // Counter `pairs`: (query, visible key) pairs a second, the work a causal step does whatever
 // the kernel.
 #include <benchmark/benchmark.h>
@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "pagedlm/core/dtype.h"
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/ops/paged_attention.h"
 
@@ -24,10 +25,12 @@ constexpr int32_t kPageSize = 16;
 struct Step {
   std::vector<int32_t> q_indptr{0}, kv_indptr{0}, pages, last_len;
   std::vector<float> q, k_cache, v_cache, out;
+  std::vector<uint16_t> k_bf16, v_bf16;  // the caches rounded to bf16, when the step reads them
+  bool bf16 = false;
   ops::PagedAttentionDims dims{};
   int64_t pairs = 0;
 
-  Step(int32_t num_seqs, int32_t n_new, int32_t n_ctx) {
+  Step(int32_t num_seqs, int32_t n_new, int32_t n_ctx, bool bf16_cache = false) : bf16(bf16_cache) {
     for (int32_t s = 0; s < num_seqs; ++s) {
       const int32_t n_kv = n_ctx + n_new;
       const int32_t num_pages = (n_kv + kPageSize - 1) / kPageSize;
@@ -50,12 +53,25 @@ struct Step {
     for (auto* values : {&q, &k_cache, &v_cache}) {
       for (float& x : *values) x = uniform(rng);
     }
+    if (bf16) {
+      for (float x : k_cache) k_bf16.push_back(f32_to_bf16(x));
+      for (float x : v_cache) v_bf16.push_back(f32_to_bf16(x));
+      k_cache = {};
+      v_cache = {};
+    }
   }
 
   void run() {
-    ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
-                              kv_indptr.data(), pages.data(), last_len.data(),
-                              AttentionVariant{0.125f, 0, 0.f}, out.data(), dims);
+    const AttentionVariant variant{0.125f, 0, 0.f};
+    if (bf16) {
+      ops::cpu::paged_attention(q.data(), k_bf16.data(), v_bf16.data(), q_indptr.data(),
+                                kv_indptr.data(), pages.data(), last_len.data(), variant,
+                                out.data(), dims);
+    } else {
+      ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
+                                kv_indptr.data(), pages.data(), last_len.data(), variant,
+                                out.data(), dims);
+    }
   }
 };
 
@@ -80,32 +96,33 @@ BENCHMARK(BM_Prefill)
     ->UseRealTime();
 
 void BM_Decode(benchmark::State& state) {
-  Step step(32, 1, 1000);
+  Step step(32, 1, 1000, state.range(1) != 0);
   run_step(state, step);
 }
 BENCHMARK(BM_Decode)
-    ->ArgNames({"threads"})
-    ->Arg(1)
-    ->Arg(2)
+    ->ArgNames({"threads", "bf16"})
+    ->ArgsProduct({{1, 2}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
 // One stream's decode step (one layer's attention) at a short and a longer context.
 void BM_DecodeOne(benchmark::State& state) {
-  Step step(1, 1, static_cast<int32_t>(state.range(1)));
+  Step step(1, 1, static_cast<int32_t>(state.range(1)), state.range(2) != 0);
   run_step(state, step);
 }
 BENCHMARK(BM_DecodeOne)
-    ->ArgNames({"threads", "context"})
-    ->ArgsProduct({{1}, {124, 1000}})
+    ->ArgNames({"threads", "context", "bf16"})
+    ->ArgsProduct({{1}, {124, 1000}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// The same step as a decode meets it, its keys and values out of cache: 400 sequences' caches
-// (78 MB at 124 keys), one a step in turn.
+// The same step as a decode meets it, its keys and values out of cache: 78 MB of caches at 124
+// keys (400 sequences' in f32, 800 in bf16), one sequence a step in turn.
 void BM_DecodeOneCold(benchmark::State& state) {
+  const bool bf16 = state.range(2) != 0;
   std::vector<Step> steps;
-  for (int i = 0; i < 400; ++i) steps.emplace_back(1, 1, static_cast<int32_t>(state.range(1)));
+  for (int i = 0; i < (bf16 ? 800 : 400); ++i)
+    steps.emplace_back(1, 1, static_cast<int32_t>(state.range(1)), bf16);
   set_num_threads(static_cast<int>(state.range(0)));
   size_t next = 0;
   for (auto _ : state) {
@@ -115,8 +132,8 @@ void BM_DecodeOneCold(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_DecodeOneCold)
-    ->ArgNames({"threads", "context"})
-    ->ArgsProduct({{1}, {124}})
+    ->ArgNames({"threads", "context", "bf16"})
+    ->ArgsProduct({{1}, {124}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -4,11 +4,15 @@ inputs to e4m3 as pagedlm's GPU does, scored against the fixture's float64 logit
 
     python3 scripts/fp8_w8a8_simulation.py [--quantize-weights] FIXTURE ...
     python3 scripts/fp8_w8a8_simulation.py --kv-cache-only FIXTURE ...
+    python3 scripts/fp8_w8a8_simulation.py --kv-cache-bf16 FIXTURE ...
 
 With --kv-cache-only the projections stay float64 and only the KV cache is e4m3, as
 --kv-cache-dtype fp8 stores it: each key (after rotary) and value rounded to bf16, divided by
 its layer's self_attn.k_scale / v_scale (1.0 where the checkpoint has none), rounded to e4m3 and
-multiplied back; tests/cuda_model_test.cc's FP8 KV cache bound comes from these numbers.
+multiplied back; tests/cuda_model_test.cc's FP8 KV cache bound comes from these numbers. With
+--kv-cache-bf16 only the KV cache is rounded, to bf16, as the CPU's `--kv-cache-dtype bf16`
+stores it from float32 keys and values; tests/golden_fixtures_test.cc's bound for it comes from
+these numbers.
 
 Checks the float64 forward itself first (no rounding: it must reproduce the reference to ~1e-6),
 then prints each case's relative Frobenius error with the rounding. An FP8 checkpoint's
@@ -71,11 +75,12 @@ def round_bf16(x):
 
 
 class Model:
-    def __init__(self, fixture_dir, rounding, quantize_weights, kv_e4m3=False):
+    def __init__(self, fixture_dir, rounding, quantize_weights, kv_e4m3=False, kv_bf16=False):
         with open(os.path.join(fixture_dir, "config.json")) as f:
             self.c = json.load(f)
         self.rounding = rounding
         self.kv_e4m3 = kv_e4m3
+        self.kv_bf16 = kv_bf16
         quant = self.c.get("quantization_config") or {}
         self.scale_ub = float(quant.get("activation_scale_ub", 0) or 0)
         tensors = {n: t if t.dtype == np.uint8 else t.astype(np.float64) for n, t in
@@ -160,6 +165,8 @@ class Model:
                 vs = self.kv_scales.get(p + "self_attn.v_scale", 1.0)
                 k = round_e4m3(round_bf16(k) / ks) * ks
                 v = round_e4m3(round_bf16(v) / vs) * vs
+            elif self.kv_bf16:
+                k, v = round_bf16(k), round_bf16(v)
             k = np.repeat(k, H // Hk, 1)
             v = np.repeat(v.reshape(L, Hk, d), H // Hk, 1)
             scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
@@ -184,6 +191,8 @@ def main():
                     help="round a bf16 fixture's projection weights to e4m3 per row first")
     ap.add_argument("--kv-cache-only", action="store_true",
                     help="float64 projections; round only the cached keys and values to e4m3")
+    ap.add_argument("--kv-cache-bf16", action="store_true",
+                    help="float64 projections; round only the cached keys and values to bf16")
     ap.add_argument("fixtures", nargs="+")
     args = ap.parse_args()
     for name in args.fixtures:
@@ -194,12 +203,14 @@ def main():
         if check > 1e-5:
             raise SystemExit(f"{name}: the float64 forward is {check:.1e} from the reference; "
                              "this fixture's layout is not one this script covers")
-        if args.kv_cache_only:
-            model = Model(d, False, False, kv_e4m3=True)
+        if args.kv_cache_only or args.kv_cache_bf16:
+            model = Model(d, False, False, kv_e4m3=args.kv_cache_only,
+                          kv_bf16=args.kv_cache_bf16)
         else:
             model = Model(d, True, args.quantize_weights)
         errs = [rel_err(model.forward(np.array(p)), ref) for p, ref in zip(prompts, want)]
-        what = "e4m3 KV cache" if args.kv_cache_only else "FP8"
+        what = ("e4m3 KV cache" if args.kv_cache_only else
+                "bf16 KV cache" if args.kv_cache_bf16 else "FP8")
         print(f"{name:12s} unrounded {check:.1e}; {what} cases " +
               " ".join(f"{e:.3e}" for e in errs) + f"; worst {max(errs):.3e}")
 

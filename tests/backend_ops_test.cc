@@ -1071,6 +1071,66 @@ TEST(BackendOpsCpu, WriteKvWritesMappedSlotsOnly) {
       {"write_kv", "v"});
 }
 
+// A bf16 cache (CPU, under f32 compute) stores each value rounded to the nearest bf16, ties to
+// the even one: the expected bits are written out here, not computed.
+TEST(BackendOpsCpu, WriteKvRoundsToNearestEvenBf16) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // value -> its bf16 bits
+  const std::vector<std::pair<float, uint16_t>> cases = {
+      {1.f, 0x3F80},
+      {1.f + 0x1p-8f, 0x3F80},             // halfway between 1 and 1 + 2^-7: to even (1)
+      {1.f + 0x1p-8f + 0x1p-20f, 0x3F81},  // past halfway: up
+      {1.f + 3 * 0x1p-8f, 0x3F82},         // halfway between 0x3F81 and 0x3F82: to even, up
+      {-2.5f, 0xC020},
+      {0x1.FEp127f, 0x7F7F},  // bf16's largest finite value
+      {0x1.FFp127f, 0x7F80},  // halfway past it: to even, infinity
+      {inf, 0x7F80},
+      {-inf, 0xFF80},
+      {0.f, 0x0000},
+      {-0.f, 0x8000},
+      {0x1p-133f, 0x0001},        // bf16's smallest subnormal
+      {3.f * 0x1p-135f, 0x0001},  // three quarters of it: nearer it than zero
+  };
+  const int64_t n = static_cast<int64_t>(cases.size());
+  std::vector<float> k_values, v_values;
+  for (const auto& [x, bits] : cases) {
+    k_values.push_back(x);
+    v_values.push_back(-x);
+  }
+  Tensor k_cache = Tensor::zeros(DType::kBF16, {1, 2, n, 1});
+  Tensor v_cache = Tensor::zeros(DType::kBF16, {1, 2, n, 1});
+  ops::write_kv(Tensor::from_f32(k_values, {1, n, 1}), Tensor::from_f32(v_values, {1, n, 1}),
+                Tensor::from_i32({1}, {1}), k_cache, v_cache);
+  const uint16_t* k = k_cache.data<uint16_t>();
+  const uint16_t* v = v_cache.data<uint16_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(k[i], 0) << "slot 0 untouched, " << i;
+    EXPECT_EQ(k[n + i], cases[i].second) << cases[i].first;
+    EXPECT_EQ(v[n + i], cases[i].second ^ 0x8000) << -cases[i].first;
+  }
+  // A NaN stays a NaN (all exponent bits, some significand bits).
+  Tensor nan_k = Tensor::zeros(DType::kBF16, {1, 1, 1, 1});
+  ops::write_kv(Tensor::from_f32({std::numeric_limits<float>::quiet_NaN()}, {1, 1, 1}),
+                Tensor::from_f32({0.f}, {1, 1, 1}), Tensor::from_i32({0}, {1}), nan_k,
+                Tensor::zeros(DType::kBF16, {1, 1, 1, 1}));
+  EXPECT_GT(nan_k.data<uint16_t>()[0] & 0x7FFF, 0x7F80);
+  // The two caches must agree on their dtype, and only f32 and bf16 caches are written.
+  expect_error(
+      [&] {
+        ops::write_kv(Tensor::from_f32(k_values, {1, n, 1}), Tensor::from_f32(v_values, {1, n, 1}),
+                      Tensor::from_i32({1}, {1}), k_cache,
+                      Tensor::zeros(DType::kF32, {1, 2, n, 1}));
+      },
+      {"write_kv", "v_cache"});
+  expect_error(
+      [&] {
+        ops::write_kv(Tensor::from_f32(k_values, {1, n, 1}), Tensor::from_f32(v_values, {1, n, 1}),
+                      Tensor::from_i32({1}, {1}), Tensor::zeros(DType::kF16, {1, 2, n, 1}),
+                      Tensor::zeros(DType::kF16, {1, 2, n, 1}));
+      },
+      {"write_kv", "k_cache"});
+}
+
 // ------------------------------------------------------------------------------------------
 // sample_tokens
 // ------------------------------------------------------------------------------------------
@@ -1607,6 +1667,9 @@ struct AttnCase {
   // each value / scale, and the reference attends over the stored values times the scales.
   bool e4m3 = false;
   ops::KvCacheScales kv_scales;
+  // A bf16 cache under f32 compute (CPU only): the pages hold each value rounded to bf16, and the
+  // reference attends over the rounded values.
+  bool bf16_cache = false;
   bool on_cpu = true, on_cuda = true;
   AttentionVariant variant() const {
     return {scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(d)), window, softcap};
@@ -1617,6 +1680,7 @@ struct AttnCase {
                cascade ? " cascade splits=" + std::to_string(shared_splits) : "",
                leading_decodes ? " leading decodes" : "", " window=", window, " softcap=", softcap,
                e4m3 ? cat(" e4m3 k_scale=", kv_scales.k, " v_scale=", kv_scales.v) : "",
+               bf16_cache ? " bf16 cache" : "",
                q_range != 2.f ? cat(" |q| <= ", q_range, " scale=", scale) : "");
   }
 };
@@ -1688,6 +1752,11 @@ AttnData build(const AttnCase& c, std::mt19937& rng, const Backend& b) {
         std::fill_n(d.v_cache.begin() + at, slot, std::numeric_limits<float>::quiet_NaN());
         ++d.poisoned_slots;
       }
+    }
+  }
+  if (c.bf16_cache) {
+    for (auto* values : {&d.k_cache, &d.v_cache}) {
+      for (float& x : *values) x = bf16_to_f32(f32_to_bf16(x));
     }
   }
   if (c.e4m3) {
@@ -1782,12 +1851,23 @@ PlanTensors make_plan(const AttnCase& c, const AttnData& d, const Backend& b) {
   return p;
 }
 
+// The cache tensor of a case's values: e4m3 bytes, bf16 (the values are bf16 already), or the
+// backend's compute dtype.
+Tensor cache_tensor(const AttnCase& c, const std::vector<float>& values,
+                    const std::vector<uint8_t>& e4m3, const Shape& shape, const Backend& b) {
+  if (c.e4m3) return bytes_tensor(e4m3, shape, b.device());
+  if (!c.bf16_cache) return b.tensor(values, shape);
+  Tensor t = Tensor::empty(DType::kBF16, shape);
+  for (size_t i = 0; i < values.size(); ++i) t.data<uint16_t>()[i] = f32_to_bf16(values[i]);
+  return t.to(b.device());
+}
+
 std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const Backend& b) {
   const PlanTensors p = make_plan(c, d, b);
   Tensor out = b.poisoned({d.num_tokens, c.hq, c.d});
   const Shape cache = {d.num_pages, c.page_size, c.hk, c.d};
-  const Tensor k = c.e4m3 ? bytes_tensor(d.k_e4m3, cache, b.device()) : b.tensor(d.k_cache, cache);
-  const Tensor v = c.e4m3 ? bytes_tensor(d.v_e4m3, cache, b.device()) : b.tensor(d.v_cache, cache);
+  const Tensor k = cache_tensor(c, d.k_cache, d.k_e4m3, cache, b);
+  const Tensor v = cache_tensor(c, d.v_cache, d.v_e4m3, cache, b);
   ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}), k, v, p.plan, c.variant(), out,
                        nullptr, c.kv_scales);
   return host_f32(out);
@@ -2456,13 +2536,61 @@ TEST(BackendOpsCpu, PagedAttentionE4m3CacheIsGpuOnly) {
   expect_error([&] { run_attention(c, d, b); }, {"paged_attention", "f8_e4m3", "GPU only"});
   const PlanTensors p = make_plan(c, d, b);
   const Shape cache = {d.num_pages, c.page_size, c.hk, c.d};
+  // f32 and bf16 caches only under f32 compute.
   expect_error(
       [&] {
         ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}),
-                             Tensor::zeros(DType::kBF16, cache), Tensor::zeros(DType::kBF16, cache),
+                             Tensor::zeros(DType::kF16, cache), Tensor::zeros(DType::kF16, cache),
                              p.plan, c.variant(), b.poisoned({d.num_tokens, c.hq, c.d}));
       },
-      {"paged_attention", "bf16", "f32"});
+      {"paged_attention", "f16", "f32"});
+  expect_error(
+      [&] {
+        ops::paged_attention(b.tensor(d.q, {d.num_tokens, c.hq, c.d}),
+                             Tensor::zeros(DType::kBF16, cache), Tensor::zeros(DType::kF32, cache),
+                             p.plan, c.variant(), b.poisoned({d.num_tokens, c.hq, c.d}));
+      },
+      {"paged_attention", "v_cache"});
+}
+
+// bf16 caches under f32 compute (CPU): every head size through prefill, decode and a step of
+// both, page sizes 1 and 32, windows and soft-caps, a decode batch at SmolLM2's heads; each
+// against attention in double over the stored values, and bit for bit the f32 cache's output
+// over the same values (the same arithmetic, the loads widened).
+TEST(BackendOpsCpu, PagedAttentionBf16Cache) {
+  const Backend b(Device::kCpu);
+  auto check = [&](AttnCase c, uint32_t seed) {
+    c.bf16_cache = true;
+    c.on_cuda = false;
+    expect_attention(b, c, seed);
+    std::mt19937 rng(seed);
+    const AttnData d = build(c, rng, b);
+    AttnCase f32 = c;
+    f32.bf16_cache = false;
+    EXPECT_EQ(run_attention(c, d, b), run_attention(f32, d, b)) << c.name();
+  };
+  for (int d : {64, 80, 96, 128, 256}) {
+    const int hk = d == 80 || d == 96 ? 4 : 2;
+    check(shape({1, 7, 33, 130}, {0, 40, 1000, 100}, 8, hk, d, 16), d);
+    check(decode_shape({0, 6, 32, 999, 63, 64, 1500}, 8, hk, d, 32, 0), d + 1);
+    check(shape(kVariantNew, kVariantCtx, 8, hk, d, 16), d + 2);
+  }
+  check(shape({7, 33, 1, 5}, {3, 0, 100, 1000}, 2, 1, 128, 1), 1);
+  for (int window : {5, 23, 700}) {
+    for (float cap : {0.f, 1.5f}) {
+      AttnCase prefill = shape(kVariantNew, kVariantCtx, 4, 2, 64, 16);
+      prefill.window = window;
+      prefill.softcap = cap;
+      check(prefill, 40 + window);
+      AttnCase decode = decode_shape({0, 6, 32, 999, 63, 64}, 8, 2, 64, 16, 0);
+      decode.window = window;
+      decode.softcap = cap;
+      check(decode, 50 + window);
+    }
+  }
+  std::vector<int> lengths;
+  for (int s = 0; s < 40; ++s) lengths.push_back(7 + s * 37 % 900);
+  check(decode_shape(lengths, 9, 3, 64, 16, 0), 5);
 }
 
 TEST(BackendOpsCpu, PagedAttentionRejectsInconsistentPlans) {

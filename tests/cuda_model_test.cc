@@ -41,33 +41,11 @@ constexpr double kLogitsTolerance = 2e-2;
 // Greedy tokens must match while the reference's top-2 gap is above what bf16 noise can flip.
 constexpr float kMarginThreshold = 0.1f;
 
-// Mixtures of experts are discontinuous where two experts' router probabilities are within
-// rounding of each other: a bf16 forward may pick the other expert there, and that position's
-// logits then differ by the two experts' difference, far beyond bf16 rounding. HF's own bf16
-// forward does so at 82 of qwen3-moe's 518 positions, pagedlm at 28 (H200, 2026-12-01;
+// Mixtures of experts (kFlippedPosition, golden_fixture_util.h): HF's own bf16 forward picks the
+// other expert at 82 of qwen3-moe's 518 positions, pagedlm at 28 (H200, 2026-12-01;
 // scripts/gpu_host/fixture_accuracy.py measures both). So these fixtures are held, over all
 // cases, to a median position within kLogitsTolerance and at most 1 in 10 positions beyond
 // kFlippedPosition.
-constexpr double kFlippedPosition = 5e-2;
-
-// Per-position relative errors of logits [rows, vocab] against the reference.
-std::vector<double> position_errors(const Tensor& got, const Tensor& ref) {
-  const int64_t rows = ref.dim(0), vocab = ref.dim(1);
-  std::vector<double> errors;
-  for (int64_t r = 0; r < rows; ++r) {
-    double diff = 0, norm = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double want = ref.data<float>()[r * vocab + v];
-      const double d = got.data<float>()[r * vocab + v] - want;
-      diff += d * d;
-      norm += want * want;
-    }
-    errors.push_back(std::sqrt(diff / norm));
-  }
-  return errors;
-}
-
-bool has_experts(const Checkpoint& ckpt) { return ckpt.config.moe.num_experts > 0; }
 
 // The FP8 fixtures run here dequantized to bf16, as every other fixture's weights are: their
 // W8A8 GEMMs have tests of their own below (CudaModelFp8), with the bound FP8 inputs allow.

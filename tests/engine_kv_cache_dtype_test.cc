@@ -32,11 +32,15 @@ TEST(KvCacheDtype, AutoIsTheComputeDtypeAndFp8IsE4m3OnTheGpu) {
   EXPECT_EQ(kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kFp8), DType::kBF16), DType::kF8E4M3);
 }
 
-TEST(KvCacheDtype, TheCpuRefusesFp8AndBf16) {
+TEST(KvCacheDtype, TheCpuTakesBf16AndRefusesFp8) {
+  EXPECT_EQ(kv_cache_dtype(with(Device::kCpu, KvCacheDtype::kBf16), DType::kF32), DType::kBF16);
   expect_error([] { kv_cache_dtype(with(Device::kCpu, KvCacheDtype::kFp8), DType::kF32); },
                {"--kv-cache-dtype fp8", "GPU only"});
-  expect_error([] { kv_cache_dtype(with(Device::kCpu, KvCacheDtype::kBf16), DType::kF32); },
-               {"--kv-cache-dtype bf16", "f32"});
+  // bf16 pages hold f32 values only where the CPU computes them, and never f16 ones.
+  expect_error([] { kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kBf16), DType::kF32); },
+               {"--kv-cache-dtype bf16", "CPU only"});
+  expect_error([] { kv_cache_dtype(with(Device::kCuda, KvCacheDtype::kBf16), DType::kF16); },
+               {"--kv-cache-dtype bf16", "f16"});
   // The whole engine says so before it loads anything onto a device.
   const Checkpoint checkpoint = load_checkpoint(testing::fixture_dir("llama-gqa"));
   EngineOptions o = with(Device::kCpu, KvCacheDtype::kFp8);
@@ -44,11 +48,20 @@ TEST(KvCacheDtype, TheCpuRefusesFp8AndBf16) {
   expect_error([&] { Engine engine(checkpoint, o); }, {"--kv-cache-dtype fp8", "GPU only"});
 }
 
-// The pool is sized with the element size: an e4m3 page is half a bf16 one.
+// The pool is sized with the element size: an e4m3 page is half a bf16 one, a bf16 page half an
+// f32 one, and the CPU's byte budget holds twice the bf16 pages.
 TEST(KvCacheDtype, E4m3PagesAreHalfTheBytesOfBf16) {
   const int64_t bf16 = PagedKvCache::bytes_per_page(32, 16, 8, 128, DType::kBF16);
   EXPECT_EQ(bf16, int64_t{2} * 32 * 16 * 8 * 128 * 2);
   EXPECT_EQ(PagedKvCache::bytes_per_page(32, 16, 8, 128, DType::kF8E4M3) * 2, bf16);
+  EXPECT_EQ(PagedKvCache::bytes_per_page(32, 16, 8, 128, DType::kF32), 2 * bf16);
+  const Checkpoint checkpoint = load_checkpoint(testing::fixture_dir("llama-gqa"));
+  const EngineOptions cpu = with(Device::kCpu, KvCacheDtype::kAuto);
+  const int32_t f32_pages = kv_cache_pages(cpu, checkpoint.config, {}, DType::kF32);
+  EXPECT_GT(f32_pages, 0);
+  const int32_t bf16_pages = kv_cache_pages(cpu, checkpoint.config, {}, DType::kBF16);
+  EXPECT_GE(bf16_pages, 2 * f32_pages);  // a budget's floor in pages of half the size
+  EXPECT_LE(bf16_pages, 2 * f32_pages + 1);
 }
 
 TEST(KvCacheDtype, ScalesComeFromTheCheckpointElseOne) {

@@ -16,6 +16,7 @@
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/safetensors.h"
+#include "pagedlm/model/checkpoint.h"
 #include "pagedlm/sched/request.h"
 
 namespace pagedlm::testing {
@@ -64,6 +65,32 @@ inline double relative_error(const Tensor& out, const Tensor& ref, int64_t first
   }
   return std::sqrt(diff / norm);
 }
+
+// Mixtures of experts are discontinuous where two experts' router probabilities are within
+// rounding of each other: a forward that rounds anything (bf16 weights, activations or KV cache)
+// may pick the other expert there, and that position's logits then differ by the two experts'
+// difference, far beyond the rounding. A position this far from the reference counts as such a
+// flip.
+inline constexpr double kFlippedPosition = 5e-2;
+
+// Per-position relative errors of logits [rows, vocab] against the reference.
+inline std::vector<double> position_errors(const Tensor& got, const Tensor& ref) {
+  const int64_t rows = ref.dim(0), vocab = ref.dim(1);
+  std::vector<double> errors;
+  for (int64_t r = 0; r < rows; ++r) {
+    double diff = 0, norm = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double want = ref.data<float>()[r * vocab + v];
+      const double d = got.data<float>()[r * vocab + v] - want;
+      diff += d * d;
+      norm += want * want;
+    }
+    errors.push_back(std::sqrt(diff / norm));
+  }
+  return errors;
+}
+
+inline bool has_experts(const Checkpoint& ckpt) { return ckpt.config.moe.num_experts > 0; }
 
 // Every position's logits, computed (no prefix-cache hit), no generated token.
 inline Request logits_request(const std::vector<int32_t>& prompt) {

@@ -3,8 +3,10 @@
 // engine meets, whatever the batching, chunking and page size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +138,72 @@ TEST_P(GoldenFixture, NoPrefixCacheSharesNothing) {
   }
   while (engine.has_unfinished()) engine.step();
   EXPECT_EQ(engine.stats().prefix_hit_tokens, 0);
+}
+
+// --kv-cache-dtype bf16: keys and values stored in bf16 (8 significand bits: rounding is off by up
+// to 2^-9 of a value). scripts/fp8_w8a8_simulation.py --kv-cache-bf16, a float64 forward that
+// rounds only the cached keys and values to bf16, is 2.2e-3 to 5.3e-3 from the reference on the
+// fixtures of Llama's layout (worst: llama-gqa, 5.34e-3). The bound is one bf16 step at 1.0,
+// 2^-7 (1.46 times the simulation's worst), as cuda_model_test.cc's e4m3 bound is one e4m3 step;
+// the mixtures of experts take it for their median position, with at most 1 in 10 positions
+// beyond kFlippedPosition (an expert flipped), as on the GPU.
+constexpr double kBf16KvTolerance = 1.0 / 128;
+// Greedy tokens against the reference: the f32 margin scaled by the ratio of the two bounds.
+constexpr float kBf16KvMargin = kMarginThreshold * (kBf16KvTolerance / kLogitsTolerance);
+
+// Every fixture with a bf16 KV cache on the CPU: the prompts' logits (whole, and in 16-token
+// chunks that read pages earlier steps wrote) against the float64 reference, beside the f32
+// cache's; then greedy generation (decode steps) against the reference's tokens.
+TEST_P(GoldenFixture, Bf16KvCacheLogitsAndGreedy) {
+  auto options = [](KvCacheDtype dtype, int32_t budget) {
+    EngineOptions o;
+    o.kv_cache_dtype = dtype;
+    o.max_num_batched_tokens = budget;
+    o.num_pages = 256;
+    return o;
+  };
+  auto logits = [&](const EngineOptions& o) {
+    Engine engine(checkpoint_, o);
+    std::vector<Request> requests;
+    for (const auto& p : expected_.prompts) requests.push_back(logits_request(p));
+    return engine.generate(std::move(requests));
+  };
+  const std::vector<RequestOutput> f32 = logits(options(KvCacheDtype::kAuto, 4096));
+  const std::vector<RequestOutput> whole = logits(options(KvCacheDtype::kBf16, 4096));
+  const std::vector<RequestOutput> chunked = logits(options(KvCacheDtype::kBf16, 16));
+  const bool moe = has_experts(checkpoint_);
+  std::vector<double> positions;
+  double worst = 0, worst_f32 = 0;
+  for (int i = 0; i < kNumCases; ++i) {
+    const double err = relative_error(whole[i].prompt_logits, expected_.logits[i]);
+    const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
+    worst = std::max({worst, err, chunked_err});
+    worst_f32 = std::max(worst_f32, relative_error(f32[i].prompt_logits, expected_.logits[i]));
+    if (moe) {
+      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
+        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
+        positions.insert(positions.end(), e.begin(), e.end());
+      }
+    } else {
+      EXPECT_LT(err, kBf16KvTolerance) << GetParam() << " case " << i;
+      EXPECT_LT(chunked_err, kBf16KvTolerance) << GetParam() << " case " << i << " chunked";
+    }
+  }
+  std::printf("%s: worst rel err bf16 KV %.3e, f32 KV %.3e\n", GetParam(), worst, worst_f32);
+  if (moe) {
+    const auto beyond = std::count_if(positions.begin(), positions.end(),
+                                      [](double e) { return e > kFlippedPosition; });
+    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
+    const double median = positions[positions.size() / 2];
+    std::printf("%s: bf16 KV median position error %.2e, %lld of %zu positions beyond %.2f\n",
+                GetParam(), median, static_cast<long long>(beyond), positions.size(),
+                kFlippedPosition);
+    EXPECT_LT(median, kBf16KvTolerance) << GetParam();
+    EXPECT_LE(beyond * 10, static_cast<int64_t>(positions.size())) << GetParam();
+  }
+  Engine engine(checkpoint_, options(KvCacheDtype::kBf16, 4096));
+  expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_, kBf16KvMargin,
+                          GetParam());
 }
 
 // Two CPU engines with different `threads` in one process: each thread that steps one runs with

@@ -213,8 +213,9 @@ class LLM:
     - dtype: activations and dense weights, "auto" (the device's: "float32" on the CPU,
       "bfloat16" on the GPU, the only ones their kernels take; another raises ValueError). --dtype.
     - kv_cache_dtype: the KV cache's elements, "auto" (the compute dtype: f32 on the CPU, bf16
-      on the GPU), "bf16" (GPU) or "fp8" (GPU: e4m3 with the checkpoint's per-layer
-      k_scale / v_scale, else 1.0; twice the pages of bf16). --kv-cache-dtype.
+      on the GPU), "bf16" (on the CPU half the bytes of its f32 pages, each value rounded) or
+      "fp8" (GPU: e4m3 with the checkpoint's per-layer k_scale / v_scale, else 1.0; twice the
+      pages of bf16). --kv-cache-dtype.
     - quantization: "auto" keeps an FP8 checkpoint's weights in FP8 where the GPU can, "fp8"
       quantizes every projection to FP8 at load (GPUs with FP8 tensor cores), "none" runs every
       weight in bf16; with load_format="dummy", a GGUF block format ("q8_0", "q4_k", ...) makes

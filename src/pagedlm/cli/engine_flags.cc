@@ -92,8 +92,9 @@ void add_engine_flags(CLI::App& app, EngineFlags& flags) {
       ->capture_default_str();
   app.add_option("--num-pages", o.num_pages, "KV pages (default: sized from memory)");
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
-                 "KV cache elements: auto (the compute dtype), bf16, or fp8 (GPU: e4m3 with the "
-                 "checkpoint's per-layer k_scale / v_scale, else 1.0; twice the pages of bf16)")
+                 "KV cache elements: auto (the compute dtype), bf16 (CPU: half the bytes of its "
+                 "f32 cache), or fp8 (GPU: e4m3 with the checkpoint's per-layer k_scale / "
+                 "v_scale, else 1.0; twice the pages of bf16)")
       // Its value is parsed by resolve() (before any load), whose message names the flag once.
       ->capture_default_str();
   app.add_option("--dtype", flags.dtype,

@@ -47,12 +47,14 @@ DType kv_cache_dtype(const EngineOptions& options, DType compute) {
     case KvCacheDtype::kAuto:
       return compute;
     case KvCacheDtype::kBf16:
-      PAGEDLM_CHECK(compute == DType::kBF16, "--kv-cache-dtype bf16: the model computes in ",
-                    dtype_name(compute), " on this device (the CPU's cache holds f32); use auto");
+      // The GPU's own dtype; on the CPU half the bytes of its f32 cache, which f32 compute
+      // reads widened.
+      ops::check_kv_cache_dtype(DType::kBF16, compute, options.device, "--kv-cache-dtype bf16");
       return DType::kBF16;
     case KvCacheDtype::kFp8:
       PAGEDLM_CHECK(options.device == Device::kCuda,
-                    "--kv-cache-dtype fp8 is GPU only (the CPU's attention reads f32 caches)");
+                    "--kv-cache-dtype fp8 is GPU only (the CPU's attention reads f32 and bf16 "
+                    "caches)");
       ops::check_kv_cache_dtype(DType::kF8E4M3, compute, options.device, "--kv-cache-dtype fp8");
       return DType::kF8E4M3;
   }

@@ -218,8 +218,8 @@ struct RankParts {
 };
 
 // The element type of the KV cache for a model computing in `compute` on options.device
-// (options.kv_cache_dtype); an Error says why for a combination the kernels do not run (e4m3 or
-// bf16 on the CPU).
+// (options.kv_cache_dtype); an Error says why for a combination the kernels do not run (e4m3 on
+// the CPU, bf16 under f16 compute).
 DType kv_cache_dtype(const EngineOptions& options, DType compute);
 
 // The KV cache pages a rank takes: options.num_pages when set, else what fits the share of free

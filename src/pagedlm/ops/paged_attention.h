@@ -68,8 +68,10 @@ struct KvCacheScales {
   float v = 1.f;
 };
 
-// The dtype of a KV cache whose values the ops compute in `compute`: `compute` itself, or
-// kF8E4M3 (GPU, bf16 compute). An Error names `op` and says why for any other.
+// The dtype of a KV cache whose values the ops compute in `compute`: `compute` itself, kF8E4M3
+// (GPU, bf16 compute), or kBF16 under f32 compute (CPU: half the bytes a decode step reads, each
+// value rounded to nearest even as it is written). An Error names `op` and says why for any
+// other.
 void check_kv_cache_dtype(DType cache, DType compute, Device device, std::string_view op);
 
 // qkv: [n_tokens, (n_q_heads + 2 n_kv_heads) head_dim], each row the q heads, then the k heads,
@@ -130,7 +132,13 @@ inline std::string cuda_attention_head_dims_text() {
 }
 
 namespace cpu {
+// Over an f32 cache, and over a bf16 one (its elements' bits): the same arithmetic on the
+// stored values, each tile of a bf16 cache widened to f32 first.
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     const int32_t* q_indptr, const int32_t* kv_indptr,
+                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+                     const AttentionVariant& variant, float* out, const PagedAttentionDims& dims);
+void paged_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
                      const int32_t* q_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
                      const AttentionVariant& variant, float* out, const PagedAttentionDims& dims);

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include <immintrin.h>
 #endif
 
+#include "pagedlm/core/dtype.h"
 #include "pagedlm/core/parallel.h"
 #include "pagedlm/ops/exp_cpu.h"
 #include "pagedlm/ops/op_check.h"
@@ -186,6 +188,47 @@ constexpr int64_t kHalf = 8;
 }
 #endif
 
+// A cache's elements as f32: an f32 cache's as they are, a bf16 cache's (uint16_t, the value's
+// upper 16 bits) widened in registers where they are loaded, so that both run the same
+// arithmetic on the stored values and a bf16 cache reads half the bytes.
+[[gnu::always_inline]] inline float cache_value(float x) { return x; }
+[[gnu::always_inline]] inline float cache_value(uint16_t bits) { return bf16_to_f32(bits); }
+
+#if defined(__AVX512F__)
+// 16 elements from p.
+[[gnu::always_inline]] inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+[[gnu::always_inline]] inline __m512 load16(const uint16_t* p) {
+  // The zero-masking forms with every lane kept (GCC 12 warns of the plain ones' undefined
+  // start, as in whole_tile_max).
+  constexpr __mmask16 kAll = 0xFFFF;
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, bits), 16));
+}
+#elif defined(PAGEDLM_ATTENTION_AVX2)
+// 8 elements from p.
+[[gnu::always_inline]] inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+[[gnu::always_inline]] inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+#endif
+
+// kWidth elements from p into v (out through a reference, as lane_sums below).
+template <typename Kv>
+[[gnu::always_inline]] inline void load_vec(const Kv* p, Vec& v) {
+  if constexpr (std::is_same_v<Kv, float>) {
+    std::memcpy(&v, p, sizeof(v));
+  } else {
+#if defined(__AVX512F__)
+    const __m512 w = load16(p);
+    std::memcpy(&v, &w, sizeof(v));
+#else
+    for (int64_t l = 0; l < kWidth; ++l) v[l] = cache_value(p[l]);
+#endif
+  }
+}
+
 // Every score, whichever path computes it, is summed in one order, so that a row's bits do not
 // depend on whether its chunk was scored key by key (decode) or from transposed keys (prefill),
 // and so on how a prompt was split into chunks: lane l (l < 16) adds q[i] * k[i] over dims
@@ -196,16 +239,17 @@ constexpr int64_t kHalf = 8;
 // vectors (the others always score from transposed keys). With AVX-512, the lane sums of
 // 16 keys are transposed so that their 16 in-order additions run as 16 vector additions instead
 // of a chain of scalar ones per key.
-void dot_products(const float* q, const float* const* keys, int64_t count, int64_t head_dim,
+template <typename Kv>
+void dot_products(const float* q, const Kv* const* keys, int64_t count, int64_t head_dim,
                   float scale, float* scores) {
   // Out through a reference: a 64-byte vector returned by value changes the ABI without
   // AVX-512 (GCC's -Wpsabi).
-  auto lane_sums = [&](const float* k, Vec& part) {
+  auto lane_sums = [&](const Kv* k, Vec& part) {
     part = Vec{};
     for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
       Vec qv, kv;
       std::memcpy(&qv, q + i0, sizeof(qv));
-      std::memcpy(&kv, k + i0, sizeof(kv));
+      load_vec(k + i0, kv);
       part += qv * kv;
     }
   };
@@ -216,7 +260,7 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
     // the 16 chains overlap instead of each waiting on its own additions' latency. A last group
     // of fewer keys scores its first key again in the missing places and stores only its own.
     const int64_t n = std::min(kWidth, count - j0);
-    const float* group[kWidth];
+    const Kv* group[kWidth];
     for (int64_t j = 0; j < kWidth; ++j) group[j] = keys[j0 + (j < n ? j : 0)];
     Vec sums[kWidth] = {};
     for (int64_t i0 = 0; i0 < head_dim; i0 += kWidth) {
@@ -224,7 +268,7 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
       std::memcpy(&qv, q + i0, sizeof(qv));
       for (int64_t j = 0; j < kWidth; ++j) {
         Vec kv;
-        std::memcpy(&kv, group[j] + i0, sizeof(kv));
+        load_vec(group[j] + i0, kv);
         sums[j] += qv * kv;
       }
     }
@@ -248,7 +292,7 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
       for (int64_t i0 = half; i0 < head_dim; i0 += kWidth) {
         const __m256 qv = _mm256_loadu_ps(q + i0);
         for (int64_t j = 0; j < kHalf; ++j) {
-          sums[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[j0 + j] + i0), sums[j]);
+          sums[j] = _mm256_fmadd_ps(qv, load8(keys[j0 + j] + i0), sums[j]);
         }
       }
       transpose8(sums);  // sums[l] = lane half + l of the 8 keys
@@ -268,7 +312,8 @@ void dot_products(const float* q, const float* const* keys, int64_t count, int64
 
 // keys_t[i * kKvTile + j] = dim i of key j, zeros past the tile's `count` keys (scored, never
 // used).
-void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, float* keys_t) {
+template <typename Kv>
+void transpose_tile(const Kv* const* keys, int64_t count, int64_t head_dim, float* keys_t) {
 #if defined(__AVX512F__)
   if (head_dim % kWidth == 0) {
     static_assert(kKvTile % kWidth == 0, "a tile is whole 16 x 16 blocks");
@@ -276,7 +321,7 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
       for (int64_t ib = 0; ib < head_dim; ib += kWidth) {
         __m512 m[kWidth];
         for (int64_t j = 0; j < kWidth; ++j) {
-          m[j] = jb + j < count ? _mm512_loadu_ps(keys[jb + j] + ib) : _mm512_setzero_ps();
+          m[j] = jb + j < count ? load16(keys[jb + j] + ib) : _mm512_setzero_ps();
         }
         transpose16(m);
         for (int64_t i = 0; i < kWidth; ++i)
@@ -292,7 +337,7 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
       for (int64_t ib = 0; ib < head_dim; ib += kHalf) {
         __m256 m[kHalf];
         for (int64_t j = 0; j < kHalf; ++j) {
-          m[j] = jb + j < count ? _mm256_loadu_ps(keys[jb + j] + ib) : _mm256_setzero_ps();
+          m[j] = jb + j < count ? load8(keys[jb + j] + ib) : _mm256_setzero_ps();
         }
         transpose8(m);
         for (int64_t i = 0; i < kHalf; ++i)
@@ -303,7 +348,9 @@ void transpose_tile(const float* const* keys, int64_t count, int64_t head_dim, f
   }
 #endif
   for (int64_t i = 0; i < head_dim; ++i) {
-    for (int64_t j = 0; j < kKvTile; ++j) keys_t[i * kKvTile + j] = j < count ? keys[j][i] : 0.f;
+    for (int64_t j = 0; j < kKvTile; ++j) {
+      keys_t[i * kKvTile + j] = j < count ? cache_value(keys[j][i]) : 0.f;
+    }
   }
 }
 
@@ -421,9 +468,9 @@ float whole_tile_max(float running, const float* scores) {
 
 #if defined(PAGEDLM_ATTENTION_AVX2)
 // acc[i] += p_j * v_j[i0 + i] for i < 8 C, over `count` keys in order, in C registers.
-template <int64_t C>
+template <int64_t C, typename Kv>
 [[gnu::always_inline]] inline void accumulate_values_avx2(float* acc, const float* p,
-                                                          const float* const* values, int64_t count,
+                                                          const Kv* const* values, int64_t count,
                                                           int64_t i0) {
   __m256 a[C];
 #pragma GCC unroll 16
@@ -432,7 +479,7 @@ template <int64_t C>
     const __m256 pj = _mm256_set1_ps(p[j]);
 #pragma GCC unroll 16
     for (int64_t c = 0; c < C; ++c) {
-      a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + i0 + c * kHalf), a[c]);
+      a[c] = _mm256_fmadd_ps(pj, load8(values[j] + i0 + c * kHalf), a[c]);
     }
   }
 #pragma GCC unroll 16
@@ -443,7 +490,8 @@ template <int64_t C>
 // acc[i] += p_j * v_j[i] over a tile's keys, j in order. Where the head size allows, 16 dims at a
 // time in one register across the keys: the same additions in the same order as the plain loop,
 // without a store and reload of acc per key, which bound the loop before.
-void accumulate_values(float* acc, const float* p, const float* const* values, int64_t count,
+template <typename Kv>
+void accumulate_values(float* acc, const float* p, const Kv* const* values, int64_t count,
                        int64_t head_dim) {
 #if defined(PAGEDLM_ATTENTION_AVX2)
   // GCC spills a Vec's two halves to memory between the keys: registers of 8 dims instead, 8 of
@@ -460,7 +508,7 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
   if (head_dim % kWidth != 0) {
     for (int64_t j = 0; j < count; ++j) {
 #pragma omp simd
-      for (int64_t i = 0; i < head_dim; ++i) acc[i] += p[j] * values[j][i];
+      for (int64_t i = 0; i < head_dim; ++i) acc[i] += p[j] * cache_value(values[j][i]);
     }
     return;
   }
@@ -472,7 +520,7 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t c = 0; c < kValueVecs; ++c) {
         Vec v;
-        std::memcpy(&v, values[j] + i0 + c * kWidth, sizeof(v));
+        load_vec(values[j] + i0 + c * kWidth, v);
         a[c] += p[j] * v;
       }
     }
@@ -483,7 +531,7 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
     std::memcpy(&a, acc + i0, sizeof(a));
     for (int64_t j = 0; j < count; ++j) {
       Vec v;
-      std::memcpy(&v, values[j] + i0, sizeof(v));
+      load_vec(values[j] + i0, v);
       a += p[j] * v;
     }
     std::memcpy(acc + i0, &a, sizeof(a));
@@ -492,8 +540,8 @@ void accumulate_values(float* acc, const float* p, const float* const* values, i
 
 // accumulate_values for R rows over the same `count` keys, dims [i0, i0 + V kWidth): each value
 // vector loaded serves all R rows, and a row's additions are the same, in the same order.
-template <int64_t R, int64_t V>
-void accumulate_values_rows(float* const* acc, const float* const* p, const float* const* values,
+template <int64_t R, int64_t V, typename Kv>
+void accumulate_values_rows(float* const* acc, const float* const* p, const Kv* const* values,
                             int64_t count, int64_t i0) {
 #if defined(PAGEDLM_ATTENTION_AVX2)
   static_assert(R == 1, "AVX2 holds one row's accumulators");
@@ -508,7 +556,7 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
   for (int64_t j = 0; j < count; ++j) {
     Vec v[V];
 #pragma GCC unroll 16
-    for (int64_t c = 0; c < V; ++c) std::memcpy(&v[c], values[j] + i0 + c * kWidth, sizeof(Vec));
+    for (int64_t c = 0; c < V; ++c) load_vec(values[j] + i0 + c * kWidth, v[c]);
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) {
 #pragma GCC unroll 16
@@ -573,16 +621,17 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 // this and whole-slot blocks, 26.7 us without (AVX-512 AMD EPYC, 2026-12-05).
 // Inline: out of line, GCC 12 takes a function of prefetches alone for one without side effects
 // and drops the call.
-[[gnu::always_inline]] inline void prefetch_slots(const float* k_cache, const float* v_cache,
+template <typename Kv>
+[[gnu::always_inline]] inline void prefetch_slots(const Kv* k_cache, const Kv* v_cache,
                                                   const int32_t* pages, int64_t hk, int64_t hk1,
                                                   int64_t from, int64_t to,
                                                   const PagedAttentionDims& d) {
-  constexpr int64_t kLineFloats = 64 / sizeof(float);
+  constexpr int64_t kLineElements = 64 / sizeof(Kv);
   const int64_t span = (hk1 - hk) * d.head_dim;
   for (int64_t pos = from; pos < to; ++pos) {
     const int64_t slot = pages[pos / d.page_size] * d.page_size + pos % d.page_size;
     const int64_t at = (slot * d.n_kv_heads + hk) * d.head_dim;
-    for (int64_t i = 0; i < span; i += kLineFloats) {
+    for (int64_t i = 0; i < span; i += kLineElements) {
       __builtin_prefetch(k_cache + at + i, 0, 2);
       __builtin_prefetch(v_cache + at + i, 0, 2);
     }
@@ -594,9 +643,9 @@ void accumulate_values_rows(float* const* acc, const float* const* p, const floa
 // exponentials and their sum in key order) and the values weighted by them. R rows go side by
 // side, each value vector loaded once for all of them; a row's operations are the same whatever
 // R (the single row's in its own loops, as accumulate_values_rows promises).
-template <int64_t R>
+template <int64_t R, typename Kv>
 PAGEDLM_WIDE_VECTORS void take_tile(RowScratch& s, int64_t r, int64_t j0, int64_t j1,
-                                    const float* const* values, int64_t head_dim) {
+                                    const Kv* const* values, int64_t head_dim) {
   float tile_max[R], correction[R], sum[R];
   for (int64_t i = 0; i < R; ++i) {
     const float* scores = s.score_rows[r + i];
@@ -641,8 +690,9 @@ PAGEDLM_WIDE_VECTORS void take_tile(RowScratch& s, int64_t r, int64_t j0, int64_
 // batch nor the blocking. Rows are grouped only to share loads: kScoreRows rows score a
 // transposed tile together, and up to kValueRows rows that see the same keys of a tile take its
 // softmax and values together (take_tile); the rest go one by one, through the same operations.
-PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, const float* k_cache,
-                                       const float* v_cache, const int32_t* q_indptr,
+template <typename Kv>
+PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, const Kv* k_cache,
+                                       const Kv* v_cache, const int32_t* q_indptr,
                                        const int32_t* kv_indptr, const int32_t* kv_page_indices,
                                        const int32_t* kv_last_page_len,
                                        const AttentionVariant& variant, const PagedAttentionDims& d,
@@ -673,8 +723,8 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
     first = std::min(first, s.first_key[r]);
     longest = std::max(longest, s.end_key[r]);
   }
-  const float* keys[kKvTile];
-  const float* values[kKvTile];
+  const Kv* keys[kKvTile];
+  const Kv* values[kKvTile];
   // Head sizes of part vectors always score from transposed keys: a scalar loop in the
   // key-by-key order is not contracted into fmas the way the vector loop is (GCC 12), which
   // would round a chunk's scores differently from a prefill's.
@@ -770,12 +820,11 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
   }
 }
 
-}  // namespace
-
-void paged_attention(const float* q, const float* k_cache, const float* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
+template <typename Kv>
+void attend(const float* q, const Kv* k_cache, const Kv* v_cache, const int32_t* q_indptr,
+            const int32_t* kv_indptr, const int32_t* kv_page_indices,
+            const int32_t* kv_last_page_len, const AttentionVariant& variant, float* out,
+            const PagedAttentionDims& d) {
   validate_plan(q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, d);
   const int64_t group = d.n_q_heads / d.n_kv_heads;
   // Prefill chunks a block per (32 tokens, kv head) with all of its group's q heads, so a tile
@@ -842,6 +891,24 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
   }
 }
 
+}  // namespace
+
+void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     const int32_t* q_indptr, const int32_t* kv_indptr,
+                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
+  attend(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, variant, out,
+         d);
+}
+
+void paged_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                     const int32_t* q_indptr, const int32_t* kv_indptr,
+                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
+                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
+  attend(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, variant, out,
+         d);
+}
+
 }  // namespace cpu
 
 namespace {
@@ -885,11 +952,17 @@ void check_kv_scales(const KvCacheScales& scales, DType cache, const char* op) {
 
 void check_kv_cache_dtype(DType cache, DType compute, Device device, std::string_view op) {
   if (cache == compute) return;
+  if (cache == DType::kBF16 && compute == DType::kF32) {
+    PAGEDLM_CHECK(device == Device::kCpu, op,
+                  ": a bf16 KV cache under f32 compute is CPU only (the GPU computes in bf16)");
+    return;
+  }
   PAGEDLM_CHECK(cache == DType::kF8E4M3, op, ": a KV cache of ", dtype_name(cache),
                 " cannot hold values computed in ", dtype_name(compute),
-                " (it takes the compute dtype or f8_e4m3)");
+                " (it takes the compute dtype, f8_e4m3, or bf16 under f32 on the CPU)");
   PAGEDLM_CHECK(device == Device::kCuda, op,
-                ": an f8_e4m3 KV cache is GPU only (the CPU's attention reads f32 caches)");
+                ": an f8_e4m3 KV cache is GPU only (the CPU's attention reads f32 and bf16 "
+                "caches)");
   PAGEDLM_CHECK(compute == DType::kBF16, op, ": an f8_e4m3 KV cache takes bf16 compute, not ",
                 dtype_name(compute));
 }
@@ -973,10 +1046,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   PAGEDLM_CHECK(variant.window >= 0 && variant.softcap >= 0.f, kOp, ": window ", variant.window,
                 " and softcap ", variant.softcap, " must not be negative");
   if (q.device() == Device::kCpu) {
-    cpu::paged_attention(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
-                         plan.q_indptr.data<int32_t>(), plan.kv_indptr.data<int32_t>(),
-                         plan.kv_page_indices.data<int32_t>(),
-                         plan.kv_last_page_len.data<int32_t>(), variant, out.data<float>(), dims);
+    auto run = [&](const auto* k, const auto* v) {
+      cpu::paged_attention(q.data<float>(), k, v, plan.q_indptr.data<int32_t>(),
+                           plan.kv_indptr.data<int32_t>(), plan.kv_page_indices.data<int32_t>(),
+                           plan.kv_last_page_len.data<int32_t>(), variant, out.data<float>(), dims);
+    };
+    if (cache_dt == DType::kBF16) {
+      run(k_cache.data<uint16_t>(), v_cache.data<uint16_t>());
+    } else {
+      run(k_cache.data<float>(), v_cache.data<float>());
+    }
     return;
   }
 #ifdef PAGEDLM_HAS_CUDA

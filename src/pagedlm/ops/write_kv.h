@@ -7,8 +7,9 @@
 
 namespace pagedlm::ops {
 
-// k, v: [n_tokens, n_kv_heads, head_dim], slot_mapping: [n_tokens] i32,
-// k_cache, v_cache: [num_pages, page_size, n_kv_heads, head_dim].
+// k, v: [n_tokens, n_kv_heads, head_dim] f32, slot_mapping: [n_tokens] i32,
+// k_cache, v_cache: [num_pages, page_size, n_kv_heads, head_dim], f32 or bf16 (each value
+// rounded to nearest even).
 // Token t goes to slot s = slot_mapping[t] = page * page_size + offset; s == -1 skips the token
 // (padding of a captured decode bucket). Slots outside [-1, num_pages * page_size) throw an
 // Error naming the token.
@@ -20,6 +21,9 @@ void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, cons
 namespace cpu {
 void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float* k_cache,
               float* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
+              int64_t num_slots);
+void write_kv(const float* k, const float* v, const int32_t* slot_mapping, uint16_t* k_cache,
+              uint16_t* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
               int64_t num_slots);
 }  // namespace cpu
 
