@@ -7,6 +7,9 @@
 #include <random>
 #include <unordered_map>
 
+#include "pagedlm/core/dtype.h"
+#include "pagedlm/engine/worker.h"
+
 namespace pagedlm {
 
 namespace {
@@ -70,9 +73,10 @@ struct ModelCosts {
   double kv_bytes_per_token = 0;
   double attention_flops_per_pair = 0;  // per (query, key) pair over all layers and heads
 
-  // dtype_bytes: the compute dtype's size (activations, the KV cache); weight_bytes: the step's
-  // weights as stored (Engine::step_weight_bytes).
-  ModelCosts(const ModelConfig& c, double dtype_bytes, double step_weight_bytes)
+  // kv_element_bytes: the KV cache's element size as stored (kv_cache_dtype: e4m3 pages and the
+  // CPU's bf16 pages read fewer bytes than the compute dtype); weight_bytes: the step's weights
+  // as stored (Engine::step_weight_bytes).
+  ModelCosts(const ModelConfig& c, double kv_element_bytes, double step_weight_bytes)
       : weight_bytes(step_weight_bytes) {
     const double D = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
     const double q = static_cast<double>(c.num_heads) * d,
@@ -89,7 +93,7 @@ struct ModelCosts {
       }
     }
     head_params = static_cast<double>(c.vocab_size) * D;
-    kv_bytes_per_token = 2 * layers * kv * dtype_bytes;
+    kv_bytes_per_token = 2 * layers * kv * kv_element_bytes;
     attention_flops_per_pair = 4 * layers * q;  // q.k and p.v, 2 FLOPs per multiply-add
   }
 };
@@ -181,7 +185,11 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
     for (const int64_t id : warm_ids) engine.take_output(id);
   }
 
-  const ModelCosts costs(engine.config(), engine.options().device == Device::kCuda ? 2 : 4,
+  const EngineOptions& options = engine.options();
+  const DType compute = options.compute_dtype.value_or(
+      options.device == Device::kCuda ? DType::kBF16 : DType::kF32);
+  const ModelCosts costs(engine.config(),
+                         static_cast<double>(dtype_size(kv_cache_dtype(options, compute))),
                          static_cast<double>(engine.step_weight_bytes()));
   const int64_t total_requests =
       spec.kind == "chat" ? int64_t{spec.num_requests} * spec.turns : spec.num_requests;
