@@ -85,30 +85,14 @@ TEST_P(CudaModel, LogitsMatchReferenceUnchunkedAndChunked) {
     const double err = relative_error(whole[i].prompt_logits, expected_.logits[i]);
     const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
     std::printf("%s case %d: rel err %.2e (chunked %.2e)\n", GetParam(), i, err, chunked_err);
-    if (moe) {
-      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
-        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
-        positions.insert(positions.end(), e.begin(), e.end());
-      }
-    } else {
-      EXPECT_LT(err, kLogitsTolerance) << GetParam() << " case " << i;
-      EXPECT_LT(chunked_err, kLogitsTolerance) << GetParam() << " case " << i << " chunked";
-    }
+    expect_case_logits(whole[i], err, chunked[i], chunked_err, expected_.logits[i], moe,
+                       kLogitsTolerance, positions, cat(GetParam(), " case ", i));
     // Chunking changes GEMM shapes only, so both runs agree far better than with the reference.
     EXPECT_LT(relative_error(chunked[i].prompt_logits, whole[i].prompt_logits),
               kLogitsTolerance / 2)
         << GetParam() << " case " << i << " chunked vs unchunked";
   }
-  if (moe) {
-    const auto flipped = std::count_if(positions.begin(), positions.end(),
-                                       [](double e) { return e > kFlippedPosition; });
-    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
-    const double median = positions[positions.size() / 2];
-    std::printf("%s: median position error %.2e, %lld of %zu positions beyond %.0e\n", GetParam(),
-                median, static_cast<long long>(flipped), positions.size(), kFlippedPosition);
-    EXPECT_LT(median, kLogitsTolerance) << GetParam();
-    EXPECT_LE(flipped * 10, static_cast<int64_t>(positions.size())) << GetParam();
-  }
+  if (moe) expect_moe_positions(positions, kLogitsTolerance, kFlippedPosition, GetParam());
 }
 
 // With a 16-token budget the prompts are prefilled in chunks over several steps while the
@@ -564,27 +548,13 @@ TEST_P(CudaModel, E4m3KvCacheLogitsAndGreedy) {
     worst_bf16 = std::max(worst_bf16, bf16_err);
     std::printf("%s case %d: e4m3 KV rel err %.2e (chunked %.2e), bf16 KV %.2e\n", GetParam(), i,
                 err, chunked_err, bf16_err);
-    if (moe) {
-      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
-        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
-        positions.insert(positions.end(), e.begin(), e.end());
-      }
-    } else {
-      EXPECT_LT(err, kE4m3KvTolerance) << GetParam() << " case " << i;
-      EXPECT_LT(chunked_err, kE4m3KvTolerance) << GetParam() << " case " << i << " chunked";
-    }
+    expect_case_logits(whole[i], err, chunked[i], chunked_err, expected_.logits[i], moe,
+                       kE4m3KvTolerance, positions, cat(GetParam(), " case ", i));
   }
   std::printf("%s: worst rel err e4m3 KV %.3e, bf16 KV %.3e\n", GetParam(), worst, worst_bf16);
   if (moe) {
-    const auto flipped = std::count_if(positions.begin(), positions.end(),
-                                       [](double e) { return e > 2 * kE4m3KvTolerance; });
-    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
-    const double median = positions[positions.size() / 2];
-    std::printf("%s: e4m3 KV median position error %.2e, %lld of %zu positions beyond %.2f\n",
-                GetParam(), median, static_cast<long long>(flipped), positions.size(),
-                2 * kE4m3KvTolerance);
-    EXPECT_LT(median, kE4m3KvTolerance) << GetParam();
-    EXPECT_LE(flipped * 10, static_cast<int64_t>(positions.size())) << GetParam();
+    expect_moe_positions(positions, kE4m3KvTolerance, 2 * kE4m3KvTolerance,
+                         std::string(GetParam()) + " e4m3 KV");
   }
 
   Engine engine(checkpoint_, e4m3_kv_options());

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "io_test_util.h"
+#include "pagedlm/core/error.h"
 #include "pagedlm/core/tensor.h"
 #include "pagedlm/engine/engine.h"
 #include "pagedlm/io/safetensors.h"
@@ -91,6 +94,39 @@ inline std::vector<double> position_errors(const Tensor& got, const Tensor& ref)
 }
 
 inline bool has_experts(const Checkpoint& ckpt) { return ckpt.config.moe.num_experts > 0; }
+
+// One case's prompt logits of two runs (whole prompts and chunked ones, errors err and
+// chunked_err) against the reference `ref`: each within `tolerance`, or, for a mixture of
+// experts, their per-position errors added to `positions` for expect_moe_positions.
+inline void expect_case_logits(const RequestOutput& whole, double err, const RequestOutput& chunked,
+                               double chunked_err, const Tensor& ref, bool moe, double tolerance,
+                               std::vector<double>& positions, const std::string& label) {
+  if (!moe) {
+    EXPECT_LT(err, tolerance) << label;
+    EXPECT_LT(chunked_err, tolerance) << label << " chunked";
+    return;
+  }
+  for (const RequestOutput* run : {&whole, &chunked}) {
+    const std::vector<double> e = position_errors(run->prompt_logits, ref);
+    positions.insert(positions.end(), e.begin(), e.end());
+  }
+}
+
+// A mixture of experts' per-position errors over all its cases (position_errors): the median
+// within `tolerance`, and at most 1 in 10 positions beyond `flipped` (where a rounding picked
+// another expert). Prints both, after `label`.
+inline void expect_moe_positions(std::vector<double> positions, double tolerance, double flipped,
+                                 const std::string& label) {
+  ASSERT_FALSE(positions.empty()) << label;
+  const auto beyond =
+      std::count_if(positions.begin(), positions.end(), [&](double e) { return e > flipped; });
+  std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
+  const double median = positions[positions.size() / 2];
+  std::printf("%s: median position error %.2e, %lld of %zu positions beyond %.3g\n", label.c_str(),
+              median, static_cast<long long>(beyond), positions.size(), flipped);
+  EXPECT_LT(median, tolerance) << label;
+  EXPECT_LE(beyond * 10, static_cast<int64_t>(positions.size())) << label;
+}
 
 // Every position's logits, computed (no prefix-cache hit), no generated token.
 inline Request logits_request(const std::vector<int32_t>& prompt) {

@@ -179,27 +179,13 @@ TEST_P(GoldenFixture, Bf16KvCacheLogitsAndGreedy) {
     const double chunked_err = relative_error(chunked[i].prompt_logits, expected_.logits[i]);
     worst = std::max({worst, err, chunked_err});
     worst_f32 = std::max(worst_f32, relative_error(f32[i].prompt_logits, expected_.logits[i]));
-    if (moe) {
-      for (const RequestOutput* run : {&whole[i], &chunked[i]}) {
-        const std::vector<double> e = position_errors(run->prompt_logits, expected_.logits[i]);
-        positions.insert(positions.end(), e.begin(), e.end());
-      }
-    } else {
-      EXPECT_LT(err, kBf16KvTolerance) << GetParam() << " case " << i;
-      EXPECT_LT(chunked_err, kBf16KvTolerance) << GetParam() << " case " << i << " chunked";
-    }
+    expect_case_logits(whole[i], err, chunked[i], chunked_err, expected_.logits[i], moe,
+                       kBf16KvTolerance, positions, cat(GetParam(), " case ", i));
   }
   std::printf("%s: worst rel err bf16 KV %.3e, f32 KV %.3e\n", GetParam(), worst, worst_f32);
   if (moe) {
-    const auto beyond = std::count_if(positions.begin(), positions.end(),
-                                      [](double e) { return e > kFlippedPosition; });
-    std::nth_element(positions.begin(), positions.begin() + positions.size() / 2, positions.end());
-    const double median = positions[positions.size() / 2];
-    std::printf("%s: bf16 KV median position error %.2e, %lld of %zu positions beyond %.2f\n",
-                GetParam(), median, static_cast<long long>(beyond), positions.size(),
-                kFlippedPosition);
-    EXPECT_LT(median, kBf16KvTolerance) << GetParam();
-    EXPECT_LE(beyond * 10, static_cast<int64_t>(positions.size())) << GetParam();
+    expect_moe_positions(positions, kBf16KvTolerance, kFlippedPosition,
+                         std::string(GetParam()) + " bf16 KV");
   }
   Engine engine(checkpoint_, options(KvCacheDtype::kBf16, 4096));
   expect_reference_greedy(engine.generate(greedy_requests(expected_)), expected_, kBf16KvMargin,

@@ -132,16 +132,13 @@ inline std::string cuda_attention_head_dims_text() {
 }
 
 namespace cpu {
-// Over an f32 cache, and over a bf16 one (its elements' bits): the same arithmetic on the
-// stored values, each tile of a bf16 cache widened to f32 first.
-void paged_attention(const float* q, const float* k_cache, const float* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-                     const AttentionVariant& variant, float* out, const PagedAttentionDims& dims);
-void paged_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-                     const AttentionVariant& variant, float* out, const PagedAttentionDims& dims);
+// Kv: float (an f32 cache) or uint16_t (a bf16 cache's bits), the two it is built for. Both run
+// the same arithmetic on the stored values, a bf16 cache's widened to f32 as they are loaded.
+template <typename Kv>
+void paged_attention(const float* q, const Kv* k_cache, const Kv* v_cache, const int32_t* q_indptr,
+                     const int32_t* kv_indptr, const int32_t* kv_page_indices,
+                     const int32_t* kv_last_page_len, const AttentionVariant& variant, float* out,
+                     const PagedAttentionDims& dims);
 }  // namespace cpu
 
 #ifdef PAGEDLM_HAS_CUDA

@@ -820,11 +820,13 @@ PAGEDLM_WIDE_VECTORS void attend_block(const RowBlock& blk, const float* q, cons
   }
 }
 
+}  // namespace
+
 template <typename Kv>
-void attend(const float* q, const Kv* k_cache, const Kv* v_cache, const int32_t* q_indptr,
-            const int32_t* kv_indptr, const int32_t* kv_page_indices,
-            const int32_t* kv_last_page_len, const AttentionVariant& variant, float* out,
-            const PagedAttentionDims& d) {
+void paged_attention(const float* q, const Kv* k_cache, const Kv* v_cache, const int32_t* q_indptr,
+                     const int32_t* kv_indptr, const int32_t* kv_page_indices,
+                     const int32_t* kv_last_page_len, const AttentionVariant& variant, float* out,
+                     const PagedAttentionDims& d) {
   validate_plan(q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, d);
   const int64_t group = d.n_q_heads / d.n_kv_heads;
   // Prefill chunks a block per (32 tokens, kv head) with all of its group's q heads, so a tile
@@ -891,23 +893,12 @@ void attend(const float* q, const Kv* k_cache, const Kv* v_cache, const int32_t*
   }
 }
 
-}  // namespace
-
-void paged_attention(const float* q, const float* k_cache, const float* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
-  attend(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, variant, out,
-         d);
-}
-
-void paged_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                     const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_page_indices, const int32_t* kv_last_page_len,
-                     const AttentionVariant& variant, float* out, const PagedAttentionDims& d) {
-  attend(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_indices, kv_last_page_len, variant, out,
-         d);
-}
+template void paged_attention(const float*, const float*, const float*, const int32_t*,
+                              const int32_t*, const int32_t*, const int32_t*,
+                              const AttentionVariant&, float*, const PagedAttentionDims&);
+template void paged_attention(const float*, const uint16_t*, const uint16_t*, const int32_t*,
+                              const int32_t*, const int32_t*, const int32_t*,
+                              const AttentionVariant&, float*, const PagedAttentionDims&);
 
 }  // namespace cpu
 

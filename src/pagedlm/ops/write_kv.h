@@ -19,12 +19,10 @@ void write_kv(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, cons
               const Tensor& v_cache);
 
 namespace cpu {
-void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float* k_cache,
-              float* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots);
-void write_kv(const float* k, const float* v, const int32_t* slot_mapping, uint16_t* k_cache,
-              uint16_t* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots);
+// Kv: float (an f32 cache) or uint16_t (a bf16 cache's bits), the two it is built for.
+template <typename Kv>
+void write_kv(const float* k, const float* v, const int32_t* slot_mapping, Kv* k_cache, Kv* v_cache,
+              int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim, int64_t num_slots);
 }  // namespace cpu
 
 }  // namespace pagedlm::ops

@@ -9,12 +9,9 @@ namespace pagedlm::ops {
 
 namespace cpu {
 
-namespace {
-
 template <typename Kv>
-void write_rows(const float* k, const float* v, const int32_t* slot_mapping, Kv* k_cache,
-                Kv* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-                int64_t num_slots) {
+void write_kv(const float* k, const float* v, const int32_t* slot_mapping, Kv* k_cache, Kv* v_cache,
+              int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim, int64_t num_slots) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     PAGEDLM_CHECK(slot_mapping[t] >= -1 && slot_mapping[t] < num_slots, "write_kv: slot ",
                   slot_mapping[t], " of token ", t, " is outside [-1, ", num_slots, ")");
@@ -36,19 +33,10 @@ void write_rows(const float* k, const float* v, const int32_t* slot_mapping, Kv*
   }
 }
 
-}  // namespace
-
-void write_kv(const float* k, const float* v, const int32_t* slot_mapping, float* k_cache,
-              float* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots) {
-  write_rows(k, v, slot_mapping, k_cache, v_cache, n_tokens, n_kv_heads, head_dim, num_slots);
-}
-
-void write_kv(const float* k, const float* v, const int32_t* slot_mapping, uint16_t* k_cache,
-              uint16_t* v_cache, int64_t n_tokens, int64_t n_kv_heads, int64_t head_dim,
-              int64_t num_slots) {
-  write_rows(k, v, slot_mapping, k_cache, v_cache, n_tokens, n_kv_heads, head_dim, num_slots);
-}
+template void write_kv(const float*, const float*, const int32_t*, float*, float*, int64_t, int64_t,
+                       int64_t, int64_t);
+template void write_kv(const float*, const float*, const int32_t*, uint16_t*, uint16_t*, int64_t,
+                       int64_t, int64_t, int64_t);
 
 }  // namespace cpu
 
