@@ -186,8 +186,8 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   }
 
   const EngineOptions& options = engine.options();
-  const DType compute = options.compute_dtype.value_or(
-      options.device == Device::kCuda ? DType::kBF16 : DType::kF32);
+  const DType compute =
+      options.compute_dtype.value_or(options.device == Device::kCuda ? DType::kBF16 : DType::kF32);
   const ModelCosts costs(engine.config(),
                          static_cast<double>(dtype_size(kv_cache_dtype(options, compute))),
                          static_cast<double>(engine.step_weight_bytes()));
