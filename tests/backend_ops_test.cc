@@ -2526,8 +2526,8 @@ TEST_P(BackendOps, CopyKvSlotsMovesE4m3Pages) {
   }
 }
 
-// The CPU's attention reads f32 caches: an e4m3 one is refused by name, as is a cache of
-// another dtype than q's, and e4m3 scales that are not positive (GPU).
+// The CPU's attention reads f32 and bf16 caches: an e4m3 one is refused by name, as is a cache
+// of another dtype (f16) or caches of two dtypes, and e4m3 scales that are not positive (GPU).
 TEST(BackendOpsCpu, PagedAttentionE4m3CacheIsGpuOnly) {
   const Backend b(Device::kCpu);
   AttnCase c = with_e4m3(shape({3}, {5}, 4, 2, 64, 16));

@@ -64,13 +64,19 @@ def test_async_scheduling_on_the_cpu_gives_the_outputs_of_synchronous_steps(llm)
 
 
 def test_kv_cache_dtype_is_refused_as_the_cli_refuses_it(binary):
-    # The CPU's cache holds f32: fp8 and bf16 are refused by the engine, with its message.
+    # The CPU's cache holds f32 or bf16: fp8 is refused by the engine, with its message.
     with pytest.raises(ValueError, match=re.escape(
-            "--kv-cache-dtype fp8 is GPU only (the CPU's attention reads f32 caches)")):
+            "--kv-cache-dtype fp8 is GPU only (the CPU's attention reads f32 and bf16 caches)")):
         engine(kv_cache_dtype="fp8")
-    with pytest.raises(ValueError, match=re.escape(
-            "--kv-cache-dtype bf16: the model computes in f32 on this device")):
-        engine(kv_cache_dtype="bf16")
+    # bf16 reaches the engine: twice the pages in the same bytes, and it generates.
+    auto, bf16 = engine(kv_cache_dtype="auto"), engine(kv_cache_dtype="bf16")
+    try:
+        pages = auto.cache_info()["pages_total"]
+        assert bf16.cache_info()["pages_total"] in (2 * pages, 2 * pages + 1)
+        assert bf16.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
+    finally:
+        auto.close()
+        bf16.close()
     # An unknown name: the message `pagedlm --kv-cache-dtype fp16` gives.
     refused_as_the_cli_refuses(binary, "--kv-cache-dtype fp16: not auto, bf16 or fp8",
                                "--kv-cache-dtype", "fp16")
