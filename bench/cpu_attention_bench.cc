@@ -62,15 +62,15 @@ struct Step {
   }
 
   void run() {
-    const AttentionVariant variant{0.125f, 0, 0.f};
+    auto attend = [&](const auto* k, const auto* v) {
+      ops::cpu::paged_attention(q.data(), k, v, q_indptr.data(), kv_indptr.data(), pages.data(),
+                                last_len.data(), AttentionVariant{0.125f, 0, 0.f}, out.data(),
+                                dims);
+    };
     if (bf16) {
-      ops::cpu::paged_attention(q.data(), k_bf16.data(), v_bf16.data(), q_indptr.data(),
-                                kv_indptr.data(), pages.data(), last_len.data(), variant,
-                                out.data(), dims);
+      attend(k_bf16.data(), v_bf16.data());
     } else {
-      ops::cpu::paged_attention(q.data(), k_cache.data(), v_cache.data(), q_indptr.data(),
-                                kv_indptr.data(), pages.data(), last_len.data(), variant,
-                                out.data(), dims);
+      attend(k_cache.data(), v_cache.data());
     }
   }
 };

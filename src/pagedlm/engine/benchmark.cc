@@ -9,6 +9,7 @@
 
 #include "pagedlm/core/dtype.h"
 #include "pagedlm/engine/worker.h"
+#include "pagedlm/model/model.h"
 
 namespace pagedlm {
 
@@ -186,8 +187,7 @@ BenchmarkResult run_benchmark(Engine& engine, const WorkloadSpec& spec,
   }
 
   const EngineOptions& options = engine.options();
-  const DType compute =
-      options.compute_dtype.value_or(options.device == Device::kCuda ? DType::kBF16 : DType::kF32);
+  const DType compute = checked_compute_dtype(options.model_options(), options.device);
   const ModelCosts costs(engine.config(),
                          static_cast<double>(dtype_size(kv_cache_dtype(options, compute))),
                          static_cast<double>(engine.step_weight_bytes()));
