@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -530,34 +531,55 @@ void size_activations(const char* op, int64_t rows, int64_t cols, int64_t block,
 // from 0 gives it, but 16 or 8 lanes at a time (the chain alone took 40% of quantize_q8's
 // time): the maximum of a set of non-negative floats does not depend on the order, and maxps
 // returns its second operand, the running maximum, where x is a NaN, as std::max(m, NaN) does.
-float block_amax(const float* x, int64_t n) {
+// And whether every value is finite (|x| <= FLT_MAX, which a NaN and an infinity fail).
+struct BlockMagnitude {
+  float amax;
+  bool finite;
+};
+
+BlockMagnitude block_magnitude(const float* x, int64_t n) {
+  constexpr float kLargest = std::numeric_limits<float>::max();
 #if defined(__AVX512F__)
-  // The zero-masked form with every lane kept: GCC 12 warns (maybe-uninitialized) in the plain.
+  // The zero-masked forms with every lane kept: GCC 12 warns (maybe-uninitialized) in the plain.
   constexpr __mmask16 kAll = 0xFFFF;
   __m512 m = _mm512_setzero_ps();
+  __mmask16 beyond = 0;  // lanes that met a NaN or an infinity
   for (int64_t j = 0; j < n; j += 16) {
-    m = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(_mm512_loadu_ps(x + j)), m);
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + j));
+    beyond |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(kLargest), _CMP_NLE_UQ);
+    m = _mm512_maskz_max_ps(kAll, a, m);
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, m);
+  bool finite = beyond == 0;
 #elif defined(__AVX2__)
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m256 m = _mm256_setzero_ps();
+  __m256 m = _mm256_setzero_ps(), beyond = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; j += 8) {
-    m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), magnitude), m);
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + j), magnitude);
+    beyond = _mm256_or_ps(beyond, _mm256_cmp_ps(a, _mm256_set1_ps(kLargest), _CMP_NLE_UQ));
+    m = _mm256_max_ps(a, m);
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m);
+  bool finite = _mm256_movemask_ps(beyond) == 0;
 #endif
+  // The lanes' maxima (magnitudes already) folded, or without vectors the block itself.
 #if defined(__AVX512F__) || defined(__AVX2__)
-  float amax = 0.f;
-  for (const float lane : lanes) amax = std::max(amax, lane);
-  return amax;
+  const float* values = lanes;
+  const int64_t count = std::size(lanes);
 #else
-  float amax = 0.f;
-  for (int64_t j = 0; j < n; ++j) amax = std::max(amax, std::abs(x[j]));
-  return amax;
+  const float* values = x;
+  const int64_t count = n;
+  bool finite = true;
 #endif
+  float amax = 0.f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float a = std::abs(values[j]);
+    finite &= a <= kLargest;
+    amax = std::max(amax, a);
+  }
+  return {amax, finite};
 }
 }  // namespace
 
@@ -568,7 +590,7 @@ void quantize_q8(const float* x, int64_t rows, int64_t cols, Q8Activations& out,
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * cols + b * block;
-      const float d = block_amax(xb, block) / 127.f;
+      const float d = block_magnitude(xb, block).amax / 127.f;
       const float id = d != 0.f ? 1.f / d : 0.f;
       int8_t* q = out.qs.data() + r * cols + b * block;
       int32_t sum = 0;
@@ -606,13 +628,7 @@ void quantize_fixed32(const float* x, int64_t rows, int64_t cols, Q8Activations&
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * cols + b * block;
-      float amax = 0.f;
-      bool finite = true;
-      for (int64_t j = 0; j < block; ++j) {
-        const float a = std::abs(xb[j]);
-        finite &= a <= std::numeric_limits<float>::max();
-        amax = std::max(amax, a);
-      }
+      const auto [amax, finite] = block_magnitude(xb, block);
       const int e = finite && amax > 0.f ? std::ilogb(amax) : kMinExponent - 1;
       const bool zero = e < kMinExponent;  // or not finite: digits 0, and the scales say which
       // x * 2^(29 - e) is exact (a power of two, in range) and below 2^30 in magnitude, so it
