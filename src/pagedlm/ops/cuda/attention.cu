@@ -114,7 +114,7 @@ cudaError_t launch(const AttnKernel& kernel, const AttnParams& params, const KvC
   PAGEDLM_CUDA_TRY(prepare(kernel, fn, device, &blocks_per_sm));
   AttnParams p = params;
   void* args[] = {&p};
-  return cudaLaunchKernel(fn, grid, dim3(kThreads), args, kernel.smem, stream);
+  return detail::launch_overlapped(fn, grid, dim3(kThreads), args, kernel.smem, stream);
 }
 
 // The grid of a per-sequence launch: row tiles of the longest sequence times splits.
@@ -306,8 +306,8 @@ cudaError_t launch_paged_attention_decode(
   int merge_slots = slots;
   void* args[] = {&ws_o,       &ws_lse,      &q_indptr,    &num_seqs,
                   &num_tokens, &num_q_heads, &merge_slots, &merged};
-  return cudaLaunchKernel(kernels_of(head_dim).merge, dim3(blocks), dim3(kThreads), args, 0,
-                          stream);
+  return detail::launch_overlapped(kernels_of(head_dim).merge, dim3(blocks), dim3(kThreads), args,
+                                   0, stream);
 }
 
 int shared_prefix_members_per_item(int num_q_heads, int num_kv_heads) {

@@ -62,6 +62,7 @@ using detail::mma_16816_f16;
 using detail::pack_bf16;
 using detail::pack_f16;
 using detail::smem_addr;
+using detail::wait_for_inputs;
 
 constexpr int kThreads = 128;
 constexpr int kMinSplitKeys = 256;  // no decode split shorter than this
@@ -1132,6 +1133,7 @@ template <int D, int WM, int WN, int STAGES, int BKV, Pass kPass, bool kWindow, 
           typename KvT, bool kKeyRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<D, kPass>)
     paged_attention_kernel(AttnParams p) {
+  wait_for_inputs();
   constexpr int kRows = 16 * WM;
   if constexpr (kPass == Pass::kShared) {
     attend_units<D, WM, WN, STAGES, BKV, true, true, kWindow, kSoftcap, KvT, false>(
@@ -1156,6 +1158,7 @@ __global__ void __launch_bounds__(kThreads)
     merge_splits_kernel(const float* ws_o, const float* ws_lse, const int32_t* q_indptr,
                         int num_seqs, int num_tokens, int num_q_heads, int num_splits,
                         __nv_bfloat16* out) {
+  wait_for_inputs();
   const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= num_tokens * num_q_heads) return;

@@ -27,6 +27,8 @@ namespace pagedlm::ops::cuda {
 namespace {
 
 using ::pagedlm::cuda::detail::ceil_div;
+using ::pagedlm::cuda::detail::launch_overlapped;
+using ::pagedlm::cuda::detail::wait_for_inputs;
 using ::pagedlm::cuda::detail::warp_sum;
 
 constexpr int kWarpsPerBlock = 4;  // output features per thread block of the matrix-vector kernel
@@ -141,6 +143,7 @@ template <QuantType kType, int kRows>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     block_matvec_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                         bool out_f32, int out_features, int in_features, int64_t out_stride) {
+  wait_for_inputs();
   const int n = blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.y);
   if (n >= out_features) return;  // a whole warp: no block-wide synchronization follows
   constexpr int kBytes = static_cast<int>(quant_block_bytes(kType));
@@ -175,6 +178,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     super_block_matvec_kernel(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                               bool out_f32, int out_features, int in_features, int64_t out_stride,
                               int block_bytes) {
+  wait_for_inputs();
   const int n = blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.y);
   if (n >= out_features) return;  // a whole warp: no block-wide synchronization follows
   const int num_blocks = in_features / 256;
@@ -254,10 +258,10 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
   auto load_x = [&](int b) { return load16(x + 256 * b + 8 * lane); };
   Q4kMmaTile tiles[2];
   uint4 x_next = make_uint4(0, 0, 0, 0);
-  if (warp < num_blocks) {
-    tiles[0] = load(warp);
-    x_next = load_x(warp);
-  }
+  // The weights are constant: a warp's first block loads while the kernel before this one ends.
+  if (warp < num_blocks) tiles[0] = load(warp);
+  wait_for_inputs();
+  if (warp < num_blocks) x_next = load_x(warp);
   float acc[2] = {0.f, 0.f};
   int buffer = 0;
   // Rounds block b's x (loaded with its weights) into the warp's next buffer, then multiplies
@@ -311,13 +315,14 @@ __global__ void __launch_bounds__(32 * kQ4kWarps, kQ4kBlocksPerSm)
 
 void launch_q4k_matvec_mma(const bf16* x, const uint8_t* blocks, const bf16* bias, void* out,
                            bool out_f32, int out_features, int in_features, cudaStream_t stream) {
-  q4k_matvec_mma_kernel<<<ceil_div(out_features, 16), dim3(32, kQ4kWarps), 0, stream>>>(
-      x, blocks, bias, out, out_f32, out_features, in_features);
+  launch_overlapped(q4k_matvec_mma_kernel, ceil_div(out_features, 16), dim3(32, kQ4kWarps), 0,
+                    stream, x, blocks, bias, out, out_f32, out_features, in_features);
 }
 
 // Rows of x in two 8-bit planes per 32 values, StagedRowsX's layout, [rows][in_features / 32]
 // sub-blocks of StagedRowsX::kWords words: one thread a sub-block.
 __global__ void stage_rows_kernel(const bf16* x, uint32_t* staged, int64_t sub_blocks) {
+  wait_for_inputs();
   const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (s < sub_blocks) StagedRowsX::stage(x + 32 * s, staged + StagedRowsX::kWords * s);
 }
@@ -424,6 +429,7 @@ template <typename Tile, int kBlockBytes, int kTiles>
 __global__ void __launch_bounds__(32 * kQ4kWarps)
     rows_mma_kernel(const uint32_t* staged, const uint8_t* blocks, const bf16* bias, void* out,
                     bool out_f32, int rows, int out_features, int in_features, int64_t out_stride) {
+  wait_for_inputs();
   __shared__ float partial[kQ4kWarps][16][8 * kTiles];
   const int lane = static_cast<int>(threadIdx.x), warp = static_cast<int>(threadIdx.y);
   const int g = lane >> 2, t = lane & 3;
@@ -476,8 +482,9 @@ void launch_rows_mma(const uint32_t* staged, const uint8_t* blocks, const bf16* 
   static_assert(kStagedRowsMaxRows <= 16, "the larger kernel takes two groups of eight rows");
   const dim3 grid(ceil_div(out_features, 16)), threads(32, kQ4kWarps);
   auto launch = [&](auto tiles) {
-    rows_mma_kernel<Tile, kBlockBytes, decltype(tiles)::value><<<grid, threads, 0, stream>>>(
-        staged, blocks, bias, out, out_f32, rows, out_features, in_features, out_stride);
+    launch_overlapped(rows_mma_kernel<Tile, kBlockBytes, decltype(tiles)::value>, grid, threads, 0,
+                      stream, staged, blocks, bias, out, out_f32, rows, out_features, in_features,
+                      out_stride);
   };
   if (rows <= 8) {
     launch(std::integral_constant<int, 1>{});
@@ -489,6 +496,7 @@ void launch_rows_mma(const uint32_t* staged, const uint8_t* blocks, const bf16* 
 // One thread per unit of 8 weights, one 16-byte store.
 template <QuantType kType>
 __global__ void dequantize_blocks_kernel(const uint8_t* blocks, bf16* dense, int64_t units) {
+  wait_for_inputs();
   constexpr int kBytes = static_cast<int>(quant_block_bytes(kType));
   constexpr int kUnits = static_cast<int>(quant_block_elems(kType)) / 8;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < units;
@@ -530,15 +538,16 @@ cudaError_t launch_matvec_rows(const void* x, const void* blocks, const void* bi
   // Q6_K's lanes at every row count: on the H200 (8B shape, one to eight decoding sequences) 1.8x
   // the generic kernel at one row, 1.2x at four and eight.
   if constexpr (kType == QuantType::kQ6_K) {
-    super_block_matvec_kernel<Q6kLane, kRows><<<grid, threads, 0, stream>>>(
-        static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
-        static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride,
-        static_cast<int>(quant_block_bytes(kType)));
+    launch_overlapped(super_block_matvec_kernel<Q6kLane, kRows>, grid, threads, 0, stream,
+                      static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+                      static_cast<const bf16*>(bias), out, out_f32, out_features, in_features,
+                      out_stride, static_cast<int>(quant_block_bytes(kType)));
     return cudaGetLastError();
   }
-  block_matvec_kernel<kType, kRows><<<grid, threads, 0, stream>>>(
-      static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
-      static_cast<const bf16*>(bias), out, out_f32, out_features, in_features, out_stride);
+  launch_overlapped(block_matvec_kernel<kType, kRows>, grid, threads, 0, stream,
+                    static_cast<const bf16*>(x), static_cast<const uint8_t*>(blocks),
+                    static_cast<const bf16*>(bias), out, out_f32, out_features, in_features,
+                    out_stride);
   return cudaGetLastError();
 }
 
@@ -555,8 +564,8 @@ template <QuantType kType>
 cudaError_t launch_dequantize(const void* blocks, void* dense, int64_t units, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const unsigned grid = std::min<unsigned>(ceil_div(units, kThreads), 65535u * 16);
-  dequantize_blocks_kernel<kType><<<grid, kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(blocks), static_cast<bf16*>(dense), units);
+  launch_overlapped(dequantize_blocks_kernel<kType>, grid, kThreads, 0, stream,
+                    static_cast<const uint8_t*>(blocks), static_cast<bf16*>(dense), units);
   return cudaGetLastError();
 }
 
@@ -593,9 +602,9 @@ void stage_rows(const void* x, void* staged, int64_t rows, int64_t in_features, 
   const int64_t sub_blocks = rows * (in_features / 32);
   if (sub_blocks == 0) return;
   constexpr int kThreads = 128;
-  stage_rows_kernel<<<ceil_div(sub_blocks, kThreads), kThreads, 0,
-                      static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), static_cast<uint32_t*>(staged), sub_blocks);
+  launch_overlapped(stage_rows_kernel, ceil_div(sub_blocks, kThreads), kThreads, 0,
+                    static_cast<cudaStream_t>(stream), static_cast<const bf16*>(x),
+                    static_cast<uint32_t*>(staged), sub_blocks);
   ::pagedlm::cuda::check(cudaGetLastError(), "stage_rows");
 }
 

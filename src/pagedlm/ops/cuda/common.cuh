@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "pagedlm/ops/cuda/kernels.h"
 
 namespace pagedlm::cuda::detail {
 
@@ -14,6 +17,55 @@ namespace pagedlm::cuda::detail {
     cudaError_t err_ = (expr);            \
     if (err_ != cudaSuccess) return err_; \
   } while (0)
+
+// Programmatic dependent launch (sm_90 on). A decode step is hundreds of short kernels, each of
+// which would otherwise start only after the one before it has drained and the next launch has
+// ramped up. A kernel launched by launch_overlapped() may be scheduled while the kernel before it
+// in the stream is still running; it calls wait_for_inputs() before it touches any global memory
+// that an earlier kernel writes or reads (only constant data, such as weights, may be read
+// before). The wait returns once the earlier kernels have completed with their writes visible,
+// and then lets the next kernel in the stream be scheduled in turn. Before sm_90 it compiles to
+// nothing, and the launches are plain ones (overlapped_launches()).
+__device__ __forceinline__ void wait_for_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The launch configuration of launch_overlapped(): `overlap` is the attribute it points to.
+inline cudaLaunchConfig_t overlapped_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                            cudaLaunchAttribute* overlap) {
+  overlap->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap->val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = overlap;
+  config.numAttrs = overlapped_launches() ? 1 : 0;
+  return config;
+}
+
+// What `kernel<<<grid, block, smem, stream>>>(args...)` does, with the launch allowed to overlap
+// the kernel before it where overlapped_launches() says so. Every kernel launched so calls
+// wait_for_inputs() first. Returns the launch error (also left for cudaGetLastError).
+template <typename... Params, typename... Args>
+cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                              cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute overlap{};
+  const cudaLaunchConfig_t config = overlapped_config(grid, block, smem, stream, &overlap);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same for a kernel known by its address, with its arguments as cudaLaunchKernel takes them.
+inline cudaError_t launch_overlapped(const void* kernel, dim3 grid, dim3 block, void** args,
+                                     size_t smem, cudaStream_t stream) {
+  cudaLaunchAttribute overlap{};
+  const cudaLaunchConfig_t config = overlapped_config(grid, block, smem, stream, &overlap);
+  return cudaLaunchKernelExC(&config, kernel, args);
+}
 
 __host__ __device__ inline unsigned ceil_div(int64_t a, int64_t b) {
   return static_cast<unsigned>((a + b - 1) / b);

@@ -88,6 +88,15 @@ cudaError_t current_device_limits(const DeviceLimits** limits) {
 
 const char* smem_cap_error() { return cap_error().c_str(); }
 
+bool overlapped_launches() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("PAGEDLM_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  const DeviceLimits* limits = nullptr;
+  return allowed && current_device_limits(&limits) == cudaSuccess && limits->cc_major >= 9;
+}
+
 cudaError_t allow_dynamic_smem(const void* fn, size_t bytes) {
   struct Allowed {
     int device;

@@ -15,6 +15,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
+using detail::launch_overlapped;
+using detail::wait_for_inputs;
 
 using detail::to_e4m3;
 
@@ -34,6 +36,7 @@ template <bool kVec8, int kChunks>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const bf16* x, __nv_fp8_storage_t* q, float* scales, int cols,
                              float static_scale, float scale_ub, float min_scale) {
+  wait_for_inputs();
   static_assert(kVec8 || kChunks == 0, "registers hold aligned chunks of 8");
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
@@ -83,6 +86,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
 template <bool kVec8>
 __global__ void fp8_scale_epilogue_kernel(bf16* y, const float* x_scales, const float* w_scales,
                                           const bf16* bias, int m, int n) {
+  wait_for_inputs();
   const int col = (blockIdx.x * blockDim.x + threadIdx.x) * (kVec8 ? 8 : 1);
   if (col >= n) return;
   float ws[kVec8 ? 8 : 1], b[kVec8 ? 8 : 1];
@@ -135,9 +139,9 @@ cudaError_t launch_quantize_fp8_rows(const void* x, void* q, float* scales, int 
                       : chunks <= 8  ? quantize_fp8_rows_kernel<true, 8>
                       : chunks <= 16 ? quantize_fp8_rows_kernel<true, 16>
                                      : quantize_fp8_rows_kernel<true, 0>;
-  kernel<<<rows, kQuantizeThreads, 0, stream>>>(static_cast<const bf16*>(x),
-                                                static_cast<__nv_fp8_storage_t*>(q), scales, cols,
-                                                static_scale, scale_ub, min_scale);
+  launch_overlapped(kernel, rows, kQuantizeThreads, 0, stream, static_cast<const bf16*>(x),
+                    static_cast<__nv_fp8_storage_t*>(q), scales, cols, static_scale, scale_ub,
+                    min_scale);
   return cudaGetLastError();
 }
 
@@ -151,8 +155,8 @@ cudaError_t launch_fp8_scale_epilogue(void* y, const float* x_scales, const floa
                     reinterpret_cast<uintptr_t>(bias) % 16 == 0;
   const dim3 grid(ceil_div(ceil_div(n, vec8 ? 8 : 1), kThreads), std::min(m, 65535));
   const auto kernel = vec8 ? fp8_scale_epilogue_kernel<true> : fp8_scale_epilogue_kernel<false>;
-  kernel<<<grid, kThreads, 0, stream>>>(static_cast<bf16*>(y), x_scales, w_scales,
-                                        static_cast<const bf16*>(bias), m, n);
+  launch_overlapped(kernel, grid, kThreads, 0, stream, static_cast<bf16*>(y), x_scales, w_scales,
+                    static_cast<const bf16*>(bias), m, n);
   return cudaGetLastError();
 }
 

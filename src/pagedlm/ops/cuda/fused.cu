@@ -18,13 +18,16 @@ namespace {
 using bf16 = __nv_bfloat16;
 using detail::ceil_div;
 using detail::GeluTanh;
+using detail::launch_overlapped;
 using detail::Silu;
+using detail::wait_for_inputs;
 
 // Widens one bf16 row to f32 and scales it in f32, 8 values (16 bytes in, 32 out) at a time
 // when dim % 8 == 0. table: [vocab, dim] bf16, token_ids: [num_tokens], out: [num_tokens, dim]
 // f32; grid: num_tokens blocks.
 __global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, float* out, int dim,
                                  float scale, int vocab_begin, int vocab) {
+  wait_for_inputs();
   const int t = blockIdx.x;
   float* dst = out + static_cast<size_t>(t) * dim;
   int row = token_ids[t];
@@ -59,6 +62,7 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* token_ids, fl
 __global__ void rms_norm_kernel(const bf16* x, int64_t x_stride, const bf16* weight, bf16* out,
                                 int64_t out_stride, int num_tokens, int num_heads, int dim,
                                 float eps, float weight_offset) {
+  wait_for_inputs();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<int64_t>(num_tokens) * num_heads) return;
@@ -128,6 +132,7 @@ template <int kChunks, bool kUnscaled = false, bool kFp8Out = false>
 __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf16* weight,
                                         bf16* out, int dim, float eps, float weight_offset,
                                         Fp8Unscaled x_unscaled, Fp8RowsOut fp8_out) {
+  wait_for_inputs();
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
   float* res = residual + base;
@@ -185,6 +190,7 @@ __global__ void add_rms_norm_vec_kernel(float* residual, const bf16* x, const bf
 // out: [rows, dim] bf16
 __global__ void add_rms_norm_kernel(float* residual, const bf16* x, const bf16* weight, bf16* out,
                                     int dim, float eps, float weight_offset) {
+  wait_for_inputs();
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * dim;
   float* res = residual + base;
@@ -225,6 +231,7 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
                                      CacheT* k_cache, CacheT* v_cache, int num_q_heads,
                                      int num_kv_heads, int head_dim, bool v_vec, float k_scale,
                                      float v_scale) {
+  wait_for_inputs();
   constexpr bool kE4m3 = std::is_same_v<CacheT, __nv_fp8_storage_t>;
   static_assert(kE4m3 || std::is_same_v<CacheT, bf16>, "bf16 or e4m3 caches");
   extern __shared__ float rope_cs[];  // [half] cos, then [half] sin
@@ -310,6 +317,7 @@ __global__ void rope_kv_write_kernel(const bf16* q, int64_t q_stride, bf16* q_ou
 // gated_mul_kernel 8 values at a time, for dim % 8 == 0; grid: (ceil(dim / 8 / 256), rows).
 template <typename Act>
 __global__ void gated_mul_vec_kernel(const bf16* gate_up, bf16* out, int dim) {
+  wait_for_inputs();
   const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i >= dim) return;
   const size_t r = blockIdx.y;
@@ -325,6 +333,7 @@ __global__ void gated_mul_vec_kernel(const bf16* gate_up, bf16* out, int dim) {
 // out = Act(gate) * up. gate_up: [rows, 2 * dim], out: [rows, dim]; grid: (ceil(dim / 256), rows)
 template <typename Act>
 __global__ void gated_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
+  wait_for_inputs();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= dim) return;
   const size_t r = blockIdx.y;
@@ -340,6 +349,7 @@ __global__ void gated_mul_kernel(const bf16* gate_up, bf16* out, int dim) {
 template <typename Act, int kChunks, bool kUnscaled>
 __global__ void gated_mul_rows_kernel(const bf16* gate_up, bf16* out, int dim,
                                       Fp8Unscaled gate_up_unscaled, Fp8RowsOut fp8_out) {
+  wait_for_inputs();
   __shared__ float scratch[32];
   const size_t r = blockIdx.x;
   // Read before the first barrier: fp8_out may overwrite it (the same scratch).
@@ -375,8 +385,8 @@ void launch_gated_mul_rows(const void* gate_up, void* out, int rows, int dim,
                            cudaStream_t stream) {
   const auto kernel = unscaled.x_scales != nullptr ? gated_mul_rows_kernel<Act, kChunks, true>
                                                    : gated_mul_rows_kernel<Act, kChunks, false>;
-  kernel<<<rows, kGatedRowThreads, 0, stream>>>(static_cast<const bf16*>(gate_up),
-                                                static_cast<bf16*>(out), dim, unscaled, fp8_out);
+  launch_overlapped(kernel, rows, kGatedRowThreads, 0, stream, static_cast<const bf16*>(gate_up),
+                    static_cast<bf16*>(out), dim, unscaled, fp8_out);
 }
 
 template <typename Act>
@@ -400,12 +410,12 @@ cudaError_t launch_gated_mul(const void* gate_up, void* out, int rows, int dim, 
     return cudaGetLastError();
   }
   if (dim % 8 == 0) {
-    gated_mul_vec_kernel<Act><<<dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream>>>(
-        static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
+    launch_overlapped(gated_mul_vec_kernel<Act>, dim3(ceil_div(dim / 8, 256), rows), 256, 0, stream,
+                      static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
     return cudaGetLastError();
   }
-  gated_mul_kernel<Act><<<dim3(ceil_div(dim, 256), rows), 256, 0, stream>>>(
-      static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
+  launch_overlapped(gated_mul_kernel<Act>, dim3(ceil_div(dim, 256), rows), 256, 0, stream,
+                    static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), dim);
   return cudaGetLastError();
 }
 
@@ -426,6 +436,7 @@ __device__ __forceinline__ bf16 from_float<bf16>(float v) {
 // x: [n]; grid-stride.
 template <typename T>
 __global__ void softcap_kernel(T* x, int64_t n, float cap) {
+  wait_for_inputs();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     x[i] = from_float<T>(cap * tanhf(to_float(x[i]) / cap));
@@ -436,6 +447,7 @@ __global__ void softcap_kernel(T* x, int64_t n, float cap) {
 // else uint16_t. in: [*, words], rows: [num_rows], out: [num_rows, words]; grid: num_rows blocks
 template <typename Word>
 __global__ void gather_rows_kernel(const Word* in, const int32_t* rows, Word* out, int64_t words) {
+  wait_for_inputs();
   const Word* src = in + static_cast<size_t>(rows[blockIdx.x]) * words;
   Word* dst = out + static_cast<size_t>(blockIdx.x) * words;
   for (int64_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
@@ -447,8 +459,8 @@ cudaError_t launch_embedding(const void* table, const int32_t* token_ids, float*
                              int num_tokens, int dim, float scale, cudaStream_t stream,
                              int vocab_begin, int vocab) {
   if (num_tokens <= 0) return cudaSuccess;
-  embedding_kernel<<<num_tokens, 128, 0, stream>>>(static_cast<const bf16*>(table), token_ids, out,
-                                                   dim, scale, vocab_begin, vocab);
+  launch_overlapped(embedding_kernel, num_tokens, 128, 0, stream, static_cast<const bf16*>(table),
+                    token_ids, out, dim, scale, vocab_begin, vocab);
   return cudaGetLastError();
 }
 
@@ -457,9 +469,9 @@ cudaError_t launch_rms_norm(const void* x, int64_t x_token_stride, const void* w
                             float eps, float weight_offset, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(num_tokens) * num_heads;
   if (rows <= 0) return cudaSuccess;
-  rms_norm_kernel<<<ceil_div(rows, 4), 128, 0, stream>>>(
-      static_cast<const bf16*>(x), x_token_stride, static_cast<const bf16*>(weight),
-      static_cast<bf16*>(out), out_token_stride, num_tokens, num_heads, dim, eps, weight_offset);
+  launch_overlapped(rms_norm_kernel, ceil_div(rows, 4), 128, 0, stream, static_cast<const bf16*>(x),
+                    x_token_stride, static_cast<const bf16*>(weight), static_cast<bf16*>(out),
+                    out_token_stride, num_tokens, num_heads, dim, eps, weight_offset);
   return cudaGetLastError();
 }
 
@@ -477,15 +489,15 @@ cudaError_t add_rms_norm_vec(float* residual, const bf16* x, const bf16* w, bf16
   // Fewer threads for narrow rows (SmolLM2's 576 is 72 chunks of 8), so none sits idle.
   const int threads = chunks == 1 ? static_cast<int>(ceil_div(dim / 8, 32)) * 32 : kThreads;
   if (chunks == 1) {
-    add_rms_norm_vec_kernel<1, kUnscaled, kFp8Out><<<rows, threads, 0, stream>>>(
-        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
+    launch_overlapped(add_rms_norm_vec_kernel<1, kUnscaled, kFp8Out>, rows, threads, 0, stream,
+                      residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   } else if (chunks == 2) {
-    add_rms_norm_vec_kernel<2, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
-        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
+    launch_overlapped(add_rms_norm_vec_kernel<2, kUnscaled, kFp8Out>, rows, kThreads, 0, stream,
+                      residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   } else {
     static_assert(kNormRowChunks == 4, "the widest instantiation");
-    add_rms_norm_vec_kernel<kNormRowChunks, kUnscaled, kFp8Out><<<rows, kThreads, 0, stream>>>(
-        residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
+    launch_overlapped(add_rms_norm_vec_kernel<kNormRowChunks, kUnscaled, kFp8Out>, rows, kThreads,
+                      0, stream, residual, x, w, y, dim, eps, weight_offset, unscaled, fp8_out);
   }
   return cudaGetLastError();
 }
@@ -510,7 +522,8 @@ cudaError_t add_rms_norm(float* residual, const bf16* x, const void* weight, voi
                                           stream);
   }
   constexpr int kThreads = 256;
-  add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(residual, x, w, y, dim, eps, weight_offset);
+  launch_overlapped(add_rms_norm_kernel, rows, kThreads, 0, stream, residual, x, w, y, dim, eps,
+                    weight_offset);
   return cudaGetLastError();
 }
 
@@ -559,10 +572,10 @@ cudaError_t launch_rope_kv_write(const void* q, int64_t q_token_stride, void* q_
   const int per_token =
       num_tokens >= 32 ? 1 : std::max(1, (num_q_heads + num_kv_heads) * (head_dim / 4) / 256);
   auto launch = [&](auto kernel, auto* kc, auto* vc) {
-    kernel<<<dim3(num_tokens, per_token), 256, smem, stream>>>(
-        q_in, q_token_stride, q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
-        positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads, head_dim, v_vec,
-        kv.k_scale, kv.v_scale);
+    launch_overlapped(kernel, dim3(num_tokens, per_token), 256, smem, stream, q_in, q_token_stride,
+                      q_o, q_out_token_stride, k_io, k_token_stride, v_in, v_token_stride,
+                      positions, inv_freq, slot_mapping, kc, vc, num_q_heads, num_kv_heads,
+                      head_dim, v_vec, kv.k_scale, kv.v_scale);
   };
   if (kv.e4m3) {
     if (!(kv.k_scale > 0.f && kv.v_scale > 0.f)) return cudaErrorInvalidValue;
@@ -608,11 +621,13 @@ cudaError_t launch_gather_rows(const void* in, const int32_t* rows, void* out, i
   if (num_rows <= 0) return cudaSuccess;
   if (row_bytes % 2 != 0) return cudaErrorInvalidValue;
   if (row_bytes % 16 == 0) {
-    gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const uint4*>(in), rows,
-                                                     static_cast<uint4*>(out), row_bytes / 16);
+    launch_overlapped(gather_rows_kernel<uint4>, num_rows, 128, 0, stream,
+                      static_cast<const uint4*>(in), rows, static_cast<uint4*>(out),
+                      row_bytes / 16);
   } else {
-    gather_rows_kernel<<<num_rows, 128, 0, stream>>>(static_cast<const uint16_t*>(in), rows,
-                                                     static_cast<uint16_t*>(out), row_bytes / 2);
+    launch_overlapped(gather_rows_kernel<uint16_t>, num_rows, 128, 0, stream,
+                      static_cast<const uint16_t*>(in), rows, static_cast<uint16_t*>(out),
+                      row_bytes / 2);
   }
   return cudaGetLastError();
 }
@@ -623,9 +638,10 @@ cudaError_t launch_softcap(void* x, bool f32, int64_t n, float cap, cudaStream_t
   // Enough blocks to fill the GPU several times over; each thread strides over the rest.
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096);
   if (f32) {
-    softcap_kernel<<<blocks, 256, 0, stream>>>(static_cast<float*>(x), n, cap);
+    launch_overlapped(softcap_kernel<float>, blocks, 256, 0, stream, static_cast<float*>(x), n,
+                      cap);
   } else {
-    softcap_kernel<<<blocks, 256, 0, stream>>>(static_cast<bf16*>(x), n, cap);
+    launch_overlapped(softcap_kernel<bf16>, blocks, 256, 0, stream, static_cast<bf16*>(x), n, cap);
   }
   return cudaGetLastError();
 }

@@ -45,6 +45,10 @@ const char* smem_cap_error();
 // default 48 KB, a device-wide opt-in per kernel): the attribute is set once per device, kernel
 // and larger size asked for, not on every launch (a host call and a lock in the driver).
 cudaError_t allow_dynamic_smem(const void* fn, size_t bytes);
+// Whether kernel launches may overlap the kernel before them in the stream (programmatic
+// dependent launch, common.cuh's launch_overlapped): on sm_90 and later, unless PAGEDLM_PDL=0
+// (which gives plain launches, for comparisons). Of the current device.
+bool overlapped_launches();
 
 // ---------------------------------------------------------------------------------------------
 // Paged attention over the packed token stream (FlashInfer CSR page table, see StepPlan).

@@ -23,7 +23,9 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kBins = 256;
 
+using detail::launch_overlapped;
 using detail::splitmix64;
+using detail::wait_for_inputs;
 
 __host__ __device__ inline double uniform01(uint64_t seed, int64_t step) {
   const uint64_t h = splitmix64(seed ^ (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull));
@@ -98,6 +100,7 @@ __global__ void __launch_bounds__(kThreads)
                   const float* top_p, const float* min_p, const uint64_t* seed, const int64_t* step,
                   int32_t* out_tokens, const int32_t* masks, const int32_t* mask_slot,
                   int mask_words, SampleAdjust adjust) {
+  wait_for_inputs();
   __shared__ float scratch[32];
   __shared__ float hist_mass[kBins];
   __shared__ int hist_count[kBins];
@@ -295,6 +298,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void logit_bias_kernel(float* logits, int num_rows, int vocab, const int32_t* indptr,
                                   const int32_t* tokens, const float* values, float* saved,
                                   bool undo) {
+  wait_for_inputs();
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= num_rows) return;
   float* x = logits + static_cast<size_t>(row) * vocab;
@@ -317,6 +321,7 @@ __global__ void logit_bias_kernel(float* logits, int num_rows, int vocab, const 
 __global__ void count_tokens_kernel(int32_t* counts, uint32_t* prompt_seen, int vocab,
                                     int num_slots, const int32_t* tokens, const int32_t* slots,
                                     int n, bool prompt) {
+  wait_for_inputs();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int slot = slots[i], t = tokens[i];
@@ -335,6 +340,7 @@ __global__ void __launch_bounds__(kThreads)
     sampled_logprobs_kernel(const float* logits, int vocab, const int32_t* tokens,
                             const int32_t* top_k, int max_top, float* logprob, int32_t* top_ids,
                             float* top_logprobs) {
+  wait_for_inputs();
   __shared__ float scratch[32];
   __shared__ float prev_s;
   __shared__ int prev_i_s;
@@ -414,14 +420,14 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
   auto* biased_logits =
       const_cast<float*>(logits);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
   if (biased) {
-    logit_bias_kernel<<<bias_blocks, kBiasThreads, 0, stream>>>(
-        biased_logits, num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
-        adjust.bias_saved, /*undo=*/false);
+    launch_overlapped(logit_bias_kernel, bias_blocks, kBiasThreads, 0, stream, biased_logits,
+                      num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
+                      adjust.bias_saved, /*undo=*/false);
   }
   const auto launch = [&](auto kernel) {
-    kernel<<<num_rows, kThreads, 0, stream>>>(
-        logits, vocab, temperature, top_k, top_p, min_p, seed, step, out_tokens,
-        masked ? mask : nullptr, masked ? mask_slot : nullptr, masked ? mask_words : 0, adjust);
+    launch_overlapped(kernel, num_rows, kThreads, 0, stream, logits, vocab, temperature, top_k,
+                      top_p, min_p, seed, step, out_tokens, masked ? mask : nullptr,
+                      masked ? mask_slot : nullptr, masked ? mask_words : 0, adjust);
   };
   if (masked && penalized) {
     launch(sample_kernel<true, true>);
@@ -433,9 +439,9 @@ cudaError_t launch_sample(const float* logits, int num_rows, int vocab, const fl
     launch(sample_kernel<false, false>);
   }
   if (biased) {
-    logit_bias_kernel<<<bias_blocks, kBiasThreads, 0, stream>>>(
-        biased_logits, num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
-        adjust.bias_saved, /*undo=*/true);
+    launch_overlapped(logit_bias_kernel, bias_blocks, kBiasThreads, 0, stream, biased_logits,
+                      num_rows, vocab, adjust.bias_indptr, adjust.bias_tokens, adjust.bias_values,
+                      adjust.bias_saved, /*undo=*/true);
   }
   return cudaGetLastError();
 }
@@ -446,8 +452,9 @@ cudaError_t launch_count_tokens(int32_t* counts, int32_t* prompt_seen, int vocab
   if (n <= 0) return cudaSuccess;
   if (vocab <= 0 || !counts || !prompt_seen || !tokens || !slots) return cudaErrorInvalidValue;
   constexpr int kCountThreads = 256;
-  count_tokens_kernel<<<(n + kCountThreads - 1) / kCountThreads, kCountThreads, 0, stream>>>(
-      counts, reinterpret_cast<uint32_t*>(prompt_seen), vocab, num_slots, tokens, slots, n, prompt);
+  launch_overlapped(count_tokens_kernel, (n + kCountThreads - 1) / kCountThreads, kCountThreads, 0,
+                    stream, counts, reinterpret_cast<uint32_t*>(prompt_seen), vocab, num_slots,
+                    tokens, slots, n, prompt);
   return cudaGetLastError();
 }
 
@@ -457,8 +464,8 @@ cudaError_t launch_sampled_logprobs(const float* logits, int num_rows, int vocab
                                     cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0 || max_top <= 0) return cudaErrorInvalidValue;
-  sampled_logprobs_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, tokens, top_k, max_top,
-                                                             logprob, top_ids, top_logprobs);
+  launch_overlapped(sampled_logprobs_kernel, num_rows, kThreads, 0, stream, logits, vocab, tokens,
+                    top_k, max_top, logprob, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 
