@@ -92,10 +92,7 @@ cudaError_t prepare(const AttnKernel& kernel, const void* fn, const DeviceLimits
 
 // Whether the keys-as-rows decode variants may run (PAGEDLM_ATTN_KEY_ROWS=0: not, for A/B).
 bool key_rows_allowed() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("PAGEDLM_ATTN_KEY_ROWS");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool allowed = detail::env_switch_on("PAGEDLM_ATTN_KEY_ROWS");
   return allowed;
 }
 

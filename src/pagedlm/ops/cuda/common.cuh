@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "pagedlm/ops/cuda/kernels.h"
@@ -17,6 +19,13 @@ namespace pagedlm::cuda::detail {
     cudaError_t err_ = (expr);            \
     if (err_ != cudaSuccess) return err_; \
   } while (0)
+
+// A switch for same-binary comparisons: on unless the environment variable `name` is "0". Read
+// each time it is called: callers keep the answer in a static.
+inline bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
 
 // Programmatic dependent launch (sm_90 on). A decode step is hundreds of short kernels, each of
 // which would otherwise start only after the one before it has drained and the next launch has

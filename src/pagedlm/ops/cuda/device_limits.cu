@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
 
 namespace pagedlm::cuda {
@@ -89,10 +90,7 @@ cudaError_t current_device_limits(const DeviceLimits** limits) {
 const char* smem_cap_error() { return cap_error().c_str(); }
 
 bool overlapped_launches() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("PAGEDLM_PDL");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool allowed = detail::env_switch_on("PAGEDLM_PDL");
   const DeviceLimits* limits = nullptr;
   return allowed && current_device_limits(&limits) == cudaSuccess && limits->cc_major >= 9;
 }
