@@ -91,8 +91,19 @@ const char* smem_cap_error() { return cap_error().c_str(); }
 
 bool overlapped_launches() {
   static const bool allowed = detail::env_switch_on("PAGEDLM_PDL");
-  const DeviceLimits* limits = nullptr;
-  return allowed && current_device_limits(&limits) == cudaSuccess && limits->cc_major >= 9;
+  if (!allowed) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  // Asked at every launch: each thread keeps the answer for the device it asked about last, so
+  // that a launch takes device_limits' lock only when its thread changes device.
+  thread_local int last_device = -1;
+  thread_local bool last_answer = false;
+  if (device != last_device) {
+    const DeviceLimits* limits = nullptr;
+    last_answer = device_limits(device, &limits) == cudaSuccess && limits->cc_major >= 9;
+    last_device = device;
+  }
+  return last_answer;
 }
 
 cudaError_t allow_dynamic_smem(const void* fn, size_t bytes) {
