@@ -264,9 +264,12 @@ int main(int argc, char** argv) {
   // (query, visible key) pair: n^2/2 pairs per prompt without a window).
   std::printf("\nprefill (causal, no prefix)\n%-6s %-9s %-3s %-3s %-4s | %9s %8s\n", "batch", "len",
               "Hq", "Hk", "d", "ms", "TFLOP/s");
-  // The last three: a 16384-token prefill step of the random workload (prompts of ~560 tokens;
-  // then of 100-1024).
+  // The 16384- and 65536-token prompts: the long-context rows (Llama-3.1-8B's heads). The last
+  // three: a 16384-token prefill step of the random workload (prompts of ~560 tokens; then of
+  // 100-1024).
   for (const Config& c : std::vector<Config>{{4, 4096, 32, 8, 128, 16},
+                                             {1, 16384, 32, 8, 128, 16},
+                                             {1, 65536, 32, 8, 128, 16},
                                              {16, 1024, 9, 3, 64, 16},
                                              {29, 565, 32, 8, 128, 16},
                                              {29, 565, 9, 3, 64, 16},
