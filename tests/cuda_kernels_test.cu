@@ -537,8 +537,8 @@ TEST(CudaAttention, UnsupportedShapesRefused) {
 // GEMM.
 // ------------------------------------------------------------------------------------------
 
-// With tuning on, a new prefill-sized or small-weight shape's first call times candidate algorithms
-// on a scratch input and overwrites y before the real product: the results must be the same.
+// With tuning on, a new prefill-sized shape's first call times candidate algorithms on a
+// scratch input and overwrites y before the real product: the results must be the same.
 TEST(CudaGemm, MatchesReference) {
   SKIP_WITHOUT_GPU();
   for (const bool tuning : {false, true}) {
@@ -552,7 +552,7 @@ TEST(CudaGemm, MatchesReference) {
       bool bias, y_f32;
     };
     // The repeated shapes reuse a cached plan; the f32 ones are the logits' GEMM; tuning times
-    // the 4096-row ones and, at any size, those of small weights (all but the 49152-row head).
+    // only the 4096-row ones.
     for (const Shape s : {Shape{37, 300, 576, false, false}, Shape{1, 1536, 576, true, false},
                           Shape{256, 960, 320, true, false}, Shape{37, 300, 576, false, false},
                           Shape{37, 300, 576, false, true}, Shape{5, 49152, 576, false, true},

@@ -8,12 +8,9 @@
 // power than real activations and rank the algorithms differently (a first version timed them
 // on the warm-up's own operands and picked slower ones). Rounds alternate the candidates so
 // that clock changes under load fall on all of them alike. Decode-sized shapes (fewer than
-// kTuneMinRows rows) with large weights keep the first choice: repeated for timing, their
-// weights stay in the L2 (a Llama-3.1-8B q/k/v matrix is 50 MB), which a model's step never
-// sees, and tuning them made the Llama decode steps slower (docs/PERF.md). Small weights
-// (kTuneMaxDecodeWeightBytes) are tuned at every size: their cold read is a fraction of a
-// microsecond against a GEMM of several, whose time is the algorithm's latency and how many
-// multiprocessors its tiles occupy, which the L2 does not change.
+// kTuneMinRows rows) keep the first choice: repeated for timing, their weights stay in the L2
+// (a Llama-3.1-8B q/k/v matrix is 50 MB), which a model's step never sees, and tuning them made
+// the Llama decode steps slower (docs/PERF.md).
 //
 // FP8 (launch_gemm_fp8): the same call with e4m3 operands, which cuBLASLt runs on Hopper only in
 // this "TN" form (A transposed, B not), which is ours. The per-feature weight scales are A's
@@ -66,9 +63,6 @@ namespace {
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRounds = 3;
 constexpr int kTuneMinRows = 4096;
-// Weights up to this size are tuned at decode sizes too (see the top of the file): 4 MB is read
-// in about a microsecond from HBM on an H100, the L2 being 50 MB.
-constexpr int64_t kTuneMaxDecodeWeightBytes = int64_t{4} << 20;
 // A candidate replaces the heuristic's first choice only when this much faster (timing noise).
 constexpr float kTuneMargin = 0.01f;
 
@@ -100,9 +94,7 @@ struct PlanFormat {
 cudaError_t make_plan(GemmHandle* h, int m, int n, int k, bool has_bias, bool y_f32,
                       PlanFormat format, GemmHandle::Plan* out) {
   GemmHandle::Plan p;
-  const int64_t weight_bytes = int64_t{n} * k * static_cast<int64_t>(sizeof(__nv_bfloat16));
-  const bool tuned =
-      h->tuning && !format.fp8 && (m >= kTuneMinRows || weight_bytes <= kTuneMaxDecodeWeightBytes);
+  const bool tuned = h->tuning && m >= kTuneMinRows && !format.fp8;
   auto cleanup_fail = [&](cublasStatus_t st) {
     destroy_plan(p);
     return fail(h, st);
