@@ -53,20 +53,35 @@ if [[ -z ${ARCHS:-} ]]; then
   newest=${ARCHS##* }
   ARCHS="${ARCHS% *} ${newest%-real}"
 fi
-gencode=""
-for a in $ARCHS; do
-  case $a in
-    *-real) gencode="$gencode -gencode arch=compute_${a%-real},code=sm_${a%-real}" ;;
-    *-virtual) gencode="$gencode -gencode arch=compute_${a%-virtual},code=compute_${a%-virtual}" ;;
-    *) gencode="$gencode -gencode arch=compute_$a,code=[sm_$a,compute_$a]" ;;
+# One architecture's -gencode (CMake's spelling: N, N-real, N-virtual).
+gencode_of() {
+  case $1 in
+    *-real) echo "-gencode arch=compute_${1%-real},code=sm_${1%-real}" ;;
+    *-virtual) echo "-gencode arch=compute_${1%-virtual},code=compute_${1%-virtual}" ;;
+    *) echo "-gencode arch=compute_$1,code=[sm_$1,compute_$1]" ;;
   esac
+}
+# The wgmma kernels (ops/cuda/attention_hopper.cu) take sm_90a, Hopper's own code, in place of
+# sm_90 (CMakeLists.txt does the same).
+gencode="" hopper_gencode="" hopper_def=""
+for a in $ARCHS; do
+  gencode="$gencode $(gencode_of "$a")"
+  if [[ $a == 90 || $a == 90-real ]]; then
+    hopper_gencode="$hopper_gencode -gencode arch=compute_90a,code=sm_90a"
+    hopper_def="-DPAGEDLM_HOPPER_KERNELS=1"
+  else
+    hopper_gencode="$hopper_gencode $(gencode_of "$a")"
+  fi
 done
 echo "CUDA architectures:$gencode"
-export NVCC_CMD="nvcc -std=c++17 -O3 $gencode -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC -w $inc $def"
+nvcc_flags="-std=c++17 -O3 -Xfatbin=-compress-all --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC -w $inc $def"
+export NVCC_CMD="nvcc $gencode $nvcc_flags"
+export NVCC_HOPPER_CMD="nvcc $hopper_gencode $hopper_def $nvcc_flags"
 export OBJ=$obj
 compile() {
   local o=$OBJ/$(echo "$1" | tr / _).o
   case $1 in
+    */attention_hopper.cu) $NVCC_HOPPER_CMD -c "$1" -o "$o" ;;
     *.cu) $NVCC_CMD -c "$1" -o "$o" ;;
     */xgrammar/cpp/*) $CXX_CMD -std=c++17 -c "$1" -o "$o" ;;
     *) $CXX_CMD -c "$1" -o "$o" ;;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedlm/ops/cuda/attention_hopper.h"
 #include "pagedlm/ops/cuda/attention_kernel.cuh"
 #include "pagedlm/ops/cuda/common.cuh"
 #include "pagedlm/ops/cuda/kernels.h"
@@ -223,6 +224,11 @@ cudaError_t launch_paged_attention_prefill(const void* q, const void* k_cache, c
                   num_tokens, num_q_heads, num_kv_heads, page_size, variant, kv);
   const DeviceLimits* device = nullptr;
   PAGEDLM_CUDA_TRY(current_device_limits(&device));
+  // On every prefill launch of its shapes, whatever the batch: a sequence's outputs must not
+  // depend on which other sequences share its step.
+  if (attn::hopper_prefill_applies(head_dim, params, kv.e4m3, *device)) {
+    return attn::launch_hopper_prefill(params, num_seqs, max_q_len, stream);
+  }
   const AttnKernel* kernel = pick_kernel(head_dim, Pass::kPrefill, *device);
   if (kernel == nullptr) return cudaErrorInvalidConfiguration;
   return launch(*kernel, params, kv, sequence_grid(params, kernel->rows, num_seqs, max_q_len),
