@@ -32,12 +32,13 @@ namespace pagedlm::cuda::attn {
 namespace {
 
 constexpr int kHopperD = 128;
-constexpr int kHopperRows = 128;        // a block's rows: two warpgroups of 64
-constexpr int kHopperKeys = 128;        // keys a tile
-constexpr int kHopperThreads = 256;     // two warpgroups
-constexpr int kPanelBytes = 128 * 128;  // 128 rows x 64 values (128 bytes) of one panel
+constexpr int kHopperRows = 128;             // a block's rows: two warpgroups of 64
+constexpr int kHopperKeys = 128;             // keys a tile
+constexpr int kHopperThreads = 256;          // two warpgroups
+constexpr int kPanelBytes = 128 * 128;       // 128 rows x 64 values (128 bytes) of one panel
 constexpr int kTileBytes = 2 * kPanelBytes;  // 128 rows x 128 values
-static_assert(kHopperKeys % 16 == 0 && kHopperRows == 2 * 64, "16-key P V steps, 64 rows a warpgroup");
+static_assert(kHopperKeys % 16 == 0 && kHopperRows == 2 * 64,
+              "16-key P V steps, 64 rows a warpgroup");
 // Q, then two stages of K and V; 1024 more to align the start.
 constexpr size_t kHopperSmemBytes = 5 * kTileBytes + 1024;
 
@@ -47,8 +48,8 @@ constexpr size_t kHopperSmemBytes = 5 * kTileBytes + 1024;
 // stride byte offsets (16-byte units) and the layout type (1: 128-byte swizzle) in bits 62-63.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading, uint32_t stride) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(leading >> 4) << 16) |
-         (static_cast<uint64_t>(stride >> 4) << 32) | (uint64_t{1} << 62);
+         (static_cast<uint64_t>(leading >> 4) << 16) | (static_cast<uint64_t>(stride >> 4) << 32) |
+         (uint64_t{1} << 62);
 }
 
 // Keeps the compiler from moving accesses of a wgmma's accumulators across its issue and wait.
@@ -67,26 +68,31 @@ __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
+// The 64 f32 accumulators of an m64n128 tile (a thread's share) as a wgmma's first operands:
+// the asm's registers %0-%63 and their bindings to d[0..63].
+#define PAGEDLM_WGMMA_ACCUMULATOR_REGS                                                       \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"  \
+  "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45," \
+  "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+#define PAGEDLM_WGMMA_ACCUMULATORS(d)                                                             \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // d (64 x 128, f32) = (accumulate ? d : 0) + A B, A 64 x 16 and B 16 x 128 (bf16) in shared
 // memory, both K-major.
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
-      "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n" PAGEDLM_WGMMA_ACCUMULATOR_REGS
       "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-    "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-    "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-    "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-    "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-    "+f"(d[63])
+      : PAGEDLM_WGMMA_ACCUMULATORS(d)
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -95,21 +101,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b,
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
-      "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n" PAGEDLM_WGMMA_ACCUMULATOR_REGS
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-    "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-    "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-    "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-    "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-    "+f"(d[63])
+      : PAGEDLM_WGMMA_ACCUMULATORS(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
@@ -138,7 +132,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
   const int tile = gridDim.x - 1 - blockIdx.x;
   wait_for_inputs();
   if (tid == 0 && !make_unit<kHopperRows, kHopperKeys, false, false>(p, tile, 0, blockIdx.z,
-                                                                       blockIdx.y, unit)) {
+                                                                     blockIdx.y, unit)) {
     unit.id = -1;
   } else if (tid == 0) {
     unit.id = 0;
@@ -296,10 +290,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
     const int gr = u.row0 + 64 * wg + 16 * (warp & 3) + g + 8 * h;
     if (gr >= u.n_rows) continue;
     const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-    __nv_bfloat16* out =
-        p.out + (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads + u.hk * group +
-                 gr % group) *
-                    D;
+    __nv_bfloat16* out = p.out + (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads +
+                                  u.hk * group + gr % group) *
+                                     D;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * t) =
@@ -323,9 +316,8 @@ bool hopper_prefill_applies(int head_dim, const AttnParams& params, bool e4m3_ca
                             const DeviceLimits& device) {
   static const bool allowed = detail::env_switch_on("PAGEDLM_HOPPER_PREFILL");
   return allowed && hopper_prefill_built() && device.cc_major == 9 && device.cc_minor == 0 &&
-         head_dim == kHopperD && !e4m3_cache && params.window == 0 &&
-         params.softcap_log2 == 0.f && params.group >= 1 &&
-         device.smem_per_block >= kHopperSmemBytes + sizeof(Unit);
+         head_dim == kHopperD && !e4m3_cache && params.window == 0 && params.softcap_log2 == 0.f &&
+         params.group >= 1 && device.smem_per_block >= kHopperSmemBytes + sizeof(Unit);
 }
 
 cudaError_t launch_hopper_prefill(const AttnParams& params, int num_seqs, int max_q_len,
