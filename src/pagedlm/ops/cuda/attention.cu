@@ -1,6 +1,7 @@
 // Paged attention, host side: picks each launch's kernel configuration by the device's shared
 // memory (attention_kernel.cuh has the kernel; attention_d<D>.cu its instantiations), the decode
-// split counts by its SM count, and launches.
+// split counts by its SM count, and launches. Prefill at head_dim 128 on Hopper goes to the wgmma
+// kernel of attention_hopper.cu where it applies.
 
 #include <cuda_bf16.h>
 
