@@ -144,20 +144,18 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
 
   // Loads: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i, i < 8.
   const int chunk = tid & 15, row_lo = tid >> 4;
-  {
-    for (int i = 0; i < 8; ++i) {
-      const int r = row_lo + 16 * i;
-      const int gr = u.row0 + r;
-      const bool valid = gr < u.n_rows;
-      size_t off = 0;
-      if (valid) {
-        off = (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads + u.hk * group +
-               gr % group) *
-                  D +
-              chunk * 8;
-      }
-      cp_async_16(smem + swizzled(r, chunk), p.q + off, valid);
+  for (int i = 0; i < 8; ++i) {
+    const int r = row_lo + 16 * i;
+    const int gr = u.row0 + r;
+    const bool valid = gr < u.n_rows;
+    size_t off = 0;
+    if (valid) {
+      off = (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads + u.hk * group +
+             gr % group) *
+                D +
+            chunk * 8;
     }
+    cp_async_16(smem + swizzled(r, chunk), p.q + off, valid);
   }
   const auto* kc = static_cast<const __nv_bfloat16*>(p.k_cache);
   const auto* vc = static_cast<const __nv_bfloat16*>(p.v_cache);
@@ -317,7 +315,7 @@ bool hopper_prefill_applies(int head_dim, const AttnParams& params, bool e4m3_ca
   static const bool allowed = detail::env_switch_on("PAGEDLM_HOPPER_PREFILL");
   return allowed && hopper_prefill_built() && device.cc_major == 9 && device.cc_minor == 0 &&
          head_dim == kHopperD && !e4m3_cache && params.window == 0 && params.softcap_log2 == 0.f &&
-         params.group >= 1 && device.smem_per_block >= kHopperSmemBytes + sizeof(Unit);
+         device.smem_per_block >= kHopperSmemBytes + sizeof(Unit);
 }
 
 cudaError_t launch_hopper_prefill(const AttnParams& params, int num_seqs, int max_q_len,
