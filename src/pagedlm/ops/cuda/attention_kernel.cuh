@@ -189,6 +189,21 @@ struct Unit {
   int kv_begin, kv_end, page_begin, num_tiles;
 };
 
+// The row of q and out (and of the split results) that row r of unit u is: its token's, at q
+// head hk * group + r % group (group = p.group, which callers hold in a register).
+__device__ __forceinline__ size_t q_row(const AttnParams& p, const Unit& u, int group, int token,
+                                        int r) {
+  return static_cast<size_t>(token) * p.num_q_heads + u.hk * group + r % group;
+}
+
+// Where key pos of unit u's sequence (its kv head hk) starts in a paged cache of head_dim D.
+template <int D>
+__device__ __forceinline__ int64_t cache_offset(const AttnParams& p, const Unit& u, int pos) {
+  const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
+  return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads + u.hk) *
+         D;
+}
+
 // Static shared memory of a block (the kernel's two Units and the merge's flag, padded), counted
 // against the device's limit.
 constexpr size_t kAttnStaticSmemBytes = 2 * sizeof(Unit) + 16;
@@ -371,9 +386,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       const bool valid = gr < u.n_rows;
       size_t off = 0;
       if (valid) {
-        off =
-            (static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group) * D +
-            c * 8;
+        off = q_row(p, u, group, token_of(u, gr), gr) * D + c * 8;
       }
       cp_async_16(q_s + r * kStride + c * 8, p.q + off, valid);
     }
@@ -468,12 +481,6 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
     __nv_bfloat16* vs = ks + kBlockKv * kStride;
     const auto* k8 = static_cast<const uint8_t*>(p.k_cache);
     const auto* v8 = static_cast<const uint8_t*>(p.v_cache);
-    auto cache_offset = [&](int pos) {
-      const int page = p.kv_page_indices[u.page_begin + pos / p.page_size];
-      return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads +
-              u.hk) *
-             D;
-    };
     // kRaw: chunk (r, c)'s 16 codes of K and V into the raw stage.
     auto copy_raw = [&](int r, int c, int64_t off, bool valid) {
       uint8_t* kr = raw_stage(stage);
@@ -494,7 +501,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
                     "a warp's rows of a tile: one per half-warp lane");
       const int c = tid % kChunks;
       const int mine = (lane % 16) / kWarpRows * kRowsPerPass + warp * kWarpRows + lane % kWarpRows;
-      const int64_t my_off = kv0 + mine < kv_end ? cache_offset(kv0 + mine) : 0;
+      const int64_t my_off = kv0 + mine < kv_end ? cache_offset<D>(p, u, kv0 + mine) : 0;
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
         const int r = tid / kChunks + i * kRowsPerPass;
@@ -519,7 +526,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         if (kTileChunks % kThreads != 0 && idx >= kTileChunks) break;
         const int r = idx / kChunks, c = idx % kChunks;
         const bool valid = kv0 + r < kv_end;
-        const int64_t off = valid ? cache_offset(kv0 + r) + c * kChunkElems : 0;
+        const int64_t off = valid ? cache_offset<D>(p, u, kv0 + r) + c * kChunkElems : 0;
         if constexpr (kRaw) {
           copy_raw(r, c, off, valid);
         } else if constexpr (kStash) {
@@ -597,8 +604,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
       for (int i = tid; i < rows * p.extra_slots; i += kThreads) {
         const int r = u.row0 + i / p.extra_slots;
         const int slot = p.slot_offset + p.num_splits + i % p.extra_slots;
-        const size_t row =
-            static_cast<size_t>(token_of(u, r)) * p.num_q_heads + u.hk * group + r % group;
+        const size_t row = q_row(p, u, group, token_of(u, r), r);
         p.ws_lse[static_cast<size_t>(slot) * p.num_tokens * p.num_q_heads + row] = -INFINITY;
       }
     }
@@ -984,8 +990,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
         v0 *= v_scale;
         v1 *= v_scale;
       }
-      const size_t row =
-          static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
+      const size_t row = q_row(p, u, group, token_of(u, gr), gr);
       if (!partial_out) {
         *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + col) = __floats2bfloat162_rn(v0, v1);
       } else {
@@ -1098,8 +1103,7 @@ __device__ __forceinline__ void attend_units(const AttnParams& p, int first, int
           const int rows = min(u.row0 + kRows, u.n_rows) - u.row0;
           for (int r = warp; r < rows; r += kThreads / 32) {
             const int gr = u.row0 + r;
-            const size_t row =
-                static_cast<size_t>(token_of(u, gr)) * p.num_q_heads + u.hk * group + gr % group;
+            const size_t row = q_row(p, u, group, token_of(u, gr), gr);
             merge_row<D>(p.ws_o + slot0 * D, p.ws_lse + slot0, stride, u.n_splits, row, lane,
                          p.out);
           }
