@@ -150,10 +150,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
     const bool valid = gr < u.n_rows;
     size_t off = 0;
     if (valid) {
-      off = (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads + u.hk * group +
-             gr % group) *
-                D +
-            chunk * 8;
+      off = q_row(p, u, group, u.q_start + gr / group, gr) * D + chunk * 8;
     }
     cp_async_16(smem + swizzled(r, chunk), p.q + off, valid);
   }
@@ -165,12 +162,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
     const int kv0 = u.kv_begin + it * kHopperKeys;
     const int mine = kv0 + 2 * warp + (lane & 1) + 16 * ((lane >> 1) & 7);
     int64_t my_off = 0;
-    if (mine < u.kv_end) {
-      const int page = p.kv_page_indices[u.page_begin + mine / p.page_size];
-      my_off = ((static_cast<int64_t>(page) * p.page_size + mine % p.page_size) * p.num_kv_heads +
-                u.hk) *
-               D;
-    }
+    if (mine < u.kv_end) my_off = cache_offset<D>(p, u, mine);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int r = row_lo + 16 * i;
@@ -288,9 +280,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1) prefill_hopper_kernel(const
     const int gr = u.row0 + 64 * wg + 16 * (warp & 3) + g + 8 * h;
     if (gr >= u.n_rows) continue;
     const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-    __nv_bfloat16* out = p.out + (static_cast<size_t>(u.q_start + gr / group) * p.num_q_heads +
-                                  u.hk * group + gr % group) *
-                                     D;
+    __nv_bfloat16* out = p.out + q_row(p, u, group, u.q_start + gr / group, gr) * D;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * t) =
